@@ -1,0 +1,182 @@
+"""`bertology`: the command line of the workbench.
+
+The CLI sits in `app/` because it is, like the Streamlit pages, a user-facing layer on top of both
+`workbench/` (data, training, model handle, results) and `probes/`; keeping it here preserves the
+one-way flow workbench -> probes -> app. Heavy modules are imported inside each command so that
+`bertology --help` answers instantly.
+
+Every command exits 0 on success, 2 on a user-facing error (bad input, missing data, corrupt
+checkpoint: one clear line on stderr naming the file), 1 on anything unexpected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from workbench.errors import WorkbenchError
+
+
+# --------------------------------------------------------------------------- data
+def _cmd_data_verify(args: argparse.Namespace) -> int:
+    from workbench.data.mirror import verify
+    from workbench.paths import data_root
+
+    root = Path(args.root) if args.root else data_root()
+    report = verify(root, progress=not args.quiet)
+    print(report.summary())
+    return 0 if report.ok else 2
+
+
+def _cmd_data_fetch(args: argparse.Namespace) -> int:
+    from workbench.data.mirror import fetch
+    from workbench.paths import data_root
+
+    root = Path(args.root) if args.root else data_root(required=False)
+    report = fetch(args.source, root, progress=not args.quiet)
+    print(report.summary())
+    return 0 if report.ok else 2
+
+
+def _cmd_data_corpus(args: argparse.Namespace) -> int:
+    from workbench.data.corpus import build_corpus, default_pretraining_sources
+
+    sources = args.sources.split(",") if args.sources else default_pretraining_sources()
+    split = build_corpus(sources, args.out, heldout_fraction=args.heldout, seed=args.seed)
+    counts = split.manifest.get("counts", {})
+    print(f"corpus written to {split.dir}: {counts}")
+    return 0
+
+
+# --------------------------------------------------------------------------- train
+def _cmd_train(args: argparse.Namespace) -> int:
+    from workbench.train import train_cli_main
+
+    return train_cli_main(args.train_args) or 0
+
+
+# --------------------------------------------------------------------------- probe
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from probes.syntax import syntax_cli_main
+
+    if args.probe != "syntax":
+        raise WorkbenchError(f"unknown probe {args.probe!r}; available: syntax")
+    return syntax_cli_main(args.probe_args) or 0
+
+
+# --------------------------------------------------------------------------- run
+def _cmd_run(args: argparse.Namespace) -> int:
+    from app.experiments import run_experiment
+
+    return run_experiment(args.config, quick=args.quick) or 0
+
+
+# --------------------------------------------------------------------------- runs
+def _cmd_runs_list(args: argparse.Namespace) -> int:
+    from workbench.results import ResultsStore, format_runs
+
+    store = ResultsStore(args.runs_root)
+    print(format_runs(store.runs()))
+    return 0
+
+
+def _cmd_runs_show(args: argparse.Namespace) -> int:
+    import json
+
+    from workbench.results import ResultsStore, format_rows
+
+    store = ResultsStore(args.runs_root)
+    if args.manifest:
+        print(json.dumps(store.manifest(args.run_id), indent=2, default=str))
+    else:
+        print(format_rows(store.read(args.run_id)))
+    return 0
+
+
+# --------------------------------------------------------------------------- app / figures
+def _cmd_app(args: argparse.Namespace) -> int:
+    import subprocess
+
+    page = Path(__file__).with_name("streamlit_app.py")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(page), "--server.port", str(args.port),
+           "--server.headless", "true"]
+    return subprocess.call(cmd)
+
+
+def _cmd_figures(args: argparse.Namespace) -> int:
+    raise WorkbenchError("no paper figures are defined yet: figure export arrives with the app/figures issue")
+
+
+# --------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertology", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    data = sub.add_parser("data", help="verify, fetch and assemble data sets under the data root")
+    data_sub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    p = data_sub.add_parser("verify", help="check every data file against SHA256SUMS")
+    p.add_argument("--root", help="data root (default: $BERTOLOGY_DATA or ../shared/data)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_data_verify)
+    p = data_sub.add_parser("fetch", help="copy or download the data sets from a mirror, verifying checksums")
+    p.add_argument("--from", dest="source", required=True, help="mirror folder or http(s)/file URL with SHA256SUMS")
+    p.add_argument("--root", help="destination data root (default: $BERTOLOGY_DATA or ../shared/data)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_data_fetch)
+    p = data_sub.add_parser("corpus", help="build a pretraining corpus with a recorded train/heldout split")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--sources", help="comma-separated corpus names (default: the English pretraining sources)")
+    p.add_argument("--heldout", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_data_corpus)
+
+    p = sub.add_parser("train", help="train a model family (bertology train CONFIG.yaml | --family F --preset P)",
+                       add_help=False)
+    p.add_argument("train_args", nargs=argparse.REMAINDER, help="arguments of the training command (try --help)")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("probe", help="run a probe over checkpoints (bertology probe syntax --help)", add_help=True)
+    p.add_argument("probe", help="probe family: syntax")
+    p.add_argument("probe_args", nargs=argparse.REMAINDER, help="arguments of the probe (try PROBE --help)")
+    p.set_defaults(func=_cmd_probe)
+
+    p = sub.add_parser("run", help="run an experiment YAML (train, probe, print the table)")
+    p.add_argument("config", help="experiment YAML, e.g. experiments/main.yaml")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    p.set_defaults(func=_cmd_run)
+
+    runs = sub.add_parser("runs", help="list and show runs in the results store")
+    runs.add_argument("--runs-root", help="runs root (default: $BERTOLOGY_RUNS or ./runs)")
+    runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+    p = runs_sub.add_parser("list", help="one line per run")
+    p.set_defaults(func=_cmd_runs_list)
+    p = runs_sub.add_parser("show", help="the rows (or --manifest) of one run")
+    p.add_argument("run_id")
+    p.add_argument("--manifest", action="store_true", help="print the run manifest instead of the rows")
+    p.set_defaults(func=_cmd_runs_show)
+
+    p = sub.add_parser("app", help="open the Streamlit app on the runs root")
+    p.add_argument("--port", type=int, default=8501)
+    p.set_defaults(func=_cmd_app)
+
+    p = sub.add_parser("figures", help="rebuild paper figures from experiment YAMLs (not yet available)")
+    p.set_defaults(func=_cmd_figures)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except WorkbenchError as err:
+        print(f"bertology: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bertology: interrupted (progress so far is kept; run the same command to resume)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
