@@ -1,0 +1,216 @@
+"""What every model family tells the training loop: `FamilySpec`, plus small shared helpers.
+
+A family module (`workbench/families/<name>.py`) defines `FAMILY = FamilySpec(...)`. The one
+training loop (`workbench/train.py`) only ever talks to a family through this spec:
+
+- `tokenizer_kind` + `special_tokens` (+ optional `special_roles`, `template`): how
+  `workbench.tokenization` trains and wraps the tokenizer on the corpus' train split;
+- `make_examples(corpus, max_len, rng)`: the stream of training examples of one epoch, cut from the
+  pre-tokenised corpus (`workbench.data_cache.TokenizedCorpus`, ids WITHOUT special tokens);
+- `make_collator(objective, tokenizer)`: turns a list of examples into a batch of tensors, drawing
+  every random choice (masks, spans, noise) from the `torch.Generator` it is given;
+- `build_model(model_config, tokenizer)`: a `PretrainingModel` whose `forward(**batch)` returns a
+  `PretrainingOutput` and whose `save_pretrained(dir)` writes a plain transformers checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from transformers import PreTrainedTokenizerFast
+
+    from workbench.data_cache import TokenizedCorpus
+
+TOKENIZER_KINDS = ("wordpiece", "bytelevel_bpe", "unigram", "word")
+PRESET_NAMES = ("tiny", "small", "base")
+
+
+@dataclass
+class PretrainingOutput:
+    """What a pretraining model's forward returns: the loss to optimise and its named parts.
+
+    `loss_terms` values are scalar tensors (detached or not); the loop logs each as a float.
+    Families may put anything else (logits, hidden states) in `extra`.
+    """
+
+    loss: torch.Tensor
+    loss_terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class PretrainingModel(Protocol):
+    """An `nn.Module` with `forward(**batch) -> PretrainingOutput` and `save_pretrained(dir)`."""
+
+    def __call__(self, **batch: torch.Tensor) -> PretrainingOutput: ...
+
+    def save_pretrained(self, save_directory, **kwargs) -> None: ...
+
+
+Collator = Callable[[list, torch.Generator], dict]
+
+
+def contiguous_blocks(corpus: "TokenizedCorpus", max_len: int, rng: np.random.Generator) -> Iterator[list[int]]:
+    """Default `make_examples`: the flat token stream cut into blocks, in a shuffled order.
+
+    Documents are joined with the tokenizer's separator id (`corpus.separator_id`: [SEP] for BERT,
+    </s> or <|endoftext|> for BPE models) and the stream is cut into blocks of
+    `max_len - corpus.num_special` ids, so that the collator can add the family's special tokens
+    (e.g. [CLS] ... [SEP]) and still fit in `max_len`; nothing is padded (Liu et al. 2019,
+    RoBERTa's FULL-SENTENCES packing; Radford et al. 2019 for GPT-2). `rng` (seeded by the loop
+    from (seed, epoch)) picks a random start offset in the first block and the order of blocks,
+    so each epoch sees different cuts. The last incomplete block is dropped.
+    """
+    block = max_len - corpus.num_special
+    if block < 1:
+        raise ValueError(f"max_len={max_len} leaves no room for tokens after {corpus.num_special} special tokens")
+    stream = corpus.stream_with_separators()
+    offset = int(rng.integers(0, block)) if len(stream) > 2 * block else 0
+    n_blocks = (len(stream) - offset) // block
+    for b in rng.permutation(n_blocks):
+        start = offset + int(b) * block
+        yield stream[start : start + block].tolist()
+
+
+@dataclass
+class FamilySpec:
+    """How to tokenise, batch and build one model family for pretraining (see module docstring).
+
+    Optional fields:
+    - `special_roles`: role -> token string ("pad", "unk", "cls", "sep", "mask", "bos", "eos"),
+      where the defaults guessed from common spellings ([PAD], <pad>, </s>, ...) are not right;
+    - `template`: (single, pair) post-processor templates in HF `tokenizers` TemplateProcessing
+      syntax, e.g. ("[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1"); None = infer from the specials;
+    - `objective`: default objective settings (merged under the config's `objective:` section,
+      passed to `make_collator` and written into every checkpoint manifest);
+    - `auto_class`: the transformers Auto class that opens the saved checkpoint with its head
+      (e.g. "AutoModelForMaskedLM"); `AutoModel` must open it too.
+    """
+
+    name: str
+    tokenizer_kind: str
+    special_tokens: list[str]
+    presets: dict[str, dict]
+    build_model: Callable[[dict, "PreTrainedTokenizerFast"], nn.Module]
+    make_collator: Callable[[dict, "PreTrainedTokenizerFast"], Collator]
+    packing: str = "contiguous"
+    make_examples: Callable[["TokenizedCorpus", int, np.random.Generator], Iterator[Any]] = contiguous_blocks
+    special_roles: dict[str, str] | None = None
+    template: tuple[str, str | None] | None = None
+    objective: dict = field(default_factory=dict)
+    auto_class: str = "AutoModel"
+    description: str = ""
+
+    def __post_init__(self):
+        if self.tokenizer_kind not in TOKENIZER_KINDS:
+            raise ValueError(f"family {self.name}: tokenizer_kind {self.tokenizer_kind!r} not in {TOKENIZER_KINDS}")
+        missing = [p for p in PRESET_NAMES if p not in self.presets]
+        if missing:
+            raise ValueError(f"family {self.name}: presets {missing} missing (need {PRESET_NAMES})")
+
+    def model_config(self, preset: str, overrides: dict | None = None) -> dict:
+        """The preset's hyper-parameters with `overrides` on top (a fresh dict)."""
+        if preset not in self.presets:
+            raise KeyError(f"family {self.name} has no preset {preset!r} (has {sorted(self.presets)})")
+        return {**self.presets[preset], **(overrides or {})}
+
+
+def t5_sentinels(n: int = 100) -> list[str]:
+    """T5's span-corruption sentinel tokens `<extra_id_0>` ... `<extra_id_{n-1}>` (Raffel et al. 2020)."""
+    return [f"<extra_id_{i}>" for i in range(n)]
+
+
+def special_tokens_mask(input_ids: torch.Tensor, tokenizer: "PreTrainedTokenizerFast") -> torch.Tensor:
+    """Bool tensor, True where `input_ids` holds one of the tokenizer's special tokens (incl. padding).
+
+    Masking objectives use it so that [CLS]/[SEP]/<pad>/sentinels are never chosen for masking.
+    """
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=input_ids.dtype, device=input_ids.device)
+    return torch.isin(input_ids, special)
+
+
+def pad_sequences(
+    sequences: list[list[int]], pad_id: int, max_len: int | None = None, dtype=torch.long
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad a list of id lists to the longest (or `max_len`): (ids [B, T], attention_mask [B, T])."""
+    width = max((len(s) for s in sequences), default=0) if max_len is None else max_len
+    ids = torch.full((len(sequences), width), pad_id, dtype=dtype)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        s = list(s)[:width]
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=dtype)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def _templates(tokenizer: "PreTrainedTokenizerFast") -> dict:
+    """The backend post-processor's TemplateProcessing as {"single": [...], "pair": [...]} of
+    ("A"|"B"|token id, type_id) items, parsed once per tokenizer and cached on it."""
+    cached = getattr(tokenizer, "_workbench_templates", None)
+    if cached is not None:
+        return cached
+    post = json.loads(tokenizer.backend_tokenizer.to_str()).get("post_processor")
+    out: dict[str, list] = {"single": [("A", 0)], "pair": [("A", 0), ("B", 1)]}
+    if post is not None:
+        if post.get("type") != "TemplateProcessing":
+            raise ValueError(f"post-processor {post.get('type')} is not a TemplateProcessing; cannot add specials to ids")
+        for key in ("single", "pair"):
+            items = []
+            for piece in post[key]:
+                if "Sequence" in piece:
+                    items.append((piece["Sequence"]["id"], piece["Sequence"]["type_id"]))
+                else:
+                    tok = piece["SpecialToken"]["id"]
+                    items.append((post["special_tokens"][tok]["ids"][0], piece["SpecialToken"]["type_id"]))
+            out[key] = items
+    tokenizer._workbench_templates = out
+    return out
+
+
+def add_special_tokens(
+    tokenizer: "PreTrainedTokenizerFast",
+    ids_a: list[int],
+    ids_b: list[int] | None = None,
+    return_type_ids: bool = False,
+):
+    """The family's special tokens around raw ids, exactly as the tokenizer's post-processor adds
+    them to text: [CLS] a [SEP] b [SEP] (BERT), <s> a </s></s> b </s> (RoBERTa), a </s> (T5).
+
+    Returns the id list, or (ids, token_type_ids) with `return_type_ids=True`.
+    """
+    items = _templates(tokenizer)["single" if ids_b is None else "pair"]
+    ids: list[int] = []
+    types: list[int] = []
+    for item, type_id in items:
+        seq = list(ids_a) if item == "A" else list(ids_b) if item == "B" else [item]
+        ids.extend(seq)
+        types.extend([type_id] * len(seq))
+    return (ids, types) if return_type_ids else ids
+
+
+class PretrainingWrapper(nn.Module):
+    """Wraps a transformers model whose own forward computes the loss (e.g. `GPT2LMHeadModel` with
+    `labels`), so that it returns a `PretrainingOutput`; `save_pretrained` writes the plain model.
+    """
+
+    def __init__(self, model: nn.Module, term: str = "lm"):
+        super().__init__()
+        self.model = model
+        self.term = term
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def forward(self, **batch) -> PretrainingOutput:
+        out = self.model(**batch)
+        return PretrainingOutput(loss=out.loss, loss_terms={self.term: out.loss.detach()})
+
+    def save_pretrained(self, save_directory, **kwargs) -> None:
+        self.model.save_pretrained(save_directory, **kwargs)
