@@ -1,0 +1,206 @@
+"""Train a family's tokenizer on the corpus' TRAIN split and wrap it for transformers.
+
+Four kinds, after the families that made them famous (all trained with HF `tokenizers`):
+- "wordpiece": BERT-style WordPiece with `##` continuations (Devlin et al. 2019; Wu et al. 2016);
+  cased (no lower-casing or accent stripping, so the Spanish corpora keep their accents);
+- "bytelevel_bpe": GPT-2/RoBERTa byte-level BPE (Radford et al. 2019), every word with a leading
+  space marker (add_prefix_space, so `is_split_into_words=True` sees words as in running text);
+- "unigram": SentencePiece-style Unigram LM with the `▁` word marker (Kudo 2018; Kudo & Richardson
+  2018), as ALBERT and T5 use;
+- "word": a word-level vocabulary (the most frequent words, the rest `unk`) for ELMo's inputs.
+
+The result is a `PreTrainedTokenizerFast` with the family's special tokens in their roles and a
+post-processor that adds them like the real family does (`[CLS] a [SEP]`, `<s> a </s>`, `a </s>`).
+Trained tokenizers are cached under `<cache_root>/tokenizers/<key>/`, keyed by (kind, vocab size,
+special tokens, roles, template, corpus manifest hash), so every run on the same corpus reuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+from workbench.io import atomic_dir, sha256_file
+from workbench.paths import cache_root
+
+if TYPE_CHECKING:  # pragma: no cover
+    from workbench.families.base import FamilySpec
+
+TOKENIZER_FORMAT_VERSION = 1
+ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
+
+# Common spellings of special tokens -> their roles, used when a family gives no `special_roles`.
+_DEFAULT_ROLES: dict[str, tuple[str, ...]] = {
+    "[PAD]": ("pad",), "<pad>": ("pad",), "[UNK]": ("unk",), "<unk>": ("unk",), "<UNK>": ("unk",),
+    "[CLS]": ("cls",), "[SEP]": ("sep",), "[MASK]": ("mask",), "<mask>": ("mask",),
+    "<s>": ("bos", "cls"), "</s>": ("eos", "sep"), "<S>": ("bos",), "</S>": ("eos",),
+    "<|endoftext|>": ("bos", "eos"),
+}
+
+
+def resolve_roles(special_tokens: list[str], special_roles: dict[str, str] | None = None) -> dict[str, str]:
+    """role -> token string: the family's explicit `special_roles` on top of the common spellings."""
+    roles: dict[str, str] = {}
+    for tok in special_tokens:
+        for role in _DEFAULT_ROLES.get(tok, ()):
+            roles.setdefault(role, tok)
+    for role, tok in (special_roles or {}).items():
+        if role not in ROLES:
+            raise ValueError(f"unknown special-token role {role!r} (known: {ROLES})")
+        if tok not in special_tokens:
+            raise ValueError(f"special_roles[{role!r}] = {tok!r} is not among the special tokens {special_tokens}")
+        roles[role] = tok
+    return roles
+
+
+def infer_template(roles: dict[str, str]) -> tuple[str, str] | None:
+    """The post-processor templates of the classic families, from the roles present.
+
+    [CLS]/[SEP] -> BERT ("[CLS] A [SEP]", pair with segment ids 1); <s>/</s> -> RoBERTa/BART
+    ("<s> A </s>", pair "<s> A </s></s> B </s>"); only an eos -> T5 ("A </s>"). None = add nothing
+    (GPT-2 style; a family can also say so with template=("$A", "$A $B:1")); distinct bos and
+    eos without cls -> "<S> A </S>" (ELMo's sentence boundary tokens).
+    """
+    cls, sep, eos = roles.get("cls"), roles.get("sep"), roles.get("eos")
+    if cls and sep and cls == "[CLS]":
+        return f"{cls} $A {sep}", f"{cls} $A {sep} $B:1 {sep}:1"
+    if cls and sep:
+        return f"{cls} $A {sep}", f"{cls} $A {sep} {sep} $B {sep}"
+    bos = roles.get("bos")
+    if bos and eos and bos != eos and not cls:
+        return f"{bos} $A {eos}", f"{bos} $A {eos} {bos}:1 $B:1 {eos}:1"
+    if eos and not cls and not bos:
+        return f"$A {eos}", f"$A {eos} $B:1 {eos}:1"
+    return None
+
+
+def _backend(kind: str, special_tokens: list[str], roles: dict[str, str], vocab_size: int, show_progress: bool):
+    """(untrained Tokenizer, trainer) for one kind."""
+    unk = roles.get("unk")
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token=unk or "[UNK]", continuing_subword_prefix="##"))
+        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=False)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece(prefix="##")
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
+                                            continuing_subword_prefix="##", show_progress=show_progress)
+    elif kind == "bytelevel_bpe":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens, show_progress=show_progress,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    elif kind == "unigram":
+        tok = Tokenizer(models.Unigram())
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=special_tokens, unk_token=unk,
+                                          show_progress=show_progress)
+    elif kind == "word":
+        if unk is None:
+            raise ValueError("a word-level tokenizer needs an unk token among the special tokens")
+        tok = Tokenizer(models.WordLevel(unk_token=unk))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+        tok.decoder = decoders.WordPiece(prefix="\0", cleanup=False)  # joins words with spaces
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=special_tokens, show_progress=show_progress)
+    else:
+        raise ValueError(f"unknown tokenizer kind {kind!r}")
+    return tok, trainer
+
+
+def build_tokenizer(
+    kind: str,
+    special_tokens: list[str],
+    texts: Iterable[str],
+    vocab_size: int,
+    special_roles: dict[str, str] | None = None,
+    template: tuple[str, str | None] | None = None,
+    show_progress: bool = False,
+    length: int | None = None,
+) -> PreTrainedTokenizerFast:
+    """Train a tokenizer of `kind` on `texts` (one sentence or line each) and wrap it (no caching)."""
+    roles = resolve_roles(special_tokens, special_roles)
+    tok, trainer = _backend(kind, special_tokens, roles, vocab_size, show_progress)
+    tok.train_from_iterator(texts, trainer, length=length)
+    template = template if template is not None else infer_template(roles)
+    if template is not None:
+        single, pair = template
+        used = {p.split(":")[0] for t in (single, pair or "") for p in t.split() if not p.startswith("$")}
+        tok.post_processor = processors.TemplateProcessing(
+            single=single, pair=pair, special_tokens=[(t, tok.token_to_id(t)) for t in sorted(used)]
+        )
+    kwargs = {f"{role}_token": t for role, t in roles.items()}
+    extra = [t for t in special_tokens if t not in roles.values()]
+    if extra:
+        kwargs["extra_special_tokens"] = extra
+    if template is not None and ":1" in (template[1] or ""):
+        kwargs["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=1_000_000, **kwargs)
+    if kind == "bytelevel_bpe":
+        wrapped.add_prefix_space = True
+        wrapped.init_kwargs["add_prefix_space"] = True
+    return wrapped
+
+
+def tokenizer_hash(tokenizer: PreTrainedTokenizerFast) -> str:
+    """sha256 of the serialised backend tokenizer (vocab, merges, normalizer, post-processor)."""
+    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8")).hexdigest()
+
+
+def corpus_sentences(corpus, split: str = "train") -> Iterator[str]:
+    """Every non-empty line of every document of `split`: the unit tokenizers are trained on."""
+    for doc in corpus.documents(split):
+        for line in doc.text.split("\n"):
+            if line.strip():
+                yield line
+
+
+def tokenizer_cache_key(family: "FamilySpec", vocab_size: int, corpus_manifest_sha256: str) -> str:
+    spec = {
+        "format": TOKENIZER_FORMAT_VERSION,
+        "kind": family.tokenizer_kind,
+        "vocab_size": int(vocab_size),
+        "special_tokens": list(family.special_tokens),
+        "roles": resolve_roles(family.special_tokens, family.special_roles),
+        "template": list(family.template) if family.template else None,
+        "corpus": corpus_manifest_sha256,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def train_tokenizer(
+    family: "FamilySpec", corpus, vocab_size: int, cache_dir: str | Path | None = None, show_progress: bool = True
+) -> PreTrainedTokenizerFast:
+    """The family's tokenizer trained on `corpus`'s train split (a `CorpusSplit`), cached on disk.
+
+    Only the train split is read, so held-out documents stay unseen (membership ground truth).
+    """
+    manifest_sha = sha256_file(Path(corpus.dir) / "manifest.json")
+    key = tokenizer_cache_key(family, vocab_size, manifest_sha)
+    folder = Path(cache_dir) if cache_dir is not None else cache_root() / "tokenizers"
+    path = folder / f"{family.tokenizer_kind}-{vocab_size}-{key}"
+    if (path / "tokenizer.json").exists():
+        return load_tokenizer(path)
+    tok = build_tokenizer(
+        family.tokenizer_kind, list(family.special_tokens), corpus_sentences(corpus, "train"), vocab_size,
+        special_roles=family.special_roles, template=family.template, show_progress=show_progress,
+    )
+    with atomic_dir(path) as tmp:
+        tok.save_pretrained(tmp)
+        (tmp / "workbench_tokenizer.json").write_text(json.dumps(
+            {"family": family.name, "kind": family.tokenizer_kind, "vocab_size": vocab_size,
+             "corpus_manifest_sha256": manifest_sha, "key": key}, indent=2))
+    return load_tokenizer(path)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """A saved tokenizer folder, loaded the way users will (`AutoTokenizer.from_pretrained`)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
