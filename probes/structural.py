@@ -1,0 +1,344 @@
+"""Structural probes (Hewitt & Manning 2019), fitted for every layer at once.
+
+Where the vectors come from is someone else's business: a probe here takes word representations
+of shape [L+1, N_words, H] (layer-major, as `workbench.activations` stores them), the sentence
+offsets into N, and gold trees. What is fitted:
+
+- the *distance probe*: a matrix B (rank k) per layer so that ||B(h_i - h_j)||^2 approximates the
+  path distance between words i and j in the dependency tree;
+- the *depth probe*: ||B h_i||^2 approximates the depth of word i (root = 0).
+
+Both are trained with the paper's L1 loss, normalised by sentence length (squared for distances),
+with Adam and early stopping on the dev loss, one B per layer batched into a single tensor of shape
+[L+1, H, k]. How they are scored follows the paper: UUAS from a minimum spanning tree over the
+predicted distances against the gold tree, punctuation excluded; DSpr / NSpr as Spearman correlations
+averaged first within each sentence length and then over lengths 5-50; root accuracy as the share
+of sentences whose shallowest predicted (non-punctuation) word is the gold root.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.sparse.csgraph import minimum_spanning_tree
+from scipy.stats import spearmanr
+from tqdm import tqdm
+
+PUNCT_UPOS = frozenset({"PUNCT"})
+SPEARMAN_LENGTHS = (5, 50)
+
+
+# --------------------------------------------------------------------------- gold trees
+def tree_distances(heads: list[int] | np.ndarray) -> np.ndarray:
+    """All-pairs path lengths in a dependency tree. `heads` are 1-based, 0 = root."""
+    heads = np.asarray(heads, dtype=np.int64)
+    n = len(heads)
+    adjacency: list[list[int]] = [[] for _ in range(n)]
+    for dep, head in enumerate(heads):
+        if head > 0:
+            adjacency[dep].append(head - 1)
+            adjacency[head - 1].append(dep)
+    dist = np.full((n, n), -1, dtype=np.int64)
+    for start in range(n):  # BFS from each word: O(n^2), trees are small
+        dist[start, start] = 0
+        frontier = [start]
+        while frontier:
+            nxt = []
+            for node in frontier:
+                for other in adjacency[node]:
+                    if dist[start, other] < 0:
+                        dist[start, other] = dist[start, node] + 1
+                        nxt.append(other)
+            frontier = nxt
+    if (dist < 0).any():
+        raise ValueError("heads do not form a connected tree")
+    return dist
+
+
+def tree_depths(heads: list[int] | np.ndarray) -> np.ndarray:
+    """Depth of each word: number of arcs to the root word (the root word has depth 0)."""
+    heads = np.asarray(heads, dtype=np.int64)
+    depths = np.zeros(len(heads), dtype=np.int64)
+    for i in range(len(heads)):
+        node, d = i, 0
+        while heads[node] > 0:
+            node, d = heads[node] - 1, d + 1
+            if d > len(heads):
+                raise ValueError("heads contain a cycle")
+        depths[i] = d
+    return depths
+
+
+# --------------------------------------------------------------------------- metrics
+def mst_edges(distances: np.ndarray) -> set[tuple[int, int]]:
+    """Undirected edges (i < j) of a minimum spanning tree over a full distance matrix.
+
+    Ties are broken deterministically by scipy's algorithm; a tiny index-based epsilon keeps zero
+    distances (which scipy would read as "no edge") usable.
+    """
+    n = len(distances)
+    if n < 2:
+        return set()
+    d = np.asarray(distances, dtype=np.float64)
+    d = (d + d.T) / 2
+    offset = np.abs(d).max() * 1e-9 + 1e-12
+    graph = np.triu(d - d.min() + offset, k=1)
+    tree = minimum_spanning_tree(graph).tocoo()
+    return {(min(i, j), max(i, j)) for i, j in zip(tree.row.tolist(), tree.col.tolist())}
+
+
+def gold_edges(heads: list[int] | np.ndarray, keep: np.ndarray | None = None) -> set[tuple[int, int]]:
+    """Undirected gold edges among the kept words (the MST of the gold distances, as in the paper's
+    evaluation: if a dropped punctuation word sat inside the tree, its neighbours are joined)."""
+    dist = tree_distances(heads)
+    idx = np.arange(len(dist)) if keep is None else np.flatnonzero(keep)
+    sub = mst_edges(dist[np.ix_(idx, idx)])
+    return {(int(idx[i]), int(idx[j])) for i, j in sub}
+
+
+def uuas_counts(pred_distances: np.ndarray, heads, keep: np.ndarray) -> tuple[int, int]:
+    """(correct, total) undirected edges for one sentence, punctuation (keep=False) excluded."""
+    idx = np.flatnonzero(keep)
+    if len(idx) < 2:
+        return 0, 0
+    gold = gold_edges(heads, keep)
+    pred = {(int(idx[i]), int(idx[j])) for i, j in mst_edges(pred_distances[np.ix_(idx, idx)])}
+    return len(gold & pred), len(gold)
+
+
+def right_branching_uuas_counts(heads, keep: np.ndarray) -> tuple[int, int]:
+    """The linear-chain baseline: each kept word attached to the next kept word."""
+    idx = np.flatnonzero(keep)
+    if len(idx) < 2:
+        return 0, 0
+    gold = gold_edges(heads, keep)
+    chain = {(int(a), int(b)) for a, b in zip(idx[:-1], idx[1:])}
+    return len(gold & chain), len(gold)
+
+
+def _length_averaged(per_length: dict[int, list[float]]) -> float:
+    lo, hi = SPEARMAN_LENGTHS
+    means = [np.mean(v) for n, v in sorted(per_length.items()) if lo <= n <= hi and v]
+    return float(np.mean(means)) if means else float("nan")
+
+
+def distance_spearman(pred: list[np.ndarray], gold: list[np.ndarray]) -> float:
+    """DSpr: Spearman between each word's predicted and gold distances to every other word,
+    averaged over the words of each sentence length, then over lengths 5-50 (Hewitt & Manning)."""
+    per_length: dict[int, list[float]] = {}
+    for p, g in zip(pred, gold):
+        n = len(g)
+        if n < SPEARMAN_LENGTHS[0] or n > SPEARMAN_LENGTHS[1]:
+            continue
+        rows = [spearmanr(p[i], g[i]).statistic for i in range(n)]
+        per_length.setdefault(n, []).extend(r for r in rows if np.isfinite(r))
+    return _length_averaged(per_length)
+
+
+def depth_spearman(pred: list[np.ndarray], gold: list[np.ndarray]) -> float:
+    """NSpr: Spearman between predicted and gold depths per sentence, averaged as DSpr."""
+    per_length: dict[int, list[float]] = {}
+    for p, g in zip(pred, gold):
+        n = len(g)
+        if n < SPEARMAN_LENGTHS[0] or n > SPEARMAN_LENGTHS[1]:
+            continue
+        r = spearmanr(p, g).statistic
+        if np.isfinite(r):
+            per_length.setdefault(n, []).append(float(r))
+    return _length_averaged(per_length)
+
+
+def root_accuracy(pred_depths: list[np.ndarray], heads: list, keep: list[np.ndarray]) -> float:
+    """Share of sentences whose shallowest predicted non-punctuation word is the gold root."""
+    hits = total = 0
+    for p, h, k in zip(pred_depths, heads, keep):
+        idx = np.flatnonzero(k)
+        if len(idx) == 0:
+            continue
+        total += 1
+        hits += int(np.asarray(h)[idx[np.argmin(p[idx])]] == 0)
+    return hits / total if total else float("nan")
+
+
+# --------------------------------------------------------------------------- data
+@dataclass
+class TreeSet:
+    """Word vectors of every layer plus gold trees for a set of sentences."""
+
+    features: np.ndarray  # [L+1, N, H], may be a memmap
+    offsets: np.ndarray  # [S+1] sentence boundaries into N
+    heads: list[np.ndarray]
+    upos: list[list[str]]
+
+    def __post_init__(self):
+        if len(self.offsets) != len(self.heads) + 1:
+            raise ValueError(f"{len(self.heads)} trees but {len(self.offsets) - 1} sentences of features")
+        lengths = np.diff(self.offsets)
+        bad = [i for i, (n, h) in enumerate(zip(lengths, self.heads)) if n != len(h)]
+        if bad:
+            raise ValueError(f"sentence {bad[0]} has {lengths[bad[0]]} vectors but {len(self.heads[bad[0]])} words")
+
+    @functools.cached_property
+    def gold_distances(self) -> list[np.ndarray]:
+        return [tree_distances(h) for h in self.heads]
+
+    @functools.cached_property
+    def gold_depths(self) -> list[np.ndarray]:
+        return [tree_depths(h) for h in self.heads]
+
+    def keep(self, i: int) -> np.ndarray:
+        return np.array([u not in PUNCT_UPOS for u in self.upos[i]], dtype=bool)
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    def batch(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Padded batch: features [L+1, B, T, H], mask [B, T], gold distances [B, T, T], depths [B, T]."""
+        lengths = [int(self.offsets[i + 1] - self.offsets[i]) for i in idx]
+        t = max(lengths)
+        n_layers, _, h = self.features.shape
+        x = np.zeros((n_layers, len(idx), t, h), dtype=np.float32)
+        dist = np.zeros((len(idx), t, t), dtype=np.float32)
+        depth = np.zeros((len(idx), t), dtype=np.float32)
+        mask = np.zeros((len(idx), t), dtype=bool)
+        for b, (i, n) in enumerate(zip(idx, lengths)):
+            x[:, b, :n] = self.features[:, self.offsets[i]:self.offsets[i + 1]]
+            dist[b, :n, :n] = self.gold_distances[i]
+            depth[b, :n] = self.gold_depths[i]
+            mask[b, :n] = True
+        return torch.from_numpy(x), torch.from_numpy(mask), torch.from_numpy(dist), torch.from_numpy(depth)
+
+
+# --------------------------------------------------------------------------- the probes
+class LayerwiseStructuralProbe(torch.nn.Module):
+    """One rank-k matrix per layer: `proj` has shape [L+1, H, k]."""
+
+    def __init__(self, n_layers: int, hidden: int, rank: int, generator: torch.Generator):
+        super().__init__()
+        init = torch.empty(n_layers, hidden, rank).uniform_(-0.05, 0.05, generator=generator)
+        self.proj = torch.nn.Parameter(init)
+
+    def distances(self, x: torch.Tensor) -> torch.Tensor:
+        """x [L+1, B, T, H] -> squared distances [L+1, B, T, T]."""
+        z = torch.einsum("lbth,lhk->lbtk", x, self.proj)
+        diff = z.unsqueeze(3) - z.unsqueeze(2)
+        return (diff * diff).sum(-1)
+
+    def depths(self, x: torch.Tensor) -> torch.Tensor:
+        """x [L+1, B, T, H] -> squared norms [L+1, B, T]."""
+        z = torch.einsum("lbth,lhk->lbtk", x, self.proj)
+        return (z * z).sum(-1)
+
+
+def _probe_loss(probe, kind, x, mask, dist, depth) -> torch.Tensor:
+    """Per-layer L1 loss [L+1], averaged over sentences, normalised by length (squared for distances)."""
+    lengths = mask.sum(1).clamp(min=1).float()
+    if kind == "distance":
+        pred = probe.distances(x)
+        pair_mask = (mask.unsqueeze(2) & mask.unsqueeze(1)).float()
+        per_sent = ((pred - dist).abs() * pair_mask).sum((-1, -2)) / lengths**2
+    else:
+        pred = probe.depths(x)
+        per_sent = ((pred - depth).abs() * mask.float()).sum(-1) / lengths
+    return per_sent.mean(-1)
+
+
+@dataclass
+class StructuralFit:
+    kind: str
+    proj: torch.Tensor  # [L+1, H, k], best dev state per layer
+    dev_loss: np.ndarray  # [L+1]
+    epochs: int
+
+
+def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", rank: int = 64,
+                         epochs: int = 30, batch_size: int = 32, lr: float = 1e-3, patience: int = 4,
+                         seed: int = 0, progress: bool = True) -> StructuralFit:
+    """Fit distance or depth probes for all layers at once (Hewitt & Manning 2019).
+
+    Early stopping is per layer: each layer keeps the projection of its best dev-loss epoch and
+    training stops when no layer has improved for `patience` epochs.
+    """
+    if kind not in ("distance", "depth"):
+        raise ValueError(f"kind must be 'distance' or 'depth', not {kind!r}")
+    gen = torch.Generator().manual_seed(seed)
+    n_layers, _, hidden = train.features.shape
+    probe = LayerwiseStructuralProbe(n_layers, hidden, min(rank, hidden), gen)
+    opt = torch.optim.Adam(probe.parameters(), lr=lr)
+    best = torch.full((n_layers,), float("inf"))
+    best_proj = probe.proj.detach().clone()
+    stale = 0
+    order_rng = np.random.default_rng(seed)
+    dev_batches = [dev.batch(list(range(i, min(i + batch_size, len(dev))))) for i in range(0, len(dev), batch_size)]
+    epoch = 0
+    for epoch in tqdm(range(1, epochs + 1), desc=f"{kind} probe", disable=not progress):
+        order = order_rng.permutation(len(train))
+        for start in range(0, len(order), batch_size):
+            x, mask, dist, depth = train.batch(order[start:start + batch_size].tolist())
+            loss = _probe_loss(probe, kind, x, mask, dist, depth).sum()  # layers are independent
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            dev_loss = torch.zeros(n_layers)
+            for x, mask, dist, depth in dev_batches:
+                dev_loss += _probe_loss(probe, kind, x, mask, dist, depth) * x.shape[1]
+            dev_loss /= len(dev)
+        improved = dev_loss < best - 1e-6
+        best = torch.where(improved, dev_loss, best)
+        best_proj[improved] = probe.proj.detach()[improved]
+        stale = 0 if improved.any() else stale + 1
+        if stale >= patience:
+            break
+    return StructuralFit(kind=kind, proj=best_proj, dev_loss=best.numpy(), epochs=epoch)
+
+
+@torch.no_grad()
+def predict(fit: StructuralFit, data: TreeSet, batch_size: int = 64) -> list[list[np.ndarray]]:
+    """Predictions per layer, per sentence: distance matrices [n, n] or depth vectors [n]."""
+    probe = LayerwiseStructuralProbe(*fit.proj.shape, torch.Generator())
+    probe.proj.data.copy_(fit.proj)
+    out: list[list[np.ndarray]] = [[] for _ in range(fit.proj.shape[0])]
+    for start in range(0, len(data), batch_size):
+        idx = list(range(start, min(start + batch_size, len(data))))
+        x, mask, _, _ = data.batch(idx)
+        pred = probe.distances(x) if fit.kind == "distance" else probe.depths(x)
+        for b, i in enumerate(idx):
+            n = int(mask[b].sum())
+            for layer in range(len(out)):
+                p = pred[layer, b, :n, :n] if fit.kind == "distance" else pred[layer, b, :n]
+                out[layer].append(p.numpy())
+    return out
+
+
+def score_distance(preds: list[list[np.ndarray]], data: TreeSet) -> list[dict[str, float]]:
+    """UUAS and DSpr per layer."""
+    gold = data.gold_distances
+    scores = []
+    for layer_preds in preds:
+        correct = total = 0
+        for i, p in enumerate(layer_preds):
+            c, t = uuas_counts(p, data.heads[i], data.keep(i))
+            correct, total = correct + c, total + t
+        scores.append({"uuas": correct / total if total else float("nan"),
+                       "dspr": distance_spearman(layer_preds, gold), "n_edges": total})
+    return scores
+
+
+def score_depth(preds: list[list[np.ndarray]], data: TreeSet) -> list[dict[str, float]]:
+    """Root accuracy and NSpr per layer."""
+    gold = data.gold_depths
+    keep = [data.keep(i) for i in range(len(data))]
+    return [{"root_acc": root_accuracy(p, data.heads, keep), "nspr": depth_spearman(p, gold),
+             "n_sentences": len(data)} for p in preds]
+
+
+def right_branching_uuas(data: TreeSet) -> float:
+    correct = total = 0
+    for i in range(len(data)):
+        c, t = right_branching_uuas_counts(data.heads[i], data.keep(i))
+        correct, total = correct + c, total + t
+    return correct / total if total else float("nan")

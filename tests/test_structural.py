@@ -1,0 +1,97 @@
+"""Structural probe (Hewitt & Manning 2019): metrics by hand, and a planted tree geometry."""
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from probes import structural as st
+
+
+# Tree:  "the dog chased a cat ."   heads (1-based): the->dog, dog->chased, chased=root,
+#        a->cat, cat->chased, .->chased
+HEADS = [2, 3, 0, 5, 3, 3]
+UPOS = ["DET", "NOUN", "VERB", "DET", "NOUN", "PUNCT"]
+
+
+def test_tree_distances_and_depths_by_hand():
+    d = st.tree_distances(HEADS)
+    assert d[0, 1] == 1 and d[0, 2] == 2 and d[0, 4] == 3 and d[0, 3] == 4 and d[3, 4] == 1
+    assert (d == d.T).all() and (np.diag(d) == 0).all()
+    assert st.tree_depths(HEADS).tolist() == [2, 1, 0, 2, 1, 1]
+    with pytest.raises(ValueError):
+        st.tree_depths([2, 1])  # a cycle
+
+
+def test_uuas_by_hand():
+    keep = np.array([u != "PUNCT" for u in UPOS])
+    gold = st.gold_edges(HEADS, keep)
+    assert gold == {(0, 1), (1, 2), (3, 4), (2, 4)}
+    # A prediction that is the gold distance matrix gets everything right ...
+    assert st.uuas_counts(st.tree_distances(HEADS).astype(float), HEADS, keep) == (4, 4)
+    # ... and one that says "adjacent words are close" is the right-branching chain:
+    chain = np.abs(np.subtract.outer(np.arange(6), np.arange(6))).astype(float)
+    # chain edges (0,1) (1,2) (2,3) (3,4): correct are (0,1), (1,2), (3,4) -> 3 of 4
+    assert st.uuas_counts(chain, HEADS, keep) == (3, 4)
+    assert st.right_branching_uuas_counts(HEADS, keep) == (3, 4)
+
+
+def test_spearman_metrics_by_hand():
+    rng = np.random.default_rng(0)
+    gold = [st.tree_distances(HEADS)]
+    noisy = [gold[0] + rng.normal(0, 0.5, gold[0].shape)]
+    expected = np.mean([spearmanr(noisy[0][i], gold[0][i]).statistic for i in range(6)])
+    assert st.distance_spearman(noisy, gold) == pytest.approx(expected)
+    depths = [st.tree_depths(HEADS)]
+    pred = [np.array([2.1, 0.9, 0.1, 2.2, 1.2, 0.8])]
+    assert st.depth_spearman(pred, depths) == pytest.approx(spearmanr(pred[0], depths[0]).statistic)
+    keep = [np.array([u != "PUNCT" for u in UPOS])]
+    assert st.root_accuracy(pred, [HEADS], keep) == 1.0
+    assert st.root_accuracy([np.array([0.0, 1, 2, 3, 4, 5])], [HEADS], keep) == 0.0
+    # Sentences outside lengths 5-50 do not count.
+    assert np.isnan(st.distance_spearman([gold[0][:4, :4]], [gold[0][:4, :4]]))
+
+
+def _ewt_trees(n, split="dev"):
+    from workbench.data.conllu import load_treebank
+
+    sents = [s for s in load_treebank("en_ewt", split) if 3 <= len(s.words) <= 30][:n]
+    return [np.array(s.heads) for s in sents], [s.upos for s in sents]
+
+
+def _planted(heads_list, upos_list, n_layers=3, signal_layer=1, hidden=48, seed=0):
+    """Layer `signal_layer` holds vectors whose squared distances are exactly the tree distances:
+    each arc gets its own orthonormal direction and a word is the sum of the arcs above it."""
+    rng = np.random.default_rng(seed)
+    vecs, offsets = [], [0]
+    for heads in heads_list:
+        n = len(heads)
+        basis = np.linalg.qr(rng.normal(size=(hidden, hidden)))[0][:, : n]  # one direction per word's arc
+        depth_path = np.zeros((n, hidden))
+        for i in range(n):
+            node = i
+            while heads[node] > 0:
+                depth_path[i] += basis[:, node]
+                node = heads[node] - 1
+        layers = rng.normal(0, 1, size=(n_layers, n, hidden))
+        layers[signal_layer] = depth_path
+        vecs.append(layers)
+        offsets.append(offsets[-1] + n)
+    feats = np.concatenate(vecs, axis=1).astype(np.float32)
+    return st.TreeSet(feats, np.array(offsets), heads_list, upos_list)
+
+
+def test_planted_tree_geometry_reaches_uuas_one():
+    heads, upos = _ewt_trees(260)
+    train = _planted(heads[:200], upos[:200], seed=1)
+    dev = _planted(heads[200:], upos[200:], seed=2)
+    fit = st.fit_structural_probe(train, dev, "distance", rank=48, epochs=40, lr=5e-3, seed=0, progress=False)
+    scores = st.score_distance(st.predict(fit, dev), dev)
+    assert scores[1]["uuas"] == 1.0
+    assert scores[1]["dspr"] > 0.9
+    # Noise layers know nothing of the tree: below even the right-branching chain.
+    assert max(scores[0]["uuas"], scores[2]["uuas"]) < st.right_branching_uuas(dev) < 0.6
+
+    depth_fit = st.fit_structural_probe(train, dev, "depth", rank=48, epochs=40, lr=5e-3, seed=0, progress=False)
+    depth_scores = st.score_depth(st.predict(depth_fit, dev), dev)
+    assert depth_scores[1]["root_acc"] > 0.95 and depth_scores[1]["nspr"] > 0.9
+    assert depth_scores[0]["root_acc"] < 0.5
