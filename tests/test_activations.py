@@ -1,0 +1,163 @@
+"""Activation extraction and cache: round trip, no second forward, keys, crash/resume, bounded writes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workbench.activations import Activations, cache_path, extract
+from workbench.errors import CheckpointError, ConfigError
+
+
+class FakeHandle:
+    """Duck-typed ModelHandle whose word vectors are a deterministic function of (word, position, layer).
+
+    Counts handle calls and sentences seen, and bumps `stats` like the real handle does.
+    """
+
+    def __init__(self, num_layers=3, hidden=8, checkpoint_hash="ckpt-a", fail_after_calls=None):
+        self.stacks = ("encoder",)
+        self.num_layers = {"encoder": num_layers}
+        self.hidden_size = hidden
+        self.checkpoint_hash = checkpoint_hash
+        self.family = "fake"
+        self.stats = Counter()
+        self.calls = 0
+        self.batches: list[list[int]] = []
+        self.fail_after_calls = fail_after_calls
+
+    def vector(self, word, pos, pooling):
+        seed = int.from_bytes(hashlib.sha256(f"{self.checkpoint_hash}|{word}|{pooling}".encode()).digest()[:4], "little")
+        base = np.random.default_rng(seed).standard_normal(self.hidden_size).astype(np.float32)
+        layers = np.arange(self.num_layers["encoder"] + 1, dtype=np.float32)[:, None]
+        return base[None, :] * (1.0 + layers) + 0.01 * pos
+
+    def word_states(self, sentences, pooling="first", stack=None, batch_size=32):
+        self.calls += 1
+        if self.fail_after_calls is not None and self.calls > self.fail_after_calls:
+            raise RuntimeError("simulated crash")
+        self.batches.append([len(s) for s in sentences])
+        for words in sentences:
+            if not words:
+                self.stats["empty_sentences"] += 1
+                yield np.zeros((self.num_layers["encoder"] + 1, 0, self.hidden_size), np.float32)
+                continue
+            self.stats["sentences"] += 1
+            yield np.stack([self.vector(w, i, pooling) for i, w in enumerate(words)], axis=1)
+
+
+def _corpus(n=57, seed=0):
+    rng = np.random.default_rng(seed)
+    vocab = [f"w{i}" for i in range(40)]
+    sents = [[vocab[j] for j in rng.integers(0, len(vocab), rng.integers(1, 12))] for _ in range(n)]
+    sents[5] = []  # an empty sentence is kept (n_words = 0) and counted
+    return sents
+
+
+def _reference(handle, sentences, pooling="first"):
+    return [a for a in FakeHandle(handle.num_layers["encoder"], handle.hidden_size, handle.checkpoint_hash).word_states(sentences, pooling)]
+
+
+def test_round_trip_and_second_call_runs_no_model(tmp_path):
+    sents = _corpus()
+    h = FakeHandle()
+    acts = extract(h, sents, "toy/train", batch_size=8, cache_dir=tmp_path, progress=False)
+    assert h.calls == int(np.ceil(len(sents) / 8))  # one handle call per batch
+    assert acts.layers.shape == (4, sum(map(len, sents)), 8)
+    assert acts.layers.dtype == np.float32 and isinstance(acts.layers, np.memmap)
+    assert acts.num_sentences == len(sents) and acts.sentence_offsets[-1] == acts.num_words
+    for i, ref in enumerate(_reference(h, sents)):
+        np.testing.assert_array_equal(acts.sentence(i), ref)
+    # batches sorted by length: longest first, non-increasing across the whole run
+    seen = [n for b in h.batches for n in b]
+    assert seen == sorted(seen, reverse=True)
+    # handle stats recorded in the cache metadata
+    assert acts.stats == {"empty_sentences": 1, "sentences": len(sents) - 1}
+    meta = json.loads((acts.path / "meta.json").read_text())
+    assert meta["stats"]["empty_sentences"] == 1 and meta["pooling"] == "first"
+
+    h2 = FakeHandle()
+    again = extract(h2, sents, "toy/train", batch_size=8, cache_dir=tmp_path, progress=False)
+    assert h2.calls == 0  # loaded from the cache: no forward at all
+    assert again.path == acts.path
+    np.testing.assert_array_equal(np.asarray(again.layers), np.asarray(acts.layers))
+    assert again.stats == acts.stats
+
+
+def test_keys_differ_by_pooling_checkpoint_dataset_and_words(tmp_path):
+    sents = _corpus()
+    h = FakeHandle()
+    p = cache_path(h, sents, "toy", "first", cache_dir=tmp_path)
+    assert p != cache_path(h, sents, "toy", "mean", cache_dir=tmp_path)
+    assert p != cache_path(FakeHandle(checkpoint_hash="ckpt-b"), sents, "toy", "first", cache_dir=tmp_path)
+    assert p != cache_path(h, sents, "toy2", "first", cache_dir=tmp_path)
+    assert p != cache_path(h, sents[:-1], "toy", "first", cache_dir=tmp_path)
+    assert p != cache_path(h, sents, "toy", "first", dtype="float16", cache_dir=tmp_path)
+    a = extract(h, sents, "toy", pooling="first", cache_dir=tmp_path, progress=False)
+    b = extract(h, sents, "toy", pooling="mean", cache_dir=tmp_path, progress=False)
+    assert a.path != b.path and h.calls == 2 * int(np.ceil(len(sents) / 32))
+    assert not np.array_equal(np.asarray(a.layers), np.asarray(b.layers))
+
+
+def test_crash_leaves_no_cache_and_resume_finishes_the_rest(tmp_path):
+    sents = _corpus(n=60)
+    crashing = FakeHandle(fail_after_calls=3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        extract(crashing, sents, "toy", batch_size=10, cache_dir=tmp_path, progress=False, checkpoint_every_s=0)
+    final = cache_path(crashing, sents, "toy", cache_dir=tmp_path)
+    assert not final.exists()  # nothing half-written is visible
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+    h = FakeHandle()
+    acts = extract(h, sents, "toy", batch_size=10, cache_dir=tmp_path, progress=False, checkpoint_every_s=0)
+    assert h.calls == 6 - 3  # resumed after the 3 recorded batches
+    for i, ref in enumerate(_reference(h, sents)):
+        np.testing.assert_array_equal(acts.sentence(i), ref)
+    assert acts.stats["sentences"] + acts.stats["empty_sentences"] == len(sents)  # stats survive the resume
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+    # a partial folder from a different plan (other batch size) is discarded, not mixed in
+    crashing = FakeHandle(fail_after_calls=2)
+    with pytest.raises(RuntimeError):
+        extract(crashing, sents, "other", batch_size=10, cache_dir=tmp_path, progress=False, checkpoint_every_s=0)
+    h = FakeHandle()
+    acts = extract(h, sents, "other", batch_size=7, cache_dir=tmp_path, progress=False, checkpoint_every_s=0)
+    assert h.calls == int(np.ceil(60 / 7))
+    for i, ref in enumerate(_reference(h, sents)):
+        np.testing.assert_array_equal(acts.sentence(i), ref)
+
+
+def test_float16_option_and_helpers(tmp_path):
+    sents = _corpus()
+    h = FakeHandle()
+    acts = extract(h, sents, "toy", dtype="float16", cache_dir=tmp_path, progress=False)
+    assert acts.layers.dtype == np.float16
+    ref = np.concatenate(_reference(h, sents), axis=1)
+    np.testing.assert_allclose(np.asarray(acts.layers, dtype=np.float32), ref, rtol=1e-3, atol=1e-3)
+    sid = acts.sentence_ids()
+    assert sid.shape == (acts.num_words,) and np.all(np.diff(sid) >= 0)
+    idx = acts.word_index([3, 1])
+    expected = np.r_[acts.sentence_offsets[3] : acts.sentence_offsets[4], acts.sentence_offsets[1] : acts.sentence_offsets[2]]
+    np.testing.assert_array_equal(idx, expected)
+    reopened = Activations.load(acts.path)
+    assert reopened.layers.shape == acts.layers.shape
+
+
+def test_bad_handle_output_and_bad_arguments(tmp_path):
+    class Wrong(FakeHandle):
+        def word_states(self, sentences, pooling="first", stack=None, batch_size=32):
+            for words in sentences:
+                yield np.zeros((self.num_layers["encoder"], len(words), self.hidden_size), np.float32)  # L, not L+1
+
+    with pytest.raises(CheckpointError, match="expected"):
+        extract(Wrong(), _corpus(), "toy", cache_dir=tmp_path, progress=False)
+    with pytest.raises(ConfigError, match="pooling"):
+        extract(FakeHandle(), _corpus(), "toy", pooling="max", cache_dir=tmp_path, progress=False)
+    with pytest.raises(ConfigError, match="stack"):
+        extract(FakeHandle(), _corpus(), "toy", stack="decoder", cache_dir=tmp_path, progress=False)
+    assert not [p for p in tmp_path.iterdir() if not p.name.startswith(".")]

@@ -1,0 +1,323 @@
+"""Word-level activations of every layer, extracted once and cached on disk as memory-mapped arrays.
+
+`extract(handle, sentences, dataset_key)` runs the model handle over a list of word-tokenised
+sentences and returns `Activations`: a layer-major array `[L+1, N_words, H]` (layer 0 = embeddings,
+the HF `hidden_states` convention) plus sentence offsets. Every probe reads from it, so a second
+probe on the same data and checkpoint extracts nothing.
+
+How it stays fast and bounded (what diagNNose's per-layer pickles do not give):
+- sentences are processed in batches sorted by length (little padding), one handle call per batch,
+  which returns all layers at once (the handle does the subword -> word pooling);
+- the words are counted first, the output file is preallocated at its final size and each batch is
+  written straight into its place with `os.pwrite`, so peak memory does not grow with the corpus
+  (writes through a writable memmap would keep every dirtied page resident in this process);
+- everything is written in a hidden `.<name>.partial` folder which is renamed into place only when
+  complete: a crash never leaves a half cache, and an interrupted extraction resumes from its last
+  recorded batch (or restarts cleanly when the partial folder does not match).
+
+Cache key = checkpoint hash + dataset key + pooling + stack + dtype + a fingerprint of the words
+themselves (so a reused dataset key with different sentences can never return stale vectors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from workbench.errors import CheckpointError, ConfigError, WorkbenchError
+from workbench.io import atomic_write_json
+from workbench.paths import cache_root
+
+POOLINGS = ("first", "mean", "last")
+DTYPES = ("float32", "float16")
+FORMAT_VERSION = 1
+_LAYERS_FILE = "layers.npy"
+_OFFSETS_FILE = "sentence_offsets.npy"
+_META_FILE = "meta.json"
+_PROGRESS_FILE = "progress.json"
+
+
+@dataclass
+class Activations:
+    """Cached word representations of every layer of one stack.
+
+    `layers[l, sentence_offsets[s]:sentence_offsets[s+1]]` are the words of sentence `s` at layer `l`.
+    `stats` holds what the handle counted while extracting (windowed sentences, empty sentences,
+    words mapped to no subword, ...): probes copy it into their run manifest.
+    """
+
+    layers: np.ndarray  # memmap [L+1, N_words, H], float32 (or float16)
+    sentence_offsets: np.ndarray  # int64 [S+1]
+    stats: dict[str, int]
+    path: Path
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Activations":
+        path = Path(path)
+        try:
+            meta = json.loads((path / _META_FILE).read_text(encoding="utf-8"))
+            layers = np.load(path / _LAYERS_FILE, mmap_mode="r")
+            offsets = np.load(path / _OFFSETS_FILE)
+        except (OSError, ValueError) as e:
+            raise WorkbenchError(f"{path}: unreadable activation cache ({e}); delete the folder to re-extract") from e
+        expected = tuple(meta["shape"])
+        if layers.shape != expected or offsets.shape != (meta["num_sentences"] + 1,) or offsets[-1] != expected[1]:
+            raise WorkbenchError(
+                f"{path}: activation cache does not match its meta.json (layers {layers.shape}, "
+                f"expected {expected}); delete the folder to re-extract"
+            )
+        return cls(layers=layers, sentence_offsets=offsets, stats=dict(meta.get("stats", {})), path=path, meta=meta)
+
+    @property
+    def num_layers(self) -> int:
+        """Number of hidden-state entries (L+1: embeddings + L blocks)."""
+        return int(self.layers.shape[0])
+
+    @property
+    def num_words(self) -> int:
+        return int(self.layers.shape[1])
+
+    @property
+    def num_sentences(self) -> int:
+        return int(len(self.sentence_offsets) - 1)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.layers.shape[2])
+
+    def sentence(self, i: int) -> np.ndarray:
+        """`[L+1, n_words, H]` view of sentence `i`."""
+        return self.layers[:, self.sentence_offsets[i] : self.sentence_offsets[i + 1]]
+
+    def sentence_ids(self) -> np.ndarray:
+        """int64 [N_words]: the sentence index of every word (for bootstrapping over sentences)."""
+        return np.repeat(np.arange(self.num_sentences, dtype=np.int64), np.diff(self.sentence_offsets))
+
+    def word_index(self, sentence_indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """int64 word positions of the given sentences, in the given order."""
+        idx = np.asarray(sentence_indices, dtype=np.int64)
+        starts, ends = self.sentence_offsets[idx], self.sentence_offsets[idx + 1]
+        if len(idx) == 0:
+            return np.zeros(0, dtype=np.int64)
+        lengths = ends - starts
+        # vectorised concatenation of ranges [start, end)
+        base = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+        return base + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+def sentences_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
+    """sha256 over the words and sentence boundaries (part of the cache key)."""
+    h = hashlib.sha256()
+    for words in sentences:
+        h.update("\x1f".join(words).encode("utf-8"))
+        h.update(b"\x1e")
+    return h.hexdigest()
+
+
+def cache_key(checkpoint_hash: str, dataset_key: str, pooling: str, stack: str, dtype: str, fingerprint: str) -> str:
+    """Folder name of one cache entry: readable prefix + digest of everything that changes the numbers."""
+    digest = hashlib.sha256(
+        json.dumps([FORMAT_VERSION, checkpoint_hash, dataset_key, pooling, stack, dtype, fingerprint]).encode()
+    ).hexdigest()[:20]
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", dataset_key).strip("._")[:60] or "data"
+    return f"{slug}-{pooling}-{stack}-{dtype}-{digest}"
+
+
+def cache_path(handle, sentences, dataset_key, pooling="first", stack=None, dtype="float32", cache_dir=None) -> Path:
+    """Where `extract` keeps (or would keep) these activations."""
+    stack = _resolve_stack(handle, stack)
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "activations"
+    return root / cache_key(handle.checkpoint_hash, dataset_key, pooling, stack, dtype, sentences_fingerprint(sentences))
+
+
+def extract(
+    handle,
+    sentences: Sequence[Sequence[str]],
+    dataset_key: str,
+    pooling: str = "first",
+    stack: str | None = None,
+    batch_size: int = 32,
+    cache_dir: str | Path | None = None,
+    dtype: str = "float32",
+    progress: bool = True,
+    checkpoint_every_s: float = 30.0,
+) -> Activations:
+    """All-layer word representations of `sentences` from `handle`, cached on disk.
+
+    `handle` is a `workbench.models.ModelHandle` (or anything with its `word_states`,
+    `checkpoint_hash`, `num_layers`, `hidden_size`, `stacks` and `stats`). `cache_dir` defaults to
+    `cache_root()/activations`. The partial result is made durable every `checkpoint_every_s`
+    seconds, which is how far an interrupted extraction can fall back.
+    """
+    if pooling not in POOLINGS:
+        raise ConfigError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    sentences = [list(s) for s in sentences]
+    for i, words in enumerate(sentences):
+        for w in words:
+            if not isinstance(w, str):
+                raise ConfigError(f"sentence {i} of {dataset_key!r}: words must be str, got {type(w).__name__}")
+    stack = _resolve_stack(handle, stack)
+    fingerprint = sentences_fingerprint(sentences)
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "activations"
+    name = cache_key(handle.checkpoint_hash, dataset_key, pooling, stack, dtype, fingerprint)
+    final = root / name
+    if (final / _META_FILE).is_file():
+        return Activations.load(final)
+
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f".{name}.lock"):
+        if (final / _META_FILE).is_file():  # another process finished it while we waited
+            return Activations.load(final)
+        n_layers = int(handle.num_layers[stack]) + 1
+        hidden = int(handle.hidden_size)
+        lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+        offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        n_words = int(offsets[-1])
+        # longest first: the largest batch runs first (fails fast on memory) and the bar is honest
+        order = np.argsort(-lengths, kind="stable")
+        chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+        plan = {
+            "format_version": FORMAT_VERSION,
+            "key": name,
+            "checkpoint_hash": handle.checkpoint_hash,
+            "dataset_key": dataset_key,
+            "pooling": pooling,
+            "stack": stack,
+            "dtype": dtype,
+            "fingerprint": fingerprint,
+            "shape": [n_layers, n_words, hidden],
+            "num_sentences": len(sentences),
+            "batch_size": batch_size,
+        }
+        partial = root / f".{name}.partial"
+        done, stats = _resume_state(partial, plan)
+        if done == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            # creates the .npy header and a sparse file of the final size; no pages stay resident
+            mm = np.lib.format.open_memmap(partial / _LAYERS_FILE, mode="w+", dtype=dtype, shape=(n_layers, n_words, hidden))
+            del mm
+            atomic_write_json(partial / _PROGRESS_FILE, {"plan": plan, "chunks_done": 0, "stats": {}})
+        data_offset = _npy_data_offset(partial / _LAYERS_FILE)
+        itemsize = np.dtype(dtype).itemsize
+        layer_stride = n_words * hidden * itemsize
+
+        fd = os.open(partial / _LAYERS_FILE, os.O_RDWR)
+        try:
+            bar = tqdm(
+                total=n_words,
+                initial=int(sum(lengths[c].sum() for c in chunks[:done])),
+                unit="word",
+                desc=f"activations {dataset_key}",
+                disable=not progress,
+                leave=False,
+            )
+            last_save = time.monotonic()
+            for ci in range(done, len(chunks)):
+                chunk = chunks[ci]
+                before = Counter(handle.stats)
+                states = handle.word_states([sentences[i] for i in chunk], pooling=pooling, stack=stack, batch_size=batch_size)
+                n_got = 0
+                for si, arr in zip(chunk, states):
+                    n_got += 1
+                    arr = np.asarray(arr)
+                    if arr.shape != (n_layers, lengths[si], hidden):
+                        raise CheckpointError(
+                            f"{getattr(handle, 'path', None) or 'model handle'}: word_states returned shape "
+                            f"{arr.shape} for sentence {si} of {dataset_key!r}, expected {(n_layers, int(lengths[si]), hidden)}"
+                        )
+                    if lengths[si] == 0:
+                        continue
+                    block = np.ascontiguousarray(arr, dtype=dtype)
+                    start = data_offset + int(offsets[si]) * hidden * itemsize
+                    for layer in range(n_layers):
+                        _pwrite_all(fd, block[layer].tobytes(), start + layer * layer_stride)
+                if n_got != len(chunk):
+                    raise CheckpointError(
+                        f"{getattr(handle, 'path', None) or 'model handle'}: word_states yielded {n_got} arrays "
+                        f"for {len(chunk)} sentences"
+                    )
+                for k, v in (Counter(handle.stats) - before).items():
+                    stats[k] = stats.get(k, 0) + int(v)
+                bar.update(int(lengths[chunk].sum()))
+                if time.monotonic() - last_save >= checkpoint_every_s and ci + 1 < len(chunks):
+                    os.fsync(fd)  # data first, then the record that says it is there
+                    atomic_write_json(partial / _PROGRESS_FILE, {"plan": plan, "chunks_done": ci + 1, "stats": stats})
+                    last_save = time.monotonic()
+            bar.close()
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+        np.save(partial / _OFFSETS_FILE, offsets)
+        meta = dict(plan, stats=stats, family=getattr(handle, "family", None), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        atomic_write_json(partial / _META_FILE, meta)
+        (partial / _PROGRESS_FILE).unlink()
+        if final.exists():  # stale folder without meta.json (cannot be produced by this code)
+            shutil.rmtree(final)
+        os.replace(partial, final)
+    return Activations.load(final)
+
+
+def _resolve_stack(handle, stack: str | None) -> str:
+    stacks = tuple(handle.stacks)
+    if stack is None:
+        return stacks[0]
+    if stack not in stacks:
+        raise ConfigError(f"stack {stack!r} not in this model's stacks {stacks}")
+    return stack
+
+
+def _resume_state(partial: Path, plan: dict) -> tuple[int, dict[str, int]]:
+    """(chunks already written, stats so far) of a matching partial extraction, else (0, {})."""
+    try:
+        progress = json.loads((partial / _PROGRESS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0, {}
+    if progress.get("plan") != plan or not (partial / _LAYERS_FILE).is_file():
+        return 0, {}
+    return int(progress.get("chunks_done", 0)), {k: int(v) for k, v in progress.get("stats", {}).items()}
+
+
+def _npy_data_offset(path: Path) -> int:
+    mm = np.load(path, mmap_mode="r")
+    offset = int(mm.offset)
+    del mm
+    return offset
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock, so two processes never write the same cache entry."""
+    with open(path, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
