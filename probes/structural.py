@@ -224,8 +224,9 @@ class LayerwiseStructuralProbe(torch.nn.Module):
     def distances(self, x: torch.Tensor) -> torch.Tensor:
         """x [L+1, B, T, H] -> squared distances [L+1, B, T, T]."""
         z = torch.einsum("lbth,lhk->lbtk", x, self.proj)
-        diff = z.unsqueeze(3) - z.unsqueeze(2)
-        return (diff * diff).sum(-1)
+        sq = (z * z).sum(-1)
+        # ||z_i - z_j||^2 through the Gram matrix: memory [L+1, B, T, T], not [.., T, T, k].
+        return (sq.unsqueeze(-1) + sq.unsqueeze(-2) - 2 * z @ z.transpose(-1, -2)).clamp(min=0)
 
     def depths(self, x: torch.Tensor) -> torch.Tensor:
         """x [L+1, B, T, H] -> squared norms [L+1, B, T]."""
@@ -244,6 +245,14 @@ def _probe_loss(probe, kind, x, mask, dist, depth) -> torch.Tensor:
         pred = probe.depths(x)
         per_sent = ((pred - depth).abs() * mask.float()).sum(-1) / lengths
     return per_sent.mean(-1)
+
+
+def _length_buckets(data: TreeSet, batch_size: int, rng: np.random.Generator) -> list[list[int]]:
+    """Batches of similar-length sentences (little padding), visited in random order."""
+    lengths = np.diff(data.offsets)
+    order = np.argsort(lengths + rng.random(len(lengths)), kind="stable")  # random among equal lengths
+    batches = [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
 
 
 @dataclass
@@ -275,9 +284,8 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
     dev_batches = [dev.batch(list(range(i, min(i + batch_size, len(dev))))) for i in range(0, len(dev), batch_size)]
     epoch = 0
     for epoch in tqdm(range(1, epochs + 1), desc=f"{kind} probe", disable=not progress):
-        order = order_rng.permutation(len(train))
-        for start in range(0, len(order), batch_size):
-            x, mask, dist, depth = train.batch(order[start:start + batch_size].tolist())
+        for batch_idx in _length_buckets(train, batch_size, order_rng):
+            x, mask, dist, depth = train.batch(batch_idx)
             loss = _probe_loss(probe, kind, x, mask, dist, depth).sum()  # layers are independent
             opt.zero_grad()
             loss.backward()
