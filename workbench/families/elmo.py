@@ -1,0 +1,144 @@
+"""The ELMo family (Peters et al., 2018): a character-CNN biLSTM language model, pretrained as a biLM.
+
+The nn.Modules and transformers classes live in `elmo_modules.py`; this module registers them with
+the Auto classes on import (so `AutoModel.from_pretrained(path)` opens an ELMo checkpoint once
+`workbench.families` is imported) and defines `FAMILY` for the training loop.
+
+Training examples are sentences, as in the paper (the 1B Word Benchmark is shuffled sentences):
+each epoch visits the corpus' sentences in a shuffled order, the collator wraps each in <S> ... </S>
+and pads the batch. A sentence longer than max_len - 2 words is cut into consecutive pieces (every
+word is trained on; none is dropped). Empty sentences carry no LM target and are skipped.
+Differences from the paper (closed character vocabulary, no clipping, full softmax, no state
+carried across batches) are listed in `elmo_modules.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, PreTrainedTokenizerFast
+
+from workbench.errors import ConfigError
+from workbench.families.base import FamilySpec, pad_sequences
+from workbench.families.elmo_modules import (
+    CharCNNEncoder,
+    ElmoBiLMOutput,
+    ElmoConfig,
+    ElmoForBiLM,
+    ElmoModel,
+    ScalarMix,
+    char_table,
+    word_characters,
+)
+from workbench.objectives.causal import bilm_targets
+
+__all__ = [
+    "FAMILY", "PRESETS", "SPECIAL_TOKENS", "CharCNNEncoder", "ElmoBiLMOutput", "ElmoConfig", "ElmoForBiLM",
+    "ElmoModel", "ScalarMix", "build_model", "char_table", "make_collator", "sentence_examples", "word_characters",
+]
+
+AutoConfig.register("elmo", ElmoConfig, exist_ok=True)
+AutoModel.register(ElmoConfig, ElmoModel, exist_ok=True)
+AutoModelForPreTraining.register(ElmoConfig, ElmoForBiLM, exist_ok=True)
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "<S>", "</S>"]
+SPECIAL_ROLES = {"pad": "[PAD]", "unk": "[UNK]", "bos": "<S>", "eos": "</S>"}
+
+PRESETS: dict[str, dict] = {
+    # Unit tests and CI: a few thousand parameters outside the softmax.
+    "tiny": dict(
+        char_embed_dim=16, char_filters=[[1, 16], [2, 16], [3, 32]], num_highway=1, max_chars=20,
+        projection_dim=32, lstm_dim=64, num_hidden_layers=2, dropout=0.1,
+    ),
+    # CPU demo: trains at a useful speed on 2 cores.
+    "small": dict(
+        char_embed_dim=16, char_filters=[[1, 32], [2, 32], [3, 64], [4, 64], [5, 64]], num_highway=1, max_chars=30,
+        projection_dim=128, lstm_dim=512, num_hidden_layers=2, dropout=0.1,
+    ),
+    # The paper's model (Peters et al., 2018, Sec. 3.4 / the released "original" options): 2048 char
+    # filters, 2 highway layers, 2 biLSTM layers of 4096 cells with 512-d projections.
+    "base": dict(
+        char_embed_dim=16,
+        char_filters=[[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]],
+        num_highway=2, max_chars=50, projection_dim=512, lstm_dim=4096, num_hidden_layers=2, dropout=0.1,
+    ),
+}
+
+
+def _special_id(tokenizer: PreTrainedTokenizerFast, role: str) -> int:
+    tok_id = getattr(tokenizer, f"{role}_token_id")
+    if tok_id is None:
+        raise ConfigError(f"ELMo needs a {role} token in the tokenizer (special tokens {SPECIAL_TOKENS})")
+    return int(tok_id)
+
+
+def build_model(model_config: dict, tokenizer: PreTrainedTokenizerFast) -> ElmoForBiLM:
+    """A fresh ElmoForBiLM sized for `tokenizer`, its character table filled from the vocabulary."""
+    config = ElmoConfig(
+        **model_config,
+        vocab_size=len(tokenizer),
+        pad_token_id=_special_id(tokenizer, "pad"),
+        bos_token_id=_special_id(tokenizer, "bos"),
+        eos_token_id=_special_id(tokenizer, "eos"),
+    )
+    model = ElmoForBiLM(config)
+    model.elmo.set_vocabulary(tokenizer)
+    return model
+
+
+def make_collator(objective: dict, tokenizer: PreTrainedTokenizerFast):
+    """Collator for sentence examples: <S> ids </S>, right-padded, with both LM targets.
+
+    Deterministic (the biLM has no masking), so the generator is accepted and unused.
+    """
+    pad, bos, eos = (_special_id(tokenizer, r) for r in ("pad", "bos", "eos"))
+
+    def collate(examples: list, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        seqs = []
+        for ex in examples:
+            ids = ex["input_ids"] if isinstance(ex, dict) else ex
+            seqs.append([bos, *(int(i) for i in ids), eos])
+        input_ids, attention_mask = pad_sequences(seqs, pad)
+        forward_labels, backward_labels = bilm_targets(input_ids, pad)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "forward_labels": forward_labels,
+            "backward_labels": backward_labels,
+        }
+
+    return collate
+
+
+def sentence_examples(corpus, max_len: int, rng: np.random.Generator) -> Iterator[list[int]]:
+    """One epoch of sentences in a shuffled order, each at most max_len - 2 ids (room for <S>, </S>).
+
+    Longer sentences are cut into consecutive pieces; empty sentences are skipped (no target).
+    """
+    piece = max_len - 2
+    if piece < 1:
+        raise ValueError(f"max_len={max_len} leaves no room for words between <S> and </S>")
+    n = len(corpus.sentence_offsets) - 1
+    for i in rng.permutation(n):
+        ids = np.asarray(corpus.sentence(int(i)))
+        for start in range(0, len(ids), piece):
+            yield ids[start : start + piece].tolist()
+
+
+FAMILY = FamilySpec(
+    name="elmo",
+    tokenizer_kind="word",
+    special_tokens=SPECIAL_TOKENS,
+    special_roles=SPECIAL_ROLES,
+    template=("<S> $A </S>", None),
+    presets=PRESETS,
+    build_model=build_model,
+    make_collator=make_collator,
+    packing="sentences",
+    make_examples=sentence_examples,
+    objective={"name": "bilm"},
+    auto_class="AutoModelForPreTraining",
+    description="ELMo (Peters et al. 2018): char-CNN token encoder + forward/backward LSTM LMs, shared softmax",
+)
