@@ -17,6 +17,7 @@ from workbench.objectives.mlm import default_candidate_ids, mask_tokens
 from workbench.objectives.sentence_pairs import nsp_pair, sop_pair, truncate_pair
 from workbench.objectives.seq2seq import (
     bart_noise,
+    bart_infilling_plan,
     bart_sentence_permutation,
     bart_text_infilling,
     random_spans_noise_mask,
@@ -37,6 +38,7 @@ __all__ = [
     "IGNORE_INDEX",
     "SpanMasking",
     "bart_noise",
+    "bart_infilling_plan",
     "bart_sentence_permutation",
     "bart_text_infilling",
     "bilm_targets",
