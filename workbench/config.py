@@ -1,0 +1,289 @@
+"""The training config schema: one YAML shape for every family (`experiments/train/*.yaml`).
+
+```yaml
+name: bert_small            # default: the file's stem
+family: bert                # one of workbench.families.FAMILIES
+preset: small               # tiny | small | base
+model: {}                   # overrides of the preset's hyper-parameters
+objective: {}               # overrides of the family's objective settings (mask rate, ...)
+corpus: {sources: [...], heldout_fraction: 0.1, seed: 0, max_documents: null}
+tokenizer: {vocab_size: 8000}
+max_len: 128
+batch_size: 32              # GLOBAL sequences per micro-step (split over DDP ranks)
+grad_accum: 1               # micro-steps per optimizer step
+lr: 5.0e-4
+warmup: 0.06                # steps (int >= 1) or a fraction of the total (float < 1)
+weight_decay: 0.01
+clip: 1.0
+steps: 1000                 # or `tokens:` (converted to steps at max_len tokens per sequence)
+seeds: [0]                  # several seeds = MultiBERTs-style runs (Sellam et al. 2022)
+checkpoints: {log_spaced: true, every: null}
+eval: {batches: 2}          # held-out loss on a fixed set of batches at every checkpoint
+output_dir: null            # default <runs_root>/train/<name>; each seed in seed-<s>/
+device: auto                # auto | cpu | cuda | cuda:N
+bf16: true                  # bf16 autocast on CUDA (ignored on CPU)
+```
+
+`load_config` validates every key and value and raises `ConfigError` naming the file and the
+offending key (e.g. `experiments/train/x.yaml: corpus.heldout_fraction: must be in (0, 1), got 2`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from workbench.errors import ConfigError
+
+DEFAULT_SOURCES = ["brown", "abc", "webtext", "state_union", "inaugural", "wikitext2", "ewt_raw", "gum_raw"]
+
+
+@dataclass
+class CorpusConfig:
+    sources: list[str] = field(default_factory=lambda: list(DEFAULT_SOURCES))
+    heldout_fraction: float = 0.1
+    seed: int = 0
+    max_documents: int | None = None
+
+
+@dataclass
+class TokenizerConfig:
+    vocab_size: int = 8000
+
+
+@dataclass
+class CheckpointConfig:
+    log_spaced: bool = True  # 0, 1, 2, 4, 8, ... (training dynamics are fastest early)
+    every: int | None = None  # plus every N steps
+
+
+@dataclass
+class EvalConfig:
+    batches: int = 2  # held-out batches evaluated at each checkpoint; 0 = none
+
+
+@dataclass
+class TrainConfig:
+    family: str
+    name: str = "run"
+    preset: str = "tiny"
+    model: dict = field(default_factory=dict)
+    objective: dict = field(default_factory=dict)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    max_len: int = 128
+    batch_size: int = 32
+    grad_accum: int = 1
+    lr: float = 5e-4
+    warmup: float = 0.06
+    weight_decay: float = 0.01
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    adam_eps: float = 1e-8
+    clip: float = 1.0
+    steps: int | None = None
+    tokens: int | None = None
+    seeds: list[int] = field(default_factory=lambda: [0])
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str | None = None
+    device: str = "auto"
+    bf16: bool = True
+    deterministic: bool = True
+    log_every: int = 1
+    progress: bool = True
+    source: str = "<dict>"  # where the config came from (for error messages); not a YAML key
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def total_steps(self) -> int:
+        if self.steps is not None:
+            return self.steps
+        per_step = self.batch_size * self.grad_accum * self.max_len
+        return max(1, math.ceil(self.tokens / per_step))
+
+    def warmup_steps(self) -> int:
+        return int(self.warmup) if self.warmup >= 1 else int(round(self.warmup * self.total_steps))
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
+
+    def training_hash(self) -> str:
+        """Hash of everything that changes the trained weights (not seeds list, paths, display)."""
+        d = self.to_dict()
+        for k in ("seeds", "output_dir", "progress", "log_every", "eval", "name", "device"):
+            d.pop(k)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---- loading and validation ---------------------------------------------------------------------
+
+
+def _fail(source: str, key: str, msg: str):
+    raise ConfigError(f"{source}: {key}: {msg}")
+
+
+def _check_type(value: Any, hint: Any, source: str, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        non_none = [a for a in args if a is not type(None)]
+        return _check_type(value, non_none[0], source, key)
+    if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads `5e-4` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                _fail(source, key, f"expected a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(source, key, f"expected a number, got {value!r}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            _fail(source, key, f"expected an integer, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            _fail(source, key, f"expected true/false, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            _fail(source, key, f"expected a string, got {value!r}")
+        return value
+    if origin is list or hint is list:
+        if not isinstance(value, (list, tuple)):
+            _fail(source, key, f"expected a list, got {value!r}")
+        (item,) = typing.get_args(hint) or (Any,)
+        return [v if item is Any else _check_type(v, item, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            _fail(source, key, f"expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            _fail(source, key, f"expected a mapping, got {value!r}")
+        return _build(hint, value, source, f"{key}.")
+    return value
+
+
+def _build(cls, data: dict, source: str, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    kwargs = {}
+    for k, v in data.items():
+        if k not in fields:
+            _fail(source, f"{prefix}{k}", f"unknown key (known: {', '.join(sorted(fields))})")
+        kwargs[k] = _check_type(v, hints[k], source, f"{prefix}{k}")
+    missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in kwargs]
+    if missing:
+        _fail(source, f"{prefix}{missing[0]}", "required key is missing")
+    return cls(**kwargs)
+
+
+def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted}: {p} is not a mapping")
+    node[parts[-1]] = value
+
+
+def _validate(cfg: TrainConfig) -> None:
+    from workbench.families import FAMILIES
+
+    s = cfg.source
+    if cfg.family not in FAMILIES:
+        _fail(s, "family", f"unknown family {cfg.family!r} (known: {', '.join(FAMILIES)})")
+    if cfg.preset not in ("tiny", "small", "base"):
+        _fail(s, "preset", f"must be tiny, small or base, got {cfg.preset!r}")
+    if (cfg.steps is None) == (cfg.tokens is None):
+        _fail(s, "steps", "give exactly one of `steps` and `tokens`")
+    if cfg.steps is not None and cfg.steps < 1:
+        _fail(s, "steps", f"must be >= 1, got {cfg.steps}")
+    if cfg.tokens is not None and cfg.tokens < 1:
+        _fail(s, "tokens", f"must be >= 1, got {cfg.tokens}")
+    for key in ("max_len", "batch_size", "grad_accum", "log_every"):
+        if getattr(cfg, key) < 1:
+            _fail(s, key, f"must be >= 1, got {getattr(cfg, key)}")
+    if cfg.lr <= 0:
+        _fail(s, "lr", f"must be > 0, got {cfg.lr}")
+    if cfg.warmup < 0 or (cfg.warmup >= 1 and not float(cfg.warmup).is_integer()):
+        _fail(s, "warmup", f"must be a fraction in [0, 1) or a whole number of steps, got {cfg.warmup}")
+    if cfg.weight_decay < 0:
+        _fail(s, "weight_decay", f"must be >= 0, got {cfg.weight_decay}")
+    if cfg.clip < 0:
+        _fail(s, "clip", f"must be >= 0 (0 = no clipping), got {cfg.clip}")
+    if len(cfg.adam_betas) != 2 or not all(0 <= b < 1 for b in cfg.adam_betas):
+        _fail(s, "adam_betas", f"must be two numbers in [0, 1), got {cfg.adam_betas}")
+    if not cfg.seeds:
+        _fail(s, "seeds", "must list at least one seed")
+    if len(set(cfg.seeds)) != len(cfg.seeds):
+        _fail(s, "seeds", f"seeds repeat: {cfg.seeds}")
+    if not cfg.corpus.sources:
+        _fail(s, "corpus.sources", "must list at least one source")
+    if not 0 < cfg.corpus.heldout_fraction < 1:
+        _fail(s, "corpus.heldout_fraction", f"must be in (0, 1), got {cfg.corpus.heldout_fraction}")
+    if cfg.corpus.max_documents is not None and cfg.corpus.max_documents < 2:
+        _fail(s, "corpus.max_documents", f"must be >= 2, got {cfg.corpus.max_documents}")
+    if cfg.tokenizer.vocab_size < 50:
+        _fail(s, "tokenizer.vocab_size", f"must be >= 50, got {cfg.tokenizer.vocab_size}")
+    if cfg.checkpoints.every is not None and cfg.checkpoints.every < 1:
+        _fail(s, "checkpoints.every", f"must be >= 1, got {cfg.checkpoints.every}")
+    if cfg.eval.batches < 0:
+        _fail(s, "eval.batches", f"must be >= 0, got {cfg.eval.batches}")
+    if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
+        _fail(s, "device", f"must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+
+
+def load_config(path_or_dict: str | Path | dict | TrainConfig, overrides: dict | None = None) -> TrainConfig:
+    """A validated `TrainConfig` from a YAML file or a dict, with `overrides` applied on top.
+
+    `overrides` keys may be dotted (`{"corpus.max_documents": 50, "steps": 30}`) or nested dicts.
+    """
+    if isinstance(path_or_dict, TrainConfig):
+        data, source, stem = path_or_dict.to_dict(), path_or_dict.source, path_or_dict.name
+    elif isinstance(path_or_dict, dict):
+        data, source, stem = copy.deepcopy(path_or_dict), "<dict>", None
+    else:
+        path = Path(path_or_dict)
+        source, stem = str(path), path.stem
+        if not path.exists():
+            raise ConfigError(f"{path}: config file does not exist")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            line = getattr(getattr(exc, "problem_mark", None), "line", None)
+            where = f"{path}:{line + 1}" if line is not None else str(path)
+            raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            _set_dotted(data, key, value)
+    if "name" not in data and stem:
+        data["name"] = stem
+    if "steps" in data and "tokens" in data and overrides and ("steps" in overrides) != ("tokens" in overrides):
+        data.pop("tokens" if "steps" in overrides else "steps")  # an override of one replaces the other
+    cfg = _build(TrainConfig, data, source)
+    cfg.source = source
+    _validate(cfg)
+    return cfg

@@ -1,0 +1,682 @@
+"""The one pretraining loop every family uses (read top to bottom: data, model, step, checkpoint).
+
+`train_from_config("experiments/train/bert_small.yaml")` trains one model per seed and returns the
+final checkpoint folder of each. What a step does:
+
+1. Data: the corpus (`workbench.data.corpus.build_corpus`, cached by its settings) -> the family's
+   tokenizer trained on the TRAIN split (`workbench.tokenization`) -> a memory-mapped tokenised
+   corpus (`workbench.data_cache.TokenizedCorpus`). Each epoch, `family.make_examples(corpus,
+   max_len, rng)` yields the example stream with `rng` seeded from (seed, epoch); example i of a
+   global micro-batch goes to DDP rank i % world_size; the family's collator turns the rank's
+   examples into tensors with a `torch.Generator` seeded from (seed, micro-step, rank), so masks are
+   dynamic (Liu et al. 2019) and reproducible.
+2. Step: forward under bf16 autocast on CUDA, loss / grad_accum, backward (DDP all-reduces the
+   gradients on the last micro-step), clip, AdamW (no weight decay on biases and LayerNorm
+   weights; Loshchilov & Hutter 2019), linear warm-up then linear decay (Devlin et al. 2019).
+3. Log: one JSON line per step in `log.jsonl` (step, non-padding tokens seen, lr, each loss term,
+   elapsed seconds; held-out loss at checkpoints).
+4. Checkpoint at steps 0, 1, 2, 4, 8, ... (+ every N, + the last): `step-NNNNNNN/` holds a plain
+   `save_pretrained` folder, the tokenizer, `manifest.json`, and (at the latest checkpoint only)
+   `trainer_state/` with everything needed for an exact resume: the full training module's weights,
+   optimizer, scheduler, RNG states of torch/numpy/python per rank, data position (epoch, batch),
+   step and tokens seen; all loadable with `torch.load(..., weights_only=True)`.
+
+Resume: running the same config again continues from the latest checkpoint; on CPU the final
+weights equal an uninterrupted run's bit for bit (tests/test_train_resume.py).
+Distributed: launch with `torchrun --nproc_per_node N -m workbench.train CONFIG.yaml`; `batch_size`
+is the GLOBAL micro-batch, so a config means the same optimisation at any world size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from workbench.config import TrainConfig, load_config
+from workbench.data_cache import TokenizedCorpus
+from workbench.errors import CheckpointError, ConfigError
+from workbench.families import get_family
+from workbench.families.base import FamilySpec
+from workbench.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
+from workbench.paths import cache_root, runs_root
+from workbench.tokenization import tokenizer_hash, train_tokenizer
+
+STATE_DIR = "trainer_state"
+STEP_PREFIX = "step-"
+# Default step counts of the `--family F --preset P` shortcut (see report: the small preset's
+# ~10-minute budget on a 2-core CPU).
+PRESET_STEPS = {"tiny": 200, "small": 600, "base": 100_000}
+
+
+# ---- schedule -----------------------------------------------------------------------------------
+
+
+def checkpoint_steps(total_steps: int, every: int | None = None, log_spaced: bool = True) -> list[int]:
+    """0, 1, 2, 4, 8, ... (< total), plus every `every` steps, plus the last step; sorted, unique."""
+    steps = {0, total_steps}
+    if log_spaced:
+        p = 1
+        while p < total_steps:
+            steps.add(p)
+            p *= 2
+    if every:
+        steps.update(range(every, total_steps, every))
+    return sorted(steps)
+
+
+def lr_lambda_factory(warmup: int, total: int):
+    """Linear warm-up from 0 over `warmup` steps, then linear decay to 0 at `total`."""
+
+    def factor(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return factor
+
+
+def _mix_seed(*parts: int) -> int:
+    """A 63-bit seed from several integers (stable across processes, unlike hash())."""
+    h = hashlib.sha256(",".join(str(int(p)) for p in parts).encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+# ---- distributed ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+def init_distributed(device: str) -> Dist:
+    """Join the torchrun process group (gloo on CPU, nccl on CUDA); a plain run is rank 0 of 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return Dist(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def resolve_device(name: str, d: Dist) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and d.world > 1:
+        name = f"cuda:{d.local_rank}"
+    return torch.device(name)
+
+
+# ---- data -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainingData:
+    corpus: object  # workbench.data.corpus.CorpusSplit
+    tokenizer: object  # PreTrainedTokenizerFast
+    train: TokenizedCorpus
+    heldout: TokenizedCorpus
+
+
+def corpus_dir_for(cfg: TrainConfig) -> Path:
+    c = cfg.corpus
+    key = json.dumps({"sources": c.sources, "heldout_fraction": c.heldout_fraction, "seed": c.seed,
+                      "max_documents": c.max_documents}, sort_keys=True)
+    return cache_root() / "corpus" / hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def prepare_data(cfg: TrainConfig, family: FamilySpec, d: Dist | None = None) -> TrainingData:
+    """Corpus split, tokenizer and tokenised train/held-out corpora, each built once and cached.
+
+    Under DDP rank 0 builds and the other ranks wait, then load the same cache folders.
+    """
+    from workbench.data.corpus import CorpusSplit, build_corpus
+
+    d = d or Dist()
+    show = cfg.progress and d.main
+
+    def build():
+        out = corpus_dir_for(cfg)
+        if (out / "manifest.json").exists():
+            corpus = CorpusSplit.load(out)
+        else:
+            with atomic_dir(out) as tmp:
+                build_corpus(cfg.corpus.sources, tmp, heldout_fraction=cfg.corpus.heldout_fraction,
+                             seed=cfg.corpus.seed, max_documents=cfg.corpus.max_documents)
+            corpus = CorpusSplit.load(out)
+        tok = train_tokenizer(family, corpus, cfg.tokenizer.vocab_size, show_progress=show)
+        train = TokenizedCorpus.build(tok, corpus, "train", show_progress=show)
+        heldout = TokenizedCorpus.build(tok, corpus, "heldout", show_progress=show)
+        return TrainingData(corpus, tok, train, heldout)
+
+    if d.main:
+        data = build()
+        d.barrier()
+    else:
+        d.barrier()
+        data = build()  # every piece is cached by now: only loads
+    return data
+
+
+def example_batches(
+    family: FamilySpec, corpus: TokenizedCorpus, cfg: TrainConfig, seed: int, epoch: int, d: Dist
+) -> Iterator[tuple[int, list]]:
+    """(batch index, this rank's examples) for one epoch; the last incomplete batch is dropped."""
+    rng = np.random.default_rng(_mix_seed(seed, epoch, 0xE70C))
+    batch: list = []
+    index = 0
+    for example in family.make_examples(corpus, cfg.max_len, rng):
+        batch.append(example)
+        if len(batch) == cfg.batch_size:
+            yield index, batch[d.rank :: d.world]
+            batch = []
+            index += 1
+
+
+class DataPosition:
+    """An endless micro-batch stream over epochs that knows where it is (epoch, next batch index)."""
+
+    def __init__(self, family, corpus, cfg, seed, d, epoch=0, batch_index=0):
+        self.family, self.corpus, self.cfg, self.seed, self.d = family, corpus, cfg, seed, d
+        self.epoch, self.batch_index = epoch, batch_index
+        self._it = self._open(skip=batch_index)
+
+    def _open(self, skip: int):
+        it = example_batches(self.family, self.corpus, self.cfg, self.seed, self.epoch, self.d)
+        for _ in range(skip):  # exact resume: regenerate the epoch's stream, skip what was seen
+            if next(it, None) is None:
+                break
+        return it
+
+    def next(self) -> list:
+        for _ in range(2):
+            item = next(self._it, None)
+            if item is not None:
+                self.batch_index = item[0] + 1
+                return item[1]
+            self.epoch, self.batch_index = self.epoch + 1, 0
+            self._it = self._open(skip=0)
+        raise ConfigError(
+            f"{self.cfg.source}: batch_size: the training split yields no full batch of {self.cfg.batch_size} "
+            f"examples of max_len {self.cfg.max_len} (corpus too small?)"
+        )
+
+
+def count_tokens(batch: dict) -> int:
+    """Non-padding input tokens of a batch (attention mask when there is one)."""
+    if "attention_mask" in batch:
+        return int(batch["attention_mask"].sum())
+    return int(batch["input_ids"].numel())
+
+
+# ---- model and optimiser -------------------------------------------------------------------------
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only: biases and LayerNorm/RMSNorm weights (1-d) are exempt."""
+    decay, no_decay = [], []
+    for _, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+@torch.no_grad()
+def evaluate_heldout(model, family: FamilySpec, heldout: TokenizedCorpus, tokenizer, cfg: TrainConfig,
+                     n_batches: int, device, seed: int = 1234) -> dict[str, float]:
+    """Mean loss (and loss terms) on a FIXED set of held-out batches: same examples and same masks
+    every time it is called, so values at different steps compare."""
+    model = _unwrap(model)
+    was_training = model.training
+    model.eval()
+    collate = family.make_collator(objective_settings(cfg, family), tokenizer)
+    rng = np.random.default_rng(seed)
+    examples = []
+    for ex in family.make_examples(heldout, cfg.max_len, rng):
+        examples.append(ex)
+        if len(examples) == n_batches * cfg.batch_size:
+            break
+    sums: dict[str, float] = {}
+    n = 0
+    for b in range(0, len(examples) - cfg.batch_size + 1, cfg.batch_size):
+        g = torch.Generator().manual_seed(_mix_seed(seed, b))
+        batch = {k: v.to(device) for k, v in collate(examples[b : b + cfg.batch_size], g).items()}
+        with _autocast(cfg, device):
+            out = model(**batch)
+        sums["loss"] = sums.get("loss", 0.0) + float(out.loss)
+        for k, v in out.loss_terms.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        n += 1
+    model.train(was_training)
+    if n == 0:
+        raise ConfigError(f"{cfg.source}: the held-out split yields no full batch of {cfg.batch_size} examples")
+    return {k: v / n for k, v in sums.items()}
+
+
+def _autocast(cfg: TrainConfig, device: torch.device):
+    if device.type == "cuda" and cfg.bf16:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def objective_settings(cfg: TrainConfig, family: FamilySpec) -> dict:
+    """The family's objective defaults with the config's `objective:` on top, plus max_len."""
+    return {**family.objective, **cfg.objective, "max_len": cfg.max_len}
+
+
+# ---- checkpoints ----------------------------------------------------------------------------------
+
+
+def step_dir(out: Path, step: int) -> Path:
+    return out / f"{STEP_PREFIX}{step:07d}"
+
+
+def list_checkpoints(out: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of the complete checkpoints in a run folder, by step."""
+    found = []
+    for p in Path(out).glob(f"{STEP_PREFIX}*"):
+        if p.is_dir() and (p / "manifest.json").exists():
+            try:
+                found.append((int(p.name[len(STEP_PREFIX):]), p))
+            except ValueError:
+                continue
+    return sorted(found)
+
+
+def _rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p[0], tuple(p[1]), p[2]))
+
+
+def _gather(obj, d: Dist) -> list:
+    if d.world == 1:
+        return [obj]
+    out = [None] * d.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def save_checkpoint(out: Path, step: int, model, optimizer, scheduler, position: DataPosition, tokens_seen: int,
+                    elapsed: float, manifest: dict, tokenizer, d: Dist, heldout: dict | None) -> Path:
+    """Write `step-NNNNNNN/` atomically (rank 0), then drop the previous checkpoint's trainer_state."""
+    rng_states = _gather(_rng_state(), d)  # every rank takes part; rank 0 writes
+    path = step_dir(out, step)
+    if d.main:
+        raw = _unwrap(model)
+        with atomic_dir(path) as tmp:
+            raw.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            state = tmp / STATE_DIR
+            state.mkdir()
+            torch.save({k: v for k, v in raw.state_dict().items()}, state / "model.pt")
+            torch.save(optimizer.state_dict(), state / "optimizer.pt")
+            torch.save({
+                "scheduler": scheduler.state_dict(),
+                "step": step,
+                "epoch": position.epoch,
+                "batch_index": position.batch_index,
+                "tokens_seen": tokens_seen,
+                "elapsed": elapsed,
+                "world_size": d.world,
+                "rng": rng_states,
+            }, state / "state.pt")
+            atomic_write_json(tmp / "manifest.json", {**manifest, "step": step, "tokens_seen": tokens_seen,
+                                                       "heldout": heldout, "elapsed_seconds": round(elapsed, 3)})
+        for s, p in list_checkpoints(out):
+            if s != step and (p / STATE_DIR).exists():
+                shutil.rmtree(p / STATE_DIR, ignore_errors=True)
+    d.barrier()
+    return path
+
+
+def load_trainer_state(path: Path) -> tuple[dict, dict, dict]:
+    """(model state dict, optimizer state dict, loop state) of a checkpoint, weights_only."""
+    state = path / STATE_DIR
+    try:
+        return (torch.load(state / "model.pt", weights_only=True, map_location="cpu"),
+                torch.load(state / "optimizer.pt", weights_only=True, map_location="cpu"),
+                torch.load(state / "state.pt", weights_only=True, map_location="cpu"))
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise CheckpointError(f"{state}: cannot load the trainer state: {exc}") from exc
+
+
+def _repair_log(log_path: Path, up_to_step: int) -> None:
+    """Keep the log lines of steps <= `up_to_step` (a killed run may have logged further or half a line)."""
+    if not log_path.exists():
+        return
+    keep = []
+    for line in log_path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("step", 0) <= up_to_step:
+            keep.append(line)
+    atomic_write_text(log_path, "".join(k + "\n" for k in keep))
+
+
+# ---- the loop -------------------------------------------------------------------------------------
+
+
+def run_dir(cfg: TrainConfig, seed: int) -> Path:
+    base = Path(cfg.output_dir) if cfg.output_dir else runs_root() / "train" / cfg.name
+    return base / f"seed-{seed}"
+
+
+def train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None = None, d: Dist | None = None) -> Path:
+    """Train (or resume, or find finished) one seed's run; returns its final checkpoint folder."""
+    family = get_family(cfg.family)
+    d = d or init_distributed(cfg.device)
+    device = resolve_device(cfg.device, d)
+    if cfg.batch_size % d.world:
+        raise ConfigError(f"{cfg.source}: batch_size: {cfg.batch_size} is not divisible by the world size {d.world}")
+    data = data or prepare_data(cfg, family, d)
+    tok = data.tokenizer
+    out = run_dir(cfg, seed)
+    total = cfg.total_steps
+    ckpts = checkpoint_steps(total, cfg.checkpoints.every, cfg.checkpoints.log_spaced)
+
+    # A run folder belongs to one config: refuse to mix runs, finish early if already done.
+    run_json = out / "run.json"
+    if run_json.exists():
+        prev = json.loads(run_json.read_text())
+        if prev["training_hash"] != cfg.training_hash():
+            raise ConfigError(f"{cfg.source}: output folder {out} holds a run of a different config "
+                              f"(training settings differ); choose another name/output_dir or delete it")
+    elif d.main:
+        atomic_write_json(run_json, {"training_hash": cfg.training_hash(), "config": cfg.to_dict(), "seed": seed})
+    existing = list_checkpoints(out)
+    if existing and existing[-1][0] == total:
+        return existing[-1][1]
+    resume_from = next((p for s, p in reversed(existing) if (p / STATE_DIR / "state.pt").exists()), None)
+
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+    torch.manual_seed(_mix_seed(seed, 0x1417))  # same initial weights on every rank
+    model = family.build_model(family.model_config(cfg.preset, cfg.model), tok).to(device)
+    max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if max_pos is not None and max_pos < cfg.max_len:
+        raise ConfigError(f"{cfg.source}: max_len: {cfg.max_len} exceeds the model's {max_pos} positions")
+    optimizer = build_optimizer(model, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_factory(cfg.warmup_steps(), total))
+    collate = family.make_collator(objective_settings(cfg, family), tok)
+
+    start_step, tokens_seen, elapsed_before, epoch, batch_index = 0, 0, 0.0, 0, 0
+    # Dropout etc. draw from the global RNG: one stream per (seed, rank), saved and restored.
+    torch.manual_seed(_mix_seed(seed, d.rank, 0xD0))
+    np.random.seed(_mix_seed(seed, d.rank) % (2**32))
+    random.seed(_mix_seed(seed, d.rank, 0x9))
+    if resume_from is not None:
+        m_state, o_state, state = load_trainer_state(resume_from)
+        if state["world_size"] != d.world:
+            raise CheckpointError(f"{resume_from}: saved with world size {state['world_size']}, resuming with {d.world}")
+        model.load_state_dict(m_state)
+        optimizer.load_state_dict(o_state)
+        scheduler.load_state_dict(state["scheduler"])
+        start_step, tokens_seen, elapsed_before = state["step"], state["tokens_seen"], state["elapsed"]
+        epoch, batch_index = state["epoch"], state["batch_index"]
+        _set_rng_state(state["rng"][d.rank])
+    position = DataPosition(family, data.train, cfg, seed, d, epoch, batch_index)
+
+    manifest = {
+        "family": family.name,
+        "auto_class": family.auto_class,
+        "preset": cfg.preset,
+        "model_config": family.model_config(cfg.preset, cfg.model),
+        "objective": objective_settings(cfg, family),
+        "corpus": {"dir": str(data.corpus.dir), "manifest": str(Path(data.corpus.dir) / "manifest.json"),
+                   "manifest_sha256": sha256_file(Path(data.corpus.dir) / "manifest.json"), "split": "train",
+                   "sources": cfg.corpus.sources, "heldout_fraction": cfg.corpus.heldout_fraction,
+                   "seed": cfg.corpus.seed, "max_documents": cfg.corpus.max_documents,
+                   "train_tokens": data.train.num_tokens},
+        "tokenizer": {"kind": family.tokenizer_kind, "vocab_size": len(tok), "sha256": tokenizer_hash(tok)},
+        "seed": seed,
+        "total_steps": total,
+        "world_size": d.world,
+        "config": cfg.to_dict(),
+        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+    }
+
+    train_model = model
+    if d.world > 1:
+        train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    train_model.train()
+    log_path = out / "log.jsonl"
+    if d.main:
+        out.mkdir(parents=True, exist_ok=True)
+        _repair_log(log_path, start_step)
+    log_file = open(log_path, "a", encoding="utf-8") if d.main else None
+    t0 = time.perf_counter()
+    tokens_at_start = tokens_seen
+
+    def heldout_eval():
+        if cfg.eval.batches <= 0:
+            return None
+        return evaluate_heldout(train_model, family, data.heldout, tok, cfg, cfg.eval.batches, device)
+
+    if start_step == 0 and 0 in ckpts and not (resume_from is not None and resume_from == step_dir(out, 0)):
+        save_checkpoint(out, 0, train_model, optimizer, scheduler, position, 0, 0.0, manifest, tok, d, heldout_eval())
+
+    bar = tqdm(total=total, initial=start_step, desc=f"{cfg.name} seed {seed}", unit="step",
+               disable=not (cfg.progress and d.main), dynamic_ncols=True)
+    try:
+        for step in range(start_step, total):
+            terms: dict[str, float] = {}
+            step_tokens = 0
+            for micro in range(cfg.grad_accum):
+                examples = position.next()
+                g = torch.Generator().manual_seed(_mix_seed(seed, step * cfg.grad_accum + micro, d.rank))
+                batch = {k: v.to(device, non_blocking=True) for k, v in collate(examples, g).items()}
+                step_tokens += count_tokens(batch)
+                last = micro == cfg.grad_accum - 1
+                sync = contextlib.nullcontext() if (last or d.world == 1) else train_model.no_sync()
+                with sync:
+                    with _autocast(cfg, device):
+                        out_ = train_model(**batch)
+                    (out_.loss / cfg.grad_accum).backward()
+                terms["loss"] = terms.get("loss", 0.0) + float(out_.loss.detach()) / cfg.grad_accum
+                for k, v in out_.loss_terms.items():
+                    terms[k] = terms.get(k, 0.0) + float(v.detach()) / cfg.grad_accum
+            if cfg.clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+
+            if d.world > 1:  # log the global mean loss and the global token count
+                names = sorted(terms)
+                vec = torch.tensor([terms[k] for k in names] + [float(step_tokens)], dtype=torch.float64)
+                dist.all_reduce(vec)
+                terms = {k: float(vec[i]) / d.world for i, k in enumerate(names)}
+                step_tokens = int(vec[-1])
+            tokens_seen += step_tokens
+            elapsed = elapsed_before + time.perf_counter() - t0
+            done = step + 1
+            heldout = heldout_eval() if done in ckpts else None
+            if d.main and (done % cfg.log_every == 0 or heldout is not None or done == total):
+                rec = {"step": done, "tokens": tokens_seen, "lr": lr, **terms, "elapsed": round(elapsed, 3)}
+                if heldout is not None:
+                    rec.update({f"heldout_{k}": v for k, v in heldout.items()})
+                log_file.write(json.dumps(rec) + "\n")
+                log_file.flush()
+            if done in ckpts:
+                save_checkpoint(out, done, train_model, optimizer, scheduler, position, tokens_seen, elapsed,
+                                manifest, tok, d, heldout)
+            rate = (tokens_seen - tokens_at_start) / max(1e-9, time.perf_counter() - t0)
+            bar.set_postfix(loss=f"{terms['loss']:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+            bar.update(1)
+    finally:
+        bar.close()
+        if log_file is not None:
+            log_file.close()
+    return step_dir(out, total)
+
+
+def train_from_config(path_or_dict, overrides: dict | None = None) -> list[Path]:
+    """Train every seed of a config (YAML path, dict or TrainConfig); the final checkpoint of each.
+
+    Seeds run one after the other and share the corpus, tokenizer and tokenised corpus.
+    """
+    cfg = load_config(path_or_dict, overrides)
+    family = get_family(cfg.family)
+    d = init_distributed(cfg.device)
+    data = prepare_data(cfg, family, d)
+    return [train_seed(cfg, seed, data, d) for seed in cfg.seeds]
+
+
+def read_log(run_folder: str | Path) -> list[dict]:
+    """The JSONL loss log of one seed's run folder as a list of records."""
+    path = Path(run_folder) / "log.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ---- helpers for tests and quick experiments ----------------------------------------------------
+
+
+@dataclass
+class TinyRun:
+    checkpoint: Path  # final checkpoint folder
+    run_folder: Path
+    log: list[dict]
+    heldout_before: dict  # held-out loss terms at step 0
+    heldout_after: dict  # ... at the last step
+    config: TrainConfig
+
+
+def tiny_config(family: str, steps: int, output_dir: str | Path, **overrides) -> TrainConfig:
+    """A seconds-long config: tiny preset, a few real documents, small vocab, short sequences."""
+    base = {
+        "name": f"tiny-{family}",
+        "family": family,
+        "preset": "tiny",
+        "corpus": {"sources": ["inaugural", "state_union"], "max_documents": 60, "heldout_fraction": 0.2, "seed": 0},
+        "tokenizer": {"vocab_size": 1000},
+        "max_len": 64,
+        "batch_size": 8,
+        "lr": 3e-3,
+        "warmup": 0.1,
+        "steps": steps,
+        "eval": {"batches": 2},
+        "output_dir": str(output_dir),
+        "progress": False,
+    }
+    return load_config(base, overrides)
+
+
+def run_tiny_training(family: str, steps: int, output_dir: str | Path, **overrides) -> TinyRun:
+    """Train a tiny model of `family` for `steps` steps on real data and report held-out loss
+    before/after (families' tests assert that it drops and that the checkpoint opens)."""
+    cfg = tiny_config(family, steps, output_dir, **overrides)
+    final = train_from_config(cfg)[0]
+    log = read_log(final.parent)
+    m0 = json.loads((step_dir(final.parent, 0) / "manifest.json").read_text())
+    m1 = json.loads((final / "manifest.json").read_text())
+    return TinyRun(final, final.parent, log, m0["heldout"], m1["heldout"], cfg)
+
+
+# ---- CLI ------------------------------------------------------------------------------------------
+
+
+def _parse_value(text: str):
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def train_cli_main(argv: list[str] | None = None) -> int:
+    """`bertology train CONFIG.yaml [--set key=value ...]` or `bertology train --family F --preset P`.
+
+    Flags: --family, --preset, --steps, --tokens, --seeds S [S ...], --name, --output-dir, --device,
+    --set KEY=VALUE (dotted keys, YAML values; repeatable). Prints each seed's final checkpoint.
+    """
+    p = argparse.ArgumentParser(prog="bertology train", description="Pretrain a model family (one loop for all).")
+    p.add_argument("config", nargs="?", help="training config YAML (experiments/train/*.yaml)")
+    p.add_argument("--family", help="family name (shortcut without a config file)")
+    p.add_argument("--preset", choices=("tiny", "small", "base"), help="model size preset")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--tokens", type=int)
+    p.add_argument("--seeds", type=int, nargs="+")
+    p.add_argument("--name")
+    p.add_argument("--output-dir")
+    p.add_argument("--device")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    args = p.parse_args(argv)
+    if args.config is None and args.family is None:
+        p.error("give a CONFIG.yaml or --family")
+    overrides: dict = {}
+    for item in args.set:
+        if "=" not in item:
+            p.error(f"--set expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        overrides[k.strip()] = _parse_value(v)
+    for key in ("family", "preset", "steps", "tokens", "seeds", "name", "device"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
+    if args.output_dir:
+        overrides["output_dir"] = args.output_dir
+    if args.config is not None:
+        source = args.config
+    else:
+        preset = args.preset or "small"
+        source = {"family": args.family, "preset": preset, "name": f"{args.family}_{preset}"}
+        if args.steps is None and args.tokens is None:
+            source["steps"] = PRESET_STEPS[preset]
+    for path in train_from_config(source, overrides):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":  # `torchrun --nproc_per_node 2 -m workbench.train CONFIG.yaml`
+    try:
+        sys.exit(train_cli_main())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
