@@ -1,0 +1,205 @@
+"""The corpus builder: named raw sources -> a recorded, seeded, document-level train/held-out split.
+
+The manifest is the ground truth of membership (which documents a model trained on saw), as a
+membership-inference experiment needs (Shokri et al., 2017; Carlini et al., 2021): it lists the
+doc ids of each split, the seed and fraction, the sha256 of every source file, and counts.
+
+Splitting is per source (stratified): source s's documents are permuted by a generator seeded
+with (seed, crc32(s)) and the first round(fraction * n_s) are held out. So every source appears in
+both splits in proportion, and adding a source does not change the split of the others.
+The manifest has no timestamp: the same sources, seed and data give byte-identical files, so a
+tokenised-corpus cache can key on the manifest's hash.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from workbench.data.raw import LANGUAGE, RAW_CORPORA, Document, count_words, load_documents, source_files
+from workbench.errors import ConfigError, DataFormatError
+from workbench.io import atomic_dir, sha256_file
+from workbench.paths import data_root
+
+SPLITS = ("train", "heldout")
+MANIFEST_FORMAT = 1
+
+# English raw text for pretraining. EWT and GUM raw text (`ewt_raw`, `gum_raw`) are left out on
+# purpose: the syntax and coreference probes are scored on those treebanks, and probing a model
+# on sentences it was pretrained on measures memorisation as much as what it learned. Pass
+# `include_probe_text=True` (or name the sources) when a study wants that overlap.
+PRETRAINING_SOURCES = ("brown", "abc", "webtext", "state_union", "inaugural", "wikitext2")
+PROBE_TEXT_SOURCES = ("ewt_raw", "gum_raw")
+
+
+def default_pretraining_sources(include_probe_text: bool = False) -> list[str]:
+    """The English pretraining sources (about 3.1M words); see PRETRAINING_SOURCES for why
+    EWT/GUM raw text is excluded unless asked for."""
+    return list(PRETRAINING_SOURCES) + (list(PROBE_TEXT_SOURCES) if include_probe_text else [])
+
+
+def _counts(docs: list[Document]) -> dict[str, int]:
+    return {
+        "documents": len(docs),
+        "lines": sum(d.text.count("\n") + 1 for d in docs if d.text),
+        "characters": sum(len(d.text) for d in docs),
+        "words": sum(count_words(d.text) for d in docs),
+    }
+
+
+def split_documents(
+    source: str, docs: list[Document], heldout_fraction: float, seed: int, max_documents: int | None = None
+) -> tuple[list[Document], list[Document]]:
+    """(train, heldout) of one source's documents, both in their original order."""
+    rng = np.random.default_rng([seed, zlib.crc32(source.encode())])
+    order = rng.permutation(len(docs))
+    if max_documents is not None:
+        order = order[:max_documents]
+    n_held = int(round(heldout_fraction * len(order)))
+    held = set(order[:n_held].tolist())
+    keep = set(order.tolist())
+    train = [d for i, d in enumerate(docs) if i in keep and i not in held]
+    heldout = [d for i, d in enumerate(docs) if i in held]
+    return train, heldout
+
+
+def build_corpus(
+    sources: list[str],
+    out_dir: str | Path,
+    heldout_fraction: float = 0.1,
+    seed: int = 0,
+    max_documents: int | None = None,
+) -> "CorpusSplit":
+    """Write out_dir/{train,heldout}.jsonl ({"doc_id", "source", "text"} per line) and
+    out_dir/manifest.json, atomically (a crash leaves no half-built corpus).
+
+    `max_documents` caps the documents taken from each source (a seeded sample, before the
+    split), for small experiments and tests.
+    """
+    if not sources:
+        raise ConfigError("build_corpus needs at least one source")
+    unknown = [s for s in sources if s not in RAW_CORPORA]
+    if unknown:
+        raise ConfigError(f"unknown corpus sources {unknown}; known: {sorted(RAW_CORPORA)}")
+    if len(set(sources)) != len(sources):
+        raise ConfigError(f"a source is named twice in {sources}")
+    if not 0.0 <= heldout_fraction < 1.0:
+        raise ConfigError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
+    if max_documents is not None and max_documents < 1:
+        raise ConfigError(f"max_documents must be positive, got {max_documents}")
+
+    root = data_root()
+    splits: dict[str, list[Document]] = {"train": [], "heldout": []}
+    by_source: dict[str, dict] = {}
+    checksums: dict[str, dict[str, str]] = {}
+    seen: set[str] = set()
+    for source in tqdm(sources, desc="corpus sources", unit="source"):
+        docs = load_documents(source)
+        dup = [d.doc_id for d in docs if d.doc_id in seen]
+        if dup or len({d.doc_id for d in docs}) != len(docs):
+            raise DataFormatError(source, None, f"duplicate document ids, e.g. {dup[:3]}")
+        seen.update(d.doc_id for d in docs)
+        train, held = split_documents(source, docs, heldout_fraction, seed, max_documents)
+        splits["train"] += train
+        splits["heldout"] += held
+        by_source[source] = {"train": _counts(train), "heldout": _counts(held), "language": LANGUAGE[source]}
+        checksums[source] = {str(p.relative_to(root)): sha256_file(p) for p in source_files(source)}
+
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "sources": list(sources),
+        "seed": seed,
+        "heldout_fraction": heldout_fraction,
+        "max_documents": max_documents,
+        "split_method": "per source: permutation by numpy default_rng([seed, crc32(source)]); "
+        "first round(fraction * n) held out",
+        "doc_ids": {name: [d.doc_id for d in docs] for name, docs in splits.items()},
+        "source_files": checksums,
+        "counts": {name: _counts(docs) for name, docs in splits.items()} | {"by_source": by_source},
+    }
+    out_dir = Path(out_dir)
+    with atomic_dir(out_dir) as tmp:
+        for name, docs in splits.items():
+            lines = (json.dumps({"doc_id": d.doc_id, "source": d.source, "text": d.text}, ensure_ascii=False) for d in docs)
+            (tmp / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return CorpusSplit.load(out_dir)
+
+
+@dataclass
+class CorpusSplit:
+    """A built corpus folder: `manifest` (dict), `documents(split)`, `doc_ids(split)`."""
+
+    dir: Path
+    manifest: dict
+
+    @classmethod
+    def load(cls, dir: str | Path) -> "CorpusSplit":
+        dir = Path(dir)
+        path = dir / "manifest.json"
+        if not path.is_file():
+            raise DataFormatError(path, None, "not a corpus folder: manifest.json is missing")
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise DataFormatError(path, e.lineno, f"invalid JSON: {e.msg}") from None
+        for key in ("sources", "seed", "heldout_fraction", "doc_ids", "source_files", "counts"):
+            if key not in manifest:
+                raise DataFormatError(path, None, f"manifest has no {key!r}")
+        return cls(dir, manifest)
+
+    def doc_ids(self, split: str) -> list[str]:
+        self._check_split(split)
+        return list(self.manifest["doc_ids"][split])
+
+    def documents(self, split: str) -> list[Document]:
+        """The documents of `split`, checked against the manifest's doc ids (same ids, same order)."""
+        self._check_split(split)
+        path = self.dir / f"{split}.jsonl"
+        expected = self.manifest["doc_ids"][split]
+        docs = []
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                try:
+                    obj = json.loads(line)
+                    doc = Document(obj["doc_id"], obj["source"], obj["text"])
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    raise DataFormatError(path, lineno, f"not a document record: {e}") from None
+                if lineno > len(expected) or doc.doc_id != expected[lineno - 1]:
+                    raise DataFormatError(path, lineno, f"document {doc.doc_id!r} is not the manifest's entry {lineno}")
+                docs.append(doc)
+        if len(docs) != len(expected):
+            raise DataFormatError(path, len(docs), f"{len(docs)} documents, manifest lists {len(expected)}")
+        return docs
+
+    @staticmethod
+    def _check_split(split: str) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; splits are {SPLITS}")
+
+
+def source_sizes(sources: list[str]) -> dict[str, dict[str, int]]:
+    """Documents / lines / characters / words of each named source (no split)."""
+    return {s: _counts(load_documents(s)) for s in sources}
+
+
+def main() -> None:
+    """`python -m workbench.data.corpus [SOURCE ...]`: print the size of each source."""
+    import sys
+
+    sources = sys.argv[1:] or default_pretraining_sources()
+    sizes = source_sizes(sources)
+    print(f"{'source':18s} {'documents':>10s} {'lines':>9s} {'words':>10s} {'characters':>12s}")
+    for s, c in sizes.items():
+        print(f"{s:18s} {c['documents']:10,d} {c['lines']:9,d} {c['words']:10,d} {c['characters']:12,d}")
+    total = {k: sum(c[k] for c in sizes.values()) for k in ("documents", "lines", "words", "characters")}
+    print(f"{'total':18s} {total['documents']:10,d} {total['lines']:9,d} {total['words']:10,d} {total['characters']:12,d}")
+
+
+if __name__ == "__main__":
+    main()
