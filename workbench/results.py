@@ -369,7 +369,6 @@ class RunWriter:
             "kind": self.kind,
             "name": self.name,
             "status": "finished",
-            "created": self._provenance["started"],
             **self._provenance,
             "finished": utc_now_iso(),
             "n_rows": len(rows),
@@ -592,6 +591,7 @@ class ResultsStore:
         provenance = build_manifest(
             config, seeds=seeds, data_files=list(data_files), checkpoints=list(checkpoints), started=started
         )
+        provenance["created"] = provenance.pop("started")  # one name for a run's start time
         for _ in range(100):
             run_id = new_run_id()
             lock_path = self.writers_dir / f"{run_id}.lock"
