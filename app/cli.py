@@ -73,24 +73,44 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- runs
-def _cmd_runs_list(args: argparse.Namespace) -> int:
-    from workbench.results import ResultsStore, format_runs
+def _store(args: argparse.Namespace):
+    from workbench.results import ResultsStore
 
-    store = ResultsStore(args.runs_root)
-    print(format_runs(store.runs()))
+    return ResultsStore(args.runs_root)
+
+
+def _cmd_runs_list(args: argparse.Namespace) -> int:
+    from workbench.results import format_runs
+
+    filters = {k: v for k, v in (("kind", args.kind), ("model", args.model), ("probe", args.probe),
+                                 ("task", args.task)) if v}
+    print(format_runs(_store(args).runs(include_running=args.running, **filters)))
     return 0
 
 
 def _cmd_runs_show(args: argparse.Namespace) -> int:
-    import json
+    from workbench.results import format_manifest, format_rows
 
-    from workbench.results import ResultsStore, format_rows
-
-    store = ResultsStore(args.runs_root)
-    if args.manifest:
-        print(json.dumps(store.manifest(args.run_id), indent=2, default=str))
-    else:
+    store = _store(args)
+    print(format_manifest(store.manifest(args.run_id)))
+    if not args.manifest_only:
         print(format_rows(store.read(args.run_id)))
+    return 0
+
+
+def _cmd_runs_delete(args: argparse.Namespace) -> int:
+    _store(args).delete(args.run_id)
+    print(f"deleted {args.run_id}")
+    return 0
+
+
+def _cmd_runs_gc(args: argparse.Namespace) -> int:
+    print(_store(args).gc())
+    return 0
+
+
+def _cmd_runs_reindex(args: argparse.Namespace) -> int:
+    print(_store(args).reindex())
     return 0
 
 
@@ -146,15 +166,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     p.set_defaults(func=_cmd_run)
 
-    runs = sub.add_parser("runs", help="list and show runs in the results store")
-    runs.add_argument("--runs-root", help="runs root (default: $BERTOLOGY_RUNS or ./runs)")
+    runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
-    p = runs_sub.add_parser("list", help="one line per run")
+    root_opt = argparse.ArgumentParser(add_help=False)
+    root_opt.add_argument("--root", dest="runs_root", help="runs root (default: $BERTOLOGY_RUNS or ./runs)")
+    p = runs_sub.add_parser("list", parents=[root_opt], help="one line per run")
+    for flag in ("kind", "model", "probe", "task"):
+        p.add_argument(f"--{flag}", help=f"only runs with this {flag}")
+    p.add_argument("--running", action="store_true", help="include runs still being written")
     p.set_defaults(func=_cmd_runs_list)
-    p = runs_sub.add_parser("show", help="the rows (or --manifest) of one run")
+    p = runs_sub.add_parser("show", parents=[root_opt], help="what produced a run, then its rows")
     p.add_argument("run_id")
-    p.add_argument("--manifest", action="store_true", help="print the run manifest instead of the rows")
+    p.add_argument("--manifest-only", action="store_true", help="print only the provenance")
     p.set_defaults(func=_cmd_runs_show)
+    p = runs_sub.add_parser("delete", parents=[root_opt], help="delete a run")
+    p.add_argument("run_id")
+    p.set_defaults(func=_cmd_runs_delete)
+    p = runs_sub.add_parser("gc", parents=[root_opt], help="remove leftovers of crashed writers")
+    p.set_defaults(func=_cmd_runs_gc)
+    p = runs_sub.add_parser("reindex", parents=[root_opt], help="rebuild the catalog from the run folders")
+    p.set_defaults(func=_cmd_runs_reindex)
 
     p = sub.add_parser("app", help="open the Streamlit app on the runs root")
     p.add_argument("--port", type=int, default=8501)
