@@ -5,7 +5,7 @@ membership-inference experiment needs (Shokri et al., 2017; Carlini et al., 2021
 doc ids of each split, the seed and fraction, the sha256 of every source file, and counts.
 
 Splitting is per source (stratified): source s's documents are permuted by a generator seeded
-with (seed, crc32(s)) and the first round(fraction * n_s) are held out. So every source appears in
+with (seed, crc32(s)) and the first round(fraction * n_s) (half up) are held out. So every source appears in
 both splits in proportion, and adding a source does not change the split of the others.
 The manifest has no timestamp: the same sources, seed and data give byte-identical files, so a
 tokenised-corpus cache can key on the manifest's hash.
@@ -60,7 +60,7 @@ def split_documents(
     order = rng.permutation(len(docs))
     if max_documents is not None:
         order = order[:max_documents]
-    n_held = int(round(heldout_fraction * len(order)))
+    n_held = int(np.floor(heldout_fraction * len(order) + 0.5))  # round half up
     held = set(order[:n_held].tolist())
     keep = set(order.tolist())
     train = [d for i, d in enumerate(docs) if i in keep and i not in held]

@@ -193,8 +193,10 @@ def _wikitext2() -> list[Document]:
     for path in _wikitext2_files():
         articles: list[list[str]] = []
         for line in _lines(decode(path)):
-            if _WIKI_TITLE.match(line) or not articles:
+            if _WIKI_TITLE.match(line) or (not articles and line.strip()):
                 articles.append([])
+            if not articles:
+                continue  # blank lines before the first heading
             articles[-1].append(line)
         for i, art in enumerate(articles, start=1):
             text = "\n".join(_nonempty(art))
