@@ -63,6 +63,19 @@ def random_replacements(n: int, candidates: torch.Tensor, generator: torch.Gener
     return candidates[torch.randint(len(candidates), (n,), generator=generator)]
 
 
+def expand_spans(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For spans of the given lengths, ``(span_index, offset)`` of every covered token, in order.
+
+    (``output_size`` is passed to ``repeat_interleave``: without it torch 2.13 on CPU takes ~4 ms
+    per call even for a hundred spans.)
+    """
+    lengths = lengths.long()
+    total = int(lengths.sum())
+    span_index = torch.repeat_interleave(torch.arange(len(lengths)), lengths, output_size=total)
+    first = torch.cumsum(lengths, 0) - lengths
+    return span_index, torch.arange(total) - first[span_index]
+
+
 def check_inputs(input_ids: torch.Tensor, special_mask: torch.Tensor, word_ids: torch.Tensor | None = None) -> None:
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from workbench.objectives.mlm import round_half_up
+from workbench.objectives.mlm import expand_spans, round_half_up
 
 
 def _as_ids(ids, name: str = "ids") -> torch.Tensor:
@@ -53,7 +53,7 @@ def random_spans_noise_mask(
     keep_lengths = random_segmentation(length - n_noise, n_spans, generator)
     interleaved = torch.stack([keep_lengths, noise_lengths], 1).flatten()
     is_noise = torch.tensor([False, True]).repeat(n_spans)
-    return torch.repeat_interleave(is_noise, interleaved)
+    return torch.repeat_interleave(is_noise, interleaved, output_size=length)
 
 
 def t5_span_corruption(
@@ -175,10 +175,8 @@ def bart_text_infilling(
     )
     covered = torch.zeros(len(ids), dtype=torch.bool)
     if len(starts):
-        tok = torch.repeat_interleave(starts, lengths) + (
-            torch.arange(int(lengths.sum())) - torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
-        )
-        covered[tok] = True
+        span_index, offset = expand_spans(lengths)
+        covered[starts[span_index] + offset] = True
     # each span becomes one mask placed just before the token at its start: sort by 2*start for
     # masks and 2*i+1 for kept token i (stable, so masks sharing a start keep their order)
     kept = (~covered).nonzero().squeeze(1)

@@ -22,6 +22,7 @@ import torch
 from workbench.objectives.mlm import (
     IGNORE_INDEX,
     check_inputs,
+    expand_spans,
     masking_budget,
     random_replacements,
     resolve_candidates,
@@ -37,8 +38,9 @@ class SpanMasking:
     ``left_boundary`` / ``right_boundary`` are the token indices of x_{s-1} and x_{e+1} (just
     outside its span; clamped to 0 / T-1 if the span touches the sequence edge) and
     ``span_position`` its 0-based offset inside the span; all three are -1 at unmasked tokens.
-    ``spans`` (only with ``return_spans=True``): per row, ``(start_token, end_token, n_words)``
-    of each placed span, in placement order.
+    ``spans`` (only with ``return_spans=True``): per row, ``(start_token, end_token, n_words,
+    drawn_words)`` of each placed span in placement order; ``n_words < drawn_words`` when the span
+    was cut short (budget met, segment end, or a masked word next to it).
     """
 
     input_ids: torch.Tensor
@@ -46,7 +48,7 @@ class SpanMasking:
     left_boundary: torch.Tensor
     right_boundary: torch.Tensor
     span_position: torch.Tensor
-    spans: list[list[tuple[int, int, int]]] | None = None
+    spans: list[list[tuple[int, int, int, int]]] | None = None
 
 
 def clipped_geometric_pmf(p: float, max_span: int) -> torch.Tensor:
@@ -89,8 +91,9 @@ class _Draws:
 
 def place_spans(
     starts: list[int], ends: list[int], budget: int, draws: _Draws
-) -> list[tuple[int, int, int]]:
-    """Place SpanBERT spans over one sequence's words; returns ``(first_word, last_word, n_words)``.
+) -> list[tuple[int, int, int, int]]:
+    """Place SpanBERT spans over one sequence's words; returns ``(first_word, last_word, n_words,
+    drawn_words)`` per span.
 
     ``starts``/``ends`` are each word's first/last token index; two neighbouring words belong to
     the same segment when no token lies between them. The start word is uniform; starting on a
@@ -116,7 +119,7 @@ def place_spans(
             if masked[w + 1] or starts[w + 1] != ends[w] + 1:
                 break
             w += 1
-        spans.append((w0, w, w - w0 + 1))
+        spans.append((w0, w, w - w0 + 1, length))
     return spans
 
 
@@ -139,7 +142,7 @@ def span_mask(
     """SpanBERT masking of ``input_ids`` [B, T]; ``word_ids`` [B, T] (-1 at specials; None = every
     token is a word). ``candidate_ids``: pool for random replacements (default as in
     :func:`workbench.objectives.mlm.mask_tokens`). With ``return_spans`` the result also carries
-    ``spans``: per row, a list of ``(start_token, end_token, n_words)`` of the placed spans."""
+    ``spans`` (see :class:`SpanMasking`)."""
     check_inputs(input_ids, special_mask, word_ids)
     if not (0.0 <= rate <= 1.0 and mask_prob >= 0 and random_prob >= 0 and mask_prob + random_prob <= 1.0):
         raise ValueError(f"bad masking rates: rate={rate}, mask_prob={mask_prob}, random_prob={random_prob}")
@@ -160,21 +163,20 @@ def span_mask(
     row_bounds = torch.searchsorted(word_row, torch.arange(B + 1)).tolist()
 
     draws = _Draws(generator, geometric_p, max_span)
-    span_rows: list[list[tuple[int, int, int]]] = []
+    span_rows: list[list[tuple[int, int, int, int]]] = []
     for b in range(B):
         lo, hi = row_bounds[b], row_bounds[b + 1]
         placed = place_spans(w_first[lo:hi], w_last[lo:hi], budgets[b], draws)
-        span_rows.append([(w_first[lo + a], w_last[lo + z], n) for a, z, n in placed])
+        span_rows.append([(w_first[lo + a], w_last[lo + z], n, d) for a, z, n, d in placed])
 
-    flat = [(b, s, e) for b, row in enumerate(span_rows) for s, e, _ in row]
+    flat = [(b, s, e) for b, row in enumerate(span_rows) for s, e, _, _ in row]
     n_spans = len(flat)
     span_row = torch.tensor([f[0] for f in flat], dtype=torch.long)
     span_s = torch.tensor([f[1] for f in flat], dtype=torch.long)
     span_e = torch.tensor([f[2] for f in flat], dtype=torch.long)
     span_len = span_e - span_s + 1
     # expand spans to tokens
-    tok_span = torch.repeat_interleave(torch.arange(n_spans), span_len)
-    tok_off = torch.arange(len(tok_span)) - torch.repeat_interleave(torch.cumsum(span_len, 0) - span_len, span_len)
+    tok_span, tok_off = expand_spans(span_len)
     tok_row, tok_col = span_row[tok_span], span_s[tok_span] + tok_off
 
     labels = torch.full_like(ids, IGNORE_INDEX)
