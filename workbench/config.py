@@ -6,7 +6,7 @@ family: bert                # one of workbench.families.FAMILIES
 preset: small               # tiny | small | base
 model: {}                   # overrides of the preset's hyper-parameters
 objective: {}               # overrides of the family's objective settings (mask rate, ...)
-corpus: {sources: [...], heldout_fraction: 0.1, seed: 0, max_documents: null}
+corpus: {sources: [brown, ...], heldout_fraction: 0.1, seed: 0, max_documents: null}
 tokenizer: {vocab_size: 8000}
 max_len: 128
 batch_size: 32              # GLOBAL sequences per micro-step (split over DDP ranks)
@@ -45,12 +45,16 @@ import yaml
 
 from workbench.errors import ConfigError
 
-DEFAULT_SOURCES = ["brown", "abc", "webtext", "state_union", "inaugural", "wikitext2", "ewt_raw", "gum_raw"]
+def _default_sources() -> list[str]:
+    """The corpus builder's English pretraining sources (EWT/GUM raw text left out, see there)."""
+    from workbench.data.corpus import default_pretraining_sources
+
+    return default_pretraining_sources()
 
 
 @dataclass
 class CorpusConfig:
-    sources: list[str] = field(default_factory=lambda: list(DEFAULT_SOURCES))
+    sources: list[str] = field(default_factory=_default_sources)
     heldout_fraction: float = 0.1
     seed: int = 0
     max_documents: int | None = None

@@ -165,11 +165,9 @@ def prepare_data(cfg: TrainConfig, family: FamilySpec, d: Dist | None = None) ->
         out = corpus_dir_for(cfg)
         if (out / "manifest.json").exists():
             corpus = CorpusSplit.load(out)
-        else:
-            with atomic_dir(out) as tmp:
-                build_corpus(cfg.corpus.sources, tmp, heldout_fraction=cfg.corpus.heldout_fraction,
-                             seed=cfg.corpus.seed, max_documents=cfg.corpus.max_documents)
-            corpus = CorpusSplit.load(out)
+        else:  # build_corpus writes atomically
+            corpus = build_corpus(cfg.corpus.sources, out, heldout_fraction=cfg.corpus.heldout_fraction,
+                                  seed=cfg.corpus.seed, max_documents=cfg.corpus.max_documents)
         tok = train_tokenizer(family, corpus, cfg.tokenizer.vocab_size, show_progress=show)
         train = TokenizedCorpus.build(tok, corpus, "train", show_progress=show)
         heldout = TokenizedCorpus.build(tok, corpus, "heldout", show_progress=show)
@@ -350,7 +348,7 @@ def save_checkpoint(out: Path, step: int, model, optimizer, scheduler, position:
     path = step_dir(out, step)
     if d.main:
         raw = _unwrap(model)
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path) as tmp, _quiet_transformers():
             raw.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             state = tmp / STATE_DIR
@@ -374,6 +372,20 @@ def save_checkpoint(out: Path, step: int, model, optimizer, scheduler, position:
                 shutil.rmtree(p / STATE_DIR, ignore_errors=True)
     d.barrier()
     return path
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """No "Writing model shards" bar for every checkpoint (our own bar already shows progress)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def load_trainer_state(path: Path) -> tuple[dict, dict, dict]:
@@ -502,7 +514,13 @@ def train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None = None, d:
         return evaluate_heldout(train_model, family, data.heldout, tok, cfg, cfg.eval.batches, device)
 
     if start_step == 0 and 0 in ckpts and not (resume_from is not None and resume_from == step_dir(out, 0)):
-        save_checkpoint(out, 0, train_model, optimizer, scheduler, position, 0, 0.0, manifest, tok, d, heldout_eval())
+        heldout0 = heldout_eval()
+        if d.main:
+            rec = {"step": 0, "tokens": 0, "lr": 0.0, "elapsed": 0.0}
+            rec.update({f"heldout_{k}": v for k, v in (heldout0 or {}).items()})
+            log_file.write(json.dumps(rec) + "\n")
+            log_file.flush()
+        save_checkpoint(out, 0, train_model, optimizer, scheduler, position, 0, 0.0, manifest, tok, d, heldout0)
 
     bar = tqdm(total=total, initial=start_step, desc=f"{cfg.name} seed {seed}", unit="step",
                disable=not (cfg.progress and d.main), dynamic_ncols=True)

@@ -1,0 +1,175 @@
+"""The shared training loop on the GPT reference family: real corpus, loss drops, checkpoints open
+with plain transformers, log-spaced schedule, multi-seed, config errors name file and key."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.config import load_config
+from workbench.errors import ConfigError
+from workbench.families.base import contiguous_blocks
+from workbench.train import (
+    checkpoint_steps,
+    list_checkpoints,
+    lr_lambda_factory,
+    read_log,
+    run_tiny_training,
+    train_from_config,
+)
+
+STEPS = 30
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One corpus/tokenizer cache for the module (each test run builds it afresh)."""
+    path = tmp_path_factory.mktemp("cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("BERTOLOGY_CACHE", str(path))
+    mp.setenv("BERTOLOGY_RUNS", str(tmp_path_factory.mktemp("runs")))
+    yield path
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(cache, tmp_path_factory):
+    torch.set_num_threads(1)
+    return run_tiny_training("gpt", STEPS, tmp_path_factory.mktemp("gpt"))
+
+
+def test_checkpoint_steps_are_log_spaced_plus_every_and_last():
+    assert checkpoint_steps(30) == [0, 1, 2, 4, 8, 16, 30]
+    assert checkpoint_steps(32) == [0, 1, 2, 4, 8, 16, 32]
+    assert checkpoint_steps(100, every=40) == [0, 1, 2, 4, 8, 16, 32, 40, 64, 80, 100]
+    assert checkpoint_steps(10, every=5, log_spaced=False) == [0, 5, 10]
+    assert checkpoint_steps(1) == [0, 1]
+
+
+def test_lr_warmup_then_linear_decay():
+    f = lr_lambda_factory(warmup=4, total=12)
+    values = [f(s) for s in range(12)]
+    assert values[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert values[4] == 1.0 and values[-1] == pytest.approx(1 / 8)
+    assert all(a > b for a, b in zip(values[4:], values[5:]))
+    assert f(12) == 0.0
+
+
+def test_tiny_gpt_lowers_heldout_loss_on_real_corpus(tiny_run):
+    before, after = tiny_run.heldout_before["loss"], tiny_run.heldout_after["loss"]
+    # ln(1000) = 6.91 is the loss of a uniform guess over the 1,000-token vocabulary.
+    assert before == pytest.approx(np.log(1000), abs=0.15)
+    assert after < before - 0.5, (before, after)
+    manifest = json.loads((tiny_run.checkpoint / "manifest.json").read_text())
+    assert manifest["step"] == STEPS and manifest["family"] == "gpt"
+    assert manifest["corpus"]["split"] == "train" and len(manifest["corpus"]["manifest_sha256"]) == 64
+    assert manifest["tokens_seen"] == STEPS * 8 * 64  # packed blocks: no padding at all
+
+
+def test_log_has_every_step_with_tokens_lr_and_terms(tiny_run):
+    log = tiny_run.log
+    assert [r["step"] for r in log] == list(range(STEPS + 1))
+    assert [r["tokens"] for r in log] == [s * 8 * 64 for s in range(STEPS + 1)]
+    assert all({"loss", "lm", "lr", "elapsed"} <= set(r) for r in log[1:])
+    assert {r["step"] for r in log if "heldout_loss" in r} == set(checkpoint_steps(STEPS))
+    lrs = [r["lr"] for r in log[1:]]
+    assert max(lrs) == pytest.approx(3e-3) and lrs[0] < lrs[2] and lrs[-1] < lrs[5]
+
+
+def test_checkpoints_are_plain_transformers_folders(tiny_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folders = list_checkpoints(tiny_run.run_folder)
+    assert [s for s, _ in folders] == checkpoint_steps(STEPS)
+    # Only the latest keeps the (large) resumable trainer state.
+    assert [s for s, p in folders if (p / "trainer_state").exists()] == [STEPS]
+    model = AutoModelForCausalLM.from_pretrained(tiny_run.checkpoint)
+    tok = AutoTokenizer.from_pretrained(tiny_run.checkpoint)
+    saved = torch.load(tiny_run.checkpoint / "trainer_state" / "model.pt", weights_only=True)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, saved[f"model.{name}"]), name
+    enc = tok(["Fellow", "citizens", "of", "the", "Senate"], is_split_into_words=True, return_tensors="pt")
+    assert enc.word_ids()[0] == 0 and max(i for i in enc.word_ids() if i is not None) == 4
+    with torch.no_grad():
+        out = model(**enc, labels=enc["input_ids"])
+    assert torch.isfinite(out.loss) and out.logits.shape[-1] == len(tok)
+
+
+def test_rerun_of_finished_config_returns_without_training(tiny_run):
+    log_before = (tiny_run.run_folder / "log.jsonl").read_bytes()
+    again = train_from_config(tiny_run.config)
+    assert again == [tiny_run.checkpoint]
+    assert (tiny_run.run_folder / "log.jsonl").read_bytes() == log_before
+
+
+def test_multi_seed_from_one_config(cache, tmp_path):
+    from workbench.train import tiny_config
+
+    cfg = tiny_config("gpt", 3, tmp_path, seeds=[3, 4], **{"eval.batches": 0})
+    finals = train_from_config(cfg)
+    assert [p.parent.name for p in finals] == ["seed-3", "seed-4"]
+    w3 = torch.load(finals[0] / "trainer_state" / "model.pt", weights_only=True)
+    w4 = torch.load(finals[1] / "trainer_state" / "model.pt", weights_only=True)
+    assert not torch.equal(w3["model.transformer.wte.weight"], w4["model.transformer.wte.weight"])
+    assert [r["step"] for r in read_log(finals[1].parent)] == [0, 1, 2, 3]
+
+
+def test_contiguous_blocks_pack_documents_with_separators(tiny_run):
+    from workbench.data_cache import TokenizedCorpus
+
+    from workbench.paths import cache_root
+
+    (path,) = sorted((cache_root() / "tokenized").glob("train-*"))
+    tc = TokenizedCorpus(path)
+    blocks = list(contiguous_blocks(tc, 64, np.random.default_rng(0)))
+    stream = tc.stream_with_separators()
+    assert all(len(b) == 64 for b in blocks)  # GPT adds no special tokens
+    assert len(stream) == tc.num_tokens + tc.num_documents
+    assert (stream == tc.separator_id).sum() >= tc.num_documents
+    assert len(blocks) >= (len(stream) - 63) // 64 - 1
+    # Every block is a contiguous slice of the stream.
+    joined = {tuple(stream[i : i + 8]) for i in range(len(stream) - 8)}
+    assert all(tuple(b[:8]) in joined for b in blocks[:20])
+    again = list(contiguous_blocks(tc, 64, np.random.default_rng(0)))
+    other = list(contiguous_blocks(tc, 64, np.random.default_rng(1)))
+    assert again == blocks and other != blocks
+
+
+def test_config_errors_name_file_and_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("family: gpt\nsteps: 10\ncorpus:\n  sources: [brown]\n  heldout_fractoin: 0.1\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: corpus\.heldout_fractoin: unknown key"):
+        load_config(bad)
+    bad.write_text("family: gpt\nsteps: 10\nlr: fast\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: lr: expected a number"):
+        load_config(bad)
+    bad.write_text("family: gpt\nsteps: 10\ncorpus: {heldout_fraction: 2}\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: corpus\.heldout_fraction: must be in \(0, 1\)"):
+        load_config(bad)
+    bad.write_text("family: gpt\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: steps: give exactly one"):
+        load_config(bad)
+    bad.write_text("family: gpt2\nsteps: 3\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: family: unknown family 'gpt2'"):
+        load_config(bad)
+    bad.write_text("steps: 3\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: family: required key is missing"):
+        load_config(bad)
+    bad.write_text("family: gpt\nsteps: [3\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml:\d+: not valid YAML"):
+        load_config(bad)
+    good = load_config({"family": "gpt", "steps": 5}, {"corpus.max_documents": 7, "lr": "1e-3"})
+    assert good.corpus.max_documents == 7 and good.lr == 1e-3 and good.total_steps == 5
+
+
+def test_example_configs_load():
+    from workbench.paths import REPO_ROOT
+
+    paths = sorted((REPO_ROOT / "experiments" / "train").glob("*.yaml"))
+    assert paths, "experiments/train/*.yaml missing"
+    for p in paths:
+        cfg = load_config(p)
+        assert cfg.name == p.stem and cfg.total_steps >= 1
