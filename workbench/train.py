@@ -504,6 +504,8 @@ def train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None = None, d:
     if d.main:
         out.mkdir(parents=True, exist_ok=True)
         _repair_log(log_path, start_step)
+        for stale in out.glob(f".{STEP_PREFIX}*.tmp"):  # half-written checkpoints of a killed run
+            shutil.rmtree(stale, ignore_errors=True)
     log_file = open(log_path, "a", encoding="utf-8") if d.main else None
     t0 = time.perf_counter()
     tokens_at_start = tokens_seen
