@@ -410,7 +410,7 @@ def test_sop_needs_two_sentences():
 
 def test_replaced_token_detection_labels_on_real_text(corpus):
     g = gen(9)
-    ids, special = corpus.input_ids[:200], corpus.special_mask[:200]
+    ids, special = corpus.input_ids[:100], corpus.special_mask[:100]
     masked, labels = mask_tokens(ids, special, mask_token_id=MASK, vocab_size=corpus.vocab_size, generator=g)
     V = corpus.vocab_size
     logits = torch.randn(*ids.shape, V, generator=g)
@@ -424,7 +424,8 @@ def test_replaced_token_detection_labels_on_real_text(corpus):
     # sampled original = label 0; the softmax gives the original about e^6/(e^6+V-1) ~ 57%
     p_orig = torch.softmax(logits[chosen], -1).gather(1, ids[chosen].unsqueeze(1)).mean().item()
     same = (disc[chosen] == ids[chosen]).double().mean().item()
-    assert abs(same - p_orig) < 0.02, (same, p_orig)
+    sigma = (p_orig * (1 - p_orig) / int(chosen.sum())) ** 0.5
+    assert abs(same - p_orig) < 4 * sigma, (same, p_orig, sigma)
     assert 0 < int(rtd.sum()) < int(chosen.sum())
 
 
@@ -541,7 +542,7 @@ def test_causal_and_bilm_targets():
 
 
 def test_same_seed_same_output_different_seed_different(corpus):
-    ids, special, wid = corpus.input_ids[:64], corpus.special_mask[:64], corpus.word_ids[:64]
+    ids, special, wid = corpus.input_ids[:16], corpus.special_mask[:16], corpus.word_ids[:16]
     doc = corpus.docs[0]
     seq = _sequences(corpus)[0]
     sentinels = list(range(5000, 5100))

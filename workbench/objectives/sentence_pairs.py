@@ -62,7 +62,9 @@ def truncate_pair(
     return a[front_a:end_a], b[front_b:end_b]
 
 
-def _chunk(sentences: Sentences, max_tokens: int, generator: torch.Generator, min_sentences: int) -> list[Sequence[int]]:
+def _chunk(
+    sentences: Sentences, max_tokens: int, generator: torch.Generator, min_sentences: int
+) -> list[Sequence[int]]:
     """Consecutive sentences from a random start until ``max_tokens`` (and ``min_sentences``) are reached."""
     n = len(sentences)
     start = _randint(max(1, n - min_sentences + 1), generator)

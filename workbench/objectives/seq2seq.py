@@ -52,8 +52,8 @@ def random_spans_noise_mask(
     noise_lengths = random_segmentation(n_noise, n_spans, generator)
     keep_lengths = random_segmentation(length - n_noise, n_spans, generator)
     interleaved = torch.stack([keep_lengths, noise_lengths], 1).flatten()
-    is_noise = torch.tensor([False, True]).repeat(n_spans)
-    return torch.repeat_interleave(is_noise, interleaved, output_size=length)
+    segment, _ = expand_spans(interleaved)
+    return segment % 2 == 1
 
 
 def t5_span_corruption(
@@ -185,7 +185,9 @@ def bart_text_infilling(
     return values[torch.argsort(keys, stable=True)]
 
 
-def bart_sentence_permutation(sentences: Sequence[Sequence[int]], *, generator: torch.Generator) -> list[list[int]]:
+def bart_sentence_permutation(
+    sentences: Sequence[Sequence[int]], *, generator: torch.Generator
+) -> list[list[int]]:
     """Shuffle the sentences of a document uniformly at random (BART sentence permutation)."""
     order = torch.randperm(len(sentences), generator=generator).tolist()
     return [[int(t) for t in sentences[i]] for i in order]
@@ -206,6 +208,10 @@ def bart_noise(
     order = bart_sentence_permutation(sentences, generator=generator) if permute_sentences else sentences
     permuted = torch.tensor([int(t) for s in order for t in s], dtype=torch.long)
     noised = bart_text_infilling(
-        permuted, mask_token_id=mask_token_id, generator=generator, mask_ratio=mask_ratio, poisson_lambda=poisson_lambda
+        permuted,
+        mask_token_id=mask_token_id,
+        generator=generator,
+        mask_ratio=mask_ratio,
+        poisson_lambda=poisson_lambda,
     )
     return noised, target
