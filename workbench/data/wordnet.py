@@ -88,6 +88,11 @@ def _unique(items) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+def _sorted(synsets_or_lemmas):
+    # NLTK keeps pointers in sets, so their order changes with PYTHONHASHSEED; sort for stable output.
+    return sorted(synsets_or_lemmas, key=lambda x: x.name() if hasattr(x, "name") else str(x))
+
+
 def synsets(word: str, pos: str | None = None):
     """Synsets of `word` (morphy-lemmatised by NLTK), most frequent sense first."""
     return wordnet().synsets(word.replace(" ", "_"), pos=pos)
@@ -107,19 +112,20 @@ def antonyms(word: str, pos: str | None = None) -> list[str]:
         for s in synsets(word, pos)
         for lm in s.lemmas()
         if lm.name().lower() == w.replace(" ", "_")
-        for a in lm.antonyms()
+        for a in _sorted(lm.antonyms())
     )
 
 
 def hypernyms(word: str, pos: str | None = None, instances: bool = True) -> list[str]:
-    """Lemmas of the direct hypernyms (and instance hypernyms) of the synsets of `word`."""
+    """Lemmas of the direct hypernyms (and instance hypernyms) of the synsets of `word`, in sense
+    order, each sense's hypernyms sorted by synset name."""
     out = []
     for s in synsets(word, pos):
-        parents = s.hypernyms() + (s.instance_hypernyms() if instances else [])
+        parents = _sorted(s.hypernyms()) + (_sorted(s.instance_hypernyms()) if instances else [])
         out.extend(_name(lm.name()) for p in parents for lm in p.lemmas())
     return _unique(out)
 
 
 def hypernym_synsets(word: str, pos: str | None = None):
     """(synset, its direct hypernym synsets) for every synset of `word`."""
-    return [(s, s.hypernyms() + s.instance_hypernyms()) for s in synsets(word, pos)]
+    return [(s, _sorted(s.hypernyms()) + _sorted(s.instance_hypernyms())) for s in synsets(word, pos)]
