@@ -43,7 +43,8 @@ def _cmd_data_corpus(args: argparse.Namespace) -> int:
     from workbench.data.corpus import build_corpus, default_pretraining_sources
 
     sources = args.sources.split(",") if args.sources else default_pretraining_sources()
-    split = build_corpus(sources, args.out, heldout_fraction=args.heldout, seed=args.seed)
+    split = build_corpus(sources, args.out, heldout_fraction=args.heldout_fraction, seed=args.seed,
+                         max_documents=args.max_documents)
     counts = split.manifest.get("counts", {})
     print(f"corpus written to {split.dir}: {counts}")
     return 0
@@ -147,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = data_sub.add_parser("corpus", help="build a pretraining corpus with a recorded train/heldout split")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--sources", help="comma-separated corpus names (default: the English pretraining sources)")
-    p.add_argument("--heldout", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
+    p.add_argument("--heldout-fraction", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
+    p.add_argument("--max-documents", type=int, help="cap on documents per source (quick experiments)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_data_corpus)
 
