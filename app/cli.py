@@ -46,7 +46,10 @@ def _cmd_data_corpus(args: argparse.Namespace) -> int:
     split = build_corpus(sources, args.out, heldout_fraction=args.heldout_fraction, seed=args.seed,
                          max_documents=args.max_documents)
     counts = split.manifest.get("counts", {})
-    print(f"corpus written to {split.dir}: {counts}")
+    print(f"corpus written to {split.dir} (manifest.json records every document's split)")
+    for name in ("train", "heldout"):
+        c = counts.get(name, {})
+        print(f"  {name}: {c.get('documents', 0):,} documents, {c.get('words', 0):,} words")
     return 0
 
 
