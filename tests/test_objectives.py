@@ -269,7 +269,8 @@ def test_span_masking_on_real_text(corpus):
         assert torch.equal(out.input_ids[~chosen], ids[~chosen])
         n_tokens += int(chosen.sum())
         budget = expected_budget(special)
-        assert (chosen.sum(1) >= budget).all()
+        # whole words: the count lands on the nearest word boundary around the budget
+        assert (chosen.sum(1) - budget).abs().double().mean() < 0.5
         for b, row in enumerate(out.spans):
             done = torch.zeros(T, dtype=torch.bool)  # tokens covered by the spans placed so far
             for s, e, nw, drawn in row:
@@ -281,7 +282,8 @@ def test_span_masking_on_real_text(corpus):
                 assert len(words) == nw <= drawn
                 done[span] = True
                 if nw < drawn:  # every cut span has its reason
-                    if int(done.sum()) >= budget[b]:
+                    nxt = corpus.word_ids[b, e + 1]
+                    if int(done.sum()) + int((corpus.word_ids[b] == nxt).sum()) > budget[b] and not special[b, e + 1]:
                         n_cut["budget"] += 1
                     elif special[b, e + 1]:
                         n_cut["segment end"] += 1

@@ -6,8 +6,10 @@ restriction renormalises the geometric pmf over ``1..max_span`` (lengths above t
 never drawn) rather than piling their mass on ``max_span``; ``clipped_geometric_mean`` is the mean
 of that distribution. The start word is uniform over the non-special words; a start inside an
 already-masked word is rejected; a span stops early at a segment end (a special token), before an
-already-masked word, or once the token budget ``round(rate * n)`` is reached (spans are whole
-words, so the last span may overshoot the budget by the extra pieces of one word). The 80/10/10
+already-masked word, or at the token budget ``max(1, round(rate * n))``. Spans are whole words
+(SpanBERT may cut the last word), so the word that crosses the budget is taken only if that
+leaves the count closer to the budget than stopping before it (or nothing is masked yet), and
+masking of the sequence ends there. The 80/10/10
 decision is drawn once per SPAN (all its tokens become [MASK], all random, or all unchanged).
 Spans never overlap but two may touch; then one span's boundary token is itself masked (as can
 happen in SpanBERT, whose spans may even overlap).
@@ -98,7 +100,7 @@ def place_spans(
     ``starts``/``ends`` are each word's first/last token index; two neighbouring words belong to
     the same segment when no token lies between them. The start word is uniform; starting on a
     masked word is rejected; a span grows word by word up to its drawn length, stopping at a
-    segment end, before a masked word, or when the token budget is met.
+    segment end, before a masked word, or at the token budget (see the module docstring).
     """
     n_words = len(starts)
     masked = [False] * n_words
@@ -110,16 +112,27 @@ def place_spans(
         w0 = min(int(u * n_words), n_words - 1)
         if masked[w0]:
             continue
-        w = w0
+        w, stop = w0, False
         while True:
+            size = ends[w] - starts[w] + 1
+            if count + size > budget:
+                # the word crosses the budget: take it if that lands closer (or nothing is masked yet)
+                stop = True
+                if count > 0 and count + size - budget > budget - count:
+                    break
             masked[w] = True
-            count += ends[w] - starts[w] + 1
+            count += size
             if w - w0 + 1 >= length or count >= budget or w + 1 >= n_words:
                 break
             if masked[w + 1] or starts[w + 1] != ends[w] + 1:
                 break
             w += 1
-        spans.append((w0, w, w - w0 + 1, length))
+        if not masked[w]:
+            w -= 1
+        if w >= w0:
+            spans.append((w0, w, w - w0 + 1, length))
+        if stop:
+            break
     return spans
 
 
