@@ -1,0 +1,787 @@
+"""The model handle: the one place that knows how to run a checkpoint.
+
+`ModelHandle.load(folder)` opens any local transformers checkpoint (our own `save_pretrained`
+folders and plain HF ones such as BERT or GPT-2) with its tokenizer, and gives every probe the
+same four things: subword tokenisation of pre-split words with word alignment, hidden states of
+every layer (and stack) pooled to words, raw hidden states/attentions of a batch, and the model's
+own log-probability of cloze candidates.
+
+Conventions (the HF `hidden_states` convention, as in Tenney et al. 2019 and Liu et al. 2019):
+layer 0 is the embedding output, layers 1..L the blocks. Stacks are "encoder" (bidirectional
+encoders, ELMo), "decoder" (causal LMs) or both for encoder-decoders (T5, BART).
+
+Word alignment. Words are joined into running text `" " + " ".join(words)` and tokenised in one
+piece; every subword is given to the word whose characters it starts in (a piece made only of the
+space marker, such as SentencePiece's lone "▁", goes to the word that follows it). So a word gets
+exactly the pieces it has in running text with a space before it — the `add_prefix_space=True`
+convention of RoBERTa/GPT-2 (every word, the first included, gets "Ġ"/"▁") — whatever flags the
+tokenizer was saved with, and without relying on `is_split_into_words`, whose behaviour differs
+between pre-tokenizers. Special tokens the tokenizer's post-processor adds ([CLS] ... [SEP],
+<s> ... </s>, ... </s>) are added around every sequence (and every window).
+
+A word that yields no subword (e.g. a soft hyphen or zero-width space that the BERT normaliser
+deletes) gets the representation of the nearest preceding subword (the last piece of the
+previous word), or of the next subword when it opens the sentence, and is counted in
+`stats["no_subword_words"]`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from workbench.errors import CheckpointError, WorkbenchError
+from workbench.io import sha256_files
+
+BLANK = "<blank>"
+
+# config.model_type -> workbench family name.
+FAMILY_OF_MODEL_TYPE = {
+    "bert": "bert",
+    "roberta": "roberta",
+    "albert": "albert",
+    "electra": "electra",
+    "gpt2": "gpt",
+    "openai-gpt": "gpt",
+    "t5": "t5",
+    "mt5": "t5",
+    "bart": "bart",
+    "mbart": "bart",
+    "elmo": "elmo",
+    "distilbert": "distilbert",
+}
+CAUSAL_MODEL_TYPES = {"gpt2", "openai-gpt", "gpt_neo", "gptj", "llama", "mistral", "qwen2", "opt", "bloom"}
+# Models whose learned positions are offset by padding_idx + 1 (RoBERTa's create_position_ids).
+_PADDING_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text"}
+# No limit in config or tokenizer (T5's relative positions, ELMo's LSTMs): windows of this size.
+DEFAULT_MAX_LENGTH = 512
+# HF tokenizers without a real limit store a huge placeholder (1e30; the workbench's own: 1e6).
+_NO_LIMIT = 1_000_000
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+POOLINGS = ("first", "mean", "last")
+
+
+@dataclass
+class WordBatch:
+    """A padded batch (right padding). `word_ids[b, t]` = index of the word token t belongs to,
+    -1 for special and padding tokens. Rows are NOT cut to `max_length` (see `forward`)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    word_ids: torch.Tensor
+    n_words: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ForwardOutput:
+    """Raw states of one batch, per stack. `hidden_states[stack]` = L+1 tensors [B, T, H];
+    `attentions[stack]` = L tensors [B, heads, T, T] (self-attention), `cross_attentions` for the
+    decoder of an encoder-decoder; `word_ids[stack]` aligns positions of that stack to words
+    (the decoder of an encoder-decoder is one position to the right of the encoder)."""
+
+    batch: WordBatch
+    hidden_states: dict[str, tuple[torch.Tensor, ...]]
+    word_ids: dict[str, torch.Tensor]
+    attentions: dict[str, tuple[torch.Tensor, ...]] | None = None
+    cross_attentions: tuple[torch.Tensor, ...] | None = None
+    decoder_input_ids: torch.Tensor | None = None
+
+
+@dataclass
+class _Encoded:
+    """One sentence as content tokens (no special tokens) and each word's token span."""
+
+    ids: np.ndarray  # int64 [n_tokens]
+    first: np.ndarray  # int64 [n_words] first token of each word (substitute token if none)
+    last: np.ndarray  # int64 [n_words] last token of each word
+    n_words: int
+    own: np.ndarray  # bool [n_words]: the word has pieces of its own (False: a substitute)
+
+
+@dataclass
+class _Segment:
+    """One row of a batch: a sentence or one window of it, with the words read from it."""
+
+    sentence: int
+    ids: np.ndarray
+    words: np.ndarray  # word indices (into the sentence) whose states come from this segment
+    first: np.ndarray  # their first/last token, relative to the segment's content
+    last: np.ndarray
+
+
+def plan_windows(n_tokens: int, capacity: int, stride: int) -> list[int]:
+    """Start offsets of sliding windows of `capacity` tokens, `stride` apart, the last one ending
+    at the end of the sentence (so the last window may overlap its predecessor by more)."""
+    if n_tokens <= capacity:
+        return [0]
+    starts = list(range(0, n_tokens - capacity, stride))
+    if not starts or starts[-1] != n_tokens - capacity:
+        starts.append(n_tokens - capacity)
+    return starts
+
+
+def _choose_windows(first: np.ndarray, last: np.ndarray, starts: list[int], capacity: int, causal: bool):
+    """For each word, the window that gives it most context and contains all its subwords:
+    for bidirectional stacks the window where it is most central (largest distance to the nearer
+    edge), for causal stacks the one with most left context. Returns (window index per word,
+    mask of words no window contains whole)."""
+    s = np.asarray(starts)[None, :]
+    a, b = first[:, None], last[:, None]
+    contained = (s <= a) & (b <= s + capacity - 1)
+    score = (a - s) if causal else np.minimum(a - s, s + capacity - 1 - b)
+    score = np.where(contained, score, -(10**9))
+    choice = score.argmax(axis=1)
+    cut = ~contained.any(axis=1)
+    if cut.any():  # a word longer than the overlap: take the window holding most of its pieces
+        overlap = np.minimum(b, s + capacity - 1) - np.maximum(a, s)
+        choice[cut] = overlap[cut].argmax(axis=1)
+    return choice, cut
+
+
+class ModelHandle:
+    """Run any checkpoint: word-aligned hidden states of every layer and LM-head scores.
+
+    `ModelHandle(model, tokenizer)` wraps an in-memory model (tests); `ModelHandle.load(folder)`
+    opens a checkpoint folder. The tokenizer must be a fast (Rust `tokenizers`) one: alignment
+    uses its character offsets.
+    """
+
+    def __init__(self, model, tokenizer, path: str | Path | None = None, *, family: str | None = None,
+                 max_length: int | None = None, head_trained: bool = True, weight_files: Sequence[Path] = ()):
+        if not getattr(tokenizer, "is_fast", False):
+            raise CheckpointError(f"{path or 'in-memory model'}: needs a fast tokenizer (tokenizer.json); "
+                                  f"got {type(tokenizer).__name__}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.path = Path(path) if path is not None else None
+        self.config = model.config
+        self.device = next(model.parameters()).device
+        self.stats: Counter = Counter()
+        self._weight_files = [Path(p) for p in weight_files]
+        self._head_trained = head_trained
+
+        model_type = getattr(self.config, "model_type", "")
+        self.family = family or FAMILY_OF_MODEL_TYPE.get(model_type, model_type)
+        self.lm_kind = _lm_kind(model)
+        if getattr(self.config, "is_encoder_decoder", False):
+            self.stacks: tuple[str, ...] = ("encoder", "decoder")
+        elif self.lm_kind == "causal" or model_type in CAUSAL_MODEL_TYPES or getattr(self.config, "is_decoder", False):
+            self.stacks = ("decoder",)
+        else:
+            self.stacks = ("encoder",)
+
+        # A private copy of the Rust tokenizer with truncation and padding off: a tokenizer saved
+        # with truncation enabled must not cut sentences behind our back.
+        from tokenizers import Tokenizer
+
+        self._backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+        self._backend.no_truncation()
+        self._backend.no_padding()
+        self._prefix, self._suffix = self._special_template()
+        self.pad_id = _first_not_none(tokenizer.pad_token_id, getattr(self.config, "pad_token_id", None), 0)
+        self.max_length = int(max_length) if max_length is not None else self._max_length()
+        self.capacity = self.max_length - len(self._prefix) - len(self._suffix)
+        if self.capacity < 2:
+            raise CheckpointError(f"{self.path}: max_length {self.max_length} leaves no room for tokens")
+
+        # L and H from one tiny forward: robust across families (ELMo's 2H states, T5's d_model).
+        self.num_layers: dict[str, int] = {}
+        probe = self.forward([["a"]])
+        for stack in self.stacks:
+            self.num_layers[stack] = len(probe.hidden_states[stack]) - 1
+        self.hidden_size = int(probe.hidden_states[self.stacks[0]][-1].shape[-1])
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu", attentions: bool = False,
+             max_length: int | None = None) -> "ModelHandle":
+        """Open a checkpoint folder (config + weights + tokenizer; our `manifest.json` optional).
+
+        Loads the LM head class the model was trained with (masked LM, causal LM or seq2seq LM) so
+        that `score_candidates` can use it; families without one in the Auto registry (ELMo) fall
+        back to the bare `AutoModel`. `attentions=True` loads eager attention (sdpa returns none).
+        Every failure is a `CheckpointError` naming the folder. Never runs remote code.
+        """
+        import workbench.families  # noqa: F401  (registers custom families such as ELMo)
+        from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM,
+                                  AutoModelForSeq2SeqLM, AutoTokenizer)
+
+        path = Path(path)
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: checkpoint folder does not exist")
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"{path}: no config.json (not a save_pretrained folder)")
+        family = None
+        if (path / "manifest.json").is_file():
+            try:
+                family = json.loads((path / "manifest.json").read_text(encoding="utf-8")).get("family")
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+                raise CheckpointError(f"{path / 'manifest.json'}: unreadable manifest ({e})") from e
+        weights = sorted(p for g in WEIGHT_GLOBS for p in path.glob(g) if p.is_file())
+        if not weights:
+            raise CheckpointError(f"{path}: no weight files (model.safetensors or pytorch_model.bin)")
+        if not any((path / f).is_file() for f in TOKENIZER_FILES):
+            raise CheckpointError(f"{path}: no tokenizer (tokenizer.json / tokenizer_config.json)")
+        try:
+            config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        except Exception as e:
+            raise CheckpointError(f"{path}: cannot read config.json ({type(e).__name__}: {e})") from e
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        except Exception as e:
+            raise CheckpointError(f"{path}: cannot load the tokenizer ({type(e).__name__}: {e})") from e
+
+        archs = [a for a in (getattr(config, "architectures", None) or [])]
+        if getattr(config, "is_encoder_decoder", False):
+            head_cls = AutoModelForSeq2SeqLM
+        elif config.model_type in CAUSAL_MODEL_TYPES or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+            head_cls = AutoModelForCausalLM
+        else:
+            head_cls = AutoModelForMaskedLM
+        kwargs = dict(config=config, local_files_only=True, trust_remote_code=False, output_loading_info=True)
+        if attentions:
+            kwargs["attn_implementation"] = "eager"
+        try:
+            try:
+                model, info = head_cls.from_pretrained(path, **kwargs)
+            except ValueError as e:
+                if "Unrecognized configuration class" not in str(e):
+                    raise
+                model, info = AutoModel.from_pretrained(path, **kwargs)
+        except Exception as e:
+            raise CheckpointError(f"{path}: cannot load weights ({type(e).__name__}: {e})") from e
+
+        missing = list(info.get("missing_keys", []) or [])
+        base = model.base_model
+        prefix = model.base_model_prefix + "."
+        in_base = [k for k in missing if base is model or k.startswith(prefix)]
+        if in_base:
+            raise CheckpointError(f"{path}: weights missing for {len(in_base)} tensors of the model body, "
+                                  f"e.g. {in_base[:5]} (corrupt or mismatched checkpoint)")
+        head_missing = [k for k in missing if k not in in_base and not k.endswith("final_logits_bias")]
+
+        try:
+            n_emb = model.get_input_embeddings().num_embeddings
+        except (NotImplementedError, AttributeError):
+            n_emb = getattr(config, "vocab_size", None)
+        if n_emb is not None and len(tokenizer) > n_emb:
+            raise CheckpointError(f"{path}: tokenizer has {len(tokenizer)} tokens but the model's embedding "
+                                  f"matrix only {n_emb} rows (tokenizer does not belong to these weights)")
+        model.to(device)
+        return cls(model, tokenizer, path, family=family, max_length=max_length,
+                   head_trained=not head_missing, weight_files=weights)
+
+    @cached_property
+    def checkpoint_hash(self) -> str:
+        """sha256 over the weight files (names included); for in-memory models over the state
+        dict's names, dtypes, shapes and bytes. Keys the activation cache."""
+        if self._weight_files:
+            return sha256_files(self._weight_files, root=self.path)
+        h = hashlib.sha256()
+        for name, t in sorted(self.model.state_dict().items()):
+            t = t.detach().to("cpu").contiguous()
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    # ------------------------------------------------------------------ tokenisation
+
+    def _special_template(self) -> tuple[list[int], list[int]]:
+        """Special ids the post-processor puts before and after a single sequence."""
+        enc = self._backend.encode(" a", add_special_tokens=True)
+        mask = enc.special_tokens_mask
+        content = [i for i, m in enumerate(mask) if not m]
+        if not content:
+            raise CheckpointError(f"{self.path}: the tokenizer turns plain text into special tokens only")
+        return list(enc.ids[: content[0]]), list(enc.ids[content[-1] + 1:])
+
+    def _max_length(self) -> int:
+        cfg = self.config
+        limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        if limit is not None and getattr(cfg, "model_type", "") in _PADDING_OFFSET_POSITIONS:
+            limit -= (getattr(cfg, "pad_token_id", None) or 0) + 1
+        tok_limit = getattr(self.tokenizer, "model_max_length", None)
+        if tok_limit is not None and tok_limit < _NO_LIMIT:
+            # Positions past the length the model was trained at are untrained: respect the lower.
+            limit = min(limit, tok_limit) if limit is not None else tok_limit
+        return int(limit) if limit is not None else DEFAULT_MAX_LENGTH
+
+    def _encode(self, sentences: Sequence[Sequence[str]], count: bool = True) -> list[_Encoded]:
+        """Content tokens of each sentence and each word's token span (see the module docstring)."""
+        texts = [" " + " ".join(ws) for ws in sentences]
+        nonempty = [i for i, ws in enumerate(sentences) if len(ws)]
+        encs = self._backend.encode_batch([texts[i] for i in nonempty], add_special_tokens=False)
+        out: list[_Encoded] = [None] * len(sentences)  # type: ignore[list-item]
+        empty = np.zeros(0, dtype=np.int64)
+        for i, ws in enumerate(sentences):
+            if not len(ws):
+                out[i] = _Encoded(empty, empty, empty, 0, np.zeros(0, dtype=bool))
+        for i, enc in zip(nonempty, encs):
+            words = sentences[i]
+            n = len(words)
+            lens = np.fromiter((len(w) for w in words), dtype=np.int64, count=n)
+            # Character c of " w0 w1 ..." lies in group k = (space + characters of word k).
+            group = np.repeat(np.arange(n, dtype=np.int64), lens + 1)
+            ids = np.asarray(enc.ids, dtype=np.int64)
+            if len(ids):
+                starts = np.fromiter((o[0] for o in enc.offsets), dtype=np.int64, count=len(ids))
+                tok_word = group[np.minimum(starts, len(group) - 1)]
+                if np.any(np.diff(tok_word) < 0):
+                    raise WorkbenchError(f"tokenizer offsets go backwards in sentence {i}: {words!r}")
+            else:  # every word vanished (all deleted by the normaliser): stand in the unk token
+                ids = np.asarray([_first_not_none(self.tokenizer.unk_token_id, self.pad_id)], dtype=np.int64)
+                tok_word = np.zeros(1, dtype=np.int64)
+            ar = np.arange(n)
+            left = np.searchsorted(tok_word, ar, side="left")
+            right = np.searchsorted(tok_word, ar, side="right") - 1
+            missing = right < left
+            first, last = left.copy(), right.copy()
+            if missing.any():
+                # nearest preceding subword (= right, the piece just before), else the next one
+                sub = np.where(right >= 0, right, left)[missing]
+                first[missing] = sub
+                last[missing] = sub
+                if count:
+                    self.stats["no_subword_words"] += int(missing.sum())
+            out[i] = _Encoded(ids, first.astype(np.int64), last.astype(np.int64), n, ~missing)
+        return out
+
+    def tokenize_words(self, sentences: Sequence[Sequence[str]]) -> WordBatch:
+        """Pre-split words -> padded subword batch with word alignment (special tokens added).
+
+        Rows keep every token, also past `max_length`; `forward` checks the length."""
+        encs = self._encode(sentences, count=False)
+        rows, wids = [], []
+        for e in encs:
+            tok_word = np.full(len(e.ids), -1, dtype=np.int64)
+            w = np.nonzero(e.own)[0]  # substitutes keep the word id of the piece they borrow
+            counts = e.last[w] - e.first[w] + 1
+            tok_word[_ranges(e.first[w], counts)] = np.repeat(w, counts)
+            rows.append(np.concatenate([self._prefix, e.ids, self._suffix]).astype(np.int64))
+            wids.append(np.concatenate([np.full(len(self._prefix), -1), tok_word,
+                                        np.full(len(self._suffix), -1)]).astype(np.int64))
+        ids, mask, word_ids = self._pad(rows, wids)
+        return WordBatch(ids, mask, word_ids, [e.n_words for e in encs])
+
+    def _pad(self, rows: list[np.ndarray], extra: list[np.ndarray] | None = None):
+        T = max(len(r) for r in rows)
+        ids = np.full((len(rows), T), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), T), dtype=np.int64)
+        other = np.full((len(rows), T), -1, dtype=np.int64) if extra is not None else None
+        for b, r in enumerate(rows):
+            ids[b, : len(r)] = r
+            mask[b, : len(r)] = 1
+            if other is not None:
+                other[b, : len(r)] = extra[b]
+        t = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+        return (t(ids), t(mask)) + ((t(other),) if other is not None else ())
+
+    # ------------------------------------------------------------------ forward passes
+
+    def _decoder_inputs(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced decoder input for an encoder-decoder: the encoder input used as labels,
+        shifted right behind `decoder_start_token_id` (HF `shift_tokens_right`): position t+1 of
+        the decoder reads token t, so it has seen tokens <= t of the sentence (and the whole
+        encoder input through cross-attention). When the tokenizer adds a closing special token,
+        it is the one dropped by the shift; otherwise the sequence grows by one position."""
+        start = _first_not_none(getattr(self.config, "decoder_start_token_id", None), self.pad_id)
+        B = ids.shape[0]
+        lengths = mask.sum(1)
+        keep_all = not self._suffix
+        T = ids.shape[1] + (1 if keep_all else 0)
+        dec = torch.full((B, T), self.pad_id, dtype=ids.dtype, device=ids.device)
+        dec[:, 0] = start
+        dec[:, 1: ids.shape[1] + 1] = ids[:, : T - 1]
+        dec_len = lengths + (1 if keep_all else 0)
+        dec_mask = (torch.arange(T, device=ids.device)[None, :] < dec_len[:, None]).long()
+        dec = torch.where(dec_mask.bool(), dec, torch.full_like(dec, self.pad_id))
+        return dec, dec_mask
+
+    def _run(self, ids: torch.Tensor, mask: torch.Tensor, stacks: Sequence[str], attentions: bool = False) -> dict:
+        """One forward (no LM head): {stack: (hidden_states, attentions)} and cross-attentions."""
+        self.model.eval()
+        kw = {"output_hidden_states": True, "return_dict": True}
+        if attentions:
+            self._ensure_eager()
+            kw["output_attentions"] = True
+        out: dict = {}
+        with torch.inference_mode():
+            if "encoder" in self.stacks and "decoder" in self.stacks:
+                enc = self.model.get_encoder()(input_ids=ids, attention_mask=mask, **kw)
+                out["encoder"] = (enc.hidden_states, getattr(enc, "attentions", None))
+                if "decoder" in stacks:
+                    dec_ids, dec_mask = self._decoder_inputs(ids, mask)
+                    dec = self.model.get_decoder()(input_ids=dec_ids, attention_mask=dec_mask,
+                                                   encoder_hidden_states=enc.last_hidden_state,
+                                                   encoder_attention_mask=mask, use_cache=False, **kw)
+                    out["decoder"] = (dec.hidden_states, getattr(dec, "attentions", None))
+                    out["cross"] = getattr(dec, "cross_attentions", None)
+                    out["decoder_input_ids"] = dec_ids
+            else:
+                body = self.model.base_model
+                res = body(input_ids=ids, attention_mask=mask, **kw)
+                out[self.stacks[0]] = (res.hidden_states, getattr(res, "attentions", None))
+        return out
+
+    def _ensure_eager(self) -> None:
+        if getattr(self.config, "_attn_implementation", "eager") != "eager":
+            try:
+                self.model.set_attn_implementation("eager")
+            except Exception as e:  # pragma: no cover - depends on the model class
+                raise WorkbenchError(f"{self.path}: cannot switch to eager attention ({e}); "
+                                     f"load with attentions=True") from e
+
+    def forward(self, sentences: Sequence[Sequence[str]], stack: str | None = None, attentions: bool = False,
+                truncate: bool = False) -> ForwardOutput:
+        """Raw hidden states (and attentions) of one batch, all stacks unless `stack` is given.
+
+        No windowing here: a sentence longer than `max_length` raises ValueError, or with
+        `truncate=True` is cut (the tokens cut are counted in `stats["truncated_tokens"]`).
+        Use `word_states` for long text."""
+        stacks = self._stacks(stack) if stack is not None else self.stacks
+        batch = self.tokenize_words(sentences)
+        lengths = batch.attention_mask.sum(1)
+        too_long = (lengths > self.max_length).nonzero().flatten().tolist()
+        if too_long:
+            if not truncate:
+                raise ValueError(f"sentences {too_long[:10]} exceed max_length={self.max_length} tokens; "
+                                 f"use word_states (sliding windows) or truncate=True")
+            batch = self._truncate(batch)
+        out = self._run(batch.input_ids, batch.attention_mask, stacks, attentions)
+        word_ids = {}
+        for s in stacks:
+            if s == "decoder" and "encoder" in self.stacks:
+                T = out["decoder_input_ids"].shape[1]
+                w = torch.full((batch.word_ids.shape[0], T), -1, dtype=torch.long, device=self.device)
+                w[:, 1: batch.word_ids.shape[1] + 1] = batch.word_ids[:, : T - 1]
+                word_ids[s] = w
+            else:
+                word_ids[s] = batch.word_ids
+        return ForwardOutput(
+            batch=batch,
+            hidden_states={s: out[s][0] for s in stacks},
+            word_ids=word_ids,
+            attentions={s: out[s][1] for s in stacks} if attentions else None,
+            cross_attentions=out.get("cross") if attentions else None,
+            decoder_input_ids=out.get("decoder_input_ids"),
+        )
+
+    def _truncate(self, batch: WordBatch) -> WordBatch:
+        rows, wids = [], []
+        P, S = len(self._prefix), len(self._suffix)
+        for b in range(batch.input_ids.shape[0]):
+            n = int(batch.attention_mask[b].sum())
+            ids, w = batch.input_ids[b, :n].cpu().numpy(), batch.word_ids[b, :n].cpu().numpy()
+            if n > self.max_length:
+                self.stats["truncated_tokens"] += n - self.max_length
+                keep = self.max_length - S
+                ids = np.concatenate([ids[:keep], ids[n - S:]])
+                w = np.concatenate([w[:keep], w[n - S:]])
+            rows.append(ids)
+            wids.append(w)
+        ids, mask, word_ids = self._pad(rows, wids)
+        return WordBatch(ids, mask, word_ids, batch.n_words)
+
+    def _stacks(self, stack: str | None) -> tuple[str, ...]:
+        if stack is None:
+            return (self.stacks[0],)
+        if stack not in self.stacks:
+            raise ValueError(f"stack {stack!r} not in this model's stacks {self.stacks}")
+        return (stack,)
+
+    # ------------------------------------------------------------------ word states
+
+    def word_states(self, sentences: Sequence[Sequence[str]], pooling: str = "first", stack: str | None = None,
+                    batch_size: int = 32, chunk_size: int | None = None, stride: int | None = None,
+                    progress: bool = False) -> Iterator[np.ndarray]:
+        """Yield one float32 array [L+1, n_words, H] per sentence, in input order.
+
+        Subwords are pooled to words by `pooling` ("first", "mean" or "last" piece). `stack`
+        defaults to the first stack ("encoder" for encoder-decoders). Sentences are taken in chunks
+        of `chunk_size` (default 8 batches), sorted by length within the chunk so that batches pad
+        little, and restored to input order. A sentence longer than `max_length` is split into
+        windows of `max_length` tokens (special tokens included) whose starts are `stride` content
+        tokens apart (default half a window); each word is read from the window that gives it most
+        context (`_choose_windows`). Counts go to `stats`: sentences, words, empty_sentences,
+        windowed_sentences, windows, no_subword_words, words_cut_by_window.
+        """
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        (stack,) = self._stacks(stack)
+        causal = stack == "decoder"
+        L, H = self.num_layers[stack], self.hidden_size
+        chunk_size = chunk_size or batch_size * 8
+        stride = stride or max(1, self.capacity // 2)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(sentences), desc="word states", unit="sent")
+        for c0 in range(0, len(sentences), chunk_size):
+            chunk = sentences[c0: c0 + chunk_size]
+            encs = self._encode(chunk)
+            results: list[np.ndarray | None] = [None] * len(chunk)
+            segments: list[_Segment] = []
+            for i, e in enumerate(encs):
+                self.stats["sentences"] += 1
+                self.stats["words"] += e.n_words
+                if e.n_words == 0:
+                    self.stats["empty_sentences"] += 1
+                    results[i] = np.zeros((L + 1, 0, H), dtype=np.float32)
+                    continue
+                n = len(e.ids)
+                if n <= self.capacity:
+                    segments.append(_Segment(i, e.ids, np.arange(e.n_words), e.first, e.last))
+                    continue
+                starts = plan_windows(n, self.capacity, stride)
+                self.stats["windowed_sentences"] += 1
+                self.stats["windows"] += len(starts)
+                results[i] = np.empty((L + 1, e.n_words, H), dtype=np.float32)
+                choice, cut = _choose_windows(e.first, e.last, starts, self.capacity, causal)
+                self.stats["words_cut_by_window"] += int(cut.sum())
+                for k, s in enumerate(starts):
+                    words = np.nonzero(choice == k)[0]
+                    if len(words):
+                        f = np.clip(e.first[words] - s, 0, self.capacity - 1)
+                        la = np.clip(e.last[words] - s, 0, self.capacity - 1)
+                        segments.append(_Segment(i, e.ids[s: s + self.capacity], words, f, la))
+            order = sorted(range(len(segments)), key=lambda j: -len(segments[j].ids))
+            for b0 in range(0, len(order), batch_size):
+                batch = [segments[j] for j in order[b0: b0 + batch_size]]
+                pooled = self._pool_batch(batch, stack, pooling)
+                o = 0
+                for seg in batch:
+                    m = len(seg.words)
+                    block = pooled[:, o: o + m]
+                    o += m
+                    if results[seg.sentence] is None:  # whole sentence in one segment
+                        results[seg.sentence] = np.ascontiguousarray(block)
+                    else:
+                        results[seg.sentence][:, seg.words] = block
+            for r in results:
+                yield r
+            if bar is not None:
+                bar.update(len(chunk))
+        if bar is not None:
+            bar.close()
+
+    def _pool_batch(self, batch: list[_Segment], stack: str, pooling: str) -> np.ndarray:
+        """Run one batch and pool subwords to words for all layers at once -> [L+1, n_words, H]."""
+        rows = [np.concatenate([self._prefix, s.ids, self._suffix]).astype(np.int64) for s in batch]
+        ids, mask = self._pad(rows)
+        out = self._run(ids, mask, (stack,))
+        hs = out[stack][0]
+        B, T = hs[0].shape[:2]
+        # content token t of row b sits at position P + t (+1 in the decoder of an encoder-decoder)
+        shift = len(self._prefix) + (1 if (stack == "decoder" and "encoder" in self.stacks) else 0)
+        row_base = np.concatenate([np.full(len(s.words), b * T + shift) for b, s in enumerate(batch)])
+        first = np.concatenate([s.first for s in batch]) + row_base
+        last = np.concatenate([s.last for s in batch]) + row_base
+        flat = [h.reshape(B * T, -1) for h in hs]
+        if pooling == "first" or pooling == "last":
+            idx = torch.from_numpy(first if pooling == "first" else last).to(hs[0].device)
+            pooled = torch.stack([h.index_select(0, idx) for h in flat])
+        else:
+            counts = last - first + 1
+            n = len(counts)
+            slot = np.repeat(np.arange(n), counts)
+            tok = _ranges(first, counts)
+            slot_t = torch.from_numpy(slot).to(hs[0].device)
+            tok_t = torch.from_numpy(tok).to(hs[0].device)
+            denom = torch.from_numpy(counts).to(hs[0].device, torch.float32)[:, None]
+            pooled = torch.stack([
+                torch.zeros(n, h.shape[-1], dtype=torch.float32, device=h.device)
+                .index_add_(0, slot_t, h.index_select(0, tok_t).float()) / denom for h in flat])
+        return pooled.float().cpu().numpy()
+
+    # ------------------------------------------------------------------ LM scores
+
+    def score_candidates(self, contexts: Sequence[str], candidates: Sequence[Sequence[str]],
+                         batch_size: int = 32) -> list[list[float]]:
+        """log-probability, under the model's own LM head, of each candidate filling the one
+        `<blank>` of its context (natural log; multi-subword candidates summed).
+
+        - masked LM (BERT family): the candidate's pieces in the filled sentence are all replaced
+          by [MASK] at once (as many masks as pieces) and the score is the sum of the log-probs
+          of the pieces at their positions (the joint-masking choice of Talmor et al. 2020,
+          oLMpics; it ignores dependencies between the pieces).
+        - causal LM: log p(whole filled sentence), the sum over all its tokens (behind a bos/eos
+          token when the tokenizer has one, so the first word is scored too). Scoring the whole
+          sentence rather than the candidate given its prefix lets the words after the blank
+          take part ("A is <blank> than B" depends on "than B"); it is the usual choice of
+          oLMpics and LM-eval-harness for causal models.
+        - T5-style seq2seq (sentinel tokens): input = context with the blank replaced by the first
+          sentinel; target = sentinel0 + candidate + sentinel1 (Raffel et al. 2020); score = log p
+          of the candidate pieces and of the closing sentinel (so a candidate cannot win by being
+          a prefix of a longer one).
+        - BART-style seq2seq (mask token): input = context with the blank replaced by one <mask>
+          (text infilling, Lewis et al. 2020); score = log p(full filled sentence) as decoder target.
+        """
+        if len(contexts) != len(candidates):
+            raise ValueError(f"{len(contexts)} contexts but {len(candidates)} candidate lists")
+        if not self._head_trained or self.lm_kind not in ("mlm", "causal", "seq2seq"):
+            raise CheckpointError(f"{self.path or 'in-memory model'}: {type(self.model).__name__} has no trained "
+                                  f"LM head to score candidates with")
+        items = []
+        for i, (ctx, cands) in enumerate(zip(contexts, candidates)):
+            if ctx.count(BLANK) != 1:
+                raise ValueError(f"context {i} must hold exactly one {BLANK}: {ctx!r}")
+            left, right = ctx.split(BLANK)
+            for c in cands:
+                items.append((i, left, c, right))
+        scorer = {"mlm": self._score_mlm, "causal": self._score_causal, "seq2seq": self._score_seq2seq}[self.lm_kind]
+        flat: list[float] = []
+        for b0 in range(0, len(items), batch_size):
+            flat.extend(scorer(items[b0: b0 + batch_size]))
+        out, k = [], 0
+        for cands in candidates:
+            out.append(flat[k: k + len(cands)])
+            k += len(cands)
+        return out
+
+    def _encode_filled(self, i: int, left: str, cand: str, right: str):
+        """Tokens (with special tokens) of left+cand+right and the positions of the candidate's
+        pieces; a piece that mixes candidate and context characters is an error."""
+        text = left + cand + right
+        enc = self._backend.encode(text, add_special_tokens=True)
+        a, b = len(left), len(left) + len(cand)
+        nonspace = np.array([not ch.isspace() for ch in text] + [True])
+        nxt = np.empty(len(text) + 1, dtype=np.int64)  # next non-space position at or after p
+        nxt_val = len(text)
+        for p in range(len(text), -1, -1):
+            if nonspace[p]:
+                nxt_val = p
+            nxt[p] = nxt_val
+        pos = []
+        for t, ((s, e), special) in enumerate(zip(enc.offsets, enc.special_tokens_mask)):
+            if special:
+                continue
+            anchor = nxt[s]
+            chars = [p for p in range(s, e) if nonspace[p]] or [anchor]
+            inside = [a <= p < b for p in chars]
+            if all(inside):
+                pos.append(t)
+            elif any(inside):
+                raise ValueError(f"context {i}: candidate {cand!r} shares a token with its context in {text!r}")
+        if not pos:
+            raise ValueError(f"context {i}: candidate {cand!r} has no tokens in {text!r}")
+        return list(enc.ids), pos
+
+    def _check_len(self, n: int, i: int) -> None:
+        if n > self.max_length:
+            raise ValueError(f"context {i}: {n} tokens exceed max_length={self.max_length}")
+
+    def _logits(self, **kw) -> torch.Tensor:
+        self.model.eval()
+        with torch.inference_mode():
+            return self.model(**kw, return_dict=True).logits.float()
+
+    def _score_mlm(self, items) -> list[float]:
+        mask_id = self.tokenizer.mask_token_id
+        if mask_id is None:
+            raise CheckpointError(f"{self.path}: masked LM without a mask token")
+        rows, targets = [], []
+        for i, left, cand, right in items:
+            ids, pos = self._encode_filled(i, left, cand, right)
+            self._check_len(len(ids), i)
+            masked = np.asarray(ids, dtype=np.int64)
+            targets.append((pos, masked[pos].copy()))
+            masked[pos] = mask_id
+            rows.append(masked)
+        ids, mask = self._pad(rows)
+        logp = torch.log_softmax(self._logits(input_ids=ids, attention_mask=mask), dim=-1)
+        return [float(logp[b, pos, tgt].sum()) for b, (pos, tgt) in enumerate(targets)]
+
+    def _score_causal(self, items) -> list[float]:
+        start = _first_not_none(self.tokenizer.bos_token_id, self.tokenizer.eos_token_id)
+        rows = []
+        for i, left, cand, right in items:
+            ids, _ = self._encode_filled(i, left, cand, right)
+            if start is not None and ids[0] not in self.tokenizer.all_special_ids:
+                ids = [start] + ids
+            self._check_len(len(ids), i)
+            rows.append(np.asarray(ids, dtype=np.int64))
+        ids, mask = self._pad(rows)
+        logp = torch.log_softmax(self._logits(input_ids=ids, attention_mask=mask)[:, :-1], dim=-1)
+        tok_lp = logp.gather(-1, ids[:, 1:, None])[..., 0] * mask[:, 1:]
+        return tok_lp.sum(1).tolist()
+
+    def _sentinels(self) -> tuple[int, int] | None:
+        vocab = self.tokenizer.get_vocab()
+        for a, b in (("<extra_id_0>", "<extra_id_1>"), ("<sentinel_0>", "<sentinel_1>")):
+            if a in vocab and b in vocab:
+                return vocab[a], vocab[b]
+        return None
+
+    def _score_seq2seq(self, items) -> list[float]:
+        sentinels = self._sentinels()
+        mask_tok = self.tokenizer.mask_token
+        if sentinels is None and mask_tok is None:
+            raise CheckpointError(f"{self.path}: seq2seq tokenizer has neither sentinel tokens nor a mask token")
+        start = _first_not_none(getattr(self.config, "decoder_start_token_id", None), self.pad_id)
+        enc_rows, dec_rows, scored = [], [], []
+        for i, left, cand, right in items:
+            if sentinels is not None:
+                src = self._backend.encode(left + self.tokenizer.convert_ids_to_tokens(sentinels[0]) + right).ids
+                piece_ids = self._backend.encode(" " + cand, add_special_tokens=False).ids
+                target = [sentinels[0]] + list(piece_ids) + [sentinels[1]]
+                first_scored = 1  # sentinel0 is given, not predicted
+            else:
+                src = self._backend.encode(left + mask_tok + right).ids
+                target, _ = self._encode_filled(i, left, cand, right)
+                first_scored = 0
+            self._check_len(len(src), i)
+            enc_rows.append(np.asarray(src, dtype=np.int64))
+            dec_rows.append(np.asarray([start] + target[:-1], dtype=np.int64))
+            scored.append((np.asarray(target, dtype=np.int64), first_scored))
+        src_ids, src_mask = self._pad(enc_rows)
+        dec_ids, dec_mask = self._pad(dec_rows)
+        logp = torch.log_softmax(self._logits(input_ids=src_ids, attention_mask=src_mask,
+                                              decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask), dim=-1)
+        out = []
+        for b, (target, f0) in enumerate(scored):
+            pos = torch.arange(f0, len(target), device=logp.device)
+            out.append(float(logp[b, pos, torch.from_numpy(target[f0:]).to(logp.device)].sum()))
+        return out
+
+
+def _lm_kind(model) -> str:
+    """'mlm', 'causal', 'seq2seq' (a model with that LM head) or 'base' (no head)."""
+    name = type(model).__name__
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "seq2seq" if model.get_output_embeddings() is not None else "base"
+    try:
+        has_head = model.get_output_embeddings() is not None
+    except (NotImplementedError, AttributeError):
+        has_head = False
+    if not has_head:
+        return "base"
+    if name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "causal"
+    if name.endswith("ForMaskedLM"):
+        return "mlm"
+    return "base"
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + c) for each (s, c), without a Python loop."""
+    counts = np.asarray(counts, dtype=np.int64)
+    offsets = np.cumsum(counts) - counts
+    return np.arange(counts.sum(), dtype=np.int64) - np.repeat(offsets, counts) + np.repeat(starts, counts)
+
+
+def _first_not_none(*values):
+    for v in values:
+        if v is not None:
+            return v
+    return None
