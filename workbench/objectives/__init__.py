@@ -13,7 +13,7 @@ for "not predicted"; ``special_mask`` marks tokens that are never masked (CLS/SE
 
 from workbench.objectives.causal import bilm_targets, causal_lm_labels, shift_labels
 from workbench.objectives.electra import replaced_token_detection
-from workbench.objectives.mlm import default_candidate_ids, mask_tokens
+from workbench.objectives.mlm import IGNORE_INDEX, default_candidate_ids, mask_tokens
 from workbench.objectives.sentence_pairs import nsp_pair, sop_pair, truncate_pair
 from workbench.objectives.seq2seq import (
     bart_noise,
@@ -31,8 +31,6 @@ from workbench.objectives.spans import (
     sample_span_lengths,
     span_mask,
 )
-
-IGNORE_INDEX = -100
 
 __all__ = [
     "IGNORE_INDEX",
