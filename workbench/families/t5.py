@@ -1,0 +1,114 @@
+"""T5: an encoder-decoder trained on span corruption over a Unigram vocabulary with sentinel tokens
+(Raffel et al. 2020).
+
+- Span corruption (`workbench.objectives.t5_span_corruption`): 15% of the tokens in spans of mean
+  length 3; each dropped span is replaced by one sentinel `<extra_id_j>` in the input, and the
+  target lists every sentinel followed by the tokens it replaced; `</s>` ends both.
+- Examples are contiguous blocks (across documents, separated by `</s>`) whose length L is the
+  largest for which the corrupted input, L - noise + spans + `</s>`, fits `max_len` (T5's
+  `random_spans_helper` does the same sizing). The sizing uses T5's defaults (density 0.15, mean
+  span 3); a smaller `noise_density` in the objective makes inputs longer than `max_len`.
+- Model: `T5ForConditionalGeneration` as in the original T5 (ReLU feed-forward, tied input and
+  output embeddings, relative position buckets); decoding starts from `<pad>` as in T5.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import T5Config, T5ForConditionalGeneration
+
+from workbench.families.base import FamilySpec, PretrainingWrapper, contiguous_blocks, pad_sequences, t5_sentinels
+from workbench.objectives.mlm import IGNORE_INDEX
+from workbench.objectives.seq2seq import random_spans_noise_mask, t5_span_corruption
+
+N_SENTINELS = 100
+SPECIAL_TOKENS = ["<pad>", "</s>", "<unk>", *t5_sentinels(N_SENTINELS)]
+
+PRESETS = {
+    # 2 + 2 layers, d_model 64: for tests.
+    "tiny": dict(num_layers=2, d_model=64, d_kv=32, d_ff=128, num_heads=2),
+    # 4 + 4 layers, d_model 256: the CPU demo size.
+    "small": dict(num_layers=4, d_model=256, d_kv=64, d_ff=1024, num_heads=4),
+    # T5-base (Raffel et al. 2020): 12 + 12 layers, d_model 768.
+    "base": dict(num_layers=12, d_model=768, d_kv=64, d_ff=3072, num_heads=12),
+}
+
+OBJECTIVE = {"objective": "span_corruption", "noise_density": 0.15, "mean_span_length": 3.0}
+
+
+def corrupted_lengths(length: int, noise_density: float = 0.15, mean_span_length: float = 3.0) -> tuple[int, int]:
+    """(input length, target length) after span corruption of `length` tokens, `</s>` included."""
+    g = torch.Generator().manual_seed(0)  # the counts do not depend on the draw
+    noise = random_spans_noise_mask(length, generator=g, noise_density=noise_density, mean_span_length=mean_span_length)
+    n_noise = int(noise.sum())
+    n_spans = int((noise[1:] & ~noise[:-1]).sum()) + int(noise[0])
+    return length - n_noise + n_spans + 1, n_noise + n_spans + 1
+
+
+def block_length(max_len: int, noise_density: float = 0.15, mean_span_length: float = 3.0) -> int:
+    """The longest raw block whose corrupted input (with `</s>`) fits in `max_len` tokens."""
+    length = max_len
+    while length > 2 and corrupted_lengths(length + 1, noise_density, mean_span_length)[0] <= max_len:
+        length += 1
+    while length > 2 and corrupted_lengths(length, noise_density, mean_span_length)[0] > max_len:
+        length -= 1
+    return length
+
+
+def make_examples(corpus, max_len: int, rng):
+    """Contiguous blocks sized by `block_length` (see module docstring)."""
+    return contiguous_blocks(corpus, block_length(max_len) + corpus.num_special, rng)
+
+
+def sentinel_ids(tokenizer) -> list[int]:
+    ids = tokenizer.convert_tokens_to_ids(t5_sentinels(N_SENTINELS))
+    if tokenizer.unk_token_id in ids:
+        raise ValueError("the tokenizer lacks T5's sentinel tokens <extra_id_0>..")
+    return ids
+
+
+def make_collator(objective: dict, tokenizer):
+    opts = {**OBJECTIVE, **objective}
+    sentinels = sentinel_ids(tokenizer)
+    eos = tokenizer.eos_token_id
+
+    def collate(examples: list[list[int]], generator: torch.Generator) -> dict[str, torch.Tensor]:
+        inputs, targets = [], []
+        for ex in examples:
+            inp, tgt = t5_span_corruption(
+                torch.as_tensor(ex, dtype=torch.long), sentinel_ids=sentinels, generator=generator,
+                noise_density=float(opts["noise_density"]), mean_span_length=float(opts["mean_span_length"]), eos_id=eos,
+            )
+            inputs.append(inp.tolist())
+            targets.append(tgt.tolist())
+        ids, mask = pad_sequences(inputs, tokenizer.pad_token_id)
+        labels, label_mask = pad_sequences(targets, IGNORE_INDEX)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels, "decoder_attention_mask": label_mask}
+
+    return collate
+
+
+def build_model(model_config: dict, tokenizer) -> PretrainingWrapper:
+    config = T5Config(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        **model_config,
+    )
+    return PretrainingWrapper(T5ForConditionalGeneration(config), term="span_corruption")
+
+
+FAMILY = FamilySpec(
+    name="t5",
+    tokenizer_kind="unigram",
+    special_tokens=SPECIAL_TOKENS,
+    presets=PRESETS,
+    build_model=build_model,
+    make_collator=make_collator,
+    make_examples=make_examples,
+    packing="contiguous",
+    objective=OBJECTIVE,
+    auto_class="AutoModelForSeq2SeqLM",
+    description="T5: encoder-decoder span corruption with sentinels (Raffel et al. 2020)",
+)
