@@ -1,0 +1,861 @@
+"""Shared probe machinery: classifiers fitted for every layer at once, baselines, MDL, scalar mix.
+
+Every probe module (syntax, coreference, ...) gets word features of shape `[L, N, H]` (layer-major,
+as `workbench.activations` stores them) and integer labels, and uses this module to
+
+- fit a linear probe (softmax regression with L2) or an MLP probe (one hidden layer) for ALL layers
+  as one batched tensor program: weights `[L, H, C]` and `torch.bmm`, one optimiser, so fitting 13
+  layers costs one pass over the data per step instead of 13 (`fit_probe`);
+- compare against baselines: Hewitt & Liang (2019) control tasks (`control_labels`, selectivity =
+  task accuracy - control accuracy), the majority class (`majority_baseline`), and the
+  randomly initialised twin of a checkpoint (`random_init_twin`);
+- put confidence intervals on accuracies by resampling sentences, not words (`sentence_bootstrap`);
+- measure the online code length of Voita & Titov (2020) (`mdl_online_code`);
+- learn a scalar mix over layers (Peters et al. 2018; Tenney et al. 2019) with its centre of gravity
+  and Tenney's expected layer from cumulative scoring (`fit_scalar_mix`);
+- turn per-layer numbers into rows of the results schema (`layer_rows`).
+
+Objective of the linear probe (per layer): mean cross-entropy + lambda/2 * ||W||^2 (bias not
+penalised). scikit-learn's LogisticRegression minimises C * sum CE + 1/2 ||W||^2, the same
+minimiser when C = 1 / (lambda * N_train) (`sklearn_C`).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from workbench.errors import ConfigError
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass
+class ProbeConfig:
+    """How a probe is fitted. The defaults are the workbench's standard linear probe."""
+
+    kind: str = "linear"  # "linear" | "mlp"
+    l2: float = 1e-4  # lambda: mean CE + lambda/2 ||W||^2 (sklearn C = 1/(lambda N))
+    optimizer: str = "auto"  # "lbfgs" (full batch, to convergence) | "adam" (minibatch) | "auto"
+    hidden: int = 256  # MLP hidden units
+    dropout: float = 0.0  # MLP dropout on the hidden layer
+    epochs: int = 10  # adam: epochs (more when needed to reach `min_steps`)
+    min_steps: int = 1000  # adam: at least this many updates (small data sets need many epochs)
+    batch_size: int = 512  # adam: words per minibatch
+    lr: float | None = None  # adam: peak learning rate, cosine-decayed to 0 (None: 1e-2 linear, 3e-3 MLP)
+    max_iter: int = 1000  # lbfgs: maximum iterations
+    tol: float = 1e-6  # lbfgs: stop when the largest gradient entry is below this
+    early_stopping: bool = True  # keep each layer's parameters with the best dev score
+    stop_on: str = "accuracy"  # dev score for early stopping: "accuracy" | "loss"
+    patience: int = 5  # dev checks without improvement (all layers) before stopping
+    eval_every: int = 25  # lbfgs: iterations between dev checks
+    standardize: bool = True  # z-score each layer with train statistics (folded into the weights)
+    layer_batch: int | None = None  # fit this many layers per batched program (None = all)
+    seed: int = 0
+    device: str = "cpu"
+    progress: bool = False
+
+    def __post_init__(self):
+        if self.kind not in ("linear", "mlp"):
+            raise ConfigError(f"probe kind must be 'linear' or 'mlp', got {self.kind!r}")
+        if self.optimizer not in ("auto", "adam", "lbfgs"):
+            raise ConfigError(f"probe optimizer must be 'auto', 'adam' or 'lbfgs', got {self.optimizer!r}")
+        if self.stop_on not in ("accuracy", "loss"):
+            raise ConfigError(f"stop_on must be 'accuracy' or 'loss', got {self.stop_on!r}")
+        if self.l2 < 0 or self.epochs < 1 or self.batch_size < 1 or self.max_iter < 1 or self.patience < 1:
+            raise ConfigError(f"invalid probe config {self}")
+
+
+AUTO_LBFGS_MAX_WORDS = 20_000  # "auto": full-batch L-BFGS up to this many training words, Adam above
+
+
+def _resolve(cfg: ProbeConfig, n_train: int) -> ProbeConfig:
+    """Pick the optimiser for "auto": L-BFGS reaches the exact optimum cheaply on small sets; on
+    large ones a few epochs of minibatch Adam reach the same accuracy in far fewer passes."""
+    if cfg.lr is None:
+        cfg = replace(cfg, lr=1e-2 if cfg.kind == "linear" else 3e-3)
+    if cfg.optimizer != "auto":
+        return cfg
+    small = cfg.kind == "linear" and n_train <= AUTO_LBFGS_MAX_WORDS
+    return replace(cfg, optimizer="lbfgs" if small else "adam")
+
+
+def sklearn_C(l2: float, n_train: int) -> float:
+    """scikit-learn's C for the same minimiser as our lambda on n_train examples."""
+    return 1.0 / (l2 * n_train)
+
+
+def _config(config, overrides: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> ProbeConfig:
+    """ProbeConfig from (in rising priority) a function's own `defaults`, `config` and keyword overrides.
+
+    A ProbeConfig object is taken whole (its fields are all explicit); a dict only sets its keys."""
+    if isinstance(config, ProbeConfig):
+        base = config
+    else:
+        config = dict(config or {})
+        unknown = (set(config) | set(overrides)) - set(ProbeConfig.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"unknown probe config keys {sorted(unknown)}")
+        base = ProbeConfig(**{**(defaults or {}), **config})
+    return replace(base, **overrides) if overrides else base
+
+
+# --------------------------------------------------------------------------- batched heads
+# A "head" is one classifier. Every parameter has the number of heads as its leading dimension,
+# so one optimiser step updates all of them and per-head early stopping is a masked copy.
+
+
+class _Heads(nn.Module):
+    def penalised(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def penalty(self) -> torch.Tensor:
+        """[M]: 1/2 ||W||^2 per head over the penalised weights."""
+        return 0.5 * sum(w.pow(2).flatten(1).sum(1) for w in self.penalised())
+
+
+def _fold(w: torch.Tensor, b: torch.Tensor, mu: torch.Tensor, sd: torch.Tensor):
+    """Weights acting on standardised inputs -> weights acting on raw inputs (no [M,N,H] copy)."""
+    w_raw = w / sd.unsqueeze(-1)
+    b_raw = b - torch.einsum("mh,mhc->mc", mu, w_raw)
+    return w_raw, b_raw
+
+
+class _LinearHeads(_Heads):
+    """Head m = softmax regression on input layer m."""
+
+    def __init__(self, m: int, h: int, c: int, mu: torch.Tensor, sd: torch.Tensor):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(m, h, c))  # zero start, like sklearn's lbfgs (convex anyway)
+        self.b = nn.Parameter(torch.zeros(m, c))
+        self.register_buffer("mu", mu)
+        self.register_buffer("sd", sd)
+
+    def penalised(self):
+        return [self.w]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [M, B, H] -> [M, B, C]
+        w, b = _fold(self.w, self.b, self.mu, self.sd)
+        return torch.baddbmm(b.unsqueeze(1), x, w)
+
+    def export(self) -> dict[str, np.ndarray]:
+        w, b = _fold(self.w, self.b, self.mu, self.sd)
+        return {"w": w.detach().cpu().numpy(), "b": b.detach().cpu().numpy()}
+
+
+class _MLPHeads(_Heads):
+    """Head m = one hidden ReLU layer on input layer m (Hewitt & Liang 2019's MLP probe)."""
+
+    def __init__(self, m, h, c, mu, sd, hidden: int, dropout: float, gen: torch.Generator):
+        super().__init__()
+        bound1, bound2 = 1 / math.sqrt(h), 1 / math.sqrt(hidden)
+        self.w1 = nn.Parameter((torch.rand(m, h, hidden, generator=gen) * 2 - 1) * bound1)
+        self.b1 = nn.Parameter((torch.rand(m, hidden, generator=gen) * 2 - 1) * bound1)
+        self.w2 = nn.Parameter((torch.rand(m, hidden, c, generator=gen) * 2 - 1) * bound2)
+        self.b2 = nn.Parameter(torch.zeros(m, c))
+        self.dropout = dropout
+        self.gen = gen
+        self.register_buffer("mu", mu)
+        self.register_buffer("sd", sd)
+
+    def penalised(self):
+        return [self.w1, self.w2]
+
+    def forward(self, x):
+        w1, b1 = _fold(self.w1, self.b1, self.mu, self.sd)
+        z = torch.relu(torch.baddbmm(b1.unsqueeze(1), x, w1))
+        if self.training and self.dropout > 0:
+            keep = torch.rand(z.shape, generator=self.gen, device=z.device) >= self.dropout
+            z = z * keep / (1 - self.dropout)
+        return torch.baddbmm(self.b2.unsqueeze(1), z, self.w2)
+
+    def export(self):
+        w1, b1 = _fold(self.w1, self.b1, self.mu, self.sd)
+        return {k: v.detach().cpu().numpy() for k, v in {"w1": w1, "b1": b1, "w2": self.w2, "b2": self.b2}.items()}
+
+
+class _ScalarMixHeads(_Heads):
+    """Head m = softmax regression on gamma_m * sum_l s_ml * z_l, s_m = softmax over allowed layers.
+
+    Peters et al. (2018) mix; `allowed[m]` restricts head m to a subset of layers (Tenney et al.
+    2019's cumulative mixes of layers 0..l). Layers are standardised before mixing, as Peters et al.
+    found layer normalisation before weighting helpful.
+    """
+
+    def __init__(self, allowed: torch.Tensor, h: int, c: int, mu: torch.Tensor, sd: torch.Tensor):
+        super().__init__()
+        m = allowed.shape[0]
+        self.register_buffer("allowed", allowed)
+        self.register_buffer("mu", mu)  # [L, H]
+        self.register_buffer("sd", sd)
+        self.logits = nn.Parameter(torch.zeros(allowed.shape))
+        self.gamma = nn.Parameter(torch.ones(m))
+        self.w = nn.Parameter(torch.zeros(m, h, c))
+        self.b = nn.Parameter(torch.zeros(m, c))
+
+    def penalised(self):
+        return [self.w]
+
+    def mix_weights(self) -> torch.Tensor:
+        return torch.softmax(self.logits.masked_fill(~self.allowed, float("-inf")), dim=1)
+
+    def forward(self, x):  # x: [L, B, H] raw layers -> [M, B, C]
+        z = (x - self.mu.unsqueeze(1)) / self.sd.unsqueeze(1)
+        mixed = torch.einsum("ml,lbh->mbh", self.mix_weights() * self.gamma.unsqueeze(1), z)
+        return torch.baddbmm(self.b.unsqueeze(1), mixed, self.w)
+
+
+def _standardisation(x: torch.Tensor, enabled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-layer, per-dimension mean and std of `x` [L, N, H] (identity when disabled)."""
+    if not enabled:
+        return torch.zeros(x.shape[0], x.shape[2]), torch.ones(x.shape[0], x.shape[2])
+    mu = torch.zeros(x.shape[0], x.shape[2], dtype=torch.float64)
+    sq = torch.zeros_like(mu)
+    for start in range(0, x.shape[1], 65536):  # float64 sums in chunks: exact enough, no big temporaries
+        chunk = x[:, start : start + 65536].double()
+        mu += chunk.sum(1)
+        sq += chunk.pow(2).sum(1)
+    n = max(x.shape[1], 1)
+    mu /= n
+    var = (sq / n - mu.pow(2)).clamp_min(0)
+    sd = var.sqrt()
+    sd = torch.where(sd > 1e-6 * sd.max().clamp_min(1e-12), sd, torch.ones_like(sd))  # constant dims
+    return mu.float(), sd.float()
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _per_head_ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """[M, B, C] logits, [B] or [M, B] labels -> [M] mean cross-entropy."""
+    m, b, c = logits.shape
+    y = y.expand(m, b) if y.dim() == 1 else y
+    return F.cross_entropy(logits.reshape(m * b, c), y.reshape(-1), reduction="none").view(m, b).mean(1)
+
+
+@torch.no_grad()
+def _evaluate(module: nn.Module, x: torch.Tensor, y: torch.Tensor | None, want_logp: bool = False, chunk: int = 8192):
+    """(log-probs [M, N, C] or None, predictions [M, N], accuracy [M] or None, mean NLL [M] or None)."""
+    was = module.training
+    module.eval()
+    logps, preds, hits, nll = [], [], 0, 0
+    for s in range(0, x.shape[1], chunk):
+        logp = torch.log_softmax(module(x[:, s : s + chunk]), -1)
+        pred = logp.argmax(-1)
+        preds.append(pred)
+        if want_logp:
+            logps.append(logp)
+        if y is not None:
+            yy = y[s : s + chunk] if y.dim() == 1 else y[:, s : s + chunk]
+            yy = yy.expand(pred.shape) if yy.dim() == 1 else yy
+            hits = hits + (pred == yy).sum(1)
+            nll = nll - logp.gather(-1, yy.unsqueeze(-1)).squeeze(-1).sum(1)
+    module.train(was)
+    pred = torch.cat(preds, dim=1)
+    n = max(x.shape[1], 1)
+    acc, nll = (hits / n, nll / n) if y is not None else (None, None)
+    return (torch.cat(logps, dim=1) if want_logp else None), pred, acc, nll
+
+
+class _BestTracker:
+    """Per-head early stopping on a dev score (higher = better): keep each head's best parameters."""
+
+    def __init__(self, module: nn.Module, m: int, patience: int):
+        self.module = module
+        self.best = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        self.best_acc = torch.full((m,), -1.0)
+        self.best_step = torch.zeros(m, dtype=torch.long)
+        self.since = torch.zeros(m, dtype=torch.long)
+        self.patience = patience
+
+    def update(self, acc: torch.Tensor, step: int) -> bool:
+        """Record a dev check; True when every head has waited `patience` checks without improving."""
+        acc = acc.float().cpu()
+        better = acc > self.best_acc + 1e-9
+        self.best_acc = torch.where(better, acc, self.best_acc)
+        self.best_step = torch.where(better, torch.full_like(self.best_step, step), self.best_step)
+        self.since = torch.where(better, torch.zeros_like(self.since), self.since + 1)
+        for k, v in self.module.state_dict().items():
+            if v.dim() > 0 and v.shape[0] == len(better) and k not in ("allowed",):
+                mask = better.to(v.device).view(-1, *([1] * (v.dim() - 1)))
+                self.best[k] = torch.where(mask, v.detach(), self.best[k])
+        return bool((self.since >= self.patience).all())
+
+    def restore(self):
+        self.module.load_state_dict(self.best)
+
+
+def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Generator) -> dict[str, Any]:
+    """Fit all heads of `module` at once; returns training info (per-head arrays)."""
+    m = module.penalty().shape[0]
+    use_dev = cfg.early_stopping and x_dev is not None and y_dev is not None
+    tracker = _BestTracker(module, m, cfg.patience) if use_dev else None
+    n = x.shape[1]
+
+    def dev_check(step: int) -> bool:
+        _, _, acc, nll = _evaluate(module, x_dev, y_dev)
+        return tracker.update(acc if cfg.stop_on == "accuracy" else -nll, step)
+
+    if tracker is not None:
+        dev_check(0)  # the starting point (uniform prediction for linear probes) is a candidate
+
+    def objective(xb, yb):
+        per_head = _per_head_ce(module(xb), yb) + cfg.l2 * module.penalty()
+        return per_head.sum(), per_head
+
+    steps = 0
+    if cfg.optimizer == "lbfgs":
+        opt = torch.optim.LBFGS(
+            module.parameters(), lr=1.0, max_iter=cfg.eval_every, history_size=20,
+            tolerance_grad=cfg.tol, tolerance_change=1e-12, line_search_fn="strong_wolfe",
+        )  # fmt: skip
+
+        def closure():
+            opt.zero_grad()
+            total, _ = objective(x, y)
+            total.backward()
+            return total
+
+        bar = tqdm(total=cfg.max_iter, desc="probe (lbfgs)", disable=not cfg.progress, leave=False)
+        while steps < cfg.max_iter:
+            opt.step(closure)
+            done = opt.state[opt._params[0]]["n_iter"]
+            converged = done - steps < cfg.eval_every
+            bar.update(done - steps)
+            steps = done
+            if tracker is not None and dev_check(steps):
+                break
+            if converged:
+                break
+        bar.close()
+    else:
+        opt = torch.optim.Adam(module.parameters(), lr=cfg.lr)
+        per_epoch = max(1, math.ceil(n / cfg.batch_size))
+        epochs = max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch))
+        total_steps = epochs * per_epoch
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+        bar = tqdm(total=epochs, desc="probe (adam)", disable=not cfg.progress, leave=False)
+        module.train()
+        for epoch in range(epochs):
+            perm = torch.randperm(n, generator=gen).to(x.device)
+            for s in range(0, n, cfg.batch_size):
+                idx = perm[s : s + cfg.batch_size]
+                total, _ = objective(x[:, idx], y[idx] if y.dim() == 1 else y[:, idx])
+                opt.zero_grad()
+                total.backward()
+                opt.step()
+                sched.step()
+            steps = epoch + 1
+            bar.update(1)
+            if tracker is not None and dev_check(steps):
+                break
+        bar.close()
+    if tracker is not None:
+        tracker.restore()
+    with torch.no_grad():
+        module.eval()
+        losses = []
+        for s in range(0, n, 8192):
+            yb = y[s : s + 8192] if y.dim() == 1 else y[:, s : s + 8192]
+            losses.append(_per_head_ce(module(x[:, s : s + 8192]), yb) * x[:, s : s + 8192].shape[1])
+        train_loss = (torch.stack(losses).sum(0) / max(n, 1)).cpu().numpy()
+    return {
+        "steps": steps,
+        "best_step": (tracker.best_step.numpy() if tracker is not None else np.full(m, steps)),
+        "train_loss": train_loss,
+    }
+
+
+# --------------------------------------------------------------------------- public: probes
+
+
+@dataclass
+class ProbeResult:
+    """One probe per layer, fitted together. Arrays have the layer as leading dimension."""
+
+    kind: str
+    layers: np.ndarray  # [L] indices into the feature array's layer axis
+    num_classes: int
+    weights: dict[str, np.ndarray]  # raw-feature space (standardisation folded in)
+    dev_accuracy: np.ndarray | None  # [L]
+    dev_predictions: np.ndarray | None  # [L, N_dev]
+    train_accuracy: np.ndarray  # [L]
+    train_loss: np.ndarray  # [L] mean CE without the penalty
+    best_step: np.ndarray  # [L] epoch / lbfgs iteration of the kept parameters
+    steps: int
+    config: ProbeConfig
+
+    def logits(self, x) -> np.ndarray:
+        """[L, N, C] scores of `x` ([L_all, N, H]; the fitted layers are selected from it)."""
+        return _predict_logits(self.kind, self.weights, self.layers, x, self.config.device)
+
+    def log_proba(self, x) -> np.ndarray:
+        z = torch.as_tensor(self.logits(x))
+        return torch.log_softmax(z, -1).numpy()
+
+    def predict(self, x) -> np.ndarray:
+        return self.logits(x).argmax(-1)
+
+    def accuracy(self, x, y) -> np.ndarray:
+        return (self.predict(x) == np.asarray(y)[None, :]).mean(1)
+
+    def correct(self, x, y) -> np.ndarray:
+        """bool [L, N]: per-word correctness (the input of `sentence_bootstrap`)."""
+        return self.predict(x) == np.asarray(y)[None, :]
+
+
+@torch.no_grad()
+def _predict_logits(kind, weights, layers, x, device="cpu") -> np.ndarray:
+    outs = []
+    for li, layer in enumerate(layers):
+        xl = torch.as_tensor(np.asarray(x[layer], dtype=np.float32), device=device)
+        w = {k: torch.as_tensor(v[li], device=device) for k, v in weights.items()}
+        if kind == "linear":
+            z = xl @ w["w"] + w["b"]
+        else:
+            z = torch.relu(xl @ w["w1"] + w["b1"]) @ w["w2"] + w["b2"]
+        outs.append(z.cpu().numpy())
+    return np.stack(outs)
+
+
+def _tensor(x, layers, device) -> torch.Tensor:
+    """Selected layers of `x` ([L, N, H] numpy/memmap/tensor) as a float32 tensor [len(layers), N, H]."""
+    layers = list(layers)
+    if isinstance(x, torch.Tensor):
+        return x[layers].to(device=device, dtype=torch.float32)
+    if x.ndim != 3:
+        raise ConfigError(f"features must have shape [layers, words, hidden], got {x.shape}")
+    return torch.from_numpy(np.ascontiguousarray(x[layers], dtype=np.float32)).to(device)
+
+
+def _labels(y, n: int, num_classes: int | None, what: str) -> tuple[torch.Tensor, int]:
+    y = np.asarray(y)
+    if y.ndim != 1 or len(y) != n:
+        raise ConfigError(f"{what}: expected {n} integer labels, got shape {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ConfigError(f"{what}: labels must be integers (class indices), got {y.dtype}")
+    if len(y) and y.min() < 0:
+        raise ConfigError(f"{what}: negative label {y.min()}")
+    c = int(num_classes) if num_classes is not None else int(y.max()) + 1 if len(y) else 1
+    if len(y) and y.max() >= c:
+        raise ConfigError(f"{what}: label {y.max()} >= num_classes {c}")
+    return torch.as_tensor(y, dtype=torch.long), c
+
+
+def fit_probe(
+    x_train,
+    y_train,
+    x_dev=None,
+    y_dev=None,
+    num_classes: int | None = None,
+    layers: Sequence[int] | None = None,
+    config: ProbeConfig | Mapping[str, Any] | None = None,
+    **overrides,
+) -> ProbeResult:
+    """Fit one linear (or MLP) probe per layer, all layers in one batched program.
+
+    x_train: [L, N, H] (numpy, memmap or tensor; e.g. `acts.layers[:, train_words]`), y_train: [N]
+    class indices. With dev data, each layer keeps the parameters of its best dev accuracy and
+    training stops when no layer has improved for `patience` checks (`early_stopping`).
+    `layers` selects layer indices (default all); `config.layer_batch` bounds memory by fitting
+    layers in groups (still batched within a group).
+    """
+    cfg = _config(config, overrides)
+    n_layers = x_train.shape[0]
+    layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
+    y_tr, c = _labels(y_train, x_train.shape[1], num_classes, "y_train")
+    if num_classes is None and y_dev is not None and len(y_dev):
+        c = max(c, int(np.max(y_dev)) + 1)
+    y_dv = _labels(y_dev, x_dev.shape[1], c, "y_dev")[0] if y_dev is not None else None
+    group = cfg.layer_batch or len(layers)
+    parts = []
+    for g in range(0, len(layers), group):
+        parts.append(_fit_group(x_train, y_tr, x_dev, y_dv, c, layers[g : g + group], cfg))
+    weights = {k: np.concatenate([p["weights"][k] for p in parts]) for k in parts[0]["weights"]}
+    cat = lambda key: None if parts[0][key] is None else np.concatenate([p[key] for p in parts])  # noqa: E731
+    return ProbeResult(
+        kind=cfg.kind, layers=np.asarray(layers), num_classes=c, weights=weights,
+        dev_accuracy=cat("dev_accuracy"), dev_predictions=cat("dev_predictions"),
+        train_accuracy=cat("train_accuracy"), train_loss=cat("train_loss"), best_step=cat("best_step"),
+        steps=max(p["steps"] for p in parts), config=parts[0]["config"],
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def _prior_bias(module: _Heads, y: torch.Tensor, c: int) -> None:
+    """Start the output bias at the (add-one smoothed) log label prior: the best input-free guess,
+    so a probe on an uninformative layer starts where it should end (matters for MDL's early stops)."""
+    y2 = y.view(1, -1) if y.dim() == 1 else y
+    counts = torch.stack([torch.bincount(row.cpu(), minlength=c) for row in y2]).float() + 1
+    logp = (counts / counts.sum(1, keepdim=True)).log()
+    bias = module.b2 if isinstance(module, _MLPHeads) else module.b
+    bias.copy_(logp.expand_as(bias))
+
+
+def _fit_group(x_train, y_tr, x_dev, y_dv, c, layers, cfg: ProbeConfig, stats=None) -> dict[str, Any]:
+    dev = cfg.device
+    gen = torch.Generator().manual_seed(cfg.seed)
+    x = _tensor(x_train, layers, dev)
+    cfg = _resolve(cfg, x.shape[1])
+    xd = _tensor(x_dev, layers, dev) if x_dev is not None else None
+    mu, sd = stats if stats is not None else _standardisation(x, cfg.standardize)
+    m, h = x.shape[0], x.shape[2]
+    if cfg.kind == "linear":
+        module = _LinearHeads(m, h, c, mu, sd)
+    else:
+        module = _MLPHeads(m, h, c, mu, sd, cfg.hidden, cfg.dropout, gen)
+    _prior_bias(module, y_tr, c)
+    module.to(dev)
+    y_tr, y_dv = y_tr.to(dev), (y_dv.to(dev) if y_dv is not None else None)
+    info = _train(module, x, y_tr, xd, y_dv, cfg, gen)
+    _, _, train_acc, _ = _evaluate(module, x, y_tr)
+    out = {"weights": module.export(), "train_accuracy": train_acc.cpu().numpy(), "steps": info["steps"],
+           "train_loss": info["train_loss"], "best_step": info["best_step"], "module": module,
+           "dev_accuracy": None, "dev_predictions": None, "config": cfg}  # fmt: skip
+    if xd is not None:
+        _, pred, acc, _ = _evaluate(module, xd, y_dv)
+        out["dev_predictions"] = pred.cpu().numpy()
+        out["dev_accuracy"] = acc.cpu().numpy() if acc is not None else None
+    return out
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def label_distribution(labels, num_classes: int) -> np.ndarray:
+    """Empirical class distribution [C] of integer labels."""
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=num_classes).astype(np.float64)
+    return counts / max(counts.sum(), 1.0)
+
+
+def control_labels(types: Sequence[str], distribution: np.ndarray, seed: int) -> np.ndarray:
+    """Hewitt & Liang (2019) control task: each word TYPE gets one label drawn from `distribution`.
+
+    The draw for a type depends only on (seed, type) - a hash mapped through the inverse CDF - so
+    a type keeps its control label across train/dev/test and across calls, whatever order or
+    subset of the data is passed. Use the task's empirical train distribution (`label_distribution`).
+    """
+    p = np.asarray(distribution, dtype=np.float64)
+    if p.ndim != 1 or (p < 0).any() or p.sum() <= 0:
+        raise ConfigError(f"control_labels: distribution must be non-negative with positive sum, got {p}")
+    cdf = np.cumsum(p / p.sum())
+    uniq, inverse = np.unique(np.asarray(list(types), dtype=object).astype(str), return_inverse=True)
+    u = np.array(
+        [int.from_bytes(hashlib.blake2b(f"{seed}\x00{t}".encode(), digest_size=8).digest(), "little") / 2**64 for t in uniq]
+    )
+    per_type = np.minimum(np.searchsorted(cdf, u, side="right"), len(p) - 1)
+    return per_type[inverse].astype(np.int64)
+
+
+def majority_baseline(y_train, y_eval) -> tuple[int, float]:
+    """(most frequent train label, its accuracy on y_eval)."""
+    y_train, y_eval = np.asarray(y_train), np.asarray(y_eval)
+    label = int(np.bincount(y_train).argmax())
+    return label, float((y_eval == label).mean()) if len(y_eval) else float("nan")
+
+
+def random_init_twin(handle, seed: int = 0):
+    """The randomly initialised twin of a checkpoint: same class and config, fresh weights, same tokenizer.
+
+    The usual "is it the architecture or the training?" baseline of probing papers (e.g. Hewitt &
+    Manning 2019's random BERT; Tenney et al. 2019). Initialisation uses the model class's own
+    `_init_weights` under `torch.manual_seed(seed)` inside a forked RNG (global RNG untouched).
+    """
+    from workbench.models import ModelHandle  # workbench layer; imported lazily (torch-heavy)
+
+    model = handle.model
+    config = copy.deepcopy(model.config)
+    devices = [p.device for p in model.parameters()][:1] or [torch.device("cpu")]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        twin = type(model)(config)
+    twin.to(devices[0]).eval()
+    return ModelHandle(twin, handle.tokenizer, path=None)
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+def per_sentence_sums(values, sentence_ids, num_sentences: int | None = None) -> np.ndarray:
+    """Sum per-word values ([..., N]) within sentences -> [..., S]."""
+    values = np.asarray(values, dtype=np.float64)
+    sid = np.asarray(sentence_ids, dtype=np.int64)
+    s = int(num_sentences) if num_sentences is not None else (int(sid.max()) + 1 if len(sid) else 0)
+    flat = values.reshape(-1, values.shape[-1])
+    out = np.zeros((flat.shape[0], s))
+    for i in range(flat.shape[0]):
+        out[i] = np.bincount(sid, weights=flat[i], minlength=s)
+    return out.reshape(*values.shape[:-1], s)
+
+
+def bootstrap_ci(numerators, denominators=None, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0):
+    """Percentile bootstrap over sentences (Efron & Tibshirani 1993), vectorised.
+
+    numerators: [..., S] per-sentence sums (e.g. correct words); denominators: [S] (e.g. words per
+    sentence) for a ratio of sums such as accuracy, or None for a mean over sentences (e.g. a
+    per-sentence correlation). Each resample draws S sentences with replacement as a multinomial
+    count vector, so all resamples are one matrix product. Returns (point, low, high), each [...].
+    """
+    num = np.asarray(numerators, dtype=np.float64)
+    s = num.shape[-1]
+    flat = num.reshape(-1, s)
+    den = np.ones(s) if denominators is None else np.asarray(denominators, dtype=np.float64)
+    if den.shape != (s,):
+        raise ConfigError(f"bootstrap_ci: denominators must have shape ({s},), got {den.shape}")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        point = flat.sum(1) / den.sum()
+    rng = np.random.default_rng(seed)
+    stats = []
+    for start in range(0, n_boot, 256):  # bounded memory: [256, S] counts at a time
+        counts = rng.multinomial(s, np.full(s, 1.0 / s), size=min(256, n_boot - start)).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            stats.append((counts @ flat.T) / (counts @ den)[:, None])
+    boot = np.concatenate(stats)  # [B, K]
+    low = np.nanquantile(boot, alpha / 2, axis=0)
+    high = np.nanquantile(boot, 1 - alpha / 2, axis=0)
+    shape = num.shape[:-1]
+    return point.reshape(shape), low.reshape(shape), high.reshape(shape)
+
+
+def sentence_bootstrap(correct, sentence_ids, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0):
+    """Accuracy with a bootstrap CI over sentences: correct [..., N] bool, sentence_ids [N].
+
+    Words of one sentence are not independent, so resampling words would give too narrow
+    intervals; sentences are the unit of resampling. Returns (point, low, high), each [...].
+    """
+    sid = np.asarray(sentence_ids, dtype=np.int64)
+    _, sid = np.unique(sid, return_inverse=True)  # only sentences that have evaluated words
+    s = int(sid.max()) + 1 if len(sid) else 0
+    num = per_sentence_sums(np.asarray(correct, dtype=np.float64), sid, s)
+    den = np.bincount(sid, minlength=s).astype(np.float64)
+    return bootstrap_ci(num, den, n_boot=n_boot, alpha=alpha, seed=seed)
+
+
+# --------------------------------------------------------------------------- MDL
+
+MDL_FRACTIONS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.0625, 0.125, 0.25, 0.5, 1.0)
+
+
+@dataclass
+class MDLResult:
+    """Online code (Voita & Titov 2020), per layer. Code lengths in bits."""
+
+    layers: np.ndarray  # [L]
+    online_codelength: np.ndarray  # [L]
+    uniform_codelength: float  # N log2 C
+    compression: np.ndarray  # [L] uniform / online
+    block_ends: np.ndarray  # [T] cumulative example counts at the timestamps
+    block_codelengths: np.ndarray  # [L, T]: block 0 = uniform code, block i = cost under the model fitted on blocks < i
+    num_classes: int
+    num_examples: int
+
+
+def mdl_online_code(
+    x,
+    y,
+    num_classes: int | None = None,
+    layers: Sequence[int] | None = None,
+    fractions: Sequence[float] = MDL_FRACTIONS,
+    config: ProbeConfig | Mapping[str, Any] | None = None,
+    seed: int = 0,
+    holdout: float = 0.1,
+    **overrides,
+) -> MDLResult:
+    """Online code length of labels `y` given features `x` ([L, N, H]), all layers batched.
+
+    Voita & Titov (2020): shuffle the examples (seeded), cut at the timestamps t_1 < ... < t_T = N
+    (fractions of the data), send the first t_1 labels with the uniform code (log2 C bits each),
+    then for each i train a probe on the first t_i examples and pay -log2 p(y | x) for examples
+    t_i+1 .. t_{i+1}. Compression = N log2 C / online code length.
+
+    Choices of ours: each block's probe is our batched probe with `config`, early-stopped on the
+    held-out loss of the last `holdout` share of its own prefix (data already transmitted, so the
+    code stays decodable; without it a probe fitted on noise overfits and codes worse than
+    uniform), checked every 5 L-BFGS iterations; feature standardisation uses all x, which the
+    receiver knows (only labels are transmitted).
+    """
+    cfg = _config(config, overrides, defaults={"stop_on": "loss", "eval_every": 5})
+    n_layers = x.shape[0]
+    layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
+    y_all, c = _labels(y, x.shape[1], num_classes, "y")
+    n = len(y_all)
+    fr = np.asarray(fractions, dtype=np.float64)
+    if (np.diff(fr) <= 0).any() or fr[-1] != 1.0 or fr[0] <= 0:
+        raise ConfigError(f"MDL fractions must increase strictly to 1.0, got {fractions}")
+    ends = np.unique(np.clip(np.round(fr * n).astype(np.int64), 1, n))
+    perm = np.random.default_rng(seed).permutation(n)
+    group = cfg.layer_batch or len(layers)
+    codes = np.zeros((len(layers), len(ends)))
+    codes[:, 0] = ends[0] * math.log2(c)
+    for g in range(0, len(layers), group):
+        sel = layers[g : g + group]
+        xg = _tensor(x, sel, cfg.device)[:, torch.as_tensor(perm)]
+        yg = y_all[torch.as_tensor(perm)].to(cfg.device)
+        stats = _standardisation(xg, cfg.standardize)
+        for i in tqdm(range(len(ends) - 1), desc="MDL blocks", disable=not cfg.progress, leave=False):
+            a, b = int(ends[i]), int(ends[i + 1])
+            block_cfg = replace(cfg, seed=cfg.seed + i)
+            n_hold = int(round(holdout * a)) if cfg.early_stopping and a >= 10 else 0
+            fit_x, fit_y = xg[:, : a - n_hold], yg[: a - n_hold]
+            dev_x, dev_y = (xg[:, a - n_hold : a], yg[a - n_hold : a]) if n_hold else (None, None)
+            fitted = _fit_group(fit_x, fit_y, dev_x, dev_y, c, list(range(len(sel))), block_cfg, stats=stats)
+            logp, _, _, _ = _evaluate(fitted["module"], xg[:, a:b], None, want_logp=True)
+            nll = -logp.gather(-1, yg[a:b].view(1, -1, 1).expand(len(sel), -1, 1)).squeeze(-1)
+            codes[g : g + len(sel), i + 1] = (nll.sum(1) / math.log(2)).cpu().numpy()
+    online = codes.sum(1)
+    uniform = n * math.log2(c)
+    return MDLResult(
+        layers=np.asarray(layers), online_codelength=online, uniform_codelength=uniform,
+        compression=uniform / online, block_ends=ends, block_codelengths=codes, num_classes=c, num_examples=n,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- scalar mix
+
+
+@dataclass
+class ScalarMixResult:
+    """Scalar mixes over layers (Peters et al. 2018; Tenney et al. 2019).
+
+    Head l mixes layers 0..l (the cumulative probes); the last head mixes all layers and gives the
+    mixing weights and centre of gravity.
+    """
+
+    weights: np.ndarray  # [L] softmax weights of the all-layer mix
+    gamma: float
+    centre_of_gravity: float  # sum_l l * s_l
+    cumulative_weights: np.ndarray  # [L, L] row l: weights of the mix of layers 0..l
+    cumulative_dev_accuracy: np.ndarray  # [L] score(l) of the probe on layers 0..l
+    deltas: np.ndarray  # [L] Delta_l = score(l) - score(l-1) (Delta_0 = 0)
+    expected_layer: float  # sum l Delta_l / sum Delta_l
+    dev_accuracy: float  # of the all-layer mix
+
+
+def centre_of_gravity(weights) -> float:
+    """Tenney et al. (2019): E_s[l] = sum_l l * s_l of the scalar-mix weights."""
+    w = np.asarray(weights, dtype=np.float64)
+    return float((np.arange(len(w)) * w).sum() / w.sum())
+
+
+def expected_layer(scores) -> tuple[np.ndarray, float]:
+    """Tenney et al. (2019) cumulative scoring: Delta_l = score(l) - score(l-1), E[l] = sum l Delta_l / sum Delta_l.
+
+    `scores[l]` is the score of a probe on the mix of layers 0..l. Returns (deltas with Delta_0 = 0,
+    expected layer); NaN when the deltas sum to zero.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    deltas = np.concatenate([[0.0], np.diff(s)])
+    total = deltas[1:].sum()
+    return deltas, float((np.arange(len(s)) * deltas).sum() / total) if total != 0 else float("nan")
+
+
+def fit_scalar_mix(
+    x_train,
+    y_train,
+    x_dev,
+    y_dev,
+    num_classes: int | None = None,
+    config: ProbeConfig | Mapping[str, Any] | None = None,
+    **overrides,
+) -> ScalarMixResult:
+    """Learn softmax layer weights jointly with a linear probe on the mix; all cumulative mixes at once.
+
+    One batched program with L+1 heads: head l is a linear probe on gamma * sum_{j<=l} s_j z_j (z_j =
+    standardised layer j). The all-layer head gives the weights and centre of gravity; the heads'
+    dev accuracies give Tenney et al.'s differential scores and expected layer. Trained with Adam
+    (the mix makes the problem non-convex), early stopping per head on dev loss by default (accuracy
+    saturates long before the mix weights settle).
+    """
+    cfg = _config(config, overrides, defaults={"stop_on": "loss"})
+    cfg = replace(cfg, optimizer="adam", lr=cfg.lr or 1e-2)
+    y_tr, c = _labels(y_train, x_train.shape[1], num_classes, "y_train")
+    c = max(c, int(np.max(y_dev)) + 1) if num_classes is None and len(y_dev) else c
+    y_dv = _labels(y_dev, x_dev.shape[1], c, "y_dev")[0].to(cfg.device)
+    n_layers = x_train.shape[0]
+    x = _tensor(x_train, range(n_layers), cfg.device)
+    xd = _tensor(x_dev, range(n_layers), cfg.device)
+    mu, sd = _standardisation(x, True)
+    allowed = torch.tril(torch.ones(n_layers, n_layers, dtype=torch.bool))
+    module = _ScalarMixHeads(allowed, x.shape[2], c, mu, sd)
+    _prior_bias(module, y_tr, c)
+    module.to(cfg.device)
+    _train(module, x, y_tr.to(cfg.device), xd, y_dv, cfg, torch.Generator().manual_seed(cfg.seed))
+    _, _, acc, _ = _evaluate(module, xd, y_dv)
+    acc = acc.cpu().numpy()
+    with torch.no_grad():
+        weights = module.mix_weights().cpu().numpy()
+    deltas, expected = expected_layer(acc)
+    return ScalarMixResult(
+        weights=weights[-1], gamma=float(module.gamma[-1].detach()), centre_of_gravity=centre_of_gravity(weights[-1]),
+        cumulative_weights=weights, cumulative_dev_accuracy=acc, deltas=deltas, expected_layer=expected,
+        dev_accuracy=float(acc[-1]),
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- tidy rows
+
+
+def layer_rows(
+    metrics: Mapping[str, Sequence[float]],
+    *,
+    probe: str,
+    task: str,
+    split: str,
+    layers: Sequence[int] | None = None,
+    stack: str | None = "encoder",
+    n: int | Sequence[int] | None = None,
+    ci: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+    extra: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    model: str | None = None,
+    family: str | None = None,
+    seed: int | None = None,
+    step: int | None = None,
+):
+    """Per-layer metrics -> a DataFrame in the results schema (`workbench.results.RESULT_COLUMNS`).
+
+    metrics: {"accuracy": [L], "selectivity": [L], ...}; ci: {"accuracy": (low [L], high [L])};
+    extra: one dict for all rows or one per layer. Rows are validated by the results store.
+    """
+    from workbench.results import validate_rows
+
+    lengths = {len(np.atleast_1d(v)) for v in metrics.values()}
+    if len(lengths) != 1:
+        raise ConfigError(f"layer_rows: metrics have different lengths {sorted(lengths)}")
+    n_layers = lengths.pop()
+    layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
+    if len(layers) != n_layers:
+        raise ConfigError(f"layer_rows: {len(layers)} layer indices for {n_layers} values")
+    ci = ci or {}
+    unknown = set(ci) - set(metrics)
+    if unknown:
+        raise ConfigError(f"layer_rows: confidence intervals for unknown metrics {sorted(unknown)}")
+    ns = [n] * n_layers if n is None or np.isscalar(n) else list(n)
+    extras = list(extra) if isinstance(extra, Sequence) and not isinstance(extra, (str, Mapping)) else [extra] * n_layers
+    rows = []
+    for name, values in metrics.items():
+        values = np.atleast_1d(np.asarray(values, dtype=np.float64))
+        low, high = ci.get(name, (None, None))
+        for i, layer in enumerate(layers):
+            rows.append({
+                "model": model, "family": family, "seed": seed, "step": step, "probe": probe, "task": task,
+                "split": split, "stack": stack, "layer": layer, "metric": name, "value": float(values[i]),
+                "n": None if ns[i] is None else int(ns[i]),
+                "ci_low": None if low is None else float(np.asarray(low)[i]),
+                "ci_high": None if high is None else float(np.asarray(high)[i]),
+                "extra": extras[i],
+            })  # fmt: skip
+    return validate_rows(rows)
+
+
+def config_dict(config: ProbeConfig) -> dict[str, Any]:
+    """The probe config as a plain dict (for run manifests)."""
+    return asdict(config)
