@@ -173,3 +173,24 @@ def test_example_configs_load():
     for p in paths:
         cfg = load_config(p)
         assert cfg.name == p.stem and cfg.total_steps >= 1
+
+
+def test_tokens_budget_converts_to_steps():
+    cfg = load_config({"family": "gpt", "tokens": 10_000, "batch_size": 4, "grad_accum": 2, "max_len": 64})
+    assert cfg.total_steps == 20  # ceil(10,000 / (4 * 2 * 64))
+    assert cfg.warmup_steps() == 1  # round(0.06 * 20)
+
+
+def test_cli_shortcut_trains_and_prints_checkpoint(cache, tmp_path, capsys):
+    from workbench.train import train_cli_main
+
+    argv = ["--family", "gpt", "--preset", "tiny", "--steps", "2", "--output-dir", str(tmp_path),
+            "--set", "corpus.sources=[inaugural]", "--set", "corpus.max_documents=12",
+            "--set", "tokenizer.vocab_size=300", "--set", "max_len=32", "--set", "batch_size=2",
+            "--set", "eval.batches=0", "--set", "progress=false"]
+    assert train_cli_main(argv) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed == [str(tmp_path / "seed-0" / "step-0000002")]
+    assert (tmp_path / "seed-0" / "step-0000002" / "model.safetensors").exists()
+    with pytest.raises(ConfigError, match="corpus.bogus: unknown key"):
+        train_cli_main(["--family", "gpt", "--steps", "1", "--set", "corpus.bogus=1"])

@@ -59,9 +59,10 @@ from workbench.tokenization import tokenizer_hash, train_tokenizer
 
 STATE_DIR = "trainer_state"
 STEP_PREFIX = "step-"
-# Default step counts of the `--family F --preset P` shortcut (see report: the small preset's
-# ~10-minute budget on a 2-core CPU).
-PRESET_STEPS = {"tiny": 200, "small": 600, "base": 100_000}
+# Default step counts of the `--family F --preset P` shortcut. small: a 4-layer/256 BERT step
+# (32 x 128 tokens, ~3,900 non-padding) costs ~1.5 CPU-seconds on one core of the 2-core dev
+# machine (benchmarks/bench_train.py), so 400 steps (~1.6M tokens) take about ten minutes.
+PRESET_STEPS = {"tiny": 200, "small": 400, "base": 100_000}
 
 
 # ---- schedule -----------------------------------------------------------------------------------
@@ -423,7 +424,19 @@ def run_dir(cfg: TrainConfig, seed: int) -> Path:
 
 
 def train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None = None, d: Dist | None = None) -> Path:
-    """Train (or resume, or find finished) one seed's run; returns its final checkpoint folder."""
+    """Train (or resume, or find finished) one seed's run; returns its final checkpoint folder.
+
+    torch's process-wide determinism switch is restored afterwards (the loop turns it on).
+    """
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        return _train_seed(cfg, seed, data, d)
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic, warn_only=was_warn_only)
+
+
+def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist | None) -> Path:
     family = get_family(cfg.family)
     d = d or init_distributed(cfg.device)
     device = resolve_device(cfg.device, d)
