@@ -317,43 +317,54 @@ class ModelHandle:
         return int(limit) if limit is not None else DEFAULT_MAX_LENGTH
 
     def _encode(self, sentences: Sequence[Sequence[str]], count: bool = True) -> list[_Encoded]:
-        """Content tokens of each sentence and each word's token span (see the module docstring)."""
-        texts = [" " + " ".join(ws) for ws in sentences]
-        nonempty = [i for i, ws in enumerate(sentences) if len(ws)]
-        encs = self._backend.encode_batch([texts[i] for i in nonempty], add_special_tokens=False)
-        out: list[_Encoded] = [None] * len(sentences)  # type: ignore[list-item]
+        """Content tokens of each sentence and each word's token span (see the module docstring).
+
+        Vectorised over the whole list: words and tokens of all sentences are numbered globally,
+        so the character -> word and token -> word maps are a handful of numpy calls."""
+        S = len(sentences)
+        n_words = np.fromiter((len(ws) for ws in sentences), dtype=np.int64, count=S)
+        nonempty = np.nonzero(n_words)[0]
+        encs = self._backend.encode_batch([" " + " ".join(sentences[i]) for i in nonempty], add_special_tokens=False)
+        unk = _first_not_none(self.tokenizer.unk_token_id, self.pad_id)
+        # every word vanished (all deleted by the normaliser): the unk token stands in for them
+        ids_list = [e.ids or [unk] for e in encs]
+        starts_list = [[o[0] for o in e.offsets] or [0] for e in encs]
+        n_tok = np.fromiter((len(x) for x in ids_list), dtype=np.int64, count=len(encs))
+        W = int(n_words.sum())
+        lens = np.fromiter((len(w) for i in nonempty for w in sentences[i]), dtype=np.int64, count=W)
+        # Character c of " w0 w1 ..." lies in group k = (space + characters of word k); the texts
+        # of all sentences are laid end to end, words numbered globally.
+        group = np.repeat(np.arange(W, dtype=np.int64), lens + 1)
+        text_len = np.add.reduceat(lens + 1, np.cumsum(n_words[nonempty]) - n_words[nonempty]) if W else lens
+        char_base = np.cumsum(text_len) - text_len
+        all_ids = np.fromiter((t for x in ids_list for t in x), dtype=np.int64, count=int(n_tok.sum()))
+        starts = np.fromiter((t for x in starts_list for t in x), dtype=np.int64, count=int(n_tok.sum()))
+        starts = np.minimum(starts, np.repeat(text_len - 1, n_tok)) + np.repeat(char_base, n_tok)
+        tok_word = group[starts]
+        if np.any(np.diff(tok_word) < 0):
+            bad = int(np.searchsorted(np.cumsum(n_tok), np.nonzero(np.diff(tok_word) < 0)[0][0], side="right"))
+            raise WorkbenchError(f"tokenizer offsets go backwards in sentence {int(nonempty[bad])}: "
+                                 f"{sentences[int(nonempty[bad])]!r}")
+        ar = np.arange(W)
+        left = np.searchsorted(tok_word, ar, side="left")
+        right = np.searchsorted(tok_word, ar, side="right") - 1
+        tok_base = np.cumsum(n_tok) - n_tok  # first token of each (non-empty) sentence
+        word_tok_base = np.repeat(tok_base, n_words[nonempty])
+        missing = right < left
+        if missing.any():
+            # nearest preceding subword of the same sentence (the piece just before), else the next
+            sub = np.where(right >= word_tok_base, right, left)
+            left = np.where(missing, sub, left)
+            right = np.where(missing, sub, right)
+            if count:
+                self.stats["no_subword_words"] += int(missing.sum())
+        first, last = left - word_tok_base, right - word_tok_base
         empty = np.zeros(0, dtype=np.int64)
-        for i, ws in enumerate(sentences):
-            if not len(ws):
-                out[i] = _Encoded(empty, empty, empty, 0, np.zeros(0, dtype=bool))
-        for i, enc in zip(nonempty, encs):
-            words = sentences[i]
-            n = len(words)
-            lens = np.fromiter((len(w) for w in words), dtype=np.int64, count=n)
-            # Character c of " w0 w1 ..." lies in group k = (space + characters of word k).
-            group = np.repeat(np.arange(n, dtype=np.int64), lens + 1)
-            ids = np.asarray(enc.ids, dtype=np.int64)
-            if len(ids):
-                starts = np.fromiter((o[0] for o in enc.offsets), dtype=np.int64, count=len(ids))
-                tok_word = group[np.minimum(starts, len(group) - 1)]
-                if np.any(np.diff(tok_word) < 0):
-                    raise WorkbenchError(f"tokenizer offsets go backwards in sentence {i}: {words!r}")
-            else:  # every word vanished (all deleted by the normaliser): stand in the unk token
-                ids = np.asarray([_first_not_none(self.tokenizer.unk_token_id, self.pad_id)], dtype=np.int64)
-                tok_word = np.zeros(1, dtype=np.int64)
-            ar = np.arange(n)
-            left = np.searchsorted(tok_word, ar, side="left")
-            right = np.searchsorted(tok_word, ar, side="right") - 1
-            missing = right < left
-            first, last = left.copy(), right.copy()
-            if missing.any():
-                # nearest preceding subword (= right, the piece just before), else the next one
-                sub = np.where(right >= 0, right, left)[missing]
-                first[missing] = sub
-                last[missing] = sub
-                if count:
-                    self.stats["no_subword_words"] += int(missing.sum())
-            out[i] = _Encoded(ids, first.astype(np.int64), last.astype(np.int64), n, ~missing)
+        out = [_Encoded(empty, empty, empty, 0, np.zeros(0, dtype=bool))] * S
+        w0 = np.cumsum(n_words[nonempty]) - n_words[nonempty]
+        for j, i in enumerate(nonempty.tolist()):
+            t0, w, n = tok_base[j], w0[j], n_words[i]
+            out[i] = _Encoded(all_ids[t0: t0 + n_tok[j]], first[w: w + n], last[w: w + n], int(n), ~missing[w: w + n])
         return out
 
     def tokenize_words(self, sentences: Sequence[Sequence[str]]) -> WordBatch:
@@ -409,7 +420,6 @@ class ModelHandle:
 
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, stacks: Sequence[str], attentions: bool = False) -> dict:
         """One forward (no LM head): {stack: (hidden_states, attentions)} and cross-attentions."""
-        self.model.eval()
         kw = {"output_hidden_states": True, "return_dict": True}
         if attentions:
             self._ensure_eager()
@@ -449,6 +459,7 @@ class ModelHandle:
         `truncate=True` is cut (the tokens cut are counted in `stats["truncated_tokens"]`).
         Use `word_states` for long text."""
         stacks = self._stacks(stack) if stack is not None else self.stacks
+        self.model.eval()
         batch = self.tokenize_words(sentences)
         lengths = batch.attention_mask.sum(1)
         too_long = (lengths > self.max_length).nonzero().flatten().tolist()
@@ -522,6 +533,7 @@ class ModelHandle:
         L, H = self.num_layers[stack], self.hidden_size
         chunk_size = chunk_size or batch_size * 8
         stride = stride or max(1, self.capacity // 2)
+        self.model.eval()
         bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -532,9 +544,9 @@ class ModelHandle:
             encs = self._encode(chunk)
             results: list[np.ndarray | None] = [None] * len(chunk)
             segments: list[_Segment] = []
+            self.stats["sentences"] += len(chunk)
+            self.stats["words"] += sum(e.n_words for e in encs)
             for i, e in enumerate(encs):
-                self.stats["sentences"] += 1
-                self.stats["words"] += e.n_words
                 if e.n_words == 0:
                     self.stats["empty_sentences"] += 1
                     results[i] = np.zeros((L + 1, 0, H), dtype=np.float32)
