@@ -161,3 +161,59 @@ def test_bad_handle_output_and_bad_arguments(tmp_path):
     with pytest.raises(ConfigError, match="stack"):
         extract(FakeHandle(), _corpus(), "toy", stack="decoder", cache_dir=tmp_path, progress=False)
     assert not [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+
+
+# ---------------------------------------------------------------- integration: a real tiny BERT
+
+
+@pytest.fixture(scope="module")
+def bert_handle():
+    """ModelHandle over a seeded random 2-layer BERT (hidden 32) with a WordPiece tokenizer trained
+    on the first 2,000 EWT train sentences."""
+    from tests.conftest import TOKENIZER_SPECS, tiny_bert
+    from workbench.data.conllu import load_treebank
+    from workbench.models import ModelHandle
+    from workbench.tokenization import build_tokenizer
+
+    train = load_treebank("en_ewt", "train")
+    tok = build_tokenizer(*TOKENIZER_SPECS["bert"], [s.text for s in train[:2000]], vocab_size=800)
+    return ModelHandle(tiny_bert(tok, max_positions=64), tok), [s.words for s in load_treebank("en_ewt", "dev")[:60]]
+
+
+def _count_forwards(handle):
+    """Count forward passes of the model body (what the handle runs) with a pre-hook."""
+    calls = {"n": 0}
+
+    def hook(module, args, kwargs):
+        calls["n"] += 1
+
+    return calls, handle.model.base_model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def test_real_handle_round_trip_cache_and_stats(tmp_path, bert_handle):
+    handle, sents = bert_handle
+    sents = sents[:40] + [[]] + [sents[40] * 4]  # an empty sentence and an overlong one (windowed)
+    calls, hook = _count_forwards(handle)
+    try:
+        acts = extract(handle, sents, "ewt/dev[:42]", pooling="mean", batch_size=16, cache_dir=tmp_path, progress=False)
+        assert calls["n"] >= int(np.ceil(len(sents) / 16))
+        assert acts.layers.shape == (3, sum(map(len, sents)), 32)
+        before = Counter(handle.stats)
+        direct = list(handle.word_states(sents, pooling="mean"))
+        for i, ref in enumerate(direct):
+            np.testing.assert_allclose(acts.sentence(i), ref, rtol=1e-5, atol=1e-5)
+        assert acts.stats == dict(Counter(handle.stats) - before)  # exactly what the handle counted
+        assert acts.stats["empty_sentences"] == 1 and acts.stats["windowed_sentences"] >= 1
+        assert acts.stats["sentences"] == len(sents)
+        meta = json.loads((acts.path / "meta.json").read_text())
+        assert meta["checkpoint_hash"] == handle.checkpoint_hash and meta["stats"] == acts.stats
+
+        calls["n"] = 0
+        again = extract(handle, sents, "ewt/dev[:42]", pooling="mean", batch_size=16, cache_dir=tmp_path, progress=False)
+        assert calls["n"] == 0 and again.path == acts.path
+        first = extract(handle, sents, "ewt/dev[:42]", pooling="first", batch_size=16, cache_dir=tmp_path, progress=False)
+        assert calls["n"] > 0 and first.path != acts.path
+        # first-piece and mean pooling agree exactly on single-piece words only
+        assert not np.allclose(np.asarray(first.layers), np.asarray(acts.layers))
+    finally:
+        hook.remove()

@@ -28,6 +28,7 @@ from probes.engine import (
     layer_rows,
     majority_baseline,
     mdl_online_code,
+    random_init_twin,
     sentence_bootstrap,
     sklearn_C,
 )
@@ -311,3 +312,26 @@ def test_config_errors():
         fit_probe(np.zeros((2, 3, 3), np.float32), np.array([0, 1, 5]), num_classes=3)
     with pytest.raises(ConfigError, match="unknown probe config"):
         fit_probe(np.zeros((2, 3, 3), np.float32), np.array([0, 1, 1]), config={"l3": 1})
+
+
+def test_random_init_twin_of_a_real_handle():
+    from tests.conftest import TOKENIZER_SPECS, tiny_bert
+    from workbench.models import ModelHandle
+    from workbench.tokenization import build_tokenizer
+
+    train = load_treebank("en_ewt", "train")[:1000]
+    tok = build_tokenizer(*TOKENIZER_SPECS["bert"], [s.text for s in train], vocab_size=600)
+    handle = ModelHandle(tiny_bert(tok), tok)
+    rng_state = torch.get_rng_state()
+    twin = random_init_twin(handle, seed=1)
+    assert torch.equal(rng_state, torch.get_rng_state())  # global RNG untouched
+    assert type(twin.model) is type(handle.model) and twin.tokenizer is handle.tokenizer
+    assert twin.model.config.to_dict() == handle.model.config.to_dict()
+    assert twin.num_layers == handle.num_layers and twin.hidden_size == handle.hidden_size
+    assert twin.checkpoint_hash != handle.checkpoint_hash  # fresh weights -> its own activation cache
+    assert random_init_twin(handle, seed=1).checkpoint_hash == twin.checkpoint_hash  # seeded
+    assert random_init_twin(handle, seed=2).checkpoint_hash != twin.checkpoint_hash
+    words = [s.words for s in train[:3]]
+    a = np.concatenate(list(handle.word_states(words)), axis=1)
+    b = np.concatenate(list(twin.word_states(words)), axis=1)
+    assert a.shape == b.shape and not np.allclose(a, b)
