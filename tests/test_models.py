@@ -570,3 +570,16 @@ def test_scoring_needs_one_blank_and_a_head(handles, tiny_models):
     assert base.stacks == ("encoder",)
     with pytest.raises(CheckpointError, match="no trained LM head"):
         base.score_candidates(["a <blank> b"], [["x"]])
+
+
+def test_body_only_checkpoint_gives_states_but_no_scores(tmp_path, tiny_models, ewt_train):
+    """A checkpoint saved from the bare BertModel: the masked-LM class loads with its head missing;
+    states come from the saved body unchanged, and scoring refuses the untrained head."""
+    model, tok = tiny_models["bert"]
+    folder = _save(tmp_path, model.bert, tok, "body_only")
+    h = ModelHandle.load(folder)
+    words = ewt_train[5].words
+    np.testing.assert_allclose(next(h.word_states([words])), next(ModelHandle(model, tok).word_states([words])),
+                               atol=1e-6)
+    with pytest.raises(CheckpointError, match=re.escape(str(folder))):
+        h.score_candidates(["a <blank> b"], [["x"]])
