@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from scipy.sparse.csgraph import minimum_spanning_tree
-from scipy.stats import spearmanr
+from scipy.stats import rankdata, spearmanr
 from tqdm import tqdm
 
 PUNCT_UPOS = frozenset({"PUNCT"})
@@ -99,12 +99,14 @@ def gold_edges(heads: list[int] | np.ndarray, keep: np.ndarray | None = None) ->
     return {(int(idx[i]), int(idx[j])) for i, j in sub}
 
 
-def uuas_counts(pred_distances: np.ndarray, heads, keep: np.ndarray) -> tuple[int, int]:
-    """(correct, total) undirected edges for one sentence, punctuation (keep=False) excluded."""
+def uuas_counts(pred_distances: np.ndarray, heads, keep: np.ndarray,
+                gold: set[tuple[int, int]] | None = None) -> tuple[int, int]:
+    """(correct, total) undirected edges for one sentence, punctuation (keep=False) excluded.
+    `gold` = `gold_edges(heads, keep)` when the caller has it already (scoring many layers)."""
     idx = np.flatnonzero(keep)
     if len(idx) < 2:
         return 0, 0
-    gold = gold_edges(heads, keep)
+    gold = gold_edges(heads, keep) if gold is None else gold
     pred = {(int(idx[i]), int(idx[j])) for i, j in mst_edges(pred_distances[np.ix_(idx, idx)])}
     return len(gold & pred), len(gold)
 
@@ -125,6 +127,20 @@ def _length_averaged(per_length: dict[int, list[float]]) -> float:
     return float(np.mean(means)) if means else float("nan")
 
 
+def rowwise_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman correlation of each row of `a` with the same row of `b` ([n, m] -> [n]), vectorised.
+
+    Same numbers as `scipy.stats.spearmanr(a[i], b[i])` per row (Pearson correlation of average
+    ranks); NaN where a row is constant, as scipy gives.
+    """
+    ra = rankdata(np.asarray(a, dtype=np.float64), axis=1)
+    rb = rankdata(np.asarray(b, dtype=np.float64), axis=1)
+    ra -= ra.mean(1, keepdims=True)
+    rb -= rb.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (ra * rb).sum(1) / np.sqrt((ra * ra).sum(1) * (rb * rb).sum(1))
+
+
 def distance_spearman(pred: list[np.ndarray], gold: list[np.ndarray]) -> float:
     """DSpr: Spearman between each word's predicted and gold distances to every other word,
     averaged over the words of each sentence length, then over lengths 5-50 (Hewitt & Manning)."""
@@ -133,8 +149,8 @@ def distance_spearman(pred: list[np.ndarray], gold: list[np.ndarray]) -> float:
         n = len(g)
         if n < SPEARMAN_LENGTHS[0] or n > SPEARMAN_LENGTHS[1]:
             continue
-        rows = [spearmanr(p[i], g[i]).statistic for i in range(n)]
-        per_length.setdefault(n, []).extend(r for r in rows if np.isfinite(r))
+        rows = rowwise_spearman(p, g)
+        per_length.setdefault(n, []).extend(float(r) for r in rows if np.isfinite(r))
     return _length_averaged(per_length)
 
 

@@ -1,0 +1,259 @@
+"""Syntax probes: pair construction on real EWT, a planted signal through the whole pipeline, an
+end-to-end CLI run of a tiny random BERT into a temporary results store, windowing, CLI errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from probes import syntax
+from probes.syntax import FeatureView, build_items, run_syntax_probes, syntax_cli_main
+from workbench.data.conllu import load_treebank, treebank_path
+from workbench.io import sha256_file
+from workbench.results import ResultsStore
+
+
+@pytest.fixture(scope="module")
+def ewt_dev():
+    return load_treebank("en_ewt", "dev")
+
+
+def _offsets(sentences):
+    return np.concatenate([[0], np.cumsum([len(s.words) for s in sentences])]).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- pairs
+def test_deprel_items_are_the_gold_non_root_arcs(ewt_dev):
+    off = _offsets(ewt_dev)
+    items = build_items("deprel", ewt_dev, off)
+    n_words = int(off[-1])
+    assert len(items) == n_words - len(ewt_dev)  # one root per sentence, every other word has a head
+    assert items.counts == {"arcs": n_words - len(ewt_dev), "root_arcs_left_out": len(ewt_dev)}
+    sent_of_word = np.repeat(np.arange(len(ewt_dev)), np.diff(off))
+    head, dep = items.cols
+    assert (sent_of_word[head] == sent_of_word[dep]).all() and (sent_of_word[dep] == items.sentence).all()
+    for k in range(0, len(items), 97):  # spot-check against the treebank
+        s = ewt_dev[items.sentence[k]]
+        d, h = dep[k] - off[items.sentence[k]], head[k] - off[items.sentence[k]]
+        assert s.heads[d] == h + 1 and items.labels[k] == s.deprels[d] and items.types[k] == s.words[d]
+    assert Counter(items.labels) == Counter(r for s in ewt_dev for r, h in zip(s.deprels, s.heads) if h > 0)
+    base = build_items("deprel", ewt_dev, off, deprel_subtypes=False)
+    assert ":" not in "".join(base.labels) and len(set(base.labels)) < len(set(items.labels))
+
+
+def test_arc_items_balanced_seeded_and_disjoint_from_gold(ewt_dev):
+    off = _offsets(ewt_dev)
+    items = build_items("arc", ewt_dev, off, seed=3)
+    n_arcs = int(off[-1]) - len(ewt_dev)
+    c = items.counts
+    assert c["positive_pairs"] == n_arcs and c["root_arcs_left_out"] == len(ewt_dev)
+    assert c["negative_pairs"] + c["negative_shortfall"] == n_arcs and c["negative_shortfall"] < 0.01 * n_arcs
+    assert Counter(items.labels) == {"arc": n_arcs, "none": c["negative_pairs"]}
+    gold = {(off[i] + h - 1, off[i] + d) for i, s in enumerate(ewt_dev) for d, h in enumerate(s.heads) if h > 0}
+    pairs = list(zip(items.cols[0].tolist(), items.cols[1].tolist()))
+    neg = [p for p, lab in zip(pairs, items.labels) if lab == "none"]
+    pos = {p for p, lab in zip(pairs, items.labels) if lab == "arc"}
+    assert pos == gold
+    assert not any(p in gold or p[::-1] in gold or p[0] == p[1] for p in neg)  # unlinked in both directions
+    assert len(set(neg)) == len(neg)
+    sent_of_word = np.repeat(np.arange(len(ewt_dev)), np.diff(off))
+    assert all(sent_of_word[a] == sent_of_word[b] for a, b in neg)
+    # seeded: same seed same pairs (whatever the other sentences), another seed other pairs
+    again = build_items("arc", ewt_dev, off, sentence_ids=range(len(ewt_dev)), seed=3)
+    assert list(zip(again.cols[0].tolist(), again.cols[1].tolist())) == pairs
+    other = build_items("arc", ewt_dev, off, seed=4)
+    assert list(zip(other.cols[0].tolist(), other.cols[1].tolist())) != pairs
+    one = build_items("arc", ewt_dev, off, sentence_ids=[7], seed=3)
+    assert set(zip(one.cols[0].tolist(), one.cols[1].tolist())) <= set(pairs)
+    s0, (a0, b0) = ewt_dev[items.sentence[0]], pairs[0]
+    assert items.types[0] == f"{s0.words[a0 - off[items.sentence[0]]]}\x00{s0.words[b0 - off[items.sentence[0]]]}"
+
+
+def test_feature_view_gathers_like_numpy():
+    base = np.random.default_rng(0).standard_normal((3, 20, 4)).astype(np.float32)
+    a, b = np.array([0, 5, 7]), np.array([1, 1, 19])
+    view = FeatureView(base, [a, b], product=True)
+    full = np.concatenate([base[:, a], base[:, b], base[:, a] * base[:, b]], axis=-1)
+    assert view.shape == (3, 3, 12)
+    np.testing.assert_allclose(view[[0, 1, 2]], full)
+    np.testing.assert_allclose(view[2], full[2])
+    np.testing.assert_allclose(view[:, 1:3], full[:, 1:3])
+    np.testing.assert_allclose(np.asarray(view), full)
+    rows, offsets = syntax.sentence_rows(np.array([0, 4, 9, 20]), [2, 0])
+    assert rows.tolist() == list(range(9, 20)) + [0, 1, 2, 3] and offsets.tolist() == [0, 11, 15]
+
+
+def test_checkpoint_metadata_from_manifest(tmp_path):
+    run = tmp_path / "bert-run"
+    for step in (0, 8):
+        d = run / f"step-{step:07d}"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+        (d / "manifest.json").write_text(json.dumps({"family": "bert", "step": step, "seed": 5}))
+    plain = tmp_path / "hf-model"
+    plain.mkdir()
+    (plain / "config.json").write_text("{}")
+    cks = syntax.expand_checkpoints([run, plain])
+    assert [(c.name, c.family, c.step, c.seed) for c in cks] == [
+        ("bert-run/step-0000000", "bert", 0, 5), ("bert-run/step-0000008", "bert", 8, 5), ("hf-model", None, None, None)]
+    with pytest.raises(syntax.CheckpointError, match="does not exist"):
+        syntax.expand_checkpoints([tmp_path / "nope"])
+
+
+# --------------------------------------------------------------------------- planted signal
+class PlantedHandle:
+    """A fake model whose layer `k` is a linear code of each word's gold UPOS plus noise; every other
+    layer is noise only (fresh per token, so no layer carries word identity either)."""
+
+    def __init__(self, sentences, k, n_layers=3, hidden=16):
+        self.tags = {}
+        for s in sentences:
+            self.tags.setdefault(tuple(s.words), s.upos)
+        self.classes = sorted({t for s in sentences for t in s.upos})
+        self.k, self.stacks, self.num_layers, self.hidden_size = k, ("encoder",), {"encoder": n_layers}, hidden
+        self.checkpoint_hash, self.family, self.path, self.stats = f"planted-k{k}-{n_layers}-{hidden}", "planted", None, Counter()
+        self.code = np.random.default_rng(0).standard_normal((len(self.classes), hidden)) * 3
+
+    def word_states(self, sentences, pooling="first", stack=None, batch_size=32):
+        for words in sentences:
+            self.stats["sentences"] += 1
+            seed = int.from_bytes(hashlib.sha256("\x1f".join(words).encode()).digest()[:8], "little")
+            x = np.random.default_rng(seed).standard_normal((self.num_layers["encoder"] + 1, len(words), self.hidden_size))
+            x[self.k] += self.code[[self.classes.index(t) for t in self.tags[tuple(words)]]]
+            yield x.astype(np.float32)
+
+
+def test_planted_upos_layer_peaks_with_high_selectivity(tmp_path, ewt_dev):
+    k = 2
+    handle = PlantedHandle(load_treebank("en_ewt", "train") + ewt_dev, k)
+    store = ResultsStore(tmp_path / "runs")
+    run_id, rows = run_syntax_probes(
+        [handle], ["upos"], max_train_sentences=300, max_eval_sentences=100, baselines=("majority", "control"),
+        store=store, cache_dir=tmp_path / "cache", n_boot=200, mdl_fractions=(0.05, 0.25, 1.0), progress=False,
+    )  # fmt: skip
+    dev = rows[rows["split"] == "dev"]
+
+    def per_layer(metric):
+        return dev[dev["metric"] == metric].sort_values("layer")["value"].to_numpy()
+
+    acc, ctrl, sel, maj = (per_layer(m) for m in ("accuracy", "control_accuracy", "selectivity", "majority"))
+    assert len(acc) == 4 and int(np.argmax(acc)) == k and acc[k] > 0.95
+    others = np.delete(np.arange(4), k)
+    assert (np.abs(acc[others] - maj[0]) < 0.06).all()  # noise layers sit at the majority class
+    assert sel[k] > 0.5 and (np.abs(sel[others]) < 0.1).all()
+    np.testing.assert_allclose(sel, acc - ctrl, atol=1e-9)
+    r = dev[dev["metric"] == "accuracy"]
+    assert ((r["ci_low"] <= r["value"]) & (r["value"] <= r["ci_high"])).all()
+    # the majority baseline is the most frequent UPOS of the fitting sentences, scored on the eval words
+    plan = syntax.plan_splits("en_ewt", "train", "dev", max_train_sentences=300, max_eval_sentences=100,
+                              early_stopping_fraction=0.1, holdout_fraction=0.2, seed=0)
+    top = Counter(t for i in plan.fit for t in plan.train[i].upos).most_common(1)[0][0]
+    eval_tags = [t for s in plan.eval for t in s.upos]
+    assert maj == pytest.approx(np.full(4, eval_tags.count(top) / len(eval_tags)))
+    assert store.manifest(run_id)["notes"]["items"]["upos"]["eval"]["words"] == len(eval_tags) == int(dev["n"].iloc[0])
+    # scalar mix puts its weight on layer k; MDL compresses best at k
+    cog = rows[rows["metric"] == "centre_of_gravity"]["value"].item()
+    assert abs(cog - k) < 0.5
+    comp = rows[rows["metric"] == "compression"].sort_values("layer")["value"].to_numpy()
+    assert int(np.argmax(comp)) == k and comp[k] > 2 * comp[others].max()
+
+
+# --------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, tokenizers):
+    from tests.conftest import tiny_bert
+
+    folder = tmp_path_factory.mktemp("ckpt") / "tiny-bert"
+    tok = tokenizers["bert"]
+    tiny_bert(tok, seed=0, max_positions=128, hidden=32, layers=2).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    (folder / "manifest.json").write_text(json.dumps({"family": "bert", "step": 7, "seed": 3}))
+    return folder
+
+
+def test_cli_end_to_end_all_tasks_tiny_bert(tmp_path, tiny_checkpoint, capsys, monkeypatch):
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    code = syntax_cli_main([
+        "--checkpoint", str(tiny_checkpoint), "--tasks", ",".join(syntax.TASKS), "--treebank", "en_ewt",
+        "--max-train-sentences", "200", "--max-eval-sentences", "60", "--structural-epochs", "3",
+        "--n-boot", "100", "--mdl-tasks", "", "--seed", "1", "--runs-root", str(tmp_path / "runs"), "--quiet",
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    store = ResultsStore(tmp_path / "runs")
+    (run_id,) = store.runs()["run_id"].tolist()
+    rows = store.read(run_id)
+    models = {"tiny-bert", "tiny-bert (random init)"}
+    assert set(rows["model"]) == models
+    per_layer = rows[rows["layer"].notna() & (rows["split"] == "dev")]
+    for task in syntax.TASKS:
+        for model in models:
+            got = per_layer[(per_layer["task"] == task) & (per_layer["model"] == model)]
+            assert set(got["layer"].astype(int)) == {0, 1, 2}, (task, model)
+    real = rows[rows["model"] == "tiny-bert"]
+    assert set(real["step"]) == {7} and set(real["seed"]) == {3} and set(real["family"]) == {"bert"}
+    twin = rows[rows["model"] == "tiny-bert (random init)"]
+    assert all(json.loads(e)["baseline"] == "random_init" for e in twin["extra"])
+    for metric in ("accuracy", "control_accuracy", "selectivity", "majority"):
+        assert (real["metric"] == metric).any()
+    for metric in ("uuas", "dspr", "right_branching_uuas", "root_acc", "nspr"):
+        vals = real[real["metric"] == metric]["value"]
+        assert len(vals) == 3 and vals.between(-1, 1).all()
+    acc = real[(real["task"] == "upos") & (real["metric"] == "accuracy")]["value"]
+    maj = real[(real["task"] == "upos") & (real["metric"] == "majority")]["value"]
+    assert (acc > maj.iloc[0]).all()  # even random-weight BERT embeddings beat the majority class
+    # manifest: treebank files with checksums, checkpoint hash, bad-input counts, pair counts
+    m = store.manifest(run_id)
+    files = {f["path"]: f["sha256"] for f in m["data_files"]}
+    for split in ("train", "dev"):
+        p = treebank_path("en_ewt", split).resolve()
+        assert files[str(p)] == sha256_file(p)
+    assert m["checkpoints"][0]["sha256"] and m["checkpoints"][0]["path"] == str(tiny_checkpoint.resolve())
+    ex = m["notes"]["extraction"]["tiny-bert|encoder"]
+    for split, n in (("train", 200), ("dev", 60)):
+        assert ex[split]["sentences"] == n
+        for key in ("windowed_sentences", "empty_sentences", "no_subword_words", "words_cut_by_window"):
+            assert key in ex[split]
+    assert m["notes"]["pairs"]["deprel"]["eval"]["root_arcs_left_out"] == 60
+    assert m["notes"]["random_init_twins"][0]["of"] == "tiny-bert"
+    # the printed summary: one line per layer
+    assert f"run {run_id}" in out and "UPOS acc" in out and "rand-init UPOS" in out
+    table = syntax.format_layer_table(rows)
+    assert len([l for l in table.splitlines() if l.strip()[:1].isdigit()]) == 3
+
+
+def test_long_sentences_are_windowed_and_counted(tmp_path, tokenizers):
+    from tests.conftest import tiny_bert
+    from workbench.models import ModelHandle
+
+    tok = tokenizers["bert"]
+    handle = ModelHandle(tiny_bert(tok, max_positions=24), tok, max_length=24)
+    run_id, rows = run_syntax_probes(
+        [handle], ["upos"], max_train_sentences=40, max_eval_sentences=30, baselines=("majority",), mdl_tasks=(),
+        scalar_mix_tasks=(), store=ResultsStore(tmp_path / "runs"), cache_dir=tmp_path / "cache", progress=False,
+        n_boot=50,
+    )  # fmt: skip
+    m = ResultsStore(tmp_path / "runs").manifest(run_id)
+    plan = syntax.plan_splits("en_ewt", "train", "dev", max_train_sentences=40, max_eval_sentences=30,
+                              early_stopping_fraction=0.1, holdout_fraction=0.2, seed=0)
+    (key,) = m["notes"]["extraction"]
+    for split, sents in (("train", plan.train), ("dev", plan.eval)):
+        n_tokens = [len(tok(" ".join(s.words), add_special_tokens=False)["input_ids"]) for s in sents]
+        expected = sum(n > handle.capacity for n in n_tokens)
+        assert expected > 0
+        assert m["notes"]["extraction"][key][split]["windowed_sentences"] == expected
+        assert m["notes"]["extraction"][key][split]["words"] == sum(len(s.words) for s in sents)  # none dropped
+    assert rows[rows["metric"] == "accuracy"]["n"].iloc[0] == sum(len(s.words) for s in plan.eval)
+
+
+def test_cli_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
+    missing = tmp_path / "no-such-checkpoint"
+    code = syntax_cli_main(["--checkpoint", str(missing), "--runs-root", str(tmp_path / "runs"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and str(missing) in err and "does not exist" in err
+    assert syntax_cli_main(["--checkpoint", str(missing), "--tasks", "pos", "--runs-root", str(tmp_path / "runs")]) == 2
+    assert "unknown task" in capsys.readouterr().err
