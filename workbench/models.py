@@ -23,6 +23,17 @@ A word that yields no subword (e.g. a soft hyphen or zero-width space that the B
 deletes) gets the representation of the nearest preceding subword (the last piece of the
 previous word), or of the next subword when it opens the sentence, and is counted in
 `stats["no_subword_words"]`.
+
+Encoder-decoders: the "decoder" stack is a teacher-forced run over the same sentence (decoder
+input = decoder_start_token_id + the encoder input shifted right, see `_decoder_inputs`); a
+word's decoder state is read where its pieces are the decoder's input, so it has seen the
+sentence up to and including the word (as a causal LM's states have).
+
+Long sentences: sliding windows of `max_length` tokens, half a window apart by default; each word
+is read from the window where it is most central (causal stacks: where it has most left
+context). `stats` (a Counter, never reset by the handle) counts sentences, words,
+empty_sentences, windowed_sentences, windows, words_cut_by_window, no_subword_words and
+truncated_tokens (only `forward(..., truncate=True)` truncates).
 """
 
 from __future__ import annotations
@@ -458,6 +469,8 @@ class ModelHandle:
         No windowing here: a sentence longer than `max_length` raises ValueError, or with
         `truncate=True` is cut (the tokens cut are counted in `stats["truncated_tokens"]`).
         Use `word_states` for long text."""
+        if not len(sentences):
+            raise ValueError("forward needs at least one sentence")
         stacks = self._stacks(stack) if stack is not None else self.stacks
         self.model.eval()
         batch = self.tokenize_words(sentences)
