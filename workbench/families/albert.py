@@ -57,7 +57,7 @@ OBJECTIVE = {"objective": "ngram_mlm+sop", **MLM_DEFAULTS, "ngram": True, "ngram
 def sop_examples(corpus, max_len: int, rng):
     """Sentence-order pairs (label 1 = swapped) from every document with >= 2 sentences."""
 
-    def make_pair(d, sentences, g, max_tokens):
+    def make_pair(d, sentences, g, max_tokens, document):
         return sop_pair(sentences, max_tokens=max_tokens, generator=g)
 
     return sentence_pair_examples(corpus, max_len, rng, make_pair)
@@ -115,6 +115,10 @@ def build_model(model_config: dict, tokenizer) -> AlbertPretrainer:
     )
     return AlbertPretrainer(AlbertForPreTraining(config), term="mlm")
 
+
+def load_pretrainer(path) -> AlbertPretrainer:
+    """The training module back from a checkpoint folder (to evaluate it or train on)."""
+    return AlbertPretrainer(AlbertForPreTraining.from_pretrained(str(path)), term="mlm")
 
 FAMILY = FamilySpec(
     name="albert",

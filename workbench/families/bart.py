@@ -114,6 +114,10 @@ def build_model(model_config: dict, tokenizer) -> PretrainingWrapper:
     return PretrainingWrapper(BartForConditionalGeneration(config), term="denoise")
 
 
+def load_pretrainer(path) -> PretrainingWrapper:
+    """The training module back from a checkpoint folder (to evaluate it or train on)."""
+    return PretrainingWrapper(BartForConditionalGeneration.from_pretrained(str(path)), term="denoise")
+
 FAMILY = FamilySpec(
     name="bart",
     tokenizer_kind="bytelevel_bpe",

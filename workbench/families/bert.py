@@ -25,7 +25,10 @@ collator (dynamic or static, above).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -33,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertForPreTraining
 
+from workbench.errors import CheckpointError
 from workbench.families.base import (
     FamilySpec,
     PretrainingOutput,
@@ -173,17 +177,28 @@ def apply_mlm(
 # ---- sentence-pair examples (NSP here; SOP in albert.py) ----------------------------------------
 
 
+def document_sentences(corpus, d: int) -> list[np.ndarray]:
+    """The non-empty sentences of document `d` of a `TokenizedCorpus` as int64 arrays: one read of
+    the memory map split into views (one `TokenizedCorpus.sentence` call per sentence dominated
+    example building for long documents). The pair builders drop empty sentences anyway."""
+    first, end = int(corpus.document_offsets[d]), int(corpus.document_offsets[d + 1])
+    offsets = np.asarray(corpus.sentence_offsets[first : end + 1], dtype=np.int64)
+    ids = np.asarray(corpus.ids[offsets[0] : offsets[-1]], dtype=np.int64)
+    return [s for s in np.split(ids, offsets[1:-1] - offsets[0]) if len(s)]
+
+
 def _pair_generator(doc: int, k: int) -> torch.Generator:
     return torch.Generator().manual_seed(PAIR_SEED * 1_000_003 + doc * 1009 + k)
 
 
 def sentence_pair_examples(corpus, max_len: int, rng: np.random.Generator, make_pair) -> Iterator[dict]:
     """Fixed sentence-pair instances of every document with >= 2 non-empty sentences, in an order
-    drawn from `rng`. `make_pair(doc_index, sentences, generator, max_tokens) -> (a, b, label)`.
+    drawn from `rng`. `make_pair(doc_index, sentences, generator, max_tokens, document) -> (a, b, label)`.
 
     A document of n tokens gives max(1, round(n / (max_len - 3))) instances (BERT sweeps each
     document into instances of about max_len tokens); each instance is drawn from a generator
-    seeded by (document, instance index), so the set is the same every epoch.
+    seeded by (document, instance index), so the set is the same every epoch. `make_pair` also
+    gets `document(j)`, a cached `document_sentences` reader for other documents.
     """
     max_tokens = max_len - 3  # [CLS] a [SEP] b [SEP]
     if max_tokens < 2:
@@ -196,9 +211,10 @@ def sentence_pair_examples(corpus, max_len: int, rng: np.random.Generator, make_
         sl = lengths[doc_off[d] : doc_off[d + 1]]
         if int((sl > 0).sum()) >= 2:
             jobs.extend((d, k) for k in range(max(1, int(round(sl.sum() / max_tokens)))))
+    document = functools.lru_cache(maxsize=64)(lambda d: document_sentences(corpus, d))
     for j in rng.permutation(len(jobs)):
         d, k = jobs[int(j)]
-        a, b, label = make_pair(d, corpus.document(d), _pair_generator(d, k), max_tokens)
+        a, b, label = make_pair(d, document(d), _pair_generator(d, k), max_tokens, document)
         yield {"a": a, "b": b, "label": int(label)}
 
 
@@ -209,12 +225,12 @@ def nsp_examples(corpus, max_len: int, rng: np.random.Generator) -> Iterator[dic
     if len(nonempty) < 2:
         raise ValueError("next-sentence prediction needs a corpus of at least two non-empty documents")
 
-    def make_pair(d, sentences, g, max_tokens):
+    def make_pair(d, sentences, g, max_tokens, document):
         def other(gen):
             while True:
                 j = int(nonempty[int(torch.randint(len(nonempty), (1,), generator=gen))])
                 if j != d:
-                    return corpus.document(j)
+                    return document(j)
 
         return nsp_pair(sentences, other, max_tokens=max_tokens, generator=g)
 
@@ -282,6 +298,21 @@ def bert_config(model_config: dict, tokenizer, **extra) -> BertConfig:
 def build_model(model_config: dict, tokenizer) -> BertPretrainer:
     return BertPretrainer(BertForPreTraining(bert_config(model_config, tokenizer)))
 
+
+def checkpoint_model_config(path) -> dict:
+    """The `model_config` recorded in a checkpoint's `manifest.json` ({} without a manifest)."""
+    manifest = Path(path) / "manifest.json"
+    if not manifest.is_file():
+        return {}
+    try:
+        return dict(json.loads(manifest.read_text(encoding="utf-8")).get("model_config") or {})
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{manifest}: unreadable manifest ({exc})") from exc
+
+
+def load_pretrainer(path) -> BertPretrainer:
+    """The training module back from a checkpoint folder (to evaluate it or train on)."""
+    return BertPretrainer(BertForPreTraining.from_pretrained(str(path)))
 
 FAMILY = FamilySpec(
     name="bert",

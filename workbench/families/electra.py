@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
 
 from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences
-from workbench.families.bert import SPECIAL_TOKENS, apply_mlm, mlm_options
+from workbench.families.bert import SPECIAL_TOKENS, apply_mlm, mlm_options, checkpoint_model_config
 from workbench.objectives.electra import replaced_token_detection
 from workbench.objectives.mlm import IGNORE_INDEX
 
@@ -138,6 +138,10 @@ def build_model(model_config: dict, tokenizer) -> ElectraPretrainer:
     gen_config = ElectraConfig(**common, **{**cfg, **gen_cfg, "embedding_size": disc_config.embedding_size})
     return ElectraPretrainer(ElectraForPreTraining(disc_config), ElectraForMaskedLM(gen_config), rtd_weight)
 
+
+def load_pretrainer(path) -> ElectraPretrainer:
+    """Generator + discriminator back from a checkpoint folder, lambda from its manifest if any."""
+    return ElectraPretrainer.from_pretrained(path, float(checkpoint_model_config(path).get("rtd_weight", RTD_WEIGHT)))
 
 FAMILY = FamilySpec(
     name="electra",

@@ -58,6 +58,10 @@ def build_model(model_config: dict, tokenizer) -> RobertaPretrainer:
     return RobertaPretrainer(RobertaForMaskedLM(config), term="mlm")
 
 
+def load_pretrainer(path) -> RobertaPretrainer:
+    """The training module back from a checkpoint folder (to evaluate it or train on)."""
+    return RobertaPretrainer(RobertaForMaskedLM.from_pretrained(str(path)), term="mlm")
+
 FAMILY = FamilySpec(
     name="roberta",
     tokenizer_kind="bytelevel_bpe",

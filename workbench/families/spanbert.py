@@ -29,7 +29,7 @@ from transformers import BertForMaskedLM
 
 from workbench.errors import CheckpointError
 from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences, special_tokens_mask
-from workbench.families.bert import BERT_SHAPES, SPECIAL_TOKENS, bert_config, candidate_ids, masked_lm_loss, word_ids
+from workbench.families.bert import BERT_SHAPES, SPECIAL_TOKENS, bert_config, candidate_ids, masked_lm_loss, word_ids, checkpoint_model_config
 from workbench.objectives.spans import span_mask
 
 SBO_DIR = "sbo_head"
@@ -142,6 +142,12 @@ def build_model(model_config: dict, tokenizer) -> SpanBertPretrainer:
     sbo = SpanBoundaryHead(config.hidden_size, config.vocab_size, max_span_positions, config.layer_norm_eps)
     return SpanBertPretrainer(BertForMaskedLM(config), sbo, sbo_weight)
 
+
+def load_pretrainer(path) -> SpanBertPretrainer:
+    """Encoder + SBO head back from a checkpoint folder; the SBO weight from its manifest if any."""
+    model = SpanBertPretrainer.from_pretrained(path)
+    model.sbo_weight = float(checkpoint_model_config(path).get("sbo_weight", 1.0))
+    return model
 
 FAMILY = FamilySpec(
     name="spanbert",

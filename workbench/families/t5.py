@@ -99,6 +99,10 @@ def build_model(model_config: dict, tokenizer) -> PretrainingWrapper:
     return PretrainingWrapper(T5ForConditionalGeneration(config), term="span_corruption")
 
 
+def load_pretrainer(path) -> PretrainingWrapper:
+    """The training module back from a checkpoint folder (to evaluate it or train on)."""
+    return PretrainingWrapper(T5ForConditionalGeneration.from_pretrained(str(path)), term="span_corruption")
+
 FAMILY = FamilySpec(
     name="t5",
     tokenizer_kind="unigram",
