@@ -291,8 +291,10 @@ class ElmoModel(ElmoPreTrainedModel):
         self.token_encoder.char_ids_filled.fill_(True)
 
     def get_input_embeddings(self):
-        enc = self.token_encoder
-        return enc.embeddings if isinstance(enc, TokenEmbeddingEncoder) else enc.char_embeddings
+        if isinstance(self.token_encoder, TokenEmbeddingEncoder):
+            return self.token_encoder.embeddings
+        # The char CNN has no [vocab, dim] matrix to resize or tie; its vocabulary is `char_ids`.
+        raise NotImplementedError("ELMo's character CNN has no token embedding matrix (see token_encoder.char_ids)")
 
     def scalar_mix(self) -> ScalarMix:
         """A fresh task-specific scalar mix over this model's L+1 layers."""
