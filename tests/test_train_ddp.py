@@ -5,8 +5,10 @@ Tolerance: |Δloss| / loss < 1e-5 per step and |Δw| < 1e-4. With dropout off bo
 same mathematical quantity (the global batch's mean loss: every packed block has the same number
 of tokens, so averaging the two ranks' means equals the single process's mean); they differ only
 in the order of float32 additions (per-rank means, the gloo all-reduce of gradients), i.e. a few
-ulps (~1e-7 relative) per operation, which Adam can amplify a little in the first steps. Measured:
-about 1e-7 relative per step over 12 steps.
+ulps (~1e-7 relative) per operation. Adam divides by sqrt(v), so for rarely seen embedding rows
+(gradients near zero) such ulp differences move the update by a visible fraction; over 12 steps
+at lr 3e-3 (updates up to ~0.04 per weight) that stays far below 1e-4. Measured: 1.2e-7
+relative loss difference per step at most, 2.8e-5 largest weight difference.
 """
 
 from __future__ import annotations

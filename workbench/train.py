@@ -516,7 +516,9 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     log_path = out / "log.jsonl"
     if d.main:
         out.mkdir(parents=True, exist_ok=True)
-        _repair_log(log_path, start_step)
+        # Lines up to the resumed checkpoint stay (each step is logged before its checkpoint is
+        # written); a fresh start (nothing resumable) starts a fresh log.
+        _repair_log(log_path, start_step if resume_from is not None else -1)
         for stale in out.glob(f".{STEP_PREFIX}*.tmp"):  # half-written checkpoints of a killed run
             shutil.rmtree(stale, ignore_errors=True)
     log_file = open(log_path, "a", encoding="utf-8") if d.main else None
