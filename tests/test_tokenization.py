@@ -3,13 +3,16 @@ post-processors, the on-disk caches, and the memory-mapped TokenizedCorpus."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
+import torch
 
 from workbench.data.corpus import build_corpus
 from workbench.data_cache import TokenizedCorpus
 from workbench.families.base import FamilySpec, add_special_tokens, contiguous_blocks, special_tokens_mask, t5_sentinels
-from workbench.tokenization import train_tokenizer
+from workbench.tokenization import tokenizer_hash, train_tokenizer
 
 WORDS = ["Fellow", "citizens", "of", "the", "Senate", "preserve", "protect"]
 
@@ -59,7 +62,7 @@ def test_each_kind_adds_its_family_specials_to_split_words(corpus, tokdir, spec,
     assert add_special_tokens(tok, raw) == tok("the people")["input_ids"]
     ids, types = add_special_tokens(tok, raw, raw, return_type_ids=True)
     assert ids == tok("the people", "the people")["input_ids"]
-    mask = special_tokens_mask(__import__("torch").tensor(ids), tok)
+    mask = special_tokens_mask(torch.tensor(ids), tok)
     assert int(mask.sum()) == tok.num_special_tokens_to_add(pair=True)
     # Text round trip (word-level splits punctuation off, so compare words).
     assert tok.decode(tok("the Senate")["input_ids"], skip_special_tokens=True).split() == ["the", "Senate"]
@@ -78,8 +81,6 @@ def test_bert_pairs_get_segment_ids_and_t5_has_sentinels(corpus, tokdir):
 
 def test_tokenizer_sees_train_split_only(corpus, tmp_path):
     """A word-level vocabulary large enough for every train word contains no held-out-only word."""
-    import re
-
     tok = train_tokenizer(ELMO, corpus, 60_000, cache_dir=tmp_path, show_progress=False)
     pre = tok.backend_tokenizer.pre_tokenizer
 
@@ -93,7 +94,7 @@ def test_tokenizer_sees_train_split_only(corpus, tmp_path):
     vocab = tok.get_vocab()
     assert train <= set(vocab)
     assert not (held_only & set(vocab)), sorted(held_only & set(vocab))[:10]
-    assert re.fullmatch(r"[0-9a-f]{64}", __import__("workbench.tokenization", fromlist=["x"]).tokenizer_hash(tok))
+    assert re.fullmatch(r"[0-9a-f]{64}", tokenizer_hash(tok))
 
 
 def test_tokenizer_cache_is_reused_and_keyed_by_settings(corpus, tmp_path):

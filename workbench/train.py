@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
@@ -46,6 +45,7 @@ from typing import Iterator
 import numpy as np
 import torch
 import torch.distributed as dist
+import transformers
 from tqdm.auto import tqdm
 
 from workbench.config import TrainConfig, load_config
@@ -506,7 +506,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
         "total_steps": total,
         "world_size": d.world,
         "config": cfg.to_dict(),
-        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
 
     train_model = model
