@@ -14,8 +14,10 @@ import pytest
 import torch
 import transformers
 
+from workbench.errors import ConfigError
 from workbench.families import get_family
 from workbench.families.bert import word_ids, word_start_table
+from workbench.families.roberta import full_sentence_blocks
 from workbench.models import ModelHandle
 from workbench.objectives.mlm import IGNORE_INDEX
 from workbench.objectives.seq2seq import t5_reconstruct
@@ -237,17 +239,40 @@ def test_bert_whole_word_masking_masks_every_piece_of_a_word(data):
 # ---- RoBERTa: full-sentences packing ---------------------------------------------------------------
 
 
-def test_roberta_blocks_are_full_and_cross_documents(data):
+def test_roberta_full_sentences_blocks_cross_documents(data):
     d = data("roberta")
-    tok = d.tokenizer
+    tok, corpus = d.tokenizer, d.train
+    budget = MAX_LEN - 2
+    blocks = full_sentence_blocks(corpus, budget)
+    stream = corpus.stream_with_separators()
+    sep = tok.sep_token_id
+    # sentence starts/ends in stream positions (document d is shifted by its d separators)
+    doc_of = np.repeat(np.arange(corpus.num_documents), np.diff(corpus.document_offsets))
+    starts = np.asarray(corpus.sentence_offsets[:-1]) + doc_of
+    ends = np.asarray(corpus.sentence_offsets[1:]) + doc_of
+    lengths = ends - starts
+    # where a block may begin/end: sentence edges, after a separator, or a cut of an overlong sentence
+    ok_start = set(starts.tolist())
+    ok_end = set(ends.tolist()) | set((ends + 1).tolist())
+    for a, n in zip(starts[lengths > budget], lengths[lengths > budget]):
+        ok_start.update(range(int(a), int(a + n), budget))
+        ok_end.update(range(int(a) + budget, int(a + n), budget))
+    assert all(0 < b - a <= budget for a, b in blocks)
+    assert all(a in ok_start and b in ok_end for a, b in blocks)
+    assert all(stream[a] != sep for a, _ in blocks)  # never begins with a separator
+    # contiguous cover of the stream: only separators that did not fit a block are skipped
+    covered = sum(b - a for a, b in blocks)
+    assert covered <= len(stream) and len(stream) - covered <= corpus.num_documents
+    assert sum(sep in stream[a:b - 1] for a, b in blocks) >= 5  # blocks run across documents
+    assert covered / len(blocks) > 0.75 * budget  # nearly full
     examples = examples_of("roberta", d)
-    assert {len(ex) for ex in examples} == {MAX_LEN - 2}
-    assert sum(tok.sep_token_id in ex for ex in examples) >= 10  # document boundaries inside blocks
+    assert sorted(map(len, examples)) == sorted(b - a for a, b in blocks)
     batch = collate("roberta", d, examples[:64])
-    assert batch["attention_mask"].all()  # no padding at all
-    assert (batch["input_ids"][:, 0] == tok.bos_token_id).all() and (batch["input_ids"][:, -1] == tok.eos_token_id).all()
-    rate = (batch["labels"] != IGNORE_INDEX).sum() / (64 * (MAX_LEN - 2) - sum(ex.count(tok.sep_token_id) for ex in examples[:64]))
-    assert 0.14 < rate < 0.16
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    assert (ids[:, 0] == tok.bos_token_id).all()
+    assert (ids[torch.arange(64), mask.sum(1) - 1] == tok.eos_token_id).all()
+    n_real = sum(len(ex) - ex.count(sep) for ex in examples[:64])
+    assert 0.14 < (batch["labels"] != IGNORE_INDEX).sum() / n_real < 0.16
     # dynamic: a new mask for the same blocks at another step
     assert not torch.equal(batch["labels"], collate("roberta", d, examples[:64], seed=1)["labels"])
 
@@ -446,3 +471,10 @@ def test_bart_noise_keeps_sentences_and_decodes_to_the_original(data):
         assert sorted(inp.tolist()) == sorted(target.tolist())  # the same tokens ...
         permuted += not torch.equal(inp, target)  # ... in another sentence order
     assert permuted >= 12  # at least half of the orders differ (1/2 for two sentences, 5/6 for three)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_unknown_objective_setting_is_a_config_error(name):
+    family = get_family(name)
+    with pytest.raises(ConfigError, match=f"'mask_rate'.*family {name}"):
+        family.make_collator({**family.objective, "mask_rate": 0.2, "max_len": MAX_LEN}, None)

@@ -25,6 +25,7 @@ from transformers import AlbertConfig, AlbertForPreTraining
 
 from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, special_tokens_mask
 from workbench.families.bert import (
+    objective_options,
     MLM_DEFAULTS,
     apply_mlm,
     candidate_ids,
@@ -64,7 +65,7 @@ def sop_examples(corpus, max_len: int, rng):
 
 
 def make_collator(objective: dict, tokenizer):
-    opts = mlm_options({**OBJECTIVE, **objective})
+    opts = mlm_options(objective_options("albert", OBJECTIVE, objective))
 
     def collate(examples: list[dict], generator: torch.Generator) -> dict[str, torch.Tensor]:
         batch = collate_pairs(examples, tokenizer)

@@ -21,6 +21,7 @@ import torch
 from transformers import BartConfig, BartForConditionalGeneration
 
 from workbench.families.base import FamilySpec, PretrainingWrapper, add_special_tokens, pad_sequences
+from workbench.families.bert import objective_options
 from workbench.objectives.mlm import IGNORE_INDEX
 from workbench.objectives.seq2seq import bart_noise
 
@@ -82,7 +83,7 @@ def make_examples(corpus, max_len: int, rng: np.random.Generator) -> Iterator[li
 
 
 def make_collator(objective: dict, tokenizer):
-    opts = {**OBJECTIVE, **objective}
+    opts = objective_options("bart", OBJECTIVE, objective)
 
     def collate(examples: list[list[list[int]]], generator: torch.Generator) -> dict[str, torch.Tensor]:
         inputs, targets = [], []

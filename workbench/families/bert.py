@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertForPreTraining
 
-from workbench.errors import CheckpointError
+from workbench.errors import CheckpointError, ConfigError
 from workbench.families.base import (
     FamilySpec,
     PretrainingOutput,
@@ -131,7 +131,17 @@ def content_seed(ids: torch.Tensor, salt: int = 0) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
 
 
+def objective_options(family: str, defaults: dict, objective: dict) -> dict:
+    """`defaults` with `objective` on top; a key the family does not know is a ConfigError (a typo
+    such as `mask_rate` must not silently train with the default)."""
+    unknown = sorted(set(objective) - set(defaults) - {"objective", "max_len"})
+    if unknown:
+        raise ConfigError(f"objective: unknown setting(s) {unknown} for family {family} (known: {sorted(defaults)})")
+    return {**defaults, **objective}
+
+
 def mlm_options(objective: dict) -> dict:
+    """Masked-LM settings (MLM_DEFAULTS under `objective`), checked."""
     opts = {**MLM_DEFAULTS, **objective}
     if opts["masking"] not in ("dynamic", "static"):
         raise ValueError(f"objective.masking must be 'dynamic' or 'static', got {opts['masking']!r}")
@@ -247,7 +257,7 @@ def collate_pairs(examples: list[dict], tokenizer) -> dict[str, torch.Tensor]:
 
 
 def make_collator(objective: dict, tokenizer):
-    opts = mlm_options({**BERT_DEFAULTS, **objective})
+    opts = mlm_options(objective_options("bert", BERT_DEFAULTS, objective))
 
     def collate(examples: list[dict], generator: torch.Generator) -> dict[str, torch.Tensor]:
         batch = collate_pairs(examples, tokenizer)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
 
 from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences
-from workbench.families.bert import SPECIAL_TOKENS, apply_mlm, mlm_options, checkpoint_model_config
+from workbench.families.bert import SPECIAL_TOKENS, apply_mlm, checkpoint_model_config, mlm_options, objective_options
 from workbench.objectives.electra import replaced_token_detection
 from workbench.objectives.mlm import IGNORE_INDEX
 
@@ -58,7 +58,7 @@ OBJECTIVE = {"objective": "mlm_gen+rtd", "mlm_rate": 0.15, "mask_prob": 0.85, "r
 
 
 def make_collator(objective: dict, tokenizer):
-    opts = mlm_options({**OBJECTIVE, **objective})
+    opts = mlm_options(objective_options("electra", OBJECTIVE, objective))
 
     def collate(examples: list[list[int]], generator: torch.Generator) -> dict[str, torch.Tensor]:
         ids, mask = pad_sequences([add_special_tokens(tokenizer, ex) for ex in examples], tokenizer.pad_token_id)

@@ -1,21 +1,28 @@
 """RoBERTa: BERT's encoder trained with dynamic masking, no NSP and FULL-SENTENCES packing over
 byte-level BPE (Liu et al. 2019).
 
-Examples are the base `contiguous_blocks`: the token stream cut into blocks of `max_len - 2`
-ids that run across sentence and document boundaries, documents separated by `</s>` (the paper's
-FULL-SENTENCES input format); the collator wraps each block as `<s> block </s>` and masks 15% of
-it with 80/10/10, a new mask every time the block is seen. The special tokens follow fairseq's
-dictionary order (`<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3), so position ids start at 2 as in the
-released checkpoints and `max_position_embeddings` is `max_len + 2`.
+- FULL-SENTENCES (`full_sentences`): each input is packed with whole sentences taken contiguously
+  from one or more documents up to `max_len - 2` tokens; a block runs on across a document
+  boundary, marked by the separator `</s>`. A sentence longer than a block on its own is cut into
+  block-sized pieces (the paper does not say; fairseq's `complete` break mode does the same). The
+  blocks are the same every epoch (as fairseq builds them once), in an order drawn per epoch.
+- The collator wraps each block as `<s> block </s>` and masks 15% of it with 80/10/10, a new mask
+  every time the block is seen (dynamic masking).
+- The special tokens follow fairseq's dictionary order (`<s>`=0, `<pad>`=1, `</s>`=2,
+  `<unk>`=3), so position ids start at 2 as in the released checkpoints and
+  `max_position_embeddings` is `max_len + 2`.
 """
 
 from __future__ import annotations
 
+from typing import Iterator
+
+import numpy as np
 import torch
 from transformers import RobertaConfig, RobertaForMaskedLM
 
 from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences
-from workbench.families.bert import BERT_SHAPES, apply_mlm, masked_lm_loss, mlm_options
+from workbench.families.bert import BERT_SHAPES, apply_mlm, masked_lm_loss, mlm_options, objective_options
 
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
@@ -26,8 +33,52 @@ OBJECTIVE = {"objective": "mlm", "mlm_rate": 0.15, "mask_prob": 0.8, "random_pro
              "masking": "dynamic", "dupe_factor": 1}
 
 
+def full_sentence_blocks(corpus, budget: int) -> list[tuple[int, int]]:
+    """(start, end) ranges of the FULL-SENTENCES blocks in `corpus.stream_with_separators()`."""
+    if budget < 1:
+        raise ValueError(f"blocks of {budget} tokens leave no room for text")
+    sent_off = np.asarray(corpus.sentence_offsets, dtype=np.int64)
+    doc_off = np.asarray(corpus.document_offsets, dtype=np.int64)
+    has_sep = corpus.separator_id >= 0
+    blocks: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for d in range(corpus.num_documents):
+        shift = d if has_sep else 0  # separators before document d in the stream
+        for s in range(int(doc_off[d]), int(doc_off[d + 1])):
+            p, n = int(sent_off[s]) + shift, int(sent_off[s + 1] - sent_off[s])
+            if n == 0:
+                continue
+            if size and size + n > budget:
+                blocks.append((start, start + size))
+                size = 0
+            while n > budget:  # an overlong sentence: block-sized pieces (size is 0 here)
+                blocks.append((p, p + budget))
+                p, n = p + budget, n - budget
+            if size == 0:
+                start = p
+            size += n
+        if has_sep and size:
+            if size + 1 <= budget:
+                size += 1  # the document separator
+            else:
+                blocks.append((start, start + size))
+                size = 0
+    if size:
+        blocks.append((start, start + size))
+    return blocks
+
+
+def full_sentences(corpus, max_len: int, rng: np.random.Generator) -> Iterator[list[int]]:
+    """FULL-SENTENCES examples (see module docstring), in an order drawn from `rng`."""
+    stream = corpus.stream_with_separators()
+    blocks = full_sentence_blocks(corpus, max_len - corpus.num_special)
+    for j in rng.permutation(len(blocks)):
+        a, b = blocks[int(j)]
+        yield stream[a:b].tolist()
+
+
 def make_collator(objective: dict, tokenizer):
-    opts = mlm_options({**OBJECTIVE, **objective})
+    opts = mlm_options(objective_options("roberta", OBJECTIVE, objective))
 
     def collate(examples: list[list[int]], generator: torch.Generator) -> dict[str, torch.Tensor]:
         ids, mask = pad_sequences([add_special_tokens(tokenizer, ex) for ex in examples], tokenizer.pad_token_id)
@@ -69,7 +120,8 @@ FAMILY = FamilySpec(
     presets=PRESETS,
     build_model=build_model,
     make_collator=make_collator,
-    packing="contiguous",
+    make_examples=full_sentences,
+    packing="sentences",
     objective=OBJECTIVE,
     auto_class="AutoModelForMaskedLM",
     description="RoBERTa: dynamic masked LM, no NSP, FULL-SENTENCES packing, byte-level BPE (Liu et al. 2019)",

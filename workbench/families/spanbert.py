@@ -28,8 +28,24 @@ from torch import nn
 from transformers import BertForMaskedLM
 
 from workbench.errors import CheckpointError
-from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences, special_tokens_mask
-from workbench.families.bert import BERT_SHAPES, SPECIAL_TOKENS, bert_config, candidate_ids, masked_lm_loss, word_ids, checkpoint_model_config
+from workbench.families.base import (
+    FamilySpec,
+    PretrainingOutput,
+    PretrainingWrapper,
+    add_special_tokens,
+    pad_sequences,
+    special_tokens_mask,
+)
+from workbench.families.bert import (
+    BERT_SHAPES,
+    SPECIAL_TOKENS,
+    bert_config,
+    candidate_ids,
+    checkpoint_model_config,
+    masked_lm_loss,
+    objective_options,
+    word_ids,
+)
 from workbench.objectives.spans import span_mask
 
 SBO_DIR = "sbo_head"
@@ -40,7 +56,7 @@ OBJECTIVE = {"objective": "span_mlm+sbo", "mlm_rate": 0.15, "geometric_p": 0.2, 
 
 
 def make_collator(objective: dict, tokenizer):
-    opts = {**OBJECTIVE, **objective}
+    opts = objective_options("spanbert", OBJECTIVE, objective)
 
     def collate(examples: list[list[int]], generator: torch.Generator) -> dict[str, torch.Tensor]:
         ids, mask = pad_sequences([add_special_tokens(tokenizer, ex) for ex in examples], tokenizer.pad_token_id)

@@ -18,6 +18,7 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
 from workbench.families.base import FamilySpec, PretrainingWrapper, contiguous_blocks, pad_sequences, t5_sentinels
+from workbench.families.bert import objective_options
 from workbench.objectives.mlm import IGNORE_INDEX
 from workbench.objectives.seq2seq import random_spans_noise_mask, t5_span_corruption
 
@@ -68,7 +69,7 @@ def sentinel_ids(tokenizer) -> list[int]:
 
 
 def make_collator(objective: dict, tokenizer):
-    opts = {**OBJECTIVE, **objective}
+    opts = objective_options("t5", OBJECTIVE, objective)
     sentinels = sentinel_ids(tokenizer)
     eos = tokenizer.eos_token_id
 
