@@ -2,8 +2,8 @@
 
 Also the home of the masked-LM machinery the other encoder families reuse (RoBERTa, SpanBERT,
 ALBERT, ELECTRA): which subwords start a word (for whole-word and span masking), the static /
-dynamic mask switch, and the `MaskedLMPretrainer` that computes the loss only at the predicted
-positions (the vocabulary projection of every token is most of a small model's compute).
+dynamic mask switch, and `masked_lm_loss`, which projects only the predicted positions onto the
+vocabulary (projecting every token is most of a small model's compute).
 
 Objective settings (`FAMILY.objective`, overridable in a config's `objective:` section):
 - `mlm_rate` 0.15, `mask_prob` 0.8, `random_prob` 0.1: BERT's 80/10/10; every chosen token is predicted.
@@ -13,7 +13,8 @@ Objective settings (`FAMILY.objective`, overridable in a config's `objective:` s
   hash) and a duplicate index in `[0, dupe_factor)` drawn per example, the way BERT's
   `create_pretraining_data.py` masked each of its `dupe_factor` copies once. With
   `dupe_factor` 1 a sequence gets the same mask in every epoch.
-- `nsp` (True): next-sentence prediction; False trains MLM only on the same sentence pairs.
+- `nsp` (True): next-sentence prediction; False trains MLM only on the same sentence pairs (the
+  pooler and NSP head then get no gradient, so DDP needs `find_unused_parameters`).
 
 Examples (`make_examples`): NSP pairs built with `workbench.objectives.nsp_pair` from every
 document with at least two sentences, about one pair per `max_len - 3` tokens of the document.
