@@ -62,8 +62,9 @@ def contiguous_blocks(corpus: "TokenizedCorpus", max_len: int, rng: np.random.Ge
     Documents are joined with the tokenizer's separator id (`corpus.separator_id`: [SEP] for BERT,
     </s> or <|endoftext|> for BPE models) and the stream is cut into blocks of
     `max_len - corpus.num_special` ids, so that the collator can add the family's special tokens
-    (e.g. [CLS] ... [SEP]) and still fit in `max_len`; nothing is padded (Liu et al. 2019,
-    RoBERTa's FULL-SENTENCES packing; Radford et al. 2019 for GPT-2). `rng` (seeded by the loop
+    (e.g. [CLS] ... [SEP]) and still fit in `max_len`; nothing is padded (GPT-2's contiguous
+    blocks, Radford et al. 2019). Blocks cut through sentences; RoBERTa's FULL-SENTENCES packing,
+    which keeps sentences whole, is `workbench.families.roberta.full_sentences`. `rng` (seeded by the loop
     from (seed, epoch)) picks a random start offset in the first block and the order of blocks,
     so each epoch sees different cuts. The last incomplete block is dropped.
     """
