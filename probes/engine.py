@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
@@ -49,9 +50,9 @@ class ProbeConfig:
     hidden: int = 256  # MLP hidden units
     dropout: float = 0.0  # MLP dropout on the hidden layer
     epochs: int = 10  # adam: epochs (more when needed to reach `min_steps`)
-    min_steps: int = 1000  # adam: at least this many updates (small data sets need many epochs)
-    batch_size: int = 512  # adam: words per minibatch
-    lr: float | None = None  # adam: peak learning rate, cosine-decayed to 0 (None: 1e-2 linear, 3e-3 MLP)
+    min_steps: int = 400  # adam: at least this many updates (small data sets need many epochs)
+    batch_size: int = 1024  # adam: words per minibatch
+    lr: float | None = None  # adam: peak learning rate, cosine-decayed to 0 (None: 2e-2 linear, 3e-3 MLP)
     max_iter: int = 1000  # lbfgs: maximum iterations
     tol: float = 1e-6  # lbfgs: stop when the largest gradient entry is below this
     early_stopping: bool = True  # keep each layer's parameters with the best dev score
@@ -82,7 +83,7 @@ def _resolve(cfg: ProbeConfig, n_train: int) -> ProbeConfig:
     """Pick the optimiser for "auto": L-BFGS reaches the exact optimum cheaply on small sets; on
     large ones a few epochs of minibatch Adam reach the same accuracy in far fewer passes."""
     if cfg.lr is None:
-        cfg = replace(cfg, lr=1e-2 if cfg.kind == "linear" else 3e-3)
+        cfg = replace(cfg, lr=2e-2 if cfg.kind == "linear" else 3e-3)
     if cfg.optimizer != "auto":
         return cfg
     small = cfg.kind == "linear" and n_train <= AUTO_LBFGS_MAX_WORDS
@@ -218,18 +219,16 @@ def _standardisation(x: torch.Tensor, enabled: bool) -> tuple[torch.Tensor, torc
     """Per-layer, per-dimension mean and std of `x` [L, N, H] (identity when disabled)."""
     if not enabled:
         return torch.zeros(x.shape[0], x.shape[2]), torch.ones(x.shape[0], x.shape[2])
-    mu = torch.zeros(x.shape[0], x.shape[2], dtype=torch.float64)
-    sq = torch.zeros_like(mu)
-    for start in range(0, x.shape[1], 65536):  # float64 sums in chunks: exact enough, no big temporaries
-        chunk = x[:, start : start + 65536].double()
-        mu += chunk.sum(1)
-        sq += chunk.pow(2).sum(1)
     n = max(x.shape[1], 1)
-    mu /= n
-    var = (sq / n - mu.pow(2)).clamp_min(0)
-    sd = var.sqrt()
+    # float32 sums (cascade summation) in chunks; var_mean along a strided axis is ~10x slower
+    mu = x.sum(1).double() / n
+    sq = torch.zeros_like(mu)
+    for chunk in x.split(2048, dim=1):
+        sq += chunk.square().sum(1)
+    sd = (sq / n - mu.square()).clamp_min(0).sqrt().float()
+    mu = mu.float()
     sd = torch.where(sd > 1e-6 * sd.max().clamp_min(1e-12), sd, torch.ones_like(sd))  # constant dims
-    return mu.float(), sd.float()
+    return mu, sd
 
 
 # --------------------------------------------------------------------------- training
@@ -349,7 +348,9 @@ def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Gene
             perm = torch.randperm(n, generator=gen).to(x.device)
             for s in range(0, n, cfg.batch_size):
                 idx = perm[s : s + cfg.batch_size]
-                total, _ = objective(x[:, idx], y[idx] if y.dim() == 1 else y[:, idx])
+                # index_select: ~3x faster than advanced indexing for this gather
+                yb = y.index_select(y.dim() - 1, idx)
+                total, _ = objective(x.index_select(1, idx), yb)
                 opt.zero_grad()
                 total.backward()
                 opt.step()
@@ -361,17 +362,9 @@ def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Gene
         bar.close()
     if tracker is not None:
         tracker.restore()
-    with torch.no_grad():
-        module.eval()
-        losses = []
-        for s in range(0, n, 8192):
-            yb = y[s : s + 8192] if y.dim() == 1 else y[:, s : s + 8192]
-            losses.append(_per_head_ce(module(x[:, s : s + 8192]), yb) * x[:, s : s + 8192].shape[1])
-        train_loss = (torch.stack(losses).sum(0) / max(n, 1)).cpu().numpy()
     return {
         "steps": steps,
         "best_step": (tracker.best_step.numpy() if tracker is not None else np.full(m, steps)),
-        "train_loss": train_loss,
     }
 
 
@@ -430,11 +423,16 @@ def _predict_logits(kind, weights, layers, x, device="cpu") -> np.ndarray:
 def _tensor(x, layers, device) -> torch.Tensor:
     """Selected layers of `x` ([L, N, H] numpy/memmap/tensor) as a float32 tensor [len(layers), N, H]."""
     layers = list(layers)
-    if isinstance(x, torch.Tensor):
-        return x[layers].to(device=device, dtype=torch.float32)
     if x.ndim != 3:
-        raise ConfigError(f"features must have shape [layers, words, hidden], got {x.shape}")
-    return torch.from_numpy(np.ascontiguousarray(x[layers], dtype=np.float32)).to(device)
+        raise ConfigError(f"features must have shape [layers, words, hidden], got {tuple(x.shape)}")
+    # a run of consecutive layers is a slice (a view, no copy, when x is already float32)
+    sel = slice(layers[0], layers[-1] + 1) if layers == list(range(layers[0], layers[-1] + 1)) else layers
+    if isinstance(x, torch.Tensor):
+        return x[sel].to(device=device, dtype=torch.float32)
+    arr = np.ascontiguousarray(x[sel], dtype=np.float32)
+    with warnings.catch_warnings():  # a read-only memmap view: we never write to it
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(arr).to(device)
 
 
 def _labels(y, n: int, num_classes: int | None, what: str) -> tuple[torch.Tensor, int]:
@@ -517,9 +515,9 @@ def _fit_group(x_train, y_tr, x_dev, y_dv, c, layers, cfg: ProbeConfig, stats=No
     module.to(dev)
     y_tr, y_dv = y_tr.to(dev), (y_dv.to(dev) if y_dv is not None else None)
     info = _train(module, x, y_tr, xd, y_dv, cfg, gen)
-    _, _, train_acc, _ = _evaluate(module, x, y_tr)
+    _, _, train_acc, train_loss = _evaluate(module, x, y_tr)
     out = {"weights": module.export(), "train_accuracy": train_acc.cpu().numpy(), "steps": info["steps"],
-           "train_loss": info["train_loss"], "best_step": info["best_step"], "module": module,
+           "train_loss": train_loss.cpu().numpy(), "best_step": info["best_step"], "module": module,
            "dev_accuracy": None, "dev_predictions": None, "config": cfg}  # fmt: skip
     if xd is not None:
         _, pred, acc, _ = _evaluate(module, xd, y_dv)
@@ -775,7 +773,7 @@ def fit_scalar_mix(
     (the mix makes the problem non-convex), early stopping per head on dev loss by default (accuracy
     saturates long before the mix weights settle).
     """
-    cfg = _config(config, overrides, defaults={"stop_on": "loss"})
+    cfg = _config(config, overrides, defaults={"stop_on": "loss", "batch_size": 512, "min_steps": 1000})
     cfg = replace(cfg, optimizer="adam", lr=cfg.lr or 1e-2)
     y_tr, c = _labels(y_train, x_train.shape[1], num_classes, "y_train")
     c = max(c, int(np.max(y_dev)) + 1) if num_classes is None and len(y_dev) else c

@@ -1,0 +1,210 @@
+"""All-layer activation extraction: speed against two baselines, and peak memory as the corpus grows.
+
+Model: a seeded random BERT (4 layers, hidden 256, WordPiece vocabulary trained on EWT train text)
+wrapped in the workbench's ModelHandle; data: EWT train sentences (words from the treebank).
+
+1. Speed, same sentences, figures in content tokens per second (subword tokens of the words, the
+   count of the bare loop's batches without special tokens and padding):
+   - ours: `workbench.activations.extract` (length-sorted batches, pooling to words, writing the
+     layer-major cache to disk, fresh cache folder each repetition);
+   - bare: `model(**batch, output_hidden_states=True)` over the same length-sorted batches,
+     tokenised beforehand and untimed, no pooling, nothing kept (the floor: target overhead <= 15%);
+   - naive: one sentence at a time, tokenise, forward, first-piece pooling with word_ids(), keep the
+     arrays (what a first script does; target: ours >= 10x faster). Timed on every k-th sentence.
+   Repetitions are interleaved and the best of each is kept (shared, noisy machines).
+2. Peak RSS: `extract` over two corpus sizes (default 50k and 200k+ words, all layers) in fresh
+   subprocesses; peak RSS from getrusage. Both sizes hold the same 64 longest sentences (the
+   forward pass' own peak depends on the longest batch), the rest is a seeded sample of EWT train. Flat = the larger corpus' peak stays within a few tens
+   of MB of the smaller one's while its cache is several hundred MB larger.
+
+Usage: python benchmarks/bench_extraction.py [--sentences 1500] [--threads 1] [--skip-rss]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def build_random_bert(layers: int = 4, hidden: int = 256, vocab: int = 8000, seed: int = 0):
+    """(ModelHandle, EWT train sentences as word lists): a seeded random BERT, tokenizer trained on EWT."""
+    from transformers import BertConfig, BertModel
+
+    from workbench.data.conllu import load_treebank
+    from workbench.models import ModelHandle
+    from workbench.tokenization import build_tokenizer
+
+    train = load_treebank("en_ewt", "train")
+    tok = build_tokenizer("wordpiece", SPECIALS, [s.text for s in train], vocab_size=vocab)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                     intermediate_size=4 * hidden, max_position_embeddings=256, pad_token_id=tok.pad_token_id)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = BertModel(cfg).eval()
+    return ModelHandle(model, tok), [s.words for s in train]
+
+
+def _bare_batches(handle, sentences, batch_size):
+    order = np.argsort([-len(s) for s in sentences], kind="stable")
+    batches, tokens = [], 0
+    for i in range(0, len(order), batch_size):
+        words = [sentences[j] for j in order[i : i + batch_size]]
+        enc = handle.tokenizer(words, is_split_into_words=True, padding=True, truncation=True,
+                               max_length=handle.max_length, return_tensors="pt")
+        tokens += int(enc["attention_mask"].sum()) - 2 * len(words)
+        batches.append(dict(enc))
+    return batches, tokens
+
+
+def run_bare(model, batches) -> float:
+    t = time.perf_counter()
+    with torch.inference_mode():
+        for b in batches:
+            model(**b, output_hidden_states=True)
+    return time.perf_counter() - t
+
+
+def run_naive(handle, sentences) -> tuple[float, int]:
+    tok, model = handle.tokenizer, handle.model
+    out, tokens = [], 0
+    t = time.perf_counter()
+    with torch.inference_mode():
+        for words in sentences:
+            enc = tok(words, is_split_into_words=True, truncation=True, max_length=handle.max_length, return_tensors="pt")
+            hs = model(**enc, output_hidden_states=True).hidden_states
+            first, seen = [], set()
+            for pos, w in enumerate(enc.word_ids()):
+                if w is not None and w not in seen:
+                    seen.add(w)
+                    first.append(pos)
+            out.append(torch.stack([h[0, first] for h in hs]).numpy())
+            tokens += int(enc["attention_mask"].sum()) - 2
+    return time.perf_counter() - t, tokens
+
+
+def run_ours(handle, sentences, batch_size) -> float:
+    from workbench.activations import extract
+
+    with tempfile.TemporaryDirectory() as d:
+        t = time.perf_counter()
+        extract(handle, sentences, "bench", batch_size=batch_size, cache_dir=d, progress=False)
+        return time.perf_counter() - t
+
+
+def speed(args) -> dict:
+    handle, train = build_random_bert()
+    sents = [s for s in train[: args.sentences] if s]
+    batches, tokens = _bare_batches(handle, sents, args.batch_size)
+    naive_sents = sents[:: args.naive_every]
+    run_bare(handle.model, batches[:2])  # warm-up (allocator, first-call costs) for everyone
+    run_naive(handle, naive_sents[:5])
+    run_ours(handle, sents[:64], args.batch_size)
+    best = {"ours": float("inf"), "bare": float("inf"), "naive": float("inf")}
+    naive_tokens = 0
+    for rep in range(args.repeats):
+        best["ours"] = min(best["ours"], run_ours(handle, sents, args.batch_size))
+        best["bare"] = min(best["bare"], run_bare(handle.model, batches))
+        t, naive_tokens = run_naive(handle, naive_sents)
+        best["naive"] = min(best["naive"], t)
+        print(f"  rep {rep}: ours {best['ours']:.2f}s bare {best['bare']:.2f}s naive {best['naive']:.2f}s", flush=True)
+    rates = {"ours": tokens / best["ours"], "bare": tokens / best["bare"], "naive": naive_tokens / best["naive"]}
+    return {
+        "sentences": len(sents), "words": sum(map(len, sents)), "content_tokens": tokens,
+        "naive_sentences": len(naive_sents), "tokens_per_s": rates,
+        "overhead_vs_bare": best["ours"] / best["bare"] - 1, "speedup_vs_naive": rates["ours"] / rates["naive"],
+    }  # fmt: skip
+
+
+def rss_child(n_words: int, threads: int) -> None:
+    """Subprocess body: extract the first sentences holding >= n_words words; print peak RSS as JSON."""
+    torch.set_num_threads(threads)
+    from workbench.activations import extract
+
+    handle, train = build_random_bert()
+    # Same longest sentences in every size (the first batches, which set the forward pass' own
+    # peak, are identical), the rest a seeded sample: only the corpus size differs.
+    by_len = sorted(range(len(train)), key=lambda i: -len(train[i]))
+    rest = by_len[64:]
+    np.random.default_rng(0).shuffle(rest)
+    take, total = [], 0
+    for i in by_len[:64] + rest:
+        if total >= n_words:
+            break
+        take.append(train[i])
+        total += len(train[i])
+    kb = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # noqa: E731  (KiB on Linux)
+    before = kb()
+    with tempfile.TemporaryDirectory() as d:
+        t = time.perf_counter()
+        acts = extract(handle, take, f"rss-{n_words}", batch_size=32, cache_dir=d, progress=False)
+        secs = time.perf_counter() - t
+        cache_mb = acts.layers.nbytes / 2**20
+    print(json.dumps({"words": total, "sentences": len(take), "peak_rss_mb": kb() / 1024,
+                      "peak_before_extract_mb": before / 1024, "cache_mb": cache_mb, "seconds": secs}))
+
+
+def rss(args) -> list[dict]:
+    out = []
+    for n in args.rss_words:
+        proc = subprocess.run([sys.executable, __file__, "--rss-child", str(n), "--threads", str(args.threads)],
+                              capture_output=True, text=True, check=True)
+        out.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"  {out[-1]}", flush=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sentences", type=int, default=1500)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--naive-every", type=int, default=5, help="time the naive loop on every k-th sentence")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads for every method (shared 2-core machines: 1)")
+    p.add_argument("--rss-words", type=int, nargs=2, default=[50_000, 204_000])
+    p.add_argument("--skip-rss", action="store_true")
+    p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.rss_child:
+        rss_child(args.rss_child, args.threads)
+        return
+    report: dict = {"threads": args.threads, "torch": torch.__version__}
+    if not args.skip_speed:
+        print("speed (4-layer, hidden-256 random BERT, EWT train):", flush=True)
+        s = speed(args)
+        report["speed"] = s
+        r = s["tokens_per_s"]
+        print(f"ours  {r['ours']:9.0f} tokens/s  (extract: pooling + cache on disk)")
+        print(f"bare  {r['bare']:9.0f} tokens/s  (model(**batch, output_hidden_states=True), same batches)")
+        print(f"naive {r['naive']:9.0f} tokens/s  (one sentence at a time)")
+        print(f"overhead vs bare: {100 * s['overhead_vs_bare']:+.1f}%  (target <= +15%)")
+        print(f"speed-up vs naive: {s['speedup_vs_naive']:.1f}x  (target >= 10x)")
+    if not args.skip_rss:
+        print("peak RSS (fresh subprocess per corpus size):", flush=True)
+        r = rss(args)
+        report["rss"] = r
+        small, big = r
+        print(f"{small['words']:>7} words: peak {small['peak_rss_mb']:.0f} MB, cache {small['cache_mb']:.0f} MB")
+        print(f"{big['words']:>7} words: peak {big['peak_rss_mb']:.0f} MB, cache {big['cache_mb']:.0f} MB")
+        print(f"peak growth {big['peak_rss_mb'] - small['peak_rss_mb']:+.0f} MB for "
+              f"{big['cache_mb'] - small['cache_mb']:+.0f} MB more activations")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
