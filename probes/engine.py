@@ -271,16 +271,16 @@ class _BestTracker:
     def __init__(self, module: nn.Module, m: int, patience: int):
         self.module = module
         self.best = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        self.best_acc = torch.full((m,), -1.0)
+        self.best_score = torch.full((m,), -float("inf"))
         self.best_step = torch.zeros(m, dtype=torch.long)
         self.since = torch.zeros(m, dtype=torch.long)
         self.patience = patience
 
-    def update(self, acc: torch.Tensor, step: int) -> bool:
+    def update(self, score: torch.Tensor, step: int) -> bool:
         """Record a dev check; True when every head has waited `patience` checks without improving."""
-        acc = acc.float().cpu()
-        better = acc > self.best_acc + 1e-9
-        self.best_acc = torch.where(better, acc, self.best_acc)
+        score = score.float().cpu()
+        better = score > self.best_score + 1e-9
+        self.best_score = torch.where(better, score, self.best_score)
         self.best_step = torch.where(better, torch.full_like(self.best_step, step), self.best_step)
         self.since = torch.where(better, torch.zeros_like(self.since), self.since + 1)
         for k, v in self.module.state_dict().items():
@@ -327,7 +327,7 @@ def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Gene
         bar = tqdm(total=cfg.max_iter, desc="probe (lbfgs)", disable=not cfg.progress, leave=False)
         while steps < cfg.max_iter:
             opt.step(closure)
-            done = opt.state[opt._params[0]]["n_iter"]
+            done = opt.state[opt.param_groups[0]["params"][0]]["n_iter"]
             converged = done - steps < cfg.eval_every
             bar.update(done - steps)
             steps = done
@@ -577,7 +577,7 @@ def random_init_twin(handle, seed: int = 0):
         torch.manual_seed(seed)
         twin = type(model)(config)
     twin.to(devices[0]).eval()
-    return ModelHandle(twin, handle.tokenizer, path=None)
+    return ModelHandle(twin, handle.tokenizer, path=None, family=handle.family, max_length=handle.max_length)
 
 
 # --------------------------------------------------------------------------- bootstrap

@@ -328,6 +328,10 @@ def test_random_init_twin_of_a_real_handle():
     assert type(twin.model) is type(handle.model) and twin.tokenizer is handle.tokenizer
     assert twin.model.config.to_dict() == handle.model.config.to_dict()
     assert twin.num_layers == handle.num_layers and twin.hidden_size == handle.hidden_size
+    assert twin.family == handle.family and twin.max_length == handle.max_length
+    for name, p in twin.model.named_parameters():  # the class's own initialiser ran (not empty memory)
+        ref = dict(handle.model.named_parameters())[name]
+        assert torch.isfinite(p).all() and abs(float(p.detach().std()) - float(ref.detach().std())) < 0.01, name
     assert twin.checkpoint_hash != handle.checkpoint_hash  # fresh weights -> its own activation cache
     assert random_init_twin(handle, seed=1).checkpoint_hash == twin.checkpoint_hash  # seeded
     assert random_init_twin(handle, seed=2).checkpoint_hash != twin.checkpoint_hash
