@@ -250,7 +250,7 @@ def extract(
                     block = np.ascontiguousarray(arr, dtype=dtype)
                     start = data_offset + int(offsets[si]) * hidden * itemsize
                     for layer in range(n_layers):
-                        _pwrite_all(fd, block[layer].tobytes(), start + layer * layer_stride)
+                        _pwrite_all(fd, memoryview(block[layer]).cast("B"), start + layer * layer_stride)
                 if n_got != len(chunk):
                     raise CheckpointError(
                         f"{getattr(handle, 'path', None) or 'model handle'}: word_states yielded {n_got} arrays "
@@ -259,6 +259,8 @@ def extract(
                 for k, v in (Counter(handle.stats) - before).items():
                     stats[k] = stats.get(k, 0) + int(v)
                 bar.update(int(lengths[chunk].sum()))
+                if ci % 8 == 7:
+                    _trim_heap()
                 if time.monotonic() - last_save >= checkpoint_every_s and ci + 1 < len(chunks):
                     os.fsync(fd)  # data first, then the record that says it is there
                     atomic_write_json(partial / _PROGRESS_FILE, {"plan": plan, "chunks_done": ci + 1, "stats": stats})
@@ -305,8 +307,28 @@ def _npy_data_offset(path: Path) -> int:
     return offset
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
+def _load_malloc_trim():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def _trim_heap() -> None:
+    """Give freed heap memory back to the OS (glibc). Batches of varying size otherwise leave
+    the heap fragmented once glibc's dynamic mmap threshold has risen, and RSS creeps upward."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """Write all of a contiguous buffer at `offset` (no intermediate bytes copy)."""
+    view = data
     while view:
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n
