@@ -59,6 +59,7 @@ mapped to no subword), pair counts (`notes.pairs`) and per-stage timings (`notes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -257,11 +258,19 @@ class Checkpoint:
 
 
 _STEP_DIR = re.compile(r"step-\d+\Z")
+_SEED_DIR = re.compile(r"seed-\d+\Z")
 
 
 def checkpoint_name(path: Path) -> str:
-    """`<run>/step-NNNNNNN` for the workbench's own checkpoints, else the folder name."""
-    return f"{path.parent.name}/{path.name}" if _STEP_DIR.match(path.name) else path.name
+    """`<run>/step-NNNNNNN` (or `<run>/seed-S/step-NNNNNNN`) for the workbench's own checkpoints,
+    else the folder name."""
+    path = Path(path).resolve()
+    if not _STEP_DIR.match(path.name):
+        return path.name
+    parent = path.parent
+    if _SEED_DIR.match(parent.name):
+        return f"{parent.parent.name}/{parent.name}/{path.name}"
+    return f"{parent.name}/{path.name}"
 
 
 def expand_checkpoints(items: Iterable[Any]) -> list[Checkpoint]:
@@ -280,7 +289,8 @@ def expand_checkpoints(items: Iterable[Any]) -> list[Checkpoint]:
         if not path.exists():
             raise CheckpointError(f"{path}: checkpoint does not exist")
         if path.is_dir() and not (path / "config.json").is_file():
-            steps = sorted(p for p in path.glob("step-*") if (p / "config.json").is_file())
+            found = [*path.glob("step-*"), *path.glob("seed-*/step-*")]  # one run, or one per seed
+            steps = sorted((p for p in found if (p / "config.json").is_file()), key=_step_order)
             if not steps:
                 raise CheckpointError(f"{path}: neither a checkpoint folder (no config.json) nor a training "
                                       f"output folder with step-* checkpoints")
@@ -294,6 +304,11 @@ def expand_checkpoints(items: Iterable[Any]) -> list[Checkpoint]:
     if dup:
         raise ConfigError(f"two checkpoints have the same name {dup[0]!r}; rows could not tell them apart")
     return out
+
+
+def _step_order(path: Path) -> tuple[str, int]:
+    """Seed folder, then step number (numeric, not lexicographic)."""
+    return (path.parent.name if _SEED_DIR.match(path.parent.name) else "", int(path.name.split("-")[1]))
 
 
 def _from_path(path: Path) -> Checkpoint:
@@ -643,6 +658,7 @@ def run_syntax_probes(
     memory_budget_gb: float = 1.0,
     name: str | None = None,
     progress: bool = True,
+    threads: int | None = None,
 ) -> tuple[str, pd.DataFrame]:
     """Fit the syntax probes on every layer of every checkpoint; one run in the results store.
 
@@ -650,7 +666,39 @@ def run_syntax_probes(
     or open model handles. Returns (run_id, rows). See the module docstring for tasks, baselines,
     splits and the row/metric naming; `structural` overrides the structural probe's settings
     (rank, epochs, batch_size, lr, patience); `probe_config` overrides `engine.ProbeConfig` fields.
+    `threads` sets torch's intra-op threads for the run (restored after): on a shared 2-core machine
+    1 thread was 2-4x faster than 2 for both extraction and probe fitting (small matmuls; a second
+    thread waits on a busy core).
     """
+    with _torch_threads(threads):
+        return _run(**{k: v for k, v in locals().items() if k != "threads"})
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None):
+    """Set torch's intra-op thread count for a block and restore it afterwards (None: leave it)."""
+    import torch
+
+    if threads is None:
+        yield
+        return
+    if threads < 1:
+        raise ConfigError(f"threads must be >= 1, got {threads}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run(checkpoints, tasks, treebank, train_split, eval_split, pooling, probe, baselines, max_train_sentences,
+         seed, store, *, max_eval_sentences, stack, pair_features, deprel_subtypes, mdl_tasks, mdl_max_examples,
+         mdl_fractions, scalar_mix_tasks, structural_max_train_sentences, structural, probe_config,
+         early_stopping_fraction, holdout_fraction, n_boot, batch_size, cache_dir, memory_budget_gb, name,
+         progress) -> tuple[str, pd.DataFrame]:
+    """The body of `run_syntax_probes` (arguments validated here, in the order of the work)."""
+    import torch
     from workbench.activations import extract
     from workbench.results import ResultsStore
 
@@ -696,13 +744,14 @@ def run_syntax_probes(
     store = store if store is not None else ResultsStore()
     records = [c.handle if c.handle is not None else c.path for c in ckpts]
     frames: list[pd.DataFrame] = []
-    notes: dict[str, Any] = {"splits": plan.description, "extraction": {}, "random_init_twins": []}
+    notes: dict[str, Any] = {"splits": plan.description, "extraction": {}, "random_init_twins": [],
+                             "torch_threads": torch.get_num_threads()}
     train_words = [s.words for s in plan.train]
     eval_words = [s.words for s in plan.eval]
     subset = max_train_sentences is not None or plan.description["held_out_from_one_split"]
     train_key = f"{treebank}-{plan.train_split}" + (f"-n{len(plan.train)}-seed{seed}" if subset else "")
-    eval_key = f"{treebank}-{plan.eval_split}" + (
-        f"-n{len(plan.eval)}-seed{seed}" if max_eval_sentences is not None or subset else "")
+    eval_subset = plan.description["held_out_from_one_split"] or len(plan.eval) < plan.description["eval_sentences_available"]
+    eval_key = f"{treebank}-{plan.eval_split}" + (f"-n{len(plan.eval)}-seed{seed}" if eval_subset else "")
     structural_cfg = dict(structural or {}, max_train_sentences=structural_max_train_sentences)
 
     with store.start_run("probe", config, seeds={"probe": seed}, data_files=plan.files, checkpoints=records,
@@ -727,6 +776,7 @@ def run_syntax_probes(
                     ev = extract(h, eval_words, eval_key, pooling=pooling, stack=stk, batch_size=batch_size,
                                  cache_dir=cache_dir, progress=progress)
                     stage_t = {"extract": round(time.perf_counter() - t0, 3)}
+                    _log(progress, f"{key}: extraction {stage_t['extract']:.1f} s")
                     notes["extraction"][key] = {
                         plan.train_split if plan.train_split != plan.eval_split else "train_pool": _counts(tr.stats),
                         plan.eval_split: _counts(ev.stats)}  # fmt: skip
@@ -745,6 +795,7 @@ def run_syntax_probes(
                         t1 = time.perf_counter()
                         parts = _structural(ctx, task) if task in STRUCTURAL_TASKS else _classification(ctx, task)
                         stage_t[f"{task}:total"] = round(time.perf_counter() - t1, 3)
+                        _log(progress, f"{key}: {task} {stage_t[f'{task}:total']:.1f} s")
                         for part in parts:
                             run.add(part)
                             frames.append(part)
@@ -757,6 +808,11 @@ def run_syntax_probes(
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     rows["run_id"] = run_id
     return run_id, rows
+
+
+def _log(progress: bool, message: str) -> None:
+    if progress:
+        tqdm.write(f"[syntax] {message}", file=sys.stderr)
 
 
 def _extra(treebank: str, plan: SplitPlan, pooling: str, seed: int, is_twin: bool) -> dict[str, Any]:
@@ -881,6 +937,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--runs-root", default=None, help="results store root (default $BERTOLOGY_RUNS or ./runs)")
     p.add_argument("--name", default=None, help="run name in the catalog")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for this run (1 is fastest on a busy 2-core box)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -911,7 +968,7 @@ def syntax_cli_main(argv: Sequence[str] | None = None) -> int:
             scalar_mix_tasks=_as_list(args.scalar_mix_tasks, "--scalar-mix-tasks"),
             structural_max_train_sentences=args.structural_max_train_sentences or None,
             structural={"epochs": args.structural_epochs}, n_boot=args.n_boot, cache_dir=cache_dir,
-            name=args.name, progress=not args.quiet,
+            name=args.name, progress=not args.quiet, threads=args.threads,
         )  # fmt: skip
     except WorkbenchError as err:
         print(f"bertology probe syntax: error: {err}", file=sys.stderr)

@@ -94,14 +94,36 @@ def test_checkpoint_metadata_from_manifest(tmp_path):
         d.mkdir(parents=True)
         (d / "config.json").write_text("{}")
         (d / "manifest.json").write_text(json.dumps({"family": "bert", "step": step, "seed": 5}))
+    seeded = tmp_path / "roberta-run" / "seed-1" / "step-0000016"
+    seeded.mkdir(parents=True)
+    (seeded / "config.json").write_text("{}")
+    (seeded / "manifest.json").write_text(json.dumps({"family": "roberta", "step": 16, "seed": 1}))
     plain = tmp_path / "hf-model"
     plain.mkdir()
     (plain / "config.json").write_text("{}")
-    cks = syntax.expand_checkpoints([run, plain])
+    cks = syntax.expand_checkpoints([run, str(plain), tmp_path / "roberta-run"])
     assert [(c.name, c.family, c.step, c.seed) for c in cks] == [
-        ("bert-run/step-0000000", "bert", 0, 5), ("bert-run/step-0000008", "bert", 8, 5), ("hf-model", None, None, None)]
+        ("bert-run/step-0000000", "bert", 0, 5), ("bert-run/step-0000008", "bert", 8, 5), ("hf-model", None, None, None),
+        ("roberta-run/seed-1/step-0000016", "roberta", 16, 1)]
     with pytest.raises(syntax.CheckpointError, match="does not exist"):
         syntax.expand_checkpoints([tmp_path / "nope"])
+
+
+def test_split_resolution_for_treebanks_without_train():
+    gsd = syntax.plan_splits("es_gsd", "train", "dev", max_train_sentences=None, max_eval_sentences=None,
+                             early_stopping_fraction=0.1, holdout_fraction=0.2, seed=0)
+    assert (gsd.train_split, gsd.eval_split) == ("dev", "test")
+    assert len(gsd.train) == len(load_treebank("es_gsd", "dev")) and len(gsd.eval) == len(load_treebank("es_gsd", "test"))
+    assert sorted(np.concatenate([gsd.fit, gsd.stop]).tolist()) == list(range(len(gsd.train)))
+    assert len(gsd.stop) == round(0.1 * len(gsd.train)) and len(gsd.files) == 2
+    pud = syntax.plan_splits("es_pud", "train", "dev", max_train_sentences=None, max_eval_sentences=None,
+                             early_stopping_fraction=0.1, holdout_fraction=0.2, seed=0)
+    assert (pud.train_split, pud.eval_split) == ("test", "test") and pud.description["held_out_from_one_split"]
+    assert len(pud.eval) == 200 and len(pud.train) == 800
+    assert not {s.sent_id for s in pud.train} & {s.sent_id for s in pud.eval}
+    with pytest.raises(syntax.ConfigError, match="has splits"):
+        syntax.plan_splits("es_gsd", "train", "test", max_train_sentences=None, max_eval_sentences=None,
+                           early_stopping_fraction=0.1, holdout_fraction=0.2, seed=0)
 
 
 # --------------------------------------------------------------------------- planted signal
@@ -234,6 +256,7 @@ def test_long_sentences_are_windowed_and_counted(tmp_path, tokenizers):
     handle = ModelHandle(tiny_bert(tok, max_positions=24), tok, max_length=24)
     run_id, rows = run_syntax_probes(
         [handle], ["upos"], max_train_sentences=40, max_eval_sentences=30, baselines=("majority",), mdl_tasks=(),
+        probe=("linear", "mlp"),
         scalar_mix_tasks=(), store=ResultsStore(tmp_path / "runs"), cache_dir=tmp_path / "cache", progress=False,
         n_boot=50,
     )  # fmt: skip
@@ -248,6 +271,10 @@ def test_long_sentences_are_windowed_and_counted(tmp_path, tokenizers):
         assert m["notes"]["extraction"][key][split]["windowed_sentences"] == expected
         assert m["notes"]["extraction"][key][split]["words"] == sum(len(s.words) for s in sents)  # none dropped
     assert rows[rows["metric"] == "accuracy"]["n"].iloc[0] == sum(len(s.words) for s in plan.eval)
+    # both classifiers, told apart by the metric name
+    mlp = rows[rows["metric"] == "mlp_accuracy"]
+    assert len(mlp) == 3 and mlp["value"].between(0, 1).all()
+    assert {json.loads(e)["classifier"] for e in mlp["extra"]} == {"mlp"}
 
 
 def test_cli_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
