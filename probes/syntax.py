@@ -869,7 +869,7 @@ def run_syntax_from_config(config: Mapping[str, Any], store=None) -> tuple[str, 
 
 # --------------------------------------------------------------------------- summary table
 def format_layer_table(rows: pd.DataFrame) -> str:
-    """Per-layer summary of a syntax run: one block per checkpoint (twins folded into their checkpoint).
+    """Per-layer summary of a syntax run: one block per checkpoint and stack (twins folded into their checkpoint).
 
     Columns: layer, UPOS accuracy [95% CI], UPOS selectivity, UUAS, and the baselines: UPOS majority,
     random-init UPOS accuracy, random-init UUAS, linear-chain UUAS. "-" where a task was not run.
@@ -878,7 +878,13 @@ def format_layer_table(rows: pd.DataFrame) -> str:
         return "(no rows)"
     df = rows[(rows["probe"] == PROBE) & rows["layer"].notna()]
     df = df[~df["split"].astype(str).str.contains(":")]
+    stacks = [s for s in dict.fromkeys(df["stack"].tolist()) if isinstance(s, str)]
+    if len(stacks) > 1:  # an encoder-decoder probed on both stacks: one block per stack
+        return "\n\n".join(_format_blocks(df[df["stack"] == s], f" [{s}]") for s in stacks)
+    return _format_blocks(df, "")
 
+
+def _format_blocks(df: pd.DataFrame, suffix: str) -> str:
     def series(model, task, metric):
         sub = df[(df["model"] == model) & (df["task"] == task) & (df["metric"] == metric)]
         return {int(r.layer): r for r in sub.itertuples()}
@@ -906,7 +912,7 @@ def format_layer_table(rows: pd.DataFrame) -> str:
         table = [header] + [[str(l), fmt(acc.get(l), True), fmt(sel.get(l)), fmt(uuas.get(l)), fmt(maj.get(l)),
                              fmt(racc.get(l)), fmt(ruuas.get(l)), fmt(chain.get(l))] for l in layers]  # fmt: skip
         widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-        lines = [f"== {model}"] + ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table]
+        lines = [f"== {model}{suffix}"] + ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) if blocks else "(no per-layer syntax rows)"
 

@@ -284,3 +284,25 @@ def test_cli_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert code == 2 and str(missing) in err and "does not exist" in err
     assert syntax_cli_main(["--checkpoint", str(missing), "--tasks", "pos", "--runs-root", str(tmp_path / "runs")]) == 2
     assert "unknown task" in capsys.readouterr().err
+
+
+def test_layer_table_one_block_per_model_and_stack():
+    from probes.engine import layer_rows
+
+    def rows(model, stack, task, metric, values, extra=None):
+        return layer_rows({metric: values}, probe="syntax", task=task, split="dev", stack=stack, model=model, extra=extra)
+
+    import pandas as pd
+
+    df = pd.concat([
+        rows("m", "encoder", "upos", "accuracy", [0.5, 0.9]), rows("m", "decoder", "upos", "accuracy", [0.4, 0.3]),
+        rows("m (random init)", "encoder", "upos", "accuracy", [0.45, 0.47], {"baseline": "random_init"}),
+        rows("m", "encoder", "structural-distance", "uuas", [0.2, 0.6]),
+        rows("m", "encoder", "upos", "scalar_mix_weight", [0.1, 0.9]).assign(split="train:stop"),
+    ])  # fmt: skip
+    table = syntax.format_layer_table(df)
+    heads = [l for l in table.splitlines() if l.startswith("==")]
+    assert heads == ["== m [encoder]", "== m [decoder]"]
+    enc = table.split("== m [decoder]")[0].splitlines()
+    assert enc[3].split()[:2] == ["1", "0.900"] and enc[3].split()[-3:-1] == ["0.470", "-"]
+    assert "0.600" in enc[3] and "0.300" in table.split("== m [decoder]")[1]
