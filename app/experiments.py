@@ -40,6 +40,16 @@ def load_experiment(path: str | Path) -> dict:
     return spec
 
 
+def _check_settings(function, settings: dict, where: str) -> None:
+    """Name a misspelt key in the YAML instead of failing later with a TypeError."""
+    import inspect
+
+    accepted = set(inspect.signature(function).parameters) - {"checkpoints", "store"}
+    unknown = sorted(set(settings) - accepted)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; accepted: {sorted(accepted)}")
+
+
 def _checkpoints_from_training(spec: dict, quick: bool, which: str) -> list[Path]:
     from workbench.train import list_checkpoints, train_from_config
 
@@ -72,6 +82,7 @@ def run_experiment(path: str | Path, quick: bool = False) -> int:
         if probe_name == "syntax":
             from probes.syntax import format_layer_table, run_syntax_probes
 
+            _check_settings(run_syntax_probes, settings, f"{path}: probe.syntax")
             run_id, rows = run_syntax_probes(checkpoints, **settings)
             print(f"\nsyntax probes: run {run_id} ({len(rows)} rows; `bertology runs show {run_id}`)")
             print(format_layer_table(rows))
