@@ -217,3 +217,21 @@ def test_real_handle_round_trip_cache_and_stats(tmp_path, bert_handle):
         assert not np.allclose(np.asarray(first.layers), np.asarray(acts.layers))
     finally:
         hook.remove()
+
+
+def test_same_weights_with_another_tokenizer_get_another_cache_entry(tmp_path, bert_handle):
+    """The weight hash alone would hand vectors made through tokenizer A to a run using tokenizer B."""
+    from tests.conftest import TOKENIZER_SPECS
+    from workbench.data.conllu import load_treebank
+    from workbench.models import ModelHandle
+    from workbench.tokenization import build_tokenizer
+
+    handle, sents = bert_handle
+    train = load_treebank("en_ewt", "train")
+    other_tok = build_tokenizer(*TOKENIZER_SPECS["bert"], [s.text for s in train[2000:4000]], vocab_size=800)
+    other = ModelHandle(handle.model, other_tok)
+    assert other.checkpoint_hash == handle.checkpoint_hash
+    assert cache_path(other, sents, "ewt", cache_dir=tmp_path) != cache_path(handle, sents, "ewt", cache_dir=tmp_path)
+    a = extract(handle, sents[:5], "ewt", cache_dir=tmp_path, progress=False)
+    b = extract(other, sents[:5], "ewt", cache_dir=tmp_path, progress=False)
+    assert a.path != b.path and not np.allclose(a.layers, b.layers)

@@ -15,7 +15,7 @@ How it stays fast and bounded (what diagNNose's per-layer pickles do not give):
   complete: a crash never leaves a half cache, and an interrupted extraction resumes from its last
   recorded batch (or restarts cleanly when the partial folder does not match).
 
-Cache key = checkpoint hash + dataset key + pooling + stack + dtype + a fingerprint of the words
+Cache key = checkpoint hash (weights + tokenizer) + dataset key + pooling + stack + dtype + a fingerprint of the words
 themselves (so a reused dataset key with different sentences can never return stale vectors).
 """
 
@@ -137,11 +137,20 @@ def cache_key(checkpoint_hash: str, dataset_key: str, pooling: str, stack: str, 
     return f"{slug}-{pooling}-{stack}-{dtype}-{digest}"
 
 
+def model_fingerprint(handle) -> str:
+    """The checkpoint's weight hash plus its tokenizer's: the same weights read through another
+    tokenizer give other vectors, so both belong in the cache key."""
+    backend = getattr(getattr(handle, "tokenizer", None), "backend_tokenizer", None)
+    if backend is None:
+        return handle.checkpoint_hash
+    return handle.checkpoint_hash + "+" + hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest()
+
+
 def cache_path(handle, sentences, dataset_key, pooling="first", stack=None, dtype="float32", cache_dir=None) -> Path:
     """Where `extract` keeps (or would keep) these activations."""
     stack = _resolve_stack(handle, stack)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "activations"
-    return root / cache_key(handle.checkpoint_hash, dataset_key, pooling, stack, dtype, sentences_fingerprint(sentences))
+    return root / cache_key(model_fingerprint(handle), dataset_key, pooling, stack, dtype, sentences_fingerprint(sentences))
 
 
 def extract(
@@ -175,10 +184,8 @@ def extract(
             if not isinstance(w, str):
                 raise ConfigError(f"sentence {i} of {dataset_key!r}: words must be str, got {type(w).__name__}")
     stack = _resolve_stack(handle, stack)
-    fingerprint = sentences_fingerprint(sentences)
-    root = Path(cache_dir) if cache_dir is not None else cache_root() / "activations"
-    name = cache_key(handle.checkpoint_hash, dataset_key, pooling, stack, dtype, fingerprint)
-    final = root / name
+    final = cache_path(handle, sentences, dataset_key, pooling, stack, dtype, cache_dir)
+    root, name = final.parent, final.name
     if (final / _META_FILE).is_file():
         return Activations.load(final)
 
@@ -203,7 +210,7 @@ def extract(
             "pooling": pooling,
             "stack": stack,
             "dtype": dtype,
-            "fingerprint": fingerprint,
+            "fingerprint": sentences_fingerprint(sentences),
             "shape": [n_layers, n_words, hidden],
             "num_sentences": len(sentences),
             "batch_size": batch_size,
