@@ -24,7 +24,7 @@ if runs.empty:
     st.stop()
 
 st.subheader("Runs")
-st.dataframe(runs, hide_index=True, use_container_width=True)
+st.dataframe(runs, hide_index=True, width="stretch")
 
 run_id = st.selectbox("Run", runs["run_id"].tolist())
 rows = store.read(run_id)
@@ -34,7 +34,7 @@ view = rows[(rows["task"] == task) & (rows["metric"] == metric)].sort_values("la
 fig = px.line(view, x="layer", y="value", color="model", line_dash="stack", markers=True,
               error_y=view["ci_high"] - view["value"], error_y_minus=view["value"] - view["ci_low"],
               title=f"{task}: {metric} by layer")
-st.plotly_chart(fig, use_container_width=True)
+st.plotly_chart(fig, width="stretch")
 with st.expander("Manifest: what produced this figure"):
     st.code(json.dumps(store.manifest(run_id), indent=2, default=str), language="json")
-st.dataframe(view, hide_index=True, use_container_width=True)
+st.dataframe(view, hide_index=True, width="stretch")
