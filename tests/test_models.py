@@ -517,6 +517,12 @@ def test_causal_scoring_planted(tokenizers):
     assert scores[0][0] == pytest.approx(-nll, abs=1e-3)
 
 
+def _pad(rows, value):
+    """Right-pad lists of ids into one tensor."""
+    width = max(map(len, rows))
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows])
+
+
 def test_t5_scoring_planted(tokenizers):
     tok = tokenizers["t5"]
     model = tiny_t5(tok)
@@ -524,11 +530,7 @@ def test_t5_scoring_planted(tokenizers):
     src = [tok(c.replace("<blank>", "<extra_id_0>"))["input_ids"] for _, c, _ in PLANTED]
     tgt = [[s0] + tok(" " + r, add_special_tokens=False)["input_ids"] + [s1] for _, _, r in PLANTED]
 
-    def pad(rows, value):
-        T = max(map(len, rows))
-        return torch.tensor([r + [value] * (T - len(r)) for r in rows])
-
-    src_ids, tgt_ids = pad(src, tok.pad_token_id), pad(tgt, -100)
+    src_ids, tgt_ids = _pad(src, tok.pad_token_id), _pad(tgt, -100)
     _train(model, lambda: dict(input_ids=src_ids, attention_mask=(src_ids != tok.pad_token_id).long(),
                                labels=tgt_ids))
     h = ModelHandle(model, tok)
@@ -547,11 +549,7 @@ def test_bart_scoring_planted(tokenizers):
     src = [tok(c.replace("<blank>", "<mask>"))["input_ids"] for _, c, _ in PLANTED]
     tgt = [tok(s)["input_ids"] for s, _, _ in PLANTED]
 
-    def pad(rows, value):
-        T = max(map(len, rows))
-        return torch.tensor([r + [value] * (T - len(r)) for r in rows])
-
-    src_ids, tgt_ids = pad(src, tok.pad_token_id), pad(tgt, -100)
+    src_ids, tgt_ids = _pad(src, tok.pad_token_id), _pad(tgt, -100)
     _train(model, lambda: dict(input_ids=src_ids, attention_mask=(src_ids != tok.pad_token_id).long(),
                                labels=tgt_ids))
     h = ModelHandle(model, tok)
