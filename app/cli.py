@@ -202,8 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    if argv[:1] == ["train"]:
+        # argparse's REMAINDER does not pass on leading options (--family, --help): hand them over whole.
+        args = argparse.Namespace(func=_cmd_train, train_args=argv[1:])
+    else:
+        args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except WorkbenchError as err:
