@@ -87,6 +87,7 @@ BASELINES = ("majority", "control", "random_init")
 PROBE_KINDS = ("linear", "mlp")
 PAIR_FEATURES = ("concat", "concat_product")
 PROBE = "syntax"
+TWIN_SEED_OFFSET = 7919  # random-init twins use probe seed + this
 RANDOM_INIT_SUFFIX = " (random init)"
 EXTRACTION_COUNTS = ("sentences", "words", "windowed_sentences", "windows", "words_cut_by_window",
                      "empty_sentences", "no_subword_words")  # fmt: skip
@@ -762,10 +763,15 @@ def _run(checkpoints, tasks, treebank, train_split, eval_split, pooling, probe, 
             variants = [(ck.name, handle, False)]
             if "random_init" in baselines:
                 t0 = time.perf_counter()
-                twin = engine.random_init_twin(handle, seed=seed)
+                # Offset from the probe seed: a checkpoint trained from seed s must not have a "random"
+                # twin that is its own step-0 initialisation.
+                twin_seed = seed + TWIN_SEED_OFFSET
+                twin = engine.random_init_twin(handle, seed=twin_seed)
+                if all(torch.equal(a, b) for a, b in zip(twin.model.parameters(), handle.model.parameters())):
+                    raise ConfigError(f"{ck.name}: its random-init twin (seed {twin_seed}) has the same weights")
                 timings[f"{ck.name}|twin_init"] = round(time.perf_counter() - t0, 3)
                 variants.append((ck.name + RANDOM_INIT_SUFFIX, twin, True))
-                notes["random_init_twins"].append({"of": ck.name, "sha256": twin.checkpoint_hash, "seed": seed})
+                notes["random_init_twins"].append({"of": ck.name, "sha256": twin.checkpoint_hash, "seed": twin_seed})
             stacks = list(handle.stacks) if stack == "all" else [stack or handle.stacks[0]]
             for model_name, h, is_twin in variants:
                 for stk in stacks:
