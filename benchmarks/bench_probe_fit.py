@@ -8,8 +8,9 @@ Both sides minimise the same objective per layer: mean cross-entropy + lambda/2 
 standardised features (sklearn: StandardScaler + LogisticRegression(C = 1/(lambda N)), lbfgs, its
 default tol, max_iter 1000). Ours: `probes.engine.fit_probe` with its defaults (all layers in one
 batched program; "auto" picks minibatch Adam above 20k words), no early stopping, so neither side
-looks at dev while fitting. Reported: wall time of each (feature loading excluded), per-layer dev
-accuracy, the largest gap (target <= 0.5 pt) and the speed ratio (target >= 10x). The same number
+looks at dev while fitting. Ours is stochastic (minibatch order), so it is fitted with `--seeds`
+seeds: reported are the slowest seed's wall time, every seed's per-layer dev accuracy, the largest
+gap to sklearn over all seeds and layers (target <= 0.5 pt) and the speed ratio (target >= 10x). The same number
 of torch / BLAS threads for both (`--threads`, default 1 on shared 2-core machines).
 
 Usage: python benchmarks/bench_probe_fit.py [--train-words 40000] [--l2 1e-4] [--threads 1]
@@ -56,6 +57,7 @@ def main() -> None:
     p.add_argument("--train-words", type=int, default=40_000)
     p.add_argument("--l2", type=float, default=1e-4)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seeds", type=int, default=3, help="fit ours with seeds 0..N-1 (the slowest counts)")
     p.add_argument("--cache-dir", type=Path, default=None, help="activation cache (default: the workbench cache root)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
@@ -74,11 +76,16 @@ def main() -> None:
 
     with threadpool_limits(args.threads):
         fit_probe(xtr[:, :2000], ytr[:2000], num_classes=n_classes, early_stopping=False)  # warm-up (imports)
-        t, c = time.perf_counter(), time.process_time()
-        ours = fit_probe(xtr, ytr, xdv, ydv, num_classes=n_classes, l2=args.l2, early_stopping=False)
-        t_ours, c_ours = time.perf_counter() - t, time.process_time() - c
-        print(f"ours ({ours.config.optimizer}, {ours.steps} epochs, all layers): {t_ours:.1f}s wall, {c_ours:.1f}s CPU",
-              flush=True)
+        runs, t_ours, c_ours = [], 0.0, 0.0
+        for seed in range(args.seeds):
+            t, c = time.perf_counter(), time.process_time()
+            ours = fit_probe(xtr, ytr, xdv, ydv, num_classes=n_classes, l2=args.l2, early_stopping=False, seed=seed)
+            dt, dc = time.perf_counter() - t, time.process_time() - c
+            t_ours, c_ours = max(t_ours, dt), max(c_ours, dc)
+            runs.append(ours.dev_accuracy)
+            print(f"ours seed {seed} ({ours.config.optimizer}, {ours.steps} epochs, all layers): {dt:.2f}s wall, "
+                  f"{dc:.2f}s CPU", flush=True)
+        ours_acc = np.stack(runs)  # [seeds, L]
 
         sk_acc, t_sk, iters = [], 0.0, []
         c = time.process_time()
@@ -93,11 +100,13 @@ def main() -> None:
             print(f"  sklearn layer {layer}: {sk_acc[-1]:.4f} ({iters[-1]} iterations, {t_sk:.1f}s so far)", flush=True)
         c_sk = time.process_time() - c  # includes the (cheap) dev predictions
 
-    gap = np.abs(ours.dev_accuracy - np.array(sk_acc))
-    print("\nlayer  ours    sklearn  gap(pt)")
+    gap = np.abs(ours_acc - np.array(sk_acc)[None]).max(0)  # [L], worst seed
+    seeds = " ".join(f"seed{s:<3}" for s in range(args.seeds))
+    print(f"\nlayer  {seeds}  sklearn  max gap(pt)")
     for layer in range(n_layers):
-        print(f"{layer:>5}  {ours.dev_accuracy[layer]:.4f}  {sk_acc[layer]:.4f}  {100 * gap[layer]:.2f}")
-    print(f"ours {t_ours:.1f}s vs sklearn {t_sk:.1f}s wall: {t_sk / t_ours:.1f}x faster (target >= 10x); "
+        ours_cols = "  ".join(f"{a:.4f}" for a in ours_acc[:, layer])
+        print(f"{layer:>5}  {ours_cols}  {sk_acc[layer]:.4f}   {100 * gap[layer]:.2f}")
+    print(f"ours (slowest of {args.seeds} seeds) {t_ours:.2f}s vs sklearn {t_sk:.1f}s wall: {t_sk / t_ours:.1f}x faster (target >= 10x); "
           f"CPU time {c_ours:.1f}s vs {c_sk:.1f}s: {c_sk / c_ours:.1f}x; max accuracy gap {100 * gap.max():.2f} pt "
           f"(target <= 0.5)")
     if args.json:
@@ -105,7 +114,7 @@ def main() -> None:
             "train_words": int(xtr.shape[1]), "dev_words": int(xdv.shape[1]), "layers": n_layers, "l2": args.l2,
             "threads": args.threads, "ours_seconds": t_ours, "sklearn_seconds": t_sk, "speedup": t_sk / t_ours,
             "ours_cpu_seconds": c_ours, "sklearn_cpu_seconds": c_sk,
-            "ours_acc": ours.dev_accuracy.tolist(), "sklearn_acc": sk_acc, "sklearn_iterations": iters,
+            "ours_acc": ours_acc.tolist(), "sklearn_acc": sk_acc, "sklearn_iterations": iters,
             "max_gap_pt": float(100 * gap.max()), "optimizer": ours.config.optimizer,
         }, indent=2))  # fmt: skip
 

@@ -49,9 +49,9 @@ class ProbeConfig:
     optimizer: str = "auto"  # "lbfgs" (full batch, to convergence) | "adam" (minibatch) | "auto"
     hidden: int = 256  # MLP hidden units
     dropout: float = 0.0  # MLP dropout on the hidden layer
-    epochs: int = 10  # adam: epochs (more when needed to reach `min_steps`)
+    epochs: int = 8  # adam: epochs (more when needed to reach `min_steps`)
     min_steps: int = 400  # adam: at least this many updates (small data sets need many epochs)
-    batch_size: int = 1024  # adam: words per minibatch
+    batch_size: int = 512  # adam: words per minibatch
     lr: float | None = None  # adam: peak learning rate, cosine-decayed to 0 (None: 2e-2 linear, 3e-3 MLP)
     max_iter: int = 1000  # lbfgs: maximum iterations
     tol: float = 1e-6  # lbfgs: stop when the largest gradient entry is below this
@@ -344,13 +344,19 @@ def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Gene
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
         bar = tqdm(total=epochs, desc="probe (adam)", disable=not cfg.progress, leave=False)
         module.train()
+        # Shuffle the words once (one copy of the training features), then each epoch cuts the
+        # shuffled words into minibatches at a random offset and visits them in random order: every
+        # epoch sees new random minibatches without a per-step gather (which cost ~20% of a step).
+        perm = torch.randperm(n, generator=gen).to(x.device)
+        x, y = x.index_select(1, perm), y.index_select(y.dim() - 1, perm)
         for epoch in range(epochs):
-            perm = torch.randperm(n, generator=gen).to(x.device)
-            for s in range(0, n, cfg.batch_size):
-                idx = perm[s : s + cfg.batch_size]
-                # index_select: ~3x faster than advanced indexing for this gather
-                yb = y.index_select(y.dim() - 1, idx)
-                total, _ = objective(x.index_select(1, idx), yb)
+            offset = int(torch.randint(cfg.batch_size, (1,), generator=gen)) if n > cfg.batch_size else 0
+            bounds = [0, *range(offset or cfg.batch_size, n, cfg.batch_size), n]
+            for k in torch.randperm(len(bounds) - 1, generator=gen).tolist():
+                s, e = bounds[k], bounds[k + 1]
+                if e == s:
+                    continue
+                total, _ = objective(x[:, s:e], y[..., s:e])
                 opt.zero_grad()
                 total.backward()
                 opt.step()
