@@ -21,7 +21,11 @@ wrapped in the workbench's ModelHandle; data: EWT train sentences (words from th
    MALLOC_MMAP_THRESHOLD_, which shows what the extraction itself keeps. Flat = the larger corpus' peak stays within a few tens
    of MB of the smaller one's while its cache is several hundred MB larger.
 
+On a GPU (`--device cuda`, timings synchronised) the same comparison shows what batching buys
+where per-call cost dominates; `--layers/--hidden` size the model (e.g. 12 x 768, BERT-base shape).
+
 Usage: python benchmarks/bench_extraction.py [--sentences 1500] [--threads 1] [--skip-rss]
+       [--device cuda] [--layers 12 --hidden 768]
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import torch
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def build_random_bert(layers: int = 4, hidden: int = 256, vocab: int = 8000, seed: int = 0):
+def build_random_bert(layers: int = 4, hidden: int = 256, vocab: int = 8000, seed: int = 0, device: str = "cpu"):
     """(ModelHandle, EWT train sentences as word lists): a seeded random BERT, tokenizer trained on EWT."""
     from transformers import BertConfig, BertModel
 
@@ -52,11 +56,11 @@ def build_random_bert(layers: int = 4, hidden: int = 256, vocab: int = 8000, see
 
     train = load_treebank("en_ewt", "train")
     tok = build_tokenizer("wordpiece", SPECIALS, [s.text for s in train], vocab_size=vocab)
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
                      intermediate_size=4 * hidden, max_position_embeddings=256, pad_token_id=tok.pad_token_id)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = BertModel(cfg).eval()
+        model = BertModel(cfg).eval().to(device)
     return ModelHandle(model, tok), [s.words for s in train]
 
 
@@ -68,15 +72,22 @@ def _bare_batches(handle, sentences, batch_size):
         enc = handle.tokenizer(words, is_split_into_words=True, padding=True, truncation=True,
                                max_length=handle.max_length, return_tensors="pt")
         tokens += int(enc["attention_mask"].sum()) - 2 * len(words)
-        batches.append(dict(enc))
+        batches.append({k: v.to(handle.device) for k, v in enc.items()})
     return batches, tokens
 
 
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _clock():
+    _sync()
     return time.perf_counter(), time.process_time()
 
 
 def _since(start):
+    _sync()
     return time.perf_counter() - start[0], time.process_time() - start[1]
 
 
@@ -95,13 +106,13 @@ def run_naive(handle, sentences) -> tuple[tuple[float, float], int]:
     with torch.inference_mode():
         for words in sentences:
             enc = tok(words, is_split_into_words=True, truncation=True, max_length=handle.max_length, return_tensors="pt")
-            hs = model(**enc, output_hidden_states=True).hidden_states
+            hs = model(**enc.to(handle.device), output_hidden_states=True).hidden_states
             first, seen = [], set()
             for pos, w in enumerate(enc.word_ids()):
                 if w is not None and w not in seen:
                     seen.add(w)
                     first.append(pos)
-            out.append(torch.stack([h[0, first] for h in hs]).numpy())
+            out.append(torch.stack([h[0, first] for h in hs]).cpu().numpy())
             tokens += int(enc["attention_mask"].sum()) - 2
     return _since(t), tokens
 
@@ -116,7 +127,7 @@ def run_ours(handle, sentences, batch_size) -> tuple[float, float]:
 
 
 def speed(args) -> dict:
-    handle, train = build_random_bert()
+    handle, train = build_random_bert(args.layers, args.hidden, device=args.device)
     sents = [s for s in train[: args.sentences] if s]
     batches, tokens = _bare_batches(handle, sents, args.batch_size)
     naive_sents = sents[:: args.naive_every]
@@ -202,6 +213,9 @@ def main() -> None:
     p.add_argument("--naive-every", type=int, default=5, help="time the naive loop on every k-th sentence")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="torch threads for every method (shared 2-core machines: 1)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (speed only; RSS is measured on CPU)")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--rss-words", type=int, nargs=2, default=[50_000, 204_000])
     p.add_argument("--skip-rss", action="store_true")
     p.add_argument("--skip-speed", action="store_true")
@@ -212,9 +226,10 @@ def main() -> None:
     if args.rss_child:
         rss_child(args.rss_child, args.threads)
         return
-    report: dict = {"threads": args.threads, "torch": torch.__version__}
+    report: dict = {"threads": args.threads, "torch": torch.__version__, "device": args.device,
+                    "layers": args.layers, "hidden": args.hidden}
     if not args.skip_speed:
-        print("speed (4-layer, hidden-256 random BERT, EWT train):", flush=True)
+        print(f"speed ({args.layers}-layer, hidden-{args.hidden} random BERT on {args.device}, EWT train):", flush=True)
         s = speed(args)
         report["speed"] = s
         for clock in ("cpu", "wall"):
