@@ -121,12 +121,6 @@ def right_branching_uuas_counts(heads, keep: np.ndarray) -> tuple[int, int]:
     return len(gold & chain), len(gold)
 
 
-def _length_averaged(per_length: dict[int, list[float]]) -> float:
-    lo, hi = SPEARMAN_LENGTHS
-    means = [np.mean(v) for n, v in sorted(per_length.items()) if lo <= n <= hi and v]
-    return float(np.mean(means)) if means else float("nan")
-
-
 def rowwise_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Spearman correlation of each row of `a` with the same row of `b` ([n, m] -> [n]), vectorised.
 
@@ -141,42 +135,58 @@ def rowwise_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (ra * rb).sum(1) / np.sqrt((ra * ra).sum(1) * (rb * rb).sum(1))
 
 
+def _in_spearman_range(n: int) -> bool:
+    return SPEARMAN_LENGTHS[0] <= n <= SPEARMAN_LENGTHS[1]
+
+
+def sentence_dspr(pred: np.ndarray, gold: np.ndarray) -> float:
+    """One sentence's DSpr: the mean over its words of the Spearman correlation between predicted
+    and gold distances to every other word (NaN outside lengths 5-50 or when every row is constant)."""
+    rows = rowwise_spearman(pred, gold) if _in_spearman_range(len(gold)) else np.array([np.nan])
+    rows = rows[np.isfinite(rows)]
+    return float(rows.mean()) if len(rows) else float("nan")
+
+
+def sentence_nspr(pred: np.ndarray, gold: np.ndarray) -> float:
+    """One sentence's NSpr: Spearman of predicted and gold depths (NaN outside lengths 5-50)."""
+    return float(spearmanr(pred, gold).statistic) if _in_spearman_range(len(gold)) else float("nan")
+
+
+def sentence_root_hit(pred_depths: np.ndarray, heads, keep: np.ndarray) -> float:
+    """1.0 when the shallowest predicted non-punctuation word is the gold root, NaN with no such word."""
+    idx = np.flatnonzero(keep)
+    return float(np.asarray(heads)[idx[np.argmin(pred_depths[idx])]] == 0) if len(idx) else float("nan")
+
+
+def length_averaged(values, lengths) -> np.ndarray:
+    """Hewitt & Manning's averaging of per-sentence scores ([S] or [L, S], NaN = not counted):
+    mean over the sentences of each length, then over the lengths 5-50 -> scalar or [L]."""
+    values = np.asarray(values, dtype=np.float64)
+    flat = values.ndim == 1
+    values = np.atleast_2d(values)
+    lengths = np.asarray(lengths)
+    out = []
+    for row in values:
+        means = [row[lengths == n][np.isfinite(row[lengths == n])].mean() for n in np.unique(lengths)
+                 if _in_spearman_range(int(n)) and np.isfinite(row[lengths == n]).any()]
+        out.append(float(np.mean(means)) if means else float("nan"))
+    return out[0] if flat else np.array(out)
+
+
 def distance_spearman(pred: list[np.ndarray], gold: list[np.ndarray]) -> float:
-    """DSpr: Spearman between each word's predicted and gold distances to every other word,
-    averaged over the words of each sentence length, then over lengths 5-50 (Hewitt & Manning)."""
-    per_length: dict[int, list[float]] = {}
-    for p, g in zip(pred, gold):
-        n = len(g)
-        if n < SPEARMAN_LENGTHS[0] or n > SPEARMAN_LENGTHS[1]:
-            continue
-        rows = rowwise_spearman(p, g)
-        per_length.setdefault(n, []).extend(float(r) for r in rows if np.isfinite(r))
-    return _length_averaged(per_length)
+    """DSpr of a set of sentences: per-sentence DSpr averaged within lengths, then over lengths 5-50."""
+    return length_averaged([sentence_dspr(p, g) for p, g in zip(pred, gold)], [len(g) for g in gold])
 
 
 def depth_spearman(pred: list[np.ndarray], gold: list[np.ndarray]) -> float:
-    """NSpr: Spearman between predicted and gold depths per sentence, averaged as DSpr."""
-    per_length: dict[int, list[float]] = {}
-    for p, g in zip(pred, gold):
-        n = len(g)
-        if n < SPEARMAN_LENGTHS[0] or n > SPEARMAN_LENGTHS[1]:
-            continue
-        r = spearmanr(p, g).statistic
-        if np.isfinite(r):
-            per_length.setdefault(n, []).append(float(r))
-    return _length_averaged(per_length)
+    """NSpr of a set of sentences, averaged as DSpr."""
+    return length_averaged([sentence_nspr(p, g) for p, g in zip(pred, gold)], [len(g) for g in gold])
 
 
 def root_accuracy(pred_depths: list[np.ndarray], heads: list, keep: list[np.ndarray]) -> float:
     """Share of sentences whose shallowest predicted non-punctuation word is the gold root."""
-    hits = total = 0
-    for p, h, k in zip(pred_depths, heads, keep):
-        idx = np.flatnonzero(k)
-        if len(idx) == 0:
-            continue
-        total += 1
-        hits += int(np.asarray(h)[idx[np.argmin(p[idx])]] == 0)
-    return hits / total if total else float("nan")
+    hits = np.array([sentence_root_hit(p, h, k) for p, h, k in zip(pred_depths, heads, keep)])
+    return float(np.nanmean(hits)) if np.isfinite(hits).any() else float("nan")
 
 
 # --------------------------------------------------------------------------- data
@@ -338,26 +348,44 @@ def predict(fit: StructuralFit, data: TreeSet, batch_size: int = 64) -> list[lis
     return out
 
 
+def sentence_scores(kind: str, preds: list[list[np.ndarray]], data: TreeSet) -> dict[str, np.ndarray]:
+    """Every structural metric per layer and sentence: the one place they are computed (totals
+    below and sentence bootstraps in `probes.syntax` both start here).
+
+    distance: "uuas_correct" [L, S] and "uuas_total" [S] (undirected edges, punctuation excluded),
+    "dspr" [L, S]; depth: "root_hit" [L, S], "nspr" [L, S]. NaN = the sentence does not count.
+    """
+    keep = [data.keep(i) for i in range(len(data))]
+    if kind == "distance":
+        gold_edges_ = [gold_edges(data.heads[i], keep[i]) if keep[i].sum() >= 2 else set() for i in range(len(data))]
+        counts = np.array([[uuas_counts(p, data.heads[i], keep[i], gold_edges_[i]) for i, p in enumerate(layer)]
+                           for layer in preds], dtype=np.float64).reshape(len(preds), len(data), 2)
+        gold = data.gold_distances
+        return {"uuas_correct": counts[..., 0], "uuas_total": counts[0, :, 1] if len(preds) else np.zeros(len(data)),
+                "dspr": np.array([[sentence_dspr(p, gold[i]) for i, p in enumerate(layer)] for layer in preds])}
+    if kind == "depth":
+        gold = data.gold_depths
+        return {"root_hit": np.array([[sentence_root_hit(p, data.heads[i], keep[i]) for i, p in enumerate(layer)]
+                                      for layer in preds]),
+                "nspr": np.array([[sentence_nspr(p, gold[i]) for i, p in enumerate(layer)] for layer in preds])}
+    raise ValueError(f"kind must be 'distance' or 'depth', got {kind!r}")
+
+
 def score_distance(preds: list[list[np.ndarray]], data: TreeSet) -> list[dict[str, float]]:
     """UUAS and DSpr per layer."""
-    gold = data.gold_distances
-    scores = []
-    for layer_preds in preds:
-        correct = total = 0
-        for i, p in enumerate(layer_preds):
-            c, t = uuas_counts(p, data.heads[i], data.keep(i))
-            correct, total = correct + c, total + t
-        scores.append({"uuas": correct / total if total else float("nan"),
-                       "dspr": distance_spearman(layer_preds, gold), "n_edges": total})
-    return scores
+    s, lengths = sentence_scores("distance", preds, data), [len(h) for h in data.heads]
+    total = float(s["uuas_total"].sum())
+    dspr = length_averaged(s["dspr"], lengths)
+    return [{"uuas": float(c.sum()) / total if total else float("nan"), "dspr": float(d), "n_edges": int(total)}
+            for c, d in zip(s["uuas_correct"], dspr)]
 
 
 def score_depth(preds: list[list[np.ndarray]], data: TreeSet) -> list[dict[str, float]]:
     """Root accuracy and NSpr per layer."""
-    gold = data.gold_depths
-    keep = [data.keep(i) for i in range(len(data))]
-    return [{"root_acc": root_accuracy(p, data.heads, keep), "nspr": depth_spearman(p, gold),
-             "n_sentences": len(data)} for p in preds]
+    s, lengths = sentence_scores("depth", preds, data), [len(h) for h in data.heads]
+    nspr = length_averaged(s["nspr"], lengths)
+    return [{"root_acc": float(np.nanmean(h)) if np.isfinite(h).any() else float("nan"), "nspr": float(r),
+             "n_sentences": len(data)} for h, r in zip(s["root_hit"], nspr)]
 
 
 def right_branching_uuas(data: TreeSet) -> float:

@@ -594,32 +594,23 @@ def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
     lengths = np.array([len(h) for h in ev.heads])
     extra = {"n_train": len(train), "rank": int(fitted.proj.shape[-1]), "epochs": fitted.epochs}
     out = []
+    scores = st.sentence_scores(kind, preds, ev)
     if kind == "distance":
-        keep = [ev.keep(i) for i in range(len(ev))]
-        gold_edges = [st.gold_edges(ev.heads[i], keep[i]) if keep[i].sum() >= 2 else set() for i in range(len(ev))]
-        counts = np.array([[st.uuas_counts(p, ev.heads[i], keep[i], gold_edges[i]) for i, p in enumerate(layer)]
-                           for layer in preds])  # fmt: skip
-        correct, total = counts[..., 0].astype(np.float64), counts[0, :, 1].astype(np.float64)
+        correct, total = scores["uuas_correct"], scores["uuas_total"]
         uuas, lo, hi = engine.bootstrap_ci(correct, total, n_boot=ctx.n_boot, seed=seed)
-        gold = ev.gold_distances
-        per_sent = np.array([[st.distance_spearman([p], [gold[i]]) for i, p in enumerate(layer)] for layer in preds])
-        dspr = np.array([st.distance_spearman(layer, gold) for layer in preds])
-        dlo, dhi = _length_averaged_ci(per_sent, lengths, ctx.n_boot, seed)
+        dspr = st.length_averaged(scores["dspr"], lengths)
+        dlo, dhi = _length_averaged_ci(scores["dspr"], lengths, ctx.n_boot, seed)
         out.append(_rows(ctx, task, {"uuas": uuas}, n=int(total.sum()), ci={"uuas": (lo, hi)}, extra=extra))
         out.append(_rows(ctx, task, {"dspr": dspr}, n=len(ev), ci={"dspr": (dlo, dhi)}, extra=extra))
         if "majority" in ctx.baselines and not ctx.is_twin:  # data-only baseline, written with the others
             rb = st.right_branching_uuas(ev)
             out.append(_rows(ctx, task, {"right_branching_uuas": np.full(n_layers, rb)}, n=int(total.sum()), extra=extra))
     else:
-        keep = [ev.keep(i) for i in range(len(ev))]
-        hits = np.array([[st.root_accuracy([p], [ev.heads[i]], [keep[i]]) for i, p in enumerate(layer)] for layer in preds])
+        hits = scores["root_hit"]
         counted = np.isfinite(hits[0])
-        acc, lo, hi = engine.bootstrap_ci(np.nan_to_num(hits[:, counted]), np.ones(int(counted.sum())),
-                                          n_boot=ctx.n_boot, seed=seed)
-        gold = ev.gold_depths
-        per_sent = np.array([[st.depth_spearman([p], [gold[i]]) for i, p in enumerate(layer)] for layer in preds])
-        nspr = np.array([st.depth_spearman(layer, gold) for layer in preds])
-        nlo, nhi = _length_averaged_ci(per_sent, lengths, ctx.n_boot, seed)
+        acc, lo, hi = engine.bootstrap_ci(hits[:, counted], np.ones(int(counted.sum())), n_boot=ctx.n_boot, seed=seed)
+        nspr = st.length_averaged(scores["nspr"], lengths)
+        nlo, nhi = _length_averaged_ci(scores["nspr"], lengths, ctx.n_boot, seed)
         out.append(_rows(ctx, task, {"root_acc": acc}, n=int(counted.sum()), ci={"root_acc": (lo, hi)}, extra=extra))
         out.append(_rows(ctx, task, {"nspr": nspr}, n=len(ev), ci={"nspr": (nlo, nhi)}, extra=extra))
     ctx.timings[task] = round(time.perf_counter() - t0, 3)

@@ -51,6 +51,15 @@ def test_spearman_metrics_by_hand():
     assert np.isnan(st.distance_spearman([gold[0][:4, :4]], [gold[0][:4, :4]]))
 
 
+
+def test_length_averaging_by_hand():
+    # lengths 6, 6, 7 and one of 4 (outside 5-50): mean within each length, then over lengths
+    values = np.array([[0.2, 0.4, 0.9, 0.0], [np.nan, 0.5, 0.1, 1.0]])
+    lengths = [6, 6, 7, 4]
+    np.testing.assert_allclose(st.length_averaged(values, lengths), [(0.3 + 0.9) / 2, (0.5 + 0.1) / 2])
+    assert st.length_averaged(values[0], lengths) == pytest.approx(0.6)
+    assert np.isnan(st.length_averaged([np.nan, 0.3], [6, 60]))
+
 def _ewt_trees(n, split="dev"):
     from workbench.data.conllu import load_treebank
 
