@@ -54,6 +54,11 @@ The run manifest holds the config, seeds, the treebank files with checksums, the
 hashes (twins: `notes.random_init_twins`), the extraction counts per model and split
 (`notes.extraction`: windowed sentences, windows, words cut by a window, empty sentences, words
 mapped to no subword), pair counts (`notes.pairs`) and per-stage timings (`notes.timings_s`).
+
+Resuming: each finished (model, stack, task) is saved under `<runs root>/partials/` as it
+completes (`workbench.results.FinishedUnits`); rerunning the same command after a crash or Ctrl-C
+reuses those units (listed in `notes.reused_units`) and extracts nothing new (activation cache), so
+only the missing work is done. The saved units are removed when the run is published.
 """
 
 from __future__ import annotations
@@ -692,7 +697,7 @@ def _run(checkpoints, tasks, treebank, train_split, eval_split, pooling, probe, 
     """The body of `run_syntax_probes` (arguments validated here, in the order of the work)."""
     import torch
     from workbench.activations import extract
-    from workbench.results import ResultsStore
+    from workbench.results import FinishedUnits, ResultsStore
 
     t_start = time.perf_counter()
     tasks = _as_list(tasks, "tasks")
@@ -745,6 +750,8 @@ def _run(checkpoints, tasks, treebank, train_split, eval_split, pooling, probe, 
     eval_subset = plan.description["held_out_from_one_split"] or len(plan.eval) < plan.description["eval_sentences_available"]
     eval_key = f"{treebank}-{plan.eval_split}" + (f"-n{len(plan.eval)}-seed{seed}" if eval_subset else "")
     structural_cfg = dict(structural or {}, max_train_sentences=structural_max_train_sentences)
+    # Rerunning an interrupted command reuses its finished (model, stack, task) units.
+    units = FinishedUnits(store, "syntax", {k: v for k, v in config.items() if k != "checkpoints"})
 
     with store.start_run("probe", config, seeds={"probe": seed}, data_files=plan.files, checkpoints=records,
                          name=name or f"syntax {treebank}") as run:
@@ -789,19 +796,28 @@ def _run(checkpoints, tasks, treebank, train_split, eval_split, pooling, probe, 
                         extra=_extra(treebank, plan, pooling, seed, is_twin), notes=notes, timings=stage_t,
                     )  # fmt: skip
                     for task in tqdm(tasks, desc=f"tasks {model_name}", disable=not progress, leave=False):
-                        t1 = time.perf_counter()
-                        parts = _structural(ctx, task) if task in STRUCTURAL_TASKS else _classification(ctx, task)
-                        stage_t[f"{task}:total"] = round(time.perf_counter() - t1, 3)
-                        _log(progress, f"{key}: {task} {stage_t[f'{task}:total']:.1f} s")
+                        unit = f"{model_name}|{stk}|{task}|{h.checkpoint_hash[:16]}"
+                        saved = units.load(unit)
+                        if saved is not None:
+                            _log(progress, f"{key}: {task} reused from an interrupted attempt")
+                            parts = [saved]
+                        else:
+                            t1 = time.perf_counter()
+                            parts = _structural(ctx, task) if task in STRUCTURAL_TASKS else _classification(ctx, task)
+                            units.save(unit, parts)
+                            stage_t[f"{task}:total"] = round(time.perf_counter() - t1, 3)
+                            _log(progress, f"{key}: {task} {stage_t[f'{task}:total']:.1f} s")
                         for part in parts:
                             run.add(part)
                             frames.append(part)
                     timings[key] = stage_t
         timings["total"] = round(time.perf_counter() - t_start, 3)
+        notes["reused_units"] = units.reused
         for k, v in notes.items():
             run.note(k, v)
         run.note("timings_s", timings)
         run_id = run.finish()
+    units.discard()
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     rows["run_id"] = run_id
     return run_id, rows

@@ -389,3 +389,29 @@ def test_manifest_helpers(tmp_path):
     assert checkpoint_record(weights)["sha256"] == hashlib.sha256(b"\x00\x01weights").hexdigest()
     with pytest.raises(CheckpointError, match="does not exist"):
         checkpoint_record(tmp_path / "missing")
+
+
+def test_finished_units_round_trip_key_and_gc(tmp_path):
+    from workbench.results import FinishedUnits
+
+    store = ResultsStore(tmp_path)
+    rows = [{"model": "m", "probe": "linear", "task": "upos", "layer": 2, "metric": "accuracy", "value": 0.75,
+             "n": 10, "extra": {"a": 1}}]
+    units = FinishedUnits(store, "syntax", {"tasks": ["upos"], "seed": 0})
+    assert units.load("m|encoder|upos") is None
+    units.save("m|encoder|upos", [pd.DataFrame(rows)])
+    back = FinishedUnits(store, "syntax", {"seed": 0, "tasks": ["upos"]}).load("m|encoder|upos")  # same settings
+    assert back["value"].tolist() == [0.75] and back["layer"].tolist() == [2] and json.loads(back["extra"][0]) == {"a": 1}
+    assert FinishedUnits(store, "syntax", {"tasks": ["upos"], "seed": 1}).load("m|encoder|upos") is None
+    # a damaged file is recomputed, with a warning
+    next(units.folder.glob("*.parquet")).write_bytes(b"not parquet")
+    with pytest.warns(UserWarning, match="unreadable saved unit"):
+        assert units.load("m|encoder|upos") is None
+    # gc removes saved units untouched for the age limit, keeps recent ones
+    fresh = FinishedUnits(store, "syntax", {"seed": 2})
+    fresh.save("u", [pd.DataFrame(rows)])
+    old = time.time() - 40 * 86400
+    for f in [units.folder, *units.folder.iterdir()]:
+        os.utime(f, (old, old))
+    removed = store.gc()
+    assert units.folder in removed and not units.folder.exists() and fresh.folder.exists()

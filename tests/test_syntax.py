@@ -8,6 +8,7 @@ import json
 from collections import Counter
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from probes import syntax
@@ -276,6 +277,43 @@ def test_long_sentences_are_windowed_and_counted(tmp_path, tokenizers):
     assert len(mlp) == 3 and mlp["value"].between(0, 1).all()
     assert {json.loads(e)["classifier"] for e in mlp["extra"]} == {"mlp"}
 
+
+
+def test_interrupted_run_resumes_with_the_finished_units(tmp_path, tiny_checkpoint, monkeypatch):
+    """A run killed in its second task publishes nothing; the rerun reuses the finished units and
+    its rows equal those of a run that was never interrupted."""
+    kw = dict(max_train_sentences=60, max_eval_sentences=30, baselines=("majority",), mdl_tasks=(),
+              scalar_mix_tasks=(), cache_dir=tmp_path / "cache", progress=False, n_boot=50,
+              structural={"epochs": 2})  # fmt: skip
+    tasks = ["upos", "structural-depth"]
+    _, clean = run_syntax_probes([tiny_checkpoint], tasks, store=ResultsStore(tmp_path / "clean"), **kw)
+
+    store = ResultsStore(tmp_path / "runs")
+    real_structural = syntax._structural
+
+    def interrupted(ctx, task):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(syntax, "_structural", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_syntax_probes([tiny_checkpoint], tasks, store=store, **kw)
+    assert store.runs().empty
+    saved = list((tmp_path / "runs" / "partials").glob("syntax-*/*.parquet"))
+    assert len(saved) == 1 and saved[0].name.startswith("tiny-bert_encoder_upos")
+
+    calls = []
+    monkeypatch.setattr(syntax, "_structural", lambda ctx, task: calls.append(task) or real_structural(ctx, task))
+    monkeypatch.setattr(syntax, "_classification", lambda ctx, task: pytest.fail(f"{task} was recomputed"))
+    run_id, resumed = run_syntax_probes([tiny_checkpoint], tasks, store=store, **kw)
+    assert calls == ["structural-depth"]
+    m = store.manifest(run_id)
+    assert m["notes"]["reused_units"] == [f"tiny-bert|encoder|upos|{m['checkpoints'][0]['sha256'][:16]}"]
+    assert not list((tmp_path / "runs" / "partials").glob("syntax-*"))  # removed once the run is published
+    cols = ["model", "task", "layer", "metric", "value", "ci_low", "ci_high", "n"]
+    key = ["model", "task", "layer", "metric"]
+    a = clean[cols].sort_values(key).reset_index(drop=True)
+    b = resumed[cols].sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b, check_dtype=False)
 
 def test_cli_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
     missing = tmp_path / "no-such-checkpoint"

@@ -121,6 +121,16 @@ def data_file_record(path: str | Path) -> dict[str, Any]:
     return {"path": str(p), "data_relpath": rel, "bytes": p.stat().st_size, "sha256": _cached_sha256(p)}
 
 
+def source_fingerprint(packages: Iterable[str] = ("workbench", "probes")) -> str:
+    """sha256 over the Python source of the packages that compute the numbers.
+
+    Unlike the git commit it also changes with uncommitted edits, so work saved by one version of
+    the code (e.g. the finished pieces of an interrupted probe run) is never reused by another.
+    """
+    files = sorted(f for pkg in packages for f in (REPO_ROOT / pkg).rglob("*.py") if "__pycache__" not in f.parts)
+    return sha256_files(files, root=REPO_ROOT)
+
+
 def checkpoint_hash(path: str | Path) -> str:
     """sha256 over a checkpoint's weights.
 

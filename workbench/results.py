@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
+import hashlib
 import fcntl
 import json
 import math
@@ -50,7 +51,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from workbench.errors import ConfigError, WorkbenchError
-from workbench.io import atomic_dir, atomic_write_json
+from workbench.io import atomic_dir, atomic_path, atomic_write_json
 from workbench.manifest import build_manifest, utc_now_iso
 from workbench.paths import runs_root
 
@@ -731,15 +732,24 @@ class ResultsStore:
             con.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
         shutil.rmtree(hidden, ignore_errors=True)
 
-    def gc(self, min_age_s: float = 60.0) -> list[Path]:
+    def gc(self, min_age_s: float = 60.0, partials_max_age_days: float = 30.0) -> list[Path]:
         """Remove what crashed writers left behind; returns the removed paths.
 
         A hidden `.<run_id>.*` folder in results/ belongs to a live writer exactly when that
         run's lock file is locked (the kernel drops a dead process's flock, SIGKILL included), so
         any other hidden folder is removed. Unlocked lock files are removed too, except empty ones
-        younger than `min_age_s` (a writer between creating and locking its file).
+        younger than `min_age_s` (a writer between creating and locking its file). Saved units of
+        interrupted runs (`FinishedUnits`) untouched for `partials_max_age_days` are removed.
         """
         removed: list[Path] = []
+        partials = self.root / "partials"
+        if partials.is_dir():
+            cutoff = time.time() - partials_max_age_days * 86400
+            for folder in partials.iterdir():
+                newest = max((f.stat().st_mtime for f in folder.iterdir()), default=folder.stat().st_mtime)
+                if newest < cutoff:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    removed.append(folder)
         live: set[str] = set()
         for lock in self.writers_dir.glob("*.lock"):
             run_id = lock.name[: -len(".lock")]
@@ -769,6 +779,55 @@ class ResultsStore:
                     path.unlink()
             removed.append(path)
         return sorted(removed)
+
+
+class FinishedUnits:
+    """The finished pieces ("units") of a long run, kept on disk until the run is published, so
+    that rerunning the same command after a crash or Ctrl-C redoes only what is missing.
+
+    A probe run calls `load(unit)` before a unit of work (e.g. one model x stack x task) and
+    `save(unit, rows)` after it; `discard()` once the run is published. Units live under
+    `<runs root>/partials/<kind>-<key>/`, one parquet file each, written atomically; `key` hashes
+    the run's settings (pass them without the list of models, so a sweep that grows reuses what
+    it has) and the source of the code (`workbench.manifest.source_fingerprint`), so rows are only
+    reused by the same settings and the same code. Put what identifies the model (its weights'
+    hash) in the unit name.
+    """
+
+    def __init__(self, store: ResultsStore, kind: str, settings: Mapping[str, Any]):
+        from workbench.manifest import source_fingerprint
+
+        material = to_json({"kind": kind, "settings": settings, "source": source_fingerprint()}, "settings")
+        self.key = hashlib.sha256(material.encode()).hexdigest()[:20]
+        self.folder = store.root / "partials" / f"{kind}-{self.key}"
+        self.reused: list[str] = []
+
+    def _path(self, unit: str) -> Path:
+        readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in unit)[:80]
+        return self.folder / f"{readable}-{hashlib.sha256(unit.encode()).hexdigest()[:12]}.parquet"
+
+    def load(self, unit: str) -> pd.DataFrame | None:
+        """The unit's rows when a previous attempt finished it, else None (an unreadable file counts as missing)."""
+        path = self._path(unit)
+        if not path.is_file():
+            return None
+        try:
+            rows = coerce_rows(pq.read_table(path))
+        except (OSError, pa.ArrowException, KeyError, ValueError) as exc:
+            warnings.warn(f"{path}: unreadable saved unit ({exc}); recomputing it", stacklevel=2)
+            return None
+        self.reused.append(unit)
+        return rows
+
+    def save(self, unit: str, rows: list[pd.DataFrame] | pd.DataFrame) -> None:
+        frames = [validate_rows(r) for r in (rows if isinstance(rows, list) else [rows])]
+        rows_ = pd.concat(frames, ignore_index=True) if frames else empty_rows()
+        table = pa.Table.from_pandas(rows_, schema=ARROW_SCHEMA, preserve_index=False)
+        with atomic_path(self._path(unit)) as tmp:
+            pq.write_table(table, tmp)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _filter_expression(column: str, want: Any) -> pc.Expression:
