@@ -389,6 +389,36 @@ def test_save_load_round_trip(tmp_path, tiny_models, handles, ewt_train, name):
     assert ha.forward(sents[:2], attentions=True).attentions[ha.stacks[0]][0].shape[0] == 2
 
 
+
+def test_pretraining_heads_load_quietly(tmp_path, tokenizers):
+    """A BertForPreTraining checkpoint (NSP head, pooler) opens as a masked LM without transformers'
+    per-load report (the handle checks the loading info itself) and leaves its logging as it was."""
+    import logging
+
+    from transformers import BertConfig, BertForPreTraining
+    from transformers.utils import logging as hf_logging
+
+    tok = tokenizers["bert"]
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, pad_token_id=tok.pad_token_id)
+    folder = _save(tmp_path, BertForPreTraining(cfg), tok)
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    root = logging.getLogger("transformers")
+    root.addHandler(handler)
+    try:
+        verbosity = hf_logging.get_verbosity()
+        h = ModelHandle.load(folder)
+        assert not any("LOAD REPORT" in m for m in seen)
+        assert h._head_trained and hf_logging.get_verbosity() == verbosity
+        from transformers import AutoModelForMaskedLM  # the same load straight through transformers reports
+
+        AutoModelForMaskedLM.from_pretrained(folder)
+        assert any("LOAD REPORT" in m for m in seen)
+    finally:
+        root.removeHandler(handler)
+
 def test_manifest_family_and_hashes(tmp_path, tiny_models, tokenizers):
     model, tok = tiny_models["bert"]
     folder = _save(tmp_path, model, tok)

@@ -38,6 +38,7 @@ truncated_tokens (only `forward(..., truncate=True)` truncates).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections import Counter
@@ -158,6 +159,24 @@ def _choose_windows(first: np.ndarray, last: np.ndarray, starts: list[int], capa
     return choice, cut
 
 
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence transformers' per-load report and progress bar: `ModelHandle.load` checks the
+    loading info itself (missing body weights are an error, a missing LM head is recorded) and
+    the unused pretraining heads it reports (NSP, pooler) are expected, once per checkpoint of a sweep."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 class ModelHandle:
     """Run any checkpoint: word-aligned hidden states of every layer and LM-head scores.
 
@@ -263,12 +282,13 @@ class ModelHandle:
         if attentions:
             kwargs["attn_implementation"] = "eager"
         try:
-            try:
-                model, info = head_cls.from_pretrained(path, **kwargs)
-            except ValueError as e:
-                if "Unrecognized configuration class" not in str(e):
-                    raise
-                model, info = AutoModel.from_pretrained(path, **kwargs)
+            with _quiet_transformers():
+                try:
+                    model, info = head_cls.from_pretrained(path, **kwargs)
+                except ValueError as e:
+                    if "Unrecognized configuration class" not in str(e):
+                        raise
+                    model, info = AutoModel.from_pretrained(path, **kwargs)
         except Exception as e:
             raise CheckpointError(f"{path}: cannot load weights ({type(e).__name__}: {e})") from e
 
