@@ -924,10 +924,35 @@ def _format_blocks(df: pd.DataFrame, suffix: str) -> str:
         layers = sorted(set().union(acc, sel, uuas, maj, racc, ruuas, chain))
         table = [header] + [[str(l), fmt(acc.get(l), True), fmt(sel.get(l)), fmt(uuas.get(l)), fmt(maj.get(l)),
                              fmt(racc.get(l)), fmt(ruuas.get(l)), fmt(chain.get(l))] for l in layers]  # fmt: skip
-        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-        lines = [f"== {model}{suffix}"] + ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table]
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) if blocks else "(no per-layer syntax rows)"
+        blocks.append(f"== {model}{suffix}\n" + _aligned(table))
+    if not blocks:
+        return "(no per-layer syntax rows)"
+    if len(models) <= MAX_LAYER_BLOCKS:
+        return "\n\n".join(blocks)
+    # A sweep over many checkpoints: the last one in full, then one line per checkpoint and metric.
+    run_ids = df["run_id"].dropna().unique().tolist() if "run_id" in df else []
+    show = f"bertology runs show {run_ids[0]}" if len(run_ids) == 1 else "bertology runs show RUN_ID"
+    out = [f"(per-layer tables of the other {len(models) - 1} checkpoints: `{show}`)", blocks[-1]]
+    for task, metric, label in CHECKPOINT_MATRICES:
+        cells = {m: series(m, task, metric) for m in models}
+        layers = sorted(set().union(*cells.values()))
+        if layers:
+            table = [[label + " | layer"] + [str(l) for l in layers]]
+            table += [[m] + [fmt(cells[m].get(l)) for l in layers] for m in models]
+            out.append(f"== {label} by checkpoint and layer{suffix}\n" + _aligned(table))
+    return "\n\n".join(out)
+
+
+MAX_LAYER_BLOCKS = 3  # more checkpoints than this: one matrix per metric instead of a block each
+CHECKPOINT_MATRICES = (("upos", "accuracy", "UPOS acc"), ("upos", "selectivity", "UPOS sel"),
+                       ("structural-distance", "uuas", "UUAS"), ("structural-depth", "root_acc", "root acc"))
+
+
+def _aligned(table: list[list[str]]) -> str:
+    """Rows of cells as right-aligned text columns (the first column left-aligned)."""
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in table)
 
 
 # --------------------------------------------------------------------------- CLI

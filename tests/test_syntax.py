@@ -344,3 +344,24 @@ def test_layer_table_one_block_per_model_and_stack():
     enc = table.split("== m [decoder]")[0].splitlines()
     assert enc[3].split()[:2] == ["1", "0.900"] and enc[3].split()[-3:-1] == ["0.470", "-"]
     assert "0.600" in enc[3] and "0.300" in table.split("== m [decoder]")[1]
+
+
+def test_many_checkpoints_get_a_matrix_per_metric():
+    from probes.engine import layer_rows
+
+    steps = [0, 1, 2, 4, 8]
+    df = pd.concat([
+        layer_rows({metric: [v + 0.01 * step, v + 0.1 + 0.01 * step]}, probe="syntax", task=task, split="dev",
+                   stack="encoder", model=f"run/step-{step}", step=step)
+        for step in steps for task, metric, v in (("upos", "accuracy", 0.5), ("structural-distance", "uuas", 0.2))
+    ]).assign(run_id="RUN1")  # fmt: skip
+    table = syntax.format_layer_table(df)
+    heads = [l for l in table.splitlines() if l.startswith("==")]
+    assert heads == ["== run/step-8", "== UPOS acc by checkpoint and layer", "== UUAS by checkpoint and layer"]
+    assert "bertology runs show RUN1" in table
+    upos = table.split("== UPOS acc by checkpoint and layer")[1].split("==")[0].strip().splitlines()
+    assert upos[0].split()[-2:] == ["0", "1"] and [l.split()[0] for l in upos[1:]] == [f"run/step-{s}" for s in steps]
+    assert upos[3].split()[1:] == ["0.520", "0.620"]  # step 2
+    uuas = table.split("== UUAS by checkpoint and layer")[1].strip().splitlines()
+    assert uuas[5].split()[1:] == ["0.280", "0.380"]  # step 8
+
