@@ -407,6 +407,8 @@ def test_pretraining_heads_load_quietly(tmp_path, tokenizers):
     handler.emit = lambda record: seen.append(record.getMessage())
     root = logging.getLogger("transformers")
     root.addHandler(handler)
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()  # the level the report is logged at (other tests may lower it)
     try:
         verbosity = hf_logging.get_verbosity()
         h = ModelHandle.load(folder)
@@ -418,6 +420,7 @@ def test_pretraining_heads_load_quietly(tmp_path, tokenizers):
         assert any("LOAD REPORT" in m for m in seen)
     finally:
         root.removeHandler(handler)
+        hf_logging.set_verbosity(before)
 
 def test_manifest_family_and_hashes(tmp_path, tiny_models, tokenizers):
     model, tok = tiny_models["bert"]

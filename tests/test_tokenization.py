@@ -129,3 +129,42 @@ def test_tokenized_corpus_matches_direct_encoding_and_is_cached(corpus, tokdir, 
     blocks = list(contiguous_blocks(tc, 32, np.random.default_rng(0)))
     assert blocks and all(len(b) == 30 for b in blocks)
     assert len(add_special_tokens(tok, blocks[0])) == 32
+
+
+def test_wordpiece_training_is_reproducible_and_matches_the_library_trainer():
+    """tokenizers' WordPieceTrainer gives two different vocabularies for the same text (ties broken
+    in hash-map order, huggingface/tokenizers#1794); ours gives one, and nearly the same pieces."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    from workbench.data.conllu import load_treebank
+    from workbench.tokenization import build_tokenizer
+
+    texts = [s.text for s in load_treebank("en_ewt", "train")]
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    ours = [build_tokenizer("wordpiece", specials, texts, vocab_size=4000).get_vocab() for _ in range(3)]
+    assert ours[0] == ours[1] == ours[2] and len(ours[0]) == 4000
+    assert [p for p, i in sorted(ours[0].items(), key=lambda kv: kv[1])][:5] == specials
+
+    def library():
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(strip_accents=False, lowercase=False)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=4000, special_tokens=specials,
+                                                                 show_progress=False))
+        return tok.get_vocab()
+
+    theirs = [library() for _ in range(3)]
+    assert len({tuple(sorted(v.items())) for v in theirs}) > 1  # the upstream fault this works around
+    assert len(set(ours[0]) & set(theirs[0])) >= 0.99 * 4000
+    assert any(p.startswith("##") and len(p) > 3 for p in ours[0])
+
+
+
+def test_wordpiece_private_use_characters_never_reach_training():
+    """Continuations are spelled in Unicode's private use area while training; the BERT normalizer
+    removes such characters from the text, so they cannot collide with the corpus' own."""
+    from workbench.tokenization import build_tokenizer
+
+    tok = build_tokenizer("wordpiece", ["[PAD]", "[UNK]"], ["plain words", "odd \U000F0001x here"] * 5, vocab_size=60)
+    assert not any(0xF0000 <= ord(c) <= 0xFFFFD for piece in tok.get_vocab() for c in piece)
+    assert tok.convert_ids_to_tokens(tok("odd words", add_special_tokens=False)["input_ids"])[0] == "odd"

@@ -2,7 +2,9 @@
 
 Four kinds, after the families that made them famous (all trained with HF `tokenizers`):
 - "wordpiece": BERT-style WordPiece with `##` continuations (Devlin et al. 2019; Wu et al. 2016);
-  cased (no lower-casing or accent stripping, so the Spanish corpora keep their accents);
+  cased (no lower-casing or accent stripping, so the Spanish corpora keep their accents). Trained
+  reproducibly: `tokenizers`' own WordPieceTrainer breaks count ties in hash-map order, so two
+  trainings on the same text differ (huggingface/tokenizers#1794); see `_train_wordpiece`;
 - "bytelevel_bpe": GPT-2/RoBERTa byte-level BPE (Radford et al. 2019), every word with a leading
   space marker (add_prefix_space, so `is_split_into_words=True` sees words as in running text);
 - "unigram": SentencePiece-style Unigram LM with the `▁` word marker (Kudo 2018; Kudo & Richardson
@@ -31,7 +33,7 @@ from workbench.paths import cache_root
 if TYPE_CHECKING:  # pragma: no cover
     from workbench.families.base import FamilySpec
 
-TOKENIZER_FORMAT_VERSION = 1
+TOKENIZER_FORMAT_VERSION = 2  # 2: reproducible WordPiece training
 ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
 
 # Common spellings of special tokens -> their roles, used when a family gives no `special_roles`.
@@ -87,8 +89,7 @@ def _backend(kind: str, special_tokens: list[str], roles: dict[str, str], vocab_
         tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=False)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece(prefix="##")
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
-                                            continuing_subword_prefix="##", show_progress=show_progress)
+        trainer = None  # see _train_wordpiece
     elif kind == "bytelevel_bpe":
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
@@ -114,6 +115,58 @@ def _backend(kind: str, special_tokens: list[str], roles: dict[str, str], vocab_
     return tok, trainer
 
 
+# While training, continuation characters ("##c") are spelled as characters of Unicode's
+# supplementary private use area A, which BertNormalizer(clean_text=True) removes from the text.
+_CONTINUATION_BASE = 0xF0000
+_CONTINUATION_END = 0xFFFFD
+
+
+def _train_wordpiece(tok: Tokenizer, texts: Iterable[str], special_tokens: list[str], unk: str, vocab_size: int,
+                     show_progress: bool) -> models.WordPiece:
+    """A WordPiece vocabulary learned the way `tokenizers`' WordPieceTrainer learns it, reproducibly.
+
+    That trainer is BPE over words whose non-initial characters carry the `##` prefix, and it gives
+    the `##c` symbols ids in hash-map order; those ids break ties between merges of equal count, so
+    two trainings on the same text disagree at the cut-off (huggingface/tokenizers#1794). Here every
+    non-initial character is spelled as its own private-use character instead, so the BPE trainer
+    sees a plain alphabet, which it sorts, and its tie-breaking is fixed; the learned pieces are
+    spelled back with `##`. The alphabet holds every character seen (as WordPieceTrainer's does).
+    """
+    table: dict[str, str] = {}
+
+    def continuation(c: str) -> str:
+        mark = table.get(c)
+        if mark is None:
+            if _CONTINUATION_BASE + len(table) > _CONTINUATION_END:
+                raise ValueError("more distinct characters than the private use area holds")
+            mark = table[c] = chr(_CONTINUATION_BASE + len(table))
+        return mark
+
+    alphabet: set[str] = set()
+    marked: list[str] = []
+    for text in texts:
+        words = [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(text))]
+        for w in words:
+            alphabet.update(w)
+        marked.append(" ".join(w[0] + "".join(continuation(c) for c in w[1:]) for w in words))
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens, show_progress=show_progress,
+                                  initial_alphabet=sorted(alphabet))
+    bpe.train_from_iterator(marked, trainer)
+    plain = {mark: c for c, mark in table.items()}
+    vocab: dict[str, int] = {}
+    for piece, _ in sorted(bpe.get_vocab().items(), key=lambda kv: kv[1]):
+        if piece in special_tokens:
+            spelled = piece
+        elif piece[0] in plain:
+            spelled = "##" + "".join(plain[c] for c in piece)
+        else:
+            spelled = piece[0] + "".join(plain.get(c, c) for c in piece[1:])
+        vocab.setdefault(spelled, len(vocab))
+    return models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##")
+
+
 def build_tokenizer(
     kind: str,
     special_tokens: list[str],
@@ -127,7 +180,10 @@ def build_tokenizer(
     """Train a tokenizer of `kind` on `texts` (one sentence or line each) and wrap it (no caching)."""
     roles = resolve_roles(special_tokens, special_roles)
     tok, trainer = _backend(kind, special_tokens, roles, vocab_size, show_progress)
-    tok.train_from_iterator(texts, trainer, length=length)
+    if kind == "wordpiece":
+        tok.model = _train_wordpiece(tok, texts, special_tokens, roles.get("unk") or "[UNK]", vocab_size, show_progress)
+    else:
+        tok.train_from_iterator(texts, trainer, length=length)
     template = template if template is not None else infer_template(roles)
     if template is not None:
         single, pair = template
