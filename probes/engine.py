@@ -345,8 +345,10 @@ def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Gene
         bar = tqdm(total=epochs, desc="probe (adam)", disable=not cfg.progress, leave=False)
         module.train()
         # Shuffle the words once (one copy of the training features), then each epoch cuts the
-        # shuffled words into minibatches at a random offset and visits them in random order: every
-        # epoch sees new random minibatches without a per-step gather (which cost ~20% of a step).
+        # shuffled words into contiguous minibatches at a fresh random offset and visits them in
+        # random order: the batch boundaries move between epochs, and no step pays for a gather
+        # (which cost ~20% of a step). An epoch may have one short extra batch; the cosine
+        # schedule is counted in full batches, so those few last steps run at learning rate ~0.
         perm = torch.randperm(n, generator=gen).to(x.device)
         x, y = x.index_select(1, perm), y.index_select(y.dim() - 1, perm)
         for epoch in range(epochs):
