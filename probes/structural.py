@@ -19,6 +19,7 @@ of sentences whose shallowest predicted (non-punctuation) word is the gold root.
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,12 +166,12 @@ def length_averaged(values, lengths) -> np.ndarray:
     flat = values.ndim == 1
     values = np.atleast_2d(values)
     lengths = np.asarray(lengths)
-    out = []
-    for row in values:
-        means = [row[lengths == n][np.isfinite(row[lengths == n])].mean() for n in np.unique(lengths)
-                 if _in_spearman_range(int(n)) and np.isfinite(row[lengths == n]).any()]
-        out.append(float(np.mean(means)) if means else float("nan"))
-    return out[0] if flat else np.array(out)
+    groups = [lengths == n for n in np.unique(lengths) if _in_spearman_range(int(n))]
+    with warnings.catch_warnings():  # a length with no counted sentence gives NaN, then is skipped
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_length = np.stack([np.nanmean(values[:, g], axis=1) for g in groups], axis=1) if groups else None
+        out = np.nanmean(per_length, axis=1) if per_length is not None else np.full(len(values), np.nan)
+    return float(out[0]) if flat else out
 
 
 def distance_spearman(pred: list[np.ndarray], gold: list[np.ndarray]) -> float:
@@ -340,7 +341,7 @@ def predict(fit: StructuralFit, data: TreeSet, batch_size: int = 64) -> list[lis
         idx = list(range(start, min(start + batch_size, len(data))))
         x, mask, _, _ = data.batch(idx)
         pred = probe.distances(x) if fit.kind == "distance" else probe.depths(x)
-        for b, i in enumerate(idx):
+        for b in range(len(idx)):
             n = int(mask[b].sum())
             for layer in range(len(out)):
                 p = pred[layer, b, :n, :n] if fit.kind == "distance" else pred[layer, b, :n]

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from app.cli import build_parser, main
+from app.cli import main
 
 COMMANDS = [["train"], ["probe", "syntax"], ["data", "verify"], ["data", "fetch"], ["data", "corpus"], ["probe"], ["run"],
             ["runs", "list"], ["runs", "show"], ["runs", "delete"], ["runs", "gc"], ["runs", "reindex"],

@@ -556,6 +556,14 @@ def _pad(rows, value):
     return torch.tensor([r + [value] * (width - len(r)) for r in rows])
 
 
+def _train_seq2seq(model, tok, src, tgt) -> ModelHandle:
+    """Fit a seq2seq model on the planted (source, target) id lists; its handle."""
+    src_ids, tgt_ids = _pad(src, tok.pad_token_id), _pad(tgt, -100)
+    _train(model, lambda: dict(input_ids=src_ids, attention_mask=(src_ids != tok.pad_token_id).long(),
+                               labels=tgt_ids))
+    return ModelHandle(model, tok)
+
+
 def test_t5_scoring_planted(tokenizers):
     tok = tokenizers["t5"]
     model = tiny_t5(tok)
@@ -563,10 +571,7 @@ def test_t5_scoring_planted(tokenizers):
     src = [tok(c.replace("<blank>", "<extra_id_0>"))["input_ids"] for _, c, _ in PLANTED]
     tgt = [[s0] + tok(" " + r, add_special_tokens=False)["input_ids"] + [s1] for _, _, r in PLANTED]
 
-    src_ids, tgt_ids = _pad(src, tok.pad_token_id), _pad(tgt, -100)
-    _train(model, lambda: dict(input_ids=src_ids, attention_mask=(src_ids != tok.pad_token_id).long(),
-                               labels=tgt_ids))
-    h = ModelHandle(model, tok)
+    h = _train_seq2seq(model, tok, src, tgt)
     scores = _check_planted(h)
     # hand: HF's loss over the target, minus the (unscored) prediction of sentinel 0
     x, y = torch.tensor([src[0]]), torch.tensor([tgt[0]])
@@ -582,10 +587,7 @@ def test_bart_scoring_planted(tokenizers):
     src = [tok(c.replace("<blank>", "<mask>"))["input_ids"] for _, c, _ in PLANTED]
     tgt = [tok(s)["input_ids"] for s, _, _ in PLANTED]
 
-    src_ids, tgt_ids = _pad(src, tok.pad_token_id), _pad(tgt, -100)
-    _train(model, lambda: dict(input_ids=src_ids, attention_mask=(src_ids != tok.pad_token_id).long(),
-                               labels=tgt_ids))
-    h = ModelHandle(model, tok)
+    h = _train_seq2seq(model, tok, src, tgt)
     scores = _check_planted(h)
     x, y = torch.tensor([src[0]]), torch.tensor([tgt[0]])
     with torch.no_grad():

@@ -596,3 +596,8 @@ def test_bad_inputs_raise():
                     word_ids=torch.tensor([[-1, 0, -1, -1]]))
     with pytest.raises(ValueError, match="shapes"):
         replaced_token_detection(ids, ids, torch.zeros(1, 3, 5), generator=gen(0), original_ids=ids)
+    for rates in ({"rate": 1.5}, {"mask_prob": 0.8, "random_prob": 0.3}, {"random_prob": -0.1}):
+        with pytest.raises(ValueError, match="bad masking rates"):
+            mask_tokens(ids, ids.lt(5), mask_token_id=4, vocab_size=20, generator=gen(0), **rates)
+        with pytest.raises(ValueError, match="bad masking rates"):
+            span_mask(ids, ids.lt(5), word_ids=None, mask_token_id=4, vocab_size=20, generator=gen(0), **rates)

@@ -132,7 +132,7 @@ def test_tokenized_corpus_matches_direct_encoding_and_is_cached(corpus, tokdir, 
 
 
 def test_wordpiece_training_is_reproducible_and_matches_the_library_trainer():
-    """tokenizers' WordPieceTrainer gives two different vocabularies for the same text (ties broken
+    """tokenizers' WordPieceTrainer can give different vocabularies for the same text (ties broken
     in hash-map order, huggingface/tokenizers#1794); ours gives one, and nearly the same pieces."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
@@ -145,19 +145,13 @@ def test_wordpiece_training_is_reproducible_and_matches_the_library_trainer():
     assert ours[0] == ours[1] == ours[2] and len(ours[0]) == 4000
     assert [p for p, i in sorted(ours[0].items(), key=lambda kv: kv[1])][:5] == specials
 
-    def library():
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(strip_accents=False, lowercase=False)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=4000, special_tokens=specials,
+    library = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    library.normalizer = normalizers.BertNormalizer(strip_accents=False, lowercase=False)
+    library.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    library.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=4000, special_tokens=specials,
                                                                  show_progress=False))
-        return tok.get_vocab()
-
-    theirs = [library() for _ in range(3)]
-    assert len({tuple(sorted(v.items())) for v in theirs}) > 1  # the upstream fault this works around
-    assert len(set(ours[0]) & set(theirs[0])) >= 0.99 * 4000
+    assert len(set(ours[0]) & set(library.get_vocab())) >= 0.99 * 4000  # the same pieces but for count ties
     assert any(p.startswith("##") and len(p) > 3 for p in ours[0])
-
 
 
 def test_wordpiece_private_use_characters_never_reach_training():

@@ -138,29 +138,24 @@ def test_contiguous_blocks_pack_documents_with_separators(tiny_run):
     assert again == blocks and other != blocks
 
 
-def test_config_errors_name_file_and_key(tmp_path):
+@pytest.mark.parametrize("text, message", [
+    ("family: gpt\nsteps: 10\ncorpus:\n  sources: [brown]\n  heldout_fractoin: 0.1\n",
+     r": corpus\.heldout_fractoin: unknown key"),
+    ("family: gpt\nsteps: 10\nlr: fast\n", r": lr: expected a number"),
+    ("family: gpt\nsteps: 10\ncorpus: {heldout_fraction: 2}\n", r": corpus\.heldout_fraction: must be in \(0, 1\)"),
+    ("family: gpt\n", r": steps: give exactly one"),
+    ("family: gpt2\nsteps: 3\n", r": family: unknown family 'gpt2'"),
+    ("steps: 3\n", r": family: required key is missing"),
+    ("family: gpt\nsteps: [3\n", r":\d+: not valid YAML"),
+])  # fmt: skip
+def test_config_errors_name_file_and_key(tmp_path, text, message):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("family: gpt\nsteps: 10\ncorpus:\n  sources: [brown]\n  heldout_fractoin: 0.1\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: corpus\.heldout_fractoin: unknown key"):
+    bad.write_text(text)
+    with pytest.raises(ConfigError, match=r"bad\.yaml" + message):
         load_config(bad)
-    bad.write_text("family: gpt\nsteps: 10\nlr: fast\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: lr: expected a number"):
-        load_config(bad)
-    bad.write_text("family: gpt\nsteps: 10\ncorpus: {heldout_fraction: 2}\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: corpus\.heldout_fraction: must be in \(0, 1\)"):
-        load_config(bad)
-    bad.write_text("family: gpt\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: steps: give exactly one"):
-        load_config(bad)
-    bad.write_text("family: gpt2\nsteps: 3\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: family: unknown family 'gpt2'"):
-        load_config(bad)
-    bad.write_text("steps: 3\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: family: required key is missing"):
-        load_config(bad)
-    bad.write_text("family: gpt\nsteps: [3\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml:\d+: not valid YAML"):
-        load_config(bad)
+
+
+def test_config_overrides():
     good = load_config({"family": "gpt", "steps": 5}, {"corpus.max_documents": 7, "lr": "1e-3"})
     assert good.corpus.max_documents == 7 and good.lr == 1e-3 and good.total_steps == 5
 

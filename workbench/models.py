@@ -522,7 +522,7 @@ class ModelHandle:
 
     def _truncate(self, batch: WordBatch) -> WordBatch:
         rows, wids = [], []
-        P, S = len(self._prefix), len(self._suffix)
+        S = len(self._suffix)
         for b in range(batch.input_ids.shape[0]):
             n = int(batch.attention_mask[b].sum())
             ids, w = batch.input_ids[b, :n].cpu().numpy(), batch.word_ids[b, :n].cpu().numpy()

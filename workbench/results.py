@@ -821,8 +821,8 @@ class FinishedUnits:
 
     def save(self, unit: str, rows: list[pd.DataFrame] | pd.DataFrame) -> None:
         frames = [validate_rows(r) for r in (rows if isinstance(rows, list) else [rows])]
-        rows_ = pd.concat(frames, ignore_index=True) if frames else empty_rows()
-        table = pa.Table.from_pandas(rows_, schema=ARROW_SCHEMA, preserve_index=False)
+        table = pa.Table.from_pandas(pd.concat(frames, ignore_index=True) if frames else empty_rows(),
+                                     schema=ARROW_SCHEMA, preserve_index=False)
         with atomic_path(self._path(unit)) as tmp:
             pq.write_table(table, tmp)
 

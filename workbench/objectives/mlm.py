@@ -96,6 +96,12 @@ def check_inputs(
             raise ValueError("word_ids is -1 at a non-special token")
 
 
+def check_rates(rate: float, mask_prob: float, random_prob: float) -> None:
+    """ValueError unless the masking rate is in [0, 1] and the [MASK]/random shares fit in 1."""
+    if not (0.0 <= rate <= 1.0 and mask_prob >= 0 and random_prob >= 0 and mask_prob + random_prob <= 1.0):
+        raise ValueError(f"bad masking rates: rate={rate}, mask_prob={mask_prob}, random_prob={random_prob}")
+
+
 def word_groups(special_mask: torch.Tensor, word_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Number the words of a batch: returns ``(group [B, T], word_row [W])``.
 
@@ -179,8 +185,7 @@ def mask_tokens(
     ``labels`` hold the original id at every chosen position and -100 elsewhere.
     """
     check_inputs(input_ids, special_mask, word_ids)
-    if not (0.0 <= rate <= 1.0 and mask_prob >= 0 and random_prob >= 0 and mask_prob + random_prob <= 1.0):
-        raise ValueError(f"bad masking rates: rate={rate}, mask_prob={mask_prob}, random_prob={random_prob}")
+    check_rates(rate, mask_prob, random_prob)
     device = input_ids.device
     ids = input_ids.cpu()
     special = special_mask.cpu()

@@ -24,6 +24,7 @@ import torch
 from workbench.objectives.mlm import (
     IGNORE_INDEX,
     check_inputs,
+    check_rates,
     expand_spans,
     masking_budget,
     random_replacements,
@@ -157,8 +158,7 @@ def span_mask(
     :func:`workbench.objectives.mlm.mask_tokens`). With ``return_spans`` the result also carries
     ``spans`` (see :class:`SpanMasking`)."""
     check_inputs(input_ids, special_mask, word_ids)
-    if not (0.0 <= rate <= 1.0 and mask_prob >= 0 and random_prob >= 0 and mask_prob + random_prob <= 1.0):
-        raise ValueError(f"bad masking rates: rate={rate}, mask_prob={mask_prob}, random_prob={random_prob}")
+    check_rates(rate, mask_prob, random_prob)
     device = input_ids.device
     ids = input_ids.cpu()
     special = special_mask.cpu()
