@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from workbench.data.fake_language import base_source, is_shifted, shifted_documents
 from workbench.data.raw import LANGUAGE, RAW_CORPORA, Document, count_words, load_documents, source_files
 from workbench.errors import ConfigError, DataFormatError
 from workbench.io import atomic_dir, sha256_file
@@ -83,7 +84,8 @@ def build_corpus(
     """
     if not sources:
         raise ConfigError("build_corpus needs at least one source")
-    unknown = [s for s in sources if s not in RAW_CORPORA]
+    # `shifted:<name>`: the fake-language copy of a raw corpus (K et al. 2020; workbench.data.fake_language)
+    unknown = [s for s in sources if base_source(s) not in RAW_CORPORA]
     if unknown:
         raise ConfigError(f"unknown corpus sources {unknown}; known: {sorted(RAW_CORPORA)}")
     if len(set(sources)) != len(sources):
@@ -99,7 +101,7 @@ def build_corpus(
     checksums: dict[str, dict[str, str]] = {}
     seen: set[str] = set()
     for source in tqdm(sources, desc="corpus sources", unit="source"):
-        docs = load_documents(source)
+        docs = shifted_documents(source) if is_shifted(source) else load_documents(source)
         dup = [d.doc_id for d in docs if d.doc_id in seen]
         if dup or len({d.doc_id for d in docs}) != len(docs):
             raise DataFormatError(source, None, f"duplicate document ids, e.g. {dup[:3]}")
@@ -107,8 +109,8 @@ def build_corpus(
         train, held = split_documents(source, docs, heldout_fraction, seed, max_documents)
         splits["train"] += train
         splits["heldout"] += held
-        by_source[source] = {"train": _counts(train), "heldout": _counts(held), "language": LANGUAGE[source]}
-        checksums[source] = {str(p.relative_to(root)): sha256_file(p) for p in source_files(source)}
+        by_source[source] = {"train": _counts(train), "heldout": _counts(held), "language": LANGUAGE[base_source(source)] + ("-shifted" if is_shifted(source) else "")}
+        checksums[source] = {str(p.relative_to(root)): sha256_file(p) for p in source_files(base_source(source))}
 
     manifest = {
         "format": MANIFEST_FORMAT,
