@@ -220,7 +220,7 @@ def test_validation_errors_are_clear(tmp_path):
         store.start_run("probe", ["not", "a", "dict"])
     with pytest.raises(ConfigError, match="run config cannot be stored as JSON"):
         store.start_run("probe", {"model": object()})
-    with pytest.raises(CheckpointError, match="holds no weight files"):
+    with pytest.raises(CheckpointError, match="no weight files"):
         store.start_run("probe", {}, checkpoints=[tmp_path])
     with pytest.raises(RunNotFoundError, match="not a run id"):
         store.read("../etc")

@@ -3,6 +3,16 @@
 A workbench checkpoint is a plain `save_pretrained` folder `<run>/[seed-S/]step-NNNNNNN/` with the
 tokenizer and a `manifest.json` (family, step, seed, training config, corpus). Any other local folder
 holding a `config.json` is a checkpoint too (family/step/seed unknown).
+
+Which files are the weights (`weight_files`, hashed by `weights_hash`): exactly the files that
+`from_pretrained` reads, in its order of preference: `model.safetensors`, else the shards named
+by `model.safetensors.index.json`, else `pytorch_model.bin`, else the shards named by
+`pytorch_model.bin.index.json`. Everything else in the folder leaves the hash alone: config and
+tokenizer files, our `manifest.json` and `trainer_state/`, a Trainer's `training_args.bin` /
+`optimizer.pt` / `rng_state.pth`, sub-folders (SpanBERT's `sbo_head/`, sentence-transformers'
+`1_Pooling/`) and other frameworks' weights (`tf_model.h5`, `flax_model.msgpack`, `onnx/`), none
+of which change the hidden states a `ModelHandle` computes. The results manifest and the handle
+(whose hash keys the activation cache) both use `weights_hash`, so they agree on every folder.
 """
 
 from __future__ import annotations
@@ -15,6 +25,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from workbench.errors import CheckpointError, ConfigError
+from workbench.io import sha256_files
+
+STEP_PREFIX = "step-"
+SEED_PREFIX = "seed-"
+MANIFEST_NAME = "manifest.json"
+# (single file, sharded index) in `from_pretrained`'s order of preference.
+WEIGHT_NAMES = (("model.safetensors", "model.safetensors.index.json"),
+                ("pytorch_model.bin", "pytorch_model.bin.index.json"))
 
 
 @dataclass
@@ -29,8 +47,40 @@ class Checkpoint:
     handle: Any = None  # an already-open handle (tests, planted models)
 
 
-_STEP_DIR = re.compile(r"step-\d+\Z")
-_SEED_DIR = re.compile(r"seed-\d+\Z")
+_STEP_DIR = re.compile(rf"{STEP_PREFIX}(\d+)\Z")
+_SEED_DIR = re.compile(rf"{SEED_PREFIX}(\d+)\Z")
+
+
+# ---- the step folder layout ------------------------------------------------------------------------
+
+
+def step_dir(run: str | Path, step: int) -> Path:
+    """`<run>/step-NNNNNNN`: zero-padded so a plain listing is in step order too."""
+    return Path(run) / f"{STEP_PREFIX}{int(step):07d}"
+
+
+def step_number(path: str | Path) -> int | None:
+    """The step of a `step-NNNNNNN` folder, None for any other name."""
+    m = _STEP_DIR.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def list_steps(folder: str | Path) -> list[tuple[int, Path]]:
+    """(step, folder) of the complete checkpoints of a training output folder: its own `step-*`
+    folders and those of its `seed-S/` sub-folders, by seed then step (both numeric).
+
+    Complete means the folder holds a `config.json`: checkpoints are written atomically
+    (`workbench.io.atomic_dir`), so a half-written one is a hidden `.step-*.tmp` folder, never listed.
+    """
+    folder = Path(folder)
+    found = []
+    for p in [*folder.glob(f"{STEP_PREFIX}*"), *folder.glob(f"{SEED_PREFIX}*/{STEP_PREFIX}*")]:
+        step = step_number(p)
+        seed = _SEED_DIR.match(p.parent.name) if p.parent != folder else None
+        if step is None or (p.parent != folder and seed is None) or not (p / "config.json").is_file():
+            continue
+        found.append(((int(seed.group(1)) if seed else -1, step), p))
+    return [(order[1], p) for order, p in sorted(found)]
 
 
 def checkpoint_name(path: Path) -> str:
@@ -43,6 +93,66 @@ def checkpoint_name(path: Path) -> str:
     if _SEED_DIR.match(parent.name):
         return f"{parent.parent.name}/{parent.name}/{path.name}"
     return f"{parent.name}/{path.name}"
+
+
+# ---- a checkpoint's manifest and weights ---------------------------------------------------------
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any] | None:
+    """The checkpoint's `manifest.json` as a dict (None when it has none); a CheckpointError naming
+    the file when it is not a JSON object."""
+    path = Path(folder) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        raise CheckpointError(f"{path}: unreadable manifest ({e})") from e
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path}: unreadable manifest (a JSON object expected, got {type(manifest).__name__})")
+    return manifest
+
+
+def weight_files(folder: str | Path) -> list[Path]:
+    """The weight files `from_pretrained` would read from this folder (see the module docstring);
+    [] when there are none. A sharded index that is unreadable or names a missing shard is a
+    CheckpointError naming the index."""
+    folder = Path(folder)
+    for single, index in WEIGHT_NAMES:
+        if (folder / single).is_file():
+            return [folder / single]
+        if (folder / index).is_file():
+            try:
+                shards = sorted(set(json.loads((folder / index).read_text(encoding="utf-8"))["weight_map"].values()))
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+                raise CheckpointError(f"{folder / index}: unreadable shard index ({type(e).__name__}: {e})") from e
+            missing = [s for s in shards if not (folder / s).is_file()]
+            if missing:
+                raise CheckpointError(f"{folder / index}: names shard(s) that are missing: {missing[:3]}")
+            return [folder / s for s in shards]
+    return []
+
+
+# (file name, size, mtime_ns) of every weight file -> hash, so the handle and the run manifest of one
+# process read a large checkpoint once.
+_HASH_CACHE: dict[tuple, str] = {}
+
+
+def weights_hash(folder: str | Path) -> str:
+    """sha256 over a checkpoint folder's weight files (names relative to the folder included;
+    `workbench.io.sha256_files`)."""
+    folder = Path(folder).expanduser()
+    files = weight_files(folder)
+    if not files:
+        raise CheckpointError(f"{folder}: no weight files (model.safetensors or pytorch_model.bin, "
+                              f"or a sharded index of either)")
+    key = tuple((str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    if key not in _HASH_CACHE:
+        _HASH_CACHE[key] = sha256_files(files, root=folder)
+    return _HASH_CACHE[key]
+
+
+# ---- checkpoint lists --------------------------------------------------------------------------------
 
 
 def expand_checkpoints(items: Iterable[Any]) -> list[Checkpoint]:
@@ -61,12 +171,11 @@ def expand_checkpoints(items: Iterable[Any]) -> list[Checkpoint]:
         if not path.exists():
             raise CheckpointError(f"{path}: checkpoint does not exist")
         if path.is_dir() and not (path / "config.json").is_file():
-            found = [*path.glob("step-*"), *path.glob("seed-*/step-*")]  # one run, or one per seed
-            steps = sorted((p for p in found if (p / "config.json").is_file()), key=_step_order)
+            steps = list_steps(path)  # one run, or one per seed
             if not steps:
                 raise CheckpointError(f"{path}: neither a checkpoint folder (no config.json) nor a training "
                                       f"output folder with step-* checkpoints")
-            out.extend(_from_path(p) for p in steps)
+            out.extend(_from_path(p) for _, p in steps)
         else:
             out.append(_from_path(path))
     if not out:
@@ -78,24 +187,16 @@ def expand_checkpoints(items: Iterable[Any]) -> list[Checkpoint]:
     return out
 
 
-def _step_order(path: Path) -> tuple[str, int]:
-    """Seed folder, then step number (numeric, not lexicographic)."""
-    return (path.parent.name if _SEED_DIR.match(path.parent.name) else "", int(path.name.split("-")[1]))
-
-
 def _from_path(path: Path) -> Checkpoint:
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint folder")
     ck = Checkpoint(checkpoint_name(path), path)
-    manifest = path / "manifest.json"
-    if manifest.is_file():
-        try:
-            m = json.loads(manifest.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{manifest}: unreadable manifest ({e})") from e
+    m = read_manifest(path)
+    if m is not None:
         ck.family = m.get("family")
-        ck.step = None if m.get("step") is None else int(m["step"])
-        ck.seed = None if m.get("seed") is None else int(m["seed"])
+        try:
+            ck.step = None if m.get("step") is None else int(m["step"])
+            ck.seed = None if m.get("seed") is None else int(m["seed"])
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{path / MANIFEST_NAME}: step/seed must be integers ({e})") from e
     return ck
-
-

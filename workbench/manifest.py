@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from workbench.checkpoints import weights_hash
 from workbench.errors import CheckpointError, DataRootError
 from workbench.io import sha256_file, sha256_files
 from workbench.paths import REPO_ROOT, data_root
@@ -40,9 +41,6 @@ DEFAULT_PACKAGES = (
     "nltk",
     "bertology-workbench",
 )
-
-# Weight files of a checkpoint folder: the ones whose bytes decide what a model computes.
-WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
 
 
 def utc_now_iso() -> str:
@@ -132,21 +130,16 @@ def source_fingerprint(packages: Iterable[str] = ("workbench", "probes")) -> str
 
 
 def checkpoint_hash(path: str | Path) -> str:
-    """sha256 over a checkpoint's weights.
-
-    A folder hashes its top-level `*.safetensors` / `*.bin` files with `workbench.io.sha256_files`
-    (sub-folders such as a SpanBERT SBO head do not change the encoder's hidden states); a single
-    weights file hashes its bytes.
+    """sha256 over a checkpoint's weights: a folder through `workbench.checkpoints.weights_hash`
+    (the same hash as `ModelHandle.checkpoint_hash`; which files count is documented there); a
+    single weights file hashes its bytes.
     """
     p = Path(path).expanduser().resolve()
     if p.is_file():
         return _cached_sha256(p)
     if not p.is_dir():
         raise CheckpointError(f"checkpoint {p} does not exist")
-    files = sorted({f for pattern in WEIGHT_PATTERNS for f in p.glob(pattern) if f.is_file()})
-    if not files:
-        raise CheckpointError(f"checkpoint folder {p} holds no weight files ({', '.join(WEIGHT_PATTERNS)})")
-    return sha256_files(files, root=p)
+    return weights_hash(p)
 
 
 def checkpoint_record(ckpt: Any) -> dict[str, Any]:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -50,8 +49,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from workbench.checkpoints import read_manifest, weight_files, weights_hash
 from workbench.errors import CheckpointError, WorkbenchError
-from workbench.io import sha256_files
 
 BLANK = "<blank>"
 
@@ -77,7 +76,6 @@ _PADDING_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "longformer"
 DEFAULT_MAX_LENGTH = 512
 # HF tokenizers without a real limit store a huge placeholder (1e30; the workbench's own: 1e6).
 _NO_LIMIT = 1_000_000
-WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 POOLINGS = ("first", "mean", "last")
 
@@ -251,13 +249,8 @@ class ModelHandle:
             raise CheckpointError(f"{path}: checkpoint folder does not exist")
         if not (path / "config.json").is_file():
             raise CheckpointError(f"{path}: no config.json (not a save_pretrained folder)")
-        family = None
-        if (path / "manifest.json").is_file():
-            try:
-                family = json.loads((path / "manifest.json").read_text(encoding="utf-8")).get("family")
-            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-                raise CheckpointError(f"{path / 'manifest.json'}: unreadable manifest ({e})") from e
-        weights = sorted(p for g in WEIGHT_GLOBS for p in path.glob(g) if p.is_file())
+        family = (read_manifest(path) or {}).get("family")
+        weights = weight_files(path)
         if not weights:
             raise CheckpointError(f"{path}: no weight files (model.safetensors or pytorch_model.bin)")
         if not any((path / f).is_file() for f in TOKENIZER_FILES):
@@ -317,7 +310,7 @@ class ModelHandle:
         """sha256 over the weight files (names included); for in-memory models over the state
         dict's names, dtypes, shapes and bytes. Keys the activation cache."""
         if self._weight_files:
-            return sha256_files(self._weight_files, root=self.path)
+            return weights_hash(self.path)
         h = hashlib.sha256()
         for name, t in sorted(self.model.state_dict().items()):
             t = t.detach().to("cpu").contiguous()

@@ -48,6 +48,7 @@ import torch.distributed as dist
 import transformers
 from tqdm.auto import tqdm
 
+from workbench.checkpoints import STEP_PREFIX, list_steps, read_manifest, step_dir
 from workbench.config import TrainConfig, load_config
 from workbench.data_cache import TokenizedCorpus
 from workbench.errors import CheckpointError, ConfigError
@@ -58,7 +59,6 @@ from workbench.paths import cache_root, runs_root
 from workbench.tokenization import tokenizer_hash, train_tokenizer
 
 STATE_DIR = "trainer_state"
-STEP_PREFIX = "step-"
 # Default step counts of the `--family F --preset P` shortcut. small: a 4-layer/256 BERT step
 # (32 x 128 tokens, ~3,900 non-padding) costs ~1.5 CPU-seconds on one core of the 2-core dev
 # machine (benchmarks/bench_train.py), so 400 steps (~1.6M tokens) take about ten minutes.
@@ -297,20 +297,8 @@ def objective_settings(cfg: TrainConfig, family: FamilySpec) -> dict:
 # ---- checkpoints ----------------------------------------------------------------------------------
 
 
-def step_dir(out: Path, step: int) -> Path:
-    return out / f"{STEP_PREFIX}{step:07d}"
-
-
-def list_checkpoints(out: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of the complete checkpoints in a run folder, by step."""
-    found = []
-    for p in Path(out).glob(f"{STEP_PREFIX}*"):
-        if p.is_dir() and (p / "manifest.json").exists():
-            try:
-                found.append((int(p.name[len(STEP_PREFIX):]), p))
-            except ValueError:
-                continue
-    return sorted(found)
+# The step folder layout (`step_dir`) and listing a run's steps live in workbench/checkpoints.py.
+list_checkpoints = list_steps  # (step, folder) of a run folder's complete checkpoints, by step
 
 
 def _rng_state() -> dict:
@@ -652,8 +640,8 @@ def run_tiny_training(family: str, steps: int, output_dir: str | Path, **overrid
     cfg = tiny_config(family, steps, output_dir, **overrides)
     final = train_from_config(cfg)[0]
     log = read_log(final.parent)
-    m0 = json.loads((step_dir(final.parent, 0) / "manifest.json").read_text())
-    m1 = json.loads((final / "manifest.json").read_text())
+    m0 = read_manifest(step_dir(final.parent, 0))
+    m1 = read_manifest(final)
     return TinyRun(final, final.parent, log, m0["heldout"], m1["heldout"], cfg)
 
 
