@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from workbench.errors import WorkbenchError
+from workbench.errors import WorkbenchError, cli_errors
 
 
 # --------------------------------------------------------------------------- data
@@ -62,11 +62,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- probe
 def _cmd_probe(args: argparse.Namespace) -> int:
-    from probes.syntax import syntax_cli_main
+    from probes import describe
+    from probes.runner import cli_main
 
-    if args.probe != "syntax":
-        raise WorkbenchError(f"unknown probe {args.probe!r}; available: syntax")
-    return syntax_cli_main(args.probe_args) or 0
+    if args.probe in (None, "-h", "--help"):
+        usage = "usage: bertology probe NAME [options]   (bertology probe NAME --help for its options)\n\n" + describe()
+        if args.probe is None:
+            print(usage, file=sys.stderr)
+            return 2
+        print(usage)
+        raise SystemExit(0)
+    return cli_main(args.probe, args.probe_args)
 
 
 # --------------------------------------------------------------------------- run
@@ -74,6 +80,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from app.experiments import run_experiment
 
     return run_experiment(args.config, quick=args.quick) or 0
+
+
+# --------------------------------------------------------------------------- finetune
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    from workbench.errors import ConfigError
+    from workbench.finetune import format_table, load_finetune_config, run_finetune
+
+    def number(flag, text, kind):
+        try:
+            return None if text is None else kind(text)
+        except ValueError:
+            raise ConfigError(f"{flag}: expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+
+    seeds = None if args.seeds is None else [number("--seeds", s, int) for s in args.seeds.split(",")]
+    overrides = {"checkpoint": args.checkpoint, "task": args.task, "seeds": seeds, "name": args.name,
+                 "pooling": args.pooling, "threads": args.threads, "output_dir": args.output_dir}
+    for flag, kind in (("epochs", int), ("lr", float), ("batch_size", int), ("max_train_examples", int),
+                       ("max_eval_examples", int), ("patience", int), ("max_len", int)):
+        overrides[flag] = number(f"--{flag.replace('_', '-')}", getattr(args, flag), kind)
+    if args.keep_epoch_checkpoints:
+        overrides["keep_epoch_checkpoints"] = True
+    if args.config is None and args.checkpoint is None:
+        raise ConfigError("give --checkpoint PATH_OR_HUB_NAME (or a config YAML)")
+    cfg = load_finetune_config(args.config or {"checkpoint": args.checkpoint}, overrides)
+    result = run_finetune(cfg)
+    print(format_table(result.rows))
+    print(f"run {result.run_id}; checkpoints under {result.folder}")
+    return 0
 
 
 # --------------------------------------------------------------------------- runs
@@ -161,8 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="arguments of the training command (try --help)")
     p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("probe", help="run a probe over checkpoints (bertology probe syntax --help)", add_help=True)
-    p.add_argument("probe", help="probe family: syntax")
+    p = sub.add_parser("probe", help="run a probe over checkpoints (bertology probe --help lists them)",
+                       add_help=False)
+    p.add_argument("probe", nargs="?", default=None, help="probe family (bertology probe --help lists them)")
     p.add_argument("probe_args", nargs=argparse.REMAINDER, help="arguments of the probe (try PROBE --help)")
     p.set_defaults(func=_cmd_probe)
 
@@ -170,6 +205,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="experiment YAML, e.g. experiments/main.yaml")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("finetune", help="fine-tune a checkpoint on a classification task over seeds")
+    p.add_argument("config", nargs="?", help="fine-tuning YAML (e.g. experiments/finetune_polarity.yaml); flags override it")
+    p.add_argument("--checkpoint", help="checkpoint folder, training folder (last step) or Hub model name")
+    p.add_argument("--task", help="sentence_polarity | subjectivity | upos")
+    p.add_argument("--seeds", help="comma-separated, e.g. 0,1,2")
+    for flag in ("epochs", "lr", "batch-size", "max-train-examples", "max-eval-examples", "patience", "max-len"):
+        p.add_argument(f"--{flag}")
+    p.add_argument("--pooling", help="auto | first | last | decoder_last | encoder_mean | scalar_mix")
+    p.add_argument("--name", help="run folder name under <runs root>/finetune/")
+    p.add_argument("--output-dir", help="run folder (default <runs root>/finetune/<name>)")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--keep-epoch-checkpoints", action="store_true", help="save a checkpoint at every epoch end")
+    p.set_defaults(func=_cmd_finetune)
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
@@ -204,19 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    if argv[:1] == ["train"]:
+    if argv[:1] == ["probe"] and len(argv) > 1:
+        # every probe option goes to the probe's own parser, --help included
+        args = argparse.Namespace(func=_cmd_probe, probe=argv[1], probe_args=argv[2:])
+    elif argv[:1] == ["train"]:
         # argparse's REMAINDER does not pass on leading options (--family, --help): hand them over whole.
         args = argparse.Namespace(func=_cmd_train, train_args=argv[1:])
     else:
         args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except WorkbenchError as err:
-        print(f"bertology: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("bertology: interrupted (progress so far is kept; run the same command to resume)", file=sys.stderr)
-        return 130
+    return cli_errors(lambda: args.func(args), "bertology")
 
 
 if __name__ == "__main__":

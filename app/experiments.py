@@ -15,7 +15,6 @@ import yaml
 from workbench.errors import ConfigError
 
 KNOWN_KEYS = {"name", "train", "checkpoints", "probe", "quick"}
-PROBES = {"syntax"}
 
 
 def load_experiment(path: str | Path) -> dict:
@@ -28,26 +27,38 @@ def load_experiment(path: str | Path) -> dict:
         raise ConfigError(f"{path}: not valid YAML: {err}") from err
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    if spec.get("kind") == "probe":  # one probe's settings file (e.g. experiments/probe_syntax.yaml)
+        spec = _single_probe(spec, path)
     unknown = set(spec) - KNOWN_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; expected {sorted(KNOWN_KEYS)}")
     if ("train" in spec) == ("checkpoints" in spec):
         raise ConfigError(f"{path}: give exactly one of 'train' (a training config) or 'checkpoints' (a list)")
+    from probes import get_probe, probe_names
+
     for probe in spec.get("probe", {}):
-        if probe not in PROBES:
-            raise ConfigError(f"{path}: probe.{probe}: unknown probe; available: {sorted(PROBES)}")
+        if probe not in probe_names():
+            raise ConfigError(f"{path}: probe.{probe}: unknown probe; available: {probe_names()}")
+        _check_settings(get_probe(probe), dict(spec["probe"][probe] or {}), f"{path}: probe.{probe}")
     spec["_dir"] = path.resolve().parent
     return spec
 
 
-def _check_settings(function, settings: dict, where: str) -> None:
-    """Name a misspelt key in the YAML instead of failing later with a TypeError."""
-    import inspect
+def _single_probe(spec: dict, path: Path) -> dict:
+    """`kind: probe, probe: NAME, checkpoints: [...], <settings>` -> the experiment form."""
+    settings = {k: v for k, v in spec.items() if k not in ("kind", "probe", "checkpoints", "checkpoint", "name")}
+    checkpoints = spec.get("checkpoints", spec.get("checkpoint"))
+    if not isinstance(spec.get("probe"), str) or checkpoints is None:
+        raise ConfigError(f"{path}: a `kind: probe` file needs `probe: NAME` and `checkpoints`")
+    checkpoints = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints)
+    return {"name": spec.get("name", path.stem), "checkpoints": checkpoints, "probe": {spec["probe"]: settings}}
 
-    accepted = set(inspect.signature(function).parameters) - {"checkpoints", "store"}
-    unknown = sorted(set(settings) - accepted)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; accepted: {sorted(accepted)}")
+
+def _check_settings(probe_spec, settings: dict, where: str) -> None:
+    """Name a misspelt key or a bad value in the YAML before anything is trained or loaded."""
+    from probes.runner import resolve_settings
+
+    resolve_settings(probe_spec, {k: v for k, v in settings.items() if k != "checkpoints"}, where)
 
 
 def _checkpoints_from_training(spec: dict, quick: bool, which: str) -> list[Path]:
@@ -76,14 +87,15 @@ def run_experiment(path: str | Path, quick: bool = False) -> int:
         if "train" in spec:
             checkpoints = _checkpoints_from_training(spec, quick, which)
         else:
-            checkpoints = [Path(spec["_dir"] / c) for c in spec["checkpoints"]]
+            # relative to the YAML file when that exists, else as given (a path from here or a Hub name)
+            checkpoints = [spec["_dir"] / c if (spec["_dir"] / c).exists() else c for c in spec["checkpoints"]]
         if quick:
             settings.update(spec.get("quick", {}).get("probe", {}))
-        if probe_name == "syntax":
-            from probes.syntax import format_layer_table, run_syntax_probes
+        from probes import get_probe
+        from probes.runner import format_layer_table, run_probe
 
-            _check_settings(run_syntax_probes, settings, f"{path}: probe.syntax")
-            run_id, rows = run_syntax_probes(checkpoints, **settings)
-            print(f"\nsyntax probes: run {run_id} ({len(rows)} rows; `bertology runs show {run_id}`)")
-            print(format_layer_table(rows))
+        probe_spec = get_probe(probe_name)
+        run_id, rows = run_probe(probe_spec, checkpoints, settings)
+        print(f"\n{probe_name} probes: run {run_id} ({len(rows)} rows; `bertology runs show {run_id}`)")
+        print((probe_spec.summary or format_layer_table)(rows))
     return 0

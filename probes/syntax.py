@@ -63,28 +63,20 @@ only the missing work is done. The saved units are removed when the run is publi
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import math
-import os
-import re
-import sys
 import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
-from probes import engine
+from probes import engine, runner
 from probes import structural as st
-from workbench.checkpoints import Checkpoint, checkpoint_name, expand_checkpoints  # noqa: F401 (re-exported)
-from workbench.errors import CheckpointError, ConfigError, WorkbenchError
+from workbench.errors import ConfigError
 
 TASKS = ("upos", "xpos", "deprel", "arc", "structural-distance", "structural-depth")
 CLASSIFICATION_TASKS = ("upos", "xpos", "deprel", "arc")
@@ -92,9 +84,8 @@ STRUCTURAL_TASKS = ("structural-distance", "structural-depth")
 BASELINES = ("majority", "control", "random_init")
 PROBE_KINDS = ("linear", "mlp")
 PAIR_FEATURES = ("concat", "concat_product")
-PROBE = "syntax"
-TWIN_SEED_OFFSET = 7919  # random-init twins use probe seed + this
-RANDOM_INIT_SUFFIX = " (random init)"
+NAME = "syntax"
+RANDOM_INIT_SUFFIX = runner.RANDOM_INIT_SUFFIX
 EXTRACTION_COUNTS = ("sentences", "words", "windowed_sentences", "windows", "words_cut_by_window",
                      "empty_sentences", "no_subword_words")  # fmt: skip
 
@@ -371,48 +362,184 @@ def _length_averaged_ci(values: np.ndarray, lengths: np.ndarray, n_boot: int, se
     return np.nanquantile(boot, 0.025, axis=0), np.nanquantile(boot, 0.975, axis=0)
 
 
+# --------------------------------------------------------------------------- settings
+def _no_cap_if_zero(value):
+    return None if value == 0 else value
+
+
+@dataclass
+class SyntaxSettings(runner.Settings):
+    """Settings of the syntax probes (see the module docstring); every field is a CLI option."""
+
+    tasks: tuple[str, ...] = field(default=TASKS, metadata={"help": "comma-separated tasks"})
+    baselines: tuple[str, ...] = field(default=BASELINES, metadata={
+        "help": "subset of majority,control,random_init ('' for none)"})
+    treebank: str = field(default="en_ewt", metadata={"help": "en_ewt | en_gum | es_gsd | en_pud | es_pud"})
+    train_split: str = "train"
+    eval_split: str = "dev"
+    pooling: str = field(default="first", metadata={"help": "first | mean | last subword of each word"})
+    classifier: tuple[str, ...] = field(default=("linear",), metadata={"help": "linear | mlp | linear,mlp (alias --probe)"})
+    max_train_sentences: int | None = field(default=None, metadata={"help": "cap on training sentences (seeded sample)"})
+    max_eval_sentences: int | None = None
+    pair_features: str = field(default="concat", metadata={"help": "concat | concat_product (deprel, arc)"})
+    deprel_subtypes: bool = True
+    mdl_tasks: tuple[str, ...] = field(default=("upos",), metadata={"help": "tasks with an MDL online code ('' for none)"})
+    mdl_max_examples: int | None = 20000
+    mdl_fractions: tuple[float, ...] | None = None
+    scalar_mix_tasks: tuple[str, ...] = field(default=("upos",), metadata={"help": "tasks with a scalar mix ('' for none)"})
+    structural_max_train_sentences: int | None = field(default=2000, metadata={
+        "help": "cap on the structural probes' training sentences (0 = no cap)"})
+    structural: dict = field(default_factory=dict, metadata={
+        "help": "structural probe settings: rank, epochs, batch_size, lr, patience"})
+    probe_config: dict = field(default_factory=dict, metadata={"help": "engine.ProbeConfig overrides"})
+    early_stopping_fraction: float = 0.1
+    holdout_fraction: float = 0.2
+    memory_budget_gb: float = field(default=1.0, metadata={"help": "features in memory per batched fit"})
+
+    BASELINES = BASELINES
+    EXECUTION_FIELDS = runner.Settings.EXECUTION_FIELDS + ("memory_budget_gb",)
+
+    def __post_init__(self):
+        self.structural_max_train_sentences = _no_cap_if_zero(self.structural_max_train_sentences)
+
+    def validate(self, spec) -> None:
+        from workbench.data.conllu import TREEBANKS
+
+        super().validate(spec)
+        if not self.classifier or any(k not in PROBE_KINDS for k in self.classifier):
+            raise ConfigError(f"classifier must be one or more of {PROBE_KINDS}, got {list(self.classifier)}")
+        if self.pair_features not in PAIR_FEATURES:
+            raise ConfigError(f"pair_features must be one of {PAIR_FEATURES}, got {self.pair_features!r}")
+        if self.pooling not in ("first", "mean", "last"):
+            raise ConfigError(f"pooling must be first, mean or last, got {self.pooling!r}")
+        if self.treebank not in TREEBANKS:
+            raise ConfigError(f"unknown treebank {self.treebank!r}; known: {sorted(TREEBANKS)}")
+        if not 0 < self.early_stopping_fraction < 1 or not 0 < self.holdout_fraction < 1:
+            raise ConfigError("early_stopping_fraction and holdout_fraction must lie in (0, 1)")
+        for key in ("max_train_sentences", "max_eval_sentences", "mdl_max_examples", "structural_max_train_sentences"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"{key} must be >= 1 (or unset), got {value}")
+        for key in ("mdl_tasks", "scalar_mix_tasks"):
+            bad = [t for t in getattr(self, key) if t not in CLASSIFICATION_TASKS]
+            if bad:
+                raise ConfigError(f"{key}: {bad} are not classification tasks {list(CLASSIFICATION_TASKS)}")
+        if self.mdl_fractions is not None and not all(0 < f <= 1 for f in self.mdl_fractions):
+            raise ConfigError(f"mdl_fractions must lie in (0, 1], got {list(self.mdl_fractions)}")
+        unknown = set(self.structural) - {"rank", "epochs", "batch_size", "lr", "patience"}
+        if unknown:
+            raise ConfigError(f"unknown structural probe settings {sorted(unknown)}")
+        bad_keys = set(self.probe_config) - set(engine.ProbeConfig.__dataclass_fields__)
+        if bad_keys:
+            raise ConfigError(f"unknown probe_config key(s) {sorted(bad_keys)}")
+        if self.memory_budget_gb <= 0:
+            raise ConfigError(f"memory_budget_gb must be > 0, got {self.memory_budget_gb}")
+
+
+# --------------------------------------------------------------------------- data, once per run
+@dataclass
+class SyntaxData:
+    plan: SplitPlan
+    train_words: list
+    eval_words: list
+    train_key: str  # activation-cache keys: the treebank split and, for a subset, its size and seed
+    eval_key: str
+
+
+def prepare(settings: SyntaxSettings) -> runner.Prepared:
+    s = settings
+    plan = plan_splits(s.treebank, s.train_split, s.eval_split, max_train_sentences=s.max_train_sentences,
+                       max_eval_sentences=s.max_eval_sentences, early_stopping_fraction=s.early_stopping_fraction,
+                       holdout_fraction=s.holdout_fraction, seed=s.seed)
+    desc = plan.description
+    subset = s.max_train_sentences is not None or desc["held_out_from_one_split"]
+    train_key = f"{s.treebank}-{plan.train_split}" + (f"-n{len(plan.train)}-seed{s.seed}" if subset else "")
+    eval_subset = desc["held_out_from_one_split"] or len(plan.eval) < desc["eval_sentences_available"]
+    eval_key = f"{s.treebank}-{plan.eval_split}" + (f"-n{len(plan.eval)}-seed{s.seed}" if eval_subset else "")
+    data = SyntaxData(plan, [x.words for x in plan.train], [x.words for x in plan.eval], train_key, eval_key)
+    return runner.Prepared(data=data, files=plan.files, notes={"splits": desc, "extraction": {}})
+
+
 # --------------------------------------------------------------------------- one model, one stack
 @dataclass
 class _Context:
     """Everything the task functions share for one (model, stack)."""
 
+    unit: Any  # runner.Unit
     plan: SplitPlan
     train_acts: Any
     eval_acts: Any
-    probe_kinds: tuple[str, ...]
-    probe_config: dict[str, Any]
-    baselines: tuple[str, ...]
-    is_twin: bool
-    seed: int
-    n_boot: int
-    pair_product: bool
-    deprel_subtypes: bool
-    mdl_tasks: tuple[str, ...]
-    mdl_max_examples: int | None
-    mdl_fractions: tuple[float, ...] | None
-    scalar_mix_tasks: tuple[str, ...]
-    structural: dict[str, Any]
-    memory_budget: float
-    progress: bool
-    row_args: dict[str, Any]  # model, family, seed, step, stack
+    settings: SyntaxSettings
     extra: dict[str, Any]
-    notes: dict[str, Any]
-    timings: dict[str, float]
+
+    @property
+    def notes(self) -> dict[str, Any]:
+        return self.unit.notes
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.unit.timings
+
+    @property
+    def is_twin(self) -> bool:
+        return self.unit.is_twin
+
+    @property
+    def seed(self) -> int:
+        return self.settings.seed
+
+    @property
+    def n_boot(self) -> int:
+        return self.settings.n_boot
+
+    @property
+    def progress(self) -> bool:
+        return self.settings.progress
+
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        return self.settings.baselines
+
+    @property
+    def memory_budget(self) -> float:
+        return self.settings.memory_budget_gb * 2**30
+
+
+def _context(unit, prepared: runner.Prepared, settings: SyntaxSettings) -> _Context:
+    """The unit's activations (extracted once, cached on disk) and shared settings, memoised on the unit."""
+    if "ctx" not in unit.state:
+        d: SyntaxData = prepared.data
+        t0 = time.perf_counter()
+        tr = unit.activations(d.train_words, d.train_key, pooling=settings.pooling)
+        ev = unit.activations(d.eval_words, d.eval_key, pooling=settings.pooling)
+        unit.log(f"extraction {time.perf_counter() - t0:.1f} s")
+        plan = d.plan
+        unit.notes["extraction"][unit.key] = {
+            plan.train_split if plan.train_split != plan.eval_split else "train_pool": _counts(tr.stats),
+            plan.eval_split: _counts(ev.stats)}  # fmt: skip
+        extra = {"treebank": settings.treebank, "train_split": plan.train_split, "pooling": settings.pooling,
+                 "probe_seed": settings.seed}
+        unit.state["ctx"] = _Context(unit, plan, tr, ev, settings, extra)
+    return unit.state["ctx"]
+
+
+def run_task(unit, prepared: runner.Prepared, task: str, settings: SyntaxSettings) -> list[pd.DataFrame]:
+    ctx = _context(unit, prepared, settings)
+    return _structural(ctx, task) if task in STRUCTURAL_TASKS else _classification(ctx, task)
 
 
 def _rows(ctx: _Context, task: str, metrics, *, split=None, layers=None, n=None, ci=None, extra=None):
-    ex = dict(ctx.extra, **(extra or {}))
-    return engine.layer_rows(metrics, probe=PROBE, task=task, split=split or ctx.plan.eval_split, layers=layers,
-                             n=n, ci=ci, extra=ex, **ctx.row_args)
+    return ctx.unit.rows(task, metrics, split=split or ctx.plan.eval_split, layers=layers, n=n, ci=ci,
+                         extra=dict(ctx.extra, **(extra or {})))
 
 
 def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
     plan = ctx.plan
     t_off, e_off = ctx.train_acts.sentence_offsets, ctx.eval_acts.sentence_offsets
     seed = ctx.seed
-    fit = build_items(task, plan.train, t_off, plan.fit, seed, ctx.deprel_subtypes)
-    stop = build_items(task, plan.train, t_off, plan.stop, seed, ctx.deprel_subtypes)
-    ev = build_items(task, plan.eval, e_off, None, seed, ctx.deprel_subtypes)
+    fit = build_items(task, plan.train, t_off, plan.fit, seed, ctx.settings.deprel_subtypes)
+    stop = build_items(task, plan.train, t_off, plan.stop, seed, ctx.settings.deprel_subtypes)
+    ev = build_items(task, plan.eval, e_off, None, seed, ctx.settings.deprel_subtypes)
     ctx.notes.setdefault("pairs" if task in ("deprel", "arc") else "items", {})[task] = {
         "fit": fit.counts, "stop": stop.counts, "eval": ev.counts}  # fmt: skip
     if len(fit) == 0 or len(ev) == 0:
@@ -424,7 +551,7 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
     unseen = int((~known).sum())
     if unseen:
         ctx.notes.setdefault("unseen_eval_labels", {})[task] = unseen
-    product = ctx.pair_product and task in ("deprel", "arc")
+    product = ctx.settings.pair_features == "concat_product" and task in ("deprel", "arc")
     x_fit = FeatureView(ctx.train_acts.layers, fit.cols, product)
     x_stop = FeatureView(ctx.train_acts.layers, stop.cols, product)
     x_ev = FeatureView(ctx.eval_acts.layers, ev.cols, product)
@@ -439,9 +566,9 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
     if want_control:
         dist = engine.label_distribution(y_fit, c)
         ctrl = [engine.control_labels(items.types, dist, seed) for items in (fit, stop, ev)]
-    for kind in ctx.probe_kinds:
+    for kind in ctx.settings.classifier:
         prefix = "" if kind == "linear" else f"{kind}_"
-        cfg = dict(ctx.probe_config, kind=kind, seed=seed, layer_batch=layer_batch, progress=ctx.progress)
+        cfg = dict(ctx.settings.probe_config, kind=kind, seed=seed, layer_batch=layer_batch, progress=ctx.progress)
         t0 = time.perf_counter()
         res = engine.fit_probe(x_fit, y_fit, x_stop, y_stop, num_classes=c + 1, config=cfg)
         correct = res.correct(x_ev, y_ev) & known[None]
@@ -460,22 +587,22 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
     if "majority" in ctx.baselines and not ctx.is_twin:
         _, maj = engine.majority_baseline(y_fit, y_ev)
         out.append(_rows(ctx, task, {"majority": np.full(n_layers, maj)}, n=len(ev), extra=extra))
-    if task in ctx.mdl_tasks:
+    if task in ctx.settings.mdl_tasks:
         t0 = time.perf_counter()
         idx = np.arange(len(fit))
-        if ctx.mdl_max_examples is not None and len(fit) > ctx.mdl_max_examples:
-            idx = np.sort(np.random.default_rng([seed, 2]).choice(len(fit), ctx.mdl_max_examples, replace=False))
+        if ctx.settings.mdl_max_examples is not None and len(fit) > ctx.settings.mdl_max_examples:
+            idx = np.sort(np.random.default_rng([seed, 2]).choice(len(fit), ctx.settings.mdl_max_examples, replace=False))
         x_mdl = FeatureView(ctx.train_acts.layers, [c_[idx] for c_ in fit.cols], product)
-        cfg = dict(ctx.probe_config, kind="linear", seed=seed, layer_batch=layer_batch, progress=ctx.progress)
-        kw = {"fractions": ctx.mdl_fractions} if ctx.mdl_fractions else {}
+        cfg = dict(ctx.settings.probe_config, kind="linear", seed=seed, layer_batch=layer_batch, progress=ctx.progress)
+        kw = {"fractions": ctx.settings.mdl_fractions} if ctx.settings.mdl_fractions else {}
         mdl = engine.mdl_online_code(x_mdl, y_fit[idx], num_classes=c, config=cfg, seed=seed, **kw)
         out.append(_rows(ctx, task, {"mdl_codelength": mdl.online_codelength, "compression": mdl.compression},
                          split=f"{plan.train_split}:fit", n=mdl.num_examples,
                          extra=dict(extra, uniform_codelength=mdl.uniform_codelength)))
         ctx.timings[f"{task}:mdl"] = round(time.perf_counter() - t0, 3)
-    if task in ctx.scalar_mix_tasks:
+    if task in ctx.settings.scalar_mix_tasks:
         t0 = time.perf_counter()
-        cfg = dict(ctx.probe_config, kind="linear", seed=seed, progress=ctx.progress)
+        cfg = dict(ctx.settings.probe_config, kind="linear", seed=seed, progress=ctx.progress)
         cfg.pop("layer_batch", None)
         mix = engine.fit_scalar_mix(x_fit, y_fit, x_stop, y_stop, num_classes=c + 1, config=cfg)
         split = f"{plan.train_split}:stop"
@@ -499,7 +626,8 @@ def _tree_set(acts, sentences, ids=None) -> st.TreeSet:
 
 
 def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
-    plan, cfg, seed = ctx.plan, ctx.structural, ctx.seed
+    plan, seed = ctx.plan, ctx.seed
+    cfg = dict(ctx.settings.structural, max_train_sentences=ctx.settings.structural_max_train_sentences)
     fit_ids = plan.fit
     cap = cfg.get("max_train_sentences")
     if cap is not None and len(fit_ids) > cap:
@@ -540,217 +668,20 @@ def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
     return out
 
 
+
 # --------------------------------------------------------------------------- public entry point
-def run_syntax_probes(
-    checkpoints: Sequence[str | Path | Any],
-    tasks: Sequence[str] = TASKS,
-    treebank: str = "en_ewt",
-    train_split: str = "train",
-    eval_split: str = "dev",
-    pooling: str = "first",
-    probe: str | Sequence[str] = "linear",
-    baselines: Sequence[str] = BASELINES,
-    max_train_sentences: int | None = None,
-    seed: int = 0,
-    store=None,
-    *,
-    max_eval_sentences: int | None = None,
-    stack: str | None = None,
-    pair_features: str = "concat",
-    deprel_subtypes: bool = True,
-    mdl_tasks: Sequence[str] = ("upos",),
-    mdl_max_examples: int | None = 20000,
-    mdl_fractions: Sequence[float] | None = None,
-    scalar_mix_tasks: Sequence[str] = ("upos",),
-    structural_max_train_sentences: int | None = 2000,
-    structural: Mapping[str, Any] | None = None,
-    probe_config: Mapping[str, Any] | None = None,
-    early_stopping_fraction: float = 0.1,
-    holdout_fraction: float = 0.2,
-    n_boot: int = 1000,
-    batch_size: int = 32,
-    cache_dir: str | Path | None = None,
-    memory_budget_gb: float = 1.0,
-    name: str | None = None,
-    progress: bool = True,
-    threads: int | None = None,
-) -> tuple[str, pd.DataFrame]:
+def run_syntax_probes(checkpoints: Sequence[str | Path | Any], tasks: Sequence[str] = TASKS, store=None,
+                      **settings: Any) -> tuple[str, pd.DataFrame]:
     """Fit the syntax probes on every layer of every checkpoint; one run in the results store.
 
-    checkpoints: checkpoint folders, training output folders (expanded to their step-* folders),
-    or open model handles. Returns (run_id, rows). See the module docstring for tasks, baselines,
-    splits and the row/metric naming; `structural` overrides the structural probe's settings
-    (rank, epochs, batch_size, lr, patience); `probe_config` overrides `engine.ProbeConfig` fields.
-    `threads` sets torch's intra-op threads for the run (restored after): on a shared 2-core machine
-    1 thread was 2-4x faster than 2 for both extraction and probe fitting (small matmuls; a second
-    thread waits on a busy core).
+    checkpoints: checkpoint folders, training folders (every saved step), Hub names in the local
+    cache, or open model handles. `settings` are SyntaxSettings fields (`probe=` is accepted for
+    `classifier=`, the probe kind). Returns (run_id, rows). See the module docstring.
     """
-    with _torch_threads(threads):
-        return _run(**{k: v for k, v in locals().items() if k != "threads"})
-
-
-@contextlib.contextmanager
-def _torch_threads(threads: int | None):
-    """Set torch's intra-op thread count for a block and restore it afterwards (None: leave it)."""
-    import torch
-
-    if threads is None:
-        yield
-        return
-    if threads < 1:
-        raise ConfigError(f"threads must be >= 1, got {threads}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _run(checkpoints, tasks, treebank, train_split, eval_split, pooling, probe, baselines, max_train_sentences,
-         seed, store, *, max_eval_sentences, stack, pair_features, deprel_subtypes, mdl_tasks, mdl_max_examples,
-         mdl_fractions, scalar_mix_tasks, structural_max_train_sentences, structural, probe_config,
-         early_stopping_fraction, holdout_fraction, n_boot, batch_size, cache_dir, memory_budget_gb, name,
-         progress) -> tuple[str, pd.DataFrame]:
-    """The body of `run_syntax_probes` (arguments validated here, in the order of the work)."""
-    import torch
-    from workbench.activations import extract
-    from workbench.results import FinishedUnits, ResultsStore
-
-    t_start = time.perf_counter()
-    tasks = _as_list(tasks, "tasks")
-    bad = [t for t in tasks if t not in TASKS]
-    if bad or not tasks:
-        raise ConfigError(f"unknown task(s) {bad}; tasks are {list(TASKS)}")
-    kinds = tuple(_as_list(probe, "probe"))
-    if not kinds or any(k not in PROBE_KINDS for k in kinds):
-        raise ConfigError(f"probe must be one or more of {PROBE_KINDS}, got {probe!r}")
-    baselines = tuple(_as_list(baselines, "baselines"))
-    if any(b not in BASELINES for b in baselines):
-        raise ConfigError(f"unknown baseline(s) in {baselines}; baselines are {list(BASELINES)}")
-    if pair_features not in PAIR_FEATURES:
-        raise ConfigError(f"pair_features must be one of {PAIR_FEATURES}, got {pair_features!r}")
-    if not 0 < early_stopping_fraction < 1 or not 0 < holdout_fraction < 1:
-        raise ConfigError("early_stopping_fraction and holdout_fraction must lie in (0, 1)")
-    unknown = set(structural or {}) - {"rank", "epochs", "batch_size", "lr", "patience"}
-    if unknown:
-        raise ConfigError(f"unknown structural probe settings {sorted(unknown)}")
-    bad_keys = set(probe_config or {}) - set(engine.ProbeConfig.__dataclass_fields__)
-    if bad_keys:
-        raise ConfigError(f"unknown probe_config key(s) {sorted(bad_keys)}")
-    ckpts = expand_checkpoints(checkpoints)
-
-    plan = plan_splits(treebank, train_split, eval_split, max_train_sentences=max_train_sentences,
-                       max_eval_sentences=max_eval_sentences, early_stopping_fraction=early_stopping_fraction,
-                       holdout_fraction=holdout_fraction, seed=seed)
-    timings: dict[str, Any] = {"load_treebank": round(time.perf_counter() - t_start, 3)}
-    config = {
-        "checkpoints": [str(c.path) if c.path else c.name for c in ckpts], "tasks": tasks, "treebank": treebank,
-        "train_split": train_split, "eval_split": eval_split, "pooling": pooling, "probe": list(kinds),
-        "baselines": list(baselines), "max_train_sentences": max_train_sentences,
-        "max_eval_sentences": max_eval_sentences, "seed": seed, "stack": stack, "pair_features": pair_features,
-        "deprel_subtypes": deprel_subtypes, "mdl_tasks": list(mdl_tasks), "mdl_max_examples": mdl_max_examples,
-        "mdl_fractions": list(mdl_fractions) if mdl_fractions else None,
-        "scalar_mix_tasks": list(scalar_mix_tasks), "structural_max_train_sentences": structural_max_train_sentences,
-        "structural": dict(structural or {}), "probe_config": dict(probe_config or {}),
-        "early_stopping_fraction": early_stopping_fraction, "holdout_fraction": holdout_fraction,
-        "n_boot": n_boot, "batch_size": batch_size,
-    }  # fmt: skip
-    store = store if store is not None else ResultsStore()
-    records = [c.handle if c.handle is not None else c.path for c in ckpts]
-    frames: list[pd.DataFrame] = []
-    notes: dict[str, Any] = {"splits": plan.description, "extraction": {}, "random_init_twins": [],
-                             "torch_threads": torch.get_num_threads()}
-    train_words = [s.words for s in plan.train]
-    eval_words = [s.words for s in plan.eval]
-    subset = max_train_sentences is not None or plan.description["held_out_from_one_split"]
-    train_key = f"{treebank}-{plan.train_split}" + (f"-n{len(plan.train)}-seed{seed}" if subset else "")
-    eval_subset = plan.description["held_out_from_one_split"] or len(plan.eval) < plan.description["eval_sentences_available"]
-    eval_key = f"{treebank}-{plan.eval_split}" + (f"-n{len(plan.eval)}-seed{seed}" if eval_subset else "")
-    structural_cfg = dict(structural or {}, max_train_sentences=structural_max_train_sentences)
-    # Rerunning an interrupted command reuses its finished (model, stack, task) units.
-    units = FinishedUnits(store, "syntax", {k: v for k, v in config.items() if k != "checkpoints"})
-
-    with store.start_run("probe", config, seeds={"probe": seed}, data_files=plan.files, checkpoints=records,
-                         name=name or f"syntax {treebank}") as run:
-        for ck in tqdm(ckpts, desc="checkpoints", disable=not progress or len(ckpts) < 2):
-            handle = ck.handle if ck.handle is not None else _load_handle(ck.path)
-            family = ck.family or getattr(handle, "family", None)
-            variants = [(ck.name, handle, False)]
-            if "random_init" in baselines:
-                t0 = time.perf_counter()
-                # Offset from the probe seed: a checkpoint trained from seed s must not have a "random"
-                # twin that is its own step-0 initialisation.
-                twin_seed = seed + TWIN_SEED_OFFSET
-                twin = engine.random_init_twin(handle, seed=twin_seed)
-                if all(torch.equal(a, b) for a, b in zip(twin.model.parameters(), handle.model.parameters())):
-                    raise ConfigError(f"{ck.name}: its random-init twin (seed {twin_seed}) has the same weights")
-                timings[f"{ck.name}|twin_init"] = round(time.perf_counter() - t0, 3)
-                variants.append((ck.name + RANDOM_INIT_SUFFIX, twin, True))
-                notes["random_init_twins"].append({"of": ck.name, "sha256": twin.checkpoint_hash, "seed": twin_seed})
-            stacks = list(handle.stacks) if stack == "all" else [stack or handle.stacks[0]]
-            for model_name, h, is_twin in variants:
-                for stk in stacks:
-                    key = f"{model_name}|{stk}"
-                    t0 = time.perf_counter()
-                    tr = extract(h, train_words, train_key, pooling=pooling, stack=stk, batch_size=batch_size,
-                                 cache_dir=cache_dir, progress=progress)
-                    ev = extract(h, eval_words, eval_key, pooling=pooling, stack=stk, batch_size=batch_size,
-                                 cache_dir=cache_dir, progress=progress)
-                    stage_t = {"extract": round(time.perf_counter() - t0, 3)}
-                    _log(progress, f"{key}: extraction {stage_t['extract']:.1f} s")
-                    notes["extraction"][key] = {
-                        plan.train_split if plan.train_split != plan.eval_split else "train_pool": _counts(tr.stats),
-                        plan.eval_split: _counts(ev.stats)}  # fmt: skip
-                    ctx = _Context(
-                        plan=plan, train_acts=tr, eval_acts=ev, probe_kinds=kinds, probe_config=dict(probe_config or {}),
-                        baselines=baselines, is_twin=is_twin, seed=seed, n_boot=n_boot,
-                        pair_product=pair_features == "concat_product", deprel_subtypes=deprel_subtypes,
-                        mdl_tasks=tuple(mdl_tasks), mdl_max_examples=mdl_max_examples,
-                        mdl_fractions=tuple(mdl_fractions) if mdl_fractions else None,
-                        scalar_mix_tasks=tuple(scalar_mix_tasks), structural=structural_cfg,
-                        memory_budget=memory_budget_gb * 2**30, progress=progress,
-                        row_args={"model": model_name, "family": family, "seed": ck.seed, "step": ck.step, "stack": stk},
-                        extra=_extra(treebank, plan, pooling, seed, is_twin), notes=notes, timings=stage_t,
-                    )  # fmt: skip
-                    for task in tqdm(tasks, desc=f"tasks {model_name}", disable=not progress, leave=False):
-                        unit = f"{model_name}|{stk}|{task}|{h.checkpoint_hash[:16]}"
-                        saved = units.load(unit)
-                        if saved is not None:
-                            _log(progress, f"{key}: {task} reused from an interrupted attempt")
-                            parts = [saved]
-                        else:
-                            t1 = time.perf_counter()
-                            parts = _structural(ctx, task) if task in STRUCTURAL_TASKS else _classification(ctx, task)
-                            units.save(unit, parts)
-                            stage_t[f"{task}:total"] = round(time.perf_counter() - t1, 3)
-                            _log(progress, f"{key}: {task} {stage_t[f'{task}:total']:.1f} s")
-                        for part in parts:
-                            run.add(part)
-                            frames.append(part)
-                    timings[key] = stage_t
-        timings["total"] = round(time.perf_counter() - t_start, 3)
-        notes["reused_units"] = units.reused
-        for k, v in notes.items():
-            run.note(k, v)
-        run.note("timings_s", timings)
-        run_id = run.finish()
-    units.discard()
-    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    rows["run_id"] = run_id
-    return run_id, rows
-
-
-def _log(progress: bool, message: str) -> None:
-    if progress:
-        tqdm.write(f"[syntax] {message}", file=sys.stderr)
-
-
-def _extra(treebank: str, plan: SplitPlan, pooling: str, seed: int, is_twin: bool) -> dict[str, Any]:
-    ex = {"treebank": treebank, "train_split": plan.train_split, "pooling": pooling, "probe_seed": seed}
-    if is_twin:
-        ex["baseline"] = "random_init"
-    return ex
+    if "probe" in settings:
+        settings["classifier"] = settings.pop("probe")
+    settings["tasks"] = tasks
+    return runner.run_probe(PROBE, checkpoints, settings, store=store)
 
 
 def _counts(stats: Mapping[str, int]) -> dict[str, int]:
@@ -758,44 +689,6 @@ def _counts(stats: Mapping[str, int]) -> dict[str, int]:
     out = {k: int(stats.get(k, 0)) for k in EXTRACTION_COUNTS}
     out.update({k: int(v) for k, v in stats.items() if k not in out})
     return out
-
-
-def _load_handle(path: Path):
-    from workbench.models import ModelHandle
-
-    return ModelHandle.load(path)
-
-
-def _as_list(value, what: str) -> list[str]:
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    if value is None:
-        return []
-    try:
-        return [str(v) for v in value]
-    except TypeError:
-        raise ConfigError(f"{what}: expected a list or a comma-separated string, got {value!r}") from None
-
-
-def run_syntax_from_config(config: Mapping[str, Any], store=None) -> tuple[str, pd.DataFrame]:
-    """`run_syntax_probes(**config)` for a YAML/dict config (e.g. experiments/probe_syntax.yaml);
-    unknown keys are a ConfigError. `probe: syntax` and `kind: probe` keys are accepted and ignored."""
-    import inspect
-
-    cfg = {k: v for k, v in dict(config).items() if k not in ("kind",) and not (k == "probe" and v == PROBE)}
-    if "checkpoint" in cfg:
-        cfg["checkpoints"] = cfg.pop("checkpoint")
-    if "classifier" in cfg:
-        cfg["probe"] = cfg.pop("classifier")
-    allowed = set(inspect.signature(run_syntax_probes).parameters) - {"store"}
-    unknown = sorted(set(cfg) - allowed)
-    if unknown:
-        raise ConfigError(f"unknown syntax probe config key(s) {unknown}; allowed: {sorted(allowed)}")
-    if "checkpoints" not in cfg:
-        raise ConfigError("syntax probe config needs `checkpoints`")
-    if isinstance(cfg["checkpoints"], str):
-        cfg["checkpoints"] = _as_list(cfg["checkpoints"], "checkpoints")
-    return run_syntax_probes(store=store, **cfg)
 
 
 # --------------------------------------------------------------------------- summary table
@@ -807,7 +700,7 @@ def format_layer_table(rows: pd.DataFrame) -> str:
     """
     if rows is None or len(rows) == 0:
         return "(no rows)"
-    df = rows[(rows["probe"] == PROBE) & rows["layer"].notna()]
+    df = rows[(rows["probe"] == NAME) & rows["layer"].notna()]
     df = df[~df["split"].astype(str).str.contains(":")]
     stacks = [s for s in dict.fromkeys(df["stack"].tolist()) if isinstance(s, str)]
     if len(stacks) > 1:  # an encoder-decoder probed on both stacks: one block per stack
@@ -842,7 +735,7 @@ def _format_blocks(df: pd.DataFrame, suffix: str) -> str:
         layers = sorted(set().union(acc, sel, uuas, maj, racc, ruuas, chain))
         table = [header] + [[str(l), fmt(acc.get(l), True), fmt(sel.get(l)), fmt(uuas.get(l)), fmt(maj.get(l)),
                              fmt(racc.get(l)), fmt(ruuas.get(l)), fmt(chain.get(l))] for l in layers]  # fmt: skip
-        blocks.append(f"== {model}{suffix}\n" + _aligned(table))
+        blocks.append(f"== {model}{suffix}\n" + runner.aligned(table))
     if not blocks:
         return "(no per-layer syntax rows)"
     if len(models) <= MAX_LAYER_BLOCKS:
@@ -857,7 +750,7 @@ def _format_blocks(df: pd.DataFrame, suffix: str) -> str:
         if layers:
             table = [[label + " | layer"] + [str(l) for l in layers]]
             table += [[m] + [fmt(cells[m].get(l)) for l in layers] for m in models]
-            out.append(f"== {label} by checkpoint and layer{suffix}\n" + _aligned(table))
+            out.append(f"== {label} by checkpoint and layer{suffix}\n" + runner.aligned(table))
     return "\n\n".join(out)
 
 
@@ -866,78 +759,33 @@ CHECKPOINT_MATRICES = (("upos", "accuracy", "UPOS acc"), ("upos", "selectivity",
                        ("structural-distance", "uuas", "UUAS"), ("structural-depth", "root_acc", "root acc"))
 
 
-def _aligned(table: list[list[str]]) -> str:
-    """Rows of cells as right-aligned text columns (the first column left-aligned)."""
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in table)
-
-
 # --------------------------------------------------------------------------- CLI
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bertology probe syntax",
-                                description="Syntax probes (UPOS, XPOS, deprel, arc, structural) on every layer.")
-    p.add_argument("--checkpoint", action="append", required=True, metavar="PATH[,PATH...]",
-                   help="checkpoint folder(s) or training output folder(s) (all step-* checkpoints); repeatable")
-    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated subset of {','.join(TASKS)}")
-    p.add_argument("--treebank", default="en_ewt", help="en_ewt | en_gum | es_gsd | en_pud | es_pud")
-    p.add_argument("--train-split", default="train")
-    p.add_argument("--eval-split", default="dev")
-    p.add_argument("--pooling", default="first", choices=("first", "mean", "last"))
-    p.add_argument("--probe", default="linear", help="linear | mlp | linear,mlp")
-    p.add_argument("--baselines", default=",".join(BASELINES), help="subset of majority,control,random_init ('' for none)")
-    p.add_argument("--max-train-sentences", type=int, default=None)
-    p.add_argument("--max-eval-sentences", type=int, default=None)
-    p.add_argument("--structural-max-train-sentences", type=int, default=2000,
-                   help="cap on the structural probes' training sentences (default 2000; 0 = no cap)")
-    p.add_argument("--structural-epochs", type=int, default=30)
-    p.add_argument("--mdl-tasks", default="upos", help="tasks with an MDL online code ('' for none)")
-    p.add_argument("--scalar-mix-tasks", default="upos", help="tasks with a scalar mix ('' for none)")
-    p.add_argument("--pair-features", default="concat", choices=PAIR_FEATURES)
-    p.add_argument("--stack", default=None, help="encoder | decoder | all (default: the model's first stack)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-boot", type=int, default=1000)
-    p.add_argument("--runs-root", default=None, help="results store root (default $BERTOLOGY_RUNS or ./runs)")
-    p.add_argument("--name", default=None, help="run name in the catalog")
-    p.add_argument("--threads", type=int, default=None, help="torch threads for this run (1 is fastest on a busy 2-core box)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p
+def _cli_hook(parser):
+    """The syntax CLI's two shorthands: `--probe` for `--classifier`, `--structural-epochs N`."""
+    parser.add_argument("--probe", default=None, help="alias of --classifier (linear | mlp | linear,mlp)")
+    parser.add_argument("--structural-epochs", type=int, default=None, help="structural probe epochs (default 30)")
+
+    def apply(args, values: dict) -> None:
+        if args.probe is not None:
+            values["classifier"] = args.probe
+        if args.structural_epochs is not None:
+            values["structural"] = dict(values.get("structural") or {}, epochs=args.structural_epochs)
+
+    return apply
+
+
+PROBE = runner.ProbeSpec(
+    name=NAME, tasks=TASKS, settings=SyntaxSettings, prepare=prepare, run_task=run_task,
+    description="Syntax probes (UPOS, XPOS, deprel, arc, structural) on every layer.",
+    summary=format_layer_table, cli_hook=_cli_hook,
+)
 
 
 def syntax_cli_main(argv: Sequence[str] | None = None) -> int:
-    """`bertology probe syntax ...`: run, then print the run id and the per-layer summary table.
+    """`bertology probe syntax ...` (0 on success, 2 with one line on stderr for bad input)."""
+    from workbench.errors import cli_errors
 
-    Returns 0 on success, 2 with one clear line on stderr for bad input (missing checkpoint, bad
-    config, missing data), and lets unexpected errors propagate.
-    """
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
-    checkpoints = [p for arg in args.checkpoint for p in _as_list(arg, "--checkpoint")]
-    try:
-        from workbench.paths import CACHE_ENV
-        from workbench.results import ResultsStore
-
-        store = ResultsStore(args.runs_root)
-        cache_dir = None
-        if args.runs_root and not os.environ.get(CACHE_ENV):
-            cache_dir = Path(args.runs_root) / "cache" / "activations"
-        run_id, rows = run_syntax_probes(
-            checkpoints, tasks=_as_list(args.tasks, "--tasks"), treebank=args.treebank,
-            train_split=args.train_split, eval_split=args.eval_split, pooling=args.pooling,
-            probe=_as_list(args.probe, "--probe"), baselines=_as_list(args.baselines, "--baselines"),
-            max_train_sentences=args.max_train_sentences, seed=args.seed, store=store,
-            max_eval_sentences=args.max_eval_sentences, stack=args.stack, pair_features=args.pair_features,
-            mdl_tasks=_as_list(args.mdl_tasks, "--mdl-tasks"),
-            scalar_mix_tasks=_as_list(args.scalar_mix_tasks, "--scalar-mix-tasks"),
-            structural_max_train_sentences=args.structural_max_train_sentences or None,
-            structural={"epochs": args.structural_epochs}, n_boot=args.n_boot, cache_dir=cache_dir,
-            name=args.name, progress=not args.quiet, threads=args.threads,
-        )  # fmt: skip
-    except WorkbenchError as err:
-        print(f"bertology probe syntax: error: {err}", file=sys.stderr)
-        return 2
-    print(f"run {run_id}: {len(rows)} rows in {store.root}")
-    print(format_layer_table(rows))
-    return 0
+    return cli_errors(lambda: runner.cli_main(NAME, argv), "bertology probe syntax")
 
 
 if __name__ == "__main__":  # pragma: no cover

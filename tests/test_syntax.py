@@ -13,7 +13,9 @@ import pytest
 
 from probes import syntax
 from probes.syntax import FeatureView, build_items, run_syntax_probes, syntax_cli_main
+from workbench.checkpoints import expand_checkpoints
 from workbench.data.conllu import load_treebank, treebank_path
+from workbench.errors import CheckpointError
 from workbench.io import sha256_file
 from workbench.results import ResultsStore
 
@@ -102,12 +104,12 @@ def test_checkpoint_metadata_from_manifest(tmp_path):
     plain = tmp_path / "hf-model"
     plain.mkdir()
     (plain / "config.json").write_text("{}")
-    cks = syntax.expand_checkpoints([run, str(plain), tmp_path / "roberta-run"])
+    cks = expand_checkpoints([run, str(plain), tmp_path / "roberta-run"])
     assert [(c.name, c.family, c.step, c.seed) for c in cks] == [
         ("bert-run/step-0000000", "bert", 0, 5), ("bert-run/step-0000008", "bert", 8, 5), ("hf-model", None, None, None),
         ("roberta-run/seed-1/step-0000016", "roberta", 16, 1)]
-    with pytest.raises(syntax.CheckpointError, match="does not exist"):
-        syntax.expand_checkpoints([tmp_path / "nope"])
+    with pytest.raises(CheckpointError, match="does not exist"):
+        expand_checkpoints([tmp_path / "nope"])
 
 
 def test_split_resolution_for_treebanks_without_train():

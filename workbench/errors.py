@@ -30,3 +30,22 @@ class CheckpointError(WorkbenchError):
 
 class ConfigError(WorkbenchError):
     """A YAML config or CLI argument is invalid."""
+
+
+def cli_errors(command, prog: str = "bertology") -> int:
+    """Run a command-line entry point with the one error policy of every command.
+
+    A WorkbenchError (bad input: missing or corrupt file, bad setting) becomes one line on stderr,
+    `PROG: error: MESSAGE`, and exit status 2; Ctrl-C says that progress is kept and exits 130;
+    anything else is a bug and keeps its traceback (exit 1).
+    """
+    import sys
+
+    try:
+        return int(command() or 0)
+    except WorkbenchError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted (progress so far is kept; run the same command to resume)", file=sys.stderr)
+        return 130

@@ -1,0 +1,546 @@
+"""The one probe runner: checkpoints -> model handle -> random-init twin -> stacks -> resumable units -> one run.
+
+Every probe family (syntax, coreference, cloze, membership, alignment, and the pruning and
+distillation sweeps that follow) runs through `run_probe`, so a probe module says only what is
+specific to it (in the spirit of structural-probes' one-concern modules and nanoGPT's one loop):
+
+    NAME, TASKS                 what it is called and which tasks it has
+    Settings(runner.Settings)   its settings, a dataclass (unknown keys are a ConfigError; the
+                                settings go into the run manifest and the resume key; each field is a
+                                `--dashed-option` of `bertology probe NAME`, its metadata["help"] the help)
+    prepare(settings)           the data it loads once per run -> Prepared(data, files, notes)
+    run_task(unit, prepared, task, settings) -> rows   one (model, stack, task)
+    PROBE = ProbeSpec(...)      registered in `probes/__init__.py`
+
+What the runner does, in order, so that bad input fails before any expensive work:
+1. settings are coerced and validated (`Settings.validate`), then every checkpoint is resolved
+   (folders, training folders, Hub names in the local cache: `workbench.checkpoints`) and its
+   stacks checked against `settings.stack` from its config.json alone;
+2. `prepare` loads the data once;
+3. one results-store run is opened (manifest: settings, seeds, data files with checksums,
+   checkpoints with hashes); for each checkpoint the handle is loaded and, when "random_init" is
+   among the baselines, its random-init twin is built (Hewitt & Manning 2019's random BERT;
+   seed = probe seed + TWIN_SEED_OFFSET, checked to differ from the checkpoint);
+4. for each (model, stack, task) a *unit*: reused from `<runs root>/partials/` when an interrupted
+   attempt finished it (`workbench.results.FinishedUnits`), else computed and saved at once;
+5. the optional `finish` hook sees every unit's result (cross-model comparisons), notes and
+   timings are written, the run is published and the partials are removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import pandas as pd
+from tqdm import tqdm
+
+from workbench.checkpoints import Checkpoint, expand_checkpoints
+from workbench.errors import CheckpointError, ConfigError
+
+TWIN_SEED_OFFSET = 7919  # random-init twins use probe seed + this (never a checkpoint's own step-0 init)
+RANDOM_INIT_SUFFIX = " (random init)"
+STACK_NAMES = ("encoder", "decoder", "all")
+
+
+# --------------------------------------------------------------------------- settings
+@dataclass
+class Settings:
+    """Settings every probe has; a probe's own Settings subclass adds its fields (all with defaults)."""
+
+    tasks: tuple[str, ...] = field(default=(), metadata={"help": "comma-separated tasks (default: all)"})
+    seed: int = field(default=0, metadata={"help": "probe seed (splits, probe init, bootstrap, twin = seed + 7919)"})
+    stack: str | None = field(default=None, metadata={
+        "help": "encoder | decoder | all (default: the model's first stack)"})
+    baselines: tuple[str, ...] = field(default=("random_init",), metadata={
+        "help": "comma-separated baselines ('' for none); random_init = the same architecture, fresh weights"})
+    n_boot: int = field(default=1000, metadata={"help": "bootstrap resamples for confidence intervals"})
+    batch_size: int = field(default=32, metadata={"help": "sentences per forward pass"})
+    cache_dir: str | None = field(default=None, metadata={"help": "activation cache (default: <runs root>/cache)"})
+    threads: int | None = field(default=None, metadata={
+        "help": "torch threads for this run (1 is often fastest on a busy 2-core machine)"})
+    name: str | None = field(default=None, metadata={"help": "run name in the catalog"})
+    progress: bool = field(default=True, metadata={"help": "progress bars", "cli": False})
+
+    # Fields that change how a run is executed, not what it computes: not part of the resume key.
+    EXECUTION_FIELDS = ("batch_size", "cache_dir", "threads", "name", "progress")
+    BASELINES = ("random_init",)  # a probe's Settings may offer more (e.g. majority, control)
+
+    def validate(self, spec: "ProbeSpec") -> None:
+        """Raise ConfigError for a bad value, before any data or model is loaded."""
+        bad = [t for t in self.tasks if t not in spec.tasks]
+        if bad or not self.tasks:
+            raise ConfigError(f"unknown task(s) {bad}; {spec.name} tasks are {list(spec.tasks)}")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ConfigError(f"a task is listed twice in {list(self.tasks)}")
+        bad = [b for b in self.baselines if b not in self.BASELINES]
+        if bad:
+            raise ConfigError(f"unknown baseline(s) {bad}; {spec.name} baselines are {list(self.BASELINES)}")
+        if self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+        if self.n_boot < 1:
+            raise ConfigError(f"n_boot must be >= 1, got {self.n_boot}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        if self.stack is not None and self.stack not in STACK_NAMES:
+            raise ConfigError(f"stack must be one of {list(STACK_NAMES)} (or unset), got {self.stack!r}")
+
+    def as_config(self) -> dict[str, Any]:
+        """The settings as plain JSON values (the manifest's config)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def resume_key(self) -> dict[str, Any]:
+        """What decides the rows: the settings without the execution-only fields."""
+        return {k: v for k, v in self.as_config().items() if k not in self.EXECUTION_FIELDS}
+
+
+def _plain(value):
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def make_settings(cls: type[Settings], values: Mapping[str, Any] | None, where: str = "settings") -> Settings:
+    """`cls(**values)` with every value checked and coerced by its field's type; unknown keys are an error.
+
+    Accepts what YAML and the command line give: lists or comma-separated strings for tuple fields,
+    "true"/"false" for booleans, numbers as strings.
+    """
+    values = dict(values or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    kwargs = {k: _coerce(fields[k], v, where) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def _coerce(f: dataclasses.Field, value, where: str):
+    ann = str(f.type)
+    what = f"{where}: {f.name}"
+    if value is None:
+        if "None" in ann:
+            return None
+        raise ConfigError(f"{what} cannot be empty")
+    if ann.startswith(("tuple", "list")):
+        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise ConfigError(f"{what}: expected a list or a comma-separated string, got {value!r}")
+        inner = ann[ann.index("[") + 1:].split(",")[0].strip().rstrip("]") if "[" in ann else "str"
+        conv = {"float": float, "int": int}.get(inner, str)
+        try:
+            return tuple(conv(v) for v in items)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{what}: expected a list of {inner}, got {value!r}") from None
+    if ann.startswith(("dict", "Mapping")):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{what}: expected a mapping, got {value!r}")
+        return dict(value)
+    for name, conv in (("bool", _to_bool), ("int", _to_int), ("float", float), ("str", str)):
+        if ann.startswith(name):
+            try:
+                return conv(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{what}: expected {name}, got {value!r}") from None
+    return value
+
+
+def _to_bool(value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "yes", "1", "false", "no", "0"):
+        return value.lower() in ("true", "yes", "1")
+    raise ValueError(value)
+
+
+def _to_int(value) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(value)
+    return int(value)
+
+
+# --------------------------------------------------------------------------- probe spec and units
+@dataclass
+class Prepared:
+    """What a probe loads once per run: its data, the data files (checksummed in the manifest), notes."""
+
+    data: Any = None
+    files: list[Path] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProbeSpec:
+    """A registered probe family (see the module docstring)."""
+
+    name: str
+    tasks: tuple[str, ...]
+    settings: type[Settings]
+    prepare: Callable[[Settings], Prepared]
+    run_task: Callable[["Unit", Prepared, str, Settings], list[pd.DataFrame]]
+    description: str = ""
+    finish: Callable[[list["UnitResult"], Prepared, Settings], list[pd.DataFrame]] | None = None
+    summary: Callable[[pd.DataFrame], str] | None = None
+    default_tasks: tuple[str, ...] | None = None  # tasks when none are given (default: all)
+    cli_hook: Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace, dict], None]] | None = None
+
+
+@dataclass
+class Unit:
+    """One (model, stack): what `run_task` receives for each task of it.
+
+    `handle` is the model handle itself (a probe may need its LM head, its loss, or change its
+    weights); `activations(...)` gives cached all-layer word vectors of this model and stack.
+    """
+
+    model: str  # the row name: the checkpoint's name, "+ (random init)" for the twin
+    handle: Any
+    checkpoint: Checkpoint
+    stack: str
+    is_twin: bool
+    probe: str
+    settings: Settings
+    notes: dict[str, Any]  # run-level notes (shared by every unit of the run)
+    timings: dict[str, float] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict, repr=False)  # a probe's own per-unit memo
+    _acts: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def seed(self) -> int:
+        return self.settings.seed
+
+    @property
+    def progress(self) -> bool:
+        return self.settings.progress
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}|{self.stack}"
+
+    def activations(self, sentences: Sequence[Sequence[str]], dataset_key: str, pooling: str = "first"):
+        """All-layer word vectors of `sentences` (lists of words) for this model and stack, cached on
+        disk under `dataset_key` (name it after the data and its selection: same key = same words)."""
+        from workbench.activations import extract
+
+        memo = (dataset_key, pooling)
+        if memo not in self._acts:
+            t0 = time.perf_counter()
+            self._acts[memo] = extract(self.handle, sentences, dataset_key, pooling=pooling, stack=self.stack,
+                                       batch_size=self.settings.batch_size, cache_dir=self.settings.cache_dir,
+                                       progress=self.progress)
+            self.timings[f"extract:{dataset_key}"] = round(time.perf_counter() - t0, 3)
+        return self._acts[memo]
+
+    def rows(self, task: str, metrics: Mapping[str, Sequence[float]], *, split: str, layers=None, n=None, ci=None,
+             extra: Mapping[str, Any] | None = None) -> pd.DataFrame:
+        """Tidy result rows of this unit (`engine.layer_rows` with the model's name, family, seed, step, stack)."""
+        from probes.engine import layer_rows
+
+        ex = dict(extra or {})
+        if self.is_twin:
+            ex["baseline"] = "random_init"
+        ck = self.checkpoint
+        family = ck.family or getattr(self.handle, "family", None)
+        return layer_rows(metrics, probe=self.probe, task=task, split=split, layers=layers, n=n, ci=ci, extra=ex,
+                          model=self.model, family=family, seed=ck.seed, step=ck.step, stack=self.stack)
+
+    def log(self, message: str) -> None:
+        if self.progress:
+            tqdm.write(f"[{self.probe}] {self.key}: {message}", file=sys.stderr)
+
+
+@dataclass
+class UnitResult:
+    """A finished (model, stack, task), as the `finish` hook sees it."""
+
+    model: str
+    checkpoint: Checkpoint
+    stack: str
+    task: str
+    is_twin: bool
+    rows: pd.DataFrame
+
+
+# --------------------------------------------------------------------------- running
+def run_probe(probe: str | ProbeSpec, checkpoints: Sequence[Any], settings: Settings | Mapping[str, Any] | None = None,
+              store=None) -> tuple[str, pd.DataFrame]:
+    """Run one probe over checkpoints; one run in the results store. Returns (run_id, rows).
+
+    checkpoints: checkpoint folders, training folders (every saved step), Hub names in the local
+    cache, or open model handles. settings: the probe's Settings or a mapping of its fields.
+    """
+    from probes import get_probe
+
+    spec = get_probe(probe) if isinstance(probe, str) else probe
+    settings = resolve_settings(spec, settings, f"probe {spec.name}")
+    ckpts = expand_checkpoints(checkpoints)
+    for ck in ckpts:
+        _check_stack(ck, settings.stack)
+    with torch_threads(settings.threads):
+        return _run(spec, ckpts, settings, store)
+
+
+def resolve_settings(spec: ProbeSpec, settings: Settings | Mapping[str, Any] | None, where: str) -> Settings:
+    """Settings object from a mapping (or as given), default tasks filled in, validated."""
+    if not isinstance(settings, Settings):
+        settings = make_settings(spec.settings, settings, where)
+    if not settings.tasks:
+        settings = dataclasses.replace(settings, tasks=tuple(spec.default_tasks or spec.tasks))
+    settings.validate(spec)
+    return settings
+
+
+def _check_stack(ck: Checkpoint, stack: str | None) -> None:
+    """A stack the checkpoint does not have fails here, from its config.json, before anything loads."""
+    if stack in (None, "all"):
+        return
+    have = checkpoint_stacks(ck)
+    if have is not None and stack not in have:
+        raise ConfigError(f"{ck.name}: has stack(s) {list(have)}, not {stack!r}")
+
+
+def checkpoint_stacks(ck: Checkpoint) -> tuple[str, ...] | None:
+    """The stacks a checkpoint's handle will offer, read from config.json (None when unknown)."""
+    if ck.handle is not None:
+        return tuple(ck.handle.stacks)
+    if ck.path is None or not (ck.path / "config.json").is_file():
+        return None
+    from workbench.models import CAUSAL_MODEL_TYPES
+
+    try:
+        cfg = json.loads((ck.path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{ck.path / 'config.json'}: unreadable ({e})") from e
+    if cfg.get("is_encoder_decoder"):
+        return ("encoder", "decoder")
+    if cfg.get("model_type") in CAUSAL_MODEL_TYPES or cfg.get("is_decoder"):
+        return ("decoder",)
+    return ("encoder",)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """Set torch's intra-op thread count for a block and restore it afterwards (None: leave it)."""
+    import torch
+
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store) -> tuple[str, pd.DataFrame]:
+    import torch
+
+    from probes.engine import random_init_twin
+    from workbench.results import FinishedUnits, ResultsStore
+
+    t_start = time.perf_counter()
+    prepared = spec.prepare(settings)
+    timings: dict[str, Any] = {"prepare": round(time.perf_counter() - t_start, 3)}
+    store = store if store is not None else ResultsStore()
+    config = {"probe": spec.name, "checkpoints": [str(c.path) if c.path else c.name for c in ckpts],
+              **settings.as_config()}
+    notes: dict[str, Any] = dict(prepared.notes)
+    notes.setdefault("random_init_twins", [])
+    notes["torch_threads"] = torch.get_num_threads()
+    # Rerunning an interrupted command reuses its finished (model, stack, task) units.
+    units = FinishedUnits(store, spec.name, settings.resume_key())
+    records = [c.handle if c.handle is not None else c.path for c in ckpts]
+    frames: list[pd.DataFrame] = []
+    results: list[UnitResult] = []
+    twin_wanted = "random_init" in settings.baselines
+
+    with store.start_run("probe", config, seeds={"probe": settings.seed}, data_files=prepared.files,
+                         checkpoints=records, name=settings.name or spec.name) as run:
+        for ck in tqdm(ckpts, desc="checkpoints", disable=not settings.progress or len(ckpts) < 2):
+            t0 = time.perf_counter()
+            handle = ck.handle if ck.handle is not None else _load_handle(ck)
+            timings[f"{ck.name}|load"] = round(time.perf_counter() - t0, 3)
+            variants = [(ck.name, handle, False)]
+            if twin_wanted:
+                t0 = time.perf_counter()
+                twin_seed = settings.seed + TWIN_SEED_OFFSET
+                twin = random_init_twin(handle, seed=twin_seed)
+                if all(torch.equal(a, b) for a, b in zip(twin.model.parameters(), handle.model.parameters())):
+                    raise ConfigError(f"{ck.name}: its random-init twin (seed {twin_seed}) has the same weights")
+                timings[f"{ck.name}|twin_init"] = round(time.perf_counter() - t0, 3)
+                variants.append((ck.name + RANDOM_INIT_SUFFIX, twin, True))
+                notes["random_init_twins"].append({"of": ck.name, "sha256": twin.checkpoint_hash, "seed": twin_seed})
+            if settings.stack is not None and settings.stack != "all" and settings.stack not in handle.stacks:
+                raise ConfigError(f"{ck.name}: has stack(s) {list(handle.stacks)}, not {settings.stack!r}")
+            stacks = list(handle.stacks) if settings.stack == "all" else [settings.stack or handle.stacks[0]]
+            for model_name, h, is_twin in variants:
+                for stk in stacks:
+                    unit = Unit(model_name, h, ck, stk, is_twin, spec.name, settings, notes)
+                    for task in tqdm(settings.tasks, desc=f"tasks {model_name}", disable=not settings.progress,
+                                     leave=False):
+                        name = f"{model_name}|{stk}|{task}|{h.checkpoint_hash[:16]}"
+                        saved = units.load(name)
+                        if saved is not None:
+                            unit.log(f"{task} reused from an interrupted attempt")
+                            parts = [saved]
+                        else:
+                            t1 = time.perf_counter()
+                            parts = _as_frames(spec.run_task(unit, prepared, task, settings), spec.name, task)
+                            units.save(name, parts)
+                            unit.timings[f"{task}:total"] = round(time.perf_counter() - t1, 3)
+                            unit.log(f"{task} {unit.timings[f'{task}:total']:.1f} s")
+                        for part in parts:
+                            run.add(part)
+                            frames.append(part)
+                        results.append(UnitResult(model_name, ck, stk, task, is_twin,
+                                                  pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()))
+                    timings[unit.key] = unit.timings
+        if spec.finish is not None:
+            for part in _as_frames(spec.finish(results, prepared, settings), spec.name, "finish"):
+                run.add(part)
+                frames.append(part)
+        timings["total"] = round(time.perf_counter() - t_start, 3)
+        notes["reused_units"] = units.reused
+        for k, v in notes.items():
+            run.note(k, v)
+        run.note("timings_s", timings)
+        run_id = run.finish()
+    units.discard()
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    rows["run_id"] = run_id
+    return run_id, rows
+
+
+def _as_frames(out, probe: str, task: str) -> list[pd.DataFrame]:
+    frames = [out] if isinstance(out, pd.DataFrame) else list(out or [])
+    if not all(isinstance(f, pd.DataFrame) for f in frames):
+        raise TypeError(f"probe {probe}, task {task}: run_task must return DataFrames (use unit.rows)")
+    return frames
+
+
+def _load_handle(ck: Checkpoint):
+    from workbench.models import ModelHandle
+
+    return ModelHandle.load(ck.path)
+
+
+# --------------------------------------------------------------------------- summary table
+def format_layer_table(rows: pd.DataFrame, max_metrics: int = 8) -> str:
+    """A generic per-layer summary: one block per model (twins included), layers x (task metric) columns."""
+    if rows is None or len(rows) == 0:
+        return "(no rows)"
+    df = rows[rows["layer"].notna()]
+    if df.empty:
+        return "(no per-layer rows)"
+    blocks = []
+    for (model, stack), sub in df.groupby(["model", "stack"], sort=False, dropna=False):
+        cols = list(dict.fromkeys(zip(sub["task"], sub["metric"])))[:max_metrics]
+        layers = sorted(set(sub["layer"].astype(int)))
+        table = [["layer"] + [f"{t} {m}" for t, m in cols]]
+        for layer in layers:
+            cells = [str(layer)]
+            for t, m in cols:
+                v = sub[(sub["layer"] == layer) & (sub["task"] == t) & (sub["metric"] == m)]["value"]
+                cells.append("-" if v.empty or pd.isna(v.iloc[0]) else f"{float(v.iloc[0]):.3f}")
+            table.append(cells)
+        suffix = f" [{stack}]" if isinstance(stack, str) else ""
+        blocks.append(f"== {model}{suffix}\n" + aligned(table))
+    return "\n\n".join(blocks)
+
+
+def aligned(table: list[list[str]]) -> str:
+    """Rows of cells as right-aligned text columns (the first column left-aligned)."""
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in table)
+
+
+# --------------------------------------------------------------------------- command line
+def build_parser(spec: ProbeSpec) -> tuple[argparse.ArgumentParser, Callable | None]:
+    """`bertology probe NAME` options: the checkpoints, the runs root, and one option per settings field."""
+    p = argparse.ArgumentParser(prog=f"bertology probe {spec.name}", description=spec.description or None)
+    p.add_argument("--checkpoint", action="append", required=True, metavar="CKPT[,CKPT...]",
+                   help="checkpoint folder(s), training folder(s) (every saved step) or Hub name(s) in the "
+                        "local Hugging Face cache; repeatable")
+    p.add_argument("--config", default=None, help="a YAML file of settings (command-line options override it)")
+    p.add_argument("--runs-root", default=None, help="results store root (default $BERTOLOGY_RUNS or ./runs)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    for f in dataclasses.fields(spec.settings):
+        if not f.init or f.metadata.get("cli") is False:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        help_ = f.metadata.get("help", "")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if f.name == "tasks":
+            help_ += f"; tasks: {','.join(spec.tasks)}"
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        if str(f.type).startswith("bool"):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f"{help_} (default {shown})")
+        elif str(f.type).startswith(("dict", "Mapping")):
+            p.add_argument(flag, default=None, metavar="YAML", help=f"{help_} (a YAML mapping, default {shown})")
+        else:
+            p.add_argument(flag, default=None, help=f"{help_} (default {shown!r})" if help_ else f"default {shown!r}")
+    apply = spec.cli_hook(p) if spec.cli_hook else None
+    return p, apply
+
+
+def cli_main(name: str, argv: Sequence[str] | None = None) -> int:
+    """`bertology probe NAME ...`: run, then print the run id and the probe's summary table.
+
+    Bad input raises a WorkbenchError; the caller (`app.cli.main`, `workbench.errors.cli_errors`)
+    turns it into one line on stderr and exit status 2.
+    """
+    import yaml
+
+    from probes import get_probe
+    from workbench.paths import CACHE_ENV
+    from workbench.results import ResultsStore
+
+    spec = get_probe(name)
+    parser, apply = build_parser(spec)
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    values: dict[str, Any] = {}
+    if args.config:
+        path = Path(args.config)
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{path}: not a readable YAML file ({e})") from e
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings")
+        values.update(loaded)
+    for f in dataclasses.fields(spec.settings):
+        got = getattr(args, f.name, None)
+        if got is None:
+            continue
+        if str(f.type).startswith(("dict", "Mapping")):
+            try:
+                got = yaml.safe_load(got)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"--{f.name.replace('_', '-')}: not a YAML mapping ({e})") from e
+        values[f.name] = got
+    if args.quiet:
+        values["progress"] = False
+    if apply is not None:
+        apply(args, values)
+    store = ResultsStore(args.runs_root)
+    if args.runs_root and "cache_dir" not in values and not __import__("os").environ.get(CACHE_ENV):
+        values["cache_dir"] = str(Path(args.runs_root) / "cache" / "activations")
+    checkpoints = [c.strip() for arg in args.checkpoint for c in arg.split(",") if c.strip()]
+    run_id, rows = run_probe(spec, checkpoints, values, store=store)
+    print(f"run {run_id}: {len(rows)} rows in {store.root}")
+    print((spec.summary or format_layer_table)(rows))
+    return 0
