@@ -1,0 +1,273 @@
+"""Document context and word-level attention, for coreference across sentences.
+
+Document windows. A document (a GUM text, a GAP snippet) is one long word sequence; the model
+reads it in windows of its own length, half a window apart, and every word is read from the
+window where it is most central (causal stacks: where it has most left context) — the same plan
+`ModelHandle.word_states` follows for hidden states (`workbench.models.plan_windows` and
+`_choose_windows`), so a word's attention row and its hidden state come from the same window.
+`document_windows` also says how much left context each word had there.
+
+Word-level attention (Clark et al. 2019, "What does BERT look at?", sec. 2): attention TO a word
+split into several pieces is the SUM over its pieces, attention FROM it the MEAN over its pieces.
+Special tokens ([CLS], [SEP], <s>, </s>, padding) are dropped and each row is renormalised over the
+remaining words, so every word's row is a distribution over the words of its window. (Clark et al.
+keep [CLS]/[SEP] as tokens of their own; we drop them because a coreference head is judged by
+which WORD it picks.)
+
+Coreference heads (Clark et al. 2019, sec. 5): for each layer x head, how often the head word of a
+coreferent mention attends most to (a word of) one of its antecedents; GAP: whether the pronoun
+gives more attention to the right name.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from workbench.errors import ConfigError
+from workbench.models import _choose_windows, plan_windows
+
+
+# --------------------------------------------------------------------------- document windows
+
+
+@dataclass
+class DocWindows:
+    """How one document is read: windows of whole words and each word's home window."""
+
+    ranges: np.ndarray  # int64 [K, 2]: words [w0, w1) held whole by window k
+    home: np.ndarray  # int64 [n_words]: the window each word is read from
+    left_context: np.ndarray  # int64 [n_words]: words before it inside its home window
+    cut: np.ndarray  # bool [n_words]: no window holds all of the word's pieces
+
+
+def document_windows(handle, words: Sequence[str], stack: str | None = None, stride: int | None = None) -> DocWindows:
+    """The window plan of `handle.word_states` for one document (one 'sentence' of many words)."""
+    stack = stack or handle.stacks[0]
+    enc = handle._encode([list(words)], count=False)[0]  # the handle's own word -> token spans
+    n = len(words)
+    if n == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return DocWindows(np.zeros((0, 2), dtype=np.int64), z, z, z.astype(bool))
+    cap = handle.capacity
+    starts = plan_windows(len(enc.ids), cap, stride or max(1, cap // 2))
+    home, cut = _choose_windows(enc.first, enc.last, starts, cap, stack == "decoder")
+    ranges = np.array([[np.searchsorted(enc.first, s, side="left"),
+                        np.searchsorted(enc.last, s + cap - 1, side="right")] for s in starts], dtype=np.int64)
+    left = np.arange(n) - ranges[home, 0]
+    return DocWindows(ranges, home.astype(np.int64), np.maximum(left, 0), cut)
+
+
+def left_context_counts(plans: Sequence[DocWindows], thresholds: Sequence[int] = (16, 64, 128)) -> dict[str, int]:
+    """How many words saw fewer than N words of left context, for each N; and how many of those
+    had more words before them in the document than they saw (context lost to windowing)."""
+    out: dict[str, int] = {"words": int(sum(len(p.home) for p in plans)),
+                           "windowed_documents": int(sum(len(p.ranges) > 1 for p in plans)),
+                           "words_cut_by_window": int(sum(p.cut.sum() for p in plans))}
+    for t in thresholds:
+        out[f"left_context_lt_{t}"] = int(sum((p.left_context < t).sum() for p in plans))
+        out[f"left_context_lt_{t}_by_window"] = int(sum(((p.left_context < t) & (np.arange(len(p.home)) >= t)).sum()
+                                                        for p in plans))
+    return out
+
+
+# --------------------------------------------------------------------------- word-level attention
+
+
+def word_attention(att: torch.Tensor, word_ids: torch.Tensor, n_words: int) -> torch.Tensor:
+    """Token attention [B, heads, T, T] -> word attention [B, heads, n_words, n_words].
+
+    `word_ids[b, t]` is the word of token t (-1: special or padding). TO a word: sum over its pieces;
+    special tokens dropped and rows renormalised; FROM a word: mean over its pieces. A word with no
+    piece of its own has an all-zero row and column.
+    """
+    B, _, T, _ = att.shape
+    onehot = torch.zeros(B, T, n_words, dtype=att.dtype, device=att.device)
+    valid = word_ids >= 0
+    b_idx, t_idx = valid.nonzero(as_tuple=True)
+    onehot[b_idx, t_idx, word_ids[b_idx, t_idx]] = 1.0
+    to_words = torch.einsum("bhts,bsn->bhtn", att, onehot)
+    to_words = to_words / to_words.sum(-1, keepdim=True).clamp_min(1e-12)
+    pieces = onehot.sum(1)  # [B, n]
+    from_words = torch.einsum("btm,bhtn->bhmn", onehot, to_words)
+    return from_words / pieces.clamp_min(1)[:, None, :, None]
+
+
+@dataclass
+class _Segment:
+    doc: int
+    w0: int
+    w1: int
+    queries: np.ndarray  # positions (into the doc's query list)
+
+
+def attention_rows(handle, docs: Sequence[Sequence[str]], queries: Sequence[Sequence[int]], stack: str | None = None,
+                   batch_size: int = 4, stride: int | None = None, progress: bool = False,
+                   stats: dict | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """For each document, the word-level attention rows of its query words, every layer and head.
+
+    Yields (rows [n_queries, L, heads, n_doc_words] float32, ranges [n_queries, 2]) per document in
+    order: row q is read from the home window of word queries[q] (zeros outside that window, whose
+    words are ranges[q]). Only windows that hold a query's home are run. `stats` (a dict) gets
+    windows run, words in them and seconds spent in the forward passes and conversion.
+    """
+    stack = stack or handle.stacks[0]
+    if stack not in handle.stacks:
+        raise ConfigError(f"stack {stack!r} not in this model's stacks {handle.stacks}")
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(docs), desc="attention", unit="doc")
+    chunk = max(1, batch_size * 4)
+    for c0 in range(0, len(docs), chunk):
+        ids = range(c0, min(len(docs), c0 + chunk))
+        plans = {i: document_windows(handle, docs[i], stack, stride) for i in ids}
+        segments: list[_Segment] = []
+        results: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for i in ids:
+            q = np.asarray(queries[i], dtype=np.int64)
+            if len(q) and (q.min() < 0 or q.max() >= len(docs[i])):
+                raise ConfigError(f"document {i}: query word outside 0..{len(docs[i]) - 1}")
+            home = plans[i].home[q] if len(q) else q
+            results[i] = (None, plans[i].ranges[home] if len(q) else np.zeros((0, 2), dtype=np.int64))
+            for k in np.unique(home):
+                w0, w1 = plans[i].ranges[k]
+                segments.append(_Segment(i, int(w0), int(w1), np.flatnonzero(home == k)))
+        segments.sort(key=lambda s: -(s.w1 - s.w0))
+        for b0 in range(0, len(segments), batch_size):
+            batch = segments[b0: b0 + batch_size]
+            t0 = time.perf_counter()
+            out = handle.forward([list(docs[s.doc][s.w0: s.w1]) for s in batch], stack=stack, attentions=True)
+            layers = out.attentions[stack]
+            wids = out.word_ids[stack]
+            n_max = max(s.w1 - s.w0 for s in batch)
+            per_layer = [word_attention(a.float(), wids, n_max) for a in layers]  # L x [B, heads, n, n]
+            for b, s in enumerate(batch):
+                rows, ranges = results[s.doc]
+                if rows is None:
+                    rows = np.zeros((len(queries[s.doc]), len(layers), layers[0].shape[1], len(docs[s.doc])),
+                                    dtype=np.float32)
+                    results[s.doc] = (rows, ranges)
+                local = np.asarray(queries[s.doc], dtype=np.int64)[s.queries] - s.w0
+                n = s.w1 - s.w0
+                local_t = torch.as_tensor(local, device=per_layer[0].device)
+                block = torch.stack([wa[b][:, local_t, :n] for wa in per_layer]).permute(2, 0, 1, 3)  # [q, L, heads, n]
+                rows[s.queries, :, :, s.w0: s.w1] = block.cpu().numpy()
+            if stats is not None:
+                stats["windows"] = stats.get("windows", 0) + len(batch)
+                stats["window_words"] = stats.get("window_words", 0) + sum(s.w1 - s.w0 for s in batch)
+                stats["seconds"] = stats.get("seconds", 0.0) + time.perf_counter() - t0
+        for i in ids:
+            rows, ranges = results[i]
+            if rows is None:  # no queries in this document
+                L = handle.num_layers[stack]
+                rows = np.zeros((0, L, _num_heads(handle), len(docs[i])), dtype=np.float32)
+            yield rows, ranges
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+
+
+def _num_heads(handle) -> int:
+    cfg = handle.config
+    for key in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads"):
+        if getattr(cfg, key, None):
+            return int(getattr(cfg, key))
+    return 1
+
+
+# --------------------------------------------------------------------------- coreference heads
+
+
+@dataclass
+class HeadScores:
+    """Per evaluated item: which (layer, head) got it right, plus the rule baselines on the same items."""
+
+    correct: np.ndarray  # bool [N, L, heads]
+    strict: np.ndarray | None  # bool [N, L, heads]: most-attended word is an antecedent's HEAD word (GUM)
+    group: np.ndarray  # item group (mention type for GUM, gender for GAP) [N]
+    unit: np.ndarray  # resampling unit (document / example) [N]
+    baselines: dict[str, np.ndarray]  # name -> bool [N]
+    counts: dict[str, int]
+
+
+def gum_head_scores(handle, docs, stack: str | None = None, batch_size: int = 4, progress: bool = False,
+                    stats: dict | None = None) -> HeadScores:
+    """Clark et al. (2019) antecedent selection for every layer x head on GUM documents
+    (`probes.coref_items.Document`). An item is a mention with an earlier mention of its chain
+    whose words lie in the window the mention's head word is read from (the others are counted as
+    `out_of_window` and left out); it is right when the word its head word attends to most (self
+    included) belongs to an antecedent (`strict`: is an antecedent's head word)."""
+    from probes.coref_items import anaphoric_mentions, rule_antecedents
+
+    words = [d.words for d in docs]
+    ana = [anaphoric_mentions(d) for d in docs]
+    queries = [[d.mentions[i].head for i in a] for d, a in zip(docs, ana)]
+    correct, strict, group, unit = [], [], [], []
+    base: dict[str, list] = {"nearest_mention": [], "head_match": []}
+    counts = {"anaphoric_mentions": 0, "out_of_window": 0}
+    for di, (rows, ranges) in enumerate(attention_rows(handle, words, queries, stack, batch_size, progress=progress,
+                                                       stats=stats)):
+        d = docs[di]
+        rules = rule_antecedents(d)
+        antecedents = d.antecedents
+        if len(rows) == 0:
+            continue
+        best = rows.argmax(-1)  # [q, L, heads]
+        for q, i in enumerate(ana[di]):
+            counts["anaphoric_mentions"] += 1
+            w0, w1 = ranges[q]
+            spans = [d.mentions[j] for j in antecedents[i]]
+            if not any(m.start >= w0 and m.end < w1 for m in spans):
+                counts["out_of_window"] += 1
+                continue
+            ante_words = np.zeros(len(d.words), dtype=bool)
+            ante_heads = np.zeros(len(d.words), dtype=bool)
+            for m in spans:
+                ante_words[m.start: m.end + 1] = True
+                ante_heads[m.head] = True
+            correct.append(ante_words[best[q]])
+            strict.append(ante_heads[best[q]])
+            group.append(d.mentions[i].mtype)
+            unit.append(di)
+            for name in base:
+                base[name].append(rules[name][q])
+    L, H = handle.num_layers[stack or handle.stacks[0]], _num_heads(handle)
+    stack_ = lambda v: np.stack(v) if v else np.zeros((0, L, H), dtype=bool)  # noqa: E731
+    counts["evaluated"] = len(correct)
+    return HeadScores(stack_(correct), stack_(strict), np.asarray(group, dtype=object), np.asarray(unit, dtype=np.int64),
+                      {k: np.asarray(v, dtype=bool) for k, v in base.items()}, counts)
+
+
+def gap_head_scores(handle, frame, stack: str | None = None, batch_size: int = 8, progress: bool = False,
+                    stats: dict | None = None) -> HeadScores:
+    """GAP (Webster et al. 2018) by attention: for examples whose pronoun refers to A or B, does the
+    pronoun give more attention (summed over the name's words) to the right one? Ties count as wrong.
+    Baselines on the same examples: nearest name and the subject-name rule (`probes.coref_items`)."""
+    from probes.coref_items import gap_nearest_name, gap_subject_name
+    from probes.gap_scorer import pronoun_gender
+
+    ex = [r for r in frame.itertuples() if r.label in ("A", "B")]
+    words = [r.words for r in ex]
+    queries = [[r.pronoun_start] for r in ex]
+    correct, group = [], []
+    for r, (rows, _) in zip(ex, attention_rows(handle, words, queries, stack, batch_size, progress=progress,
+                                               stats=stats)):
+        to_a = rows[0, :, :, r.a_start: r.a_end + 1].sum(-1)
+        to_b = rows[0, :, :, r.b_start: r.b_end + 1].sum(-1)
+        correct.append((to_a > to_b) if r.label == "A" else (to_b > to_a))
+        group.append(pronoun_gender(r.pronoun))
+    L, H = handle.num_layers[stack or handle.stacks[0]], _num_heads(handle)
+    return HeadScores(
+        np.stack(correct) if correct else np.zeros((0, L, H), dtype=bool), None, np.asarray(group, dtype=object),
+        np.arange(len(ex), dtype=np.int64),
+        {"nearest_name": np.array([gap_nearest_name(r) == r.label for r in ex], dtype=bool),
+         "subject_name": np.array([gap_subject_name(r) == r.label for r in ex], dtype=bool)},
+        {"examples": len(frame), "evaluated": len(ex), "neither_left_out": len(frame) - len(ex)},
+    )  # fmt: skip
