@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from tests.conftest import tiny_bart, tiny_bert, tiny_gpt2, tiny_t5
+from tests.conftest import tiny_bert, tiny_gpt2
 from workbench.errors import CheckpointError
 from workbench.io import sha256_files
 from workbench.models import ModelHandle, plan_windows
@@ -382,8 +382,6 @@ def test_save_load_round_trip(tmp_path, tiny_models, handles, ewt_train, name):
                         handles[name].word_states(sents, stack=stack, pooling="mean")):
             np.testing.assert_allclose(a, b, atol=1e-5)
     assert h.checkpoint_hash == sha256_files([folder / "model.safetensors"], root=folder)
-    ctx, cands = ["The <blank> is here ."], [["dog", "idea"]]
-    np.testing.assert_allclose(h.score_candidates(ctx, cands), handles[name].score_candidates(ctx, cands), atol=1e-4)
     # eager attentions on request
     ha = ModelHandle.load(folder, attentions=True)
     assert ha.forward(sents[:2], attentions=True).attentions[ha.stacks[0]][0].shape[0] == 2
@@ -413,7 +411,7 @@ def test_pretraining_heads_load_quietly(tmp_path, tokenizers):
         verbosity = hf_logging.get_verbosity()
         h = ModelHandle.load(folder)
         assert not any("LOAD REPORT" in m for m in seen)
-        assert h._head_trained and hf_logging.get_verbosity() == verbosity
+        assert h.head_trained and hf_logging.get_verbosity() == verbosity
         from transformers import AutoModelForMaskedLM  # the same load straight through transformers reports
 
         AutoModelForMaskedLM.from_pretrained(folder)
@@ -478,141 +476,3 @@ def test_checkpoint_errors_name_the_path(tmp_path, tiny_models, tokenizers):
     cfg = BertConfig(**{**small.config.to_dict(), "vocab_size": 500})
     too_big = _save(tmp_path, BertForMaskedLM(cfg), tok, "vocab_mismatch")
     expect(too_big, "1000 tokens but the model's embedding matrix only 500")
-
-
-# ---------------------------------------------------------------------- scoring
-
-
-def test_mlm_score_equals_hand_computation(handles):
-    h = handles["bert"]
-    tok, model = h.tokenizer, h.model
-    ctx = "The cat sat on the <blank> ."
-    cands = ["mat", "extraordinary"]
-    scores = h.score_candidates([ctx], [cands])[0]
-    for cand, score in zip(cands, scores):
-        pieces = tok.tokenize(cand)
-        text = ctx.replace("<blank>", " ".join([tok.mask_token] * len(pieces)))
-        ids = torch.tensor([tok(text)["input_ids"]])
-        pos = (ids[0] == tok.mask_token_id).nonzero().flatten()
-        assert len(pos) == len(pieces)
-        with torch.no_grad():
-            logp = torch.log_softmax(model(input_ids=ids).logits[0], -1)
-        hand = sum(float(logp[p, tok.convert_tokens_to_ids(t)]) for p, t in zip(pos, pieces))
-        assert score == pytest.approx(hand, abs=1e-4)
-    assert len(tok.tokenize("extraordinary")) >= 2  # the multi-piece case was exercised
-
-
-PLANTED = [("the cat is red .", "the cat is <blank> .", "red"), ("the dog is blue .", "the dog is <blank> .", "blue"),
-           ("a sun is hot .", "a sun is <blank> .", "hot"), ("a moon is cold .", "a moon is <blank> .", "cold")]
-WRONG = {"red": "blue", "blue": "red", "hot": "cold", "cold": "hot"}
-
-
-def _train(model, make_batch, steps=150, lr=1e-2, seed=0):
-    torch.manual_seed(seed)
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    for _ in range(steps):
-        loss = model(**make_batch()).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    return float(loss.detach())
-
-
-def _check_planted(h):
-    ctxs = [c for _, c, _ in PLANTED]
-    cands = [[right, WRONG[right]] for _, _, right in PLANTED]
-    scores = h.score_candidates(ctxs, cands)
-    for (right_score, wrong_score) in scores:
-        assert right_score > wrong_score + 1.0
-    return scores
-
-
-def test_causal_scoring_planted(tokenizers):
-    tok = tokenizers["gpt"]
-    model = tiny_gpt2(tok)
-    eos = tok.eos_token_id
-    seqs = [[eos] + tok(" " + s)["input_ids"] for s, _, _ in PLANTED]
-    T = max(map(len, seqs))
-    ids = torch.tensor([s + [eos] * (T - len(s)) for s in seqs])
-    mask = torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in seqs])
-    labels = ids.masked_fill(mask == 0, -100)
-    loss = _train(model, lambda: dict(input_ids=ids, attention_mask=mask, labels=labels))
-    assert loss < 0.5
-    h = ModelHandle(model, tok)
-    scores = _check_planted(h)
-    # the score is log p(whole sentence) behind <|endoftext|>: HF's own loss over it
-    text = PLANTED[0][1].replace("<blank>", "red")
-    x = torch.tensor([[eos] + tok(text)["input_ids"]])
-    with torch.no_grad():
-        nll = float(model(input_ids=x, labels=x).loss) * (x.shape[1] - 1)
-    assert scores[0][0] == pytest.approx(-nll, abs=1e-3)
-
-
-def _pad(rows, value):
-    """Right-pad lists of ids into one tensor."""
-    width = max(map(len, rows))
-    return torch.tensor([r + [value] * (width - len(r)) for r in rows])
-
-
-def _train_seq2seq(model, tok, src, tgt) -> ModelHandle:
-    """Fit a seq2seq model on the planted (source, target) id lists; its handle."""
-    src_ids, tgt_ids = _pad(src, tok.pad_token_id), _pad(tgt, -100)
-    _train(model, lambda: dict(input_ids=src_ids, attention_mask=(src_ids != tok.pad_token_id).long(),
-                               labels=tgt_ids))
-    return ModelHandle(model, tok)
-
-
-def test_t5_scoring_planted(tokenizers):
-    tok = tokenizers["t5"]
-    model = tiny_t5(tok)
-    s0, s1 = tok.convert_tokens_to_ids(["<extra_id_0>", "<extra_id_1>"])
-    src = [tok(c.replace("<blank>", "<extra_id_0>"))["input_ids"] for _, c, _ in PLANTED]
-    tgt = [[s0] + tok(" " + r, add_special_tokens=False)["input_ids"] + [s1] for _, _, r in PLANTED]
-
-    h = _train_seq2seq(model, tok, src, tgt)
-    scores = _check_planted(h)
-    # hand: HF's loss over the target, minus the (unscored) prediction of sentinel 0
-    x, y = torch.tensor([src[0]]), torch.tensor([tgt[0]])
-    with torch.no_grad():
-        out = model(input_ids=x, labels=y)
-        first = float(torch.log_softmax(out.logits[0, 0], -1)[s0])
-    assert scores[0][0] == pytest.approx(-float(out.loss) * y.shape[1] - first, abs=1e-3)
-
-
-def test_bart_scoring_planted(tokenizers):
-    tok = tokenizers["bart"]
-    model = tiny_bart(tok)
-    src = [tok(c.replace("<blank>", "<mask>"))["input_ids"] for _, c, _ in PLANTED]
-    tgt = [tok(s)["input_ids"] for s, _, _ in PLANTED]
-
-    h = _train_seq2seq(model, tok, src, tgt)
-    scores = _check_planted(h)
-    x, y = torch.tensor([src[0]]), torch.tensor([tgt[0]])
-    with torch.no_grad():
-        nll = float(model(input_ids=x, labels=y).loss) * y.shape[1]
-    assert scores[0][0] == pytest.approx(-nll, abs=1e-3)
-
-
-def test_scoring_needs_one_blank_and_a_head(handles, tiny_models):
-    h = handles["bert"]
-    with pytest.raises(ValueError, match="exactly one"):
-        h.score_candidates(["no blank here"], [["x"]])
-    base = ModelHandle(tiny_models["bert"][0].bert, tiny_models["bert"][1])
-    assert base.stacks == ("encoder",)
-    with pytest.raises(CheckpointError, match="no trained LM head"):
-        base.score_candidates(["a <blank> b"], [["x"]])
-
-
-def test_body_only_checkpoint_gives_states_but_no_scores(tmp_path, tiny_models, ewt_train):
-    """A checkpoint saved from the bare BertModel: the masked-LM class loads with its head missing;
-    states come from the saved body unchanged, and scoring refuses the untrained head."""
-    model, tok = tiny_models["bert"]
-    folder = _save(tmp_path, model.bert, tok, "body_only")
-    h = ModelHandle.load(folder)
-    words = ewt_train[5].words
-    np.testing.assert_allclose(next(h.word_states([words])), next(ModelHandle(model, tok).word_states([words])),
-                               atol=1e-6)
-    with pytest.raises(CheckpointError, match=re.escape(str(folder))):
-        h.score_candidates(["a <blank> b"], [["x"]])

@@ -2,9 +2,10 @@
 
 `ModelHandle.load(folder)` opens any local transformers checkpoint (our own `save_pretrained`
 folders and plain HF ones such as BERT or GPT-2) with its tokenizer, and gives every probe the
-same four things: subword tokenisation of pre-split words with word alignment, hidden states of
-every layer (and stack) pooled to words, raw hidden states/attentions of a batch, and the model's
-own log-probability of cloze candidates.
+same three things: subword tokenisation of pre-split words with word alignment, hidden states of
+every layer (and stack) pooled to words, and raw hidden states/attentions of a batch. Scores with
+the model's own LM head (token log-probs, pseudo-log-likelihood, cloze candidates) live in
+`workbench.lm_scores`.
 
 Conventions (the HF `hidden_states` convention, as in Tenney et al. 2019 and Liu et al. 2019):
 layer 0 is the embedding output, layers 1..L the blocks. Stacks are "encoder" (bidirectional
@@ -51,8 +52,6 @@ import torch
 
 from workbench.checkpoints import read_manifest, weight_files, weights_hash
 from workbench.errors import CheckpointError, WorkbenchError
-
-BLANK = "<blank>"
 
 # config.model_type -> workbench family name.
 FAMILY_OF_MODEL_TYPE = {
@@ -195,14 +194,14 @@ class ModelHandle:
         self.device = next(model.parameters()).device
         self.stats: Counter = Counter()
         self._weight_files = [Path(p) for p in weight_files]
-        self._head_trained = head_trained
+        self.head_trained = head_trained  # False: the LM head class loaded without its weights
 
         model_type = getattr(self.config, "model_type", "")
         self.family = family or FAMILY_OF_MODEL_TYPE.get(model_type, model_type)
-        self.lm_kind = _lm_kind(model)
+        causal_head = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
         if getattr(self.config, "is_encoder_decoder", False):
             self.stacks: tuple[str, ...] = ("encoder", "decoder")
-        elif self.lm_kind == "causal" or model_type in CAUSAL_MODEL_TYPES or getattr(self.config, "is_decoder", False):
+        elif causal_head or model_type in CAUSAL_MODEL_TYPES or getattr(self.config, "is_decoder", False):
             self.stacks = ("decoder",)
         else:
             self.stacks = ("encoder",)
@@ -236,7 +235,7 @@ class ModelHandle:
         """Open a checkpoint folder (config + weights + tokenizer; our `manifest.json` optional).
 
         Loads the LM head class the model was trained with (masked LM, causal LM or seq2seq LM) so
-        that `score_candidates` can use it; families without one in the Auto registry (ELMo) fall
+        that `workbench.lm_scores` can use it; families without one in the Auto registry (ELMo) fall
         back to the bare `AutoModel`. `attentions=True` loads eager attention (sdpa returns none).
         Every failure is a `CheckpointError` naming the folder. Never runs remote code.
         """
@@ -641,174 +640,6 @@ class ModelHandle:
                 torch.zeros(n, h.shape[-1], dtype=torch.float32, device=h.device)
                 .index_add_(0, slot_t, h.index_select(0, tok_t).float()) / denom for h in flat])
         return pooled.float().cpu().numpy()
-
-    # ------------------------------------------------------------------ LM scores
-
-    def score_candidates(self, contexts: Sequence[str], candidates: Sequence[Sequence[str]],
-                         batch_size: int = 32) -> list[list[float]]:
-        """log-probability, under the model's own LM head, of each candidate filling the one
-        `<blank>` of its context (natural log; multi-subword candidates summed).
-
-        - masked LM (BERT family): the candidate's pieces in the filled sentence are all replaced
-          by [MASK] at once (as many masks as pieces) and the score is the sum of the log-probs
-          of the pieces at their positions (the joint-masking choice of Talmor et al. 2020,
-          oLMpics; it ignores dependencies between the pieces).
-        - causal LM: log p(whole filled sentence), the sum over all its tokens (behind a bos/eos
-          token when the tokenizer has one, so the first word is scored too). Scoring the whole
-          sentence rather than the candidate given its prefix lets the words after the blank
-          take part ("A is <blank> than B" depends on "than B"); it is the usual choice of
-          oLMpics and LM-eval-harness for causal models.
-        - T5-style seq2seq (sentinel tokens): input = context with the blank replaced by the first
-          sentinel; target = sentinel0 + candidate + sentinel1 (Raffel et al. 2020); score = log p
-          of the candidate pieces and of the closing sentinel (so a candidate cannot win by being
-          a prefix of a longer one).
-        - BART-style seq2seq (mask token): input = context with the blank replaced by one <mask>
-          (text infilling, Lewis et al. 2020); score = log p(full filled sentence) as decoder target.
-        """
-        if len(contexts) != len(candidates):
-            raise ValueError(f"{len(contexts)} contexts but {len(candidates)} candidate lists")
-        if not self._head_trained or self.lm_kind not in ("mlm", "causal", "seq2seq"):
-            raise CheckpointError(f"{self.path or 'in-memory model'}: {type(self.model).__name__} has no trained "
-                                  f"LM head to score candidates with")
-        items = []
-        for i, (ctx, cands) in enumerate(zip(contexts, candidates)):
-            if ctx.count(BLANK) != 1:
-                raise ValueError(f"context {i} must hold exactly one {BLANK}: {ctx!r}")
-            left, right = ctx.split(BLANK)
-            for c in cands:
-                items.append((i, left, c, right))
-        scorer = {"mlm": self._score_mlm, "causal": self._score_causal, "seq2seq": self._score_seq2seq}[self.lm_kind]
-        flat: list[float] = []
-        for b0 in range(0, len(items), batch_size):
-            flat.extend(scorer(items[b0: b0 + batch_size]))
-        out, k = [], 0
-        for cands in candidates:
-            out.append(flat[k: k + len(cands)])
-            k += len(cands)
-        return out
-
-    def _encode_filled(self, i: int, left: str, cand: str, right: str):
-        """Tokens (with special tokens) of left+cand+right and the positions of the candidate's
-        pieces; a piece that mixes candidate and context characters is an error."""
-        text = left + cand + right
-        enc = self._backend.encode(text, add_special_tokens=True)
-        a, b = len(left), len(left) + len(cand)
-        nonspace = np.array([not ch.isspace() for ch in text] + [True])
-        nxt = np.empty(len(text) + 1, dtype=np.int64)  # next non-space position at or after p
-        nxt_val = len(text)
-        for p in range(len(text), -1, -1):
-            if nonspace[p]:
-                nxt_val = p
-            nxt[p] = nxt_val
-        pos = []
-        for t, ((s, e), special) in enumerate(zip(enc.offsets, enc.special_tokens_mask)):
-            if special:
-                continue
-            anchor = nxt[s]
-            chars = [p for p in range(s, e) if nonspace[p]] or [anchor]
-            inside = [a <= p < b for p in chars]
-            if all(inside):
-                pos.append(t)
-            elif any(inside):
-                raise ValueError(f"context {i}: candidate {cand!r} shares a token with its context in {text!r}")
-        if not pos:
-            raise ValueError(f"context {i}: candidate {cand!r} has no tokens in {text!r}")
-        return list(enc.ids), pos
-
-    def _check_len(self, n: int, i: int) -> None:
-        if n > self.max_length:
-            raise ValueError(f"context {i}: {n} tokens exceed max_length={self.max_length}")
-
-    def _logits(self, **kw) -> torch.Tensor:
-        self.model.eval()
-        with torch.inference_mode():
-            return self.model(**kw, return_dict=True).logits.float()
-
-    def _score_mlm(self, items) -> list[float]:
-        mask_id = self.tokenizer.mask_token_id
-        if mask_id is None:
-            raise CheckpointError(f"{self.path}: masked LM without a mask token")
-        rows, targets = [], []
-        for i, left, cand, right in items:
-            ids, pos = self._encode_filled(i, left, cand, right)
-            self._check_len(len(ids), i)
-            masked = np.asarray(ids, dtype=np.int64)
-            targets.append((pos, masked[pos].copy()))
-            masked[pos] = mask_id
-            rows.append(masked)
-        ids, mask = self._pad(rows)
-        logp = torch.log_softmax(self._logits(input_ids=ids, attention_mask=mask), dim=-1)
-        return [float(logp[b, pos, tgt].sum()) for b, (pos, tgt) in enumerate(targets)]
-
-    def _score_causal(self, items) -> list[float]:
-        start = _first_not_none(self.tokenizer.bos_token_id, self.tokenizer.eos_token_id)
-        rows = []
-        for i, left, cand, right in items:
-            ids, _ = self._encode_filled(i, left, cand, right)
-            if start is not None and ids[0] not in self.tokenizer.all_special_ids:
-                ids = [start] + ids
-            self._check_len(len(ids), i)
-            rows.append(np.asarray(ids, dtype=np.int64))
-        ids, mask = self._pad(rows)
-        logp = torch.log_softmax(self._logits(input_ids=ids, attention_mask=mask)[:, :-1], dim=-1)
-        tok_lp = logp.gather(-1, ids[:, 1:, None])[..., 0] * mask[:, 1:]
-        return tok_lp.sum(1).tolist()
-
-    def _sentinels(self) -> tuple[int, int] | None:
-        vocab = self.tokenizer.get_vocab()
-        for a, b in (("<extra_id_0>", "<extra_id_1>"), ("<sentinel_0>", "<sentinel_1>")):
-            if a in vocab and b in vocab:
-                return vocab[a], vocab[b]
-        return None
-
-    def _score_seq2seq(self, items) -> list[float]:
-        sentinels = self._sentinels()
-        mask_tok = self.tokenizer.mask_token
-        if sentinels is None and mask_tok is None:
-            raise CheckpointError(f"{self.path}: seq2seq tokenizer has neither sentinel tokens nor a mask token")
-        start = _first_not_none(getattr(self.config, "decoder_start_token_id", None), self.pad_id)
-        enc_rows, dec_rows, scored = [], [], []
-        for i, left, cand, right in items:
-            if sentinels is not None:
-                src = self._backend.encode(left + self.tokenizer.convert_ids_to_tokens(sentinels[0]) + right).ids
-                piece_ids = self._backend.encode(" " + cand, add_special_tokens=False).ids
-                target = [sentinels[0]] + list(piece_ids) + [sentinels[1]]
-                first_scored = 1  # sentinel0 is given, not predicted
-            else:
-                src = self._backend.encode(left + mask_tok + right).ids
-                target, _ = self._encode_filled(i, left, cand, right)
-                first_scored = 0
-            self._check_len(len(src), i)
-            enc_rows.append(np.asarray(src, dtype=np.int64))
-            dec_rows.append(np.asarray([start] + target[:-1], dtype=np.int64))
-            scored.append((np.asarray(target, dtype=np.int64), first_scored))
-        src_ids, src_mask = self._pad(enc_rows)
-        dec_ids, dec_mask = self._pad(dec_rows)
-        logp = torch.log_softmax(self._logits(input_ids=src_ids, attention_mask=src_mask,
-                                              decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask), dim=-1)
-        out = []
-        for b, (target, f0) in enumerate(scored):
-            pos = torch.arange(f0, len(target), device=logp.device)
-            out.append(float(logp[b, pos, torch.from_numpy(target[f0:]).to(logp.device)].sum()))
-        return out
-
-
-def _lm_kind(model) -> str:
-    """'mlm', 'causal', 'seq2seq' (a model with that LM head) or 'base' (no head)."""
-    name = type(model).__name__
-    if getattr(model.config, "is_encoder_decoder", False):
-        return "seq2seq" if model.get_output_embeddings() is not None else "base"
-    try:
-        has_head = model.get_output_embeddings() is not None
-    except (NotImplementedError, AttributeError):
-        has_head = False
-    if not has_head:
-        return "base"
-    if name.endswith(("ForCausalLM", "LMHeadModel")):
-        return "causal"
-    if name.endswith("ForMaskedLM"):
-        return "mlm"
-    return "base"
 
 
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:

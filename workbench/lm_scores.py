@@ -1,0 +1,637 @@
+"""A model's own LM head: per-token log-probabilities, pseudo-log-likelihood, cloze candidate scores.
+
+One home for every probe that asks a model how likely a text is (cloze: which candidate fills a
+blank; membership: how well a text is predicted). `LMScorer(handle)` (or the cached
+`lm_scorer(handle)`) finds the head once and scores with it; everything is natural log.
+
+Which head, per family (`LMScorer.kind`):
+- "mlm" (BERT, RoBERTa, SpanBERT, ALBERT, DistilBERT; ELECTRA through its generator, saved in
+  `generator/` beside the discriminator, see `workbench.families.electra`): a text's score is its
+  pseudo-log-likelihood (Salazar et al. 2020, "Masked Language Model Scoring"): every content
+  token masked in turn, PLL = sum_t log p(w_t | w_\\t). All masked copies of a sentence go into ONE
+  batch, several sentences per batch; the LM head is applied only at the masked position of each
+  copy. Special tokens ([CLS], [SEP]) are context, not scored.
+- "causal" (GPT): log p(w_t | w_<t) of every token after the first; a bos/eos token is put in
+  front when the tokenizer adds no special token there, so the first word is scored too.
+- "seq2seq" (T5, BART): log p(target | source), every target token (the tokenizer's closing
+  token included) behind `decoder_start_token_id`, teacher-forced.
+- "bilm" (ELMo, Peters et al. 2018): the forward LM's log p(w_t | w_<t) and the backward LM's
+  log p(w_t | w_>t), through `ElmoForBiLM`'s shared softmax. Per token, the two are added (the
+  forward LM is given <S>, the backward LM </S>: 0 for those); the total is
+  log p_fwd(sentence) + log p_bwd(sentence), the two terms of ELMo's training objective.
+
+Candidate scoring (`score_candidates`: contexts holding one `<blank>`, a list of candidates each):
+- masked LM, every candidate of a context one piece: log p(candidate) of the MLM distribution at
+  the one mask position (the MC-MLM setup of Talmor et al. 2020, oLMpics; comparing these log-probs
+  is comparing the distribution restricted to the candidates). Method "mask".
+- masked LM, some candidate of the context more than one piece: the PLL of each filled sentence
+  for every candidate of that context (so they stay comparable), method "pll". Nothing is dropped;
+  `CandidateScores.method` says which rule scored each candidate and `n_pieces` why.
+- causal: log p(the whole filled sentence) (oLMpics and LM-eval-harness: the words after the blank
+  take part). ELMo: forward + backward log p of the filled sentence.
+- T5 (sentinel tokens): source = context with the blank replaced by the first sentinel; target =
+  sentinel0 + candidate + sentinel1 (Raffel et al. 2020); score = log p of the candidate pieces and
+  of the closing sentinel (so a candidate cannot win by being a prefix of a longer one).
+- BART (mask token): source = context with one <mask> (text infilling, Lewis et al. 2020); target =
+  the filled sentence, every token scored.
+
+Errors: a model without a trained LM head (a bare body such as sentence-transformers'
+all-MiniLM-L6-v2, an ELECTRA discriminator without `generator/`, an ELMo saved without its softmax)
+is a `CheckpointError` at construction; a text or context longer than the model's `max_length`,
+a context without exactly one blank, or a candidate that shares a token with its context is a
+`ConfigError` naming the input. Counts go to the handle's `stats` (never reset): lm_texts,
+lm_tokens_scored, mlm_forward_rows, candidates, candidates_by_pll.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from workbench.errors import CheckpointError, ConfigError
+from workbench.models import ModelHandle, _first_not_none, _quiet_transformers
+
+BLANK = "<blank>"
+KINDS = ("mlm", "causal", "seq2seq", "bilm")
+
+# Masked-LM classes whose head can be applied to the hidden states of the masked positions alone
+# (the head over every position of every copy would cost about as much as the body); any other
+# masked LM takes the full logits and reads the masked positions (same numbers, slower).
+_MLM_HEADS: dict[str, Callable] = {
+    "BertForMaskedLM": lambda m, h: m.cls(h),
+    "RobertaForMaskedLM": lambda m, h: m.lm_head(h),
+    "AlbertForMaskedLM": lambda m, h: m.predictions(h),
+    "ElectraForMaskedLM": lambda m, h: m.generator_lm_head(m.generator_predictions(h)),
+    "DistilBertForMaskedLM": lambda m, h: m.vocab_projector(m.vocab_layer_norm(m.activation(m.vocab_transform(h)))),
+}
+
+
+@dataclass
+class TextScore:
+    """Scores of one text's tokens under the model's own head (natural log).
+
+    `ids[k]` is the k-th scored token and `logprobs[k]` its log-probability; `total` their sum (the
+    text's log-likelihood, or its PLL for a masked LM). With `moments=True`, `mu[k]` and
+    `sigma[k]` are the mean and standard deviation of log p(z) for z drawn from the model's
+    distribution at that position (what Min-K%++ standardises by; ELMo: the two directions'
+    means added, variances added). ELMo also keeps each direction in `directions`."""
+
+    ids: np.ndarray
+    logprobs: np.ndarray
+    method: str
+    directions: dict[str, np.ndarray] = field(default_factory=dict)
+    mu: np.ndarray | None = None
+    sigma: np.ndarray | None = None
+
+    @property
+    def total(self) -> float:
+        return float(self.logprobs.sum())
+
+
+@dataclass
+class CandidateScores:
+    """`scores[i][j]`: log-probability of candidate j filling context i's blank (see the module
+    docstring); `method[i][j]`: the rule that scored it ("mask", "pll", "causal", "bilm",
+    "seq2seq-sentinel", "seq2seq-infill"); `n_pieces[i][j]`: its number of tokens in the filled
+    context (a masked LM falls back to "pll" for a whole context when one of them is above 1)."""
+
+    scores: list[list[float]]
+    method: list[list[str]]
+    n_pieces: list[list[int]]
+
+    def best(self) -> list[int]:
+        """Index of the highest-scoring candidate per context (the first on ties; -1 if none)."""
+        return [int(np.argmax(s)) if len(s) else -1 for s in self.scores]
+
+
+def lm_kind(model) -> str:
+    """'mlm', 'causal', 'seq2seq' (a model class with that LM head), 'bilm' (ELMo's LM) or 'base'."""
+    name = type(model).__name__
+    if getattr(model.config, "model_type", "") == "elmo":
+        return "bilm" if name == "ElmoForBiLM" else "base"
+    try:
+        has_head = model.get_output_embeddings() is not None
+    except (NotImplementedError, AttributeError):
+        has_head = False
+    if not has_head:
+        return "base"
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "seq2seq"
+    if name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "causal"
+    if name.endswith("ForMaskedLM"):
+        return "mlm"
+    return "base"
+
+
+_SCORERS: "weakref.WeakKeyDictionary[ModelHandle, LMScorer]" = weakref.WeakKeyDictionary()
+
+
+def lm_scorer(handle: ModelHandle) -> "LMScorer":
+    """The handle's scorer, built once (ELMo's softmax and ELECTRA's generator load from disk)."""
+    if handle not in _SCORERS:
+        _SCORERS[handle] = LMScorer(handle)
+    return _SCORERS[handle]
+
+
+class LMScorer:
+    """Scores with the LM head of `handle`'s model; raises `CheckpointError` if it has none."""
+
+    def __init__(self, handle: ModelHandle):
+        self.handle = handle
+        self.kind, self.model = _find_head(handle)
+        self.model.eval()
+        tok = handle.tokenizer
+        self.mask_id = tok.mask_token_id
+        if self.kind == "mlm" and self.mask_id is None:
+            raise CheckpointError(f"{_where(handle)}: masked LM whose tokenizer has no mask token")
+
+    # ------------------------------------------------------------------ texts
+
+    def text_logprobs(self, texts: Sequence[str], batch_size: int = 32, moments: bool = False,
+                      progress: bool = False) -> list[TextScore]:
+        """Each text's per-token log-probabilities with the family's own likelihood: causal LM,
+        ELMo's two LMs, or a masked LM's PLL (`batch_size` = sentences per batch for causal/ELMo,
+        masked copies per batch for PLL). A seq2seq model needs a source: `seq2seq_logprobs`."""
+        if self.kind == "causal":
+            return self.causal_logprobs(texts, batch_size, moments, progress)
+        if self.kind == "bilm":
+            return self.bilm_logprobs(texts, batch_size, moments, progress)
+        if self.kind == "mlm":
+            return self.pseudo_log_likelihood(texts, max(batch_size, 64), moments, progress)
+        raise ConfigError(f"{_where(self.handle)}: a seq2seq model scores a target given a source; "
+                          f"use seq2seq_logprobs(sources, targets)")
+
+    def pseudo_log_likelihood(self, texts: Sequence[str], batch_size: int = 64, moments: bool = False,
+                              progress: bool = False) -> list[TextScore]:
+        """PLL of each text (Salazar et al. 2020): every content token masked in turn. `batch_size`
+        = masked copies per forward; a sentence's copies are never split across batches, so a
+        sentence longer than `batch_size` tokens gets a batch of its own."""
+        self._need("mlm", "pseudo-log-likelihood")
+        rows = self._encode_texts(texts, "text")
+        scored = [np.nonzero(~special)[0] for _, special in rows]
+        out = self._masked_scores([ids for ids, _ in rows], scored, batch_size, moments, progress)
+        return [self._text_score(rows[i][0][pos], out[i], "pll") for i, pos in enumerate(scored)]
+
+    def causal_logprobs(self, texts: Sequence[str], batch_size: int = 32, moments: bool = False,
+                        progress: bool = False) -> list[TextScore]:
+        """log p(w_t | w_<t) of every token after the first (a bos/eos is put in front when the
+        tokenizer adds no special token there)."""
+        self._need("causal", "causal log-probabilities")
+        rows = [self._causal_row(ids, special, f"text {i} ({_start(texts[i])})")
+                for i, (ids, special) in enumerate(self._encode_texts(texts, "text"))]
+        out = self._causal_scores(rows, batch_size, moments, progress)
+        return [self._text_score(ids[1:], o, "causal") for ids, o in zip(rows, out)]
+
+    def bilm_logprobs(self, texts: Sequence[str], batch_size: int = 32, moments: bool = False,
+                      progress: bool = False) -> list[TextScore]:
+        """ELMo: per token of `<S> text </S>`, forward log p(w_t | w_<t) + backward log p(w_t | w_>t)."""
+        self._need("bilm", "forward/backward LM log-probabilities")
+        rows = [ids for ids, _ in self._encode_texts(texts, "text")]
+        out = self._bilm_scores(rows, batch_size, moments, progress)
+        return [self._text_score(ids, o, "bilm") for ids, o in zip(rows, out)]
+
+    def seq2seq_logprobs(self, sources: Sequence[str], targets: Sequence[str], batch_size: int = 32,
+                         moments: bool = False, progress: bool = False) -> list[TextScore]:
+        """log p(target | source) of every target token (with the tokenizer's special tokens, e.g.
+        T5's closing </s>, BART's <s> ... </s>), teacher-forced behind decoder_start_token_id."""
+        self._need("seq2seq", "seq2seq log-probabilities")
+        if len(sources) != len(targets):
+            raise ConfigError(f"{len(sources)} sources but {len(targets)} targets")
+        src = [ids for ids, _ in self._encode_texts(sources, "source")]
+        tgt = [ids for ids, _ in self._encode_texts(targets, "target")]
+        out = self._seq2seq_scores(src, tgt, [0] * len(tgt), batch_size, moments, progress)
+        return [self._text_score(t, o, "seq2seq") for t, o in zip(tgt, out)]
+
+    # ------------------------------------------------------------------ cloze candidates
+
+    def score_candidates(self, contexts: Sequence[str], candidates: Sequence[Sequence[str]],
+                         batch_size: int = 32) -> CandidateScores:
+        """log-probability of each candidate filling the one `<blank>` of its context, by the rule
+        of the model's kind (module docstring)."""
+        if len(contexts) != len(candidates):
+            raise ConfigError(f"{len(contexts)} contexts but {len(candidates)} candidate lists")
+        items = []  # (context index, left, candidate, right)
+        for i, (ctx, cands) in enumerate(zip(contexts, candidates)):
+            if ctx.count(BLANK) != 1:
+                raise ConfigError(f"context {i} must hold exactly one {BLANK}: {ctx!r}")
+            left, right = ctx.split(BLANK)
+            items += [(i, left, c, right) for c in cands]
+        self.handle.stats["candidates"] += len(items)
+        scorer = {"mlm": self._candidates_mlm, "causal": self._candidates_causal, "bilm": self._candidates_bilm,
+                  "seq2seq": self._candidates_seq2seq}[self.kind]
+        flat, methods, pieces = scorer(items, batch_size)
+        out = CandidateScores([], [], [])
+        k = 0
+        for cands in candidates:
+            n = len(cands)
+            out.scores.append([float(x) for x in flat[k: k + n]])
+            out.method.append(list(methods[k: k + n]))
+            out.n_pieces.append([int(x) for x in pieces[k: k + n]])
+            k += n
+        return out
+
+    def _candidates_mlm(self, items, batch_size):
+        filled = [self._encode_filled(*it) for it in items]
+        single = {}
+        for (i, *_), (_, _, pos) in zip(items, filled):
+            single[i] = single.get(i, True) and len(pos) == 1
+        scored = [pos if single[i] else np.nonzero(~special)[0]
+                  for (i, *_), (_, special, pos) in zip(items, filled)]
+        methods = ["mask" if single[i] else "pll" for i, *_ in items]
+        self.handle.stats["candidates_by_pll"] += methods.count("pll")
+        out = self._masked_scores([ids for ids, _, _ in filled], scored, max(batch_size, 64), False, False)
+        return [float(o[0].sum()) for o in out], methods, [len(pos) for _, _, pos in filled]
+
+    def _candidates_causal(self, items, batch_size):
+        filled = [self._encode_filled(*it) for it in items]
+        rows = [self._causal_row(ids, special, f"context {i} filled with {cand!r}")
+                for (ids, special, _), (i, _, cand, _) in zip(filled, items)]
+        out = self._causal_scores(rows, batch_size, False, False)
+        return [float(o[0].sum()) for o in out], ["causal"] * len(items), [len(p) for _, _, p in filled]
+
+    def _candidates_bilm(self, items, batch_size):
+        filled = [self._encode_filled(*it) for it in items]
+        out = self._bilm_scores([ids for ids, _, _ in filled], batch_size, False, False)
+        return [float(o[0].sum()) for o in out], ["bilm"] * len(items), [len(p) for _, _, p in filled]
+
+    def _candidates_seq2seq(self, items, batch_size):
+        h, tok = self.handle, self.handle.tokenizer
+        sentinels = _sentinels(tok)
+        if sentinels is None and tok.mask_token is None:
+            raise CheckpointError(f"{_where(h)}: seq2seq tokenizer has neither sentinel tokens nor a mask token")
+        src_rows, tgt_rows, first, pieces = [], [], [], []
+        for i, left, cand, right in items:
+            if sentinels is not None:
+                s0 = tok.convert_ids_to_tokens(sentinels[0])
+                src = h._backend.encode(left + s0 + right).ids
+                piece_ids = h._backend.encode(" " + cand, add_special_tokens=False).ids
+                target = [sentinels[0], *piece_ids, sentinels[1]]
+                first.append(1)  # sentinel0 is given, not predicted
+                pieces.append(len(piece_ids))
+            else:
+                src = h._backend.encode(left + tok.mask_token + right).ids
+                target, _, pos = self._encode_filled(i, left, cand, right)
+                first.append(0)
+                pieces.append(len(pos))
+            src_rows.append(self._check_len(np.asarray(src, dtype=np.int64), f"context {i}"))
+            tgt_rows.append(self._check_len(np.asarray(target, dtype=np.int64), f"context {i} (target)"))
+        out = self._seq2seq_scores(src_rows, tgt_rows, first, batch_size, False, False)
+        method = "seq2seq-sentinel" if sentinels is not None else "seq2seq-infill"
+        return [float(o[0].sum()) for o in out], [method] * len(items), pieces
+
+    # ------------------------------------------------------------------ encoding
+
+    def _encode_texts(self, texts: Sequence[str], what: str):
+        """[(ids, special mask)] of each text with the tokenizer's special tokens, length-checked."""
+        if isinstance(texts, str):
+            raise ConfigError(f"expected a list of {what}s, got one string")
+        encs = self.handle._backend.encode_batch(list(texts), add_special_tokens=True)
+        rows = []
+        for i, e in enumerate(encs):
+            ids = self._check_len(np.asarray(e.ids, dtype=np.int64), f"{what} {i} ({_start(texts[i])})")
+            rows.append((ids, np.asarray(e.special_tokens_mask, dtype=bool)))
+        self.handle.stats["lm_texts"] += len(rows)
+        return rows
+
+    def _encode_filled(self, i: int, left: str, cand: str, right: str):
+        """(ids, special mask, positions of the candidate's pieces) of left + cand + right, with
+        special tokens; a piece that mixes candidate and context characters is an error."""
+        text = left + cand + right
+        enc = self.handle._backend.encode(text, add_special_tokens=True)
+        a, b = len(left), len(left) + len(cand)
+        nonspace = np.array([not ch.isspace() for ch in text] + [True])
+        nxt = np.empty(len(text) + 1, dtype=np.int64)  # next non-space position at or after p
+        nxt_val = len(text)
+        for p in range(len(text), -1, -1):
+            if nonspace[p]:
+                nxt_val = p
+            nxt[p] = nxt_val
+        pos = []
+        for t, ((s, e), special) in enumerate(zip(enc.offsets, enc.special_tokens_mask)):
+            if special:
+                continue
+            chars = [p for p in range(s, e) if nonspace[p]] or [nxt[s]]
+            inside = [a <= p < b for p in chars]
+            if all(inside):
+                pos.append(t)
+            elif any(inside):
+                raise ConfigError(f"context {i}: candidate {cand!r} shares a token with its context in {text!r}")
+        if not pos:
+            raise ConfigError(f"context {i}: candidate {cand!r} has no tokens in {text!r}")
+        ids = self._check_len(np.asarray(enc.ids, dtype=np.int64), f"context {i} filled with {cand!r}")
+        return ids, np.asarray(enc.special_tokens_mask, dtype=bool), np.asarray(pos, dtype=np.int64)
+
+    def _causal_row(self, ids: np.ndarray, special: np.ndarray, what: str) -> np.ndarray:
+        tok = self.handle.tokenizer
+        start = _first_not_none(tok.bos_token_id, tok.eos_token_id)
+        if start is not None and (len(ids) == 0 or not special[0]):
+            ids = np.concatenate([[start], ids]).astype(np.int64)
+            self._check_len(ids, f"{what} behind its start token")
+        return ids
+
+    def _check_len(self, ids: np.ndarray, what: str) -> np.ndarray:
+        if len(ids) > self.handle.max_length:
+            raise ConfigError(f"{what}: {len(ids)} tokens exceed max_length={self.handle.max_length} of "
+                              f"{_where(self.handle)}")
+        return ids
+
+    def _text_score(self, ids, scored, method) -> TextScore:
+        lp, mu, sigma, directions = scored
+        self.handle.stats["lm_tokens_scored"] += len(lp)
+        return TextScore(np.asarray(ids, dtype=np.int64), lp, method, directions, mu, sigma)
+
+    def _need(self, kind: str, what: str) -> None:
+        if self.kind != kind:
+            raise ConfigError(f"{_where(self.handle)}: {what} need a {kind} head; this model's LM head is {self.kind!r}")
+
+    # ------------------------------------------------------------------ forward passes
+
+    def _pad(self, rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        return _pad(rows, self.handle.pad_id, self.handle.device)
+
+    def _masked_scores(self, rows, positions, batch_size, moments, progress):
+        """For each row and each position p in positions[row]: log p(rows[row][p]) with p masked.
+
+        A masked copy is made once even when several rows give the same one (a cloze context with
+        one-piece candidates: one copy, every candidate read from it). Copies are packed into
+        batches by row, all copies of a row in one batch, rows sorted by length so batches pad
+        little. Returns per row (logprobs, mu, sigma, {})."""
+        entries_row = np.repeat(np.arange(len(rows)), [len(p) for p in positions])
+        entries_pos = np.concatenate([np.asarray(p, dtype=np.int64) for p in positions]) if rows else np.zeros(0, np.int64)
+        unique: dict[bytes, int] = {}
+        copy_row, copy_pos, entry_copy = [], [], np.empty(len(entries_row), dtype=np.int64)
+        for e, (r, p) in enumerate(zip(entries_row.tolist(), entries_pos.tolist())):
+            m = rows[r].copy()
+            m[p] = self.mask_id
+            key = m.tobytes()
+            if key not in unique:
+                unique[key] = len(copy_row)
+                copy_row.append(r)
+                copy_pos.append(p)
+            entry_copy[e] = unique[key]
+        copy_row_a, copy_pos_a = np.asarray(copy_row, dtype=np.int64), np.asarray(copy_pos, dtype=np.int64)
+        # pack rows (with their copies) into batches of <= batch_size copies, longest rows first
+        by_row = {}
+        for c, r in enumerate(copy_row):
+            by_row.setdefault(r, []).append(c)
+        order = sorted(by_row, key=lambda r: -len(rows[r]))
+        batches, cur, n = [], [], 0
+        for r in order:
+            k = len(by_row[r])
+            if cur and n + k > batch_size:
+                batches.append(cur)
+                cur, n = [], 0
+            cur += by_row[r]
+            n += k
+        if cur:
+            batches.append(cur)
+        C = len(copy_row)
+        target_of_entry = np.array([rows[r][p] for r, p in zip(entries_row, entries_pos)], dtype=np.int64)
+        lp = np.zeros(len(entries_row))
+        mu = np.zeros(len(entries_row)) if moments else None
+        sd = np.zeros(len(entries_row)) if moments else None
+        # entries grouped by copy, to read every entry of a batch's copies at once
+        entry_order = np.argsort(entry_copy, kind="stable")
+        copy_start = np.searchsorted(entry_copy[entry_order], np.arange(C + 1))
+        bar = _bar(progress, len(batches), "PLL batches")
+        for batch in batches:
+            cb = np.asarray(batch, dtype=np.int64)
+            ids, att = self._pad([rows[r] for r in copy_row_a[cb]])
+            rr = torch.arange(len(cb), device=ids.device)
+            cols = torch.from_numpy(copy_pos_a[cb]).to(ids.device)
+            ids[rr, cols] = self.mask_id
+            logp = torch.log_softmax(_mlm_logits_at(self.model, ids, att, rr, cols), dim=-1)  # [R, V]
+            self.handle.stats["mlm_forward_rows"] += len(cb)
+            ents = np.concatenate([entry_order[copy_start[c]: copy_start[c + 1]] for c in cb])
+            local = np.repeat(np.arange(len(cb)), copy_start[cb + 1] - copy_start[cb])
+            li = torch.from_numpy(local).to(logp.device)
+            lp[ents] = logp[li, torch.from_numpy(target_of_entry[ents]).to(logp.device)].double().cpu().numpy()
+            if moments:
+                m, s = _moments(logp)
+                mu[ents], sd[ents] = m[local], s[local]
+            _tick(bar)
+        _close(bar)
+        return _split_per_row(lp, mu, sd, [len(p) for p in positions])
+
+    def _causal_scores(self, rows, batch_size, moments, progress):
+        """log p(row[t] | row[<t]) for t >= 1 of each row."""
+        def run(idx):
+            ids, att = self._pad([rows[i] for i in idx])
+            logits = self.model(input_ids=ids, attention_mask=att, return_dict=True).logits[:, :-1].float()
+            return self._gather(torch.log_softmax(logits, -1), ids[:, 1:], [len(rows[i]) - 1 for i in idx], moments)
+        return self._batched(rows, batch_size, run, progress, "causal LM")
+
+    def _bilm_scores(self, rows, batch_size, moments, progress):
+        """ELMo: per token, forward log p(w_t | w_<t) (0 for the first) + backward log p(w_t | w_>t)
+        (0 for the last); both directions kept."""
+        def run(idx):
+            ids, att = self._pad([rows[i] for i in idx])
+            out = self.model(input_ids=ids, attention_mask=att, return_logits=True)
+            lens = [len(rows[i]) for i in idx]
+            fwd = self._gather(torch.log_softmax(out.forward_logits[:, :-1].float(), -1), ids[:, 1:],
+                               [n - 1 for n in lens], moments)
+            bwd = self._gather(torch.log_softmax(out.backward_logits[:, 1:].float(), -1), ids[:, :-1],
+                               [n - 1 for n in lens], moments)
+            res = []
+            for (f, fm, fs, _), (b, bm, bs, _) in zip(fwd, bwd):
+                pad = lambda x, front: np.concatenate([[0.0], x] if front else [x, [0.0]])  # noqa: E731
+                F, B = pad(f, True), pad(b, False)
+                mu = sd = None
+                if moments:
+                    mu = pad(fm, True) + pad(bm, False)
+                    sd = np.sqrt(pad(fs, True) ** 2 + pad(bs, False) ** 2)
+                res.append((F + B, mu, sd, {"forward": F, "backward": B}))
+            return res
+        return self._batched(rows, batch_size, run, progress, "biLM")
+
+    def _seq2seq_scores(self, src_rows, tgt_rows, first_scored, batch_size, moments, progress):
+        """log p(target[t] | target[<t], source) for t >= first_scored[row]."""
+        start = _first_not_none(getattr(self.handle.config, "decoder_start_token_id", None), self.handle.pad_id)
+
+        def run(idx):
+            src, src_att = self._pad([src_rows[i] for i in idx])
+            tgt, _ = self._pad([tgt_rows[i] for i in idx])
+            dec, dec_att = self._pad([np.concatenate([[start], tgt_rows[i][:-1]]).astype(np.int64) for i in idx])
+            logits = self.model(input_ids=src, attention_mask=src_att, decoder_input_ids=dec,
+                                decoder_attention_mask=dec_att, return_dict=True).logits.float()
+            full = self._gather(torch.log_softmax(logits, -1), tgt, [len(tgt_rows[i]) for i in idx], moments)
+            return [(lp[f], None if m is None else m[f], None if s is None else s[f], {})
+                    for (lp, m, s, _), f in zip(full, (slice(first_scored[i], None) for i in idx))]
+        return self._batched(tgt_rows, batch_size, run, progress, "seq2seq")
+
+    @staticmethod
+    def _gather(logp: torch.Tensor, targets: torch.Tensor, lengths: list[int], moments: bool):
+        """Per row b: log p of targets[b, :lengths[b]] (and the moments at those positions)."""
+        lp = logp.gather(-1, targets[..., None])[..., 0].double().cpu().numpy()
+        m = s = None
+        if moments:
+            m, s = _moments(logp)
+        return [(lp[b, :n], None if m is None else m[b, :n], None if s is None else s[b, :n], {})
+                for b, n in enumerate(lengths)]
+
+    def _batched(self, rows, batch_size, run, progress, desc):
+        """Run `run(indices)` over length-sorted batches of rows; results back in input order."""
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+        out: list = [None] * len(rows)
+        bar = _bar(progress, len(rows), desc)
+        self.model.eval()
+        with torch.inference_mode():
+            for b0 in range(0, len(order), batch_size):
+                idx = order[b0: b0 + batch_size]
+                for i, r in zip(idx, run(idx)):
+                    out[i] = r
+                _tick(bar, len(idx))
+        _close(bar)
+        return out
+
+
+# ---------------------------------------------------------------------- finding the head
+
+
+def _where(handle: ModelHandle) -> str:
+    return str(handle.path) if handle.path is not None else "in-memory model"
+
+
+def _find_head(handle: ModelHandle):
+    """(kind, model with the LM head) for a handle; CheckpointError naming the folder if none."""
+    model, config = handle.model, handle.config
+    model_type = getattr(config, "model_type", "")
+    if model_type == "elmo":
+        return "bilm", _elmo_lm(handle)
+    kind = lm_kind(model)
+    if kind != "base" and handle.head_trained:
+        return kind, model
+    if model_type == "electra":
+        return "mlm", _electra_generator(handle)
+    if handle.path is None:
+        what = f"{type(model).__name__} has no LM head"
+    else:
+        archs = getattr(config, "architectures", None) or ["an unnamed architecture"]
+        what = f"the checkpoint was saved as {', '.join(archs)}, without LM head weights"
+    raise CheckpointError(
+        f"{_where(handle)}: no trained LM head to score with: {what} (a bare model body, as sentence-embedding "
+        f"models such as sentence-transformers/all-MiniLM-L6-v2 ship); LM scores need a checkpoint saved with its "
+        f"masked-LM, causal-LM or seq2seq head")
+
+
+def _elmo_lm(handle: ModelHandle):
+    """ELMo's biLM (`ElmoForBiLM`: the encoder + the shared softmax). The handle opens the bare
+    `ElmoModel`; the softmax is loaded from the same folder and put on top of the handle's own
+    encoder (one copy of the weights)."""
+    from workbench.families.elmo_modules import ElmoForBiLM
+
+    if isinstance(handle.model, ElmoForBiLM):
+        return handle.model
+    if handle.path is None:
+        raise CheckpointError("in-memory ELMo model has no LM softmax: wrap an ElmoForBiLM in the handle")
+    try:
+        with _quiet_transformers():
+            lm, info = ElmoForBiLM.from_pretrained(handle.path, local_files_only=True, output_loading_info=True)
+    except Exception as e:
+        raise CheckpointError(f"{handle.path}: cannot load ELMo's biLM ({type(e).__name__}: {e})") from e
+    if any(k.startswith("softmax") for k in info.get("missing_keys", [])):
+        raise CheckpointError(f"{handle.path}: ELMo checkpoint without its LM softmax (saved from the bare "
+                              f"ElmoModel): no forward/backward LM to score with")
+    lm.elmo = handle.model
+    return lm.to(handle.device).eval()
+
+
+def _electra_generator(handle: ModelHandle):
+    """ELECTRA's generator (a masked LM), saved in `generator/` beside the discriminator
+    (`workbench.families.electra.GENERATOR_DIR`)."""
+    from transformers import AutoModelForMaskedLM
+
+    from workbench.families.electra import GENERATOR_DIR
+
+    folder = handle.path / GENERATOR_DIR if handle.path is not None else None
+    if folder is None or not (folder / "config.json").is_file():
+        raise CheckpointError(f"{_where(handle)}: ELECTRA discriminator without its generator (no {GENERATOR_DIR}/ "
+                              f"folder beside it): the discriminator has no LM head; ELECTRA is scored through "
+                              f"its generator")
+    try:
+        with _quiet_transformers():
+            gen, info = AutoModelForMaskedLM.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
+                                                             output_loading_info=True)
+    except Exception as e:
+        raise CheckpointError(f"{folder}: cannot load ELECTRA's generator ({type(e).__name__}: {e})") from e
+    if info.get("missing_keys"):
+        raise CheckpointError(f"{folder}: generator weights missing: {list(info['missing_keys'])[:5]}")
+    if gen.config.vocab_size < len(handle.tokenizer):
+        raise CheckpointError(f"{folder}: generator vocabulary ({gen.config.vocab_size}) is smaller than the "
+                              f"tokenizer's ({len(handle.tokenizer)})")
+    return gen.to(handle.device).eval()
+
+
+def _sentinels(tokenizer) -> tuple[int, int] | None:
+    vocab = tokenizer.get_vocab()
+    for a, b in (("<extra_id_0>", "<extra_id_1>"), ("<sentinel_0>", "<sentinel_1>")):
+        if a in vocab and b in vocab:
+            return vocab[a], vocab[b]
+    return None
+
+
+# ---------------------------------------------------------------------- small helpers
+
+
+def _mlm_logits_at(model, ids, att, rows, cols) -> torch.Tensor:
+    """Logits [R, V] of a masked LM at (rows[r], cols[r]): the head on those positions only when
+    the class is known (`_MLM_HEADS`), else the full logits read there."""
+    with torch.inference_mode():
+        head = _MLM_HEADS.get(type(model).__name__)
+        if head is None:
+            return model(input_ids=ids, attention_mask=att, return_dict=True).logits[rows, cols].float()
+        hidden = model.base_model(input_ids=ids, attention_mask=att, return_dict=True).last_hidden_state
+        return head(model, hidden[rows, cols]).float()
+
+
+def _moments(logp: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation of log p(z), z ~ p, over the last axis (Min-K%++, Zhang et al. 2024)."""
+    p = logp.exp()
+    mu = (p * logp).sum(-1)
+    var = (p * (logp - mu[..., None]).square()).sum(-1)  # centred: E[x^2] - mu^2 cancels in float32
+    return mu.double().cpu().numpy(), var.sqrt().double().cpu().numpy()
+
+
+def _split_per_row(lp, mu, sd, counts):
+    out, k = [], 0
+    for n in counts:
+        out.append((lp[k: k + n], None if mu is None else mu[k: k + n], None if sd is None else sd[k: k + n], {}))
+        k += n
+    return out
+
+
+def _pad(rows: list[np.ndarray], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    T = max(1, max(len(r) for r in rows))
+    ids = np.full((len(rows), T), pad_id, dtype=np.int64)
+    att = np.zeros((len(rows), T), dtype=np.int64)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = r
+        att[b, : len(r)] = 1
+    return torch.from_numpy(ids).to(device), torch.from_numpy(att).to(device)
+
+
+def _start(text: str, n: int = 40) -> str:
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
+def _bar(on: bool, total: int, desc: str):
+    if not on:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="it")
+
+
+def _tick(bar, n: int = 1) -> None:
+    if bar is not None:
+        bar.update(n)
+
+
+def _close(bar) -> None:
+    if bar is not None:
+        bar.close()
