@@ -219,14 +219,18 @@ def _averaging_matrix(groups: np.ndarray, n_groups: int) -> sparse.csr_matrix:
 
 
 def type_vectors(layers: np.ndarray, sentences: Sequence[Sequence[str]], vocab: Sequence[str],
-                 lowercase: bool = True, layer_ids: Sequence[int] | None = None) -> np.ndarray:
+                 lowercase: bool = True, layer_ids: Sequence[int] | None = None,
+                 mask: np.ndarray | None = None) -> np.ndarray:
     """[len(layer_ids), V, H]: each vocabulary word's vectors averaged over its occurrences
-    (Schuster et al. 2019's anchors). `layers` is `Activations.layers` for exactly `sentences`.
+    (Schuster et al. 2019's anchors). `layers` is `Activations.layers` for exactly `sentences`;
+    `mask` (bool per word position) restricts the occurrences used (split-half controls).
     A word with no occurrence gets a zero row."""
     index = {w: i for i, w in enumerate(vocab)}
     ids = np.fromiter((index.get(key(w, lowercase), -1) for s in sentences for w in s), dtype=np.int64)
     if len(ids) != layers.shape[1]:
         raise ConfigError(f"{len(ids)} words in the sentences but {layers.shape[1]} activation rows")
+    if mask is not None:
+        ids[~np.asarray(mask, dtype=bool)] = -1
     M = _averaging_matrix(ids, len(vocab))
     layer_ids = range(layers.shape[0]) if layer_ids is None else layer_ids
     return np.stack([M @ np.asarray(layers[l], dtype=np.float64) for l in layer_ids])

@@ -162,9 +162,11 @@ def precision_at_k(ranked: np.ndarray, gold: Sequence[Iterable[int]], ks: Sequen
 
 def retrieval_accuracy(X: np.ndarray, Y: np.ndarray, method: str = "csls", k: int = 10) -> np.ndarray:
     """Paired rows X[i] <-> Y[i]: bool per row whether Y[i] is X[i]'s best match among all rows of Y
-    (sentence retrieval, model-to-model retrieval)."""
+    (sentence retrieval, model-to-model retrieval). A tie with the best counts as a hit: identical
+    rows (the same word at the same position at layer 0, a repeated sentence) cannot be told apart."""
     S = similarity(X, Y, method, k)
-    return np.argmax(S, axis=1) == np.arange(len(X))
+    gold = S[np.arange(len(X)), np.arange(len(X))]
+    return gold >= S.max(axis=1) - 1e-9
 
 
 # --------------------------------------------------------------------------- dictionaries

@@ -193,3 +193,10 @@ def test_procrustes_retrieval_matrix_peaks_on_the_matching_layer():
     assert m.shape == (3, 2)
     assert m[0, 0] == 1.0
     assert m[1, 0] < 0.1 and m[0, 1] < 0.1
+
+
+def test_retrieval_counts_ties_with_identical_rows_as_hits():
+    X = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    assert ac.retrieval_accuracy(X, X, "cosine").tolist() == [True, True, True]
+    Y = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.1]])
+    assert ac.retrieval_accuracy(X, Y, "cosine").tolist() == [True, False, False]
