@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from workbench.errors import ConfigError
+from workbench.errors import ConfigError, yaml_problem
 
 KNOWN_KEYS = {"name", "train", "checkpoints", "probe", "quick"}
 
@@ -24,7 +24,7 @@ def load_experiment(path: str | Path) -> dict:
     try:
         spec = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(err)}") from None
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     if spec.get("kind") == "probe":  # one probe's settings file (e.g. experiments/probe_syntax.yaml)

@@ -43,7 +43,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from workbench.checkpoints import Checkpoint, expand_checkpoints
-from workbench.errors import CheckpointError, ConfigError
+from workbench.errors import CheckpointError, ConfigError, yaml_problem
 
 TWIN_SEED_OFFSET = 7919  # random-init twins use probe seed + this (never a checkpoint's own step-0 init)
 RANDOM_INIT_SUFFIX = " (random init)"
@@ -518,7 +518,7 @@ def cli_main(name: str, argv: Sequence[str] | None = None) -> int:
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"{path}: not a readable YAML file ({e})") from e
+            raise ConfigError(f"{path}: not a readable YAML file ({yaml_problem(e)})") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of settings")
         values.update(loaded)
@@ -530,7 +530,7 @@ def cli_main(name: str, argv: Sequence[str] | None = None) -> int:
             try:
                 got = yaml.safe_load(got)
             except yaml.YAMLError as e:
-                raise ConfigError(f"--{f.name.replace('_', '-')}: not a YAML mapping ({e})") from e
+                raise ConfigError(f"--{f.name.replace('_', '-')}: not a YAML mapping ({yaml_problem(e)})") from None
         values[f.name] = got
     if args.quiet:
         values["progress"] = False

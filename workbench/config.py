@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from workbench.errors import ConfigError
+from workbench.errors import ConfigError, yaml_problem
 
 def _default_sources() -> list[str]:
     """The corpus builder's English pretraining sources (EWT/GUM raw text left out, see there)."""
@@ -275,7 +275,7 @@ def load_config(path_or_dict: str | Path | dict | TrainConfig, overrides: dict |
         except yaml.YAMLError as exc:
             line = getattr(getattr(exc, "problem_mark", None), "line", None)
             where = f"{path}:{line + 1}" if line is not None else str(path)
-            raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+            raise ConfigError(f"{where}: not valid YAML: {yaml_problem(exc)}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     for key, value in (overrides or {}).items():

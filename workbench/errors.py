@@ -49,3 +49,10 @@ def cli_errors(command, prog: str = "bertology") -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted (progress so far is kept; run the same command to resume)", file=sys.stderr)
         return 130
+
+
+def yaml_problem(err: Exception) -> str:
+    """A YAML parse error in one line: what is wrong and where (PyYAML's own message spans lines)."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem

@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from workbench.checkpoints import STEP_PREFIX, list_steps, read_manifest, step_dir
 from workbench.config import TrainConfig, load_config
 from workbench.data_cache import TokenizedCorpus
-from workbench.errors import CheckpointError, ConfigError
+from workbench.errors import CheckpointError, ConfigError, yaml_problem
 from workbench.families import get_family
 from workbench.families.base import FamilySpec
 from workbench.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
@@ -648,10 +648,13 @@ def run_tiny_training(family: str, steps: int, output_dir: str | Path, **overrid
 # ---- CLI ------------------------------------------------------------------------------------------
 
 
-def _parse_value(text: str):
+def _parse_value(text: str, key: str = "value"):
     import yaml
 
-    return yaml.safe_load(text)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {key}={text}: not a YAML value ({yaml_problem(err)})") from None
 
 
 def train_cli_main(argv: list[str] | None = None) -> int:
@@ -679,7 +682,7 @@ def train_cli_main(argv: list[str] | None = None) -> int:
         if "=" not in item:
             p.error(f"--set expects KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
-        overrides[k.strip()] = _parse_value(v)
+        overrides[k.strip()] = _parse_value(v, k.strip())
     for key in ("family", "preset", "steps", "tokens", "seeds", "name", "device"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
@@ -698,8 +701,10 @@ def train_cli_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # `torchrun --nproc_per_node 2 -m workbench.train CONFIG.yaml`
+    from workbench.errors import cli_errors
+
     try:
-        sys.exit(train_cli_main())
+        sys.exit(cli_errors(train_cli_main, "python -m workbench.train"))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

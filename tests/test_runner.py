@@ -1,0 +1,264 @@
+"""The shared probe runner (probes/runner.py): a small probe module runs end to end through
+`bertology probe` with twins, resume and the table; syntax as its client gives the rows it gave
+before the runner existed; bad settings fail before anything is loaded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import probes
+from app.cli import main
+from probes import runner
+from workbench.data.conllu import load_treebank, treebank_path
+from workbench.results import ResultsStore
+
+GOLDEN = Path(__file__).parent / "fixtures" / "syntax_rows_before_runner.csv"
+
+
+# --------------------------------------------------------------------------- a toy probe: the whole module
+@dataclass
+class ToySettings(runner.Settings):
+    sentences: int = 20
+
+
+def toy_prepare(s: ToySettings) -> runner.Prepared:
+    return runner.Prepared(data=load_treebank("en_ewt", "dev")[: s.sentences], files=[treebank_path("en_ewt", "dev")])
+
+
+def toy_run_task(unit, prepared, task, s) -> list[pd.DataFrame]:
+    acts = unit.activations([x.words for x in prepared.data], f"en_ewt-dev-first{s.sentences}")
+    first_dim = np.asarray(acts.layers[..., 0], dtype=np.float64).mean(axis=1)  # per layer
+    return [unit.rows(task, {"mean_dim0": first_dim}, split="dev", n=acts.layers.shape[1])]
+
+
+TOY = runner.ProbeSpec("toy", ("dim0",), ToySettings, toy_prepare, toy_run_task, description="mean of dimension 0")
+
+
+@pytest.fixture
+def toy_probe():
+    probes.register(TOY)
+    yield TOY
+    probes.unregister("toy")
+
+
+# --------------------------------------------------------------------------- checkpoints
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory, tokenizers):
+    from tests.conftest import tiny_bert
+
+    folder = tmp_path_factory.mktemp("ckpt") / "tiny-bert"
+    tok = tokenizers["bert"]
+    tiny_bert(tok, seed=0, max_positions=128, hidden=32, layers=2).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    (folder / "manifest.json").write_text(json.dumps({"family": "bert", "step": 7, "seed": 3}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def training_folder(tmp_path_factory, tokenizers):
+    """A training output folder with two seeds x two steps (weights differ per step)."""
+    from tests.conftest import tiny_bert
+
+    root = tmp_path_factory.mktemp("train") / "toyrun"
+    tok = tokenizers["bert"]
+    for seed in (0, 1):
+        for step in (0, 10):
+            folder = root / f"seed-{seed}" / f"step-{step:07d}"
+            tiny_bert(tok, seed=100 * seed + step, hidden=32, layers=2).save_pretrained(folder)
+            tok.save_pretrained(folder)
+            (folder / "manifest.json").write_text(json.dumps({"family": "bert", "step": step, "seed": seed}))
+    return root
+
+
+def _hub_cache(root: Path, repo: str, folder: Path) -> Path:
+    """A Hugging Face cache holding `folder` as the Hub model `repo` (hub/models--org--name/...)."""
+    base = root / "hub" / ("models--" + repo.replace("/", "--"))
+    shutil.copytree(folder, base / "snapshots" / "0123abcd")
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text("0123abcd")
+    return root / "hub"
+
+
+def _run_cli(args, capsys):
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# --------------------------------------------------------------------------- tests
+def test_toy_probe_end_to_end_with_twin_table_and_direct_values(toy_probe, tiny_ckpt, tmp_path, capsys, monkeypatch):
+    from workbench.models import ModelHandle
+
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    runs = tmp_path / "runs"
+    code, out, err = _run_cli(["probe", "toy", "--checkpoint", str(tiny_ckpt), "--sentences", "12",
+                               "--runs-root", str(runs), "--quiet"], capsys)
+    assert code == 0, err
+    store = ResultsStore(runs)
+    (run_id,) = store.runs()["run_id"].tolist()
+    rows = store.read(run_id)
+    assert set(rows["model"]) == {"tiny-bert", "tiny-bert (random init)"}
+    real = rows[rows["model"] == "tiny-bert"].sort_values("layer")
+    # the values equal a direct computation from the handle
+    sents = [x.words for x in load_treebank("en_ewt", "dev")[:12]]
+    states = list(ModelHandle.load(tiny_ckpt).word_states(sents))
+    stacked = np.concatenate([np.asarray(s, dtype=np.float64) for s in states], axis=1)  # [L, N, H]
+    direct = stacked[..., 0].mean(axis=1)
+    np.testing.assert_allclose(real["value"].to_numpy(), direct, rtol=1e-5)
+    assert set(real["step"]) == {7} and set(real["seed"]) == {3} and set(real["family"]) == {"bert"}
+    twin = rows[rows["model"] == "tiny-bert (random init)"]
+    assert len(twin) == 3 and all(json.loads(e)["baseline"] == "random_init" for e in twin["extra"])
+    assert not np.allclose(twin.sort_values("layer")["value"].to_numpy(), direct)
+    m = store.manifest(run_id)
+    assert m["config"]["sentences"] == 12 and m["config"]["probe"] == "toy"
+    assert m["notes"]["random_init_twins"][0]["seed"] == runner.TWIN_SEED_OFFSET
+    assert f"run {run_id}" in out and "dim0 mean_dim0" in out
+    assert len([line for line in out.splitlines() if line[:1].isdigit()]) == 6  # 3 layers x (model, twin)
+
+
+def test_interrupted_toy_run_resumes_without_recomputing(toy_probe, tiny_ckpt, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    args = ["probe", "toy", "--checkpoint", str(tiny_ckpt), "--runs-root", str(tmp_path / "runs"), "--quiet"]
+    calls = []
+
+    def crash_on_twin(unit, prepared, task, s):
+        calls.append(unit.model)
+        if unit.is_twin:
+            raise KeyboardInterrupt
+        return toy_run_task(unit, prepared, task, s)
+
+    monkeypatch.setattr(TOY, "run_task", crash_on_twin)
+    code, _, err = _run_cli(args, capsys)
+    assert code == 130 and "resume" in err
+    assert ResultsStore(tmp_path / "runs").runs().empty  # nothing published
+    calls.clear()
+    code, _, _ = _run_cli(args, capsys)
+    assert code == 130 and calls == ["tiny-bert (random init)"]  # the finished unit was not recomputed
+    monkeypatch.setattr(TOY, "run_task", toy_run_task)
+    code, _, err = _run_cli(args, capsys)
+    assert code == 0, err
+    store = ResultsStore(tmp_path / "runs")
+    (run_id,) = store.runs()["run_id"].tolist()
+    reused = store.manifest(run_id)["notes"]["reused_units"]
+    assert len(reused) == 1 and reused[0].startswith("tiny-bert|encoder|dim0|")
+    assert len(store.read(run_id)) == 6
+
+
+def test_checkpoint_lists_training_folder_and_hub_name(toy_probe, tiny_ckpt, training_folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    hub = _hub_cache(tmp_path / "hf", "someorg/tiny-bert", tiny_ckpt)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _, rows = runner.run_probe("toy", [training_folder, "someorg/tiny-bert", str(tiny_ckpt)],
+                               {"baselines": [], "sentences": 5, "progress": False},
+                               store=ResultsStore(tmp_path / "runs"))
+    models = list(dict.fromkeys(rows["model"]))
+    assert models == ["toyrun/seed-0/step-0000000", "toyrun/seed-0/step-0000010", "toyrun/seed-1/step-0000000",
+                      "toyrun/seed-1/step-0000010", "someorg/tiny-bert", "tiny-bert"]
+    by_model = {m: g.sort_values("layer")["value"].to_numpy() for m, g in rows.groupby("model")}
+    np.testing.assert_array_equal(by_model["someorg/tiny-bert"], by_model["tiny-bert"])  # same weights, same values
+    assert not np.allclose(by_model["toyrun/seed-0/step-0000000"], by_model["toyrun/seed-0/step-0000010"])
+    steps = rows.drop_duplicates("model").set_index("model")["step"]
+    assert steps["toyrun/seed-1/step-0000010"] == 10
+
+
+def test_syntax_rows_identical_to_before_the_runner(tiny_ckpt, tmp_path):
+    """The fixture was written by the pre-runner probes/syntax.py (commit 23ad0a3) with exactly these
+    arguments on exactly this checkpoint; the runner must not change a single row."""
+    from probes.syntax import run_syntax_probes
+
+    _, rows = run_syntax_probes([tiny_ckpt], ["upos", "deprel", "arc", "structural-distance", "structural-depth"],
+                                max_train_sentences=80, max_eval_sentences=40, seed=2, n_boot=40,
+                                structural={"epochs": 2}, mdl_tasks=("upos",), mdl_max_examples=400,
+                                scalar_mix_tasks=("upos",), store=ResultsStore(tmp_path / "runs"),
+                                cache_dir=tmp_path / "cache", progress=False)
+    before = pd.read_csv(GOLDEN)
+    cols = list(before.columns)
+    key = ["model", "task", "split", "layer", "metric", "extra"]
+    after = rows[cols].sort_values(key, na_position="first").reset_index(drop=True)
+    before = before.sort_values(key, na_position="first").reset_index(drop=True)
+    assert len(after) == len(before) == 138
+    for c in ("model", "family", "probe", "task", "split", "stack", "metric", "extra"):
+        assert after[c].astype(str).tolist() == before[c].astype(str).tolist(), c
+    for c in ("seed", "step", "layer", "n", "value", "ci_low", "ci_high"):
+        np.testing.assert_allclose(pd.to_numeric(after[c]).to_numpy(dtype=float),
+                                   pd.to_numeric(before[c]).to_numpy(dtype=float), rtol=1e-6, atol=1e-9,
+                                   equal_nan=True, err_msg=c)
+
+
+# Every bad input: one line on stderr, exit 2, and nothing loaded (the handle loader would fail the test).
+BAD_INPUTS = [
+    (["probe", "syntax", "--stack", "middle"], "stack must be one of"),
+    (["probe", "syntax", "--stack", "decoder"], "has stack(s) ['encoder'], not 'decoder'"),
+    (["probe", "syntax", "--n-boot", "0"], "n_boot must be >= 1"),
+    (["probe", "syntax", "--seed", "-1"], "seed must be >= 0"),
+    (["probe", "syntax", "--seed", "one"], "seed: expected int"),
+    (["probe", "syntax", "--tasks", "pos"], "unknown task(s) ['pos']"),
+    (["probe", "syntax", "--baselines", "magic"], "unknown baseline(s) ['magic']"),
+    (["probe", "syntax", "--classifier", "svm"], "classifier must be one or more of"),
+    (["probe", "syntax", "--treebank", "en_nope"], "unknown treebank 'en_nope'"),
+    (["probe", "syntax", "--max-train-sentences", "0"], "max_train_sentences must be >= 1"),
+    (["probe", "syntax", "--structural", "{rank: [}"], "not a YAML mapping"),
+    (["probe", "syntax", "--structural", "{depth: 3}"], "unknown structural probe settings ['depth']"),
+    (["probe", "syntax", "--threads", "0"], "threads must be >= 1"),
+    (["probe", "nosuchprobe"], "unknown probe 'nosuchprobe'"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_INPUTS, ids=[" ".join(a[1:]) for a, _ in BAD_INPUTS])
+def test_bad_probe_input_fails_before_loading(args, message, tiny_ckpt, tmp_path, capsys, monkeypatch):
+    from workbench.models import ModelHandle
+
+    def no_loading(*a, **k):
+        raise AssertionError("a model was loaded before the settings were checked")
+
+    monkeypatch.setattr(ModelHandle, "load", no_loading)
+    monkeypatch.setattr("probes.syntax.plan_splits", no_loading)
+    code, out, err = _run_cli([*args, "--checkpoint", str(tiny_ckpt), "--runs-root", str(tmp_path / "runs")], capsys)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bertology: error:") and message in lines[0], err
+    results = tmp_path / "runs" / "results"
+    assert not results.exists() or not [p for p in results.iterdir() if not p.name.startswith(".")]
+
+
+def test_missing_checkpoint_and_unknown_hub_name(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for ck, message in ((str(tmp_path / "nope"), "does not exist"), ("someorg/not-cached", "someorg/not-cached")):
+        code, _, err = _run_cli(["probe", "syntax", "--checkpoint", ck, "--runs-root", str(tmp_path / "runs")], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["-m", "app.cli", "train", "--family", "bert", "--preset", "tiny", "--set", "lr=["], "--set lr=[: not a YAML value"),
+    (["-m", "workbench.train", "/no/such/config.yaml"], "config file does not exist"),
+    (["-m", "app.cli", "run", "/no/such/experiment.yaml"], "experiment file not found"),
+])
+def test_training_and_experiment_bad_input_one_line_exit_2(argv, message):
+    result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_settings_are_coerced_and_unknown_keys_rejected():
+    s = runner.make_settings(ToySettings, {"tasks": "dim0", "seed": "3", "baselines": [], "progress": "false"})
+    assert s.tasks == ("dim0",) and s.seed == 3 and s.baselines == () and s.progress is False
+    with pytest.raises(runner.ConfigError, match=r"unknown key\(s\) \['sentense'\]"):
+        runner.make_settings(ToySettings, {"sentense": 3})
+    with pytest.raises(runner.ConfigError, match="expected int"):
+        runner.make_settings(ToySettings, {"sentences": 2.5})
+    # execution-only settings do not change the resume key
+    a = runner.make_settings(ToySettings, {"threads": 1, "name": "x"}).resume_key()
+    assert a == runner.make_settings(ToySettings, {}).resume_key()
+    assert a != runner.make_settings(ToySettings, {"sentences": 3}).resume_key()
