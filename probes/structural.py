@@ -34,29 +34,19 @@ SPEARMAN_LENGTHS = (5, 50)
 
 # --------------------------------------------------------------------------- gold trees
 def tree_distances(heads: list[int] | np.ndarray) -> np.ndarray:
-    """All-pairs path lengths in a dependency tree. `heads` are 1-based, 0 = root."""
+    """All-pairs path lengths in a dependency tree (`heads` 1-based, 0 = root), by breadth-first
+    search over the undirected tree (scipy's unweighted shortest paths)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import shortest_path
+
     heads = np.asarray(heads, dtype=np.int64)
     n = len(heads)
-    adjacency: list[list[int]] = [[] for _ in range(n)]
-    for dep, head in enumerate(heads):
-        if head > 0:
-            adjacency[dep].append(head - 1)
-            adjacency[head - 1].append(dep)
-    dist = np.full((n, n), -1, dtype=np.int64)
-    for start in range(n):  # BFS from each word: O(n^2), trees are small
-        dist[start, start] = 0
-        frontier = [start]
-        while frontier:
-            nxt = []
-            for node in frontier:
-                for other in adjacency[node]:
-                    if dist[start, other] < 0:
-                        dist[start, other] = dist[start, node] + 1
-                        nxt.append(other)
-            frontier = nxt
-    if (dist < 0).any():
+    dep = np.flatnonzero(heads > 0)
+    graph = coo_matrix((np.ones(len(dep)), (dep, heads[dep] - 1)), shape=(n, n))
+    dist = shortest_path(graph, method="D", directed=False, unweighted=True)
+    if np.isinf(dist).any():
         raise ValueError("heads do not form a connected tree")
-    return dist
+    return dist.astype(np.int64)
 
 
 def tree_depths(heads: list[int] | np.ndarray) -> np.ndarray:

@@ -321,15 +321,6 @@ def _layer_batch(n_layers: int, n_items: int, dim: int, budget_bytes: float) -> 
     return None if k >= n_layers else max(1, k)
 
 
-def _ratio_ci(values: np.ndarray, sentence: np.ndarray, n_boot: int, seed: int):
-    """Per-item values [L, N] -> (mean, low, high) [L] by a bootstrap over sentences (engine)."""
-    _, sid = np.unique(sentence, return_inverse=True)
-    s = int(sid.max()) + 1 if len(sid) else 0
-    num = engine.per_sentence_sums(values, sid, s)
-    den = np.bincount(sid, minlength=s).astype(np.float64)
-    return engine.bootstrap_ci(num, den, n_boot=n_boot, seed=seed)
-
-
 def _length_averaged_ci(values: np.ndarray, lengths: np.ndarray, n_boot: int, seed: int):
     """Bootstrap CI of a statistic averaged within sentence lengths, then over lengths 5-50
     (Hewitt & Manning's DSpr/NSpr). values [L, S] per-sentence scores (NaN = not counted)."""
@@ -572,14 +563,14 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
         t0 = time.perf_counter()
         res = engine.fit_probe(x_fit, y_fit, x_stop, y_stop, num_classes=c + 1, config=cfg)
         correct = res.correct(x_ev, y_ev) & known[None]
-        acc, lo, hi = _ratio_ci(correct.astype(np.float64), ev.sentence, ctx.n_boot, seed)
+        acc, lo, hi = engine.sentence_bootstrap(correct, ev.sentence, n_boot=ctx.n_boot, seed=seed)
         metrics = {f"{prefix}accuracy": acc, f"{prefix}train_accuracy": res.train_accuracy}
         cis = {f"{prefix}accuracy": (lo, hi)}
         if want_control:
             cres = engine.fit_probe(x_fit, ctrl[0], x_stop, ctrl[1], num_classes=c, config=cfg)
             ccorrect = cres.correct(x_ev, ctrl[2])
-            cacc, clo, chi = _ratio_ci(ccorrect.astype(np.float64), ev.sentence, ctx.n_boot, seed)
-            sel, slo, shi = _ratio_ci(correct.astype(np.float64) - ccorrect, ev.sentence, ctx.n_boot, seed)
+            cacc, clo, chi = engine.sentence_bootstrap(ccorrect, ev.sentence, n_boot=ctx.n_boot, seed=seed)
+            sel, slo, shi = engine.sentence_bootstrap(correct.astype(np.float64) - ccorrect, ev.sentence, n_boot=ctx.n_boot, seed=seed)
             metrics.update({f"{prefix}control_accuracy": cacc, f"{prefix}selectivity": sel})
             cis.update({f"{prefix}control_accuracy": (clo, chi), f"{prefix}selectivity": (slo, shi)})
         ctx.timings[f"{task}:{kind}"] = round(time.perf_counter() - t0, 3)
