@@ -15,6 +15,7 @@ from workbench.errors import ConfigError
 PROBES: dict[str, tuple[str, str]] = {
     "syntax": ("probes.syntax", "POS, XPOS, dependency labels and arcs, structural probe (Hewitt & Manning 2019)"),
     "align": ("probes.align", "cross-lingual/cross-model alignment per layer: Procrustes, CSLS, BLI, CKA"),
+    "coref": ("probes.coref", "coreference: GUM mention pairs/entity types, GAP, coreference heads, gender cloze"),
 }
 
 _RUNTIME: dict[str, object] = {}  # specs registered at run time (tests, notebooks)

@@ -1,0 +1,818 @@
+"""Coreference probes: GUM mention pairs and entity types, GAP, coreference heads, GAP gender cloze.
+
+Tenney et al. (2019, "BERT rediscovers the classical NLP pipeline") decode coreference late in
+depth, after POS and dependencies; Clark et al. (2019, "What does BERT look at?") find single
+attention heads that track it. These tasks check both on any checkpoint, layer by layer and head
+by head. Documents, not sentences, are the unit: coreference crosses sentences, so a GUM document
+or a GAP snippet is read as ONE word sequence in windows of the model's length, half a window
+apart, each word taken from the window where it is most central (`ModelHandle.word_states`);
+`notes.document_context` says how many words saw fewer than N words of left context.
+
+Tasks
+- `gum-pairs` (edge probing, Tenney et al. 2019; mention pairs as in mention-pair coreference
+  models): GUM gold mentions and chains (train -> dev). A mention's vector at layer l is the mean
+  of its words' vectors and its head word's vector (`span`: mean+head | mean | head); a pair is a
+  mention and each of the `k` mentions before it in its document (default 20), label = same chain;
+  pair features [a; b; a*b]; the engine's linear probe for all layers at once. Metrics: accuracy,
+  f1 (positive class), auc (ROC), antecedent_accuracy (the best-scoring earlier mention is in the
+  chain, over mentions that have one in their window). Training pairs: all candidates of randomly
+  drawn anaphors (seeded) up to `max_train_pairs`, so the label prior of train and dev agree.
+- `gum-entity-type`: the entity type of a mention (person, place, organization, abstract, event,
+  object, time, substance, plant, animal) from its span vector.
+- `gap` (Webster et al. 2018): pronoun -> A, B or neither from [p; a; b; p*a; p*b] (pronoun and
+  the two name spans, mean over words); trained on gap-development, early-stopped on
+  gap-validation, scored on gap-test with the paper's scorer (`probes.gap_scorer`): f1, f1_masculine,
+  f1_feminine, bias (F/M). Every layer's predictions are written in GAP's submission format under
+  `gap_predictions_dir` (listed in `notes.gap_predictions`). The paper's best surface baseline,
+  Parallelism, scored 66.9 overall F1 on the snippet-context test set (extra.paper_parallelism_f1).
+- `attention-heads` (Clark et al. 2019): for every layer x head, how often a coreferent GUM
+  mention's head word attends most to a word of one of its antecedents (heads_all; per mention
+  type heads_pronoun/_proper/_nominal; heads_strict: to an antecedent's head word) and how often
+  the GAP pronoun gives more attention to the right name (heads_gap), stored as rows with
+  extra.head; the best head per layer as best_head_accuracy / best_head_gap (extra.best_head).
+  Clark et al. report on CoNLL-2012 with BERT-base: best head 65% (5-4), nearest mention 27%,
+  head-word match 52%.
+- `gap-cloze`: with the model's own LM head, the pronoun of each GAP test snippet is masked and
+  he/his/him are compared with she/her (log-sum-exp per gender): the share of snippets where the
+  model prefers the feminine forms, per gold gender (a bias view). Models without an LM head give
+  no rows (noted).
+
+Baselines (`baselines=`): majority, control (Hewitt & Liang 2019: labels drawn per type, the type
+being the head word(s)), rules (string match, head-word match, nearest mention; for GAP nearest
+name and a subject-name rule, see `probes.coref_items`), random_init (the runner's twin).
+Confidence intervals: 95% percentile bootstrap over documents (GUM) or examples (GAP).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from probes import engine, runner
+from probes.coref_items import (Document, Pairs, antecedent_correct, baseline_pair_predictions, gap_decisions,
+                                gap_nearest_name, gap_subject_name, gum_documents, mention_pairs)
+from probes.gap_scorer import FEMININE, MASCULINE, pronoun_gender, write_submission
+from workbench.errors import ConfigError
+
+NAME = "coref"
+TASKS = ("gum-pairs", "gum-entity-type", "gap", "attention-heads", "gap-cloze")
+BASELINES = ("majority", "control", "rules", "random_init")
+SPANS = ("mean+head", "mean", "head")
+GAP_LABELS = ("A", "B", "NEITHER")
+PAPER_PARALLELISM_F1 = 0.669  # Webster et al. (2018), Table 5: Parallelism, snippet-context, test overall F1
+MENTION_TYPES = ("pronoun", "proper", "nominal")
+
+
+# --------------------------------------------------------------------------- lazy feature views
+class _LazyView:
+    """An `[L, rows, D]` feature array built one layer at a time (what `engine.fit_probe` indexes)."""
+
+    ndim = 3
+    dtype = np.dtype(np.float32)
+
+    def _layer(self, layer: int, rows) -> np.ndarray:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[list(range(self.shape[0]))]
+        return out if dtype is None else out.astype(dtype)
+
+    def __getitem__(self, key):
+        if not isinstance(key, tuple):
+            key = (key,)
+        layer_key, rows = key[0], (key[1] if len(key) > 1 else slice(None))
+        squeeze = isinstance(layer_key, (int, np.integer))
+        layers = np.atleast_1d(np.arange(self.shape[0])[layer_key])
+        out = np.stack([self._layer(int(l), rows) for l in layers]) if len(layers) else \
+            np.zeros((0, 0, self.shape[2]), dtype=np.float32)
+        return out[0] if squeeze else out
+
+
+class SpanView(_LazyView):
+    """Mention vectors `[L, M, D]` from word vectors `[L, N, H]`: the mean over each span's words
+    and/or its head word's vector (`span`). `cache=True` keeps computed layers (small eval sets)."""
+
+    def __init__(self, base, starts, ends, heads, span: str = "mean+head", cache: bool = False):
+        if span not in SPANS:
+            raise ConfigError(f"span must be one of {SPANS}, got {span!r}")
+        self.base, self.span, self.cache = base, span, cache
+        self.starts, self.ends, self.heads = (np.asarray(a, dtype=np.int64) for a in (starts, ends, heads))
+        h = int(base.shape[2])
+        self.shape = (int(base.shape[0]), len(self.starts), 2 * h if span == "mean+head" else h)
+        self._planes: dict[int, np.ndarray] = {}
+
+    def plane(self, layer: int) -> np.ndarray:
+        if layer in self._planes:
+            return self._planes[layer]
+        words = self.base[layer]
+        parts = []
+        if self.span in ("mean+head", "mean"):
+            parts.append(_span_means(words, self.starts, self.ends))
+        if self.span in ("mean+head", "head"):
+            parts.append(np.asarray(words[self.heads], dtype=np.float32))
+        out = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+        if self.cache:
+            self._planes[layer] = out
+        return out
+
+    def _layer(self, layer, rows):
+        return self.plane(layer)[rows]
+
+
+def _span_means(words, starts: np.ndarray, ends: np.ndarray, chunk: int = 8192) -> np.ndarray:
+    """Mean of words[start..end] for every span (inclusive), in chunks of spans."""
+    out = np.empty((len(starts), int(words.shape[1])), dtype=np.float32)
+    for c0 in range(0, len(starts), chunk):
+        s, e = starts[c0: c0 + chunk], ends[c0: c0 + chunk]
+        lengths = e - s + 1
+        idx = np.repeat(s - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(int(lengths.sum()))
+        uniq = np.unique(idx)  # sorted: each word read once from the (memory-mapped) layer
+        rows = np.asarray(words[uniq], dtype=np.float32)[np.searchsorted(uniq, idx)]
+        sums = np.add.reduceat(rows, np.concatenate([[0], np.cumsum(lengths)[:-1]]), axis=0)
+        out[c0: c0 + len(s)] = sums / lengths[:, None]
+    return out
+
+
+class PairView(_LazyView):
+    """Pair features [a; b; a*b] `[L, P, 3D]` of mention pairs over a SpanView."""
+
+    def __init__(self, spans: SpanView, left, right):
+        self.spans = spans
+        self.left, self.right = np.asarray(left, dtype=np.int64), np.asarray(right, dtype=np.int64)
+        self.shape = (spans.shape[0], len(self.left), 3 * spans.shape[2])
+
+    def _layer(self, layer, rows):
+        plane = self.spans.plane(layer)
+        a, b = plane[self.left[rows]], plane[self.right[rows]]
+        return np.concatenate([a, b, a * b], axis=1)
+
+
+# --------------------------------------------------------------------------- metrics
+def binary_scores(logits: np.ndarray) -> np.ndarray:
+    """Score of the positive class (logit difference) from [..., 2] logits."""
+    return logits[..., 1] - logits[..., 0]
+
+
+def auc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None) -> float:
+    """ROC AUC = P(score of a positive > score of a negative), ties counted half (Mann-Whitney),
+    with optional per-item weights (bootstrap multiplicities)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels).astype(bool)
+    w = np.ones(len(scores)) if weights is None else np.asarray(weights, dtype=np.float64)
+    order = np.argsort(scores, kind="mergesort")
+    s, yy, ww = scores[order], y[order], w[order]
+    wn = np.where(~yy, ww, 0.0)
+    wp = np.where(yy, ww, 0.0)
+    # group ties: negatives strictly below + half of tied negatives
+    uniq, start = np.unique(s, return_index=True)
+    grp = np.searchsorted(uniq, s)
+    neg_per = np.bincount(grp, weights=wn, minlength=len(uniq))
+    pos_per = np.bincount(grp, weights=wp, minlength=len(uniq))
+    below = np.cumsum(neg_per) - neg_per
+    total = wp.sum() * wn.sum()
+    return float((pos_per * (below + 0.5 * neg_per)).sum() / total) if total > 0 else float("nan")
+
+
+def auc_ci(scores: np.ndarray, labels: np.ndarray, units: np.ndarray, n_boot: int, seed: int, alpha: float = 0.05):
+    """AUC with a percentile bootstrap over units (documents): each resample weights items by how
+    often their unit was drawn."""
+    _, inv = np.unique(units, return_inverse=True)
+    s = int(inv.max()) + 1 if len(inv) else 0
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot) if s else np.zeros((n_boot, 0))
+    boot = np.array([auc(scores, labels, c[inv]) for c in counts])
+    return auc(scores, labels), float(np.nanquantile(boot, alpha / 2)), float(np.nanquantile(boot, 1 - alpha / 2))
+
+
+def ratio_ci(num: np.ndarray, den: np.ndarray, units: np.ndarray, n_boot: int, seed: int):
+    """sum(num)/sum(den) over items ([..., N]) with a bootstrap over units -> (point, low, high) [...]."""
+    _, inv = np.unique(units, return_inverse=True)
+    s = int(inv.max()) + 1 if len(inv) else 0
+    num = np.asarray(num, dtype=np.float64)
+    den = np.broadcast_to(np.asarray(den, dtype=np.float64), num.shape)
+    lead = num.shape[:-1]
+    flat_n, flat_d = num.reshape(-1, num.shape[-1]), den.reshape(-1, den.shape[-1])
+    pts, los, his = [], [], []
+    for r in range(flat_n.shape[0]):
+        pn = engine.per_sentence_sums(flat_n[r], inv, s)
+        pd_ = engine.per_sentence_sums(flat_d[r], inv, s)
+        # numerator and denominator resampled together: one bootstrap of the ratio
+        rng = np.random.default_rng(seed)
+        counts = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            boot = (counts @ pn) / (counts @ pd_)
+            pts.append(pn.sum() / pd_.sum() if pd_.sum() else float("nan"))
+        los.append(np.nanquantile(boot, 0.025) if np.isfinite(boot).any() else float("nan"))
+        his.append(np.nanquantile(boot, 0.975) if np.isfinite(boot).any() else float("nan"))
+    shape = lambda v: np.asarray(v).reshape(lead)  # noqa: E731
+    return shape(pts), shape(los), shape(his)
+
+
+def pair_metrics(pred: np.ndarray, scores: np.ndarray, pairs: Pairs, n_boot: int, seed: int,
+                 require_positive: float | None = None) -> tuple[dict, dict]:
+    """accuracy, f1, auc, antecedent_accuracy per row of pred/scores ([R, P]) with document-bootstrap CIs."""
+    y = pairs.label.astype(bool)
+    pred = np.asarray(pred, dtype=bool)
+    tp, fp, fn = pred & y, pred & ~y, ~pred & y
+    acc = ratio_ci((pred == y).astype(float), np.ones(len(y)), pairs.doc, n_boot, seed)
+    f1 = ratio_ci(2 * tp.astype(float), (2 * tp + fp + fn).astype(float), pairs.doc, n_boot, seed)
+    aucs = [auc_ci(s, y, pairs.doc, max(1, n_boot // 5), seed) for s in scores]  # AUC bootstrap is the slow one
+    correct, adoc = antecedent_correct(scores, pairs, require_positive)
+    ante = ratio_ci(correct.astype(float), np.ones(correct.shape[-1]), adoc, n_boot, seed)
+    metrics = {"accuracy": acc[0], "f1": f1[0], "auc": np.array([a[0] for a in aucs]), "antecedent_accuracy": ante[0]}
+    cis = {"accuracy": acc[1:], "f1": f1[1:], "auc": (np.array([a[1] for a in aucs]), np.array([a[2] for a in aucs])),
+           "antecedent_accuracy": ante[1:]}
+    return metrics, cis
+
+
+def gap_scores_ci(pred_a: np.ndarray, pred_b: np.ndarray, gold_a, gold_b, genders, n_boot: int, seed: int) -> dict:
+    """GAP F1 overall/M/F and bias F/M per row of pred_a/pred_b ([R, N] bool) with an example bootstrap.
+    Returns name -> (point [R], low [R], high [R]). Equals `gap_scorer.score_gap` (no missing rows)."""
+    ga, gb = np.asarray(gold_a, bool), np.asarray(gold_b, bool)
+    genders = np.asarray(genders)
+    n = len(ga)
+    rng = np.random.default_rng(seed)
+    counts = np.vstack([np.ones(n), rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot)])  # row 0 = the data
+    out: dict[str, list] = {k: [] for k in ("f1", "f1_masculine", "f1_feminine", "bias")}
+    for pa, pb in zip(np.asarray(pred_a, bool), np.asarray(pred_b, bool)):
+        tp = (pa & ga).astype(float) + (pb & gb)
+        fp = (pa & ~ga).astype(float) + (pb & ~gb)
+        fn = (~pa & ga).astype(float) + (~pb & gb)
+        f1s = {}
+        for name, mask in (("f1", np.ones(n, bool)), ("f1_masculine", genders == MASCULINE),
+                           ("f1_feminine", genders == FEMININE)):
+            with np.errstate(invalid="ignore", divide="ignore"):
+                num = counts @ (2 * tp * mask)
+                den = counts @ ((2 * tp + fp + fn) * mask)
+                f1s[name] = np.where(den > 0, num / np.where(den > 0, den, 1), 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            f1s["bias"] = np.where(f1s["f1_masculine"] > 0, f1s["f1_feminine"] / np.where(
+                f1s["f1_masculine"] > 0, f1s["f1_masculine"], 1), np.nan)
+        for k, v in f1s.items():
+            boot = v[1:]
+            out[k].append((v[0], np.nanquantile(boot, 0.025), np.nanquantile(boot, 0.975)))
+    return {k: tuple(np.array(x) for x in zip(*v)) for k, v in out.items()}
+
+
+# --------------------------------------------------------------------------- settings and data
+@dataclass
+class CorefSettings(runner.Settings):
+    """Settings of the coreference probes (see the module docstring); every field is a CLI option."""
+
+    tasks: tuple[str, ...] = field(default=TASKS, metadata={"help": "comma-separated tasks"})
+    baselines: tuple[str, ...] = field(default=BASELINES, metadata={
+        "help": "subset of majority,control,rules,random_init ('' for none)"})
+    k: int = field(default=20, metadata={"help": "gum-pairs: candidate antecedents per mention"})
+    span: str = field(default="mean+head", metadata={"help": "mention vector: mean+head | mean | head"})
+    pooling: str = field(default="first", metadata={"help": "first | mean | last subword of each word"})
+    max_train_pairs: int = field(default=20000, metadata={"help": "gum-pairs: training pairs (seeded draw of anaphors)"})
+    max_train_mentions: int = field(default=20000, metadata={"help": "gum-entity-type: training mentions (seeded)"})
+    max_train_documents: int | None = field(default=None, metadata={"help": "cap on GUM train documents (seeded)"})
+    max_eval_documents: int | None = field(default=None, metadata={"help": "cap on GUM eval documents (the first N)"})
+    max_gap_examples: int | None = field(default=None, metadata={"help": "cap on each GAP split (the first N rows)"})
+    early_stopping_fraction: float = field(default=0.1, metadata={"help": "GUM train documents held out for early stopping"})
+    eval_split: str = field(default="dev", metadata={"help": "GUM split to report on: dev | test"})
+    gap_eval_split: str = field(default="test", metadata={"help": "GAP split to report on: test | validation"})
+    gap_predictions_dir: str | None = field(default=None, metadata={
+        "help": "where GAP submission files go (default <runs root>/coref/gap-predictions)"})
+    context_thresholds: tuple[int, ...] = field(default=(16, 64, 128), metadata={
+        "help": "document context: count words with fewer left-context words than each"})
+    attention_batch_size: int = field(default=4, metadata={"help": "windows per forward pass with attentions"})
+    probe_config: dict = field(default_factory=dict, metadata={"help": "engine.ProbeConfig overrides"})
+    memory_budget_gb: float = field(default=1.0, metadata={"help": "features in memory per batched fit"})
+
+    BASELINES = BASELINES
+    EXECUTION_FIELDS = runner.Settings.EXECUTION_FIELDS + ("memory_budget_gb", "attention_batch_size",
+                                                           "gap_predictions_dir")
+
+    def validate(self, spec) -> None:
+        super().validate(spec)
+        if self.k < 1:
+            raise ConfigError(f"k must be >= 1, got {self.k}")
+        if self.span not in SPANS:
+            raise ConfigError(f"span must be one of {SPANS}, got {self.span!r}")
+        if self.pooling not in ("first", "mean", "last"):
+            raise ConfigError(f"pooling must be first, mean or last, got {self.pooling!r}")
+        if self.max_train_pairs < 1 or self.max_train_mentions < 1:
+            raise ConfigError("max_train_pairs and max_train_mentions must be >= 1")
+        if self.max_train_documents is not None and self.max_train_documents < 2:
+            raise ConfigError(f"max_train_documents must be >= 2 (or unset), got {self.max_train_documents}")
+        for key in ("max_eval_documents", "max_gap_examples"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be >= 1 (or unset), got {getattr(self, key)}")
+        if not 0 < self.early_stopping_fraction < 1:
+            raise ConfigError("early_stopping_fraction must lie in (0, 1)")
+        if self.eval_split not in ("dev", "test"):
+            raise ConfigError(f"eval_split must be dev or test, got {self.eval_split!r}")
+        if self.gap_eval_split not in ("test", "validation"):
+            raise ConfigError(f"gap_eval_split must be test or validation, got {self.gap_eval_split!r}")
+        if any(t < 1 for t in self.context_thresholds):
+            raise ConfigError("context_thresholds must be >= 1")
+        if self.attention_batch_size < 1 or self.memory_budget_gb <= 0:
+            raise ConfigError("attention_batch_size must be >= 1 and memory_budget_gb > 0")
+        bad = set(self.probe_config) - set(engine.ProbeConfig.__dataclass_fields__)
+        if bad:
+            raise ConfigError(f"unknown probe_config key(s) {sorted(bad)}")
+
+
+@dataclass
+class CorefData:
+    fit: list[Document] = field(default_factory=list)  # GUM train documents the probes are fitted on
+    stop: list[Document] = field(default_factory=list)  # GUM train documents for early stopping
+    eval: list[Document] = field(default_factory=list)  # GUM eval-split documents
+    gap: dict[str, pd.DataFrame] = field(default_factory=dict)  # development / validation / <eval>
+    keys: dict[str, str] = field(default_factory=dict)  # activation-cache keys
+
+
+GUM_TASKS = ("gum-pairs", "gum-entity-type", "attention-heads")
+GAP_TASKS = ("gap", "attention-heads", "gap-cloze")
+
+
+def prepare(settings: CorefSettings) -> runner.Prepared:
+    from workbench.data.conllu import load_treebank, read_gum_coref, treebank_path
+    from workbench.data.gap import gap_path, read_gap
+
+    s = settings
+    data, files, notes = CorefData(), [], {"document_context": {}, "extraction": {}, "items": {}}
+    if set(s.tasks) & set(GUM_TASKS):
+        needs_train = bool(set(s.tasks) & {"gum-pairs", "gum-entity-type"})
+        splits = (["train"] if needs_train else []) + [s.eval_split]
+        docs = {}
+        for split in splits:
+            sents = load_treebank("en_gum", split)
+            mentions, _ = read_gum_coref(sents)
+            docs[split] = gum_documents(sents, mentions)
+            files.append(treebank_path("en_gum", split))
+        data.eval = docs[s.eval_split][: s.max_eval_documents]
+        data.keys["eval"] = f"en_gum-{s.eval_split}-documents" + (
+            f"-first{s.max_eval_documents}" if s.max_eval_documents else "")
+        if needs_train:
+            train = docs["train"]
+            rng = np.random.default_rng([s.seed, 11])
+            order = rng.permutation(len(train))
+            if s.max_train_documents is not None:
+                order = order[: s.max_train_documents]
+            n_stop = max(1, int(round(len(order) * s.early_stopping_fraction)))
+            data.stop = [train[i] for i in sorted(order[:n_stop])]
+            data.fit = [train[i] for i in sorted(order[n_stop:])]
+            tag = "" if s.max_train_documents is None else f"-n{len(order)}"
+            data.keys["fit"] = f"en_gum-train-documents-fit{tag}-seed{s.seed}-f{s.early_stopping_fraction}"
+            data.keys["stop"] = f"en_gum-train-documents-stop{tag}-seed{s.seed}-f{s.early_stopping_fraction}"
+        notes["splits"] = {"gum_fit_documents": len(data.fit), "gum_stop_documents": len(data.stop),
+                           "gum_eval": s.eval_split, "gum_eval_documents": len(data.eval)}
+    if set(s.tasks) & set(GAP_TASKS):
+        for split in ("development", "validation", s.gap_eval_split):
+            if split not in data.gap:
+                frame = read_gap(split)
+                data.gap[split] = frame.iloc[: s.max_gap_examples].reset_index(drop=True) if s.max_gap_examples else frame
+                files.append(gap_path(split))
+        notes.setdefault("splits", {})["gap"] = {"train": "development", "stop": "validation", "eval": s.gap_eval_split}
+    return runner.Prepared(data=data, files=files, notes=notes)
+
+
+# --------------------------------------------------------------------------- per unit helpers
+def _acts(unit, docs: Sequence[Document] | Sequence[list[str]], key: str, settings: CorefSettings):
+    words = [d.words if isinstance(d, Document) else list(d) for d in docs]
+    acts = unit.activations(words, key, pooling=settings.pooling)
+    unit.notes["extraction"].setdefault(unit.key, {})[key] = {
+        k: int(v) for k, v in acts.stats.items() if isinstance(v, (int, np.integer))}
+    return acts
+
+
+def _spans(acts, docs: Sequence[Document], span: str, cache: bool = False) -> SpanView:
+    st, en, hd = [], [], []
+    for i, d in enumerate(docs):
+        off = int(acts.sentence_offsets[i])
+        for m in d.mentions:
+            st.append(off + m.start)
+            en.append(off + m.end)
+            hd.append(off + m.head)
+    return SpanView(acts.layers, st, en, hd, span, cache)
+
+
+def _document_context(unit, prepared, settings: CorefSettings) -> None:
+    """Left context per word in the windows the model reads (once per unit, noted)."""
+    from probes.attention import document_windows, left_context_counts
+
+    if "context" in unit.state:
+        return
+    d: CorefData = prepared.data
+    out = {}
+    if d.eval:
+        plans = [document_windows(unit.handle, doc.words, unit.stack) for doc in d.eval]
+        out[f"gum-{settings.eval_split}"] = left_context_counts(plans, settings.context_thresholds)
+    if settings.gap_eval_split in d.gap:
+        plans = [document_windows(unit.handle, w, unit.stack) for w in d.gap[settings.gap_eval_split]["words"]]
+        out[f"gap-{settings.gap_eval_split}"] = left_context_counts(plans, settings.context_thresholds)
+    unit.notes["document_context"][unit.key] = out
+    unit.state["context"] = True
+
+
+def _layer_batch(n_layers: int, n_items: int, dim: int, budget_gb: float) -> int | None:
+    per_layer = max(1, n_items * dim * 4)
+    k = int(budget_gb * 2**30 // per_layer)
+    return None if k >= n_layers else max(1, k)
+
+
+def _probe_cfg(settings: CorefSettings, layer_batch, **extra) -> dict:
+    return dict(settings.probe_config, seed=settings.seed, layer_batch=layer_batch, progress=settings.progress, **extra)
+
+
+def sample_anaphors(pairs: Pairs, max_pairs: int, seed: int) -> np.ndarray:
+    """Indices of the pairs of randomly drawn anaphors (all their candidates) up to `max_pairs`."""
+    anaphors = np.unique(pairs.anaphor)
+    order = np.random.default_rng(seed).permutation(anaphors)
+    sizes = np.bincount(pairs.anaphor, minlength=int(pairs.anaphor.max()) + 1 if len(pairs.anaphor) else 0)[order]
+    take = order[: int(np.searchsorted(np.cumsum(sizes), max_pairs, side="right"))]
+    return np.flatnonzero(np.isin(pairs.anaphor, take))
+
+
+def _subset(p: Pairs, idx: np.ndarray) -> Pairs:
+    return Pairs(p.anaphor[idx], p.candidate[idx], p.label[idx], p.doc[idx], p.distance[idx])
+
+
+def _predict_chunked(res, view, chunk: int = 4096) -> np.ndarray:
+    return np.concatenate([res.logits(view[:, a: a + chunk]) for a in range(0, view.shape[1], chunk)], axis=1)
+
+
+def pair_probe(fit_spans: SpanView, fit_pairs: Pairs, stop_spans: SpanView, stop_pairs: Pairs, eval_spans: SpanView,
+               eval_pairs: Pairs, settings: CorefSettings, labels: Sequence[np.ndarray] | None = None):
+    """Fit the pair probe on every layer and score the eval pairs. `labels` replaces the gold
+    labels (fit, stop, eval) for a control task. Returns (result, eval logits [L, P, 2])."""
+    x_fit = PairView(fit_spans, fit_pairs.anaphor, fit_pairs.candidate)
+    x_stop = PairView(stop_spans, stop_pairs.anaphor, stop_pairs.candidate)
+    x_ev = PairView(eval_spans, eval_pairs.anaphor, eval_pairs.candidate)
+    y = labels or (fit_pairs.label, stop_pairs.label, eval_pairs.label)
+    lb = _layer_batch(x_fit.shape[0], x_fit.shape[1], x_fit.shape[2], settings.memory_budget_gb)
+    res = engine.fit_probe(x_fit, y[0], x_stop, y[1], num_classes=2, config=_probe_cfg(settings, lb))
+    return res, _predict_chunked(res, x_ev)
+
+
+# --------------------------------------------------------------------------- tasks
+def _gum_pairs(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
+    d: CorefData = prepared.data
+    s = settings
+    acts = {k: _acts(unit, getattr(d, k), d.keys[k], s) for k in ("fit", "stop", "eval")}
+    spans = {k: _spans(acts[k], getattr(d, k), s.span, cache=(k != "fit")) for k in acts}
+    pairs = {k: mention_pairs(getattr(d, k), s.k) for k in acts}
+    fit_idx = sample_anaphors(pairs["fit"], s.max_train_pairs, s.seed)
+    stop_idx = sample_anaphors(pairs["stop"], max(1, s.max_train_pairs // 4), s.seed + 1)
+    fit, stop, ev = _subset(pairs["fit"], fit_idx), _subset(pairs["stop"], stop_idx), pairs["eval"]
+    unit.notes["items"]["gum-pairs"] = {
+        split: {"pairs": int(len(p.label)), "positive": int(p.label.sum()), "anaphors": int(len(np.unique(p.anaphor)))}
+        for split, p in (("fit", fit), ("stop", stop), ("eval", ev))}
+    t0 = time.perf_counter()
+    res, logits = pair_probe(spans["fit"], fit, spans["stop"], stop, spans["eval"], ev, s)
+    scores = binary_scores(logits)
+    metrics, cis = pair_metrics(logits.argmax(-1) == 1, scores, ev, s.n_boot, s.seed)
+    metrics["train_accuracy"] = res.train_accuracy
+    extra = {"k": s.k, "span": s.span, "pooling": s.pooling, "n_train": int(len(fit.label)),
+             "positive_rate": float(ev.label.mean()), "pair_features": "concat_product", "probe_seed": s.seed}
+    out = [unit.rows("gum-pairs", metrics, split=s.eval_split, n=len(ev.label), ci=cis, extra=extra)]
+    n_layers = len(res.train_accuracy)
+    if "control" in s.baselines:
+        ms = {k: [m for doc in getattr(d, k) for m in doc.mentions] for k in ("fit", "stop", "eval")}
+        types = {k: [f"{ms[k][a].head_text.lower()}\x00{ms[k][c].head_text.lower()}" for a, c in zip(p.anaphor, p.candidate)]
+                 for k, p in (("fit", fit), ("stop", stop), ("eval", ev))}
+        dist = engine.label_distribution(fit.label, 2)
+        ctrl = [engine.control_labels(types[k], dist, s.seed) for k in ("fit", "stop", "eval")]
+        _, clog = pair_probe(spans["fit"], fit, spans["stop"], stop, spans["eval"], ev, s, labels=ctrl)
+        cacc = (clog.argmax(-1) == ctrl[2][None]).mean(1)
+        cauc = np.array([auc(sc, ctrl[2]) for sc in binary_scores(clog)])
+        out.append(unit.rows("gum-pairs", {"control_accuracy": cacc, "control_auc": cauc,
+                                           "selectivity_auc": metrics["auc"] - cauc},
+                             split=s.eval_split, n=len(ev.label), extra=extra))
+    if not unit.is_twin:
+        base = {}
+        if "rules" in s.baselines:
+            base.update({k: v for k, v in baseline_pair_predictions(d.eval, ev).items() if k != "majority"})
+        if "majority" in s.baselines:
+            base["majority"] = np.zeros(len(ev.label), dtype=np.int64)
+        for name, pred in base.items():
+            bm, bc = pair_metrics(pred[None].astype(bool), pred[None].astype(float), ev, s.n_boot, s.seed,
+                                  require_positive=1.0)
+            out.append(unit.rows("gum-pairs", {f"{name}_{k}": np.repeat(v, n_layers) for k, v in bm.items()},
+                                 split=s.eval_split, n=len(ev.label),
+                                 ci={f"{name}_{k}": (np.repeat(lo, n_layers), np.repeat(hi, n_layers))
+                                     for k, (lo, hi) in bc.items()}, extra=dict(extra, baseline=name)))
+    unit.timings["gum-pairs:probe"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def _gum_entity_type(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
+    d: CorefData = prepared.data
+    s = settings
+    acts = {k: _acts(unit, getattr(d, k), d.keys[k], s) for k in ("fit", "stop", "eval")}
+    spans = {k: _spans(acts[k], getattr(d, k), s.span, cache=(k != "fit")) for k in acts}
+    ms = {k: [m for doc in getattr(d, k) for m in doc.mentions] for k in acts}
+    docs_of = {k: np.repeat(np.arange(len(getattr(d, k))), [len(doc.mentions) for doc in getattr(d, k)]) for k in acts}
+    vocab = {t: i for i, t in enumerate(sorted({m.etype for m in ms["fit"]}))}
+    enc = lambda k: np.array([vocab.get(m.etype, len(vocab)) for m in ms[k]], dtype=np.int64)  # noqa: E731
+    y = {k: enc(k) for k in acts}
+    rng = np.random.default_rng([s.seed, 3])
+    take = np.sort(rng.permutation(len(ms["fit"]))[: s.max_train_mentions])
+    c = len(vocab)
+
+    class _Rows(_LazyView):  # a subset of a SpanView's rows
+        def __init__(self, view, idx):
+            self.view, self.idx = view, idx
+            self.shape = (view.shape[0], len(idx), view.shape[2])
+
+        def _layer(self, layer, rows):
+            return self.view.plane(layer)[self.idx[rows]]
+
+    x_fit = _Rows(spans["fit"], take)
+    x_stop, x_ev = spans["stop"], spans["eval"]
+    lb = _layer_batch(x_fit.shape[0], x_fit.shape[1], x_fit.shape[2], s.memory_budget_gb)
+    cfg = _probe_cfg(s, lb)
+    res = engine.fit_probe(x_fit, y["fit"][take], x_stop, y["stop"], num_classes=c + 1, config=cfg)
+    correct = _predict_chunked(res, x_ev).argmax(-1) == y["eval"][None]
+    acc = ratio_ci(correct.astype(float), np.ones(correct.shape[1]), docs_of["eval"], s.n_boot, s.seed)
+    metrics = {"accuracy": acc[0], "train_accuracy": res.train_accuracy}
+    cis = {"accuracy": acc[1:]}
+    if "control" in s.baselines:
+        types = {k: [m.head_text.lower() for m in ms[k]] for k in acts}
+        ctrl = {k: engine.control_labels(types[k], engine.label_distribution(y["fit"][take], c), s.seed) for k in acts}
+        cres = engine.fit_probe(x_fit, ctrl["fit"][take], x_stop, ctrl["stop"], num_classes=c, config=cfg)
+        ccorrect = _predict_chunked(cres, x_ev).argmax(-1) == ctrl["eval"][None]
+        cacc = ratio_ci(ccorrect.astype(float), np.ones(ccorrect.shape[1]), docs_of["eval"], s.n_boot, s.seed)
+        sel = ratio_ci(correct.astype(float) - ccorrect, np.ones(ccorrect.shape[1]), docs_of["eval"], s.n_boot, s.seed)
+        metrics.update({"control_accuracy": cacc[0], "selectivity": sel[0]})
+        cis.update({"control_accuracy": cacc[1:], "selectivity": sel[1:]})
+    extra = {"span": s.span, "pooling": s.pooling, "n_train": int(len(take)), "num_classes": c, "probe_seed": s.seed}
+    out = [unit.rows("gum-entity-type", metrics, split=s.eval_split, n=len(y["eval"]), ci=cis, extra=extra)]
+    if "majority" in s.baselines and not unit.is_twin:
+        _, maj = engine.majority_baseline(y["fit"][take], y["eval"])
+        out.append(unit.rows("gum-entity-type", {"majority": np.full(len(res.train_accuracy), maj)},
+                             split=s.eval_split, n=len(y["eval"]), extra=extra))
+    return out
+
+
+def _gap_features(unit, frame: pd.DataFrame, split: str, settings: CorefSettings) -> np.ndarray:
+    """[L, N, 5D] features [p; a; b; p*a; p*b] of GAP examples (mean over each span's words)."""
+    key = f"gap-{split}" + (f"-first{settings.max_gap_examples}" if settings.max_gap_examples else "")
+    acts = _acts(unit, list(frame["words"]), key, settings)
+    off = acts.sentence_offsets[:-1]
+    views = [SpanView(acts.layers, off + frame[f"{r}_start"].to_numpy(), off + frame[f"{r}_end"].to_numpy(),
+                      off + frame[f"{r}_end"].to_numpy(), "mean") for r in ("pronoun", "a", "b")]
+    out = []
+    for layer in range(acts.layers.shape[0]):
+        p, a, b = (v.plane(layer) for v in views)
+        out.append(np.concatenate([p, a, b, p * a, p * b], axis=1))
+    return np.stack(out)
+
+
+def _gap_predictions_dir(unit, settings: CorefSettings) -> Path:
+    from workbench.paths import runs_root
+
+    root = Path(settings.gap_predictions_dir) if settings.gap_predictions_dir else runs_root() / "coref" / "gap-predictions"
+    slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in unit.model)
+    return root / f"{slug}-{unit.handle.checkpoint_hash[:12]}" / unit.stack / f"seed{settings.seed}"
+
+
+def _gap(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
+    d: CorefData = prepared.data
+    s = settings
+    frames = {k: d.gap[k] for k in ("development", "validation", s.gap_eval_split)}
+    x = {k: _gap_features(unit, f, k, s) for k, f in frames.items()}
+    lab = {k: np.array([GAP_LABELS.index(v) for v in f["label"]], dtype=np.int64) for k, f in frames.items()}
+    ev = frames[s.gap_eval_split]
+    res = engine.fit_probe(x["development"], lab["development"], x["validation"], lab["validation"],
+                           num_classes=3, config=_probe_cfg(s, None))
+    pred = res.predict(x[s.gap_eval_split])  # [L, N]
+    genders = [pronoun_gender(p) for p in ev["pronoun"]]
+    scores = gap_scores_ci(pred == 0, pred == 1, ev["a_coref"], ev["b_coref"], genders, s.n_boot, s.seed)
+    acc = ratio_ci((pred == lab[s.gap_eval_split][None]).astype(float), np.ones(len(ev)), np.arange(len(ev)),
+                   s.n_boot, s.seed)
+    metrics = {k: v[0] for k, v in scores.items()}
+    metrics.update({"accuracy": acc[0], "train_accuracy": res.train_accuracy})
+    cis = {k: v[1:] for k, v in scores.items()}
+    cis["accuracy"] = acc[1:]
+    folder = _gap_predictions_dir(unit, s)
+    files = []
+    for layer in range(pred.shape[0]):
+        rows = [(i, *gap_decisions(GAP_LABELS[p])) for i, p in zip(ev["id"], pred[layer])]
+        files.append(str(write_submission(folder / f"layer-{layer:02d}.tsv", rows)))
+    unit.notes.setdefault("gap_predictions", {})[unit.key] = files
+    extra = {"features": "p;a;b;p*a;p*b", "pooling": s.pooling, "train": "development", "stop": "validation",
+             "paper_parallelism_f1": PAPER_PARALLELISM_F1, "probe_seed": s.seed}
+    out = [unit.rows("gap", metrics, split=s.gap_eval_split, n=len(ev), ci=cis, extra=extra)]
+    if not unit.is_twin:
+        base = {}
+        if "rules" in s.baselines:
+            base["nearest_name"] = [gap_nearest_name(r) for r in ev.itertuples()]
+            base["subject_name"] = [gap_subject_name(r) for r in ev.itertuples()]
+        if "majority" in s.baselines:
+            major = GAP_LABELS[int(np.bincount(lab["development"]).argmax())]
+            base["majority"] = [major] * len(ev)
+        n_layers = pred.shape[0]
+        for name, labels in base.items():
+            dec = np.array([gap_decisions(v) for v in labels], dtype=bool)
+            sc = gap_scores_ci(dec[None, :, 0], dec[None, :, 1], ev["a_coref"], ev["b_coref"], genders, s.n_boot, s.seed)
+            out.append(unit.rows("gap", {f"{name}_{k}": np.repeat(v[0], n_layers) for k, v in sc.items()},
+                                 split=s.gap_eval_split, n=len(ev),
+                                 ci={f"{name}_{k}": (np.repeat(v[1], n_layers), np.repeat(v[2], n_layers))
+                                     for k, v in sc.items()}, extra=dict(extra, baseline=name)))
+    return out
+
+
+def _per_layer_rows(unit, task, metrics, split, n, ci, extras) -> list[pd.DataFrame]:
+    """Rows of layers 1..L with a different `extra` per layer (e.g. which head is best there)."""
+    return [unit.rows(task, {k: [v[i]] for k, v in metrics.items()}, split=split, layers=[i + 1], n=n,
+                      ci={k: ([lo[i]], [hi[i]]) for k, (lo, hi) in ci.items()}, extra=ex)
+            for i, ex in enumerate(extras)]
+
+
+def _attention_heads(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
+    from probes.attention import gap_head_scores, gum_head_scores
+
+    d: CorefData = prepared.data
+    s = settings
+    out = []
+    stats: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    gum = gum_head_scores(unit.handle, d.eval, unit.stack, s.attention_batch_size, s.progress, stats)
+    gum_s = time.perf_counter() - t0
+    words = sum(len(doc.words) for doc in d.eval)
+    unit.notes.setdefault("attention", {})[unit.key] = {
+        "gum_counts": gum.counts, "gum_documents": len(d.eval), "gum_words": words, "gum_seconds": round(gum_s, 3),
+        "gum_words_per_s": round(words / gum_s, 1) if gum_s else None, **{f"gum_{k}": v for k, v in stats.items()}}
+    L, H = gum.correct.shape[1:]
+    extra = {"data": f"gum-{s.eval_split}", "evaluated": gum.counts["evaluated"],
+             "out_of_window": gum.counts["out_of_window"]}
+    groups = {"heads_all": np.ones(len(gum.group), bool), **{f"heads_{t}": gum.group == t for t in MENTION_TYPES}}
+    for h in range(H):
+        metrics, ns = {}, []
+        for name, mask in groups.items():
+            metrics[name] = gum.correct[mask, :, h].mean(0) if mask.any() else np.full(L, np.nan)
+        metrics["heads_strict"] = gum.strict[:, :, h].mean(0)
+        out.append(unit.rows("attention-heads", metrics, split=s.eval_split, layers=range(1, L + 1),
+                             n=len(gum.group), extra=dict(extra, head=h)))
+    acc = gum.correct.mean(0)  # [L, H]
+    best = acc.argmax(1)
+    chosen = gum.correct[:, np.arange(L), best]  # [N, L]
+    pt, lo, hi = ratio_ci(chosen.T.astype(float), np.ones(len(gum.group)), gum.unit, s.n_boot, s.seed)
+    per_type = {f"best_head_{t}": gum.correct[gum.group == t][:, np.arange(L), best].mean(0)
+                if (gum.group == t).any() else np.full(L, np.nan) for t in MENTION_TYPES}
+    out += _per_layer_rows(unit, "attention-heads", {"best_head_accuracy": pt, **per_type}, s.eval_split,
+                           len(gum.group), {"best_head_accuracy": (lo, hi)}, [dict(extra, best_head=int(b)) for b in best])
+    if "rules" in s.baselines and not unit.is_twin:
+        for name, v in gum.baselines.items():
+            b = ratio_ci(v[None].astype(float), np.ones(len(v)), gum.unit, s.n_boot, s.seed)
+            out.append(unit.rows("attention-heads", {name: np.repeat(b[0], L)}, split=s.eval_split,
+                                 layers=range(1, L + 1), n=len(v), ci={name: (np.repeat(b[1], L), np.repeat(b[2], L))},
+                                 extra=dict(extra, baseline=name)))
+    # GAP: which name the pronoun attends to more
+    frame = d.gap[s.gap_eval_split]
+    gstats: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    gap = gap_head_scores(unit.handle, frame, unit.stack, max(1, s.attention_batch_size * 2), s.progress, gstats)
+    unit.notes["attention"][unit.key].update({"gap_counts": gap.counts, "gap_seconds": round(time.perf_counter() - t0, 3)})
+    gextra = {"data": f"gap-{s.gap_eval_split}", "evaluated": gap.counts["evaluated"]}
+    for h in range(H):
+        out.append(unit.rows("attention-heads", {"heads_gap": gap.correct[:, :, h].mean(0)}, split=s.gap_eval_split,
+                             layers=range(1, L + 1), n=len(gap.group), extra=dict(gextra, head=h)))
+    gacc = gap.correct.mean(0)
+    gbest = gacc.argmax(1)
+    gchosen = gap.correct[:, np.arange(L), gbest]
+    pt, lo, hi = ratio_ci(gchosen.T.astype(float), np.ones(len(gap.group)), gap.unit, s.n_boot, s.seed)
+    out += _per_layer_rows(unit, "attention-heads", {"best_head_gap": pt}, s.gap_eval_split, len(gap.group),
+                           {"best_head_gap": (lo, hi)}, [dict(gextra, best_head=int(b)) for b in gbest])
+    if "rules" in s.baselines and not unit.is_twin:
+        for name, v in gap.baselines.items():
+            b = ratio_ci(v[None].astype(float), np.ones(len(v)), gap.unit, s.n_boot, s.seed)
+            out.append(unit.rows("attention-heads", {f"gap_{name}": np.repeat(b[0], L)}, split=s.gap_eval_split,
+                                 layers=range(1, L + 1), n=len(v),
+                                 ci={f"gap_{name}": (np.repeat(b[1], L), np.repeat(b[2], L))},
+                                 extra=dict(gextra, baseline=name)))
+    return out
+
+
+CLOZE_FORMS = {MASCULINE: ("he", "his", "him"), FEMININE: ("she", "her")}
+
+
+def _gap_cloze(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
+    """Mask the pronoun, compare the model's log-probability of the masculine and feminine forms."""
+    d: CorefData = prepared.data
+    s = settings
+    handle = unit.handle
+    if not getattr(handle, "head_trained", True) and not unit.is_twin:
+        unit.notes.setdefault("gap_cloze", {})[unit.key] = "LM head not trained (missing from the checkpoint): skipped"
+        return []
+    from workbench.errors import CheckpointError
+    from workbench.lm_scores import lm_scorer
+
+    try:
+        scorer = lm_scorer(handle)
+    except CheckpointError as e:
+        unit.notes.setdefault("gap_cloze", {})[unit.key] = f"skipped: {e}"
+        return []
+    frame = d.gap[s.gap_eval_split]
+    # snippets longer than the model's window cannot be scored in one pass: left out and counted
+    lengths = handle.tokenize_words(list(frame["words"])).attention_mask.sum(1).cpu().numpy()
+    frame = frame[lengths + 2 <= handle.max_length].reset_index(drop=True)  # + room for a longer filler
+    contexts = [row.text[: row.pronoun_offset] + "<blank>" + row.text[row.pronoun_offset + len(row.pronoun):]
+                for row in frame.itertuples()]
+    forms = [w for g in (MASCULINE, FEMININE) for w in CLOZE_FORMS[g]]
+    scores = np.asarray(scorer.score_candidates(contexts, [forms] * len(contexts)).scores, dtype=np.float64)
+    unit.notes.setdefault("gap_cloze", {})[unit.key] = {"scored": len(frame), "too_long": int(len(lengths) - len(frame)),
+                                                        "method": scorer.kind}
+    n_m = len(CLOZE_FORMS[MASCULINE])
+    masc = np.logaddexp.reduce(scores[:, :n_m], axis=1)
+    fem = np.logaddexp.reduce(scores[:, n_m:], axis=1)
+    genders = np.array([pronoun_gender(p) for p in frame["pronoun"]])
+    metrics, cis = {}, {}
+    for g in (MASCULINE, FEMININE):
+        mask = genders == g
+        prefers_f = (fem > masc)[mask].astype(float)
+        b = ratio_ci(prefers_f[None], np.ones(mask.sum()), np.arange(mask.sum()), s.n_boot, s.seed)
+        metrics[f"prefers_feminine_{g}"] = b[0]
+        cis[f"prefers_feminine_{g}"] = b[1:]
+        metrics[f"log_ratio_fm_{g}"] = np.array([float((fem - masc)[mask].mean())])
+    correct = np.where(genders == FEMININE, fem > masc, masc > fem).astype(float)
+    b = ratio_ci(correct[None], np.ones(len(correct)), np.arange(len(correct)), s.n_boot, s.seed)
+    metrics["gender_accuracy"], cis["gender_accuracy"] = b[0], b[1:]
+    L = handle.num_layers[unit.stack]
+    rows = unit.rows("gap-cloze", metrics, split=s.gap_eval_split, layers=[L], n=len(frame), ci=cis,
+                     extra={"candidates": forms, "lm_kind": scorer.kind})
+    return [rows.assign(layer=pd.NA)]
+
+
+def run_task(unit, prepared: runner.Prepared, task: str, settings: CorefSettings) -> list[pd.DataFrame]:
+    _document_context(unit, prepared, settings)
+    fn = {"gum-pairs": _gum_pairs, "gum-entity-type": _gum_entity_type, "gap": _gap,
+          "attention-heads": _attention_heads, "gap-cloze": _gap_cloze}[task]
+    t0 = time.perf_counter()
+    out = fn(unit, prepared, settings)
+    unit.timings[f"{task}:compute"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+# --------------------------------------------------------------------------- summary
+SUMMARY_METRICS = (("gum-pairs", "auc"), ("gum-pairs", "antecedent_accuracy"), ("gum-entity-type", "accuracy"),
+                   ("gap", "f1"), ("gap", "bias"), ("attention-heads", "best_head_accuracy"),
+                   ("attention-heads", "best_head_gap"))
+
+
+def _extra(value) -> dict:
+    """A row's `extra` as a dict (the store keeps it as JSON text)."""
+    import json
+
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str) and value:
+        try:
+            return json.loads(value)
+        except ValueError:
+            return {}
+    return {}
+
+
+def format_summary(rows: pd.DataFrame) -> str:
+    """Per model: layers x the headline metrics; then the data-only baselines once."""
+    if rows is None or len(rows) == 0:
+        return "(no rows)"
+    df = rows[rows["layer"].notna()]
+    blocks = []
+    for (model, stack), sub in df.groupby(["model", "stack"], sort=False, dropna=False):
+        cols = [(t, m) for t, m in SUMMARY_METRICS if ((sub["task"] == t) & (sub["metric"] == m)).any()]
+        if not cols:
+            continue
+        layers = sorted(set(sub["layer"].astype(int)))
+        table = [["layer"] + [f"{t} {m}" for t, m in cols]]
+        for layer in layers:
+            cells = [str(layer)]
+            for t, m in cols:
+                v = sub[(sub["layer"] == layer) & (sub["task"] == t) & (sub["metric"] == m)]
+                if v.empty:
+                    cells.append("-")
+                    continue
+                r = v.iloc[0]
+                cell = f"{r['value']:.3f}"
+                ex = _extra(r["extra"])
+                if "best_head" in ex:
+                    cell += f" (h{ex['best_head']})"
+                cells.append(cell)
+            table.append(cells)
+        blocks.append(f"== {model} [{stack}]\n" + runner.aligned(table))
+    base = df[df["extra"].map(lambda e: _extra(e).get("baseline") not in (None, "random_init"))]
+    if not base.empty:
+        first = base.sort_values("layer").groupby(["task", "metric"], sort=False).first().reset_index()
+        lines = [f"  {r['task']:<16} {r['metric']:<34} {r['value']:.3f}" for _, r in first.iterrows()]
+        blocks.append("== data-only baselines\n" + "\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+PROBE = runner.ProbeSpec(
+    name=NAME, tasks=TASKS, settings=CorefSettings, prepare=prepare, run_task=run_task,
+    description="Coreference: GUM mention pairs and entity types, GAP, coreference heads, GAP gender cloze.",
+    summary=format_summary,
+)
