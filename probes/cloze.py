@@ -1,0 +1,494 @@
+"""oLMpics-style cloze probes (Talmor et al. 2020): what the pretraining objective teaches, zero-shot
+and layer by layer.
+
+For each task of `probes.cloze_tasks` (age, always-never, antonym, objects, taxonomy, multihop) and
+each model, on the test split:
+
+- zero-shot multiple choice with the family's own head (`workbench.lm_scores`: MC-MLM at the mask
+  for masked LMs, PLL when a candidate is several pieces, flagged in `extra.methods`; the filled
+  sentence's log-likelihood for causal LMs and ELMo; sentinel / infilling targets for T5 / BART;
+  ELECTRA through its generator): `zero_shot_acc` with a bootstrap CI over items, next to
+  `majority_acc` (the train split's most frequent answer) and `random_acc` (1 / number of choices),
+  and `nonsense_acc`, the same items with nonsense words in place of the content words (the
+  language control: a model that reads the content falls to chance there);
+- the logit lens (nostalgebraist 2020; Geva et al. 2022 read the FFN updates the same way): the
+  model's own output head applied to every layer's hidden states - for BERT-style masked LMs the
+  MLM transform + decoder (`lm_scores._MLM_HEADS`), for GPT-style causal LMs the final layer norm
+  + unembedding (the last layer is already normalised by the model) - scored exactly like the
+  zero-shot rule, so `lens_acc` at the last layer equals `zero_shot_acc` (tested). Not provided
+  for seq2seq (T5/BART) and ELMo (its two LSTM directions share one softmax only at the top);
+- a linear probe on the blank's vector at every layer (`probes.engine.fit_probe`, batched over
+  layers; the blank is written as the tokenizer's mask token, T5's first sentinel, or "_"; causal
+  stacks read the last word, the only one that has seen the whole sentence): `probe_acc` with its
+  CI, Hewitt & Liang (2019) `control_acc` (labels drawn per lexical item, `key`) and
+  `selectivity`; tasks with fixed choices only (taxonomy's choices change per item);
+- optionally (`curve_sizes`), learning curves (the paper's protocol): the MC head fine-tuned on 62,
+  125, ... training items with several seeds; per size the mean, standard deviation and maximum
+  test accuracy, and the weighted score `weighted_score` (see `weighted_score`).
+
+Differences from the paper: see `probes.cloze_tasks` for the data; the paper's
+MC-MLM fine-tunes RoBERTa/BERT-large for a fixed number of epochs with model selection on dev;
+here every size gets the same number of updates (`curve_steps`, batches sampled with replacement
+from the N items), evaluated at the end on test (no model selection), so curves of different
+sizes compare the data, not the compute.
+
+The random-init twin's LM head is random, so its zero-shot accuracy is the chance reference of the
+architecture (an ELECTRA twin has no generator: zero-shot rows are skipped for it, with a note).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probes import cloze_tasks as ct
+from probes import engine, runner
+from workbench.errors import CheckpointError, ConfigError
+from workbench.lm_scores import _MLM_HEADS, BLANK, LMScorer, lm_scorer
+
+NAME = "cloze"
+TASKS = ct.TASKS
+FIXED_CHOICE_TASKS = tuple(t for t in TASKS if t in ct.CHOICES)
+PAPER_SIZES = (62, 125, 250, 500, 1000, 2000)
+
+
+# --------------------------------------------------------------------------- items -> texts
+
+
+def contexts_of(items) -> tuple[list[str], list[list[str]], np.ndarray]:
+    return [it.text for it in items], [list(it.choices) for it in items], np.array([it.answer for it in items])
+
+
+def accuracy_ci(correct, n_boot: int = 1000, seed: int = 0):
+    """Accuracy [...] with a percentile bootstrap CI over items (`correct`: [..., N] bool)."""
+    c = np.asarray(correct, dtype=np.float64)
+    return engine.bootstrap_ci(c, np.ones(c.shape[-1]), n_boot=n_boot, seed=seed)
+
+
+def zero_shot(scorer: LMScorer, items, batch_size: int = 32):
+    """(correct [N] bool, CandidateScores) of the model's own head on `items`."""
+    ctx, cands, answers = contexts_of(items)
+    scores = scorer.score_candidates(ctx, cands, batch_size=batch_size)
+    return np.asarray(scores.best()) == answers, scores
+
+
+# --------------------------------------------------------------------------- logit lens
+
+
+def _final_norm(model):
+    """The final layer norm a causal LM applies before its unembedding (GPT-2: transformer.ln_f)."""
+    base = model.base_model
+    for name in ("ln_f", "norm", "final_layer_norm"):
+        mod = getattr(base, name, None)
+        if mod is not None:
+            return mod
+    raise ConfigError(f"logit lens: no final norm found on {type(base).__name__}")
+
+
+@torch.no_grad()
+def lens_scores(scorer: LMScorer, items, batch_size: int = 32) -> np.ndarray:
+    """Candidate scores [L+1, N, K] with the output head applied to every layer (logit lens).
+
+    Same inputs and the same rule as `LMScorer.score_candidates` (one mask at a single-piece
+    candidate; PLL for the whole context when a candidate has several pieces; the filled sentence
+    for causal LMs), so the last layer reproduces the zero-shot scores."""
+    ctx, cands, _ = contexts_of(items)
+    K = {len(c) for c in cands}
+    if len(K) != 1:
+        raise ConfigError("logit lens: every item needs the same number of choices")
+    K = K.pop()
+    if scorer.kind == "mlm":
+        return _lens_mlm(scorer, ctx, cands, K, batch_size)
+    if scorer.kind == "causal":
+        return _lens_causal(scorer, ctx, cands, K, batch_size)
+    raise ConfigError(f"logit lens not provided for {scorer.kind!r} heads (seq2seq, ELMo): zero-shot only")
+
+
+def _lens_mlm(scorer, ctx, cands, K, batch_size):
+    model = scorer.model
+    head = _MLM_HEADS.get(type(model).__name__)
+    if head is None:
+        raise ConfigError(f"logit lens: unknown masked-LM head of {type(model).__name__}")
+    rows: dict[bytes, int] = {}
+    row_ids: list[np.ndarray] = []
+    queries = []  # (row, position, target, item, candidate)
+    for i, (c, cs) in enumerate(zip(ctx, cands)):
+        left, right = c.split(BLANK)
+        filled = [scorer._encode_filled(i, left, x, right) for x in cs]
+        single = all(len(pos) == 1 for _, _, pos in filled)
+        for j, (ids, special, pos) in enumerate(filled):
+            for p in (pos if single else np.nonzero(~special)[0]):
+                masked = ids.copy()
+                masked[p] = scorer.mask_id
+                key = masked.tobytes()
+                if key not in rows:
+                    rows[key] = len(row_ids)
+                    row_ids.append(masked)
+                queries.append((rows[key], int(p), int(ids[p]), i, j))
+    q = np.array(queries, dtype=np.int64).reshape(-1, 5)
+    L = model.config.num_hidden_layers
+    out = np.zeros((L + 1, len(ctx), K))
+    order = np.argsort(q[:, 0], kind="stable")
+    q = q[order]
+    starts = np.searchsorted(q[:, 0], np.arange(0, len(row_ids) + batch_size, batch_size))
+    for b, r0 in enumerate(range(0, len(row_ids), batch_size)):
+        sel = q[starts[b]: starts[b + 1]]
+        if not len(sel):
+            continue
+        ids, att = scorer._pad(row_ids[r0: r0 + batch_size])
+        hs = model.base_model(input_ids=ids, attention_mask=att, output_hidden_states=True,
+                              return_dict=True).hidden_states
+        r = torch.as_tensor(sel[:, 0] - r0, device=ids.device)
+        p = torch.as_tensor(sel[:, 1], device=ids.device)
+        t = torch.as_tensor(sel[:, 2], device=ids.device)
+        for layer, h in enumerate(hs):
+            lp = torch.log_softmax(head(model, h[r, p]).float(), -1).gather(1, t[:, None])[:, 0]
+            np.add.at(out[layer], (sel[:, 3], sel[:, 4]), lp.double().cpu().numpy())
+    return out
+
+
+def _lens_causal(scorer, ctx, cands, K, batch_size):
+    model = scorer.model
+    norm = _final_norm(model)
+    unembed = model.get_output_embeddings()
+    flat = []
+    for i, (c, cs) in enumerate(zip(ctx, cands)):
+        left, right = c.split(BLANK)
+        for x in cs:
+            ids, special, _ = scorer._encode_filled(i, left, x, right)
+            flat.append(scorer._causal_row(ids, special, f"context {i}"))
+    L = model.config.num_hidden_layers
+    out = np.zeros((L + 1, len(flat)))
+    for b0 in range(0, len(flat), batch_size):
+        ids, att = scorer._pad(flat[b0: b0 + batch_size])
+        hs = model.base_model(input_ids=ids, attention_mask=att, output_hidden_states=True,
+                              return_dict=True).hidden_states
+        tgt = ids[:, 1:, None]
+        keep = att[:, 1:].float()
+        for layer, h in enumerate(hs):
+            h = h if layer == L else norm(h)  # the model's last hidden state is already normalised
+            lp = torch.log_softmax(unembed(h[:, :-1]).float(), -1).gather(-1, tgt)[..., 0] * keep
+            out[layer, b0: b0 + len(ids)] = lp.sum(1).double().cpu().numpy()
+    return out.reshape(L + 1, len(ctx), K)
+
+
+# --------------------------------------------------------------------------- fine-tuning (MC-MLM)
+
+
+class MCHead:
+    """The multiple-choice head of Talmor et al. (2020) as a differentiable scorer: masked LMs
+    score a candidate by its log-probability at the mask (several pieces: all masked at once,
+    log-probs summed; the paper's choice for fine-tuning), causal LMs by the filled sentence's
+    log-likelihood. Encodings are made once with the scorer's tokenisation; candidates whose
+    masked inputs are identical (same number of pieces) share one row."""
+
+    def __init__(self, scorer: LMScorer, items):
+        if scorer.kind not in ("mlm", "causal"):
+            raise ConfigError(f"fine-tuning the MC head is provided for masked and causal LMs, not {scorer.kind!r}")
+        self.kind = scorer.kind
+        self.pad = scorer._pad
+        self.head = _MLM_HEADS.get(type(scorer.model).__name__) if self.kind == "mlm" else None
+        self.answers = torch.tensor([it.answer for it in items])
+        self.k = len(items[0].choices) if items else 0
+        self.rows = []  # per item: list of unique row ids
+        self.queries = []  # per item: list of (row within item, position, target, candidate)
+        for i, it in enumerate(items):
+            left, right = it.text.split(BLANK)
+            rows, queries, seen = [], [], {}
+            for j, x in enumerate(it.choices):
+                ids, special, pos = scorer._encode_filled(i, left, x, right)
+                if self.kind == "mlm":
+                    row = ids.copy()
+                    row[pos] = scorer.mask_id
+                    tgt_pos, tgt = pos, ids[pos]
+                else:
+                    row = scorer._causal_row(ids, special, f"item {i}")
+                    tgt_pos, tgt = np.arange(len(row) - 1), row[1:]  # logits at t predict t+1
+                key = row.tobytes()
+                if key not in seen:
+                    seen[key] = len(rows)
+                    rows.append(row)
+                queries += [(seen[key], int(p), int(t), j) for p, t in zip(tgt_pos, tgt)]
+            self.rows.append(rows)
+            self.queries.append(np.array(queries, dtype=np.int64))
+
+    def scores(self, model, index) -> torch.Tensor:
+        """[B, K] candidate scores of items `index` (with gradients)."""
+        rows, q = [], []
+        for b, i in enumerate(index):
+            qi = self.queries[i].copy()
+            qi[:, 0] += len(rows)
+            q.append(np.column_stack([qi, np.full(len(qi), b)]))
+            rows += self.rows[i]
+        q = np.concatenate(q)
+        ids, att = self.pad(rows)
+        dev = ids.device
+        r, p, t = (torch.as_tensor(q[:, c], device=dev) for c in range(3))
+        if self.head is not None:  # the head at the queried positions only
+            hidden = model.base_model(input_ids=ids, attention_mask=att, return_dict=True).last_hidden_state
+            logits = self.head(model, hidden[r, p])
+        else:
+            logits = model(input_ids=ids, attention_mask=att, return_dict=True).logits[r, p]
+        lp = torch.log_softmax(logits.float(), -1).gather(1, t[:, None])[:, 0]
+        flat = torch.as_tensor(q[:, 4] * self.k + q[:, 3], device=dev)
+        out = torch.zeros(len(index) * self.k, device=dev, dtype=lp.dtype).index_add(0, flat, lp)
+        return out.view(len(index), self.k)
+
+
+def finetune_mc(scorer: LMScorer, train_items, eval_items, *, steps: int = 200, lr: float = 1e-4,
+                batch_size: int = 16, seed: int = 0, eval_batch: int = 64) -> dict:
+    """Fine-tune a copy of the LM (all weights, AdamW, constant lr) on the MC objective
+    (cross-entropy over the candidate scores) for `steps` updates of `batch_size` items drawn
+    with replacement from `train_items`; returns {"accuracy", "train_loss"} on `eval_items`."""
+    train, evals = MCHead(scorer, train_items), MCHead(scorer, eval_items)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = copy.deepcopy(scorer.model).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        gen = torch.Generator().manual_seed(seed)
+        losses = []
+        for _ in range(steps):
+            idx = torch.randint(len(train_items), (batch_size,), generator=gen).tolist()
+            loss = torch.nn.functional.cross_entropy(train.scores(model, idx), train.answers[idx].to(model.device))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        model.eval()
+        with torch.no_grad():
+            pred = torch.cat([train_scores.argmax(1).cpu() for train_scores in
+                              (evals.scores(model, list(range(b, min(b + eval_batch, len(eval_items)))))
+                               for b in range(0, len(eval_items), eval_batch))])
+    acc = float((pred == evals.answers).float().mean())
+    return {"accuracy": acc, "train_loss": float(np.mean(losses[-20:])) if losses else float("nan")}
+
+
+def weighted_score(sizes, accuracies) -> float:
+    """One number per learning curve that emphasises small training sizes (in the spirit of the
+    paper's WS): the mean accuracy with weights falling linearly from the smallest size (weight
+    K) to the largest (weight 1) over the K sizes, sizes taken in increasing order."""
+    order = np.argsort(sizes)
+    w = np.arange(len(order), 0, -1, dtype=np.float64)
+    return float(np.sum(w * np.asarray(accuracies, dtype=np.float64)[order]) / w.sum())
+
+
+# --------------------------------------------------------------------------- probe on the blank's vector
+
+
+def blank_word(tokenizer) -> str:
+    if tokenizer.mask_token:
+        return tokenizer.mask_token
+    vocab = tokenizer.get_vocab()
+    for s in ("<extra_id_0>", "<sentinel_0>"):
+        if s in vocab:
+            return s
+    return "_"
+
+
+def probe_words(items, tokenizer, causal: bool) -> tuple[list[list[str]], np.ndarray]:
+    """Word lists of the items (blank written as `blank_word`) and the word to read per item."""
+    bw = blank_word(tokenizer)
+    sents, where = [], []
+    for it in items:
+        words = it.text.replace(BLANK, f" {BLANK} ").split()
+        k = words.index(BLANK)
+        words[k] = bw
+        sents.append(words)
+        where.append(len(words) - 1 if causal else k)
+    return sents, np.asarray(where)
+
+
+# --------------------------------------------------------------------------- the probe module
+
+
+@dataclass
+class Settings(runner.Settings):
+    baselines: tuple[str, ...] = field(default=("random_init", "majority", "control"), metadata={
+        "help": "subset of random_init,majority,control ('' for none)"})
+    BASELINES = ("random_init", "majority", "control")
+    n_train: int = field(default=2000, metadata={"help": "train items per task (capped by the lexicon)"})
+    n_test: int = field(default=500, metadata={"help": "dev and test items per task (capped by the lexicon)"})
+    lens: bool = field(default=True, metadata={"help": "logit lens: the head on every layer"})
+    probe: bool = field(default=True, metadata={"help": "linear probe on the blank's vector at every layer"})
+    nonsense: bool = field(default=True, metadata={"help": "language control: nonsense words for content words"})
+    curve_sizes: tuple[int, ...] = field(default=(), metadata={
+        "help": "learning curve: fine-tune on these train sizes (paper: 62,125,250,500,1000,2000; '' = off)"})
+    curve_seeds: int = field(default=3, metadata={"help": "fine-tuning seeds per learning-curve size"})
+    curve_steps: int = field(default=200, metadata={"help": "fine-tuning updates per run"})
+    curve_lr: float = field(default=1e-4, metadata={"help": "fine-tuning learning rate (AdamW)"})
+
+    def validate(self, spec) -> None:
+        super().validate(spec)
+        if self.n_train < 2 or self.n_test < 10:
+            raise ConfigError(f"cloze: n_train must be >= 2 and n_test >= 10, got {self.n_train}, {self.n_test}")
+        if any(n < 2 for n in self.curve_sizes) or self.curve_seeds < 1 or self.curve_steps < 1 or self.curve_lr <= 0:
+            raise ConfigError("cloze: curve_sizes must be >= 2, curve_seeds and curve_steps >= 1, curve_lr > 0")
+
+
+def prepare(settings: Settings) -> runner.Prepared:
+    from workbench.data.wordnet import wordnet_dir
+
+    sizes = {"train": settings.n_train, "dev": settings.n_test, "test": settings.n_test}
+    data, notes = {}, {"cloze_items": {}}
+    for task in settings.tasks:
+        items = ct.generate(task, seed=settings.seed, sizes=sizes)
+        data[task] = {s: ct.split(items, s) for s in ct.SPLITS}
+        data[task]["nonsense"] = ct.nonsense_control(data[task]["test"], seed=settings.seed)
+        notes["cloze_items"][task] = {s: len(data[task][s]) for s in ct.SPLITS}
+    files = []
+    if {"antonym", "taxonomy"} & set(settings.tasks):
+        files = sorted(p for p in wordnet_dir().iterdir() if p.name.startswith(("data.", "index.", "cntlist")))
+    return runner.Prepared(data=data, files=files, notes=notes)
+
+
+def _scorer(unit) -> LMScorer | None:
+    if "scorer" not in unit.state:
+        try:
+            unit.state["scorer"] = lm_scorer(unit.handle)
+        except CheckpointError as e:
+            unit.state["scorer"] = None
+            unit.notes.setdefault("no_lm_head", []).append({"model": unit.model, "why": str(e)})
+            unit.log(f"no LM head: zero-shot, lens and learning curves skipped ({e})")
+    return unit.state["scorer"]
+
+
+def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: Settings) -> list[pd.DataFrame]:
+    data = prepared.data[task]
+    test = data["test"]
+    K = len(test[0].choices)
+    L = unit.handle.num_layers[unit.stack]
+    last = [L]
+    seed, n_boot = settings.seed, settings.n_boot
+    out: list[pd.DataFrame] = []
+    scorer = _scorer(unit)
+    # head-based rows once per model (with --stack all, on its first stack's unit only)
+    head_stack = unit.stack == unit.handle.stacks[0]
+
+    if not unit.is_twin and "majority" in settings.baselines:
+        _, maj = engine.majority_baseline([it.answer for it in data["train"]], [it.answer for it in test])
+        out.append(unit.rows(task, {"majority_acc": [maj], "random_acc": [1.0 / K]}, split="test", layers=last,
+                             n=len(test)))
+
+    if scorer is not None and head_stack:
+        correct, scores = zero_shot(scorer, test, settings.batch_size)
+        acc, lo, hi = accuracy_ci(correct, n_boot, seed)
+        methods = sorted({m for ms in scores.method for m in ms})
+        multi = int(sum(any(n > 1 for n in ns) for ns in scores.n_pieces))
+        metrics, ci = {"zero_shot_acc": [acc]}, {"zero_shot_acc": ([lo], [hi])}
+        if settings.nonsense:
+            c2, _ = zero_shot(scorer, data["nonsense"], settings.batch_size)
+            a2, l2, h2 = accuracy_ci(c2, n_boot, seed)
+            metrics["nonsense_acc"], ci["nonsense_acc"] = [a2], ([l2], [h2])
+        out.append(unit.rows(task, metrics, split="test", layers=last, n=len(test), ci=ci,
+                             extra={"methods": methods, "items_with_multipiece_candidates": multi,
+                                    "head": scorer.kind}))
+        if settings.lens and scorer.kind in ("mlm", "causal"):
+            lens = lens_scores(scorer, test, settings.batch_size)  # [L+1, N, K]
+            lc = lens.argmax(-1) == np.array([it.answer for it in test])[None]
+            a, lo, hi = accuracy_ci(lc, n_boot, seed)
+            # ELECTRA: the generator's layers (its own head), which may differ in number from the
+            # discriminator's
+            out.append(unit.rows(task, {"lens_acc": a}, split="test", n=len(test), ci={"lens_acc": (lo, hi)},
+                                 extra={"head_model": type(scorer.model).__name__}))
+        if settings.curve_sizes:
+            out.append(_learning_curve(unit, scorer, data, task, settings))
+
+    if settings.probe and task in FIXED_CHOICE_TASKS:
+        out.extend(_blank_probe(unit, data, task, settings))
+    return out
+
+
+def _learning_curve(unit, scorer, data, task, settings) -> pd.DataFrame:
+    train, test = data["train"], data["test"]
+    sizes = [n for n in settings.curve_sizes if n <= len(train)]
+    if len(sizes) < len(settings.curve_sizes):
+        unit.log(f"{task}: learning-curve sizes above {len(train)} train items skipped")
+    means, sds, maxs, per_seed = [], [], [], []
+    for n in sizes:
+        accs = []
+        for s in range(settings.curve_seeds):
+            rng = np.random.default_rng([settings.seed, n, s])
+            sub = [train[i] for i in sorted(rng.choice(len(train), size=n, replace=False))]
+            accs.append(finetune_mc(scorer, sub, test, steps=settings.curve_steps, lr=settings.curve_lr,
+                                    seed=settings.seed * 1000 + s)["accuracy"])
+        means.append(np.mean(accs)), sds.append(np.std(accs)), maxs.append(np.max(accs)), per_seed.append(accs)
+    ws = weighted_score(sizes, means)
+    L = unit.handle.num_layers[unit.stack]
+    frames = [unit.rows(task, {"curve_acc_mean": [m], "curve_acc_sd": [sd], "curve_acc_max": [mx]}, split="test",
+                        layers=[L], n=len(test), extra={"train_size": n, "seeds": settings.curve_seeds,
+                                                        "steps": settings.curve_steps, "accuracies": a})
+              for n, m, sd, mx, a in zip(sizes, means, sds, maxs, per_seed)]
+    frames.append(unit.rows(task, {"weighted_score": [ws]}, split="test", layers=[L], n=len(test),
+                            extra={"train_sizes": sizes}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _blank_probe(unit, data, task, settings) -> list[pd.DataFrame]:
+    causal = unit.stack == "decoder"
+    tok = unit.handle.tokenizer
+    feats, ys, keys = {}, {}, {}
+    for s in ("train", "dev", "test"):
+        sents, where = probe_words(data[s], tok, causal)
+        digest = hashlib.sha256("\n".join(" ".join(w) for w in sents).encode()).hexdigest()[:12]
+        acts = unit.activations(sents, dataset_key=f"cloze-{task}-{s}-{digest}")
+        offsets = np.asarray(acts.sentence_offsets)
+        feats[s] = np.asarray(acts.layers[:, offsets[:-1] + where], dtype=np.float32)
+        ys[s] = np.array([it.answer for it in data[s]])
+        keys[s] = [it.key for it in data[s]]
+    K = len(data["test"][0].choices)
+    res = engine.fit_probe(feats["train"], ys["train"], feats["dev"], ys["dev"], num_classes=K, seed=settings.seed)
+    correct = res.correct(feats["test"], ys["test"])
+    a, lo, hi = accuracy_ci(correct, settings.n_boot, settings.seed)
+    metrics, ci = {"probe_acc": a}, {"probe_acc": (lo, hi)}
+    if "control" in settings.baselines:
+        dist = engine.label_distribution(ys["train"], K)
+        yc = {s: engine.control_labels(keys[s], dist, settings.seed) for s in ("train", "dev", "test")}
+        rc = engine.fit_probe(feats["train"], yc["train"], feats["dev"], yc["dev"], num_classes=K, seed=settings.seed)
+        metrics["control_acc"] = rc.accuracy(feats["test"], yc["test"])
+        metrics["selectivity"] = a - metrics["control_acc"]
+    return [unit.rows(task, metrics, split="test", n=len(data["test"]), ci=ci,
+                      extra={"position": "last word" if causal else "blank", "blank": blank_word(tok)})]
+
+
+def summary(rows: pd.DataFrame) -> str:
+    """Per model and task: zero-shot accuracy [CI], nonsense control, majority/random, and the best
+    layer of the lens and of the probe."""
+    if rows.empty:
+        return "(no rows)"
+    lines = []
+    header = ["model", "task", "zero-shot [95% CI]", "nonsense", "majority", "random", "lens best (layer)",
+              "probe best (layer)", "weighted score"]
+    table = [header]
+    for (model, task), g in rows.groupby(["model", "task"], sort=False):
+        def one(metric, ci=False):
+            r = g[g.metric == metric]
+            if r.empty:
+                return "-"
+            r = r.iloc[-1]
+            return f"{r.value:.3f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" if ci and pd.notna(r.ci_low) else f"{r.value:.3f}"
+
+        def best(metric):
+            r = g[g.metric == metric]
+            if r.empty:
+                return "-"
+            r = r.loc[r.value.idxmax()]
+            return f"{r.value:.3f} ({int(r.layer)})"
+
+        maj = rows[(rows.task == task) & (rows.metric == "majority_acc")]
+        rnd = rows[(rows.task == task) & (rows.metric == "random_acc")]
+        table.append([model, task, one("zero_shot_acc", True), one("nonsense_acc"),
+                      f"{maj.value.iloc[0]:.3f}" if len(maj) else "-", f"{rnd.value.iloc[0]:.3f}" if len(rnd) else "-",
+                      best("lens_acc"), best("probe_acc"), one("weighted_score")])
+    lines.append(runner.aligned(table))
+    return "\n".join(lines)
+
+
+PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task,
+                         description="oLMpics cloze (Talmor et al. 2020): zero-shot with the model's own head, "
+                                     "logit lens, blank probe, learning curves",
+                         summary=summary)

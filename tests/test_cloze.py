@@ -1,0 +1,144 @@
+"""Cloze probe (probes/cloze.py): zero-shot scoring, the logit lens, fine-tuning the MC head, the
+probe on the runner. Tiny random models on items generated from the real lexicon."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from probes import cloze, cloze_tasks as ct
+from tests.conftest import tiny_bert
+from workbench.lm_scores import BLANK, lm_scorer
+from workbench.models import ModelHandle
+
+
+@pytest.fixture(scope="module")
+def small_items() -> dict:
+    sizes = {"train": 40, "dev": 20, "test": 24}
+    return {t: ct.split(ct.generate(t, seed=0, sizes=sizes), "test") for t in ("age", "antonym", "multihop")}
+
+
+@pytest.fixture(scope="module")
+def handles(tiny_models) -> dict:
+    return {name: ModelHandle(*tiny_models[name]) for name in ("bert", "gpt")}
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+@pytest.mark.parametrize("task", ["age", "antonym", "multihop"])
+def test_lens_last_layer_equals_zero_shot(handles, small_items, family, task):
+    items = small_items[task]
+    scorer = lm_scorer(handles[family])
+    correct, scores = cloze.zero_shot(scorer, items)
+    lens = cloze.lens_scores(scorer, items, batch_size=7)
+    L = handles[family].num_layers["decoder" if family == "gpt" else "encoder"]
+    assert lens.shape == (L + 1, len(items), len(items[0].choices))
+    np.testing.assert_allclose(lens[-1], np.array(scores.scores), rtol=1e-5, atol=1e-4)
+    lens_correct = lens.argmax(-1) == np.array([it.answer for it in items])[None]
+    assert lens_correct[-1].mean() == correct.mean()
+    assert not np.allclose(lens[0], lens[-1])  # the layers differ
+
+
+def _truncated(model, layers: int, family: str):
+    m = copy.deepcopy(model)
+    if family == "bert":
+        m.bert.encoder.layer = m.bert.encoder.layer[:layers]
+    else:
+        m.transformer.h = m.transformer.h[:layers]
+    return m
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_lens_equals_truncated_model_by_hand(handles, small_items, family):
+    """The head on layer l = the full LM head of the same model cut after l blocks (GPT: its final
+    norm then applies to layer l, as the lens does), scored by hand with log-softmax."""
+    items = small_items["antonym"][:6]
+    scorer = lm_scorer(handles[family])
+    lens = cloze.lens_scores(scorer, items)
+    tok = handles[family].tokenizer
+    for layer in (0, 1):
+        model = _truncated(handles[family].model, layer, family).eval()
+        for i, it in enumerate(items):
+            left, right = it.text.split(BLANK)
+            for j, cand in enumerate(it.choices):
+                ids, special, pos = scorer._encode_filled(i, left, cand, right)
+                with torch.no_grad():
+                    if family == "bert":
+                        assert len(pos) == 1  # not/really are single pieces here
+                        masked = ids.copy()
+                        masked[pos] = tok.mask_token_id
+                        logits = model(input_ids=torch.from_numpy(masked)[None]).logits[0]
+                        want = torch.log_softmax(logits[pos[0]], -1)[ids[pos[0]]].item()
+                    else:
+                        row = scorer._causal_row(ids, special, "x")
+                        logits = model(input_ids=torch.from_numpy(row)[None]).logits[0]
+                        lp = torch.log_softmax(logits[:-1], -1)
+                        want = lp[torch.arange(len(row) - 1), torch.tensor(row[1:])].sum().item()
+                assert lens[layer, i, j] == pytest.approx(want, abs=1e-4)
+
+
+def test_weighted_score_by_hand():
+    # weights 3, 2, 1 for sizes 62 < 125 < 250 (given out of order)
+    assert cloze.weighted_score([250, 62, 125], [0.9, 0.5, 0.6]) == pytest.approx((3 * 0.5 + 2 * 0.6 + 1 * 0.9) / 6)
+
+
+def test_finetuned_tiny_model_learns_age_comparison(tokenizers):
+    """The learning-curve code can learn: a 2-layer BERT (hidden 32, random init) fine-tuned with the
+    MC-MLM head on 500 age items answers > 90% of test items whose ages it never saw (numbers are
+    split into digit pieces by the EWT WordPiece vocabulary)."""
+    tok = tokenizers["bert"]
+    items = ct.generate("age", seed=0, sizes={"train": 500, "dev": 10, "test": 500})
+    scorer = lm_scorer(ModelHandle(tiny_bert(tok, hidden=32), tok))
+    before = cloze.zero_shot(scorer, ct.split(items, "test"))[0].mean()
+    res = cloze.finetune_mc(scorer, ct.split(items, "train"), ct.split(items, "test"), steps=300, lr=3e-3,
+                            batch_size=32, seed=0)
+    assert before < 0.7
+    assert res["accuracy"] > 0.9, res
+    # the copy was fine-tuned, not the model itself
+    assert cloze.zero_shot(scorer, ct.split(items, "test"))[0].mean() == before
+
+
+def test_probe_on_the_runner(handles, tmp_path, monkeypatch):
+    from probes import runner
+    from workbench.results import ResultsStore
+
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    settings = {"tasks": ("age", "taxonomy"), "n_train": 60, "n_test": 30, "n_boot": 200, "progress": False,
+                "curve_sizes": (20,), "curve_seeds": 2, "curve_steps": 3}
+    run_id, rows = runner.run_probe(cloze.PROBE, [handles["bert"]], settings, store=ResultsStore(tmp_path / "runs"))
+    real = rows[~rows.model.str.endswith("(random init)")]
+    twin = rows[rows.model.str.endswith("(random init)")]
+    m = lambda df, metric, task: df[(df.metric == metric) & (df.task == task)]  # noqa: E731
+    L = handles["bert"].num_layers["encoder"]
+    for task, k in (("age", 2), ("taxonomy", 3)):
+        zs = m(real, "zero_shot_acc", task)
+        assert len(zs) == 1 and 0 <= zs.value.iloc[0] <= 1 and zs.ci_low.iloc[0] <= zs.value.iloc[0] <= zs.ci_high.iloc[0]
+        lens = m(real, "lens_acc", task).sort_values("layer")
+        assert list(lens.layer) == list(range(L + 1))
+        assert lens.value.iloc[-1] == pytest.approx(zs.value.iloc[0])
+        assert m(real, "random_acc", task).value.iloc[0] == pytest.approx(1 / k)
+        assert m(real, "majority_acc", task).value.iloc[0] == pytest.approx(1 / k)  # balanced splits
+        assert len(m(real, "nonsense_acc", task)) == 1
+        assert len(m(twin, "zero_shot_acc", task)) == 1
+        assert len(m(real, "curve_acc_mean", task)) == 1 and len(m(real, "weighted_score", task)) == 1
+    # the blank probe: fixed-choice tasks only, every layer, with the control task
+    assert sorted(m(real, "probe_acc", "age").layer) == list(range(L + 1))
+    assert len(m(real, "control_acc", "age")) == L + 1
+    sel = m(real, "selectivity", "age").sort_values("layer").value.to_numpy()
+    acc = m(real, "probe_acc", "age").sort_values("layer").value.to_numpy()
+    ctrl = m(real, "control_acc", "age").sort_values("layer").value.to_numpy()
+    np.testing.assert_allclose(sel, acc - ctrl)
+    assert m(real, "probe_acc", "taxonomy").empty
+    assert "zero-shot" in cloze.summary(rows)
+
+
+def test_bad_settings():
+    from probes import runner
+    from workbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="curve_sizes"):
+        runner.resolve_settings(cloze.PROBE, {"curve_sizes": "1"}, "x")
+    with pytest.raises(ConfigError, match="unknown task"):
+        runner.resolve_settings(cloze.PROBE, {"tasks": "ages"}, "x")
