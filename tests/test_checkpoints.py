@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from tests.conftest import tiny_bert
 from workbench.checkpoints import (expand_checkpoints, list_steps, read_manifest, step_dir, step_number,
@@ -139,3 +140,78 @@ def test_weight_files_follow_from_pretrained_preference(tmp_path):
     assert weight_files(empty) == []
     with pytest.raises(CheckpointError, match="no weight files"):
         weights_hash(empty)
+
+
+# ---- Hub names ------------------------------------------------------------------------------------
+
+
+def _hub_cache(root, repo_id, folder, revision="0123456789abcdef0123456789abcdef01234567"):
+    """`root/models--org--name/{blobs,snapshots/<revision>,refs/main}` as huggingface_hub lays out
+    a download: snapshot files are symlinks into blobs/ named by content hash."""
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    snap = repo / "snapshots" / revision
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in folder.iterdir():
+        blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copyfile(f, blob)
+        (snap / f.name).symlink_to(blob)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    return snap
+
+
+@pytest.fixture
+def hub_env(monkeypatch, tmp_path):
+    """An empty Hugging Face home in tmp_path; nothing else in the environment names a cache."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path / "hf-home" / "hub"
+
+
+def test_hub_name_resolves_through_the_local_cache(hub_env, monkeypatch, tmp_path, saved_bert, ewt_train):
+    snap = _hub_cache(hub_env, "org/tiny-bert", saved_bert)
+    [ck] = expand_checkpoints(["org/tiny-bert"])
+    assert ck.name == "org/tiny-bert" and ck.path == snap and (ck.family, ck.step, ck.seed) == (None, None, None)
+
+    from_hub, direct = ModelHandle.load("org/tiny-bert"), ModelHandle.load(saved_bert)
+    assert from_hub.path == snap and expand_checkpoints([from_hub])[0].name == "org/tiny-bert"
+    sents = [s.words for s in ewt_train[:5]]
+    out_hub, out_direct = from_hub.forward(sents), direct.forward(sents)
+    assert len(out_hub.hidden_states["encoder"]) == 3
+    for a, b in zip(out_hub.hidden_states["encoder"], out_direct.hidden_states["encoder"]):
+        assert torch.equal(a, b)
+    assert from_hub.checkpoint_hash == direct.checkpoint_hash == weights_hash(snap) == checkpoint_record(snap)["sha256"]
+
+    # HF_HUB_CACHE wins over HF_HOME, as in huggingface_hub.
+    other = tmp_path / "elsewhere"
+    snap2 = _hub_cache(other, "org/tiny-bert", saved_bert, revision="v1-tag")
+    monkeypatch.setenv("HF_HUB_CACHE", str(other))
+    assert expand_checkpoints(["org/tiny-bert"])[0].path == snap2
+
+    # A local folder of that name comes first, as in from_pretrained.
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(saved_bert, tmp_path / "org" / "tiny-bert")
+    [local] = expand_checkpoints(["org/tiny-bert"])
+    assert local.path.resolve() == (tmp_path / "org" / "tiny-bert").resolve() and local.name == "tiny-bert"
+
+
+def test_hub_name_not_cached_is_one_line(hub_env, saved_bert):
+    _hub_cache(hub_env, "org/tiny-bert", saved_bert)
+    for call in (lambda n: expand_checkpoints([n]), ModelHandle.load):
+        for name in ("org/not-downloaded", "bert-base-uncased"):
+            with pytest.raises(CheckpointError) as e:
+                call(name)
+            msg = str(e.value)
+            assert msg.startswith(f"{name}: neither a local checkpoint folder nor a model in the Hugging Face cache "
+                                  f"{hub_env};") and "\n" not in msg, msg
+            assert f"hf download {name}" in msg and "--checkpoint" in msg
+    # Not a Hub id either (two slashes, absolute): the plain "does not exist".
+    with pytest.raises(CheckpointError, match=r"runs/train/x: checkpoint does not exist"):
+        expand_checkpoints(["runs/train/x"])
+    # refs/main names a snapshot that is not there: not cached.
+    (hub_env / "models--org--tiny-bert" / "refs" / "main").write_text("deadbeef")
+    with pytest.raises(CheckpointError, match="org/tiny-bert: neither a local checkpoint folder"):
+        expand_checkpoints(["org/tiny-bert"])

@@ -2,7 +2,11 @@
 
 A workbench checkpoint is a plain `save_pretrained` folder `<run>/[seed-S/]step-NNNNNNN/` with the
 tokenizer and a `manifest.json` (family, step, seed, training config, corpus). Any other local folder
-holding a `config.json` is a checkpoint too (family/step/seed unknown).
+holding a `config.json` is a checkpoint too (family/step/seed unknown), and so is a Hub name
+(`bert-base-uncased`, `org/name`) that is not a local path: `resolve_checkpoint` finds it in the
+local Hugging Face cache the way `from_pretrained(name)` does offline, and never touches the network.
+Every command that takes a checkpoint goes through `resolve_checkpoint` (via `expand_checkpoints`
+or `ModelHandle.load`).
 
 Which files are the weights (`weight_files`, hashed by `weights_hash`): exactly the files that
 `from_pretrained` reads, in its order of preference: `model.safetensors`, else the shards named
@@ -18,6 +22,7 @@ of which change the hidden states a `ModelHandle` computes. The results manifest
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -85,14 +90,76 @@ def list_steps(folder: str | Path) -> list[tuple[int, Path]]:
 
 def checkpoint_name(path: Path) -> str:
     """`<run>/step-NNNNNNN` (or `<run>/seed-S/step-NNNNNNN`) for the workbench's own checkpoints,
-    else the folder name."""
+    the Hub id for a snapshot folder of the Hugging Face cache, else the folder name."""
     path = Path(path).resolve()
+    hub = _hub_id(path)
+    if hub is not None:
+        return hub
     if not _STEP_DIR.match(path.name):
         return path.name
     parent = path.parent
     if _SEED_DIR.match(parent.name):
         return f"{parent.parent.name}/{parent.name}/{path.name}"
     return f"{parent.name}/{path.name}"
+
+
+# ---- Hub names -----------------------------------------------------------------------------------------
+
+
+def hub_cache() -> Path:
+    """The Hugging Face Hub cache folder, read from the environment now (huggingface_hub reads it
+    once, at import): HF_HUB_CACHE, else the legacy HUGGINGFACE_HUB_CACHE, else HF_HOME/hub, else
+    $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(cache)))
+
+
+def _is_hub_id(name: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _hub_id(path: Path) -> str | None:
+    """`org/name` for `<cache>/models--org--name/snapshots/<revision>` (ids cannot hold "--")."""
+    repo = path.parent.parent.name
+    if path.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo[len("models--"):].replace("--", "/")
+    return None
+
+
+def resolve_checkpoint(item: str | Path) -> Path:
+    """The folder a checkpoint argument names: a local path as given; else a Hub id's snapshot
+    folder in the local Hugging Face cache, the one `from_pretrained(id)` reads offline (the
+    revision `refs/main` names), looked up with `huggingface_hub.snapshot_download(...,
+    local_files_only=True)`, so nothing is ever downloaded. A name that is neither is one
+    CheckpointError line that says how to get it.
+    """
+    path = Path(item).expanduser()
+    if path.exists():
+        return path
+    name = str(item)
+    if not _is_hub_id(name):
+        raise CheckpointError(f"{path}: checkpoint does not exist")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import IncompleteSnapshotError
+
+    cache = hub_cache()
+    try:
+        return Path(snapshot_download(name, cache_dir=cache, local_files_only=True))
+    except OSError as e:  # LocalEntryNotFoundError: not cached; IncompleteSnapshotError: half there
+        why = str(e).split(". ")[0] if isinstance(e, IncompleteSnapshotError) else ""
+        raise CheckpointError(
+            f"{name}: neither a local checkpoint folder nor a model in the Hugging Face cache {cache}"
+            f"{' (' + why + ')' if why else ''}; get it with `hf download {name}` (huggingface_hub's CLI) on a machine "
+            f"with internet and copy that cache here (or point HF_HUB_CACHE / HF_HOME at it), or pass a "
+            f"local folder (`--checkpoint /path/to/folder`)") from e
 
 
 # ---- a checkpoint's manifest and weights ---------------------------------------------------------
@@ -167,9 +234,7 @@ def expand_checkpoints(items: Iterable[Any]) -> list[Checkpoint]:
             name = checkpoint_name(Path(path)) if path is not None else f"in-memory-{item.checkpoint_hash[:8]}"
             out.append(Checkpoint(name, Path(path) if path else None, getattr(item, "family", None), handle=item))
             continue
-        path = Path(item).expanduser()
-        if not path.exists():
-            raise CheckpointError(f"{path}: checkpoint does not exist")
+        path = resolve_checkpoint(item)
         if path.is_dir() and not (path / "config.json").is_file():
             steps = list_steps(path)  # one run, or one per seed
             if not steps:

@@ -50,7 +50,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from workbench.checkpoints import read_manifest, weight_files, weights_hash
+from workbench.checkpoints import read_manifest, resolve_checkpoint, weight_files, weights_hash
 from workbench.errors import CheckpointError, WorkbenchError
 
 # config.model_type -> workbench family name.
@@ -232,7 +232,8 @@ class ModelHandle:
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu", attentions: bool = False,
              max_length: int | None = None) -> "ModelHandle":
-        """Open a checkpoint folder (config + weights + tokenizer; our `manifest.json` optional).
+        """Open a checkpoint folder (config + weights + tokenizer; our `manifest.json` optional), or
+        a Hub name from the local Hugging Face cache (`workbench.checkpoints.resolve_checkpoint`).
 
         Loads the LM head class the model was trained with (masked LM, causal LM or seq2seq LM) so
         that `workbench.lm_scores` can use it; families without one in the Auto registry (ELMo) fall
@@ -243,9 +244,9 @@ class ModelHandle:
         from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM,
                                   AutoModelForSeq2SeqLM, AutoTokenizer)
 
-        path = Path(path)
+        path = resolve_checkpoint(path)
         if not path.is_dir():
-            raise CheckpointError(f"{path}: checkpoint folder does not exist")
+            raise CheckpointError(f"{path}: not a checkpoint folder")
         if not (path / "config.json").is_file():
             raise CheckpointError(f"{path}: no config.json (not a save_pretrained folder)")
         family = (read_manifest(path) or {}).get("family")
