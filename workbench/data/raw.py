@@ -393,9 +393,15 @@ def source_files(name: str) -> list[Path]:
 
 def load_labelled(name: str) -> list[LabelledExample]:
     """(text, label) examples of a sentiment set, in the order of `load_documents(name)`."""
+    return [ex for _, ex in load_labelled_with_ids(name)]
+
+
+def load_labelled_with_ids(name: str) -> list[tuple[str, LabelledExample]]:
+    """(example id, (text, label)) pairs; the ids (`sentence_polarity/pos/00001`) are the
+    documents' ids, stable across runs, so a split or a membership list can name its examples."""
     if name not in _LABELLED:
         raise ValueError(f"{name!r} has no labels; labelled sets: {sorted(_LABELLED)}")
-    return [ex for _, ex in _LABELLED[name]()]
+    return _LABELLED[name]()
 
 
 def count_words(text: str) -> int:

@@ -1,0 +1,817 @@
+"""Fine-tuning runner: any checkpoint -> a classifier on a real task, over several seeds.
+
+Tasks (`TASKS`): sentence classification on `sentence_polarity` (Pang & Lee 2005, 10,662
+snippets, pos/neg) and `subjectivity` (Pang & Lee 2004, 10,000 sentences, subj/obj), and token
+classification `upos` (UD English EWT, its own train/dev/test; one label per word, read at the
+word's first subword as in Devlin et al. 2019, Sec. 5.3).
+
+The sentence sets come without a split, so one is drawn once per `split_seed` (a seeded
+permutation, cut into test/dev/train fractions) and shared by every training seed; the ids of each
+split are written to `<run folder>/splits.json` and into the results manifest. With
+`max_train_examples`, seed runs train on the first N ids of the (already shuffled) train split:
+these are the *members* a membership attack must find, every other id is a non-member
+(`members(checkpoint)` reads both back from a saved checkpoint).
+
+How each family classifies a sentence (`pooling`, "auto" picks the first listed):
+| family | pooling | class |
+|---|---|---|
+| bert, spanbert, roberta, albert, electra, distilbert | first ([CLS] / <s>) | transformers `AutoModelForSequenceClassification` |
+| gpt | last (last non-pad token) | `GPT2ForSequenceClassification` |
+| t5, bart | decoder_last (decoder state at the final </s>) / encoder_mean | transformers' class / `workbench.heads` |
+| elmo | scalar_mix (Peters et al. 2018, mean over tokens) | `workbench.heads.ElmoForSequenceClassification` |
+Token classification uses `AutoModelForTokenClassification` (T5: the encoder) or, for ELMo and
+BART, the heads in `workbench.heads`.
+
+Training: AdamW with linear warm-up and decay (Devlin et al. 2019's fine-tuning recipe), dev
+accuracy after every epoch, early stopping after `patience` epochs without a new best, test
+accuracy of the best epoch. Every `save_every` optimizer steps and at each epoch end the whole
+state (weights, optimizer, scheduler, torch RNG, epoch, batch index, dev curve) is written
+atomically to `seed-S/resume/`; rerunning the same command continues exactly there (the data
+order of an epoch is a pure function of (seed, epoch)), so an interrupted run ends with the same
+weights as an uninterrupted one.
+
+Layout under the runs root:
+```
+finetune/<name>/config.json            the config (a rerun with a different one is refused)
+finetune/<name>/splits.json            ids per split, split seed, label names
+finetune/<name>/seed-S/best/           save_pretrained folder + tokenizer + manifest.json
+finetune/<name>/seed-S/step-NNNNNNN/   one per epoch with keep_epoch_checkpoints (membership sweeps)
+finetune/<name>/seed-S/resume/         trainer state while the seed runs
+finetune/<name>/seed-S/result.json     dev curve, best epoch, dev/test accuracy (the seed is done)
+```
+Rows go to the results store (probe="finetune"): per seed `accuracy` on dev and test (the best
+epoch), the per-epoch curve `accuracy_epoch` (dev) and `train_loss_epoch`, a seed-less `accuracy`
+row per split holding the mean over seeds with a 95% t-interval, and the baselines (model
+`majority`, and `bow_logreg` (sentences) or `word_majority` (UPOS)) on the same split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from workbench.errors import CheckpointError, ConfigError
+from workbench.io import atomic_dir, atomic_write_json, sha256_file
+
+PROBE = "finetune"
+SENTENCE_TASKS = {"sentence_polarity": "sentence_polarity", "subjectivity": "subjectivity"}
+TOKEN_TASKS = {"upos": "en_ewt"}
+TASKS = tuple(SENTENCE_TASKS) + tuple(TOKEN_TASKS)
+POOLINGS = ("auto", "first", "last", "decoder_last", "encoder_mean", "scalar_mix")
+# family -> poolings it supports for sentence tasks, the first is "auto"
+FAMILY_POOLINGS = {
+    "gpt": ("last",),
+    "t5": ("decoder_last", "encoder_mean"),
+    "bart": ("decoder_last", "encoder_mean"),
+    "elmo": ("scalar_mix",),
+}
+DEFAULT_POOLINGS = ("first",)
+STATE_DIR = "resume"
+BEST_DIR = "best"
+
+
+# ---------------------------------------------------------------------------------------- config
+
+@dataclass
+class FinetuneConfig:
+    """One fine-tuning experiment. Unknown keys and bad values are `ConfigError`s (`load_finetune_config`)."""
+
+    checkpoint: str                       # a checkpoint folder, a training folder (its last step) or a Hub name
+    task: str = "sentence_polarity"       # one of TASKS
+    name: str | None = None               # run folder name; default <task>-<checkpoint name>
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    epochs: int = 3
+    lr: float = 5e-5
+    batch_size: int = 32
+    max_len: int = 128                    # tokens per example (special tokens included); longer ones are cut
+    weight_decay: float = 0.01
+    warmup: float = 0.1                   # fraction of the planned steps
+    clip: float = 1.0                     # gradient-norm clip, 0 = none
+    patience: int = 2                     # epochs without a new best dev accuracy before stopping
+    pooling: str = "auto"                 # see the module table
+    freeze_body: bool = False             # train only the head (ELMo's original setting)
+    split_seed: int = 0
+    dev_fraction: float = 0.1             # sentence tasks: fractions of the whole set
+    test_fraction: float = 0.1
+    max_train_examples: int | None = None # train on the first N of the shuffled train split
+    max_eval_examples: int | None = None  # cap dev and test (quick runs)
+    save_every: int = 200                 # optimizer steps between resume states
+    keep_epoch_checkpoints: bool = False  # a step-N checkpoint at every epoch end
+    baselines: bool = True
+    threads: int | None = None
+    output_dir: str | None = None         # default <runs root>/finetune/<name>
+    progress: bool = True
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def training_hash(self) -> str:
+        """What changes a seed's trained weights (not the seed list, paths, display, baselines)."""
+        d = self.to_dict()
+        for k in ("seeds", "name", "output_dir", "progress", "threads", "baselines", "save_every"):
+            d.pop(k)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_finetune_config(source: str | Path | dict | FinetuneConfig, overrides: dict | None = None) -> FinetuneConfig:
+    """A validated config from a YAML file or a dict, with `overrides` (None values ignored) on top."""
+    import yaml
+
+    from workbench.config import _build
+
+    if isinstance(source, FinetuneConfig):
+        data, where = source.to_dict(), "<config>"
+    elif isinstance(source, dict):
+        data, where = dict(source), "finetune config"
+    else:
+        path = Path(source)
+        where = str(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file does not exist")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise ConfigError(f"{path}{':' + str(mark.line + 1) if mark else ''}: not valid YAML") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    cfg = _build(FinetuneConfig, data, where)
+    _validate(cfg, where)
+    return cfg
+
+
+def _validate(cfg: FinetuneConfig, where: str) -> None:
+    def fail(key, msg):
+        raise ConfigError(f"{where}: {key}: {msg}")
+
+    if cfg.task not in TASKS:
+        fail("task", f"unknown task {cfg.task!r} (known: {', '.join(TASKS)})")
+    if not cfg.seeds:
+        fail("seeds", "list at least one seed")
+    if any(s < 0 for s in cfg.seeds):
+        fail("seeds", f"seeds must be >= 0, got {cfg.seeds}")
+    if len(set(cfg.seeds)) != len(cfg.seeds):
+        fail("seeds", f"seeds repeat: {cfg.seeds}")
+    for key in ("epochs", "batch_size", "save_every"):
+        if getattr(cfg, key) < 1:
+            fail(key, f"must be >= 1, got {getattr(cfg, key)}")
+    if cfg.max_len < 4:
+        fail("max_len", f"must be >= 4, got {cfg.max_len}")
+    if cfg.patience < 1:
+        fail("patience", f"must be >= 1, got {cfg.patience}")
+    if not cfg.lr > 0 or not math.isfinite(cfg.lr):
+        fail("lr", f"must be > 0, got {cfg.lr}")
+    if cfg.weight_decay < 0:
+        fail("weight_decay", f"must be >= 0, got {cfg.weight_decay}")
+    if not 0 <= cfg.warmup < 1:
+        fail("warmup", f"must be a fraction in [0, 1), got {cfg.warmup}")
+    if cfg.clip < 0:
+        fail("clip", f"must be >= 0, got {cfg.clip}")
+    if cfg.pooling not in POOLINGS:
+        fail("pooling", f"unknown pooling {cfg.pooling!r} (known: {', '.join(POOLINGS)})")
+    if cfg.split_seed < 0:
+        fail("split_seed", f"must be >= 0, got {cfg.split_seed}")
+    for key in ("dev_fraction", "test_fraction"):
+        if not 0 < getattr(cfg, key) < 0.5:
+            fail(key, f"must be in (0, 0.5), got {getattr(cfg, key)}")
+    for key in ("max_train_examples", "max_eval_examples"):
+        v = getattr(cfg, key)
+        if v is not None and v < 2:
+            fail(key, f"must be >= 2, got {v}")
+    if cfg.threads is not None and cfg.threads < 1:
+        fail("threads", f"must be >= 1, got {cfg.threads}")
+    if not cfg.checkpoint:
+        fail("checkpoint", "give a checkpoint folder or a Hub model name")
+    if cfg.name is not None and not re.fullmatch(r"[\w.+-]+", cfg.name):
+        fail("name", f"use letters, digits and . _ + - only, got {cfg.name!r}")
+
+
+# ------------------------------------------------------------------------------------------ data
+
+@dataclass
+class TaskData:
+    """A task's examples and its fixed split. `words[i]` is example i as words; `labels[i]` is a
+    label index (sentence tasks) or a list of them, one per word (token tasks)."""
+
+    task: str
+    kind: str                     # "sentence" or "token"
+    ids: list[str]
+    words: list[list[str]]
+    labels: list                  # int or list[int]
+    label_names: list[str]
+    splits: dict[str, list[int]]  # split -> example indices (train in training order)
+    files: list[Path]
+    split_seed: int | None
+
+    def split_ids(self) -> dict[str, list[str]]:
+        return {s: [self.ids[i] for i in idx] for s, idx in self.splits.items()}
+
+
+def split_indices(n: int, seed: int, dev_fraction: float, test_fraction: float) -> dict[str, list[int]]:
+    """A seeded permutation of range(n) cut into test | dev | train (train keeps the permuted order,
+    so its first N are a random sample). Disjoint and covering by construction."""
+    perm = np.random.default_rng(seed).permutation(n)
+    n_test, n_dev = int(round(n * test_fraction)), int(round(n * dev_fraction))
+    return {"train": perm[n_test + n_dev:].tolist(), "dev": perm[n_test: n_test + n_dev].tolist(),
+            "test": perm[:n_test].tolist()}
+
+
+def load_task(cfg: FinetuneConfig) -> TaskData:
+    """The task's examples and split (see the module docstring)."""
+    if cfg.task in SENTENCE_TASKS:
+        from workbench.data.raw import LABELS, load_labelled_with_ids, source_files
+
+        name = SENTENCE_TASKS[cfg.task]
+        pairs = load_labelled_with_ids(name)
+        names = list(LABELS[name])
+        index = {n: i for i, n in enumerate(names)}
+        splits = split_indices(len(pairs), cfg.split_seed, cfg.dev_fraction, cfg.test_fraction)
+        return TaskData(cfg.task, "sentence", [i for i, _ in pairs], [ex.text.split() for _, ex in pairs],
+                        [index[ex.label] for _, ex in pairs], names, splits, source_files(name), cfg.split_seed)
+    from workbench.data.conllu import load_treebank, treebank_path
+
+    bank = TOKEN_TASKS[cfg.task]
+    ids, words, tags, splits, files = [], [], [], {}, []
+    for split in ("train", "dev", "test"):
+        start = len(ids)
+        for s in load_treebank(bank, split):
+            ids.append(f"{bank}/{split}/{s.sent_id}")
+            words.append(list(s.words))
+            tags.append(list(s.upos))
+        splits[split] = list(range(start, len(ids)))
+        files.append(treebank_path(bank, split))
+    names = sorted({t for ts in tags for t in ts})
+    index = {n: i for i, n in enumerate(names)}
+    labels = [[index[t] for t in ts] for ts in tags]
+    rng = np.random.default_rng(cfg.split_seed)  # the train order (and so a max_train_examples sample)
+    splits["train"] = [splits["train"][i] for i in rng.permutation(len(splits["train"]))]
+    return TaskData(cfg.task, "token", ids, words, labels, names, splits, files, cfg.split_seed)
+
+
+def used_splits(data: TaskData, cfg: FinetuneConfig) -> dict[str, list[int]]:
+    """The example indices a run trains and evaluates on (the caps applied)."""
+    out = dict(data.splits)
+    if cfg.max_train_examples is not None:
+        out["train"] = out["train"][: cfg.max_train_examples]
+    if cfg.max_eval_examples is not None:
+        out["dev"] = out["dev"][: cfg.max_eval_examples]
+        out["test"] = out["test"][: cfg.max_eval_examples]
+    return out
+
+
+# ------------------------------------------------------------------------------------- encoding
+
+@dataclass
+class Encoded:
+    """Examples as token ids (special tokens included) and labels (token tasks: -100 on every
+    position but the first subword of a word)."""
+
+    ids: list[np.ndarray]
+    labels: list  # int or np.ndarray per example
+    truncated: int = 0
+    unlabelled_words: int = 0  # token tasks: words with no subword of their own, or cut off
+
+
+def encode(handle, data: TaskData, indices: list[int], max_len: int, chunk: int = 256) -> Encoded:
+    """Tokenise examples with the model handle's word alignment (`ModelHandle.tokenize_words`),
+    cutting content past `max_len` while keeping the closing special tokens."""
+    out = Encoded([], [])
+    for c0 in range(0, len(indices), chunk):
+        idx = indices[c0: c0 + chunk]
+        batch = handle.tokenize_words([data.words[i] or ["."] for i in idx])
+        ids_all = batch.input_ids.cpu().numpy()
+        wid_all = batch.word_ids.cpu().numpy()
+        lens = batch.attention_mask.sum(1).cpu().numpy()
+        for b, i in enumerate(idx):
+            ids, wid = ids_all[b, : lens[b]], wid_all[b, : lens[b]]
+            if len(ids) > max_len:
+                out.truncated += 1
+                content = np.nonzero(wid >= 0)[0]
+                suffix = len(ids) - (content[-1] + 1) if len(content) else 0
+                keep = np.r_[np.arange(max_len - suffix), np.arange(len(ids) - suffix, len(ids))]
+                ids, wid = ids[keep], wid[keep]
+            out.ids.append(ids.astype(np.int64))
+            if data.kind == "sentence":
+                out.labels.append(int(data.labels[i]))
+                continue
+            lab = np.full(len(ids), -100, dtype=np.int64)
+            first = (wid >= 0) & np.r_[True, wid[1:] != wid[:-1]]
+            lab[first] = np.asarray(data.labels[i])[wid[first]]
+            out.unlabelled_words += len(data.labels[i]) - int(first.sum())
+            out.labels.append(lab)
+    return out
+
+
+def collate(enc: Encoded, rows: list[int], pad_id: int) -> dict[str, torch.Tensor]:
+    T = max(len(enc.ids[r]) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.long)
+    token = not isinstance(enc.labels[rows[0]], int)
+    labels = torch.full((len(rows), T), -100, dtype=torch.long) if token else torch.empty(len(rows), dtype=torch.long)
+    for b, r in enumerate(rows):
+        n = len(enc.ids[r])
+        ids[b, :n] = torch.from_numpy(enc.ids[r])
+        mask[b, :n] = 1
+        if token:
+            labels[b, :n] = torch.from_numpy(enc.labels[r])
+        else:
+            labels[b] = enc.labels[r]
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+# ---------------------------------------------------------------------------------------- models
+
+def resolve_checkpoint(spec: str) -> Path:
+    """A checkpoint folder from a folder, a training output folder (its last step; one seed) or a
+    Hub name (`workbench.checkpoints.expand_checkpoints` resolves those)."""
+    from workbench.checkpoints import expand_checkpoints
+
+    found = expand_checkpoints([spec])
+    if len(found) > 1:
+        seeds = {c.path.parent for c in found}
+        if len(seeds) > 1:
+            raise ConfigError(f"{spec}: holds checkpoints of {len(seeds)} seeds; give one seed-S folder or one step folder")
+    path = found[-1].path
+    if path is None:
+        raise CheckpointError(f"{spec}: not a checkpoint on disk")
+    return Path(path)
+
+
+def choose_pooling(family: str, kind: str, pooling: str) -> str:
+    """The pooling a (family, task kind) uses: `pooling`, or the family's default for "auto"."""
+    if kind == "token":
+        return "token"
+    allowed = FAMILY_POOLINGS.get(family, DEFAULT_POOLINGS)
+    if pooling == "auto":
+        return allowed[0]
+    if pooling not in allowed:
+        raise ConfigError(f"pooling {pooling!r} is not available for family {family} (available: {', '.join(allowed)})")
+    return pooling
+
+
+def _head_class(family: str, kind: str, pooling: str):
+    """A workbench head class, or None where transformers' Auto class is the one to use."""
+    from workbench import heads
+
+    if family == "elmo":
+        return heads.ElmoForTokenClassification if kind == "token" else heads.ElmoForSequenceClassification
+    if pooling == "encoder_mean":
+        return {"t5": heads.T5EncoderMeanForSequenceClassification,
+                "bart": heads.BartEncoderMeanForSequenceClassification}[family]
+    if kind == "token" and family == "bart":
+        return heads.BartEncoderForTokenClassification
+    return None
+
+
+def build_classifier(path: Path, family: str, kind: str, pooling: str, label_names: list[str], pad_id: int):
+    """The pretrained body of `path` under a freshly initialised head (seed torch before calling)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    import workbench.families  # noqa: F401  (registers ELMo)
+    from workbench.models import _quiet_transformers
+
+    labels = {"id2label": dict(enumerate(label_names)),
+              "label2id": {n: i for i, n in enumerate(label_names)}}
+    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False, **labels)
+    if getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = pad_id  # GPT-2 finds the last non-pad token through it
+    cls = _head_class(family, kind, pooling)
+    try:
+        with _quiet_transformers():
+            if cls is None:
+                auto = AutoModelForTokenClassification if kind == "token" else AutoModelForSequenceClassification
+                model, info = auto.from_pretrained(path, config=config, local_files_only=True,
+                                                   trust_remote_code=False, output_loading_info=True)
+                prefix = model.base_model_prefix + "."
+                # BERT's pooler (a dense layer over [CLS]) is part of the classification head when the
+                # checkpoint was saved without one (MLM pretraining without NSP): freshly initialised.
+                body_missing = [k for k in info.get("missing_keys", []) if k.startswith(prefix) and ".pooler." not in k]
+                if body_missing:
+                    raise CheckpointError(f"{path}: weights missing for {len(body_missing)} tensors of the "
+                                          f"model body, e.g. {body_missing[:3]}")
+            else:
+                model = cls(config)
+                body = getattr(model, model.base_model_prefix)
+                pretrained = type(body).from_pretrained(path, local_files_only=True, trust_remote_code=False)
+                body.load_state_dict(pretrained.state_dict())
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"{path}: cannot build a {kind} classifier ({type(e).__name__}: {e})") from e
+    return model
+
+
+def load_classifier(path: str | Path):
+    """Open a fine-tuned classifier folder: transformers' Auto classes, or a `workbench.heads` class
+    named in `config.architectures` (ELMo; T5/BART encoder_mean)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    import workbench.families  # noqa: F401
+    from workbench import heads
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: no config.json (not a fine-tuned checkpoint)")
+    from workbench.models import _quiet_transformers
+
+    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    arch = (getattr(config, "architectures", None) or [""])[0]
+    auto = AutoModelForTokenClassification if arch.endswith("ForTokenClassification") else AutoModelForSequenceClassification
+    cls = heads.HEADS.get(arch, auto)
+    with _quiet_transformers():
+        return cls.from_pretrained(path, local_files_only=True, trust_remote_code=False).eval()
+
+
+def members(checkpoint: str | Path) -> tuple[list[str], list[str]]:
+    """(member ids, non-member ids) of a fine-tuned checkpoint, from its manifest and the run's
+    splits.json: members are the training examples it saw; non-members every other example of
+    the task (the unused part of the train split, dev and test)."""
+    path = Path(checkpoint)
+    try:
+        m = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+        splits_path = Path(m["finetune"]["splits"])
+        splits = json.loads(splits_path.read_text(encoding="utf-8"))
+    except (OSError, KeyError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not a fine-tuned checkpoint with a readable split ({e})") from e
+    if sha256_file(splits_path) != m["finetune"]["splits_sha256"]:
+        raise CheckpointError(f"{splits_path}: changed since {path} was trained")
+    n = m["finetune"]["n_train"]
+    mem = splits["ids"]["train"][:n]
+    non = splits["ids"]["train"][n:] + splits["ids"]["dev"] + splits["ids"]["test"]
+    return mem, non
+
+
+# -------------------------------------------------------------------------------------- training
+
+def evaluate(model, enc: Encoded, rows: list[int], pad_id: int, batch_size: int) -> tuple[float, int, float]:
+    """(accuracy, number of labelled items, mean loss) of `model` on examples `rows`."""
+    model.eval()
+    order = sorted(rows, key=lambda r: len(enc.ids[r]))  # little padding
+    correct = total = 0
+    loss_sum = 0.0
+    with torch.inference_mode():
+        for b0 in range(0, len(order), batch_size):
+            batch = collate(enc, order[b0: b0 + batch_size], pad_id)
+            out = model(**batch)
+            pred = out.logits.argmax(-1)
+            keep = batch["labels"] != -100
+            correct += int((pred[keep] == batch["labels"][keep]).sum())
+            k = int(keep.sum())
+            total += k
+            loss_sum += float(out.loss) * k
+    return (correct / total if total else float("nan")), total, (loss_sum / total if total else float("nan"))
+
+
+def _epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch, 7211]).permutation(n)
+
+
+def _save_state(folder: Path, model, optimizer, scheduler, loop: dict) -> None:
+    with atomic_dir(folder) as tmp:
+        torch.save(model.state_dict(), tmp / "model.pt")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save({"scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+                    "loop": json.dumps(loop)}, tmp / "state.pt")
+
+
+def _load_state(folder: Path, model, optimizer, scheduler) -> dict:
+    try:
+        model.load_state_dict(torch.load(folder / "model.pt", weights_only=True, map_location="cpu"))
+        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"))
+        state = torch.load(folder / "state.pt", weights_only=True, map_location="cpu")
+    except (OSError, RuntimeError, EOFError) as e:
+        raise CheckpointError(f"{folder}: cannot load the fine-tuning state ({e}); delete it to start the seed over") from e
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])
+    return json.loads(state["loop"])
+
+
+def _save_checkpoint(folder: Path, model, tokenizer, manifest: dict) -> None:
+    from workbench.models import _quiet_transformers
+
+    with atomic_dir(folder) as tmp, _quiet_transformers():
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        atomic_write_json(tmp / "manifest.json", manifest)
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    curve: list[dict]          # per epoch: epoch, step, dev_accuracy, train_loss
+    best_epoch: int
+    best_step: int
+    dev: dict                  # accuracy, n
+    test: dict
+    checkpoint: str
+    seconds: float
+
+
+def train_seed(cfg: FinetuneConfig, seed: int, run: "Prepared",
+               on_step: Callable[[int], None] | None = None) -> SeedResult:
+    """Fine-tune one seed (resuming its saved state if any) and return its results.
+
+    `on_step(step)` is called after every optimizer step (a test interrupts training through it)."""
+    from tqdm.auto import tqdm
+
+    out = run.folder / f"seed-{seed}"
+    done = out / "result.json"
+    if done.is_file():
+        return SeedResult(**json.loads(done.read_text(encoding="utf-8")))
+    t0 = time.time()
+    torch.manual_seed(seed)
+    model = build_classifier(run.checkpoint, run.family, run.data.kind, run.pooling, run.data.label_names, run.pad_id)
+    if cfg.freeze_body:
+        for p in getattr(model, model.base_model_prefix).parameters():
+            p.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    train_rows = list(range(len(run.train.ids)))
+    per_epoch = math.ceil(len(train_rows) / cfg.batch_size)
+    total = per_epoch * cfg.epochs
+    warm = int(round(cfg.warmup * total))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / max(1, warm) if s < warm else max(0.0, (total - s) / max(1, total - warm)))
+    loop = {"epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "loss_n": 0, "curve": [],
+            "best": -1.0, "best_epoch": -1, "best_step": 0, "bad_epochs": 0, "stopped": False}
+    if (out / STATE_DIR).is_dir():
+        loop = _load_state(out / STATE_DIR, model, optimizer, scheduler)
+    seconds_before = loop.get("seconds", 0.0)
+
+    def save_state():
+        loop["seconds"] = seconds_before + time.time() - t0
+        _save_state(out / STATE_DIR, model, optimizer, scheduler, loop)
+    manifest = {**run.manifest_base, "seed": seed}
+    bar = tqdm(total=total, initial=loop["step"], desc=f"{run.name} seed {seed}", unit="step", disable=not cfg.progress)
+    while loop["epoch"] < cfg.epochs and not loop["stopped"]:
+        order = _epoch_order(seed, loop["epoch"], len(train_rows))
+        model.train()
+        while loop["batch"] < per_epoch:
+            b0 = loop["batch"] * cfg.batch_size
+            batch = collate(run.train, [train_rows[i] for i in order[b0: b0 + cfg.batch_size]], run.pad_id)
+            loss = model(**batch).loss
+            loss.backward()
+            if cfg.clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            loop["batch"] += 1
+            loop["step"] += 1
+            loss_value = float(loss.detach())
+            loop["loss_sum"] += loss_value
+            loop["loss_n"] += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_value:.3f}", epoch=loop["epoch"])
+            if loop["step"] % cfg.save_every == 0 and loop["batch"] < per_epoch:
+                save_state()
+            if on_step is not None:
+                on_step(loop["step"])
+        # end of an epoch: dev accuracy, best checkpoint, early stopping
+        acc, n, _ = evaluate(model, run.dev, list(range(len(run.dev.ids))), run.pad_id, cfg.batch_size)
+        epoch = loop["epoch"] + 1
+        loop["curve"].append({"epoch": epoch, "step": loop["step"], "dev_accuracy": acc,
+                              "train_loss": loop["loss_sum"] / max(1, loop["loss_n"])})
+        ck_manifest = {**manifest, "epoch": epoch, "step": loop["step"], "dev_accuracy": acc}
+        if cfg.keep_epoch_checkpoints:
+            _save_checkpoint(out / f"step-{loop['step']:07d}", model, run.tokenizer, ck_manifest)
+        if acc > loop["best"]:
+            loop.update(best=acc, best_epoch=epoch, best_step=loop["step"], bad_epochs=0)
+            _save_checkpoint(out / BEST_DIR, model, run.tokenizer, ck_manifest)
+        else:
+            loop["bad_epochs"] += 1
+            loop["stopped"] = loop["bad_epochs"] >= cfg.patience
+        if cfg.progress:
+            bar.write(f"{run.name} seed {seed} epoch {epoch}: dev accuracy {acc:.4f} "
+                      f"(best {loop['best']:.4f} at epoch {loop['best_epoch']})")
+        loop.update(epoch=epoch, batch=0, loss_sum=0.0, loss_n=0)
+        save_state()
+    bar.close()
+    best = load_classifier(out / BEST_DIR)
+    dev_acc, dev_n, _ = evaluate(best, run.dev, list(range(len(run.dev.ids))), run.pad_id, cfg.batch_size)
+    test_acc, test_n, _ = evaluate(best, run.test, list(range(len(run.test.ids))), run.pad_id, cfg.batch_size)
+    res = SeedResult(seed, loop["curve"], loop["best_epoch"], loop["best_step"], {"accuracy": dev_acc, "n": dev_n},
+                     {"accuracy": test_acc, "n": test_n}, str(out / BEST_DIR), round(seconds_before + time.time() - t0, 2))
+    atomic_write_json(done, dataclasses.asdict(res))
+    shutil.rmtree(out / STATE_DIR, ignore_errors=True)
+    return res
+
+
+# ------------------------------------------------------------------------------------- baselines
+
+def baselines(data: TaskData, splits: dict[str, list[int]]) -> list[dict]:
+    """Majority class, and a bag-of-words logistic regression (sentences: tf-idf of word uni- and
+    bigrams, C chosen on dev from {0.25, 1, 4}) or the most frequent tag of each word form (UPOS;
+    unseen words get the majority tag), all trained on the same training examples as the model."""
+    rows = []
+    train = splits["train"]
+    if data.kind == "sentence":
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.linear_model import LogisticRegression
+
+        y = {s: np.array([data.labels[i] for i in idx]) for s, idx in splits.items()}
+        majority = int(np.bincount(y["train"]).argmax())
+        texts = {s: [" ".join(data.words[i]) for i in idx] for s, idx in splits.items()}
+        vec = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, token_pattern=r"\S+", lowercase=True)
+        X = {"train": vec.fit_transform(texts["train"])}
+        X.update({s: vec.transform(texts[s]) for s in ("dev", "test")})
+        fits = {c: LogisticRegression(C=c, max_iter=2000).fit(X["train"], y["train"]) for c in (0.25, 1.0, 4.0)}
+        best_c = max(fits, key=lambda c: (fits[c].score(X["dev"], y["dev"]), -c))
+        for s in ("dev", "test"):
+            rows.append(("majority", s, float(np.mean(y[s] == majority)), len(y[s]), {"label": data.label_names[majority]}))
+            rows.append(("bow_logreg", s, float(fits[best_c].score(X[s], y[s])), len(y[s]), {"C": best_c, "ngrams": [1, 2]}))
+    else:
+        from collections import Counter, defaultdict
+
+        tag_counts = Counter(t for i in train for t in data.labels[i])
+        majority = tag_counts.most_common(1)[0][0]
+        per_word: dict[str, Counter] = defaultdict(Counter)
+        for i in train:
+            for w, t in zip(data.words[i], data.labels[i]):
+                per_word[w][t] += 1
+        word_tag = {w: c.most_common(1)[0][0] for w, c in per_word.items()}
+        for s in ("dev", "test"):
+            gold = [(w, t) for i in splits[s] for w, t in zip(data.words[i], data.labels[i])]
+            rows.append(("majority", s, float(np.mean([t == majority for _, t in gold])), len(gold),
+                         {"label": data.label_names[majority]}))
+            rows.append(("word_majority", s, float(np.mean([word_tag.get(w, majority) == t for w, t in gold])),
+                         len(gold), {}))
+    return [{"model": m, "family": "baseline", "probe": PROBE, "task": data.task, "split": s, "metric": "accuracy",
+             "value": v, "n": n, "extra": extra} for m, s, v, n, extra in rows]
+
+
+def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): Student-t interval over seeds; NaN bounds for a single seed."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, float("nan"), float("nan")
+    half = float(stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return mean, mean - half, mean + half
+
+
+# -------------------------------------------------------------------------------------- the run
+
+@dataclass
+class Prepared:
+    """Everything a seed run shares: resolved checkpoint, tokenizer, encoded splits, folder."""
+
+    name: str
+    folder: Path
+    checkpoint: Path
+    model_name: str               # what the rows call the base model
+    family: str
+    pooling: str
+    tokenizer: Any
+    pad_id: int
+    data: TaskData
+    splits: dict[str, list[int]]
+    train: Encoded
+    dev: Encoded
+    test: Encoded
+    manifest_base: dict
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^\w.+-]+", "_", text).strip("_") or "model"
+
+
+def prepare(cfg: FinetuneConfig, data: TaskData | None = None) -> Prepared:
+    """Resolve the checkpoint, load and split the task (or take `data`, e.g. a planted task in a
+    test), tokenise, and claim the run folder."""
+    from workbench.checkpoints import checkpoint_name
+    from workbench.models import ModelHandle
+    from workbench.paths import runs_root
+
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    path = resolve_checkpoint(cfg.checkpoint)
+    handle = ModelHandle.load(path)
+    family = handle.family
+    pooling = choose_pooling(family, "token" if cfg.task in TOKEN_TASKS else "sentence", cfg.pooling)
+    # a folder is named as the workbench names checkpoints; a Hub name stays as it was given
+    model_name = checkpoint_name(path) if Path(cfg.checkpoint).expanduser().exists() else cfg.checkpoint
+    name = cfg.name or f"{cfg.task}-{_slug(model_name)}"
+    folder = Path(cfg.output_dir) if cfg.output_dir else runs_root() / "finetune" / name
+    data = data or load_task(cfg)
+    splits = used_splits(data, cfg)
+
+    # the folder belongs to one config: a rerun resumes it, a different config is refused
+    folder.mkdir(parents=True, exist_ok=True)
+    key = {"training_hash": cfg.training_hash(), "checkpoint": str(path)}
+    cfg_file = folder / "config.json"
+    if cfg_file.is_file():
+        old = json.loads(cfg_file.read_text(encoding="utf-8"))
+        if {k: old.get(k) for k in key} != key:
+            raise ConfigError(f"{folder}: holds a fine-tuning run with another config or checkpoint; "
+                              f"choose another --name or delete the folder")
+    else:
+        atomic_write_json(cfg_file, {**key, "config": cfg.to_dict()})
+    split_file = folder / "splits.json"
+    split_doc = {"task": cfg.task, "split_seed": data.split_seed, "label_names": data.label_names,
+                 "ids": data.split_ids()}
+    if not split_file.is_file():
+        atomic_write_json(split_file, split_doc)
+    elif json.loads(split_file.read_text(encoding="utf-8")) != json.loads(json.dumps(split_doc)):
+        raise ConfigError(f"{split_file}: the split on disk differs from this run's (data changed?)")
+
+    max_len = min(cfg.max_len, handle.max_length)
+    enc = {s: encode(handle, data, idx, max_len) for s, idx in splits.items()}
+    manifest_base = {
+        "kind": "finetune", "family": family, "task": cfg.task, "task_kind": data.kind, "pooling": pooling,
+        "label_names": data.label_names, "base_checkpoint": str(path), "base_checkpoint_sha256": handle.checkpoint_hash,
+        "finetune": {"splits": str(split_file), "splits_sha256": sha256_file(split_file),
+                     "n_train": len(splits["train"]), "config": cfg.to_dict()},
+    }
+    return Prepared(name, folder, path, model_name, family, pooling, handle.tokenizer, handle.pad_id, data, splits,
+                    enc["train"], enc["dev"], enc["test"], manifest_base)
+
+
+@dataclass
+class FinetuneResult:
+    run_id: str
+    rows: Any  # pandas DataFrame
+    seeds: list[SeedResult]
+    folder: Path
+
+
+def run_finetune(cfg: FinetuneConfig, store=None, on_step: Callable[[int], None] | None = None,
+                 data: TaskData | None = None) -> FinetuneResult:
+    """Fine-tune every seed of `cfg`, then write one results-store run (rows + manifest).
+
+    `data` replaces the task's own examples and split (tests plant a task in it)."""
+    import pandas as pd
+
+    from workbench.results import ResultsStore
+
+    run = prepare(cfg, data)
+    store = store or ResultsStore()
+    base_rows = baselines(run.data, run.splits) if cfg.baselines else []
+    if cfg.baselines and cfg.progress:
+        print(format_table(pd.DataFrame(base_rows)))
+    results = [train_seed(cfg, s, run, on_step=on_step) for s in cfg.seeds]
+
+    common = {"model": run.model_name, "family": run.family, "probe": PROBE, "task": cfg.task}
+    rows = list(base_rows)
+    for r in results:
+        for s in ("dev", "test"):
+            rows.append({**common, "seed": r.seed, "step": r.best_step, "split": s, "metric": "accuracy",
+                         "value": getattr(r, s)["accuracy"], "n": getattr(r, s)["n"],
+                         "extra": {"best_epoch": r.best_epoch, "checkpoint": r.checkpoint, "pooling": run.pooling}})
+        for c in r.curve:
+            rows.append({**common, "seed": r.seed, "step": c["step"], "split": "dev", "metric": "accuracy_epoch",
+                         "value": c["dev_accuracy"], "n": len(run.dev.ids), "extra": {"epoch": c["epoch"]}})
+            rows.append({**common, "seed": r.seed, "step": c["step"], "split": "train", "metric": "train_loss_epoch",
+                         "value": c["train_loss"], "n": len(run.train.ids), "extra": {"epoch": c["epoch"]}})
+    for s in ("dev", "test"):
+        mean, lo, hi = t_interval([getattr(r, s)["accuracy"] for r in results])
+        rows.append({**common, "split": s, "metric": "accuracy", "value": mean, "n": len(results),
+                     "ci_low": lo, "ci_high": hi, "extra": {"over": "seeds", "interval": "t, 95%"}})
+    with store.start_run("finetune", cfg.to_dict(), seeds=cfg.seeds, data_files=run.data.files,
+                         checkpoints=[run.checkpoint], name=run.name) as writer:
+        writer.add(rows)
+        writer.note("splits", {"split_seed": run.data.split_seed, "label_names": run.data.label_names,
+                               "ids": {s: [run.data.ids[i] for i in idx] for s, idx in run.splits.items()},
+                               "file": str(run.folder / "splits.json")})
+        writer.note("encoding", {"truncated": {s: getattr(run, s).truncated for s in ("train", "dev", "test")},
+                                 "unlabelled_words": {s: getattr(run, s).unlabelled_words for s in ("train", "dev", "test")}})
+        writer.note("seeds", [dataclasses.asdict(r) for r in results])
+        writer.note("folder", str(run.folder))
+        run_id = writer.run_id
+    return FinetuneResult(run_id, pd.DataFrame(rows), results, run.folder)
+
+
+def format_table(rows) -> str:
+    """Accuracy by model and split: per-seed values, mean and t-interval (baselines included)."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    df = df[df["metric"] == "accuracy"]
+    lines = [f"{'model':<34} {'split':<5} {'accuracy':>9}  {'95% CI over seeds':<19} per seed"]
+    for (model, split), g in df.groupby(["model", "split"], sort=False):
+        seeded = g[g["seed"].notna()] if "seed" in g else g.iloc[0:0]
+        agg = g[g["seed"].isna()] if "seed" in g else g
+        value = float(agg["value"].iloc[0]) if len(agg) else float(seeded["value"].mean())
+        ci = ""
+        if len(agg) and "ci_low" in agg and pd.notna(agg["ci_low"].iloc[0]):
+            ci = f"[{agg['ci_low'].iloc[0]:.4f}, {agg['ci_high'].iloc[0]:.4f}]"
+        per = " ".join(f"{v:.4f}" for v in seeded["value"]) if len(seeded) else ""
+        lines.append(f"{str(model)[:34]:<34} {split:<5} {value:>9.4f}  {ci:<19} {per}")
+    return "\n".join(lines)
