@@ -25,8 +25,10 @@ from workbench.families.elmo import (
     sentence_examples,
     word_characters,
 )
+from workbench.models import ModelHandle
 from workbench.paths import data_path
 from workbench.tokenization import build_tokenizer
+from workbench.train import run_tiny_training
 
 
 def _wikitext_sentences(split: str, limit: int) -> list[str]:
@@ -253,12 +255,11 @@ def test_workbench_loop_trains_tiny_elmo_and_checkpoint_opens(tmp_path, monkeypa
     """30 steps of the workbench's own loop (real inaugural + State of the Union documents, word
     tokenizer, sentence examples, this collator) lower the fixed held-out loss; the checkpoint opens
     with `AutoModel` as a bare ElmoModel and with the model handle."""
-    train = pytest.importorskip("workbench.train")
     from transformers import AutoModel
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
-    run = train.run_tiny_training("elmo", 30, tmp_path / "out", checkpoints={"log_spaced": False})
+    run = run_tiny_training("elmo", 30, tmp_path / "out", checkpoints={"log_spaced": False})
     before, after = run.heldout_before, run.heldout_after
     print(f"workbench loop, tiny ELMo, 30 steps: held-out {before} -> {after}")
     assert abs(before["loss"] - np.log(1000)) < 0.3  # untrained: ~uniform over the 1000-word vocabulary
@@ -267,8 +268,7 @@ def test_workbench_loop_trains_tiny_elmo_and_checkpoint_opens(tmp_path, monkeypa
     assert json.loads((run.checkpoint / "manifest.json").read_text())["family"] == "elmo"
     body = AutoModel.from_pretrained(run.checkpoint).eval()
     assert type(body) is ElmoModel and body.config.vocab_size == 1000
-    models = pytest.importorskip("workbench.models")
-    handle = models.ModelHandle.load(run.checkpoint)
+    handle = ModelHandle.load(run.checkpoint)
     words = ["We", "shall", "not", "fail", "."]
     (states,) = list(handle.word_states([words]))
     assert states.shape == (3, 5, 64) and np.isfinite(states).all()
@@ -325,10 +325,9 @@ def test_tiny_training_lowers_heldout_loss_below_unigram(tokenizer, corpus):
 
 
 def test_model_handle_loads_elmo_checkpoint(model, tokenizer, corpus, tmp_path):
-    models = pytest.importorskip("workbench.models")
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    handle = models.ModelHandle.load(tmp_path)
+    handle = ModelHandle.load(tmp_path)
     assert handle.family == "elmo" and handle.stacks == ("encoder",)
     assert handle.num_layers == {"encoder": 2} and handle.hidden_size == 64
     # words that are one token each, so word states can be checked against a direct forward pass
