@@ -1,7 +1,6 @@
 """CoNLL-U reader: exact counts on the real UD treebanks, a cross-check against the `conllu`
 package, and a clear file:line error for each kind of malformed input."""
 
-import time
 from pathlib import Path
 
 import conllu as conllu_pkg
@@ -15,15 +14,13 @@ FIX = Path(__file__).parent / "fixtures" / "data"
 
 @pytest.fixture(scope="module")
 def ewt_train():
-    start = time.perf_counter()
-    sents = load_treebank("en_ewt", "train")
-    return sents, time.perf_counter() - start
+    return load_treebank("en_ewt", "train")
 
 
 def test_ewt_train_counts_match_the_readme(ewt_train):
     # README: "train 12,544 sentences / 204,577 tokens". The 204,577 are SYNTACTIC words (integer
     # ids): multiword tokens such as "don't" count as their two words "do" + "n't".
-    sents, _ = ewt_train
+    sents = ewt_train
     assert len(sents) == 12_544
     assert sum(len(s.words) for s in sents) == 204_577
     # Independent count straight from the file: integer-id lines.
@@ -38,13 +35,8 @@ def test_ewt_train_counts_match_the_readme(ewt_train):
     assert int_ids - words_in_ranges + len(ranges) == 201_962
 
 
-def test_ewt_train_is_parsed_in_a_few_seconds(ewt_train):
-    _, seconds = ewt_train
-    assert seconds < 15, f"EWT train took {seconds:.1f}s"
-
-
 def test_ewt_documents_and_first_sentence(ewt_train):
-    sents, _ = ewt_train
+    sents = ewt_train
     first = sents[0]
     assert first.doc_id == "weblog-juancole.com_juancole_20051126063000_ENG_20051126_063000"
     assert first.sent_id == first.doc_id + "-0001"
