@@ -147,14 +147,15 @@ def resolve_checkpoint(item: str | Path) -> Path:
     name = str(item)
     if not _is_hub_id(name):
         raise CheckpointError(f"{path}: checkpoint does not exist")
+    import huggingface_hub.errors
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import IncompleteSnapshotError
 
+    incomplete = getattr(huggingface_hub.errors, "IncompleteSnapshotError", ())  # huggingface_hub >= 2
     cache = hub_cache()
     try:
         return Path(snapshot_download(name, cache_dir=cache, local_files_only=True))
     except OSError as e:  # LocalEntryNotFoundError: not cached; IncompleteSnapshotError: half there
-        why = str(e).split(". ")[0] if isinstance(e, IncompleteSnapshotError) else ""
+        why = str(e).split(". ")[0] if isinstance(e, incomplete) else ""
         raise CheckpointError(
             f"{name}: neither a local checkpoint folder nor a model in the Hugging Face cache {cache}"
             f"{' (' + why + ')' if why else ''}; get it with `hf download {name}` (huggingface_hub's CLI) on a machine "

@@ -31,13 +31,11 @@ DEFAULT_PACKAGES = (
     "transformers",
     "tokenizers",
     "safetensors",
-    "accelerate",
     "numpy",
     "scipy",
     "pandas",
     "pyarrow",
     "scikit-learn",
-    "conllu",
     "nltk",
     "bertology-workbench",
 )
