@@ -111,6 +111,10 @@ def test_model_pair_identical_models_align_perfectly(tiny_folders, tmp_path):
     other = rows[extra.map(lambda e: e.get("other_model") == "b") & (rows["model"] == "a") & (rows["metric"] == "cka")]
     assert len(other) == 9 and other["value"].max() < 0.999  # a different seed is not the same space
     assert np.isclose(_values(rows, "model-pair", "cka_to_layer0", "a")[0], 1.0)
+    from probes.align_figures import matrix_figures
+
+    figs = matrix_figures(rows)  # 3 model pairs x (cka, retrieval)
+    assert len(figs) == 6 and figs[0].data[0].z.shape == (3, 3)
 
 
 def test_fake_language_against_itself_and_parallel_and_dutch_pair(tiny_folders, tmp_path):
