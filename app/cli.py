@@ -79,7 +79,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from app.experiments import run_experiment
 
-    return run_experiment(args.config, quick=args.quick) or 0
+    return run_experiment(args.config, quick=args.quick, jobs=args.jobs, executor=args.executor,
+                          runs_root=args.runs_root) or 0
 
 
 # --------------------------------------------------------------------------- finetune
@@ -204,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run an experiment YAML (train, probe, print the table)")
     p.add_argument("config", help="experiment YAML, e.g. experiments/main.yaml")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    p.add_argument("--jobs", type=int, default=1, help="independent runs at once in local processes (default 1)")
+    p.add_argument("--executor", default="local", choices=("local", "submitit-local", "slurm"),
+                   help="where runs execute: local processes, or one submitit job per run (default local)")
+    p.add_argument("--runs-root", default=None, help="runs root (default $BERTOLOGY_RUNS or ./runs)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("finetune", help="fine-tune a checkpoint on a classification task over seeds")

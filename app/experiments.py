@@ -1,9 +1,26 @@
 """The experiment runner behind `bertology run EXPERIMENT.yaml`.
 
-An experiment YAML names a training config (or a list of existing checkpoints) and the probes to
-run on the result; the runner trains (resuming if the checkpoints exist), probes, and prints the
-per-layer table. Every number lands in the results store with its manifest, so the table printed
-here and any figure drawn later come from the same rows.
+An experiment YAML names a training config (or a list of existing checkpoints), the probes to run
+with their settings, and optionally a sweep:
+
+    name: pooling-sweep
+    checkpoints: [runs/train/a/seed-0, sentence-transformers/all-MiniLM-L6-v2]
+    runs_per: checkpoint            # one run per checkpoint (default `experiment`: one run over all)
+    probe:
+      syntax: {tasks: [upos], max_train_sentences: 2000}
+    sweep:                          # a grid over any probe setting ("syntax.pooling" for one probe only)
+      pooling: [first, mean]
+      seed: [0, 1]
+
+The runner expands it into runs (checkpoint group x probe x grid point), each keyed by a hash of its
+probe, checkpoints and settings and named `<experiment>:<key>` in the results store. A run whose
+key is already in the store is skipped; an interrupted one resumes from its finished units
+(`probes.runner`); so after a crash, a kill -9 or Ctrl-C the same command finishes the rest. Runs are
+independent: `--jobs N` runs N at once in local processes, `--executor submitit-local` or
+`--executor slurm` hands each to submitit (one job per run, results written to the shared runs
+root; the store is safe for concurrent writers), through the same `execute_run` function.
+Every number lands in the results store with its manifest, so the tables printed here and any
+figure drawn later come from the same rows.
 """
 
 from __future__ import annotations
@@ -14,7 +31,8 @@ import yaml
 
 from workbench.errors import ConfigError, yaml_problem
 
-KNOWN_KEYS = {"name", "train", "checkpoints", "probe", "quick"}
+KNOWN_KEYS = {"name", "train", "checkpoints", "probe", "quick", "sweep", "runs_per"}
+EXECUTORS = ("local", "submitit-local", "slurm")
 
 
 def load_experiment(path: str | Path) -> dict:
@@ -36,12 +54,32 @@ def load_experiment(path: str | Path) -> dict:
         raise ConfigError(f"{path}: give exactly one of 'train' (a training config) or 'checkpoints' (a list)")
     from probes import get_probe, probe_names
 
-    for probe in spec.get("probe", {}):
+    if not spec.get("probe"):
+        raise ConfigError(f"{path}: no probe given (probe: {{NAME: {{settings}}}})")
+    if spec.get("runs_per", "experiment") not in ("experiment", "checkpoint"):
+        raise ConfigError(f"{path}: runs_per must be 'experiment' or 'checkpoint', not {spec['runs_per']!r}")
+    sweep = spec.get("sweep") or {}
+    if not isinstance(sweep, dict) or not all(isinstance(v, list) and v for v in sweep.values()):
+        raise ConfigError(f"{path}: sweep must map settings to non-empty lists of values")
+    for probe in spec["probe"]:
         if probe not in probe_names():
             raise ConfigError(f"{path}: probe.{probe}: unknown probe; available: {probe_names()}")
-        _check_settings(get_probe(probe), dict(spec["probe"][probe] or {}), f"{path}: probe.{probe}")
+        for point in _grid(sweep, probe):  # every grid point is checked now, before any work
+            _check_settings(get_probe(probe), dict(spec["probe"][probe] or {}, **point), f"{path}: probe.{probe}")
     spec["_dir"] = path.resolve().parent
     return spec
+
+
+def _grid(sweep: dict, probe: str) -> list[dict]:
+    """The grid points of a sweep that apply to one probe (`setting` or `probe.setting` keys)."""
+    import itertools
+
+    axes = {}
+    for key, values in sweep.items():
+        target, _, setting = key.rpartition(".")
+        if target in ("", probe):
+            axes[setting] = values
+    return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())] if axes else [{}]
 
 
 def _single_probe(spec: dict, path: Path) -> dict:
@@ -77,25 +115,129 @@ def _checkpoints_from_training(spec: dict, quick: bool, which: str) -> list[Path
     raise ConfigError(f"probe checkpoints must be 'last' or 'all', not {which!r}")
 
 
-def run_experiment(path: str | Path, quick: bool = False) -> int:
-    """Train (or take the listed checkpoints), run each probe, print its per-layer table."""
-    spec = load_experiment(path)
-    probes = spec.get("probe", {})
-    for probe_name, settings in probes.items():
+def plan_runs(spec: dict, quick: bool = False) -> list[dict]:
+    """The experiment's runs: one dict per (checkpoint group, probe, grid point), with its key."""
+    import hashlib
+    import json
+
+    out = []
+    for probe_name, settings in spec["probe"].items():
         settings = dict(settings or {})
         which = settings.pop("checkpoints", "last")
         if "train" in spec:
-            checkpoints = _checkpoints_from_training(spec, quick, which)
+            checkpoints = [str(p) for p in _checkpoints_from_training(spec, quick, which)]
         else:
             # relative to the YAML file when that exists, else as given (a path from here or a Hub name)
-            checkpoints = [spec["_dir"] / c if (spec["_dir"] / c).exists() else c for c in spec["checkpoints"]]
+            checkpoints = [str(spec["_dir"] / c) if (spec["_dir"] / c).exists() else str(c) for c in spec["checkpoints"]]
         if quick:
             settings.update(spec.get("quick", {}).get("probe", {}))
-        from probes import get_probe
-        from probes.runner import format_layer_table, run_probe
+        groups = [[c] for c in checkpoints] if spec.get("runs_per") == "checkpoint" else [checkpoints]
+        for group in groups:
+            for point in _grid(spec.get("sweep") or {}, probe_name):
+                run_settings = dict(settings, **point)
+                material = json.dumps([probe_name, group, run_settings], sort_keys=True, default=str)
+                key = hashlib.sha256(material.encode()).hexdigest()[:16]
+                out.append({"experiment": spec.get("name", "experiment"), "key": key, "probe": probe_name,
+                            "checkpoints": group, "settings": run_settings, "point": point})
+    return out
 
-        probe_spec = get_probe(probe_name)
-        run_id, rows = run_probe(probe_spec, checkpoints, settings)
-        print(f"\n{probe_name} probes: run {run_id} ({len(rows)} rows; `bertology runs show {run_id}`)")
+
+def execute_run(job: dict, runs_root: str | None = None, progress: bool = True) -> str:
+    """Run one planned run (in this process, a local worker or a submitit job) and return its run id."""
+    from probes import get_probe
+    from probes.runner import run_probe
+    from workbench.results import ResultsStore
+
+    settings = dict(job["settings"], name=f"{job['experiment']}:{job['key']}")
+    settings.setdefault("progress", progress)
+    run_id, _ = run_probe(get_probe(job["probe"]), job["checkpoints"], settings, store=ResultsStore(runs_root))
+    return run_id
+
+
+def _done(store, job: dict) -> str | None:
+    runs = store.runs(name=f"{job['experiment']}:{job['key']}")
+    return None if runs.empty else str(runs["run_id"].iloc[-1])
+
+
+def run_experiment(path: str | Path, quick: bool = False, jobs: int = 1, executor: str = "local",
+                   runs_root: str | None = None, slurm: dict | None = None) -> int:
+    """Train (or take the listed checkpoints), run every planned probe run not already in the store,
+    print each run's table (one run) or where the results are (a sweep)."""
+    from tqdm import tqdm
+
+    from probes import get_probe
+    from probes.runner import format_layer_table
+    from workbench.results import ResultsStore
+
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    if executor not in EXECUTORS:
+        raise ConfigError(f"--executor must be one of {EXECUTORS}, got {executor!r}")
+    spec = load_experiment(path)
+    store = ResultsStore(runs_root)
+    plan = plan_runs(spec, quick)
+    done = {job["key"]: _done(store, job) for job in plan}
+    todo = [job for job in plan if done[job["key"]] is None]
+    if len(plan) > 1:
+        print(f"{spec.get('name', path)}: {len(plan)} runs planned, {len(plan) - len(todo)} already in the store, "
+              f"{len(todo)} to run", flush=True)
+    if executor == "local" and jobs == 1:
+        for job in tqdm(todo, desc="runs", disable=len(todo) < 2):
+            done[job["key"]] = execute_run(job, runs_root, progress=len(todo) < 2)
+    elif executor == "local":
+        done.update(_run_in_processes(todo, jobs, runs_root))
+    else:
+        done.update(_run_with_submitit(todo, executor, runs_root, spec, slurm or {}))
+    if len(plan) == 1:
+        run_id = done[plan[0]["key"]]
+        probe_spec = get_probe(plan[0]["probe"])
+        rows = store.read(run_id)
+        print(f"\n{plan[0]['probe']} probes: run {run_id} ({len(rows)} rows; `bertology runs show {run_id}`)")
         print((probe_spec.summary or format_layer_table)(rows))
+    else:
+        print(f"results: {store.root} ({len(plan)} runs named '{spec.get('name', 'experiment')}:<key>')")
+        for job in plan:
+            point = ", ".join(f"{k}={v}" for k, v in job["point"].items())
+            print(f"  {done[job['key']]}  {job['probe']}  {','.join(job['checkpoints'])}  {point}")
     return 0
+
+
+def _run_in_processes(todo: list[dict], jobs: int, runs_root: str | None) -> dict[str, str]:
+    """Independent runs in `jobs` local worker processes (spawned: a clean torch in each), one progress bar."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from tqdm import tqdm
+
+    out = {}
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(execute_run, dict(job, settings=_one_thread(job["settings"])), runs_root, False):
+                   job["key"] for job in todo}
+        for fut in tqdm(as_completed(futures), total=len(futures), desc="runs"):
+            out[futures[fut]] = fut.result()
+    return out
+
+
+def _one_thread(settings: dict) -> dict:
+    """Parallel runs share the cores: one torch thread each unless the config says otherwise."""
+    return dict(settings) if "threads" in settings else dict(settings, threads=1)
+
+
+def _run_with_submitit(todo: list[dict], executor: str, runs_root: str | None, spec: dict, slurm: dict) -> dict[str, str]:
+    """One submitit job per run (Slurm, or submitit's local executor), results in the shared runs root."""
+    import submitit
+    from tqdm import tqdm
+
+    from workbench.results import ResultsStore
+
+    root = ResultsStore(runs_root).root
+    folder = root / "submitit" / str(spec.get("name", "experiment"))
+    ex = submitit.AutoExecutor(folder=str(folder), cluster="local" if executor == "submitit-local" else "slurm")
+    ex.update_parameters(timeout_min=int(slurm.get("timeout_min", 240)), **{k: v for k, v in slurm.items()
+                                                                          if k != "timeout_min"})
+    submitted = [(job["key"], ex.submit(execute_run, dict(job, settings=_one_thread(job["settings"])), str(root), False))
+                 for job in todo]
+    out = {}
+    for key, sub in tqdm(submitted, desc="runs"):
+        out[key] = sub.result()
+    return out
