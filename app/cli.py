@@ -96,7 +96,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
 
     seeds = None if args.seeds is None else [number("--seeds", s, int) for s in args.seeds.split(",")]
     overrides = {"checkpoint": args.checkpoint, "task": args.task, "seeds": seeds, "name": args.name,
-                 "pooling": args.pooling, "threads": args.threads, "output_dir": args.output_dir}
+                 "pooling": args.pooling, "threads": args.threads, "output_dir": args.output_dir, "device": args.device}
     for flag, kind in (("epochs", int), ("lr", float), ("batch_size", int), ("max_train_examples", int),
                        ("max_eval_examples", int), ("patience", int), ("max_len", int)):
         overrides[flag] = number(f"--{flag.replace('_', '-')}", getattr(args, flag), kind)
@@ -222,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="run folder name under <runs root>/finetune/")
     p.add_argument("--output-dir", help="run folder (default <runs root>/finetune/<name>)")
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
     p.add_argument("--keep-epoch-checkpoints", action="store_true", help="save a checkpoint at every epoch end")
     p.set_defaults(func=_cmd_finetune)
 

@@ -289,6 +289,7 @@ def test_bow_baseline_matches_a_direct_sklearn_fit():
     ({"dev_fraction": 0.7}, "dev_fraction"),
     ({"learning_rate": 1e-3}, "unknown key"),
     ({"seeds": [1, 1]}, "seeds repeat"),
+    ({"device": "tpu"}, "device: must be"),
 ])
 def test_bad_config_is_a_config_error(override, match):
     with pytest.raises(ConfigError, match=match):

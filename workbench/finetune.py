@@ -110,6 +110,7 @@ class FinetuneConfig:
     keep_epoch_checkpoints: bool = False  # a step-N checkpoint at every epoch end
     baselines: bool = True
     threads: int | None = None
+    device: str = "auto"                  # auto (cuda when available) | cpu | cuda | cuda:N
     output_dir: str | None = None         # default <runs root>/finetune/<name>
     progress: bool = True
 
@@ -119,7 +120,7 @@ class FinetuneConfig:
     def training_hash(self) -> str:
         """What changes a seed's trained weights (not the seed list, paths, display, baselines)."""
         d = self.to_dict()
-        for k in ("seeds", "name", "output_dir", "progress", "threads", "baselines", "save_every"):
+        for k in ("seeds", "name", "output_dir", "progress", "threads", "baselines", "save_every", "device"):
             d.pop(k)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -190,6 +191,8 @@ def _validate(cfg: FinetuneConfig, where: str) -> None:
         v = getattr(cfg, key)
         if v is not None and v < 2:
             fail(key, f"must be >= 2, got {v}")
+    if not (cfg.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", cfg.device)):
+        fail("device", f"must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if cfg.threads is not None and cfg.threads < 1:
         fail("threads", f"must be >= 1, got {cfg.threads}")
     if not cfg.checkpoint:
@@ -463,7 +466,7 @@ def evaluate(model, enc: Encoded, rows: list[int], pad_id: int, batch_size: int)
     loss_sum = 0.0
     with torch.inference_mode():
         for b0 in range(0, len(order), batch_size):
-            batch = collate(enc, order[b0: b0 + batch_size], pad_id)
+            batch = _to(collate(enc, order[b0: b0 + batch_size], pad_id), model)
             out = model(**batch)
             pred = out.logits.argmax(-1)
             keep = batch["labels"] != -100
@@ -472,6 +475,16 @@ def evaluate(model, enc: Encoded, rows: list[int], pad_id: int, batch_size: int)
             total += k
             loss_sum += float(out.loss) * k
     return (correct / total if total else float("nan")), total, (loss_sum / total if total else float("nan"))
+
+
+def _to(batch: dict, model) -> dict:
+    device = next(model.parameters()).device
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def evaluate_count(enc: Encoded) -> int:
+    """How many labelled items `evaluate` scores on `enc` (examples, or labelled tokens)."""
+    return sum(1 if isinstance(y, int) else int((y != -100).sum()) for y in enc.labels)
 
 
 def _epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
@@ -483,6 +496,7 @@ def _save_state(folder: Path, model, optimizer, scheduler, loop: dict) -> None:
         torch.save(model.state_dict(), tmp / "model.pt")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save({"scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
                     "loop": json.dumps(loop)}, tmp / "state.pt")
 
 
@@ -495,6 +509,8 @@ def _load_state(folder: Path, model, optimizer, scheduler) -> dict:
         raise CheckpointError(f"{folder}: cannot load the fine-tuning state ({e}); delete it to start the seed over") from e
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
+    if state.get("cuda_rng") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
     return json.loads(state["loop"])
 
 
@@ -532,7 +548,8 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: "Prepared",
         return SeedResult(**json.loads(done.read_text(encoding="utf-8")))
     t0 = time.time()
     torch.manual_seed(seed)
-    model = build_classifier(run.checkpoint, run.family, run.data.kind, run.pooling, run.data.label_names, run.pad_id)
+    model = build_classifier(run.checkpoint, run.family, run.data.kind, run.pooling, run.data.label_names,
+                             run.pad_id).to(run.device)
     if cfg.freeze_body:
         for p in getattr(model, model.base_model_prefix).parameters():
             p.requires_grad_(False)
@@ -563,7 +580,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: "Prepared",
         model.train()
         while loop["batch"] < per_epoch:
             b0 = loop["batch"] * cfg.batch_size
-            batch = collate(run.train, [train_rows[i] for i in order[b0: b0 + cfg.batch_size]], run.pad_id)
+            batch = _to(collate(run.train, [train_rows[i] for i in order[b0: b0 + cfg.batch_size]], run.pad_id), model)
             loss = model(**batch).loss
             loss.backward()
             if cfg.clip > 0:
@@ -602,8 +619,9 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: "Prepared",
         loop.update(epoch=epoch, batch=0, loss_sum=0.0, loss_n=0)
         save_state()
     bar.close()
-    best = load_classifier(out / BEST_DIR)
-    dev_acc, dev_n, _ = evaluate(best, run.dev, list(range(len(run.dev.ids))), run.pad_id, cfg.batch_size)
+    # test accuracy of the best epoch, read back from its saved checkpoint (its dev accuracy is the curve's best)
+    best = load_classifier(out / BEST_DIR).to(run.device)
+    dev_acc, dev_n = loop["best"], evaluate_count(run.dev)
     test_acc, test_n, _ = evaluate(best, run.test, list(range(len(run.test.ids))), run.pad_id, cfg.batch_size)
     res = SeedResult(seed, loop["curve"], loop["best_epoch"], loop["best_step"], {"accuracy": dev_acc, "n": dev_n},
                      {"accuracy": test_acc, "n": test_n}, str(out / BEST_DIR), round(seconds_before + time.time() - t0, 2))
@@ -677,6 +695,7 @@ class Prepared:
     folder: Path
     checkpoint: Path
     model_name: str               # what the rows call the base model
+    device: torch.device
     family: str
     pooling: str
     tokenizer: Any
@@ -740,7 +759,9 @@ def prepare(cfg: FinetuneConfig, data: TaskData | None = None) -> Prepared:
         "finetune": {"splits": str(split_file), "splits_sha256": sha256_file(split_file),
                      "n_train": len(splits["train"]), "config": cfg.to_dict()},
     }
-    return Prepared(name, folder, path, model_name, family, pooling, handle.tokenizer, handle.pad_id, data, splits,
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if cfg.device == "auto" else cfg.device)
+    return Prepared(name, folder, path, model_name, device, family, pooling, handle.tokenizer, handle.pad_id, data, splits,
                     enc["train"], enc["dev"], enc["test"], manifest_base)
 
 
