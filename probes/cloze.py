@@ -365,11 +365,11 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
     last = [L]
     seed, n_boot = settings.seed, settings.n_boot
     out: list[pd.DataFrame] = []
-    scorer = _scorer(unit)
-    # head-based rows once per model (with --stack all, on its first stack's unit only)
+    # data-only and head-based rows once per model (with --stack all, on its first stack's unit)
     head_stack = unit.stack == unit.handle.stacks[0]
+    scorer = _scorer(unit) if head_stack else None
 
-    if not unit.is_twin and "majority" in settings.baselines:
+    if not unit.is_twin and head_stack and "majority" in settings.baselines:
         _, maj = engine.majority_baseline([it.answer for it in data["train"]], [it.answer for it in test])
         out.append(unit.rows(task, {"majority_acc": [maj], "random_acc": [1.0 / K]}, split="test", layers=last,
                              n=len(test)))
