@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from workbench.errors import WorkbenchError, cli_errors
+from workbench.errors import cli_errors
 
 
 # --------------------------------------------------------------------------- data
@@ -164,7 +164,9 @@ def _cmd_app(args: argparse.Namespace) -> int:
 
 
 def _cmd_figures(args: argparse.Namespace) -> int:
-    raise WorkbenchError("no paper figures are defined yet: figure export arrives with the app/figures issue")
+    from app.figures import figures_cli
+
+    return figures_cli(args.names, args.all, args.out, args.formats, args.runs_root)
 
 
 # --------------------------------------------------------------------------- parser
@@ -251,7 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8501)
     p.set_defaults(func=_cmd_app)
 
-    p = sub.add_parser("figures", help="rebuild paper figures from experiment YAMLs (not yet available)")
+    p = sub.add_parser("figures", help="render figures (experiments/figures/*.yaml) from the results store")
+    p.add_argument("names", nargs="*", help="figure names (experiments/figures/NAME.yaml) or YAML paths")
+    p.add_argument("--all", action="store_true", help="rebuild every shipped figure")
+    p.add_argument("--out", help="output folder (default <runs root>/figures/<name>/)")
+    p.add_argument("--formats", help="comma-separated subset of png,svg,pdf,html (default all)")
+    p.add_argument("--runs-root", help="runs root (default $BERTOLOGY_RUNS or ./runs)")
     p.set_defaults(func=_cmd_figures)
     return parser
 

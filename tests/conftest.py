@@ -126,3 +126,28 @@ TINY_BUILDERS = {"bert": tiny_bert, "gpt": tiny_gpt2, "t5": tiny_t5, "bart": tin
 def tiny_models(tokenizers) -> dict:
     """{"bert", "gpt", "t5", "bart"} -> (model, tokenizer), random weights, seed 0."""
     return {name: (build(tokenizers[name]), tokenizers[name]) for name, build in TINY_BUILDERS.items()}
+
+
+@pytest.fixture(scope="session")
+def probe_store(tmp_path_factory, tokenizers):
+    """A results store holding real result rows: the syntax probes (UPOS with scalar mix, deprel,
+    structural distance) on every saved step (0, 10) of a tiny BERT training folder, with twins,
+    plus a one-checkpoint run. For the app and figure tests."""
+    import json
+
+    from probes.syntax import run_syntax_probes
+    from workbench.results import ResultsStore
+
+    root = tmp_path_factory.mktemp("probe-store")
+    train = root / "train" / "tinyrun" / "seed-0"
+    for step in (0, 10):
+        folder = train / f"step-{step:07d}"
+        tiny_bert(tokenizers["bert"], seed=step, hidden=32, layers=2).save_pretrained(folder)
+        tokenizers["bert"].save_pretrained(folder)
+        (folder / "manifest.json").write_text(json.dumps({"family": "bert", "step": step, "seed": 0}))
+    store = ResultsStore(root / "runs")
+    kw = dict(max_train_sentences=80, max_eval_sentences=40, n_boot=30, structural={"epochs": 2},
+              mdl_tasks=(), scalar_mix_tasks=("upos",), cache_dir=root / "cache", progress=False)
+    run_syntax_probes([train], ["upos", "deprel", "structural-distance"], store=store, name="over-steps", **kw)
+    run_syntax_probes([train / "step-0000010"], ["upos", "structural-distance"], store=store, name="last-step", **kw)
+    return store

@@ -1,0 +1,312 @@
+"""Reproducible figures: `bertology figures NAME | --all`.
+
+A figure is a YAML file in `experiments/figures/`: a query on the results store plus a plot spec.
+
+    title: Syntax probes layer by layer
+    query: {probe: syntax, tasks: [upos, deprel], metrics: [accuracy], run: latest}
+    plot: layer_curves          # a function in PLOTS (probe companion pages may add more)
+    options: {baselines: [majority, control_accuracy]}
+
+Rendering writes, into `<runs root>/figures/<name>/` (or `--out`), the figure as PNG, SVG, PDF
+(plotly's static export through kaleido, which drives the system Chromium) and interactive HTML,
+`data.csv` (exactly the numbers drawn, sorted, so two renders of the same store compare equal) and
+`manifest.json` (the figure spec, the query, the run ids it read, the data's sha256, the commit and
+package versions). Every write is atomic.
+
+Queries: `run: latest` (the newest run holding the probe and tasks), `run: RUN_ID` or a list,
+`name: PREFIX` (every run whose name starts with it, e.g. a sweep `pooling-sweep:`); `models:` keeps
+only those models; `twins: false` drops random-init twins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from workbench.errors import ConfigError, yaml_problem
+from workbench.paths import REPO_ROOT
+
+FIGURES_DIR = REPO_ROOT / "experiments" / "figures"
+FORMATS = ("png", "svg", "pdf", "html")
+SPEC_KEYS = {"title", "query", "plot", "options", "description"}
+QUERY_KEYS = {"probe", "tasks", "metrics", "run", "name", "models", "twins", "split"}
+BASELINE_OF = {"majority": "accuracy", "control_accuracy": "accuracy", "right_branching_uuas": "uuas"}
+DATA_COLUMNS = ["run_id", "model", "step", "task", "metric", "stack", "layer", "value", "ci_low", "ci_high", "kind"]
+
+
+# --------------------------------------------------------------------------- specs and queries
+def figure_names() -> list[str]:
+    return sorted(p.stem for p in FIGURES_DIR.glob("*.yaml"))
+
+
+def load_spec(name_or_path: str | Path) -> tuple[str, dict]:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = FIGURES_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such figure; shipped figures: {', '.join(figure_names()) or 'none'}")
+    try:
+        spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(err)}") from None
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{path}: expected a mapping")
+    unknown = set(spec) - SPEC_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; expected {sorted(SPEC_KEYS)}")
+    bad_q = set(spec.get("query") or {}) - QUERY_KEYS
+    if bad_q:
+        raise ConfigError(f"{path}: query: unknown key(s) {sorted(bad_q)}; expected {sorted(QUERY_KEYS)}")
+    if spec.get("plot") not in PLOTS:
+        raise ConfigError(f"{path}: plot must be one of {sorted(PLOTS)}, got {spec.get('plot')!r}")
+    return path.stem, spec
+
+
+def query_rows(store, query: dict) -> tuple[pd.DataFrame, list[str]]:
+    """The rows a figure draws and the run ids they came from (ConfigError when nothing matches)."""
+    probe = query.get("probe")
+    tasks = _as_list(query.get("tasks"))
+    runs = store.runs(**({"probe": probe} if probe else {}))
+    if tasks:
+        runs = runs[[bool(set(_catalog_list(t)) & set(tasks)) for t in runs["tasks"]]]
+    which = query.get("run", "latest" if "name" not in query else None)
+    if "name" in query:
+        runs = runs[runs["name"].astype(str).str.startswith(str(query["name"]))]
+    if which == "latest":
+        runs = runs.tail(1)
+    elif which is not None:
+        wanted = set(_as_list(which))
+        missing = wanted - set(runs["run_id"])
+        if missing:
+            raise ConfigError(f"run(s) {sorted(missing)} not in the store {store.root} (or without {probe}/{tasks})")
+        runs = runs[runs["run_id"].isin(wanted)]
+    if runs.empty:
+        raise ConfigError(f"no run in {store.root} matches {query}; run an experiment first "
+                          f"(e.g. bertology run experiments/main.yaml)")
+    frames = []
+    for run_id in runs["run_id"]:
+        df = store.read(run_id)
+        df["run_id"] = run_id
+        frames.append(df)
+    rows = pd.concat(frames, ignore_index=True)
+    if probe:
+        rows = rows[rows["probe"] == probe]
+    if tasks:
+        rows = rows[rows["task"].isin(tasks)]
+    if query.get("metrics"):
+        rows = rows[rows["metric"].isin(_as_list(query["metrics"]) + list(BASELINE_OF))]
+    if query.get("models"):
+        rows = rows[rows["model"].isin(_as_list(query["models"]))]
+    if query.get("twins") is False:
+        rows = rows[~rows["model"].astype(str).str.endswith(" (random init)")]
+    if query.get("split"):
+        rows = rows[rows["split"] == query["split"]]
+    return rows.reset_index(drop=True), sorted(runs["run_id"].tolist())
+
+
+def _catalog_list(value) -> list[str]:
+    """A catalog list column as a list (the catalog DataFrame shows them as "a, b")."""
+    return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else list(value or [])
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return [value] if isinstance(value, (str, int)) else list(value)
+
+
+def _kind(model: str) -> str:
+    return "random_init" if str(model).endswith(" (random init)") else "model"
+
+
+# --------------------------------------------------------------------------- plots
+@dataclass
+class Drawn:
+    figure: Any  # plotly Figure
+    data: pd.DataFrame  # exactly what is drawn
+
+
+def layer_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
+    """One panel per task x metric: value by layer per model, 95% CI bands, twins dotted, baselines dashed."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    baselines = set(options.get("baselines", BASELINE_OF))
+    per_layer = rows[rows["layer"].notna() & ~rows["split"].astype(str).str.contains(":")].copy()
+    main = per_layer[~per_layer["metric"].isin(baselines)]
+    panels = list(dict.fromkeys(zip(main["task"], main["metric"])))
+    if not panels:
+        raise ConfigError(f"nothing to draw for {title!r}: no per-layer rows")
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[f"{t}: {m}" for t, m in panels],
+                        horizontal_spacing=0.06)
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+    base_models = list(dict.fromkeys(m.replace(" (random init)", "") for m in main["model"]))
+    color = {m: palette[i % len(palette)] for i, m in enumerate(base_models)}
+    drawn = []
+    for col, (task, metric) in enumerate(panels, start=1):
+        sub = main[(main["task"] == task) & (main["metric"] == metric)]
+        for model, g in sub.groupby("model", sort=False):
+            g = g.sort_values("layer")
+            base = str(model).replace(" (random init)", "")
+            twin = _kind(model) == "random_init"
+            x, y = g["layer"].astype(int).to_numpy(), g["value"].to_numpy(dtype=float)
+            if g["ci_low"].notna().all() and not twin:
+                fig.add_trace(go.Scatter(x=np.r_[x, x[::-1]], y=np.r_[g["ci_high"].to_numpy(float), g["ci_low"].to_numpy(float)[::-1]],
+                                         fill="toself", line={"width": 0}, fillcolor=color[base], opacity=0.15,
+                                         hoverinfo="skip", showlegend=False), row=1, col=col)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=str(model), legendgroup=str(model),
+                                     showlegend=col == 1, line={"color": color[base], "dash": "dot" if twin else "solid"}),
+                          row=1, col=col)
+            drawn.append(g.assign(kind=_kind(model)))
+        for bl in sorted(baselines):
+            ref = per_layer[(per_layer["task"] == task) & (per_layer["metric"] == bl) &
+                            (per_layer["model"].map(_kind) == "model")]
+            if BASELINE_OF.get(bl, metric) != metric:
+                continue
+            if not ref.empty:
+                ref = ref.sort_values("layer")
+                fig.add_trace(go.Scatter(x=ref["layer"].astype(int), y=ref["value"], mode="lines", name=bl,
+                                         legendgroup=bl, showlegend=True, line={"color": "grey", "dash": "dash"}),
+                              row=1, col=col)
+                drawn.append(ref.assign(kind=f"baseline:{bl}"))
+        fig.update_xaxes(title_text="layer", dtick=1, row=1, col=col)
+    fig.update_layout(title=title, template="plotly_white", height=420, width=max(520, 430 * len(panels)))
+    return Drawn(fig, _tidy(pd.concat(drawn, ignore_index=True)))
+
+
+def expected_layers(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, task): expected layer E[l] = sum_l l * delta(l) / sum_l delta(l), delta(l) = acc(l) - acc(l-1)
+    (Tenney et al. 2019's differential score), and the scalar-mix centre of gravity where the run has
+    one. Deliberate difference: Tenney et al. take delta from cumulative scalar mixes of layers 0..l;
+    we take it from the independently fitted per-layer probes (or `cumulative_accuracy` when stored).
+    Negative deltas count as 0 (as a probe cannot lose information it had)."""
+    out = []
+    main_metric = {"structural-distance": "uuas", "structural-depth": "root_acc"}
+    for (model, task), g in rows.groupby(["model", "task"], sort=False):
+        metric = "cumulative_accuracy" if (g["metric"] == "cumulative_accuracy").any() else main_metric.get(task, "accuracy")
+        curve = g[(g["metric"] == metric) & g["layer"].notna()].sort_values("layer")
+        if len(curve) < 2:
+            continue
+        values = curve["value"].to_numpy(float)
+        layers = curve["layer"].astype(int).to_numpy()
+        delta = np.clip(np.diff(values), 0, None)
+        expected = float((layers[1:] * delta).sum() / delta.sum()) if delta.sum() > 0 else float("nan")
+        cog = g[(g["metric"] == "centre_of_gravity")]["value"]
+        out.append({"model": model, "task": task, "metric": "expected_layer", "value": expected, "from": metric})
+        if not cog.empty:
+            out.append({"model": model, "task": task, "metric": "centre_of_gravity", "value": float(cog.iloc[0]),
+                        "from": "scalar_mix"})
+    return pd.DataFrame(out)
+
+
+def depth_summary(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
+    """Tenney-style "where in depth": expected layer (and scalar-mix centre of gravity) per task and model."""
+    import plotly.express as px
+
+    summary = expected_layers(rows[~rows["model"].astype(str).str.endswith(" (random init)")])
+    if summary.empty:
+        raise ConfigError(f"nothing to draw for {title!r}: need per-layer curves of at least two layers")
+    fig = px.scatter(summary, x="value", y="task", color="model", symbol="metric", title=title,
+                     labels={"value": "layer"}, template="plotly_white", height=360, width=760)
+    fig.update_traces(marker={"size": 12})
+    data = summary.rename(columns={"from": "kind"}).assign(run_id=None, step=None, stack=None, layer=None,
+                                                           ci_low=None, ci_high=None)
+    return Drawn(fig, _tidy(data))
+
+
+def training_heatmap(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
+    """Checkpoints (training steps) x layers heatmap of one metric: when each ability appears."""
+    import plotly.graph_objects as go
+
+    task = options.get("task", rows["task"].iloc[0] if len(rows) else None)
+    metric = options.get("metric", "accuracy")
+    sub = rows[(rows["task"] == task) & (rows["metric"] == metric) & rows["layer"].notna() &
+               (rows["model"].map(_kind) == "model")]
+    if sub.empty or sub["step"].isna().all():
+        raise ConfigError(f"nothing to draw for {title!r}: no {task}/{metric} rows with training steps")
+    sub = sub.assign(step=sub["step"].astype(int), layer=sub["layer"].astype(int))
+    table = sub.pivot_table(index="step", columns="layer", values="value", aggfunc="mean").sort_index()
+    fig = go.Figure(go.Heatmap(z=table.to_numpy(), x=[str(c) for c in table.columns], y=[str(i) for i in table.index],
+                               colorscale="Viridis", colorbar={"title": metric}))
+    fig.update_layout(title=title, xaxis_title="layer", yaxis_title="training step", yaxis_type="category",
+                      template="plotly_white", height=120 + 28 * len(table), width=640)
+    return Drawn(fig, _tidy(sub.assign(kind="model")))
+
+
+PLOTS: dict[str, Callable[[pd.DataFrame, str, dict], Drawn]] = {
+    "layer_curves": layer_curves, "depth_summary": depth_summary, "training_heatmap": training_heatmap}
+
+
+def _tidy(df: pd.DataFrame) -> pd.DataFrame:
+    for c in DATA_COLUMNS:
+        if c not in df:
+            df[c] = None
+    df = df[DATA_COLUMNS].copy()
+    df["value"] = pd.to_numeric(df["value"]).round(10)
+    return df.sort_values(["model", "task", "metric", "layer", "kind"], na_position="first").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- rendering
+@dataclass
+class Rendered:
+    name: str
+    folder: Path
+    files: list[Path]
+    manifest: dict
+
+
+def render(name_or_path: str | Path, store=None, out: str | Path | None = None,
+           formats: tuple[str, ...] = FORMATS) -> Rendered:
+    """Query the store, draw, and write the figure files + data.csv + manifest.json atomically."""
+    from workbench.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+    from workbench.manifest import git_state, package_versions, utc_now_iso
+    from workbench.results import ResultsStore
+
+    bad = set(formats) - set(FORMATS)
+    if bad:
+        raise ConfigError(f"unknown figure format(s) {sorted(bad)}; formats: {FORMATS}")
+    name, spec = load_spec(name_or_path)
+    store = store if store is not None else ResultsStore()
+    rows, run_ids = query_rows(store, dict(spec.get("query") or {}))
+    drawn = PLOTS[spec["plot"]](rows, spec.get("title", name), dict(spec.get("options") or {}))
+    folder = Path(out) if out is not None else store.root / "figures" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    csv = drawn.data.to_csv(index=False, float_format="%.10g")
+    files = [atomic_write_text(folder / "data.csv", csv)]
+    for fmt in formats:
+        path = folder / f"{name}.{fmt}"
+        if fmt == "html":
+            files.append(atomic_write_text(path, drawn.figure.to_html(include_plotlyjs="cdn", full_html=True)))
+        else:
+            files.append(atomic_write_bytes(path, drawn.figure.to_image(format=fmt)))
+    manifest = {"figure": name, "spec": spec, "run_ids": run_ids, "store": str(store.root),
+                "data_sha256": hashlib.sha256(csv.encode()).hexdigest(), "n_points": len(drawn.data),
+                "files": [p.name for p in files], "created": utc_now_iso(), "git": git_state(),
+                "versions": package_versions(("plotly", "kaleido", "pandas"))}
+    files.append(atomic_write_json(folder / "manifest.json", manifest))
+    return Rendered(name, folder, files, manifest)
+
+
+def figures_cli(names: list[str], all_: bool, out: str | None, formats: str | None, runs_root: str | None) -> int:
+    from workbench.results import ResultsStore
+
+    todo = figure_names() if all_ else names
+    if not todo:
+        raise ConfigError(f"name a figure or pass --all; shipped figures: {', '.join(figure_names())}")
+    store = ResultsStore(runs_root)
+    fmts = tuple(f.strip() for f in formats.split(",")) if formats else FORMATS
+    for name in todo:
+        r = render(name, store, Path(out) / name if out and len(todo) > 1 else out, fmts)
+        print(f"{r.name}: {r.folder} ({', '.join(p.name for p in r.files)}; runs {', '.join(r.manifest['run_ids'])})")
+    return 0
+
+
+def data_of(rendered: Rendered) -> pd.DataFrame:
+    return pd.read_csv(rendered.folder / "data.csv")
+

@@ -1,0 +1,84 @@
+"""`bertology figures`: every shipped figure renders from a store of real probe rows to PNG, SVG, PDF
+and HTML with a manifest, draws exactly the store's numbers, and two renders give identical data."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from app.cli import main
+from app.figures import figure_names, load_spec, render
+from workbench.errors import ConfigError
+
+
+def test_every_shipped_figure_renders_with_manifest(probe_store, tmp_path):
+    assert set(figure_names()) >= {"syntax_layer_curves", "syntax_depth_summary", "training_time_heatmap"}
+    for name in figure_names():
+        spec = load_spec(name)[1]
+        if spec["query"].get("probe") != "syntax":
+            continue  # other probe families' figures are tested beside their probes
+        r = render(name, probe_store, tmp_path / name)
+        heads = {p.suffix: p.read_bytes()[:8] for p in r.files}
+        assert heads[".png"].startswith(b"\x89PNG") and heads[".pdf"].startswith(b"%PDF")
+        assert b"<svg" in (r.folder / f"{name}.svg").read_bytes()[:400]
+        assert "plotly" in (r.folder / f"{name}.html").read_text()[:5000].lower()
+        m = json.loads((r.folder / "manifest.json").read_text())
+        assert m["run_ids"] and m["spec"] == spec and m["n_points"] > 0
+        assert len(m["data_sha256"]) == 64
+
+
+def test_layer_curve_data_are_the_store_rows_and_reproducible(probe_store, tmp_path):
+    a = render("syntax_layer_curves", probe_store, tmp_path / "a", formats=("html",))
+    b = render("syntax_layer_curves", probe_store, tmp_path / "b", formats=("html",))
+    assert (a.folder / "data.csv").read_bytes() == (b.folder / "data.csv").read_bytes()
+    assert a.manifest["data_sha256"] == b.manifest["data_sha256"]
+    data = pd.read_csv(a.folder / "data.csv")
+    (run_id,) = a.manifest["run_ids"]
+    rows = probe_store.read(run_id)
+    want = rows[(rows["task"] == "upos") & (rows["metric"] == "accuracy")].sort_values(["model", "layer"])
+    got = data[(data["task"] == "upos") & (data["metric"] == "accuracy")].sort_values(["model", "layer"])
+    assert got["value"].round(8).tolist() == want["value"].round(8).tolist()
+    assert set(got["kind"]) == {"model", "random_init"}
+    assert {"baseline:majority", "baseline:control_accuracy", "baseline:right_branching_uuas"} <= set(data["kind"])
+
+
+def test_training_heatmap_is_steps_by_layers(probe_store, tmp_path):
+    r = render("training_time_heatmap", probe_store, tmp_path, formats=("html",))
+    # `run: latest` is the one-checkpoint run: a heatmap of one step; the sweep over steps is earlier
+    data = pd.read_csv(r.folder / "data.csv")
+    assert sorted(set(data["step"])) == [10] and sorted(set(data["layer"])) == [0, 1, 2]
+    runs = probe_store.runs()
+    over_steps = runs[runs["name"] == "over-steps"]["run_id"].iloc[0]
+    spec = tmp_path / "h.yaml"
+    spec.write_text(f"title: t\nquery: {{probe: syntax, tasks: [upos], metrics: [accuracy], run: {over_steps}, "
+                    f"twins: false, split: dev}}\nplot: training_heatmap\noptions: {{task: upos}}\n")
+    r = render(spec, probe_store, tmp_path / "h", formats=("html",))
+    data = pd.read_csv(r.folder / "data.csv")
+    assert sorted(set(data["step"])) == [0, 10] and len(data) == 6
+
+
+def test_depth_summary_expected_layer_matches_hand_computation(probe_store, tmp_path):
+    from app.figures import expected_layers
+
+    df = pd.DataFrame({"model": "m", "task": "t", "metric": "accuracy", "layer": [0, 1, 2, 3],
+                       "value": [0.5, 0.7, 0.65, 0.8]})
+    # deltas: +0.2 (l=1), -0.05 -> 0 (l=2), +0.15 (l=3): E = (1*0.2 + 3*0.15) / 0.35
+    assert expected_layers(df)["value"].iloc[0] == pytest.approx((0.2 + 0.45) / 0.35)
+    r = render("syntax_depth_summary", probe_store, tmp_path, formats=("html",))
+    data = pd.read_csv(r.folder / "data.csv")
+    assert set(data["task"]) == {"upos", "structural-distance"}
+    # NaN where no layer improves on the one below (all deltas <= 0): nothing to place in depth
+    assert data["value"].dropna().between(0, 2).all() and data["value"].notna().any()
+
+
+def test_figure_cli_errors_and_all(probe_store, tmp_path, capsys):
+    assert main(["figures", "no_such_figure", "--runs-root", str(probe_store.root)]) == 2
+    assert "no such figure" in capsys.readouterr().err
+    assert main(["figures", "syntax_layer_curves", "--runs-root", str(tmp_path / "empty")]) == 2
+    assert "no run in" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("title: x\nplot: pie\n")
+    with pytest.raises(ConfigError, match="plot must be one of"):
+        load_spec(bad)
