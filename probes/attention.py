@@ -97,6 +97,25 @@ def word_attention(att: torch.Tensor, word_ids: torch.Tensor, n_words: int) -> t
     return from_words / pieces.clamp_min(1)[:, None, :, None]
 
 
+def word_attention_rows(att: torch.Tensor, word_ids: torch.Tensor, n_words: int, queries: torch.Tensor) -> torch.Tensor:
+    """The rows of `word_attention(att[None], word_ids[None], n_words)[0]` for the query words only:
+    att [heads, T, T] of one sequence -> [heads, n_queries, n_words]. Only the query words' pieces
+    are converted, so a long window costs O(pieces x T), not O(T x T x n_words)."""
+    valid = word_ids >= 0
+    onehot = torch.zeros(att.shape[-1], n_words, dtype=att.dtype, device=att.device)
+    t_idx = valid.nonzero(as_tuple=True)[0]
+    onehot[t_idx, word_ids[t_idx]] = 1.0
+    out = torch.zeros(att.shape[0], len(queries), n_words, dtype=att.dtype, device=att.device)
+    for k, q in enumerate(queries.tolist()):
+        rows = (word_ids == q).nonzero(as_tuple=True)[0]
+        if len(rows) == 0:
+            continue
+        to_words = att[:, rows, :] @ onehot  # [heads, pieces, n]
+        to_words = to_words / to_words.sum(-1, keepdim=True).clamp_min(1e-12)
+        out[:, k] = to_words.mean(1)
+    return out
+
+
 @dataclass
 class _Segment:
     doc: int
@@ -145,8 +164,6 @@ def attention_rows(handle, docs: Sequence[Sequence[str]], queries: Sequence[Sequ
             out = handle.forward([list(docs[s.doc][s.w0: s.w1]) for s in batch], stack=stack, attentions=True)
             layers = out.attentions[stack]
             wids = out.word_ids[stack]
-            n_max = max(s.w1 - s.w0 for s in batch)
-            per_layer = [word_attention(a.float(), wids, n_max) for a in layers]  # L x [B, heads, n, n]
             for b, s in enumerate(batch):
                 rows, ranges = results[s.doc]
                 if rows is None:
@@ -155,8 +172,9 @@ def attention_rows(handle, docs: Sequence[Sequence[str]], queries: Sequence[Sequ
                     results[s.doc] = (rows, ranges)
                 local = np.asarray(queries[s.doc], dtype=np.int64)[s.queries] - s.w0
                 n = s.w1 - s.w0
-                local_t = torch.as_tensor(local, device=per_layer[0].device)
-                block = torch.stack([wa[b][:, local_t, :n] for wa in per_layer]).permute(2, 0, 1, 3)  # [q, L, heads, n]
+                local_t = torch.as_tensor(local, device=layers[0].device)
+                block = torch.stack([word_attention_rows(a[b].float(), wids[b], n, local_t) for a in layers])
+                block = block.permute(2, 0, 1, 3)  # [q, L, heads, n]
                 rows[s.queries, :, :, s.w0: s.w1] = block.cpu().numpy()
             if stats is not None:
                 stats["windows"] = stats.get("windows", 0) + len(batch)

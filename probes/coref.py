@@ -273,7 +273,7 @@ class CorefSettings(runner.Settings):
     k: int = field(default=20, metadata={"help": "gum-pairs: candidate antecedents per mention"})
     span: str = field(default="mean+head", metadata={"help": "mention vector: mean+head | mean | head"})
     pooling: str = field(default="first", metadata={"help": "first | mean | last subword of each word"})
-    max_train_pairs: int = field(default=20000, metadata={"help": "gum-pairs: training pairs (seeded draw of anaphors)"})
+    max_train_pairs: int = field(default=10000, metadata={"help": "gum-pairs: training pairs (seeded draw of anaphors)"})
     max_train_mentions: int = field(default=20000, metadata={"help": "gum-entity-type: training mentions (seeded)"})
     max_train_documents: int | None = field(default=None, metadata={"help": "cap on GUM train documents (seeded)"})
     max_eval_documents: int | None = field(default=None, metadata={"help": "cap on GUM eval documents (the first N)"})

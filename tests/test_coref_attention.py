@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from probes.attention import (attention_rows, document_windows, gap_head_scores, gum_head_scores,
-                              left_context_counts, word_attention)
+                              left_context_counts, word_attention, word_attention_rows)
 from probes.coref_items import Document, gum_documents
 from workbench.data.conllu import load_treebank, read_gum_coref
 from workbench.data.gap import read_gap
@@ -67,6 +67,10 @@ def test_word_rows_sum_to_one_and_match_hand_computation(bert_tok):
         to /= to.sum(1, keepdims=True)
         ref = np.stack([to[w[keep] == i].mean(0) for i in range(6)])
         assert np.allclose(wa[0, 0, :6, :6].numpy(), ref, atol=1e-6)
+        # the query-only conversion gives the same rows
+        q = torch.tensor([3, 0, 3])
+        rows = word_attention_rows(att[0], wids[0], 6, q)
+        assert torch.allclose(rows, wa[0][:, q, :6], atol=1e-6)
 
 
 def test_document_windows_give_every_word_a_home(bert_tok, gum_docs):
