@@ -21,6 +21,7 @@ only those models; `twins: false` drops random-init twins.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -139,6 +140,7 @@ def layer_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
 
     baselines = set(options.get("baselines", BASELINE_OF))
     per_layer = rows[rows["layer"].notna() & ~rows["split"].astype(str).str.contains(":")].copy()
+    per_layer = aggregate_seeds(per_layer, options.get("series", []))
     main = per_layer[~per_layer["metric"].isin(baselines)]
     panels = list(dict.fromkeys(zip(main["task"], main["metric"])))
     if not panels:
@@ -178,6 +180,31 @@ def layer_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
         fig.update_xaxes(title_text="layer", dtick=1, row=1, col=col)
     fig.update_layout(title=title, template="plotly_white", height=420, width=max(520, 430 * len(panels)))
     return Drawn(fig, _tidy(pd.concat(drawn, ignore_index=True)))
+
+
+def aggregate_seeds(rows: pd.DataFrame, series: list[str]) -> pd.DataFrame:
+    """One curve per model (and per value of each `series` setting read from `extra`, e.g. pooling):
+    where several runs give the same point (probe seeds of a sweep), the mean, with the min-max
+    spread over them as the band and `n_seeds` counted."""
+    rows = rows.copy()
+    if series:
+        extra = rows["extra"].map(lambda e: json.loads(e) if isinstance(e, str) and e else {})
+        twin = rows["model"].astype(str).str.endswith(" (random init)")
+        label = rows["model"].astype(str).str.replace(" (random init)", "", regex=False)
+        for key in series:
+            label = label + f" | {key}=" + extra.map(lambda e: str(e.get(key)))
+        rows["model"] = label.where(~twin, label + " (random init)")
+    keys = ["model", "task", "metric", "stack", "layer", "step"]
+    counts = rows.groupby(keys, dropna=False)["value"].transform("size")
+    if (counts <= 1).all():
+        return rows.assign(n_seeds=1)
+    agg = rows.groupby(keys, dropna=False, sort=False).agg(
+        value=("value", "mean"), lo=("value", "min"), hi=("value", "max"), n_seeds=("value", "size"),
+        ci_low=("ci_low", "mean"), ci_high=("ci_high", "mean"), run_id=("run_id", "min"), split=("split", "first"))
+    agg = agg.reset_index()
+    several = agg["n_seeds"] > 1
+    agg.loc[several, "ci_low"], agg.loc[several, "ci_high"] = agg.loc[several, "lo"], agg.loc[several, "hi"]
+    return agg.drop(columns=["lo", "hi"])
 
 
 def expected_layers(rows: pd.DataFrame) -> pd.DataFrame:

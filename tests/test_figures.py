@@ -82,3 +82,20 @@ def test_figure_cli_errors_and_all(probe_store, tmp_path, capsys):
     bad.write_text("title: x\nplot: pie\n")
     with pytest.raises(ConfigError, match="plot must be one of"):
         load_spec(bad)
+
+
+def test_sweep_curves_split_by_setting_and_average_seeds():
+    from app.figures import aggregate_seeds
+
+    def row(model, pooling, seed, layer, value):
+        return {"model": model, "task": "upos", "metric": "accuracy", "stack": "encoder", "layer": layer, "step": 5,
+                "value": value, "ci_low": value - 0.01, "ci_high": value + 0.01, "split": "dev", "run_id": f"r{seed}",
+                "extra": json.dumps({"pooling": pooling, "probe_seed": seed})}
+
+    rows = pd.DataFrame([row("m", p, s, l, 0.5 + 0.1 * l + (0.02 if s else 0) + (0.1 if p == "mean" else 0))
+                         for p in ("first", "mean") for s in (0, 1) for l in (0, 1)])
+    out = aggregate_seeds(rows, ["pooling"]).sort_values(["model", "layer"])
+    assert out["model"].tolist() == ["m | pooling=first"] * 2 + ["m | pooling=mean"] * 2
+    assert out["value"].round(6).tolist() == [0.51, 0.61, 0.61, 0.71]
+    assert out["ci_low"].round(6).tolist() == [0.5, 0.6, 0.6, 0.7]  # the spread over seeds
+    assert out["ci_high"].round(6).tolist() == [0.52, 0.62, 0.62, 0.72] and set(out["n_seeds"]) == {2}
