@@ -21,7 +21,8 @@ from workbench.families.roberta import full_sentence_blocks
 from workbench.models import ModelHandle
 from workbench.objectives.mlm import IGNORE_INDEX
 from workbench.objectives.seq2seq import t5_reconstruct
-from workbench.train import evaluate_heldout, prepare_data, run_tiny_training, tiny_config
+from tests.training_helpers import run_tiny_training, tiny_config
+from workbench.train import evaluate_heldout, prepare_data
 
 STEPS = 30
 MAX_LEN = 64

@@ -17,9 +17,10 @@ from workbench.train import (
     list_checkpoints,
     lr_lambda_factory,
     read_log,
-    run_tiny_training,
     train_from_config,
 )
+
+from tests.training_helpers import run_tiny_training, tiny_config
 
 STEPS = 30
 
@@ -106,7 +107,6 @@ def test_rerun_of_finished_config_returns_without_training(tiny_run):
 
 
 def test_multi_seed_from_one_config(cache, tmp_path):
-    from workbench.train import tiny_config
 
     cfg = tiny_config("gpt", 3, tmp_path, seeds=[3, 4], **{"eval.batches": 0})
     finals = train_from_config(cfg)

@@ -48,13 +48,13 @@ import torch.distributed as dist
 import transformers
 from tqdm.auto import tqdm
 
-from workbench.checkpoints import STEP_PREFIX, list_steps, read_manifest, step_dir
+from workbench.checkpoints import STEP_PREFIX, list_steps, step_dir
 from workbench.config import TrainConfig, load_config
 from workbench.data_cache import TokenizedCorpus
 from workbench.errors import CheckpointError, ConfigError, yaml_problem
 from workbench.families import get_family
 from workbench.families.base import FamilySpec
-from workbench.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
+from workbench.io import atomic_dir, atomic_write_json, atomic_write_text
 from workbench.paths import cache_root, runs_root
 from workbench.tokenization import tokenizer_hash, train_tokenizer
 
@@ -190,7 +190,7 @@ def example_batches(
     rng = np.random.default_rng(_mix_seed(seed, epoch, 0xE70C))
     batch: list = []
     index = 0
-    for example in family.make_examples(corpus, cfg.max_len, rng):
+    for example in family.examples(corpus, cfg.max_len, rng, objective_settings(cfg, family)):
         batch.append(example)
         if len(batch) == cfg.batch_size:
             yield index, batch[d.rank :: d.world]
@@ -262,7 +262,7 @@ def evaluate_heldout(model, family: FamilySpec, heldout: TokenizedCorpus, tokeni
     collate = family.make_collator(objective_settings(cfg, family), tokenizer)
     rng = np.random.default_rng(seed)
     examples = []
-    for ex in family.make_examples(heldout, cfg.max_len, rng):
+    for ex in family.examples(heldout, cfg.max_len, rng, objective_settings(cfg, family)):
         examples.append(ex)
         if len(examples) == n_batches * cfg.batch_size:
             break
@@ -478,14 +478,15 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
         _set_rng_state(state["rng"][d.rank])
     position = DataPosition(family, data.train, cfg, seed, d, epoch, batch_index)
 
+    from workbench.data.corpus import corpus_reference
+
     manifest = {
         "family": family.name,
         "auto_class": family.auto_class,
         "preset": cfg.preset,
         "model_config": family.model_config(cfg.preset, cfg.model),
         "objective": objective_settings(cfg, family),
-        "corpus": {"dir": str(data.corpus.dir), "manifest": str(Path(data.corpus.dir) / "manifest.json"),
-                   "manifest_sha256": sha256_file(Path(data.corpus.dir) / "manifest.json"), "split": "train",
+        "corpus": {**corpus_reference(data.corpus.dir), "split": "train",
                    "sources": cfg.corpus.sources, "heldout_fraction": cfg.corpus.heldout_fraction,
                    "seed": cfg.corpus.seed, "max_documents": cfg.corpus.max_documents,
                    "train_tokens": data.train.num_tokens},
@@ -497,6 +498,11 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
 
+    # Parameters the objective never trains (BERT's pooler and NSP head with objective.nsp: false)
+    # are frozen after the optimizer is built (its groups, and so resuming, stay the same): they
+    # would get no gradient anyway, and DDP must not wait for one.
+    for p in getattr(model, "unused_parameters", lambda objective: [])(objective_settings(cfg, family)):
+        p.requires_grad_(False)
     train_model = model
     if d.world > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -599,50 +605,6 @@ def read_log(run_folder: str | Path) -> list[dict]:
     """The JSONL loss log of one seed's run folder as a list of records."""
     path = Path(run_folder) / "log.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-# ---- helpers for tests and quick experiments ----------------------------------------------------
-
-
-@dataclass
-class TinyRun:
-    checkpoint: Path  # final checkpoint folder
-    run_folder: Path
-    log: list[dict]
-    heldout_before: dict  # held-out loss terms at step 0
-    heldout_after: dict  # ... at the last step
-    config: TrainConfig
-
-
-def tiny_config(family: str, steps: int, output_dir: str | Path, **overrides) -> TrainConfig:
-    """A seconds-long config: tiny preset, a few real documents, small vocab, short sequences."""
-    base = {
-        "name": f"tiny-{family}",
-        "family": family,
-        "preset": "tiny",
-        "corpus": {"sources": ["inaugural", "state_union"], "max_documents": 60, "heldout_fraction": 0.2, "seed": 0},
-        "tokenizer": {"vocab_size": 1000},
-        "max_len": 64,
-        "batch_size": 8,
-        "lr": 3e-3,
-        "warmup": 0.1,
-        "steps": steps,
-        "eval": {"batches": 2},
-        "output_dir": str(output_dir),
-        "progress": False,
-    }
-    return load_config(base, overrides)
-
-
-def run_tiny_training(family: str, steps: int, output_dir: str | Path, **overrides) -> TinyRun:
-    """Train a tiny model of `family` for `steps` steps on real data and report held-out loss
-    before/after (families' tests assert that it drops and that the checkpoint opens)."""
-    cfg = tiny_config(family, steps, output_dir, **overrides)
-    final = train_from_config(cfg)[0]
-    log = read_log(final.parent)
-    m0 = read_manifest(step_dir(final.parent, 0))
-    m1 = read_manifest(final)
-    return TinyRun(final, final.parent, log, m0["heldout"], m1["heldout"], cfg)
 
 
 # ---- CLI ------------------------------------------------------------------------------------------
