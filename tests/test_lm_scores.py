@@ -55,10 +55,9 @@ def test_pll_equals_one_masked_forward_per_token(handles, texts):
     tok, model = h.tokenizer, h.model
     scores = LMScorer(h).pseudo_log_likelihood(texts, moments=True)
     for text, sc in zip(texts, scores):
-        enc = tok(text)
+        enc = tok(text, return_special_tokens_mask=True)  # [CLS]/[SEP] only: [UNK] is content, scored
         ids = torch.tensor(enc["input_ids"])
-        content = [t for t, m in enumerate(tok.get_special_tokens_mask(enc["input_ids"], already_has_special_tokens=True))
-                   if not m]
+        content = [t for t, m in enumerate(enc["special_tokens_mask"]) if not m]
         hand, mu = [], []
         for p in content:
             x = ids.clone()
@@ -84,6 +83,48 @@ def test_pll_batched_equals_unbatched(handles, texts):
         (alone,) = scorer.pseudo_log_likelihood([text])
         np.testing.assert_allclose(a.logprobs, alone.logprobs, atol=1e-5, rtol=0)
         np.testing.assert_allclose(b.logprobs, alone.logprobs, atol=1e-5, rtol=0)
+
+
+def test_pll_head_at_masked_positions_equals_full_logits(handles, texts, monkeypatch):
+    """The shortcut (MLM head on the masked positions only) gives what the full logits give."""
+    import workbench.lm_scores as lm
+
+    fast = LMScorer(handles["bert"]).pseudo_log_likelihood(texts[:3])
+    monkeypatch.setattr(lm, "_MLM_HEADS", {})
+    slow = LMScorer(handles["bert"]).pseudo_log_likelihood(texts[:3])
+    for a, b in zip(fast, slow):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta", "spanbert", "albert"])
+def test_every_masked_lm_family_checkpoint_gives_pll(name, tokenizers, ewt_train, texts, tmp_path):
+    """Each family's tiny model, saved as its training loop saves it and opened by the handle:
+    the PLL equals one masked forward per token of the same folder opened by AutoModelForMaskedLM."""
+    from transformers import AutoModelForMaskedLM
+
+    from workbench.families import get_family
+    from workbench.tokenization import build_tokenizer
+
+    family = get_family(name)
+    if name == "albert":
+        tok = build_tokenizer("unigram", family.special_tokens, [s.text for s in ewt_train[:2000]], vocab_size=1000)
+    else:
+        tok = tokenizers["bart" if name == "roberta" else "bert"]
+    torch.manual_seed(0)
+    folder = _save(tmp_path, family.build_model(family.model_config("tiny"), tok), tok)
+    h = ModelHandle.load(folder)
+    scorer = LMScorer(h)
+    assert scorer.kind == "mlm"
+    ref = AutoModelForMaskedLM.from_pretrained(folder).eval()
+    for text, sc in zip(texts[:2], scorer.pseudo_log_likelihood(texts[:2])):
+        ids = torch.tensor(tok(text)["input_ids"])
+        hand = []
+        for p in range(1, len(ids) - 1):
+            x = ids.clone()
+            x[p] = tok.mask_token_id
+            with torch.no_grad():
+                hand.append(float(_logp(ref(input_ids=x[None]).logits[0, p])[ids[p]]))
+        np.testing.assert_allclose(sc.logprobs, hand, atol=1e-5, rtol=0)
 
 
 def test_causal_logprobs_equal_hand_computation(handles, texts):

@@ -45,7 +45,6 @@ lm_tokens_scored, mlm_forward_rows, candidates, candidates_by_pll.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -128,14 +127,13 @@ def lm_kind(model) -> str:
     return "base"
 
 
-_SCORERS: "weakref.WeakKeyDictionary[ModelHandle, LMScorer]" = weakref.WeakKeyDictionary()
-
-
 def lm_scorer(handle: ModelHandle) -> "LMScorer":
-    """The handle's scorer, built once (ELMo's softmax and ELECTRA's generator load from disk)."""
-    if handle not in _SCORERS:
-        _SCORERS[handle] = LMScorer(handle)
-    return _SCORERS[handle]
+    """The handle's scorer, built once and kept on the handle (ELMo's softmax and ELECTRA's
+    generator load from disk)."""
+    scorer = handle.__dict__.get("_lm_scorer")
+    if scorer is None:
+        scorer = handle.__dict__["_lm_scorer"] = LMScorer(handle)
+    return scorer
 
 
 class LMScorer:
@@ -152,17 +150,18 @@ class LMScorer:
 
     # ------------------------------------------------------------------ texts
 
-    def text_logprobs(self, texts: Sequence[str], batch_size: int = 32, moments: bool = False,
+    def text_logprobs(self, texts: Sequence[str], batch_size: int | None = None, moments: bool = False,
                       progress: bool = False) -> list[TextScore]:
         """Each text's per-token log-probabilities with the family's own likelihood: causal LM,
         ELMo's two LMs, or a masked LM's PLL (`batch_size` = sentences per batch for causal/ELMo,
-        masked copies per batch for PLL). A seq2seq model needs a source: `seq2seq_logprobs`."""
+        default 32; masked copies per batch for PLL, default 64). A seq2seq model needs a source:
+        `seq2seq_logprobs`."""
         if self.kind == "causal":
-            return self.causal_logprobs(texts, batch_size, moments, progress)
+            return self.causal_logprobs(texts, batch_size or 32, moments, progress)
         if self.kind == "bilm":
-            return self.bilm_logprobs(texts, batch_size, moments, progress)
+            return self.bilm_logprobs(texts, batch_size or 32, moments, progress)
         if self.kind == "mlm":
-            return self.pseudo_log_likelihood(texts, max(batch_size, 64), moments, progress)
+            return self.pseudo_log_likelihood(texts, batch_size or 64, moments, progress)
         raise ConfigError(f"{_where(self.handle)}: a seq2seq model scores a target given a source; "
                           f"use seq2seq_logprobs(sources, targets)")
 
@@ -212,7 +211,8 @@ class LMScorer:
     def score_candidates(self, contexts: Sequence[str], candidates: Sequence[Sequence[str]],
                          batch_size: int = 32) -> CandidateScores:
         """log-probability of each candidate filling the one `<blank>` of its context, by the rule
-        of the model's kind (module docstring)."""
+        of the model's kind (module docstring). `batch_size`: filled sentences per forward (masked
+        LM: masked copies per forward, a sentence's copies never split)."""
         if len(contexts) != len(candidates):
             raise ConfigError(f"{len(contexts)} contexts but {len(candidates)} candidate lists")
         items = []  # (context index, left, candidate, right)
@@ -244,7 +244,7 @@ class LMScorer:
                   for (i, *_), (_, special, pos) in zip(items, filled)]
         methods = ["mask" if single[i] else "pll" for i, *_ in items]
         self.handle.stats["candidates_by_pll"] += methods.count("pll")
-        out = self._masked_scores([ids for ids, _, _ in filled], scored, max(batch_size, 64), False, False)
+        out = self._masked_scores([ids for ids, _, _ in filled], scored, batch_size, False, False)
         return [float(o[0].sum()) for o in out], methods, [len(pos) for _, _, pos in filled]
 
     def _candidates_causal(self, items, batch_size):
