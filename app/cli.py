@@ -72,7 +72,15 @@ def _cmd_probe(args: argparse.Namespace) -> int:
             return 2
         print(usage)
         raise SystemExit(0)
-    return cli_main(args.probe, args.probe_args)
+    return cli_main(args.probe, args.probe_args, render_figures=_render_run_figures)
+
+
+def _render_run_figures(names: list[str], run_id: str, store) -> None:
+    from app.figures import render
+
+    for name in names:
+        r = render(name, store, store.root / "figures" / f"{name}-{run_id}", run_id=run_id)
+        print(f"figure {name}: {r.folder} ({', '.join(p.name for p in r.files)})")
 
 
 # --------------------------------------------------------------------------- run

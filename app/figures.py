@@ -289,8 +289,9 @@ class Rendered:
 
 
 def render(name_or_path: str | Path, store=None, out: str | Path | None = None,
-           formats: tuple[str, ...] = FORMATS) -> Rendered:
-    """Query the store, draw, and write the figure files + data.csv + manifest.json atomically."""
+           formats: tuple[str, ...] = FORMATS, run_id: str | None = None) -> Rendered:
+    """Query the store, draw, and write the figure files + data.csv + manifest.json atomically.
+    `run_id` replaces the spec's run selection (draw this figure for one given run)."""
     from workbench.io import atomic_write_bytes, atomic_write_json, atomic_write_text
     from workbench.manifest import git_state, package_versions, utc_now_iso
     from workbench.results import ResultsStore
@@ -300,7 +301,11 @@ def render(name_or_path: str | Path, store=None, out: str | Path | None = None,
         raise ConfigError(f"unknown figure format(s) {sorted(bad)}; formats: {FORMATS}")
     name, spec = load_spec(name_or_path)
     store = store if store is not None else ResultsStore()
-    rows, run_ids = query_rows(store, dict(spec.get("query") or {}))
+    query = dict(spec.get("query") or {})
+    if run_id is not None:
+        query.pop("name", None)
+        query["run"] = run_id
+    rows, run_ids = query_rows(store, query)
     drawn = PLOTS[spec["plot"]](rows, spec.get("title", name), dict(spec.get("options") or {}))
     folder = Path(out) if out is not None else store.root / "figures" / name
     folder.mkdir(parents=True, exist_ok=True)

@@ -478,6 +478,9 @@ def build_parser(spec: ProbeSpec) -> tuple[argparse.ArgumentParser, Callable | N
     p.add_argument("--config", default=None, help="a YAML file of settings (command-line options override it)")
     p.add_argument("--runs-root", default=None, help="results store root (default $BERTOLOGY_RUNS or ./runs)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--figures", default=None, metavar="NAME[,NAME...]",
+                   help="figures to render from this run (experiments/figures/NAME.yaml), e.g. "
+                        "training_time_heatmap after probing a training folder")
     for f in dataclasses.fields(spec.settings):
         if not f.init or f.metadata.get("cli") is False:
             continue
@@ -497,11 +500,13 @@ def build_parser(spec: ProbeSpec) -> tuple[argparse.ArgumentParser, Callable | N
     return p, apply
 
 
-def cli_main(name: str, argv: Sequence[str] | None = None) -> int:
+def cli_main(name: str, argv: Sequence[str] | None = None,
+             render_figures: Callable[[list[str], str, Any], None] | None = None) -> int:
     """`bertology probe NAME ...`: run, then print the run id and the probe's summary table.
 
     Bad input raises a WorkbenchError; the caller (`app.cli.main`, `workbench.errors.cli_errors`)
-    turns it into one line on stderr and exit status 2.
+    turns it into one line on stderr and exit status 2. `render_figures(names, run_id, store)` draws
+    the `--figures` from the new run (the app layer passes it: probes do not draw).
     """
     import yaml
 
@@ -543,4 +548,8 @@ def cli_main(name: str, argv: Sequence[str] | None = None) -> int:
     run_id, rows = run_probe(spec, checkpoints, values, store=store)
     print(f"run {run_id}: {len(rows)} rows in {store.root}")
     print((spec.summary or format_layer_table)(rows))
+    if args.figures:
+        if render_figures is None:
+            raise ConfigError("--figures needs the bertology command line (figures are drawn by app/figures.py)")
+        render_figures([f.strip() for f in args.figures.split(",") if f.strip()], run_id, store)
     return 0

@@ -99,3 +99,19 @@ def test_sweep_curves_split_by_setting_and_average_seeds():
     assert out["value"].round(6).tolist() == [0.51, 0.61, 0.61, 0.71]
     assert out["ci_low"].round(6).tolist() == [0.5, 0.6, 0.6, 0.7]  # the spread over seeds
     assert out["ci_high"].round(6).tolist() == [0.52, 0.62, 0.62, 0.72] and set(out["n_seeds"]) == {2}
+
+
+def test_probe_a_training_folder_and_draw_its_heatmap_in_one_command(probe_store, tmp_path, capsys):
+    train = probe_store.root.parent / "train" / "tinyrun" / "seed-0"
+    runs = tmp_path / "runs"
+    code = main(["probe", "syntax", "--checkpoint", str(train), "--tasks", "upos", "--max-train-sentences", "60",
+                 "--max-eval-sentences", "30", "--baselines", "majority", "--mdl-tasks", "", "--scalar-mix-tasks", "",
+                 "--n-boot", "20", "--runs-root", str(runs), "--cache-dir", str(tmp_path / "cache"), "--quiet",
+                 "--figures", "training_time_heatmap"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (folder,) = (runs / "figures").iterdir()
+    data = pd.read_csv(folder / "data.csv")
+    assert sorted(set(data["step"])) == [0, 10] and sorted(set(data["layer"])) == [0, 1, 2]
+    assert (folder / "training_time_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"figure training_time_heatmap: {folder}" in out
