@@ -13,14 +13,26 @@ import torch
 from safetensors.torch import load_file
 from scipy import stats
 
+from tests.conftest import tiny_bart, tiny_bert, tiny_gpt2, tiny_t5
 from workbench.errors import CheckpointError, ConfigError
-from workbench.finetune import (TaskData, build_classifier, choose_pooling, collate, encode, load_classifier,
-                                load_finetune_config, load_task, members, run_finetune, split_indices, t_interval,
-                                used_splits, _save_checkpoint)
+from workbench.finetune import (
+    TaskData,
+    _save_checkpoint,
+    build_classifier,
+    choose_pooling,
+    collate,
+    encode,
+    load_classifier,
+    load_finetune_config,
+    load_task,
+    members,
+    run_finetune,
+    split_indices,
+    t_interval,
+    used_splits,
+)
 from workbench.models import ModelHandle
 from workbench.results import ResultsStore
-
-from tests.conftest import tiny_bart, tiny_bert, tiny_gpt2, tiny_t5
 
 
 def _save(model, tokenizer, path):
@@ -39,9 +51,9 @@ def checkpoints(tokenizers, tmp_path_factory):
         "t5": _save(tiny_t5(tokenizers["t5"]), tokenizers["t5"], root / "t5"),
         "bart": _save(tiny_bart(tokenizers["bart"]), tokenizers["bart"], root / "bart"),
     }
+    from workbench.data.raw import load_labelled
     from workbench.families.elmo import FAMILY, build_model
     from workbench.tokenization import build_tokenizer
-    from workbench.data.raw import load_labelled
 
     texts = [ex.text for ex in load_labelled("sentence_polarity")[:3000]]
     tok = build_tokenizer("word", FAMILY.special_tokens, texts, 1500, special_roles=FAMILY.special_roles,
@@ -71,7 +83,7 @@ def test_sentence_splits_are_seeded_disjoint_and_cover_the_set():
     other = load_task(load_finetune_config({"checkpoint": "x", "task": "sentence_polarity", "split_seed": 1}))
     assert other.splits["test"] != a.splits["test"]
     # both classes in every split, close to the set's balance (5,331 each)
-    for s, v in a.splits.items():
+    for v in a.splits.values():
         assert 0.45 < np.mean([a.labels[i] for i in v]) < 0.55
     sub = load_task(load_finetune_config({"checkpoint": "x", "task": "subjectivity"}))
     assert len(sub.ids) == 10000 and sub.label_names == ["subj", "obj"]
@@ -125,7 +137,7 @@ def test_tiny_bert_learns_a_planted_task_from_real_sentences(checkpoints, tmp_pa
 # -------------------------------------------------------------------------------- resume
 
 def test_resume_after_interruption_gives_identical_weights(checkpoints, tmp_path):
-    kw = dict(epochs=2, save_every=3, keep_epoch_checkpoints=True, max_train_examples=80)
+    kw = {"epochs": 2, "save_every": 3, "keep_epoch_checkpoints": True, "max_train_examples": 80}
     store = ResultsStore(tmp_path / "store")
     full = run_finetune(_cfg(checkpoints["bert"], tmp_path / "full", **kw), store=store)
 
@@ -269,8 +281,8 @@ def test_bow_baseline_matches_a_direct_sklearn_fit():
     sp = used_splits(data, cfg)
     rows = {(r["model"], r["split"]): r for r in baselines(data, sp)}
     C = rows[("bow_logreg", "test")]["extra"]["C"]
-    text = lambda s: [" ".join(data.words[i]) for i in sp[s]]  # noqa: E731
-    y = lambda s: [data.labels[i] for i in sp[s]]  # noqa: E731
+    text = lambda s: [" ".join(data.words[i]) for i in sp[s]]
+    y = lambda s: [data.labels[i] for i in sp[s]]
     vec = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, token_pattern=r"\S+")
     clf = LogisticRegression(C=C, max_iter=2000).fit(vec.fit_transform(text("train")), y("train"))
     assert rows[("bow_logreg", "test")]["value"] == pytest.approx(clf.score(vec.transform(text("test")), y("test")))

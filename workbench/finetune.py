@@ -54,9 +54,10 @@ import math
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -226,7 +227,7 @@ def split_indices(n: int, seed: int, dev_fraction: float, test_fraction: float) 
     """A seeded permutation of range(n) cut into test | dev | train (train keeps the permuted order,
     so its first N are a random sample). Disjoint and covering by construction."""
     perm = np.random.default_rng(seed).permutation(n)
-    n_test, n_dev = int(round(n * test_fraction)), int(round(n * dev_fraction))
+    n_test, n_dev = round(n * test_fraction), round(n * dev_fraction)
     return {"train": perm[n_test + n_dev:].tolist(), "dev": perm[n_test: n_test + n_dev].tolist(),
             "test": perm[:n_test].tolist()}
 
@@ -380,7 +381,11 @@ def _head_class(family: str, kind: str, pooling: str):
 
 def build_classifier(path: Path, family: str, kind: str, pooling: str, label_names: list[str], pad_id: int):
     """The pretrained body of `path` under a freshly initialised head (seed torch before calling)."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
 
     import workbench.families  # noqa: F401  (registers ELMo)
     from workbench.models import _quiet_transformers
@@ -419,7 +424,11 @@ def build_classifier(path: Path, family: str, kind: str, pooling: str, label_nam
 def load_classifier(path: str | Path):
     """Open a fine-tuned classifier folder: transformers' Auto classes, or a `workbench.heads` class
     named in `config.architectures` (ELMo; T5/BART encoder_mean)."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
 
     import workbench.families  # noqa: F401
     from workbench import heads
@@ -535,7 +544,7 @@ class SeedResult:
     seconds: float
 
 
-def train_seed(cfg: FinetuneConfig, seed: int, run: "Prepared",
+def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
                on_step: Callable[[int], None] | None = None) -> SeedResult:
     """Fine-tune one seed (resuming its saved state if any) and return its results.
 
@@ -561,7 +570,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: "Prepared",
     train_rows = list(range(len(run.train.ids)))
     per_epoch = math.ceil(len(train_rows) / cfg.batch_size)
     total = per_epoch * cfg.epochs
-    warm = int(round(cfg.warmup * total))
+    warm = round(cfg.warmup * total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / max(1, warm) if s < warm else max(0.0, (total - s) / max(1, total - warm)))
     loop = {"epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "loss_n": 0, "curve": [],
@@ -573,6 +582,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: "Prepared",
     def save_state():
         loop["seconds"] = seconds_before + time.time() - t0
         _save_state(out / STATE_DIR, model, optimizer, scheduler, loop)
+
     manifest = {**run.manifest_base, "seed": seed}
     bar = tqdm(total=total, initial=loop["step"], desc=f"{run.name} seed {seed}", unit="step", disable=not cfg.progress)
     while loop["epoch"] < cfg.epochs and not loop["stopped"]:
@@ -600,7 +610,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: "Prepared",
             if on_step is not None:
                 on_step(loop["step"])
         # end of an epoch: dev accuracy, best checkpoint, early stopping
-        acc, n, _ = evaluate(model, run.dev, list(range(len(run.dev.ids))), run.pad_id, cfg.batch_size)
+        acc, _, _ = evaluate(model, run.dev, list(range(len(run.dev.ids))), run.pad_id, cfg.batch_size)
         epoch = loop["epoch"] + 1
         loop["curve"].append({"epoch": epoch, "step": loop["step"], "dev_accuracy": acc,
                               "train_loss": loop["loss_sum"] / max(1, loop["loss_n"])})

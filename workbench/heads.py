@@ -27,14 +27,27 @@ loss when `labels` are given (label -100 = ignored, the transformers convention)
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
-from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
-from transformers.modeling_outputs import SequenceClassifierOutput, TokenClassifierOutput
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
+from transformers.modeling_outputs import (
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
 from transformers.models.bart.modeling_bart import BartModel, BartPreTrainedModel
 from transformers.models.t5.modeling_t5 import T5EncoderModel, T5PreTrainedModel
 
-from workbench.families.elmo_modules import ElmoConfig, ElmoModel, ElmoPreTrainedModel, ScalarMix
+from workbench.families.elmo_modules import (
+    ElmoConfig,
+    ElmoModel,
+    ElmoPreTrainedModel,
+    ScalarMix,
+)
 
 
 def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -53,7 +66,7 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | N
 class ElmoForSequenceClassification(ElmoPreTrainedModel):
     """ELMo -> scalar mix of all layers -> mean over tokens -> dropout -> linear (see module doc)."""
 
-    _keys_to_ignore_on_load_unexpected = [r"^softmax\."]
+    _keys_to_ignore_on_load_unexpected: ClassVar[list[str]] = [r"^softmax\."]
 
     def __init__(self, config: ElmoConfig):
         super().__init__(config)
@@ -87,7 +100,7 @@ class T5EncoderMeanForSequenceClassification(T5PreTrainedModel):
     """T5 encoder -> mean over non-pad tokens -> dropout -> linear."""
 
     base_model_prefix = "transformer"
-    _keys_to_ignore_on_load_unexpected = [r"^decoder\.", r"^lm_head\."]
+    _keys_to_ignore_on_load_unexpected: ClassVar[list[str]] = [r"^decoder\.", r"^lm_head\."]
 
     def __init__(self, config):
         super().__init__(config)
