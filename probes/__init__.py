@@ -15,6 +15,7 @@ from workbench.errors import ConfigError
 PROBES: dict[str, tuple[str, str]] = {
     "syntax": ("probes.syntax", "POS, XPOS, dependency labels and arcs, structural probe (Hewitt & Manning 2019)"),
     "align": ("probes.align", "cross-lingual/cross-model alignment per layer: Procrustes, CSLS, BLI, CKA"),
+    "cloze": ("probes.cloze", "oLMpics cloze (Talmor et al. 2020): zero-shot with the own head, logit lens, blank probe, learning curves"),
     "coref": ("probes.coref", "coreference: GUM mention pairs/entity types, GAP, coreference heads, gender cloze"),
 }
 
