@@ -1,40 +1,56 @@
-"""Streamlit app: browse runs in the results store and plot metrics layer by layer.
+"""Streamlit app (`bertology app`): a multipage dashboard over the runs root.
 
-Reads only the runs root (results store + manifests). Later issues add pages per probe family;
-this page is the general browser every one of them builds on.
+Pages: Runs (catalog, manifests, delete, compare), Layer curves (any probe x task x metric), Model
+explorer (attention, word vectors across layers, logit lens), and one page per registered probe:
+`app/pages/<probe>.py` when the probe ships a companion module (its `render(store)`), else the
+generic probe page. The list comes from `probes.probe_names()`, so adding a probe never edits this
+file (see app/pages/__init__.py). `?page=<url path>` opens a page directly (used by the tests).
+
+Reads only under the runs root ($BERTOLOGY_RUNS) and the Hugging Face cache.
 """
 
 from __future__ import annotations
 
-import json
-
-import plotly.express as px
 import streamlit as st
 
-from workbench.results import ResultsStore
+from app import pages, ui
+from app.views import explorer, layer_curves, probe, runs
+
+
+def _probe_page(name: str, module):
+    """A page callable for one probe (its companion module's render, or the generic page)."""
+    if module is not None:
+        def page():
+            module.render(ui.store())
+    else:
+        def page():
+            probe.render(name)
+    page.__name__ = f"probe_{name}"
+    return ui.guarded(page)
+
+
+def build_pages(requested: str | None) -> dict[str, list]:
+    specs = [("Runs", "runs", ui.guarded(runs.render), ":material/table_rows:"),
+             ("Layer curves", "layer-curves", ui.guarded(layer_curves.render), ":material/show_chart:"),
+             ("Model explorer", "explorer", ui.guarded(explorer.render), ":material/visibility:")]
+    probe_specs = []
+    for name, module in pages.probe_pages():
+        title = getattr(module, "TITLE", None) or name
+        probe_specs.append((f"Probe: {title}", f"probe-{name}", _probe_page(name, module), ":material/science:"))
+    urls = [url for _, url, _, _ in specs + probe_specs]
+    default = requested if requested in urls else "runs"
+
+    def make(title, url, fn, icon):
+        return st.Page(fn, title=title, url_path=url, icon=icon, default=url == default)
+
+    return {"Results": [make(*s) for s in specs], "Probes": [make(*s) for s in probe_specs]}
+
 
 st.set_page_config(page_title="BERTology workbench", layout="wide")
-st.title("BERTology workbench")
-
-store = ResultsStore()
-runs = store.runs()
-st.caption(f"runs root: {store.root}")
-if runs.empty:
-    st.info("No runs yet. Run `bertology run experiments/main.yaml` to make some.")
+try:
+    requested = st.query_params.get("page")
+    navigation = st.navigation(build_pages(requested))
+except Exception as e:  # noqa: BLE001 - e.g. a probe's companion module that fails to import
+    st.error(f"the app could not build its pages: {type(e).__name__}: {e}")
     st.stop()
-
-st.subheader("Runs")
-st.dataframe(runs, hide_index=True, width="stretch")
-
-run_id = st.selectbox("Run", runs["run_id"].tolist())
-rows = store.read(run_id)
-task = st.selectbox("Task", sorted(rows["task"].dropna().unique()))
-metric = st.selectbox("Metric", sorted(rows.loc[rows["task"] == task, "metric"].dropna().unique()))
-view = rows[(rows["task"] == task) & (rows["metric"] == metric)].sort_values("layer")
-fig = px.line(view, x="layer", y="value", color="model", line_dash="stack", markers=True,
-              error_y=view["ci_high"] - view["value"], error_y_minus=view["value"] - view["ci_low"],
-              title=f"{task}: {metric} by layer")
-st.plotly_chart(fig, width="stretch")
-with st.expander("Manifest: what produced this figure"):
-    st.code(json.dumps(store.manifest(run_id), indent=2, default=str), language="json")
-st.dataframe(view, hide_index=True, width="stretch")
+navigation.run()

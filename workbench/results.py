@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pa_ds
 import pyarrow.parquet as pq
 
 from workbench.errors import ConfigError, WorkbenchError
@@ -79,13 +80,16 @@ MANIFEST_NAME = "manifest.json"
 ROWS_NAME = "rows.parquet"
 BUSY_TIMEOUT_S = 120.0
 
-# Catalog columns; models/families/probes/tasks hold the distinct values found in a run's rows.
+# Catalog columns; models/families/probes/tasks/metrics/seeds/steps hold the distinct values found
+# in a run's rows (seeds/steps/metrics were added later: `_init_catalog` migrates older catalogs).
 CATALOG_COLUMNS = [
     "run_id", "kind", "name", "status", "created", "finished", "n_rows",
-    "models", "families", "probes", "tasks", "path",
+    "models", "families", "probes", "tasks", "metrics", "seeds", "steps", "path",
 ]  # fmt: skip
-_LIST_COLUMNS = ("models", "families", "probes", "tasks")
-_CATALOG_ALIASES = {"model": "models", "family": "families", "probe": "probes", "task": "tasks"}
+_LIST_COLUMNS = ("models", "families", "probes", "tasks", "metrics", "seeds", "steps")
+_ADDED_COLUMNS = ("metrics", "seeds", "steps")
+_CATALOG_ALIASES = {"model": "models", "family": "families", "probe": "probes", "task": "tasks",
+                    "metric": "metrics", "seed": "seeds", "step": "steps"}  # fmt: skip
 
 # Test hook: called with the hidden temporary folder after rows and manifest are written and
 # before the rename that publishes the run (the crash test kills the process inside it).
@@ -361,8 +365,9 @@ class RunWriter:
         self._check_open()
         rows = pd.concat(self._frames, ignore_index=True) if self._frames else empty_rows()
 
-        def distinct(col: str) -> list[str]:
-            return sorted(rows[col].dropna().unique().tolist())
+        def distinct(col: str) -> list:
+            values = rows[col].dropna().unique().tolist()
+            return sorted(int(v) for v in values) if col in INT_COLUMNS else sorted(values)
 
         manifest = {
             "schema_version": SCHEMA_VERSION,
@@ -379,6 +384,8 @@ class RunWriter:
                 "probes": distinct("probe"),
                 "tasks": distinct("task"),
                 "metrics": distinct("metric"),
+                "seeds": distinct("seed"),
+                "steps": distinct("step"),
             },
             "notes": self._notes,
         }
@@ -484,19 +491,37 @@ class ResultsStore:
                 "CREATE TABLE IF NOT EXISTS runs ("
                 "run_id TEXT PRIMARY KEY, kind TEXT NOT NULL, name TEXT, status TEXT NOT NULL, "
                 "created TEXT, finished TEXT, n_rows INTEGER, models TEXT, families TEXT, "
-                "probes TEXT, tasks TEXT, path TEXT NOT NULL)"
+                "probes TEXT, tasks TEXT, metrics TEXT, seeds TEXT, steps TEXT, path TEXT NOT NULL)"
             )
+            have = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
+            added = [c for c in _ADDED_COLUMNS if c not in have]
+            for c in added:  # a catalog written before these columns existed
+                con.execute(f"ALTER TABLE runs ADD COLUMN {c} TEXT")
+        if added:
+            self.reindex()
 
-    @staticmethod
-    def _catalog_row(manifest: Mapping[str, Any]) -> tuple:
-        s = manifest.get("summary", {})
+    def _catalog_row(self, manifest: Mapping[str, Any]) -> tuple:
+        s = dict(manifest.get("summary", {}))
+        if any(k not in s for k in _ADDED_COLUMNS):  # a run published before the summary had them
+            s.update(self._summary_from_rows(manifest["run_id"], s))
         return (
             manifest["run_id"], manifest["kind"], manifest.get("name"), manifest.get("status", "finished"),
             manifest.get("created"), manifest.get("finished"), int(manifest.get("n_rows", 0)),
             json.dumps(s.get("models", [])), json.dumps(s.get("families", [])),
             json.dumps(s.get("probes", [])), json.dumps(s.get("tasks", [])),
+            json.dumps(s.get("metrics", [])), json.dumps(s.get("seeds", [])), json.dumps(s.get("steps", [])),
             f"results/{manifest['run_id']}",
         )  # fmt: skip
+
+    def _summary_from_rows(self, run_id: str, summary: Mapping[str, Any]) -> dict[str, list]:
+        """metrics/seeds/steps of an older run, read from its rows (empty when they cannot be read)."""
+        try:
+            t = pq.read_table(self.results_dir / run_id / ROWS_NAME, columns=["metric", "seed", "step"])
+        except (OSError, pa.ArrowException, KeyError, ValueError):
+            return {k: [] for k in _ADDED_COLUMNS if k not in summary}
+        return {"metrics": sorted(str(v) for v in pc.unique(t["metric"]).to_pylist() if v is not None),
+                "seeds": sorted(int(v) for v in pc.unique(t["seed"]).to_pylist() if v is not None),
+                "steps": sorted(int(v) for v in pc.unique(t["step"]).to_pylist() if v is not None)}
 
     _INSERT = (
         f"INSERT OR REPLACE INTO runs ({', '.join(CATALOG_COLUMNS)}) "
@@ -647,7 +672,7 @@ class ResultsStore:
         df = pd.DataFrame(rows, columns=CATALOG_COLUMNS)
         for c in CATALOG_COLUMNS:
             if c in _LIST_COLUMNS:
-                df[c] = pd.Series([", ".join(v) for v in df[c]], dtype=pd.StringDtype())
+                df[c] = pd.Series([", ".join(map(str, v)) for v in df[c]], dtype=pd.StringDtype())
             elif c == "n_rows":
                 df[c] = df[c].astype(pd.Int64Dtype())
             else:
@@ -705,16 +730,27 @@ class ResultsStore:
                            if k in ("run_id", "model", "family", "probe", "task") and v is not None
                            and not (isinstance(v, (list, tuple, set, frozenset)) and None in v)}  # fmt: skip
         run_ids = self.runs(**catalog_filters)["run_id"].tolist()
-        tables = []
-        for rid in run_ids:
-            try:
-                tables.append(pq.read_table(self.results_dir / rid / ROWS_NAME, schema=ARROW_SCHEMA, filters=expr))
-            except FileNotFoundError:  # deleted since the catalog was read
-                continue
-        tables = [t for t in tables if t.num_rows]
-        if not tables:
+        # One dataset scan over all the runs' files (threaded, filter pushed down): ~10x faster than
+        # one read per file at 1,000 runs (benchmarks/bench_app_queries.py). Runs deleted since the
+        # catalog was read are left out; a file that cannot be read is named by the per-file pass.
+        paths = [p for rid in run_ids if (p := self.results_dir / rid / ROWS_NAME).is_file()]
+        if not paths:
             return empty_rows()
-        return coerce_rows(pa.concat_tables(tables))
+        try:
+            table = pa_ds.dataset([str(p) for p in paths], schema=ARROW_SCHEMA, format="parquet").to_table(filter=expr)
+        except (OSError, pa.ArrowException):
+            tables = []
+            for path in paths:
+                try:
+                    tables.append(pq.read_table(path, schema=ARROW_SCHEMA, filters=expr))
+                except FileNotFoundError:  # deleted since the catalog was read
+                    continue
+                except (OSError, pa.ArrowException) as e:
+                    raise ResultsError(f"{path}: cannot read the run's rows ({type(e).__name__}: {e})") from None
+            table = pa.concat_tables(tables) if tables else None
+        if table is None or not table.num_rows:
+            return empty_rows()
+        return coerce_rows(table)
 
     # -- housekeeping --------------------------------------------------------------------------
 

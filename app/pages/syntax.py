@@ -1,0 +1,68 @@
+"""The syntax probe's page (Hewitt & Manning 2019; Tenney et al. 2019): one run's POS, dependency
+and structural-probe curves side by side with their baselines, where in depth each task is decoded
+(expected layer and scalar-mix centre of gravity), and the training-time heatmap for runs over
+training steps. A template for other probes' companion pages (see app/pages/__init__.py)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data, figures, ui
+from app.views.probe import select_rows
+
+TITLE = "Syntax"
+MAIN_METRIC = {"structural-distance": "uuas", "structural-depth": "root_acc"}
+
+
+def render(store) -> None:
+    st.header("Syntax probes")
+    runs = ui.catalog_or_stop(store)
+    runs = data.filter_runs(runs, probes=["syntax"])
+    if runs.empty:
+        st.info(f"No syntax runs yet under {store.root}. Run `bertology probe syntax --checkpoint ...`.")
+        return
+    rows = select_rows(store, runs, "syntax", key="syntax")
+    if rows is None:
+        return
+    tasks = sorted(rows["task"].dropna().unique())
+    chosen = st.multiselect("Tasks", tasks, default=[t for t in ("upos", "deprel", "structural-distance") if t in tasks]
+                            or tasks[:3], key="syntax-tasks")
+    twins = st.checkbox("Show random-init twins", value=True, key="syntax-twins")
+    view = rows if twins else rows[~rows["model"].map(data.is_twin)]
+    view = view[view["task"].isin(chosen) & (view["split"] == "dev") &
+                view["metric"].isin([MAIN_METRIC.get(t, "accuracy") for t in chosen] + list(figures.BASELINE_OF))]
+    if not view.empty:
+        drawn = figures.layer_curves(view, "Syntax probes, layer by layer", {"baselines": list(figures.BASELINE_OF)})
+        drawn.figure.update_layout(width=None)
+        st.plotly_chart(drawn.figure, width="stretch", key="syntax-curves")
+
+    st.subheader("Where in depth (Tenney et al. 2019)")
+    summary = figures.expected_layers(rows[~rows["model"].map(data.is_twin)])
+    if summary.empty:
+        st.info("Expected layers need per-layer curves of at least two layers.")
+    else:
+        depth = figures.depth_summary(rows[~rows["model"].map(data.is_twin)], "Expected layer per task", {})
+        depth.figure.update_layout(width=None)
+        st.plotly_chart(depth.figure, width="stretch", key="syntax-depth")
+        ui.table(summary, "syntax-depth-table")
+
+    best = best_layers(rows)
+    st.subheader("Best layer per task and model")
+    ui.table(best, "syntax-best")
+
+    steps = rows["step"].dropna().unique()
+    if len(steps) > 1 and "upos" in tasks:
+        heat = figures.training_heatmap(rows[rows["split"] == "dev"], "UPOS accuracy over training steps",
+                                        {"task": "upos", "metric": "accuracy"})
+        heat.figure.update_layout(width=None)
+        st.plotly_chart(heat.figure, width="stretch", key="syntax-heatmap")
+
+
+def best_layers(rows):
+    """Per (model, task): the layer with the highest main metric on dev, and its value."""
+    dev = rows[(rows["split"] == "dev") & rows["layer"].notna()]
+    dev = dev[dev["metric"] == dev["task"].map(lambda t: MAIN_METRIC.get(t, "accuracy"))]
+    if dev.empty:
+        return dev[["model", "task", "metric", "layer", "value"]]
+    idx = dev.groupby(["model", "task"])["value"].idxmax()
+    return dev.loc[idx, ["model", "task", "metric", "layer", "value"]].reset_index(drop=True)

@@ -1,0 +1,65 @@
+"""Streamlit helpers shared by every page: the store, problem messages, and a guard that turns any
+error into one st.error line (a page never shows a traceback)."""
+
+from __future__ import annotations
+
+import functools
+
+import streamlit as st
+
+from app import data
+from workbench.errors import WorkbenchError
+from workbench.paths import runs_root
+
+NO_RUNS = "No runs yet under {root}. Run `bertology run experiments/main.yaml` (or `bertology probe syntax --checkpoint ...`) to make some."
+
+
+def store():
+    """The results store of the runs root ($BERTOLOGY_RUNS, read on every rerun)."""
+    return data.open_store(runs_root())
+
+
+def guarded(page):
+    """Run a page; a WorkbenchError or any other exception becomes one st.error line."""
+
+    @functools.wraps(page)
+    def run(*args, **kwargs):
+        try:
+            return page(*args, **kwargs)
+        except WorkbenchError as e:
+            st.error(str(e))
+        except Exception as e:  # noqa: BLE001 - the app shows what went wrong instead of a traceback
+            st.error(f"{type(e).__name__}: {e}")
+
+    return run
+
+
+def show_problems(problems: list[str], limit: int = 8) -> None:
+    for p in problems[:limit]:
+        st.warning(p)
+    if len(problems) > limit:
+        st.warning(f"... and {len(problems) - limit} more damaged or older runs")
+
+
+def catalog_or_stop(s):
+    """The catalog; an info line and st.stop() when the store holds no runs."""
+    runs = data.catalog(s)
+    if runs.empty:
+        st.info(NO_RUNS.format(root=s.root))
+        st.stop()
+    return runs
+
+
+def pick(label: str, options: list, key: str, default=None, **kw):
+    """A selectbox that keeps a valid choice when the options change."""
+    if not options:
+        return None
+    index = options.index(default) if default in options else 0
+    return st.selectbox(label, options, index=index, key=key, **kw)
+
+
+def table(df, key: str, hide_index: bool = True) -> None:
+    """A dataframe inside a container keyed `key` (the tests and the browser find it by that key:
+    `at.container(key)`, CSS class `st-key-<key>`)."""
+    with st.container(key=key):
+        st.dataframe(df, hide_index=hide_index, width="stretch")

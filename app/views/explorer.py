@@ -1,0 +1,122 @@
+"""Model explorer: pick a checkpoint (a folder under the runs root or a cached Hub model), type a
+sentence, and look inside: attention heatmaps per layer and head, how each word's vector moves
+across layers, and the logit lens (top-k predictions of a masked or next word at every layer)."""
+
+from __future__ import annotations
+
+import plotly.express as px
+import streamlit as st
+
+from app import data, model_views, ui
+
+SOURCES = ("checkpoint under the runs root", "cached Hugging Face model", "type a path or Hub name")
+DEFAULT_SENTENCE = "The keys to the old cabinet are on the table ."
+
+
+@st.cache_resource(max_entries=2, show_spinner="loading the model")
+def _handle(path: str):
+    return model_views.load(path)
+
+
+def render() -> None:
+    st.header("Model explorer")
+    s = ui.store()
+    roots = data.allowed_roots(s.root)
+    local = data.list_checkpoints(s.root)
+    hub = data.cached_hub_models()
+    source = st.radio("Checkpoint from", SOURCES, index=0 if local or not hub else 1, horizontal=True,
+                      key="ex-source")
+    if source == SOURCES[0]:
+        if not local:
+            st.info(f"No checkpoint folders under the runs root {s.root} (train one: `bertology train ...`).")
+            return
+        choice = st.selectbox("Checkpoint", local, index=len(local) - 1, key="ex-local")
+    elif source == SOURCES[1]:
+        if not hub:
+            st.info("No models in the local Hugging Face cache.")
+            return
+        choice = st.selectbox("Hub model", hub, key="ex-hub")
+    else:
+        choice = st.text_input("Folder (under the runs root) or Hub name (cached)", key="ex-typed")
+        if not choice:
+            st.info(f"The app reads only under {roots[0]} and the Hugging Face cache {roots[1]}.")
+            return
+    path = data.resolve_model(choice, roots)  # PathRefused (one st.error line) outside the roots
+    handle = _handle(str(path))
+    st.caption(f"{path} · family {handle.family} · stacks {', '.join(handle.stacks)} · "
+               f"{handle.num_layers[handle.stacks[0]]} layers")
+    sentence = st.text_input("Sentence", DEFAULT_SENTENCE, key="ex-sentence")
+    words = model_views.words_of(sentence)
+
+    tab_att, tab_vec, tab_lens = st.tabs(["Attention", "Word vectors across layers", "Logit lens"])
+    with tab_att:
+        attention(handle, words)
+    with tab_vec:
+        vectors(handle, words)
+    with tab_lens:
+        lens(handle, words)
+
+
+def attention(handle, words) -> None:
+    stack = st.selectbox("Stack", handle.stacks, key="ex-stack") if len(handle.stacks) > 1 else handle.stacks[0]
+    try:
+        att = model_views.attention(handle, words, stack)
+    except Exception as e:  # noqa: BLE001 - e.g. no attention weights (ELMo): say so, keep the other tabs
+        st.warning(str(e))
+        return
+    n_layers, n_heads = att.maps.shape[:2]
+    layer = st.slider("Layer", 1, n_layers, 1, key="ex-layer") - 1
+    heads = st.multiselect("Heads", list(range(n_heads)), default=list(range(min(n_heads, 12))), key="ex-heads")
+    if not heads:
+        st.info("Choose at least one head.")
+        return
+    labels = [f"{i}:{t}" for i, t in enumerate(att.tokens)]
+    fig = px.imshow(att.maps[layer, heads], x=labels, y=labels, facet_col=0, facet_col_wrap=min(4, len(heads)),
+                    color_continuous_scale="Blues", zmin=0, zmax=1, aspect="equal",
+                    labels={"x": "attends to", "y": "token", "color": "weight"})
+    for i, h in enumerate(heads):
+        fig.layout.annotations[i].text = f"head {h}"
+    fig.update_layout(height=320 * ((len(heads) + 3) // 4), title=f"layer {layer + 1}")
+    st.plotly_chart(fig, width="stretch", key="ex-attention")
+
+
+def vectors(handle, words) -> None:
+    view = model_views.layer_view(handle, words)
+    fig = px.imshow(view.to_previous.to_numpy(), x=list(view.to_previous.columns), y=view.words,
+                    color_continuous_scale="Viridis", aspect="auto",
+                    labels={"x": "layer", "y": "word", "color": "cos(h_l, h_l-1)"},
+                    title="Each word's vector against the layer below (cosine)")
+    st.plotly_chart(fig, width="stretch", key="ex-to-previous")
+    n = view.across_layers.shape[0]
+    fig2 = px.imshow(view.across_layers, x=[str(i) for i in range(n)], y=[str(i) for i in range(n)],
+                     color_continuous_scale="Viridis", labels={"x": "layer", "y": "layer", "color": "mean cosine"},
+                     title="Layer x layer similarity of the same word (mean over words)")
+    st.plotly_chart(fig2, width="stretch", key="ex-across")
+    st.markdown("**Nearest other word of the sentence, per layer** (cosine)")
+    ui.table(view.nearest_word, "ex-nearest", hide_index=False)
+
+
+def lens(handle, words) -> None:
+    why = model_views.has_lens(handle)
+    if why:
+        st.info(why)
+        return
+    from workbench.lm_scores import lm_kind
+
+    causal = lm_kind(handle.model) == "causal"
+    options = list(range(1, len(words))) if causal else list(range(len(words)))
+    if not options:
+        st.info("A causal LM predicts a word from the words before it: type at least two words.")
+        return
+    what = "next word (predict this word from the ones before)" if causal else "masked word"
+    position = st.selectbox(what, options, index=min(len(options) - 1, 1), key="ex-lens-word",
+                            format_func=lambda i: f"{i}: {words[i]}")
+    k = st.slider("top k", 1, 10, 5, key="ex-lens-k")
+    table = model_views.logit_lens(handle, words, position, k)
+    wide = table.assign(cell=[f"{t} ({p:.2f})" for t, p in zip(table["token"], table["prob"])]) \
+        .pivot(index="layer", columns="rank", values="cell")
+    ui.table(wide, "ex-lens-table", hide_index=False)
+    top1 = table[table["rank"] == 1]
+    fig = px.line(top1, x="layer", y="prob", text="token", markers=True, title="top-1 probability by layer")
+    fig.update_traces(textposition="top center")
+    st.plotly_chart(fig, width="stretch", key="ex-lens-chart")

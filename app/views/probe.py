@@ -1,0 +1,47 @@
+"""The generic page of a probe without a companion module (`app/pages/<probe>.py`): any probe's
+rows, whatever its tasks and metrics: the runs holding it, layer curves per task and metric, and
+the rows without a layer (whole-model scores, matrices) as a table."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data, ui
+from app.views import layer_curves
+
+
+def render(probe: str, store=None) -> None:
+    st.header(f"Probe: {probe}")
+    s = store if store is not None else ui.store()
+    runs = ui.catalog_or_stop(s)
+    runs = data.filter_runs(runs, probes=[probe])
+    if runs.empty:
+        st.info(f"No {probe} runs yet under {s.root}. Run `bertology probe {probe} --checkpoint ...`.")
+        return
+    rows = select_rows(s, runs, probe, key=f"probe-{probe}")
+    if rows is None:
+        return
+    tasks = sorted(rows["task"].dropna().unique())
+    task = ui.pick("Task", tasks, key=f"probe-{probe}-task")
+    sub = rows[rows["task"] == task]
+    layer_curves.draw(sub, probe, task, key=f"probe-{probe}-{task}")
+    flat = sub[sub["layer"].isna()]
+    if not flat.empty:
+        st.subheader("Rows without a layer")
+        ui.table(flat.dropna(axis=1, how="all"), f"probe-{probe}-flat")
+
+
+def select_rows(s, runs, probe: str, key: str):
+    """A run picker (newest first, or every run) and that selection's rows of `probe`; None when
+    nothing is readable (the reason shown)."""
+    ids = runs["run_id"].tolist()[::-1]
+    labels = {r: f"{r}  {n or ''}" for r, n in zip(runs["run_id"], runs["name"])}
+    choice = st.selectbox("Run", ["all runs"] + ids, index=1, key=f"{key}-run",
+                          format_func=lambda r: labels.get(r, r))
+    chosen = runs if choice == "all runs" else runs[runs["run_id"] == choice]
+    loaded = data.query(s, chosen, probe=probe)
+    ui.show_problems(loaded.problems)
+    if loaded.rows.empty:
+        st.info(f"No readable {probe} rows in this selection.")
+        return None
+    return loaded.rows
