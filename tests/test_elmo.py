@@ -13,22 +13,24 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from tests.training_helpers import run_tiny_training
 from workbench.families.elmo import (
     FAMILY,
     ElmoConfig,
     ElmoForBiLM,
     ElmoModel,
     ScalarMix,
+    batch_characters,
     build_model,
     char_table,
     make_collator,
     sentence_examples,
     word_characters,
 )
+from workbench.families.elmo_modules import fit_char_width
 from workbench.models import ModelHandle
 from workbench.paths import data_path
 from workbench.tokenization import build_tokenizer
-from workbench.train import run_tiny_training
 
 
 def _wikitext_sentences(split: str, limit: int) -> list[str]:
@@ -138,8 +140,9 @@ def test_forward_sees_no_future_and_backward_no_past(model, tokenizer, corpus):
 
 
 def test_save_pretrained_and_automodel_roundtrip(model, tokenizer, corpus, tmp_path):
-    import workbench.families  # noqa: F401 - registers ELMo with the Auto classes, as the handle does
     from transformers import AutoConfig, AutoModel, AutoModelForPreTraining
+
+    import workbench.families  # noqa: F401 - registers ELMo with the Auto classes, as the handle does
 
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
@@ -159,13 +162,18 @@ def test_save_pretrained_and_automodel_roundtrip(model, tokenizer, corpus, tmp_p
         torch.testing.assert_close(full(**batch).loss, model(**batch).loss)
 
 
-def test_character_table_and_oov_limitation(model, tokenizer):
+def test_character_table_and_spelling_rules(model, tokenizer):
     cfg = model.config
     table = model.elmo.token_encoder.char_ids
     assert table.shape == (len(tokenizer), cfg.max_chars)
     the = tokenizer.convert_tokens_to_ids("the")
     assert table[the].tolist() == word_characters("the", cfg.max_chars)
     assert word_characters("the", 8) == [257, ord("t") + 1, ord("h") + 1, ord("e") + 1, 258, 0, 0, 0]
+    # any Unicode word is spelled by its UTF-8 bytes; the empty word is [BOW, EOW]
+    assert word_characters("é", 6) == [257, 0xC3 + 1, 0xA9 + 1, 258, 0, 0]
+    assert word_characters("", 5) == [257, 258, 0, 0, 0]
+    with pytest.raises(Exception, match="max_chars"):
+        word_characters("a", 2)
     # long words are truncated to max_chars like ELMo's; special tokens get their own marker characters
     assert word_characters("x" * 100, 20)[-1] == 258 and len(word_characters("x" * 100, 20)) == 20
     special_rows = {tuple(table[tokenizer.convert_tokens_to_ids(t)].tolist()) for t in FAMILY.special_tokens}
@@ -174,11 +182,56 @@ def test_character_table_and_oov_limitation(model, tokenizer):
     unk_word = tokenizer.convert_tokens_to_ids("unk")
     assert unk_word != tokenizer.unk_token_id
     assert table[unk_word].tolist() == word_characters("unk", cfg.max_chars) != table[tokenizer.unk_token_id].tolist()
-    # the documented simplification: an out-of-vocabulary word becomes [UNK] with [UNK]'s characters
-    oov = tokenizer("zyzzogeton", add_special_tokens=False).input_ids
-    assert oov == [tokenizer.unk_token_id]
     with pytest.raises(Exception, match="num_special_chars"):
         char_table({"a": 0, "[A]": 1, "[B]": 2}, ["[A]", "[B]"], 10, num_special_chars=1)
+
+
+@pytest.mark.parametrize("word", ["", "a", "cat", "Zürich", "x" * 60, "東京タワー" * 3])
+@pytest.mark.parametrize("width", [3, 5, 8, 20])
+def test_wide_character_input_is_truncated_like_word_characters(word, width):
+    wide = batch_characters([[word]], 1)  # untruncated: as wide as the word needs
+    assert wide.shape[-1] == max(3, len(word.encode("utf-8")) + 2)
+    assert fit_char_width(wide, width)[0, 0].tolist() == word_characters(word, width)
+
+
+def _oov_states(model, tokenizer, words: list[str]) -> torch.Tensor:
+    """All layers [L+1, n, 2H] of one sentence, unknown words read from their spelling (char_ids)."""
+    ids = torch.tensor([tokenizer.convert_tokens_to_ids(["<S>", *words, "</S>"])])
+    vocab = tokenizer.get_vocab()
+    spell = [[None, *(w if w not in vocab else None for w in words), None]]
+    with torch.no_grad():
+        out = model.elmo(ids, output_hidden_states=True, char_ids=batch_characters(spell, ids.shape[1]))
+    return torch.stack(out.hidden_states)[:, 0, 1:-1]
+
+
+def test_unknown_words_are_read_from_their_own_characters(model, tokenizer):
+    """Open-vocabulary input (Peters et al. 2018): two different unknown words differ from each
+    other and from [UNK]; the same word in the same context is the same; vocabulary words are read
+    exactly as from their ids; a 60-character word and non-ASCII words work."""
+    vocab = tokenizer.get_vocab()
+    oov = ["zyzzogeton", "quokkas", "Zürich", "東京", "x" * 60, "x" * 59 + "y"]
+    assert not any(w in vocab for w in oov)
+    assert all(tokenizer(w, add_special_tokens=False).input_ids == [tokenizer.unk_token_id] for w in oov[:4])
+    states = {w: _oov_states(model, tokenizer, ["the", w, "was", "released"]) for w in oov}
+    ids_only = model.elmo(torch.tensor([tokenizer.convert_tokens_to_ids(["<S>", "the", "[UNK]", "was", "released", "</S>"])]),
+                          output_hidden_states=True).hidden_states
+    unk_states = torch.stack(ids_only)[:, 0, 1:-1]
+    for a in oov[:5]:
+        assert not torch.allclose(states[a][:, 1], unk_states[:, 1], atol=1e-4), a
+        for b in oov[:5]:
+            if a != b:
+                assert (states[a][0, 1] - states[b][0, 1]).abs().max() > 1e-4, (a, b)
+    # the same word in the same context: identical, and the context words before it too
+    torch.testing.assert_close(_oov_states(model, tokenizer, ["the", "quokkas", "was", "released"]), states["quokkas"])
+    # left of the unknown word, the forward half cannot see it; the words are vocabulary words,
+    # read identically with and without char_ids
+    torch.testing.assert_close(states["quokkas"][:, 0, :32], unk_states[:, 0, :32])
+    # max_chars = 20 in `tiny`: two 60-character words that differ only past the cut are read alike
+    torch.testing.assert_close(states["x" * 60], states["x" * 59 + "y"])
+    with pytest.raises(ValueError, match="char_ids"):
+        model.elmo(torch.tensor([[1, 2]]), char_ids=torch.zeros(1, 3, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="char_ids"):
+        model.elmo(torch.tensor([[1, 2]]), char_ids=torch.full((1, 2, 5), 10_000))
 
 
 def test_collator_targets_and_loss_terms(model, tokenizer, corpus):
@@ -339,8 +392,78 @@ def test_model_handle_loads_elmo_checkpoint(model, tokenizer, corpus, tmp_path):
         assert arr.shape == (3, len(words), 64) and arr.dtype == np.float32
     ids, _ = _encode(tokenizer, [" ".join(sentences[0])])
     assert ids.shape[1] == len(sentences[0]) + 2  # <S> words </S>
-    direct = _states(model.elmo, ids)[:, 0, 1:-1].numpy()
+    # the direct pass reads unknown words from their spelling too (they are in these sentences)
+    assert tokenizer.unk_token_id in ids[0].tolist()
+    direct = _oov_states(model, tokenizer, sentences[0]).numpy()
     np.testing.assert_allclose(states[0], direct, atol=1e-5)
+    assert np.abs(states[0] - _states(model.elmo, ids)[:, 0, 1:-1].numpy()).max() > 1e-3  # not [UNK]'s characters
     # ELMo has no attention weights: asking for them is a clear error, not a silent None
     with pytest.raises(Exception, match="no attention"):
         handle.forward(sentences[:1], attentions=True)
+
+
+def test_model_handle_reads_unknown_words_from_their_spelling(model, tokenizer, tmp_path):
+    """Probing time: the handle gives each out-of-vocabulary word its own characters, whatever the
+    batch or window it lands in; the empty string has the handle's defined no-subword behaviour."""
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    handle = ModelHandle.load(tmp_path)
+    assert handle.reads_characters
+    ctx = ["the", "{}", "was", "released", "in", "1990", "."]
+    words = ["zyzzogeton", "quokkas", "Zürich", "東京", "x" * 60]
+    sents = [[w.format(x) if w == "{}" else w for w in ctx] for x in words] + [ctx[:1] + ["quokkas"] + ctx[2:]]
+    states = list(handle.word_states(sents, batch_size=2))
+    for i, w in enumerate(words):
+        np.testing.assert_allclose(states[i], _oov_states(model, tokenizer, sents[i]).numpy(), atol=1e-5, err_msg=w)
+        for j in range(i):
+            assert np.abs(states[i][:, 1] - states[j][:, 1]).max() > 1e-4, (w, words[j])
+    np.testing.assert_array_equal(states[1], states[-1])  # same word, same context, other batch
+    # the same unknown word in a sliding window (max_length 5: <S> + 3 words + </S>) is still spelled
+    small = ModelHandle(model, tokenizer, max_length=5)
+    (windowed,) = list(small.word_states([sents[1]]))
+    assert small.stats["windowed_sentences"] == 1
+    (direct,) = list(small.word_states([sents[1][:3]]))
+    np.testing.assert_allclose(windowed[:, 1, :32], direct[:, 1, :32], atol=1e-5)  # forward half: same left context
+    # tokenize_words / forward expose ids of the closed vocabulary ([UNK]), never internal ones
+    out = handle.forward(sents[:2])
+    assert int(out.batch.input_ids.max()) < len(tokenizer)
+    assert (out.batch.input_ids == tokenizer.unk_token_id).sum() == 2
+    # the empty string yields no token: it borrows the previous word's state and is counted
+    before = handle.stats["no_subword_words"]
+    (empty,) = list(handle.word_states([["the", "", "quokkas"]]))
+    assert handle.stats["no_subword_words"] == before + 1
+    np.testing.assert_array_equal(empty[:, 1], empty[:, 0])
+
+
+def test_collator_and_corpus_cache_carry_unknown_spellings(model, tokenizer, tmp_path):
+    """Training time: the tokenised corpus keeps the spelling behind each [UNK], sentence examples
+    carry it and the collator turns it into char_ids, so the loss reads the word itself."""
+    from types import SimpleNamespace
+
+    from workbench.data_cache import TokenizedCorpus
+
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    (corpus_dir / "manifest.json").write_text("{}")
+    texts = ["the quokkas was released .\nZürich , 東京 and the game", "the game was released"]
+    docs = [SimpleNamespace(doc_id=f"d{i}", text=t) for i, t in enumerate(texts)]
+    corpus = SimpleNamespace(dir=corpus_dir, documents=lambda split: docs)
+    tokenizer(["a", "the game was released"], padding=True)  # leaves padding on the backend: must not leak
+    cached = TokenizedCorpus.build(tokenizer, corpus, "train", cache_dir=tmp_path / "cache", show_progress=False)
+    assert cached.has_unknown_words
+    assert cached.unknown_words(0) == [None, "quokkas", None, None, None]
+    assert cached.unknown_words(1) == ["Zürich", None, "東京", None, None, None]
+    assert cached.unknown_words(2) == [None] * 4
+    reopened = TokenizedCorpus(cached.path)
+    assert reopened.unknown_words(1) == cached.unknown_words(1)
+    examples = sorted(sentence_examples(cached, 5, np.random.default_rng(0)), key=lambda e: e["input_ids"])
+    assert {tuple(e["unknown"]) for e in examples} >= {("Zürich", None, "東京"), (None, "quokkas", None)}
+    batch = make_collator({}, tokenizer)(examples)
+    for b, ex in enumerate(examples):
+        for t, w in enumerate(ex["unknown"]):
+            row = fit_char_width(batch["char_ids"][b, t + 1], model.config.max_chars).tolist()
+            assert row == (word_characters(w, model.config.max_chars) if w else [0] * model.config.max_chars)
+    with torch.no_grad():
+        spelled = model(**batch).loss
+        closed = model(**{k: v for k, v in batch.items() if k != "char_ids"}).loss
+    assert abs(float(spelled) - float(closed)) > 1e-6  # the unknown words' characters reach the loss

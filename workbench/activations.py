@@ -141,9 +141,11 @@ def model_fingerprint(handle) -> str:
     """The checkpoint's weight hash plus its tokenizer's: the same weights read through another
     tokenizer give other vectors, so both belong in the cache key."""
     backend = getattr(getattr(handle, "tokenizer", None), "backend_tokenizer", None)
+    # ELMo read through its characters (open vocabulary) differs from the older [UNK] reading
+    chars = "+chars" if getattr(handle, "reads_characters", False) else ""
     if backend is None:
-        return handle.checkpoint_hash
-    return handle.checkpoint_hash + "+" + hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest()
+        return handle.checkpoint_hash + chars
+    return handle.checkpoint_hash + "+" + hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest() + chars
 
 
 def cache_path(handle, sentences, dataset_key, pooling="first", stack=None, dtype="float32", cache_dir=None) -> Path:

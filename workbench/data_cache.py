@@ -9,7 +9,11 @@ the tokenizer hash + corpus manifest hash + split. Layout (all written atomicall
 - `sentence_offsets.npy`: int64 [n_sentences + 1], sentence i = ids[off[i]:off[i+1]];
 - `document_offsets.npy`: int64 [n_docs + 1] in sentence units, document d = sentences
   doc_off[d]:doc_off[d+1];
-- `meta.json`: doc ids, separator id, number of special tokens, tokenizer and corpus hashes.
+- `meta.json`: doc ids, separator id, number of special tokens, tokenizer and corpus hashes;
+- word-level tokenizers only (ELMo's closed softmax vocabulary): `unknown_positions.npy` (int64,
+  ascending positions in `ids` of the [UNK] tokens), `unknown_word_ids.npy` (int32, per position an
+  index into `unknown_words.json`, the distinct spellings), so that the character CNN can read the
+  word itself (Peters et al. 2018) while the targets stay [UNK].
 
 A sentence is one non-empty line of a `Document.text` (the corpus builder's contract).
 """
@@ -21,6 +25,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer, models
 from tqdm.auto import tqdm
 
 from workbench.errors import CheckpointError
@@ -28,7 +33,7 @@ from workbench.io import atomic_dir, sha256_file
 from workbench.paths import cache_root
 from workbench.tokenization import tokenizer_hash
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: spellings of unknown words (word-level tokenizers)
 
 
 def separator_id(tokenizer) -> int:
@@ -56,6 +61,11 @@ class TokenizedCorpus:
         self.num_special: int = int(self.meta["num_special"])
         self.split: str = self.meta["split"]
         self._stream: np.ndarray | None = None
+        self.has_unknown_words = (self.path / "unknown_words.json").exists()
+        if self.has_unknown_words:
+            self._unknown_positions = np.load(self.path / "unknown_positions.npy", mmap_mode="r")
+            self._unknown_word_ids = np.load(self.path / "unknown_word_ids.npy", mmap_mode="r")
+            self._unknown_words: list[str] = json.loads((self.path / "unknown_words.json").read_text(encoding="utf-8"))
 
     # ---- sizes and access -------------------------------------------------------------------
     @property
@@ -75,6 +85,17 @@ class TokenizedCorpus:
 
     def sentence(self, i: int) -> np.ndarray:
         return np.asarray(self.ids[self.sentence_offsets[i] : self.sentence_offsets[i + 1]], dtype=np.int64)
+
+    def unknown_words(self, i: int) -> list[str | None]:
+        """Per token of sentence i, the spelling of a word the vocabulary maps to [UNK], else None."""
+        if not self.has_unknown_words:
+            raise CheckpointError(f"{self.path}: this cache keeps no unknown-word spellings (not a word-level tokenizer)")
+        a, b = int(self.sentence_offsets[i]), int(self.sentence_offsets[i + 1])
+        out: list[str | None] = [None] * (b - a)
+        lo, hi = np.searchsorted(self._unknown_positions, [a, b])
+        for pos, k in zip(self._unknown_positions[lo:hi], self._unknown_word_ids[lo:hi]):
+            out[int(pos) - a] = self._unknown_words[int(k)]
+        return out
 
     def document(self, d: int) -> list[np.ndarray]:
         """Document `d` as a list of its sentences' id arrays."""
@@ -125,16 +146,34 @@ class TokenizedCorpus:
             lines.extend(sents)
             doc_sentence_counts.append(len(sents))
 
-        backend = tokenizer.backend_tokenizer
+        # A private copy without padding or truncation: a tokenizer called with padding=True
+        # keeps that setting on its backend, which would pad every sentence of a batch.
+        backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+        backend.no_padding()
+        backend.no_truncation()
         dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.int32
         chunks: list[np.ndarray] = []
         lengths = np.zeros(len(lines), dtype=np.int64)
+        # word-level vocabularies: keep the spelling behind every [UNK] (offsets index the line)
+        spell_unknown = isinstance(backend.model, models.WordLevel) and tokenizer.unk_token_id is not None
+        unk_id = tokenizer.unk_token_id
+        unknown_positions: list[int] = []
+        unknown_word_ids: list[int] = []
+        unknown_index: dict[str, int] = {}
+        n_seen = 0
         bar = tqdm(total=len(lines), desc=f"tokenising {split}", unit="sent", disable=not show_progress)
         for start in range(0, len(lines), batch_lines):
             encs = backend.encode_batch(lines[start : start + batch_lines], add_special_tokens=False)
             for j, enc in enumerate(encs):
                 lengths[start + j] = len(enc.ids)
-                chunks.append(np.asarray(enc.ids, dtype=dtype))
+                arr = np.asarray(enc.ids, dtype=dtype)
+                chunks.append(arr)
+                if spell_unknown:
+                    for t in np.nonzero(arr == unk_id)[0].tolist():
+                        a, b = enc.offsets[t]
+                        unknown_positions.append(n_seen + t)
+                        unknown_word_ids.append(unknown_index.setdefault(lines[start + j][a:b], len(unknown_index)))
+                n_seen += len(arr)
             bar.update(len(encs))
         bar.close()
         ids = np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
@@ -158,5 +197,9 @@ class TokenizedCorpus:
             np.save(tmp / "ids.npy", ids)
             np.save(tmp / "sentence_offsets.npy", sentence_offsets)
             np.save(tmp / "document_offsets.npy", document_offsets)
+            if spell_unknown:
+                np.save(tmp / "unknown_positions.npy", np.asarray(unknown_positions, dtype=np.int64))
+                np.save(tmp / "unknown_word_ids.npy", np.asarray(unknown_word_ids, dtype=np.int32))
+                (tmp / "unknown_words.json").write_text(json.dumps(list(unknown_index), ensure_ascii=False), encoding="utf-8")
             (tmp / "meta.json").write_text(json.dumps(meta))
         return cls(path)

@@ -20,6 +20,11 @@ tokenizer was saved with, and without relying on `is_split_into_words`, whose be
 between pre-tokenizers. Special tokens the tokenizer's post-processor adds ([CLS] ... [SEP],
 <s> ... </s>, ... </s>) are added around every sequence (and every window).
 
+ELMo reads characters (Peters et al. 2018): a word its closed vocabulary maps to [UNK] is given an
+id past the vocabulary that names its spelling (`_encode`), carried through windows and batches
+like any id; `_run` turns it back into [UNK] plus the word's characters (`char_ids`), so every
+word, in the vocabulary or not, is read from its own spelling.
+
 A word that yields no subword (e.g. a soft hyphen or zero-width space that the BERT normaliser
 deletes) gets the representation of the nearest preceding subword (the last piece of the
 previous word), or of the next subword when it opens the sentence, and is counted in
@@ -214,6 +219,12 @@ class ModelHandle:
         self._backend.no_truncation()
         self._backend.no_padding()
         self._prefix, self._suffix = self._special_template()
+        # ELMo's character CNN: spellings of the unknown words seen so far, named by ids from
+        # _open_base on (see the module docstring); None for models that read ids only.
+        self.reads_characters = model_type == "elmo" and getattr(self.config, "token_encoder", "") == "char_cnn"
+        self._spelling_ids: dict[str, int] = {}
+        self._spellings: list[str] = []
+        self._open_base = max(int(getattr(self.config, "vocab_size", 0) or 0), len(tokenizer))
         self.pad_id = _first_not_none(tokenizer.pad_token_id, getattr(self.config, "pad_token_id", None), 0)
         self.max_length = int(max_length) if max_length is not None else self._max_length()
         self.capacity = self.max_length - len(self._prefix) - len(self._suffix)
@@ -352,6 +363,9 @@ class ModelHandle:
         unk = _first_not_none(self.tokenizer.unk_token_id, self.pad_id)
         # every word vanished (all deleted by the normaliser): the unk token stands in for them
         ids_list = [e.ids or [unk] for e in encs]
+        if self.reads_characters:
+            ids_list = [self._spell_unknown(" " + " ".join(sentences[i]), e) if e.ids else ids
+                        for i, e, ids in zip(nonempty.tolist(), encs, ids_list)]
         starts_list = [[o[0] for o in e.offsets] or [0] for e in encs]
         n_tok = np.fromiter((len(x) for x in ids_list), dtype=np.int64, count=len(encs))
         W = int(n_words.sum())
@@ -391,10 +405,45 @@ class ModelHandle:
             out[i] = _Encoded(all_ids[t0: t0 + n_tok[j]], first[w: w + n], last[w: w + n], int(n), ~missing[w: w + n])
         return out
 
+    def _spell_unknown(self, text: str, enc) -> list[int]:
+        """ELMo: the ids of one encoding with each [UNK] replaced by the id naming its spelling."""
+        unk = self.tokenizer.unk_token_id
+        ids = list(enc.ids)
+        for t, tok in enumerate(ids):
+            if tok == unk:
+                a, b = enc.offsets[t]
+                word = text[a:b]
+                k = self._spelling_ids.get(word)
+                if k is None:
+                    k = self._spelling_ids[word] = len(self._spellings)
+                    self._spellings.append(word)
+                ids[t] = self._open_base + k
+        return ids
+
+    def _characters(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ELMo: (ids with spelling ids turned back into [UNK], char_ids [B, T, max_chars])."""
+        from workbench.families.elmo_modules import word_characters
+
+        C = int(self.config.max_chars)
+        chars = torch.zeros(*ids.shape, C, dtype=torch.long, device=ids.device)
+        open_ = ids >= self._open_base
+        if bool(open_.any()):
+            rows = [word_characters(self._spellings[k], C) for k in (ids[open_] - self._open_base).tolist()]
+            chars[open_] = torch.tensor(rows, dtype=torch.long, device=ids.device)
+            ids = torch.where(open_, torch.full_like(ids, self.tokenizer.unk_token_id), ids)
+        return ids, chars
+
     def tokenize_words(self, sentences: Sequence[Sequence[str]]) -> WordBatch:
         """Pre-split words -> padded subword batch with word alignment (special tokens added).
 
         Rows keep every token, also past `max_length`; `forward` checks the length."""
+        batch = self._word_batch(sentences)
+        if self.reads_characters:
+            batch.input_ids = self._characters(batch.input_ids)[0]
+        return batch
+
+    def _word_batch(self, sentences: Sequence[Sequence[str]]) -> WordBatch:
+        """`tokenize_words`, but ELMo's unknown words keep their spelling ids (for `_run`)."""
         encs = self._encode(sentences, count=False)
         rows, wids = [], []
         for e in encs:
@@ -445,6 +494,8 @@ class ModelHandle:
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, stacks: Sequence[str], attentions: bool = False) -> dict:
         """One forward (no LM head): {stack: (hidden_states, attentions)} and cross-attentions."""
         kw = {"output_hidden_states": True, "return_dict": True}
+        if self.reads_characters:
+            ids, kw["char_ids"] = self._characters(ids)
         if attentions:
             self._ensure_eager()
             kw["output_attentions"] = True
@@ -486,7 +537,7 @@ class ModelHandle:
             raise ValueError("forward needs at least one sentence")
         stacks = self._stacks(stack) if stack is not None else self.stacks
         self.model.eval()
-        batch = self.tokenize_words(sentences)
+        batch = self._word_batch(sentences)
         lengths = batch.attention_mask.sum(1)
         too_long = (lengths > self.max_length).nonzero().flatten().tolist()
         if too_long:
@@ -495,6 +546,8 @@ class ModelHandle:
                                  f"use word_states (sliding windows) or truncate=True")
             batch = self._truncate(batch)
         out = self._run(batch.input_ids, batch.attention_mask, stacks, attentions)
+        if self.reads_characters:
+            batch.input_ids = self._characters(batch.input_ids)[0]
         word_ids = {}
         for s in stacks:
             if s == "decoder" and "encoder" in self.stacks:

@@ -8,8 +8,12 @@ Training examples are sentences, as in the paper (the 1B Word Benchmark is shuff
 each epoch visits the corpus' sentences in a shuffled order, the collator wraps each in <S> ... </S>
 and pads the batch. A sentence longer than max_len - 2 words is cut into consecutive pieces (every
 word is trained on; none is dropped). Empty sentences carry no LM target and are skipped.
-Differences from the paper (closed character vocabulary, no clipping, full softmax, no state
-carried across batches) are listed in `elmo_modules.py`.
+Open-vocabulary input as in the paper: the tokenised corpus keeps the spelling of every word the
+closed softmax vocabulary maps to [UNK] (`TokenizedCorpus.unknown_words`), each example carries
+them, and the collator passes their characters (`char_ids`), so the character CNN reads every
+word's own spelling while the LM targets stay over the closed vocabulary ([UNK] for those words).
+Differences from the paper (no clipping, full softmax, no state carried across batches) are
+listed in `elmo_modules.py`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from workbench.families.elmo_modules import (
     ElmoForBiLM,
     ElmoModel,
     ScalarMix,
+    batch_characters,
     char_table,
     word_characters,
 )
@@ -36,7 +41,7 @@ from workbench.objectives.causal import bilm_targets
 
 __all__ = [
     "FAMILY", "PRESETS", "SPECIAL_TOKENS", "CharCNNEncoder", "ElmoBiLMOutput", "ElmoConfig", "ElmoForBiLM",
-    "ElmoModel", "ScalarMix", "build_model", "char_table", "make_collator", "sentence_examples", "word_characters",
+    "ElmoModel", "ScalarMix", "batch_characters", "build_model", "char_table", "make_collator", "sentence_examples", "word_characters",
 ]
 
 AutoConfig.register("elmo", ElmoConfig, exist_ok=True)
@@ -91,20 +96,26 @@ def build_model(model_config: dict, tokenizer: PreTrainedTokenizerFast) -> ElmoF
 def make_collator(objective: dict, tokenizer: PreTrainedTokenizerFast):
     """Collator for sentence examples: <S> ids </S>, right-padded, with both LM targets.
 
+    An example is a list of ids or {"input_ids": ids, "unknown": spellings} where spellings[i] is
+    the word behind an [UNK] id (None for vocabulary words); their characters go into `char_ids`
+    (all zero elsewhere: the encoder spells those positions from its vocabulary table).
     Deterministic (the biLM has no masking), so the generator is accepted and unused.
     """
     pad, bos, eos = (_special_id(tokenizer, r) for r in ("pad", "bos", "eos"))
 
     def collate(examples: list, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        seqs = []
+        seqs, spellings = [], []
         for ex in examples:
             ids = ex["input_ids"] if isinstance(ex, dict) else ex
+            unknown = ex.get("unknown") if isinstance(ex, dict) else None
             seqs.append([bos, *(int(i) for i in ids), eos])
+            spellings.append([None, *(unknown if unknown is not None else [None] * len(ids))])
         input_ids, attention_mask = pad_sequences(seqs, pad)
         forward_labels, backward_labels = bilm_targets(input_ids, pad)
         return {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
+            "char_ids": batch_characters(spellings, input_ids.shape[1]),
             "forward_labels": forward_labels,
             "backward_labels": backward_labels,
         }
@@ -112,19 +123,24 @@ def make_collator(objective: dict, tokenizer: PreTrainedTokenizerFast):
     return collate
 
 
-def sentence_examples(corpus, max_len: int, rng: np.random.Generator) -> Iterator[list[int]]:
+def sentence_examples(corpus, max_len: int, rng: np.random.Generator) -> Iterator[list[int] | dict]:
     """One epoch of sentences in a shuffled order, each at most max_len - 2 ids (room for <S>, </S>).
 
     Longer sentences are cut into consecutive pieces; empty sentences are skipped (no target).
+    When the corpus keeps the spellings of its unknown words (`unknown_words(i)`), an example is
+    {"input_ids": ids, "unknown": spellings} (see `make_collator`), else the id list.
     """
     piece = max_len - 2
     if piece < 1:
         raise ValueError(f"max_len={max_len} leaves no room for words between <S> and </S>")
     n = len(corpus.sentence_offsets) - 1
+    spelled = getattr(corpus, "has_unknown_words", False)
     for i in rng.permutation(n):
         ids = np.asarray(corpus.sentence(int(i)))
+        unknown = corpus.unknown_words(int(i)) if spelled else None
         for start in range(0, len(ids), piece):
-            yield ids[start : start + piece].tolist()
+            chunk = ids[start : start + piece].tolist()
+            yield chunk if unknown is None else {"input_ids": chunk, "unknown": unknown[start : start + piece]}
 
 
 FAMILY = FamilySpec(

@@ -7,13 +7,20 @@ projection), then L layers of a forward and a backward LSTM with projections (LS
 2014) and a residual connection between layers; both directions share the token encoder and the
 softmax. The family module `workbench.families.elmo` registers these classes with the Auto classes.
 
+Character input (Peters et al. 2018, Sec. 3.4; Jozefowicz et al. 2016): every word is spelled as
+its UTF-8 bytes (byte b is character id b + 1, so any Unicode word has a spelling), wrapped in
+begin/end-of-word markers and truncated or padded to `max_chars` (`word_characters`): the
+paper's 262-symbol byte vocabulary, with one reserved marker per special token ([PAD], [UNK],
+<S>, </S>) in place of its fixed <S>/</S> characters. Only the softmax vocabulary is closed.
+The encoder takes `char_ids` [B, T, C] next to `input_ids`: a position with characters is read
+from them, a position without (an all-zero row: special tokens, padding, or a caller that passes
+ids only, as plain `AutoModel` users do) from the buffer `char_ids` [vocab_size, max_chars], the
+spellings of the vocabulary built at construction and saved with the weights. The workbench passes
+the characters of every out-of-vocabulary word (the family's collator at training time, the model
+handle at probing time), so an unknown word is read from its own spelling, never from [UNK]'s; an
+in-vocabulary word's table row is its own spelling, so for it the two paths agree.
+
 Deliberate differences from the paper, each for a stated reason:
-- Closed vocabulary for the characters. The model's input is `input_ids` from a word-level
-  tokenizer (so the model handle treats ELMo like any other checkpoint); the characters of each
-  vocabulary entry live in the buffer `char_ids` [vocab_size, max_chars], built from the tokenizer's
-  vocabulary at construction and saved with the weights. An out-of-vocabulary word therefore maps
-  to [UNK] and gets [UNK]'s characters: ELMo's open-vocabulary character input is lost, but the
-  character CNN still shares statistical strength between related spellings inside the vocabulary.
 - No cell/projection clipping (the paper's LSTMs clip at 3): `torch.nn.LSTM` (cuDNN, packed
   sequences) has no clipping, and a Python-loop LSTM would be far slower.
 - Full softmax instead of the sampled softmax the paper needed for its 793k-word vocabulary; our
@@ -97,15 +104,53 @@ class ElmoConfig(PreTrainedConfig):
 def word_characters(word: str, max_chars: int, special_index: int | None = None) -> list[int]:
     """Character ids of one word: [BOW, bytes..., EOW, pad...], truncated like ELMo's to max_chars.
 
+    Any Unicode string works (its UTF-8 bytes; truncation may cut a multi-byte character, as the
+    paper's byte-level input does); the empty string is [BOW, EOW], a word with no characters.
     A special token (special_index = its rank among the tokenizer's special tokens) is spelled
     [BOW, marker, EOW] with a marker character of its own.
     """
+    if max_chars < 3:
+        raise ConfigError(f"max_chars={max_chars}: a word needs room for BOW, one character and EOW")
     if special_index is not None:
         body = [FIRST_SPECIAL_CHAR + special_index]
     else:
         body = [b + 1 for b in word.encode("utf-8")[: max_chars - 2]]
     chars = [BOW_CHAR, *body, EOW_CHAR]
     return chars + [CHAR_PAD] * (max_chars - len(chars))
+
+
+def batch_characters(rows: Sequence[Sequence[str | None]], width: int, max_chars: int | None = None) -> torch.Tensor:
+    """LongTensor [len(rows), width, C]: position t of row b spelled from rows[b][t] (`word_characters`).
+
+    None (or a position past the row) stays all zero, which the encoder reads from its vocabulary
+    table instead (special tokens, padding, in-vocabulary words). C = max_chars, or by default wide
+    enough for the longest word, untruncated: the encoder then truncates to its own max_chars
+    (`fit_char_width`), so a collator need not know the model's config.
+    """
+    words = [w for row in rows for w in row if w is not None]
+    if max_chars is None:
+        max_chars = max([len(w.encode("utf-8")) + 2 for w in words] + [3])
+    out = torch.zeros(len(rows), width, max_chars, dtype=torch.long)
+    for b, row in enumerate(rows):
+        for t, w in enumerate(row[:width]):
+            if w is not None:
+                out[b, t] = torch.tensor(word_characters(w, max_chars))
+    return out
+
+
+def fit_char_width(char_ids: torch.Tensor, max_chars: int) -> torch.Tensor:
+    """Character ids [..., W] made [..., max_chars] exactly as `word_characters` would truncate or pad them.
+
+    A word longer than max_chars (markers included) keeps BOW and its first max_chars - 2 bytes and
+    ends with EOW; a narrower input is padded.
+    """
+    W = char_ids.shape[-1]
+    if W <= max_chars:
+        return F.pad(char_ids, (0, max_chars - W), value=CHAR_PAD)
+    cut = char_ids[..., max_chars].ne(CHAR_PAD)  # something follows position max_chars - 1
+    out = char_ids[..., :max_chars].clone()
+    out[..., -1] = torch.where(cut, torch.full_like(out[..., -1], EOW_CHAR), out[..., -1])
+    return out
 
 
 def char_table(vocab: dict[str, int], special_tokens: Sequence[str], max_chars: int, num_special_chars: int) -> torch.Tensor:
@@ -142,7 +187,9 @@ class CharCNNEncoder(nn.Module):
     """Context-independent token representation from characters (Kim et al., 2016; Peters et al., 2018).
 
     Character embeddings -> one Conv1d per width, max-pooled over the word, ReLU -> highway ->
-    linear projection to projection_dim. Each distinct id in a batch is encoded once.
+    linear projection to projection_dim. Each distinct spelling in a batch is encoded once.
+    `char_ids` (optional, [B, T, any width]) spells the positions it has characters for; the rest
+    are spelled from the vocabulary table (see the module docstring).
     """
 
     def __init__(self, config: ElmoConfig):
@@ -156,18 +203,28 @@ class CharCNNEncoder(nn.Module):
         self.register_buffer("char_ids", torch.zeros(config.vocab_size, config.max_chars, dtype=torch.long))
         self.register_buffer("char_ids_filled", torch.zeros((), dtype=torch.bool))
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, char_ids: torch.Tensor | None = None) -> torch.Tensor:
         if not bool(self.char_ids_filled):
             raise CheckpointError(
                 "ELMo character table is empty: build the model with ElmoModel.set_vocabulary(tokenizer) "
                 "(workbench.families.elmo.build_model does) or load a checkpoint that has one"
             )
-        unique, inverse = torch.unique(input_ids, return_inverse=True)
-        chars = self.char_ids[unique]  # [U, C]
+        C = self.char_ids.shape[1]
+        chars = self.char_ids[input_ids]  # [B, T, C] the vocabulary's spellings
+        if char_ids is not None:
+            if char_ids.shape[:2] != input_ids.shape:
+                raise ValueError(f"char_ids {tuple(char_ids.shape)} must be [B, T, chars] for input_ids {tuple(input_ids.shape)}")
+            n_chars = self.char_embeddings.num_embeddings
+            if char_ids.numel() and (int(char_ids.min()) < 0 or int(char_ids.max()) >= n_chars):
+                raise ValueError(f"char_ids must lie in [0, {n_chars}) (UTF-8 byte + 1, markers)")
+            given = fit_char_width(char_ids.to(chars.device), C)
+            chars = torch.where(given.ne(CHAR_PAD).any(-1, keepdim=True), given, chars)
+        unique, inverse = torch.unique(chars.reshape(-1, C), dim=0, return_inverse=True)
+        chars = unique  # [U, C]
         emb = self.char_embeddings(chars).transpose(1, 2)  # [U, E, C]
         pooled = [F.relu(conv(emb).max(dim=-1).values) for conv in self.convs]
         token = self.projection(self.highway(torch.cat(pooled, dim=-1)))  # [U, H]
-        return token[inverse]
+        return token[inverse].view(*input_ids.shape, -1)
 
 
 class TokenEmbeddingEncoder(nn.Module):
@@ -177,8 +234,8 @@ class TokenEmbeddingEncoder(nn.Module):
         super().__init__()
         self.embeddings = nn.Embedding(config.vocab_size, config.projection_dim, padding_idx=config.pad_token_id)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embeddings(input_ids)
+    def forward(self, input_ids: torch.Tensor, char_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.embeddings(input_ids)  # characters, if given, are not read
 
 
 class ScalarMix(nn.Module):
@@ -323,6 +380,7 @@ class ElmoModel(ElmoPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         output_attentions: bool | None = None,
+        char_ids: torch.Tensor | None = None,
         **kwargs,
     ):
         if output_attentions:
@@ -338,7 +396,11 @@ class ElmoModel(ElmoPreTrainedModel):
         # Work on a right-padded copy (a no-op for right-padded input), then scatter back.
         order = _compact_order(mask)
         ids = input_ids.gather(1, order)
-        x = self.token_encoder(ids)  # [B, T, H]
+        if char_ids is not None:
+            if char_ids.dim() != 3 or char_ids.shape[:2] != input_ids.shape:
+                raise ValueError(f"char_ids {tuple(char_ids.shape)} must be [B, T, chars] for input_ids {tuple(input_ids.shape)}")
+            char_ids = char_ids.gather(1, order.unsqueeze(-1).expand(-1, -1, char_ids.shape[-1]))
+        x = self.token_encoder(ids, char_ids)  # [B, T, H]
         forward_states = self._run_direction(self.forward_lstms, x, lengths)
         rev = _reverse_within_lengths(lengths, T).unsqueeze(-1)
         x_rev = x.gather(1, rev.expand_as(x))
@@ -354,9 +416,11 @@ class ElmoModel(ElmoPreTrainedModel):
             return (hidden[-1], all_states) if output_hidden_states else (hidden[-1],)
         return BaseModelOutput(last_hidden_state=hidden[-1], hidden_states=all_states)
 
-    def elmo_vectors(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, mix: ScalarMix) -> torch.Tensor:
+    def elmo_vectors(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, mix: ScalarMix,
+                     char_ids: torch.Tensor | None = None) -> torch.Tensor:
         """ELMo vectors [B, T, 2H] for a task: the scalar mix of all L+1 layers."""
-        out = self(input_ids, attention_mask=attention_mask, output_hidden_states=True, return_dict=True)
+        out = self(input_ids, attention_mask=attention_mask, output_hidden_states=True, return_dict=True,
+                   char_ids=char_ids)
         return mix(out.hidden_states)
 
 
@@ -397,9 +461,11 @@ class ElmoForBiLM(ElmoPreTrainedModel):
         backward_labels: torch.Tensor | None = None,
         return_logits: bool = False,
         output_hidden_states: bool | None = None,
+        char_ids: torch.Tensor | None = None,
         **kwargs,
     ) -> ElmoBiLMOutput:
-        out = self.elmo(input_ids, attention_mask=attention_mask, output_hidden_states=output_hidden_states, return_dict=True)
+        out = self.elmo(input_ids, attention_mask=attention_mask, output_hidden_states=output_hidden_states,
+                        return_dict=True, char_ids=char_ids)
         top = self.dropout(out.last_hidden_state)
         H = self.config.projection_dim
         fwd, bwd = top[..., :H], top[..., H:]
