@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import Iterable, Iterator, Protocol
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -30,8 +30,18 @@ from transformers import PreTrainedTokenizerFast
 from workbench.io import atomic_dir, sha256_file
 from workbench.paths import cache_root
 
-if TYPE_CHECKING:  # pragma: no cover
-    from workbench.families.base import FamilySpec
+
+class TokenizerRecipe(Protocol):
+    """What `train_tokenizer` needs to know about a tokenizer; a family's `FamilySpec` is one.
+
+    A protocol, so that tokenisation does not depend on the families (no import circle
+    families -> data_cache -> tokenization -> families)."""
+
+    name: str
+    tokenizer_kind: str
+    special_tokens: list[str]
+    special_roles: dict[str, str] | None
+    template: tuple[str, str | None] | None
 
 TOKENIZER_FORMAT_VERSION = 2  # 2: reproducible WordPiece training
 ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
@@ -217,7 +227,7 @@ def corpus_sentences(corpus, split: str = "train") -> Iterator[str]:
                 yield line
 
 
-def tokenizer_cache_key(family: "FamilySpec", vocab_size: int, corpus_manifest_sha256: str) -> str:
+def tokenizer_cache_key(family: TokenizerRecipe, vocab_size: int, corpus_manifest_sha256: str) -> str:
     spec = {
         "format": TOKENIZER_FORMAT_VERSION,
         "kind": family.tokenizer_kind,
@@ -231,7 +241,7 @@ def tokenizer_cache_key(family: "FamilySpec", vocab_size: int, corpus_manifest_s
 
 
 def train_tokenizer(
-    family: "FamilySpec", corpus, vocab_size: int, cache_dir: str | Path | None = None, show_progress: bool = True
+    family: TokenizerRecipe, corpus, vocab_size: int, cache_dir: str | Path | None = None, show_progress: bool = True
 ) -> PreTrainedTokenizerFast:
     """The family's tokenizer trained on `corpus`'s train split (a `CorpusSplit`), cached on disk.
 
