@@ -162,3 +162,24 @@ def test_wordpiece_private_use_characters_never_reach_training():
     tok = build_tokenizer("wordpiece", ["[PAD]", "[UNK]"], ["plain words", "odd \U000F0001x here"] * 5, vocab_size=60)
     assert not any(0xF0000 <= ord(c) <= 0xFFFFD for piece in tok.get_vocab() for c in piece)
     assert tok.convert_ids_to_tokens(tok("odd words", add_special_tokens=False)["input_ids"])[0] == "odd"
+
+
+def test_tokenization_does_not_import_the_families():
+    """No import circle data_cache -> tokenization -> families/base -> data_cache: tokenisation takes
+    any object with the recipe's fields (a FamilySpec is one) and imports nothing from the families,
+    not even for type checking; at run time neither module pulls them in."""
+    import ast
+    import inspect
+    import subprocess
+    import sys
+
+    import workbench.tokenization
+
+    tree = ast.parse(inspect.getsource(workbench.tokenization))
+    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not [m for m in imported if m.startswith("workbench.families")]
+    code = ("import sys, workbench.data_cache, workbench.tokenization; "
+            "print(sorted(m for m in sys.modules if m.startswith('workbench.families')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
