@@ -479,6 +479,45 @@ def test_t5_span_corruption_on_real_text(corpus):
     assert abs(n_noise / n_spans - 3.0) < 0.3
 
 
+class _Stream:
+    """The part of `TokenizedCorpus` that `contiguous_blocks` reads."""
+
+    num_special = 1  # T5 adds </s>
+
+    def __init__(self, ids: torch.Tensor):
+        self._ids = ids.numpy()
+
+    def stream_with_separators(self):
+        return self._ids
+
+
+@pytest.mark.parametrize("noise_density", [0.05, 0.15, 0.3, 0.5, 0.8])
+@pytest.mark.parametrize("mean_span", [1.0, 3.0, 8.0])
+def test_t5_examples_fit_max_len_at_any_noise_setting(corpus, noise_density, mean_span):
+    """T5's family sizes its blocks from the run's own settings (as the T5 reference's
+    random_spans_helper does): over a grid of noise density x mean span x max_len, every corrupted
+    input fits max_len (with </s>), one more raw token would not fit, and the text comes back exactly."""
+    import numpy as np
+
+    from workbench.families import t5
+
+    stream = _Stream(torch.tensor([t for d in corpus.docs for s in d for t in s][:40_000]))
+    objective = {"noise_density": noise_density, "mean_span_length": mean_span}
+    for max_len in (8, 16, 64, 128, 512):
+        block = t5.block_length(max_len, noise_density, mean_span)
+        sentinels = list(range(corpus.vocab_size, corpus.vocab_size + max_len))
+        examples = list(t5.make_examples(stream, max_len, np.random.default_rng(0), objective=objective))[:40]
+        assert examples and all(len(ex) == block for ex in examples)
+        assert t5.corrupted_lengths(block + 1, noise_density, mean_span)[0] > max_len  # as long as fits
+        for i, ex in enumerate(examples):
+            seq = torch.tensor(ex)
+            inp, tgt = t5_span_corruption(seq, sentinel_ids=sentinels, generator=gen(i), eos_id=SEP,
+                                          noise_density=noise_density, mean_span_length=mean_span)
+            assert len(inp) <= max_len, (max_len, block, len(inp))
+            assert (len(inp), len(tgt)) == t5.corrupted_lengths(block, noise_density, mean_span)
+            assert torch.equal(t5_reconstruct(inp, tgt, sentinels, eos_id=SEP), seq)
+
+
 def test_t5_noise_mask_structure():
     mask = random_spans_noise_mask(100, generator=gen(12))
     assert int(mask.sum()) == 15 and not mask[0] and mask[-1]

@@ -91,7 +91,9 @@ class FamilySpec:
     - `objective`: default objective settings (merged under the config's `objective:` section,
       passed to `make_collator` and written into every checkpoint manifest);
     - `auto_class`: the transformers Auto class that opens the saved checkpoint with its head
-      (e.g. "AutoModelForMaskedLM"); `AutoModel` must open it too.
+      (e.g. "AutoModelForMaskedLM"); `AutoModel` must open it too;
+    - `examples_take_objective`: `make_examples` takes `objective=` (the merged objective settings);
+      the loop calls `examples(...)`, which passes them only to such families.
     """
 
     name: str
@@ -107,6 +109,7 @@ class FamilySpec:
     objective: dict = field(default_factory=dict)
     auto_class: str = "AutoModel"
     description: str = ""
+    examples_take_objective: bool = False  # make_examples(..., objective=settings): see `examples`
 
     def __post_init__(self):
         if self.tokenizer_kind not in TOKENIZER_KINDS:
@@ -114,6 +117,14 @@ class FamilySpec:
         missing = [p for p in PRESET_NAMES if p not in self.presets]
         if missing:
             raise ValueError(f"family {self.name}: presets {missing} missing (need {PRESET_NAMES})")
+
+    def examples(self, corpus: "TokenizedCorpus", max_len: int, rng: np.random.Generator,
+                 objective: dict | None = None) -> Iterator[Any]:
+        """One epoch of `make_examples`, given the merged objective settings when the family's
+        example size depends on them (T5: the corrupted input must fit `max_len` at any noise density)."""
+        if self.examples_take_objective:
+            return self.make_examples(corpus, max_len, rng, objective=objective)
+        return self.make_examples(corpus, max_len, rng)
 
     def model_config(self, preset: str, overrides: dict | None = None) -> dict:
         """The preset's hyper-parameters with `overrides` on top (a fresh dict)."""

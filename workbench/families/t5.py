@@ -6,8 +6,8 @@
   target lists every sentinel followed by the tokens it replaced; `</s>` ends both.
 - Examples are contiguous blocks (across documents, separated by `</s>`) whose length L is the
   largest for which the corrupted input, L - noise + spans + `</s>`, fits `max_len` (T5's
-  `random_spans_helper` does the same sizing). The sizing uses T5's defaults (density 0.15, mean
-  span 3); a smaller `noise_density` in the objective makes inputs longer than `max_len`.
+  `random_spans_helper` does the same sizing), computed from the run's own `noise_density` and
+  `mean_span_length`, so no setting overflows `max_len` (the collator checks it too).
 - Model: `T5ForConditionalGeneration` as in the original T5 (ReLU feed-forward, tied input and
   output embeddings, relative position buckets); decoding starts from `<pad>` as in T5.
 """
@@ -56,9 +56,11 @@ def block_length(max_len: int, noise_density: float = 0.15, mean_span_length: fl
     return length
 
 
-def make_examples(corpus, max_len: int, rng):
-    """Contiguous blocks sized by `block_length` (see module docstring)."""
-    return contiguous_blocks(corpus, block_length(max_len) + corpus.num_special, rng)
+def make_examples(corpus, max_len: int, rng, objective: dict | None = None):
+    """Contiguous blocks sized by `block_length` for the objective's settings (module docstring)."""
+    opts = objective_options("t5", OBJECTIVE, objective or {})
+    length = block_length(max_len, float(opts["noise_density"]), float(opts["mean_span_length"]))
+    return contiguous_blocks(corpus, length + corpus.num_special, rng)
 
 
 def sentinel_ids(tokenizer) -> list[int]:
@@ -72,6 +74,7 @@ def make_collator(objective: dict, tokenizer):
     opts = objective_options("t5", OBJECTIVE, objective)
     sentinels = sentinel_ids(tokenizer)
     eos = tokenizer.eos_token_id
+    max_len = opts.get("max_len")
 
     def collate(examples: list[list[int]], generator: torch.Generator) -> dict[str, torch.Tensor]:
         inputs, targets = [], []
@@ -80,6 +83,9 @@ def make_collator(objective: dict, tokenizer):
                 torch.as_tensor(ex, dtype=torch.long), sentinel_ids=sentinels, generator=generator,
                 noise_density=float(opts["noise_density"]), mean_span_length=float(opts["mean_span_length"]), eos_id=eos,
             )
+            if max_len is not None and len(inp) > int(max_len):
+                raise ValueError(f"T5 example of {len(ex)} tokens corrupts to {len(inp)} > max_len={max_len} "
+                                 f"tokens (make_examples sizes blocks with the same objective settings)")
             inputs.append(inp.tolist())
             targets.append(tgt.tolist())
         ids, mask = pad_sequences(inputs, tokenizer.pad_token_id)
@@ -112,6 +118,7 @@ FAMILY = FamilySpec(
     build_model=build_model,
     make_collator=make_collator,
     make_examples=make_examples,
+    examples_take_objective=True,
     packing="contiguous",
     objective=OBJECTIVE,
     auto_class="AutoModelForSeq2SeqLM",
