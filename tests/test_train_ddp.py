@@ -39,9 +39,28 @@ progress: false
 """
 
 
-def test_two_gloo_ranks_match_one_process(tmp_path, monkeypatch):
+BERT_NO_NSP = f"""
+name: ddp_bert
+family: bert
+preset: tiny
+model: {{hidden_dropout_prob: 0.0, attention_probs_dropout_prob: 0.0}}
+objective: {{nsp: false, masking: static}}
+corpus: {{sources: [inaugural, state_union], max_documents: 40, heldout_fraction: 0.2}}
+tokenizer: {{vocab_size: 800}}
+max_len: 32
+batch_size: 8
+lr: 3.0e-3
+warmup: 0.1
+steps: {STEPS}
+eval: {{batches: 0}}
+progress: false
+"""
+
+
+def _one_and_two_ranks(tmp_path, monkeypatch, config: str):
+    """(log, weights) of the config trained in one process and under torchrun with 2 gloo ranks."""
     cfg = tmp_path / "ddp.yaml"
-    cfg.write_text(CONFIG)
+    cfg.write_text(config)
     cache = tmp_path / "cache"
     monkeypatch.setenv("BERTOLOGY_CACHE", str(cache))
 
@@ -65,12 +84,35 @@ def test_two_gloo_ranks_match_one_process(tmp_path, monkeypatch):
     log2 = [json.loads(x) for x in (two.parent / "log.jsonl").read_text().splitlines()][1:]
     assert [r["step"] for r in log2] == list(range(1, STEPS + 1))
     assert [r["tokens"] for r in log1] == [r["tokens"] for r in log2]  # global token counts
+    return (log1, load_file(one / "model.safetensors")), (log2, load_file(two / "model.safetensors"))
+
+
+def test_two_gloo_ranks_match_one_process(tmp_path, monkeypatch):
+    (log1, w1), (log2, w2) = _one_and_two_ranks(tmp_path, monkeypatch, CONFIG)
     rel = [abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(log1, log2)]
     print(f"max relative loss difference per step: {max(rel):.2e}")
     assert max(rel) < 1e-5, rel
     assert log1[-1]["loss"] < log1[0]["loss"] - 0.3  # it did train
 
-    w1, w2 = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
     print(f"max absolute weight difference: {diff:.2e}")
     assert diff < 1e-4, diff
+
+
+def test_bert_without_nsp_under_ddp_matches_one_process(tmp_path, monkeypatch):
+    """`objective.nsp: false` leaves BERT's pooler and NSP head without gradients; the loop freezes
+    them, so DDP runs (it used to stop: parameters that did not receive gradients) and matches one
+    process. Static masks (a function of each sequence's ids) make both runs mask alike."""
+    (log1, w1), (log2, w2) = _one_and_two_ranks(tmp_path, monkeypatch, BERT_NO_NSP)
+    assert all("nsp" not in r for r in log1 + log2)
+    rel = [abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(log1, log2)]
+    print(f"BERT without NSP: max relative loss difference per step: {max(rel):.2e}")
+    assert max(rel) < 1e-5, rel
+    assert log1[-1]["loss"] < log1[0]["loss"] - 0.2  # it did train (measured: 6.68 -> 6.41)
+    diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+    print(f"BERT without NSP: max absolute weight difference: {diff:.2e}")
+    assert diff < 1e-4, diff
+    frozen = [k for k in w1 if k.startswith(("bert.pooler.", "cls.seq_relationship."))]
+    assert len(frozen) == 4
+    for k in frozen:  # never trained: identical in both runs
+        assert torch.equal(w1[k], w2[k]), k

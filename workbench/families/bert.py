@@ -14,7 +14,8 @@ Objective settings (`FAMILY.objective`, overridable in a config's `objective:` s
   `create_pretraining_data.py` masked each of its `dupe_factor` copies once. With
   `dupe_factor` 1 a sequence gets the same mask in every epoch.
 - `nsp` (True): next-sentence prediction; False trains MLM only on the same sentence pairs (the
-  pooler and NSP head then get no gradient, so DDP needs `find_unused_parameters`).
+  pooler and NSP head then get no gradient: `BertPretrainer.unused_parameters` names them and the
+  training loop freezes them, so DDP does not wait for their gradients).
 
 Examples (`make_examples`): NSP pairs built with `workbench.objectives.nsp_pair` from every
 document with at least two sentences, about one pair per `max_len - 3` tokens of the document.
@@ -301,13 +302,30 @@ class BertPretrainer(PretrainingWrapper):
             loss = loss + nsp
         return PretrainingOutput(loss=loss, loss_terms=terms)
 
+    def unused_parameters(self, objective: dict) -> list[torch.nn.Parameter]:
+        """Parameters the objective never trains: without NSP, the pooler and the NSP classifier."""
+        if objective.get("nsp", True):
+            return []
+        pooler = self.model.bert.pooler
+        return [*(pooler.parameters() if pooler is not None else []), *self.model.cls.seq_relationship.parameters()]
+
 
 def bert_config(model_config: dict, tokenizer, **extra) -> BertConfig:
     return BertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **{**model_config, **extra})
 
 
 def build_model(model_config: dict, tokenizer) -> BertPretrainer:
-    return BertPretrainer(BertForPreTraining(bert_config(model_config, tokenizer)))
+    """`model: {pre_layernorm: true}` builds the pre-LN variant (Megatron-BERT's layer layout,
+    Shoeybi et al. 2019; same heads and attribute names), which Xiong et al. (2020) show trains
+    faster and at higher learning rates than BERT's post-LN; the checkpoint is a plain
+    `megatron-bert` transformers model."""
+    cfg = dict(model_config)
+    if cfg.pop("pre_layernorm", False):
+        from transformers import MegatronBertConfig, MegatronBertForPreTraining
+
+        config = MegatronBertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **cfg)
+        return BertPretrainer(MegatronBertForPreTraining(config))
+    return BertPretrainer(BertForPreTraining(bert_config(cfg, tokenizer)))
 
 
 def checkpoint_model_config(path) -> dict:
@@ -323,6 +341,10 @@ def checkpoint_model_config(path) -> dict:
 
 def load_pretrainer(path) -> BertPretrainer:
     """The training module back from a checkpoint folder (to evaluate it or train on)."""
+    if checkpoint_model_config(path).get("pre_layernorm"):
+        from transformers import MegatronBertForPreTraining
+
+        return BertPretrainer(MegatronBertForPreTraining.from_pretrained(str(path)))
     return BertPretrainer(BertForPreTraining.from_pretrained(str(path)))
 
 FAMILY = FamilySpec(
