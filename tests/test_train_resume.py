@@ -102,3 +102,41 @@ def test_changed_config_refuses_to_resume(setup, monkeypatch):
     train_from_config(cfg, {"steps": 2, "output_dir": str(out), "eval.batches": 0})
     with pytest.raises(ConfigError, match=r"resume\.yaml: output folder .* holds a run of a different config"):
         train_from_config(cfg, {"steps": 2, "lr": 1e-3, "output_dir": str(out), "eval.batches": 0})
+
+
+def test_copied_runs_folder_resolves_its_corpus_manifest(setup, monkeypatch):
+    """Checkpoint manifests name the corpus manifest relative to the runs root (plus its sha256), so a
+    runs folder copied elsewhere (here: the original removed) still finds its membership ground truth."""
+    import shutil
+
+    from workbench.data.corpus import resolve_corpus_manifest
+    from workbench.errors import CheckpointError
+    from workbench.train import train_from_config
+
+    cfg, _, tmp = setup
+    runs = tmp / "machine-a" / "runs"
+    monkeypatch.delenv("BERTOLOGY_CACHE", raising=False)  # corpus cache under the runs root
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(runs))
+    (final,) = train_from_config(cfg, {"steps": 2, "eval.batches": 0})
+    record = json.loads((final / "manifest.json").read_text())["corpus"]
+    assert record["manifest"].startswith("cache/corpus/") and record["manifest"].endswith("/manifest.json")
+    assert str(tmp) not in json.dumps(record)  # nothing machine-specific
+    assert resolve_corpus_manifest(final, record) == runs / record["manifest"]
+
+    moved = tmp / "machine-b" / "elsewhere" / "runs"
+    shutil.copytree(runs, moved)
+    shutil.rmtree(runs)
+    copied = moved / final.relative_to(runs)
+    # found above the checkpoint without any configuration, and under a runs root that points there
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp / "unrelated"))
+    assert resolve_corpus_manifest(copied, record) == moved / record["manifest"]
+    assert resolve_corpus_manifest(copied, record, runs_root=moved) == moved / record["manifest"]
+    corpus = json.loads((moved / record["manifest"]).read_text())
+    assert corpus["doc_ids"]["train"]  # the membership ground truth itself
+    # a changed corpus manifest, or none at all, is a clear error
+    (moved / record["manifest"]).write_text(json.dumps({**corpus, "seed": 99}))
+    with pytest.raises(CheckpointError, match="does not match the recorded sha256"):
+        resolve_corpus_manifest(copied, record)
+    shutil.rmtree(moved / "cache")
+    with pytest.raises(CheckpointError, match="not found"):
+        resolve_corpus_manifest(copied, record)

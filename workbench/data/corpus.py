@@ -185,6 +185,53 @@ class CorpusSplit:
             raise ValueError(f"unknown split {split!r}; splits are {SPLITS}")
 
 
+def corpus_reference(corpus_dir: str | Path, runs_root: str | Path | None = None) -> dict:
+    """How a checkpoint manifest names its corpus: the folder and its manifest.json relative to the
+    runs root when they lie inside it (the default, `<runs root>/cache/corpus/...`), else absolute,
+    plus the manifest's sha256, so that a runs folder copied to another machine still finds its
+    membership ground truth (`resolve_corpus_manifest`)."""
+    from workbench.paths import runs_root as default_runs_root
+
+    root = Path(runs_root if runs_root is not None else default_runs_root()).resolve()
+    corpus_dir = Path(corpus_dir).resolve()
+    manifest = corpus_dir / "manifest.json"
+
+    def portable(path: Path) -> str:
+        return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+    return {"dir": portable(corpus_dir), "manifest": portable(manifest), "manifest_sha256": sha256_file(manifest)}
+
+
+def resolve_corpus_manifest(checkpoint_dir: str | Path, corpus: dict, runs_root: str | Path | None = None) -> Path:
+    """The corpus manifest.json a checkpoint's manifest names (its `corpus` record), checked by sha256.
+
+    A relative path (`corpus_reference`) is looked up under the runs root, then under every folder
+    above the checkpoint (a copied runs folder resolves wherever it lies, without configuration);
+    an absolute one (older checkpoints, corpora outside the runs root) is taken as it is.
+    """
+    from workbench.errors import CheckpointError
+    from workbench.paths import runs_root as default_runs_root
+
+    checkpoint_dir = Path(checkpoint_dir).resolve()
+    name = corpus.get("manifest")
+    if not name:
+        raise CheckpointError(f"{checkpoint_dir}: the manifest records no corpus manifest")
+    recorded = Path(name)
+    if recorded.is_absolute():
+        candidates = [recorded]
+    else:
+        root = Path(runs_root if runs_root is not None else default_runs_root()).resolve()
+        candidates = [root / recorded, *(parent / recorded for parent in checkpoint_dir.parents)]
+    sha = corpus.get("manifest_sha256")
+    for path in candidates:
+        if path.is_file():
+            if sha and sha256_file(path) != sha:
+                raise CheckpointError(f"{checkpoint_dir}: corpus manifest {path} does not match the recorded sha256 {sha[:12]}...")
+            return path
+    raise CheckpointError(f"{checkpoint_dir}: corpus manifest {name} not found (looked under the runs root and the "
+                          f"folders above the checkpoint); copy the runs folder with its cache/corpus")
+
+
 def source_sizes(sources: list[str]) -> dict[str, dict[str, int]]:
     """Documents / lines / characters / words of each named source (no split)."""
     return {s: _counts(load_documents(s)) for s in sources}
