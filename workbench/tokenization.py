@@ -8,7 +8,9 @@ Four kinds, after the families that made them famous (all trained with HF `token
 - "bytelevel_bpe": GPT-2/RoBERTa byte-level BPE (Radford et al. 2019), every word with a leading
   space marker (add_prefix_space, so `is_split_into_words=True` sees words as in running text);
 - "unigram": SentencePiece-style Unigram LM with the `▁` word marker (Kudo 2018; Kudo & Richardson
-  2018), as ALBERT and T5 use;
+  2018), as ALBERT and T5 use. Trained reproducibly: `tokenizers`' UnigramTrainer picks the
+  pieces, and their scores are re-estimated by a deterministic EM (`_rescore_unigram`), because
+  the trainer's own scores (and so its ids) differ between two trainings on the same text;
 - "word": a word-level vocabulary (the most frequent words, the rest `unk`) for ELMo's inputs.
 
 The result is a `PreTrainedTokenizerFast` with the family's special tokens in their roles and a
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Iterable, Iterator, Protocol
 
@@ -29,6 +32,7 @@ from transformers import PreTrainedTokenizerFast
 
 from workbench.io import atomic_dir, sha256_file
 from workbench.paths import cache_root
+
 
 
 class TokenizerRecipe(Protocol):
@@ -177,6 +181,67 @@ def _train_wordpiece(tok: Tokenizer, texts: Iterable[str], special_tokens: list[
     return models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##")
 
 
+def _rescore_unigram(tok: Tokenizer, texts: list[str], special_tokens: list[str], iterations: int = 5) -> models.Unigram:
+    """The trained Unigram vocabulary with scores re-estimated deterministically, ids in a canonical order.
+
+    `tokenizers`' UnigramTrainer sums its EM statistics in hash-map order (Rust's randomly seeded
+    HashMap; single-threaded too), so two trainings on the same text give scores that differ in the
+    last digits (up to ~1e-4 after its pruning rounds) and, since ids follow the score order,
+    different ids. Here the trainer only chooses the pieces; their log-probabilities come from
+    `iterations` rounds of EM (Kudo 2018: forward-backward over each word's segmentation lattice,
+    expected piece counts, normalised) started from uniform scores and summed over the words in
+    sorted order, which depends on nothing but the pieces and the text. Ids: the special tokens
+    first, then the pieces by descending score, ties broken by the piece string. Same pieces ->
+    identical tokenizer files. A piece no word uses gets the count 1e-3.
+    """
+    trained = json.loads(tok.to_str())["model"]
+    pieces = [p for p, _ in trained["vocab"] if p not in special_tokens]
+    index = {p: i for i, p in enumerate(pieces)}
+    longest = max(len(p) for p in pieces)
+    counts: dict[str, int] = {}
+    for text in texts:
+        for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(text)):
+            counts[w] = counts.get(w, 0) + 1
+    # each word's lattice once: edges (start, end, piece) by end position; words a piece set cannot
+    # cover (characters outside it) are left out, as they tokenise to unk anyway
+    lattices = []
+    for w in sorted(counts):
+        edges = [[(j, index[w[j:i]]) for j in range(max(0, i - longest), i) if w[j:i] in index] for i in range(1, len(w) + 1)]
+        if all(edges):
+            lattices.append((counts[w], edges))
+    logp = [-math.log(len(pieces))] * len(pieces)
+    for _ in range(iterations):
+        expected = [0.0] * len(pieces)
+        for count, edges in lattices:
+            n = len(edges)
+            alpha = [0.0] + [-math.inf] * n
+            for i in range(1, n + 1):
+                alpha[i] = _logsumexp([alpha[j] + logp[k] for j, k in edges[i - 1]])
+            beta = [-math.inf] * n + [0.0]
+            for i in range(n, 0, -1):
+                for j, k in edges[i - 1]:
+                    beta[j] = _logsumexp([beta[j], beta[i] + logp[k]])
+            z = alpha[n]
+            for i in range(1, n + 1):
+                for j, k in edges[i - 1]:
+                    expected[k] += count * math.exp(alpha[j] + logp[k] + beta[i] - z)
+        expected = [max(c, 1e-3) for c in expected]
+        log_total = math.log(math.fsum(expected))
+        logp = [math.log(c) - log_total for c in expected]
+    order = sorted(range(len(pieces)), key=lambda k: (-logp[k], pieces[k]))
+    vocab = [(t, 0.0) for t in special_tokens] + [(pieces[k], logp[k]) for k in order]
+    unk = trained["vocab"][trained["unk_id"]][0] if trained.get("unk_id") is not None else None
+    unk_id = next((i for i, (t, _) in enumerate(vocab) if t == unk), None)
+    return models.Unigram(vocab, unk_id=unk_id, byte_fallback=False)
+
+
+def _logsumexp(values: list[float]) -> float:
+    top = max(values)
+    if top == -math.inf:
+        return top
+    return top + math.log(math.fsum(math.exp(v - top) for v in values))
+
+
 def build_tokenizer(
     kind: str,
     special_tokens: list[str],
@@ -192,6 +257,10 @@ def build_tokenizer(
     tok, trainer = _backend(kind, special_tokens, roles, vocab_size, show_progress)
     if kind == "wordpiece":
         tok.model = _train_wordpiece(tok, texts, special_tokens, roles.get("unk") or "[UNK]", vocab_size, show_progress)
+    elif kind == "unigram":
+        texts = list(texts)
+        tok.train_from_iterator(texts, trainer, length=length)
+        tok.model = _rescore_unigram(tok, texts, special_tokens)
     else:
         tok.train_from_iterator(texts, trainer, length=length)
     template = template if template is not None else infer_template(roles)
@@ -237,6 +306,8 @@ def tokenizer_cache_key(family: TokenizerRecipe, vocab_size: int, corpus_manifes
         "template": list(family.template) if family.template else None,
         "corpus": corpus_manifest_sha256,
     }
+    if family.tokenizer_kind == "unigram":
+        spec["scores"] = "em-rescored"  # reproducible Unigram scores (`_rescore_unigram`)
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 
 
