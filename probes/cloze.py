@@ -416,6 +416,7 @@ def _learning_curve(unit, scorer, data, task, settings) -> pd.DataFrame:
             sub = [train[i] for i in sorted(rng.choice(len(train), size=n, replace=False))]
             accs.append(finetune_mc(scorer, sub, test, steps=settings.curve_steps, lr=settings.curve_lr,
                                     seed=settings.seed * 1000 + s)["accuracy"])
+            unit.log(f"{task}: fine-tuned on {n} items (seed {s}): test accuracy {accs[-1]:.3f}")
         means.append(np.mean(accs)), sds.append(np.std(accs)), maxs.append(np.max(accs)), per_seed.append(accs)
     ws = weighted_score(sizes, means)
     L = unit.handle.num_layers[unit.stack]
