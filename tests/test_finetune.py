@@ -186,7 +186,7 @@ def _sentences():
     return [ex.text.split() for ex in load_labelled("subjectivity")[:6]]
 
 
-HEADS = [("bert", "auto"), ("gpt", "auto"), ("t5", "decoder_last"), ("t5", "encoder_mean"),
+HEADS = [("bert", "auto"), ("bert", "encoder_mean"), ("gpt", "auto"), ("t5", "decoder_last"), ("t5", "encoder_mean"),
          ("bart", "decoder_last"), ("bart", "encoder_mean"), ("elmo", "auto")]
 
 
@@ -311,8 +311,9 @@ def test_bad_config_is_a_config_error(override, match):
 def test_pooling_must_suit_the_family():
     assert choose_pooling("gpt", "sentence", "auto") == "last"
     assert choose_pooling("bart", "sentence", "auto") == "decoder_last"
-    with pytest.raises(ConfigError, match="not available for family bert"):
-        choose_pooling("bert", "sentence", "encoder_mean")
+    assert choose_pooling("bert", "sentence", "encoder_mean") == "encoder_mean"
+    with pytest.raises(ConfigError, match="not available for family gpt"):
+        choose_pooling("gpt", "sentence", "encoder_mean")
 
 
 @pytest.mark.parametrize("argv,match", [

@@ -15,7 +15,7 @@ these are the *members* a membership attack must find, every other id is a non-m
 How each family classifies a sentence (`pooling`, "auto" picks the first listed):
 | family | pooling | class |
 |---|---|---|
-| bert, spanbert, roberta, albert, electra, distilbert | first ([CLS] / <s>) | transformers `AutoModelForSequenceClassification` |
+| bert, spanbert, roberta, albert, electra | first ([CLS] / <s>) / encoder_mean | transformers `AutoModelForSequenceClassification` / `workbench.heads` |
 | gpt | last (last non-pad token) | `GPT2ForSequenceClassification` |
 | t5, bart | decoder_last (decoder state at the final </s>) / encoder_mean | transformers' class / `workbench.heads` |
 | elmo | scalar_mix (Peters et al. 2018, mean over tokens) | `workbench.heads.ElmoForSequenceClassification` |
@@ -76,8 +76,9 @@ FAMILY_POOLINGS = {
     "t5": ("decoder_last", "encoder_mean"),
     "bart": ("decoder_last", "encoder_mean"),
     "elmo": ("scalar_mix",),
+    "distilbert": ("first",),
 }
-DEFAULT_POOLINGS = ("first",)
+DEFAULT_POOLINGS = ("first", "encoder_mean")
 STATE_DIR = "resume"
 BEST_DIR = "best"
 
@@ -372,8 +373,7 @@ def _head_class(family: str, kind: str, pooling: str):
     if family == "elmo":
         return heads.ElmoForTokenClassification if kind == "token" else heads.ElmoForSequenceClassification
     if pooling == "encoder_mean":
-        return {"t5": heads.T5EncoderMeanForSequenceClassification,
-                "bart": heads.BartEncoderMeanForSequenceClassification}[family]
+        return heads.ENCODER_MEAN[family]
     if kind == "token" and family == "bart":
         return heads.BartEncoderForTokenClassification
     return None

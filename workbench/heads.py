@@ -148,10 +148,57 @@ class BartEncoderForTokenClassification(BartEncoderMeanForSequenceClassification
         return TokenClassifierOutput(loss=_loss(logits, labels), logits=logits)
 
 
+def _encoder_mean_head(name: str, pretrained_cls, prefix: str, body_cls):
+    """`<Family>EncoderMeanForSequenceClassification` for a BERT-like encoder: the mean of the last
+    layer over non-pad tokens instead of the [CLS] token. An alternative where [CLS] carries
+    little (a model pretrained without a sentence-level objective, or stuck at the unigram
+    plateau, gives nearly the same [CLS] vector for every sentence) and the pooling
+    sentence-transformers models such as all-MiniLM-L6-v2 were trained with (Reimers & Gurevych 2019)."""
+
+    def __init__(self, config):
+        pretrained_cls.__init__(self, config)
+        setattr(self, prefix, body_cls(config))
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **kwargs):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        states = getattr(self, prefix)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = self.classifier(self.dropout(masked_mean(states, attention_mask)))
+        return SequenceClassifierOutput(loss=_loss(logits, labels), logits=logits)
+
+    return type(name, (pretrained_cls,), {"__init__": __init__, "forward": forward, "base_model_prefix": prefix,
+                                          "__doc__": _encoder_mean_head.__doc__, "__module__": __name__})
+
+
+def _encoder_mean_heads() -> dict:
+    from transformers.models.albert.modeling_albert import AlbertModel, AlbertPreTrainedModel
+    from transformers.models.bert.modeling_bert import BertModel, BertPreTrainedModel
+    from transformers.models.electra.modeling_electra import ElectraModel, ElectraPreTrainedModel
+    from transformers.models.roberta.modeling_roberta import RobertaModel, RobertaPreTrainedModel
+
+    bert = _encoder_mean_head("BertEncoderMeanForSequenceClassification", BertPreTrainedModel, "bert", BertModel)
+    return {
+        "bert": bert, "spanbert": bert,
+        "roberta": _encoder_mean_head("RobertaEncoderMeanForSequenceClassification", RobertaPreTrainedModel,
+                                      "roberta", RobertaModel),
+        "albert": _encoder_mean_head("AlbertEncoderMeanForSequenceClassification", AlbertPreTrainedModel,
+                                     "albert", AlbertModel),
+        "electra": _encoder_mean_head("ElectraEncoderMeanForSequenceClassification", ElectraPreTrainedModel,
+                                      "electra", ElectraModel),
+        "t5": T5EncoderMeanForSequenceClassification,
+        "bart": BartEncoderMeanForSequenceClassification,
+    }
+
+
+# family -> its encoder-mean sentence classifier (pooling "encoder_mean")
+ENCODER_MEAN = _encoder_mean_heads()
 # class name (as saved in config.architectures) -> class, for `workbench.finetune.load_classifier`
 HEADS = {cls.__name__: cls for cls in (
-    ElmoForSequenceClassification, ElmoForTokenClassification, T5EncoderMeanForSequenceClassification,
-    BartEncoderMeanForSequenceClassification, BartEncoderForTokenClassification)}
+    ElmoForSequenceClassification, ElmoForTokenClassification, BartEncoderForTokenClassification,
+    *ENCODER_MEAN.values())}
 
 AutoModelForSequenceClassification.register(ElmoConfig, ElmoForSequenceClassification, exist_ok=True)
 AutoModelForTokenClassification.register(ElmoConfig, ElmoForTokenClassification, exist_ok=True)
