@@ -1,0 +1,92 @@
+"""The coreference probe's page (Tenney et al. 2019; Clark et al. 2019; Webster et al. 2018): layer
+curves of the mention-pair, entity-type and GAP probes with their rule baselines, the layer x head
+heatmap of coreference heads with the best head per layer, and GAP F1 by gender."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from app import data, figures, ui
+from app.views.probe import select_rows
+
+TITLE = "Coreference"
+# panel -> the data-only baselines drawn in it (metric names of the same task)
+CURVES = {
+    ("gum-pairs", "auc"): ["string_match_auc", "head_match_auc", "nearest_mention_auc", "control_auc"],
+    ("gum-pairs", "antecedent_accuracy"): ["string_match_antecedent_accuracy", "head_match_antecedent_accuracy",
+                                           "nearest_mention_antecedent_accuracy"],
+    ("gum-entity-type", "accuracy"): ["majority", "control_accuracy"],
+    ("gap", "f1"): ["nearest_name_f1", "subject_name_f1", "majority_f1"],
+    ("attention-heads", "best_head_accuracy"): ["nearest_mention", "head_match"],
+    ("attention-heads", "best_head_gap"): ["gap_nearest_name", "gap_subject_name"],
+}
+HEATMAPS = {"heads_all": "GUM: head word attends most to an antecedent", "heads_gap": "GAP: more attention to the right name"}
+
+
+def head_matrix(rows: pd.DataFrame, model: str, metric: str) -> pd.DataFrame:
+    """layer x head values of one model's per-head rows (`extra.head`)."""
+    sub = rows[(rows["model"] == model) & (rows["task"] == "attention-heads") & (rows["metric"] == metric)]
+    if sub.empty:
+        return pd.DataFrame()
+    heads = sub["extra"].map(lambda e: (json.loads(e) if isinstance(e, str) else (e or {})).get("head"))
+    return (sub.assign(head=heads).dropna(subset=["head"])
+            .pivot_table(index="layer", columns="head", values="value", aggfunc="first").sort_index())
+
+
+def best_heads(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per model and layer: the best head and its value (GUM and GAP)."""
+    sub = rows[(rows["task"] == "attention-heads") & rows["metric"].isin(["best_head_accuracy", "best_head_gap"])]
+    if sub.empty:
+        return pd.DataFrame(columns=["model", "metric", "layer", "head", "value", "ci_low", "ci_high"])
+    head = sub["extra"].map(lambda e: (json.loads(e) if isinstance(e, str) else (e or {})).get("best_head"))
+    return (sub.assign(head=head)[["model", "metric", "layer", "head", "value", "ci_low", "ci_high"]]
+            .sort_values(["model", "metric", "layer"]).reset_index(drop=True))
+
+
+def render(store) -> None:
+    import plotly.graph_objects as go
+
+    st.header("Coreference probes")
+    runs = ui.catalog_or_stop(store)
+    runs = data.filter_runs(runs, probes=["coref"])
+    if runs.empty:
+        st.info(f"No coref runs yet under {store.root}. Run `bertology probe coref --checkpoint ...`.")
+        return
+    rows = select_rows(store, runs, "coref", key="coref")
+    if rows is None:
+        return
+    twins = st.checkbox("Show random-init twins", value=True, key="coref-twins")
+    view = rows if twins else rows[~rows["model"].map(data.is_twin)]
+    for n, ((task, metric), baselines) in enumerate(CURVES.items()):
+        panel = view[(view["task"] == task) & view["metric"].isin([metric] + baselines)]
+        if panel[panel["metric"] == metric].empty:
+            continue
+        drawn = figures.layer_curves(panel, f"{task}: {metric}", {"baselines": baselines})
+        drawn.figure.update_layout(width=None)
+        st.plotly_chart(drawn.figure, width="stretch", key=f"coref-curve-{n}")
+
+    st.subheader("Coreference heads (Clark et al. 2019)")
+    models = [m for m in dict.fromkeys(rows["model"]) if not head_matrix(rows, m, "heads_all").empty]
+    if models:
+        model = st.selectbox("Model", models, key="coref-head-model")
+        for metric, title in HEATMAPS.items():
+            mat = head_matrix(rows, model, metric)
+            if mat.empty:
+                continue
+            fig = go.Figure(go.Heatmap(z=mat.to_numpy(), x=[str(int(h)) for h in mat.columns],
+                                       y=[str(int(l)) for l in mat.index], colorscale="Viridis",
+                                       colorbar={"title": "accuracy"}))
+            fig.update_layout(title=f"{title} ({model})", xaxis_title="head", yaxis_title="layer",
+                              template="plotly_white", height=360)
+            st.plotly_chart(fig, width="stretch", key=f"coref-heat-{metric}")
+        ui.table(best_heads(rows), "coref-best-heads")
+
+    gender = view[(view["task"] == "gap") & view["metric"].isin(["f1_masculine", "f1_feminine"])]
+    if not gender.empty:
+        st.subheader("GAP F1 by gender (Webster et al. 2018)")
+        drawn = figures.layer_curves(gender, "GAP F1: masculine vs feminine pronouns", {"baselines": []})
+        drawn.figure.update_layout(width=None)
+        st.plotly_chart(drawn.figure, width="stretch", key="coref-gap-gender")

@@ -1,0 +1,56 @@
+"""The coreference page, headless (AppTest), on a store holding one coref run: its layer x head
+heatmap and best-head table show exactly the stored rows."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.pages.coref import best_heads, head_matrix
+from probes.engine import layer_rows
+from workbench.paths import REPO_ROOT
+from workbench.results import ResultsStore
+
+APP = str(REPO_ROOT / "app" / "streamlit_app.py")
+L, H = 3, 4
+
+
+def _rows(model: str, seed: int):
+    rng = np.random.default_rng(seed)
+    acc = rng.random((L, H))
+    frames = [layer_rows({"heads_all": acc[:, h], "heads_gap": acc[:, h] / 2}, probe="coref", task="attention-heads",
+                         split="dev", layers=range(1, L + 1), extra={"head": h}, model=model) for h in range(H)]
+    for l in range(L):
+        frames.append(layer_rows({"best_head_accuracy": [acc[l].max()]}, probe="coref", task="attention-heads",
+                                 split="dev", layers=[l + 1], ci={"best_head_accuracy": ([acc[l].max() - .1], [1.0])},
+                                 extra={"best_head": int(acc[l].argmax())}, model=model))
+    frames.append(layer_rows({"auc": [.6, .7, .8, .7], "string_match_auc": [.55] * 4}, probe="coref", task="gum-pairs",
+                             split="dev", model=model))
+    frames.append(layer_rows({"f1_masculine": [.5, .6, .7, .6], "f1_feminine": [.5, .55, .6, .6], "f1": [.5, .6, .65, .6]},
+                             probe="coref", task="gap", split="test", model=model))
+    return frames, acc
+
+
+def test_coref_page_heatmap_and_best_heads(tmp_path, monkeypatch):
+    store = ResultsStore(tmp_path / "runs")
+    frames, acc = _rows("m", 0)
+    with store.start_run("probe", {"probe": "coref"}, name="coref-test") as run:
+        for f in frames:
+            run.add(f)
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
+    rows = store.query(probe="coref")
+    assert np.allclose(head_matrix(rows, "m", "heads_all").to_numpy(), acc)
+    best = best_heads(rows)
+    assert best["head"].tolist() == acc.argmax(1).tolist()
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["page"] = "probe-coref"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    shown = at.container("coref-best-heads").dataframe[0].value
+    assert shown["value"].tolist() == pytest.approx(acc.max(1).tolist())
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    heat = [s for s in specs if s["data"] and s["data"][0].get("type") == "heatmap"]
+    assert len(heat) == 2 and len(specs) == 6  # pair AUC, GAP F1, best head, 2 heatmaps, F1 by gender
