@@ -315,17 +315,7 @@ def bert_config(model_config: dict, tokenizer, **extra) -> BertConfig:
 
 
 def build_model(model_config: dict, tokenizer) -> BertPretrainer:
-    """`model: {pre_layernorm: true}` builds the pre-LN variant (Megatron-BERT's layer layout,
-    Shoeybi et al. 2019; same heads and attribute names), which Xiong et al. (2020) show trains
-    faster and at higher learning rates than BERT's post-LN; the checkpoint is a plain
-    `megatron-bert` transformers model."""
-    cfg = dict(model_config)
-    if cfg.pop("pre_layernorm", False):
-        from transformers import MegatronBertConfig, MegatronBertForPreTraining
-
-        config = MegatronBertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **cfg)
-        return BertPretrainer(MegatronBertForPreTraining(config))
-    return BertPretrainer(BertForPreTraining(bert_config(cfg, tokenizer)))
+    return BertPretrainer(BertForPreTraining(bert_config(model_config, tokenizer)))
 
 
 def checkpoint_model_config(path) -> dict:
@@ -341,10 +331,6 @@ def checkpoint_model_config(path) -> dict:
 
 def load_pretrainer(path) -> BertPretrainer:
     """The training module back from a checkpoint folder (to evaluate it or train on)."""
-    if checkpoint_model_config(path).get("pre_layernorm"):
-        from transformers import MegatronBertForPreTraining
-
-        return BertPretrainer(MegatronBertForPreTraining.from_pretrained(str(path)))
     return BertPretrainer(BertForPreTraining.from_pretrained(str(path)))
 
 FAMILY = FamilySpec(
