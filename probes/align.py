@@ -34,8 +34,9 @@ Tasks (`bertology probe align --tasks ...`)
   through the same model, aligned on the `anchors` most frequent shared words (Hamilton et al. 2016
   align whole vocabularies; frequent words are the stable ones); displacement = 1 - cos. Controls:
   the split-half displacement of each word inside the old corpus (sampling noise of an average of
-  few occurrences) and a regression on log frequency (Hamilton et al.'s law of conformity); the
-  most-moved words rank by displacement minus split-half displacement.
+  few occurrences), rescaled to the old-vs-new occurrence counts (`noise_floor`), and a regression
+  on log frequency (Hamilton et al.'s law of conformity); the most-moved words rank by displacement
+  minus that noise floor.
 
 Baselines: `random_init` (the runner's twin; for `bli`/`parallel` with a `target_checkpoint`, the
 target model's twin too) and `random_rotation` (a Haar-random orthogonal map in place of the
@@ -569,6 +570,8 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
     n_anchor = min(settings.anchors, len(vocab))
     anchor = np.arange(n_anchor)
     freq = np.log(np.array([min(fo[w], fn[w]) for w in vocab], dtype=np.float64))
+    n_old = np.array([fo[w] for w in vocab], dtype=np.float64)
+    n_new = np.array([fn[w] for w in vocab], dtype=np.float64)
     metrics: dict[str, list] = {}
     layer_words: list[Any] = []
     from scipy.stats import spearmanr
@@ -580,18 +583,24 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
         x1, x2 = _prep(T1[layer], settings.center), _prep(T2[layer], settings.center)
         R12 = ac.procrustes(x1[anchor], x2[anchor])
         split = 1 - np.sum(ac.normalize(ac.apply_map(x1, R12)) * ac.normalize(x2), axis=1)
-        excess = disp - split
+        # the halves average half the occurrences each; for averages of n iid draws the expected
+        # 1 - cos grows like 1/n1 + 1/n2, so the noise floor of the old-vs-new comparison is
+        # split * (1/n_old + 1/n_new) / (4/n_old) (a first-order correction)
+        floor = split * (1 + n_old / n_new) / 4
+        excess = disp - floor
         # frequency control: residual of displacement after a least-squares line on log frequency
         coef = np.polyfit(freq, disp, 1)
         resid = disp - np.polyval(coef, freq)
         metrics.setdefault("displacement", []).append(float(disp.mean()))
         metrics.setdefault("split_half_displacement", []).append(float(split[both].mean()))
+        metrics.setdefault("noise_floor", []).append(float(floor[both].mean()))
         metrics.setdefault("moved_fraction", []).append(float((excess[both] > 0).mean()))
         metrics.setdefault("freq_spearman", []).append(float(spearmanr(disp, freq).statistic))
         metrics.setdefault("freq_slope", []).append(float(coef[0]))
         order = [i for i in np.argsort(-excess, kind="stable") if both[i]][: settings.top_moved]
         layer_words.append([{"word": vocab[i], "displacement": round(float(disp[i]), 4),
-                             "split_half": round(float(split[i]), 4), "freq_residual": round(float(resid[i]), 4),
+                             "split_half": round(float(split[i]), 4), "noise_floor": round(float(floor[i]), 4),
+                             "freq_residual": round(float(resid[i]), 4),
                              "count_old": int(fo[vocab[i]]), "count_new": int(fn[vocab[i]])} for i in order])
     shown = settings.moved_layer if settings.moved_layer >= 0 else len(Told) + settings.moved_layer
     if not 0 <= shown < len(Told):
@@ -603,7 +612,7 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
     return [unit.rows("diachronic", {m: np.array(v) for m, v in metrics.items()}, split="all", n=len(vocab),
                       extra=base),
             # one row carries the list: value = the mean excess displacement of the listed words
-            unit.rows("diachronic", {"top_moved_excess": [np.mean([w["displacement"] - w["split_half"] for w in top])]},
+            unit.rows("diachronic", {"top_moved_excess": [np.mean([w["displacement"] - w["noise_floor"] for w in top])]},
                       split="all", layers=[shown], n=len(top), extra={**base, "top_moved": top})]
 
 
@@ -637,8 +646,8 @@ def summary(rows: pd.DataFrame) -> str:
         out.append(runner.aligned(table))
     for e, (_, r) in zip(extra, rows.iterrows()):
         if "top_moved" in e:
-            words = ", ".join(f"{w['word']} ({w['displacement']:.2f}/{w['split_half']:.2f})" for w in e["top_moved"])
-            out.append(f"most moved, {r['model']} layer {int(r['layer'])} (displacement/split-half): {words}")
+            words = ", ".join(f"{w['word']} ({w['displacement']:.2f}/{w['noise_floor']:.2f})" for w in e["top_moved"])
+            out.append(f"most moved, {r['model']} layer {int(r['layer'])} (displacement/noise floor): {words}")
     return "\n\n".join(out)
 
 

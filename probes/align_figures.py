@@ -64,8 +64,8 @@ def moved_words_figure(rows: pd.DataFrame):
     r = have.iloc[0]
     words = _extra(have).iloc[0]["top_moved"]
     fig = go.Figure([go.Bar(x=[w["word"] for w in words], y=[w["displacement"] for w in words], name="displacement"),
-                     go.Bar(x=[w["word"] for w in words], y=[w["split_half"] for w in words],
-                            name="split-half (noise floor)")])
+                     go.Bar(x=[w["word"] for w in words], y=[w["noise_floor"] for w in words],
+                            name="noise floor (split-half, rescaled)")])
     fig.update_layout(title=f"most moved words, {r['model']} layer {int(r['layer'])}", yaxis_title="1 - cos",
                       barmode="group")
     return fig
