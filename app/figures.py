@@ -266,8 +266,66 @@ def training_heatmap(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     return Drawn(fig, _tidy(sub.assign(kind="model")))
 
 
+def roc_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
+    """Membership ROC per attack (probes/membership.py), log-scale FPR (Carlini et al. 2022's view:
+    what matters is the TPR at low FPR), one panel per model; the points come from each `auc` row's
+    extra (roc_fpr, roc_tpr). data.csv: metric roc_fpr / roc_tpr, `layer` = the point's index."""
+    import plotly.graph_objects as go
+
+    sub = rows[(rows["metric"] == "auc") & rows["layer"].isna()]
+    if options.get("model"):
+        sub = sub[sub["model"] == options["model"]]
+    if options.get("attacks"):
+        sub = sub[sub["task"].isin(options["attacks"])]
+    if sub.empty:
+        raise ConfigError(f"nothing to draw for {title!r}: no membership auc rows with ROC points")
+    floor = float(options.get("min_fpr", 1e-3))
+    fig, data = go.Figure(), []
+    for _, r in sub.iterrows():
+        ex = r["extra"] if isinstance(r["extra"], dict) else json.loads(r["extra"] or "{}")
+        fpr, tpr = np.asarray(ex.get("roc_fpr", []), float), np.asarray(ex.get("roc_tpr", []), float)
+        label = f"{r['task']} (AUC {r['value']:.3f})" + (f" - {r['model']}" if sub["model"].nunique() > 1 else "")
+        fig.add_trace(go.Scatter(x=np.maximum(fpr, floor), y=tpr, mode="lines", name=label))
+        for i, (f, t) in enumerate(zip(fpr, tpr)):
+            data += [{"run_id": r.get("run_id"), "model": r["model"], "step": r["step"], "task": r["task"],
+                      "metric": m, "stack": r["stack"], "layer": i, "value": v, "kind": _kind(r["model"])}
+                     for m, v in (("roc_fpr", f), ("roc_tpr", t))]
+    fig.add_trace(go.Scatter(x=np.geomspace(floor, 1, 50), y=np.geomspace(floor, 1, 50), mode="lines",
+                             name="chance", line={"dash": "dot", "color": "grey"}))
+    fig.update_layout(title=title, xaxis_title=f"false positive rate (log; below {floor:g} drawn at {floor:g})",
+                      yaxis_title="true positive rate", xaxis_type="log", yaxis_type="log" if options.get("log_tpr") else None,
+                      template="plotly_white", height=480, width=720)
+    return Drawn(fig, _tidy(pd.DataFrame(data)))
+
+
+def auc_over_steps(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
+    """Membership AUC (95% CI band) over training steps, one line per attack (probes/membership.py):
+    memorisation growing with training."""
+    import plotly.graph_objects as go
+
+    metric = options.get("metric", "auc")
+    sub = rows[(rows["metric"] == metric) & rows["layer"].isna() & rows["step"].notna() &
+               (rows["model"].map(_kind) == "model")]
+    if options.get("attacks"):
+        sub = sub[sub["task"].isin(options["attacks"])]
+    if sub.empty:
+        raise ConfigError(f"nothing to draw for {title!r}: no {metric} rows with training steps")
+    sub = sub.assign(step=sub["step"].astype(int)).sort_values("step")
+    fig = go.Figure()
+    for task, g in sub.groupby("task", sort=False):
+        x = g["step"].clip(lower=options.get("min_step", 1))
+        fig.add_trace(go.Scatter(x=x, y=g["value"], mode="lines+markers", name=task,
+                                 error_y={"type": "data", "symmetric": False, "array": g["ci_high"] - g["value"],
+                                          "arrayminus": g["value"] - g["ci_low"]}))
+    fig.add_hline(y=0.5, line_dash="dot", line_color="grey")
+    fig.update_layout(title=title, xaxis_title="training step (log; step 0 drawn at 1)", yaxis_title=metric,
+                      xaxis_type="log", template="plotly_white", height=420, width=720)
+    return Drawn(fig, _tidy(sub.assign(kind="model")))
+
+
 PLOTS: dict[str, Callable[[pd.DataFrame, str, dict], Drawn]] = {
-    "layer_curves": layer_curves, "depth_summary": depth_summary, "training_heatmap": training_heatmap}
+    "layer_curves": layer_curves, "depth_summary": depth_summary, "training_heatmap": training_heatmap,
+    "roc_curves": roc_curves, "auc_over_steps": auc_over_steps}
 
 
 def _tidy(df: pd.DataFrame) -> pd.DataFrame:

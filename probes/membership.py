@@ -1,0 +1,521 @@
+"""Membership inference: which texts did a model, and each of its layers, see in training?
+
+Ground truth comes from manifests only, never guessed (what no web-scale study has):
+- `pretrain`: the checkpoint's manifest names its corpus (`workbench.data.corpus.resolve_corpus_manifest`);
+  members are passages of the documents of its recorded `train` split, non-members passages of the
+  `heldout` split. A passage is `passage_words` consecutive words of a document (the original
+  text between them, newlines included), the last shorter one kept when it has >= `min_words`.
+  `corpus` evaluates against another corpus folder instead (the null experiment: a model trained
+  on neither split must sit at AUC 0.5).
+- `finetune`: a checkpoint of `bertology finetune`; members are the training examples it saw,
+  non-members every other example of the task (`workbench.finetune.members`).
+A document id in both splits is an error (a planted overlap is caught); a text that occurs in both
+splits under different ids is dropped from both (its label is ambiguous) and counted.
+Members and non-members are then drawn in equal numbers (`n_examples` each) with identical
+histograms of (source, length in words) (fine-tuning: (label, length)), so that neither the source
+mix nor length can separate them (`membership_attacks.length_matched`); both length
+distributions are reported in the run's notes.
+Passages of one document are not independent: the bootstrap CIs resample passages, so they are
+narrower than a document-level resampling would give.
+
+Per-example likelihood with each family's own head (`workbench.lm_scores`): causal NLL (GPT), forward +
+backward LM (ELMo), masked LMs by their full pseudo-log-likelihood (batched, Salazar et al. 2020),
+ELECTRA through its generator, seq2seq (T5/BART) as log p(text | source = the same text) (the
+denoising objective at zero noise; a documented choice, not either model's pretraining input).
+Fine-tuned classifiers: cross-entropy on the true label and the logit-scaled confidence.
+Attacks and their sign (higher = member): see `probes.membership_attacks`. Task `attacks` gives,
+per attack, `auc` (bootstrap CI), `tpr_fpr_1pct`, `tpr_fpr_0.1pct` (extra: how many non-members
+that FPR allows), `balanced_acc`, and the ROC points in the auc row's extra; the row's `task` is
+the attack (loss, zlib, reference, mink_K, minkpp_K, lira_online, lira_offline).
+Task `layers`: a linear probe (`probes.engine.fit_probe`) on each layer's mean-pooled passage vector
+(mean over words of mean-pooled subwords), trained on half of the members and non-members and
+tested on the other half: per-layer `auc` (CI) and `accuracy`; the random-init twin is its baseline.
+
+`reference` needs a reference checkpoint trained on disjoint data (Carlini et al. 2021);
+`lira` needs a shadow set (`workbench.shadows`): the target's examples are looked up in each
+shadow model's own manifest (IN = its train split, OUT = its held-out split); shadows from the
+target's own training run are left out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probes import membership_attacks as ma
+from probes import runner
+from workbench.errors import CheckpointError, ConfigError
+
+NAME = "membership"
+TASKS = ("attacks", "layers")
+SETTINGS_KINDS = ("pretrain", "finetune")
+ATTACKS = ("loss", "zlib", "reference", "mink", "minkpp", "lira")
+LM_ONLY = ("zlib", "mink", "minkpp")
+
+
+# --------------------------------------------------------------------------- ground truth
+@dataclass
+class Sample:
+    """Members and non-members of one checkpoint (equal numbers, length-matched)."""
+
+    ids: list[str]
+    doc_ids: list[str]
+    texts: list[str]
+    is_member: np.ndarray
+    lengths: np.ndarray  # words
+    labels: np.ndarray | None = None  # finetune: class index per example
+    task_index: np.ndarray | None = None  # finetune: index into the task's examples
+    info: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps([self.ids, self.is_member.tolist()]).encode()).hexdigest()[:16]
+
+
+def check_disjoint(members, nonmembers, where: str) -> None:
+    """A document id in both the training and the held-out list is a broken ground truth: error."""
+    both = sorted(set(members) & set(nonmembers))
+    if both:
+        raise ConfigError(f"{where}: {len(both)} id(s) are both members and non-members, e.g. {both[:3]}: "
+                          f"the recorded split is not a split")
+
+
+_WORD = re.compile(r"\S+")
+
+
+def passages(text: str, n_words: int, min_words: int) -> list[tuple[str, int]]:
+    """Consecutive `n_words`-word passages of a text (original spacing kept), with their word counts;
+    a shorter last passage is kept when it has >= min_words words."""
+    spans = [m.span() for m in _WORD.finditer(text)]
+    out = []
+    for i in range(0, len(spans), n_words):
+        chunk = spans[i: i + n_words]
+        if len(chunk) >= min(n_words, min_words):
+            out.append((text[chunk[0][0]: chunk[-1][1]], len(chunk)))
+    return out
+
+
+def _draw(mem: list, non: list, n: int, seed: int, where: str, extra: dict, length_bin: int = 1) -> tuple[list, list, dict]:
+    """Drop texts in both groups, then equal-size samples matched on (stratum, length); returns the
+    chosen lists + info. mem/non: lists of (id, doc_id, text, n_words, payload, stratum)."""
+    shared = {r[2] for r in mem} & {r[2] for r in non}
+    mem = [r for r in mem if r[2] not in shared]
+    non = [r for r in non if r[2] not in shared]
+    key = lambda r: f"{r[5]}|{r[3] // length_bin}"
+    im, inn = ma.length_matched([key(r) for r in mem], [key(r) for r in non], n, seed)
+    if len(im) < 10:
+        raise ConfigError(f"{where}: only {len(im)} length-matched member/non-member pairs")
+    chosen_m, chosen_n = [mem[i] for i in im], [non[i] for i in inn]
+    info = {"ground_truth": where, **extra,
+            "matched_on": f"stratum (pretrain: source; finetune: label) and words // {length_bin}",
+            "candidates": {"members": len(mem), "nonmembers": len(non)},
+            "dropped_shared_texts": len(shared), "n_per_group": len(im),
+            "lengths": {"members": ma.length_summary([r[3] for r in chosen_m]),
+                        "nonmembers": ma.length_summary([r[3] for r in chosen_n])}}
+    return chosen_m, chosen_n, info
+
+
+def _sample(chosen_m, chosen_n, info, labelled: bool) -> Sample:
+    rows = chosen_m + chosen_n
+    return Sample(ids=[r[0] for r in rows], doc_ids=[r[1] for r in rows], texts=[r[2] for r in rows],
+                  is_member=np.r_[np.ones(len(chosen_m), bool), np.zeros(len(chosen_n), bool)],
+                  lengths=np.array([r[3] for r in rows]),
+                  labels=np.array([r[4][0] for r in rows]) if labelled else None,
+                  task_index=np.array([r[4][1] for r in rows]) if labelled else None, info=info)
+
+
+def corpus_of(checkpoint: str | Path):
+    """(CorpusSplit, manifest path) the checkpoint's manifest names as its training corpus."""
+    from workbench.checkpoints import read_manifest
+    from workbench.data.corpus import CorpusSplit, resolve_corpus_manifest
+
+    m = read_manifest(checkpoint)
+    if not m or not isinstance(m.get("corpus"), dict):
+        raise CheckpointError(f"{checkpoint}: its manifest.json records no training corpus (not trained by the "
+                              f"backend?); pass corpus=<corpus folder> to evaluate against one")
+    if m["corpus"].get("split", "train") != "train":
+        raise CheckpointError(f"{checkpoint}: trained on split {m['corpus'].get('split')!r}, expected 'train'")
+    path = resolve_corpus_manifest(checkpoint, m["corpus"])
+    return CorpusSplit.load(path.parent), path
+
+
+def pretrain_sample(checkpoint, passage_words: int = 32, min_words: int = 8, n_examples: int | None = 1000,
+                    seed: int = 0, corpus_dir: str | Path | None = None, length_bin: int = 1) -> Sample:
+    """Members = passages of the recorded train split's documents, non-members = of the held-out split's."""
+    from workbench.data.corpus import CorpusSplit
+
+    if corpus_dir is not None:
+        corpus, where = CorpusSplit.load(corpus_dir), Path(corpus_dir) / "manifest.json"
+    else:
+        corpus, where = corpus_of(checkpoint)
+    check_disjoint(corpus.doc_ids("train"), corpus.doc_ids("heldout"), str(where))
+    groups = {}
+    for split in ("train", "heldout"):
+        groups[split] = [(f"{d.doc_id}#{k}", d.doc_id, t, n, None, d.source) for d in corpus.documents(split)
+                         for k, (t, n) in enumerate(passages(d.text, passage_words, min_words))]
+    m, n, info = _draw(groups["train"], groups["heldout"], n_examples, seed, str(where),
+                       {"setting": "pretrain", "passage_words": passage_words, "corpus_override": corpus_dir is not None,
+                        "documents": {"train": len(corpus.doc_ids("train")), "heldout": len(corpus.doc_ids("heldout"))}},
+                       length_bin)
+    return _sample(m, n, info, labelled=False)
+
+
+def finetune_sample(checkpoint, n_examples: int | None = 1000, seed: int = 0, length_bin: int = 1) -> tuple[Sample, object]:
+    """Members = the examples the fine-tuned checkpoint trained on, non-members the task's others."""
+    from workbench.checkpoints import read_manifest
+    from workbench.finetune import load_finetune_config, load_task, members
+
+    mem_ids, non_ids = members(checkpoint)
+    check_disjoint(mem_ids, non_ids, f"{checkpoint} (fine-tuning splits)")
+    m = read_manifest(checkpoint)
+    data = load_task(load_finetune_config(m["finetune"]["config"]))
+    if data.kind != "sentence":
+        raise ConfigError(f"{checkpoint}: membership on fine-tuning supports sentence tasks, not {data.kind}")
+    index = {i: k for k, i in enumerate(data.ids)}
+    unknown = [i for i in mem_ids + non_ids if i not in index]
+    if unknown:
+        raise CheckpointError(f"{checkpoint}: {len(unknown)} split id(s) not in task {data.name}, e.g. {unknown[:3]}")
+    rows = lambda ids: [(i, i, " ".join(data.words[index[i]]), len(data.words[index[i]]),
+                         (int(data.labels[index[i]]), index[i]), int(data.labels[index[i]])) for i in ids]
+    chosen_m, chosen_n, info = _draw(rows(mem_ids), rows(non_ids), n_examples, seed, m["finetune"]["splits"],
+                                     {"setting": "finetune", "task": data.name}, length_bin)
+    return _sample(chosen_m, chosen_n, info, labelled=True), data
+
+
+# --------------------------------------------------------------------------- per-example statistics
+@dataclass
+class Stats:
+    """Per example: mean NLL, and (language models) token log-probs and Min-K%++ moments; phi is
+    LiRA's logit-scaled confidence."""
+
+    nll: np.ndarray
+    phi: np.ndarray
+    logprobs: list | None = None
+    mu: list | None = None
+    sigma: list | None = None
+
+
+def lm_stats(handle, texts: list[str], batch_size: int, moments: bool = True, progress: bool = False) -> Stats:
+    """The family's own likelihood of each text (see the module docstring)."""
+    from workbench.lm_scores import lm_scorer
+
+    scorer = lm_scorer(handle)
+    if scorer.kind == "seq2seq":
+        scores = scorer.seq2seq_logprobs(texts, texts, batch_size=batch_size, moments=moments, progress=progress)
+    else:
+        scores = scorer.text_logprobs(texts, batch_size=batch_size * (2 if scorer.kind == "mlm" else 1),
+                                      moments=moments, progress=progress)
+    nll = np.array([ma.mean_nll(s.logprobs) for s in scores])
+    return Stats(nll, ma.scaled_logit_from_mean_logprob(-nll), [s.logprobs for s in scores],
+                 [s.mu for s in scores] if moments else None, [s.sigma for s in scores] if moments else None)
+
+
+def classifier_stats(checkpoint, handle, data, sample: Sample, batch_size: int) -> Stats:
+    """Cross-entropy on the true label and Carlini et al.'s logit-scaled confidence of a fine-tuned classifier."""
+    from workbench.checkpoints import read_manifest
+    from workbench.finetune import (
+        collate,
+        encode,
+        load_classifier,
+        load_finetune_config,
+    )
+
+    cfg = load_finetune_config(read_manifest(checkpoint)["finetune"]["config"])
+    model = load_classifier(checkpoint)
+    enc = encode(handle, data, [int(i) for i in sample.task_index], min(cfg.max_len, handle.max_length))
+    logits = []
+    with torch.inference_mode():
+        for b0 in range(0, len(enc.ids), batch_size):
+            batch = collate(enc, list(range(b0, min(b0 + batch_size, len(enc.ids)))), handle.pad_id)
+            batch.pop("labels")
+            logits.append(model(**batch).logits.float().cpu().numpy())
+    z = np.concatenate(logits).astype(np.float64)
+    y = sample.labels
+    logp = z - np.log(np.exp(z - z.max(1, keepdims=True)).sum(1, keepdims=True)) - z.max(1, keepdims=True)
+    return Stats(-logp[np.arange(len(y)), y], ma.scaled_logit_from_logits(z, y))
+
+
+# --------------------------------------------------------------------------- the probe module
+@dataclass
+class Settings(runner.Settings):
+    setting: str = field(default="pretrain", metadata={"help": "pretrain | finetune (where membership comes from)"})
+    attacks: tuple[str, ...] = field(default=("loss", "zlib", "mink", "minkpp"), metadata={
+        "help": "comma-separated: loss,zlib,reference,mink,minkpp,lira (reference needs --reference, lira --shadows)"})
+    n_examples: int = field(default=1000, metadata={"help": "members and non-members each (length-matched)"})
+    passage_words: int = field(default=32, metadata={"help": "pretrain: words per passage"})
+    min_words: int = field(default=8, metadata={"help": "pretrain: shortest last passage of a document kept"})
+    length_bin: int = field(default=1, metadata={"help": "match lengths within bins of this many words"})
+    corpus: str | None = field(default=None, metadata={
+        "help": "pretrain: corpus folder to take members/non-members from instead of the checkpoint's own"})
+    mink_ratios: tuple[float, ...] = field(default=ma.MINK_RATIOS, metadata={"help": "Min-K% / Min-K%++ fractions"})
+    reference: str | None = field(default=None, metadata={
+        "help": "reference checkpoint trained on data disjoint from the target's (reference attack)"})
+    shadows: str | None = field(default=None, metadata={"help": "shadow-set folder (workbench.shadows) for LiRA"})
+    fix_variance: bool = field(default=False, metadata={"help": "LiRA: one global deviation instead of per example"})
+    max_roc_points: int = field(default=200, metadata={"help": "ROC points stored per attack"})
+
+    def validate(self, spec) -> None:
+        super().validate(spec)
+        if self.setting not in SETTINGS_KINDS:
+            raise ConfigError(f"membership: setting must be one of {list(SETTINGS_KINDS)}, got {self.setting!r}")
+        bad = [a for a in self.attacks if a not in ATTACKS]
+        if bad:
+            raise ConfigError(f"membership: unknown attack(s) {bad}; known: {list(ATTACKS)}")
+        if self.setting == "finetune" and set(self.attacks) & set(LM_ONLY):
+            raise ConfigError(f"membership: {sorted(set(self.attacks) & set(LM_ONLY))} need a language model's "
+                              f"token log-probs; the finetune setting offers loss, reference, lira")
+        if "reference" in self.attacks and not self.reference:
+            raise ConfigError("membership: the reference attack needs --reference CHECKPOINT")
+        if "lira" in self.attacks and not self.shadows:
+            raise ConfigError("membership: the lira attack needs --shadows SHADOW_SET_FOLDER")
+        if self.n_examples < 10 or self.passage_words < 2 or self.min_words < 1 or self.length_bin < 1:
+            raise ConfigError("membership: n_examples must be >= 10, passage_words >= 2, min_words and length_bin >= 1")
+        if any(not 0 < k <= 1 for k in self.mink_ratios) or not self.mink_ratios:
+            raise ConfigError(f"membership: mink_ratios must lie in (0, 1], got {list(self.mink_ratios)}")
+        if self.corpus is not None and not (Path(self.corpus) / "manifest.json").is_file():
+            raise ConfigError(f"{self.corpus}: not a corpus folder (no manifest.json)")
+        if self.shadows is not None and not (Path(self.shadows) / "shadows.json").is_file():
+            raise ConfigError(f"{self.shadows}: not a shadow set (no shadows.json)")
+
+
+def prepare(settings: Settings) -> runner.Prepared:
+    """Samples depend on each checkpoint's manifest: built per checkpoint in `run_task`, memoised here."""
+    return runner.Prepared(data={"samples": {}, "stats": {}}, notes={"membership_samples": {}})
+
+
+def _sample_for(unit, prepared, settings: Settings) -> Sample:
+    path = unit.checkpoint.path
+    if path is None:
+        raise CheckpointError(f"{unit.checkpoint.name}: membership needs a checkpoint folder with a manifest")
+    memo = prepared.data["samples"]
+    if settings.setting == "finetune":
+        key = ("finetune", str(path))
+        if key not in memo:
+            memo[key] = finetune_sample(path, settings.n_examples, settings.seed, settings.length_bin)
+        sample, _ = memo[key]
+    else:
+        from workbench.checkpoints import read_manifest
+
+        m = read_manifest(path) or {}
+        key = ("pretrain", settings.corpus or json.dumps(m.get("corpus"), sort_keys=True))
+        if key not in memo:
+            memo[key] = (pretrain_sample(path, settings.passage_words, settings.min_words, settings.n_examples,
+                                         settings.seed, settings.corpus, settings.length_bin), None)
+        sample = memo[key][0]
+        sample.info["epochs_seen"] = _epochs(m)
+    prepared.notes["membership_samples"][unit.checkpoint.name] = sample.info
+    return sample
+
+
+def _epochs(manifest: dict) -> float | None:
+    """Passes over the training split when the checkpoint was saved (tokens seen / train tokens)."""
+    seen, total = manifest.get("tokens_seen"), (manifest.get("corpus") or {}).get("train_tokens")
+    return round(seen / total, 4) if seen and total else None
+
+
+def _stats(handle, checkpoint, sample: Sample, prepared, settings: Settings) -> Stats:
+    if settings.setting == "finetune":
+        _, data = prepared.data["samples"][("finetune", str(checkpoint))]
+        return classifier_stats(checkpoint, handle, data, sample, settings.batch_size)
+    return lm_stats(handle, sample.texts, settings.batch_size, moments="minkpp" in settings.attacks,
+                    progress=settings.progress)
+
+
+def _reference_stats(sample: Sample, prepared, settings: Settings) -> Stats:
+    from workbench.models import ModelHandle
+
+    key = ("reference", settings.reference, sample.key)
+    if key not in prepared.data["stats"]:
+        path = Path(settings.reference)
+        h = ModelHandle.load(path)
+        if settings.setting == "finetune":
+            _, data = finetune_sample(path, settings.n_examples, settings.seed, settings.length_bin)
+            prepared.data["stats"][key] = classifier_stats(path, h, data, sample, settings.batch_size)
+        else:
+            prepared.data["stats"][key] = lm_stats(h, sample.texts, settings.batch_size, moments=False)
+    return prepared.data["stats"][key]
+
+
+def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Settings):
+    """[n, S] shadow statistics phi and IN/OUT masks from each shadow's own manifest; shadows from the
+    target's training run are left out. Returns (phi, in_mask, out_mask, shadow names)."""
+    from workbench.models import ModelHandle
+    from workbench.shadows import ShadowSet
+
+    key = ("shadows", settings.shadows, sample.key, str(target_path))
+    if key in prepared.data["stats"]:
+        return prepared.data["stats"][key]
+    sset = ShadowSet.load(settings.shadows)
+    target_run = Path(target_path).resolve().parent
+    phis, ins, outs, names = [], [], [], []
+    for ck in sset.checkpoints:
+        if ck.resolve().parent == target_run:
+            continue
+        corpus, _ = corpus_of(ck)
+        train, held = set(corpus.doc_ids("train")), set(corpus.doc_ids("heldout"))
+        h = ModelHandle.load(ck)
+        if settings.setting == "finetune":
+            raise ConfigError("membership: LiRA shadows for fine-tuned classifiers are not supported yet")
+        st = lm_stats(h, sample.texts, settings.batch_size, moments=False)
+        phis.append(st.phi)
+        ins.append([d in train for d in sample.doc_ids])
+        outs.append([d in held for d in sample.doc_ids])
+        names.append(str(ck.relative_to(sset.folder)))
+    if len(names) < 2:
+        raise ConfigError(f"{settings.shadows}: {len(names)} shadow model(s) besides the target; LiRA needs more")
+    out = (np.array(phis).T, np.array(ins).T, np.array(outs).T, names)
+    prepared.data["stats"][key] = out
+    return out
+
+
+def attack_scores(sample: Sample, st: Stats, settings: Settings, ref: Stats | None = None,
+                  shadows=None) -> dict[str, np.ndarray]:
+    """Every requested attack's membership score per example (higher = member)."""
+    out: dict[str, np.ndarray] = {}
+    for attack in settings.attacks:
+        if attack == "loss":
+            out["loss"] = ma.loss_score(st.nll)
+        elif attack == "zlib":
+            out["zlib"] = ma.zlib_score(st.nll, sample.texts)
+        elif attack == "reference":
+            out["reference"] = ma.reference_score(st.nll, ref.nll)
+        elif attack == "mink":
+            for k in settings.mink_ratios:
+                out[f"mink_{round(k * 100):d}"] = np.array([ma.mink_score(lp, k) for lp in st.logprobs])
+        elif attack == "minkpp":
+            for k in settings.mink_ratios:
+                out[f"minkpp_{round(k * 100):d}"] = np.array(
+                    [ma.minkpp_score(lp, m, s, k) for lp, m, s in zip(st.logprobs, st.mu, st.sigma)])
+        elif attack == "lira":
+            phi, ins, outs, _ = shadows
+            usable = (ins.sum(1) >= 1) & (outs.sum(1) >= 1)
+            if not usable.all():
+                raise ConfigError(f"{settings.shadows}: {int((~usable).sum())} examples lack an IN or OUT shadow "
+                                  f"(the shadow pool must cover the target's examples)")
+            out["lira_online"] = ma.lira_online(st.phi, phi, ins, outs, fix_variance=settings.fix_variance)
+            out["lira_offline"] = ma.lira_offline(st.phi, phi, ins, outs, fix_variance=settings.fix_variance)
+    return out
+
+
+def _model_rows(unit, task: str, metrics: dict, n: int, ci=None, extra=None) -> pd.DataFrame:
+    df = unit.rows(task, metrics, split="test", layers=[0], n=n, ci=ci, extra=extra)
+    df["layer"] = pd.array([pd.NA] * len(df), dtype="Int64")  # a whole-model score, no layer
+    return df
+
+
+def metric_rows(unit, scores: dict[str, np.ndarray], sample: Sample, settings: Settings) -> list[pd.DataFrame]:
+    frames = []
+    for attack, s in scores.items():
+        r = ma.roc_metrics(s, sample.is_member, n_boot=settings.n_boot, seed=settings.seed)
+        pts = ma.roc_points(r, settings.max_roc_points)
+        base = {"attack": attack, "setting": settings.setting, "n_members": r.n_members, "n_nonmembers": r.n_nonmembers}
+        frames.append(_model_rows(unit, attack, {"auc": [r.auc]}, len(s), ci={"auc": ([r.auc_ci[0]], [r.auc_ci[1]])},
+                                  extra={**base, "roc_fpr": [p[0] for p in pts], "roc_tpr": [p[1] for p in pts],
+                                         "sign": "higher score = member"}))
+        for x, name in ((0.01, "tpr_fpr_1pct"), (0.001, "tpr_fpr_0.1pct")):
+            frames.append(_model_rows(unit, attack, {name: [r.tpr_at[x]]}, len(s),
+                                      extra={**base, "fpr": x, "fp_allowed": r.fp_allowed[x], "note": r.fpr_note(x)}))
+        frames.append(_model_rows(unit, attack, {"balanced_acc": [r.balanced_accuracy]}, len(s),
+                                  extra={**base, "threshold": "best on these scores (optimistic)"}))
+    return frames
+
+
+def layer_probe_rows(unit, sample: Sample, settings: Settings) -> list[pd.DataFrame]:
+    """Linear probe per layer on mean-pooled passage vectors; half the examples train, half test."""
+    from probes.engine import fit_probe
+
+    words = [t.split() for t in sample.texts]
+    acts = unit.activations(words, dataset_key=f"membership-{sample.key}", pooling="mean")
+    off = np.asarray(acts.sentence_offsets)
+    X = np.stack([np.add.reduceat(np.asarray(acts.layers[li]), off[:-1], axis=0) / np.diff(off)[:, None]
+                  for li in range(acts.layers.shape[0])]).astype(np.float32)
+    y = sample.is_member.astype(np.int64)
+    rng = np.random.default_rng(settings.seed)
+    train = np.zeros(len(y), bool)
+    for cls in (0, 1):
+        idx = rng.permutation(np.nonzero(y == cls)[0])
+        train[idx[: len(idx) // 2]] = True
+    res = fit_probe(X[:, train], y[train], num_classes=2, seed=settings.seed, early_stopping=False)
+    logp = res.log_proba(X[:, ~train])  # [L, N_test, 2]
+    aucs, lo, hi, acc = [], [], [], []
+    for li in range(X.shape[0]):
+        r = ma.roc_metrics(logp[li, :, 1] - logp[li, :, 0], y[~train].astype(bool), n_boot=settings.n_boot,
+                           seed=settings.seed)
+        aucs.append(r.auc)
+        lo.append(r.auc_ci[0])
+        hi.append(r.auc_ci[1])
+        acc.append(float((logp[li].argmax(-1) == y[~train]).mean()))
+    return [unit.rows("layer_probe", {"auc": aucs, "accuracy": acc}, split="test", n=int((~train).sum()),
+                      ci={"auc": (lo, hi)}, extra={"n_train": int(train.sum()), "pooling": "mean of word means"})]
+
+
+def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: Settings) -> list[pd.DataFrame]:
+    sample = _sample_for(unit, prepared, settings)
+    if task == "layers":
+        return layer_probe_rows(unit, sample, settings)
+    try:
+        st = _stats(unit.handle, unit.checkpoint.path, sample, prepared, settings)
+    except CheckpointError as e:
+        if not unit.is_twin:
+            raise
+        unit.notes.setdefault("no_lm_head", []).append({"model": unit.model, "why": str(e)})
+        unit.log(f"no LM head, attacks skipped for the twin ({e})")
+        return []
+    if unit.is_twin and settings.setting == "finetune":
+        unit.notes.setdefault("twin_attacks", "finetune twins: the classifier head is the checkpoint's, body random")
+    ref = _reference_stats(sample, prepared, settings) if "reference" in settings.attacks else None
+    shadows = None
+    if "lira" in settings.attacks:
+        if unit.is_twin:
+            settings_twin = [a for a in settings.attacks if a != "lira"]
+            unit.log("LiRA is not run for the random-init twin (its shadows would be random models too)")
+            import dataclasses
+
+            settings = dataclasses.replace(settings, attacks=tuple(settings_twin))
+        else:
+            shadows = shadow_matrix(sample, unit.checkpoint.path, prepared, settings)
+            prepared.notes.setdefault("lira_shadows", {})[unit.checkpoint.name] = shadows[3]
+    scores = attack_scores(sample, st, settings, ref, shadows)
+    return metric_rows(unit, scores, sample, settings)
+
+
+def summary(rows: pd.DataFrame) -> str:
+    """Per model: each attack's AUC [CI] and TPR at 1% FPR; the layer probe's best layer."""
+    if rows is None or rows.empty:
+        return "(no rows)"
+    lines = []
+    for model, sub in rows.groupby("model", sort=False):
+        step = sub["step"].dropna()
+        lines.append(f"== {model}" + (f" (step {int(step.iloc[0])})" if len(step) else ""))
+        att = sub[sub["layer"].isna()]
+        table = [["attack", "AUC", "95% CI", "TPR@1%FPR", "TPR@0.1%FPR", "bal.acc"]]
+        for attack, a in att.groupby("task", sort=False):
+            get = lambda m, a=a: a[a["metric"] == m]
+            auc = get("auc")
+            if auc.empty:
+                continue
+            table.append([attack, f"{auc['value'].iloc[0]:.3f}",
+                          f"[{auc['ci_low'].iloc[0]:.3f}, {auc['ci_high'].iloc[0]:.3f}]",
+                          f"{get('tpr_fpr_1pct')['value'].iloc[0]:.3f}", f"{get('tpr_fpr_0.1pct')['value'].iloc[0]:.3f}",
+                          f"{get('balanced_acc')['value'].iloc[0]:.3f}"])
+        if len(table) > 1:
+            lines.append(runner.aligned(table))
+        lp = sub[(sub["task"] == "layer_probe") & (sub["metric"] == "auc")]
+        if not lp.empty:
+            best = lp.loc[lp["value"].idxmax()]
+            lines.append("layer probe AUC by layer: " + " ".join(f"{v:.3f}" for v in lp.sort_values("layer")["value"])
+                         + f" (best layer {int(best['layer'])})")
+    return "\n".join(lines)
+
+
+PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task,
+                         description="membership inference from manifests: LOSS, zlib, reference, Min-K%, Min-K%++, "
+                                     "LiRA; layer-wise membership probe",
+                         summary=summary)
