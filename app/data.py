@@ -268,3 +268,15 @@ def aggregate_seeds(rows: pd.DataFrame) -> pd.DataFrame:
 def baseline_metrics(metrics) -> list[str]:
     return [m for m in metrics if m in BASELINES or m.startswith(("majority", "control_", "right_branching",
                                                                    "chain", "random_"))]
+
+
+COMPANIONS = ("selectivity", "control_accuracy", "scalar_mix_weight", "centre_of_gravity")
+
+
+def metric_choices(runs: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(metrics to pick from, metrics read along with any pick: baselines, selectivity, scalar mix),
+    from the catalog, so a layer-curve query reads only the rows it draws."""
+    in_catalog = facet_values(runs, "metrics")
+    companions = baseline_metrics(in_catalog) + [m for m in COMPANIONS if m in in_catalog]
+    companions = list(dict.fromkeys(companions))
+    return [m for m in in_catalog if m not in companions] or in_catalog, companions

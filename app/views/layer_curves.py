@@ -26,18 +26,32 @@ def render() -> None:
     runs = data.filter_runs(runs, probes=[probe])
     task = ui.pick("Task", data.facet_values(runs, "tasks"), key="lc-task")
     runs = data.filter_runs(runs, tasks=[task])
-    loaded = data.query(s, runs, probe=probe, task=task)
+    # The metric is chosen from the catalog, so only its rows (and its baselines) are read.
+    metrics, companions = data.metric_choices(runs)
+    metric = ui.pick("Metric", metrics, key="lc-metric", default="accuracy")
+    loaded = cached_query(str(s.root), tuple(runs["run_id"]), tuple(runs["health"]), probe, task,
+                          tuple(dict.fromkeys([metric, *companions])))
     ui.show_problems(loaded.problems)
     rows = loaded.rows
     if rows.empty:
         st.info(f"No readable {probe}/{task} rows.")
         return
-    draw(rows, probe, task, key="lc")
+    if metric not in set(rows["metric"]):
+        st.info(f"No {metric} rows for {probe}/{task}; choose another metric.")
+        return
+    draw(rows, probe, task, key="lc", metric=metric)
 
 
-def draw(rows: pd.DataFrame, probe: str, task: str, key: str) -> pd.DataFrame:
+@st.cache_data(max_entries=16, show_spinner="reading rows")
+def cached_query(root: str, run_ids: tuple, health: tuple, probe: str, task: str, metrics: tuple) -> data.Loaded:
+    """Rows of these runs; published runs never change, so their ids (and health) key the cache."""
+    runs = pd.DataFrame({"run_id": list(run_ids), "health": list(health)})
+    return data.query(data.open_store(root), runs, probe=probe, task=task, metric=list(metrics))
+
+
+def draw(rows: pd.DataFrame, probe: str, task: str, key: str, metric: str | None = None) -> pd.DataFrame:
     """The controls and charts for one probe x task (used by the generic probe page too); returns
-    the rows drawn as curves."""
+    the rows drawn as curves. `metric` given: no metric picker (the caller chose it)."""
     per_layer = rows[rows["layer"].notna()]
     if per_layer.empty:
         st.info(f"{probe}/{task} has no per-layer rows; its rows:")
@@ -51,7 +65,8 @@ def draw(rows: pd.DataFrame, probe: str, task: str, key: str) -> pd.DataFrame:
     stacks = sorted(per_layer["stack"].dropna().unique())
     c = st.columns(4)
     with c[0]:
-        metric = ui.pick("Metric", metrics, key=f"{key}-metric", default="accuracy" if "accuracy" in metrics else None)
+        if metric is None:
+            metric = ui.pick("Metric", metrics, key=f"{key}-metric", default="accuracy")
     with c[1]:
         split = ui.pick("Split", splits, key=f"{key}-split", default="dev") if splits else None
     with c[2]:
