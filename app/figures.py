@@ -64,8 +64,9 @@ def load_spec(name_or_path: str | Path) -> tuple[str, dict]:
     bad_q = set(spec.get("query") or {}) - QUERY_KEYS
     if bad_q:
         raise ConfigError(f"{path}: query: unknown key(s) {sorted(bad_q)}; expected {sorted(QUERY_KEYS)}")
-    if spec.get("plot") not in PLOTS:
-        raise ConfigError(f"{path}: plot must be one of {sorted(PLOTS)}, got {spec.get('plot')!r}")
+    plots = all_plots()
+    if spec.get("plot") not in plots:
+        raise ConfigError(f"{path}: plot must be one of {sorted(plots)}, got {spec.get('plot')!r}")
     return path.stem, spec
 
 
@@ -328,6 +329,13 @@ PLOTS: dict[str, Callable[[pd.DataFrame, str, dict], Drawn]] = {
     "roc_curves": roc_curves, "auc_over_steps": auc_over_steps}
 
 
+def all_plots() -> dict[str, Callable[[pd.DataFrame, str, dict], Drawn]]:
+    """PLOTS plus the plot kinds probe companion pages add (`PLOTS` in app/pages/<probe>.py)."""
+    from app.pages import extra_plots
+
+    return {**extra_plots(), **PLOTS}
+
+
 def _tidy(df: pd.DataFrame) -> pd.DataFrame:
     for c in DATA_COLUMNS:
         if c not in df:
@@ -364,7 +372,7 @@ def render(name_or_path: str | Path, store=None, out: str | Path | None = None,
         query.pop("name", None)
         query["run"] = run_id
     rows, run_ids = query_rows(store, query)
-    drawn = PLOTS[spec["plot"]](rows, spec.get("title", name), dict(spec.get("options") or {}))
+    drawn = all_plots()[spec["plot"]](rows, spec.get("title", name), dict(spec.get("options") or {}))
     folder = Path(out) if out is not None else store.root / "figures" / name
     folder.mkdir(parents=True, exist_ok=True)
     csv = drawn.data.to_csv(index=False, float_format="%.10g")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import warnings
 from types import ModuleType
 
 from probes import probe_names
@@ -41,7 +42,9 @@ def extra_plots() -> dict:
     for name in probe_names():
         try:
             module = page_module(name)
-        except ImportError:
+        except Exception as e:  # noqa: BLE001 - one broken page must not take every figure down
+            warnings.warn(f"app/pages/{name}.py cannot be imported ({type(e).__name__}: {e}); its plots are "
+                          f"unavailable", stacklevel=2)
             continue
         out.update(getattr(module, "PLOTS", {}) or {})
     return out

@@ -8,6 +8,8 @@ shows and what a paper figure shows cannot drift apart.
 
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -42,11 +44,19 @@ def render() -> None:
     draw(rows, probe, task, key="lc", metric=metric)
 
 
-@st.cache_data(max_entries=16, show_spinner="reading rows")
-def cached_query(root: str, run_ids: tuple, health: tuple, probe: str, task: str, metrics: tuple) -> data.Loaded:
-    """Rows of these runs; published runs never change, so their ids (and health) key the cache."""
+def _query(root: str, run_ids: tuple, health: tuple, probe: str, task: str, metrics: tuple) -> data.Loaded:
     runs = pd.DataFrame({"run_id": list(run_ids), "health": list(health)})
     return data.query(data.open_store(root), runs, probe=probe, task=task, metric=list(metrics))
+
+
+@functools.cache
+def _cached():  # made on first use: st.cache_data outside a running app (figures CLI) only warns
+    return st.cache_data(max_entries=16, show_spinner="reading rows")(_query)
+
+
+def cached_query(*key) -> data.Loaded:
+    """Rows of these runs; published runs never change, so their ids (and health) key the cache."""
+    return _cached()(*key)
 
 
 def draw(rows: pd.DataFrame, probe: str, task: str, key: str, metric: str | None = None) -> pd.DataFrame:
@@ -88,14 +98,17 @@ def draw(rows: pd.DataFrame, probe: str, task: str, key: str, metric: str | None
     if curves.empty:
         st.info("Choose at least one model.")
         return curves
-    refs = view[view["metric"].isin(baselines) & ~view["model"].map(data.is_twin)
-                & view["model"].map(data.strip_seed).isin({data.strip_seed(m).replace(data.TWIN_SUFFIX, "") for m in chosen})]
+    # Baselines of one model (the first chosen): majority is the same for every model, control-task
+    # and chain baselines nearly so, and one reference line per baseline keeps the chart readable.
+    ref_model = next((m.replace(data.TWIN_SUFFIX, "") for m in chosen), None)
+    refs = view[view["metric"].isin(baselines) & (view["model"] == ref_model)]
     drawn = figures.layer_curves(pd.concat([curves, refs], ignore_index=True), f"{probe} · {task}: {metric}",
                                  {"baselines": baselines})
     drawn.figure.update_layout(width=None, height=430)
     st.plotly_chart(drawn.figure, width="stretch", key=f"{key}-curves")
     st.caption("Bands: 95% CI of the run (bootstrap), or mean ± sd over seeds when aggregated; dotted: "
-               "random-init twins; dashed grey: baselines.")
+               "random-init twins; dashed grey: baselines "
+               f"(of {ref_model}).")
 
     sel = selectivity(view, metric, chosen)
     if not sel.empty:
