@@ -634,13 +634,15 @@ def summary(rows: pd.DataFrame) -> str:
 
     if rows is None or len(rows) == 0:
         return "(no rows)"
-    extra = rows["extra"].map(lambda e: json.loads(e) if isinstance(e, str) and e else (e or {}))
-    is_matrix = extra.map(lambda e: "other_model" in e)
-    out = [runner.format_layer_table(rows[~is_matrix], max_metrics=10)]
-    mat = rows[is_matrix].assign(other=extra[is_matrix].map(lambda e: e["other_model"]),
-                                 j=extra[is_matrix].map(lambda e: e["other_layer"]))
+    extra = [json.loads(e) if isinstance(e, str) and e else (dict(e) if isinstance(e, dict) else {})
+             for e in rows["extra"]]
+    is_matrix = np.array(["other_model" in e for e in extra], dtype=bool)
+    out = [runner.format_layer_table(rows[~is_matrix], max_metrics=10)] if (~is_matrix).any() else []
+    mat = pd.DataFrame([(str(m), str(e["other_model"]), str(met), int(l), int(e["other_layer"]), float(v))
+                        for m, e, met, l, v in zip(rows["model"], extra, rows["metric"], rows["layer"], rows["value"])
+                        if "other_model" in e], columns=["model", "other", "metric", "i", "j", "value"])
     for (a, b, metric), sub in mat.groupby(["model", "other", "metric"], sort=False):
-        M = sub.pivot_table(index="layer", columns="j", values="value")
+        M = sub.pivot_table(index="i", columns="j", values="value")
         table = [[f"{metric}: {a} (rows) x {b}"] + [str(j) for j in M.columns]]
         table += [[str(int(i))] + [f"{v:.2f}" for v in M.loc[i]] for i in M.index]
         out.append(runner.aligned(table))

@@ -111,10 +111,10 @@ def test_model_pair_identical_models_align_perfectly(tiny_folders, tmp_path):
     other = rows[extra.map(lambda e: e.get("other_model") == "b") & (rows["model"] == "a") & (rows["metric"] == "cka")]
     assert len(other) == 9 and other["value"].max() < 0.999  # a different seed is not the same space
     assert np.isclose(_values(rows, "model-pair", "cka_to_layer0", "a")[0], 1.0)
-    from probes.align_figures import matrix_figures
+    from probes.align import summary
 
-    figs = matrix_figures(rows)  # 3 model pairs x (cka, retrieval)
-    assert len(figs) == 6 and figs[0].data[0].z.shape == (3, 3)
+    text = summary(rows)
+    assert "cka: a (rows) x a-copy" in text and "retrieval_rotation: a (rows) x b" in text
 
 
 def test_fake_language_against_itself_and_parallel_and_dutch_pair(tiny_folders, tmp_path):
@@ -157,6 +157,9 @@ def test_diachronic_same_corpus_does_not_move(tiny_folders, tmp_path):
     assert np.all(split > 1e-3)  # two halves of a corpus do differ: the noise floor is real
     extra = json.loads(rows[(rows["metric"] == "top_moved_excess") & (rows["layer"] == 2)]["extra"].iloc[0])
     assert len(extra["top_moved"]) == 20
+    from probes.align import summary
+
+    assert "most moved, a layer 2" in summary(rows)
 
 
 def test_bad_settings_fail_before_loading(tiny_folders, tmp_path):
