@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -72,7 +73,7 @@ def test_bad_sweeps_fail_before_any_work(tmp_path, two_checkpoints):
 
 
 def test_sweep_with_two_jobs_survives_kill_9(tmp_path, two_checkpoints):
-    path = _sweep_file(tmp_path, two_checkpoints)
+    path = _sweep_file(tmp_path, two_checkpoints, name="sweep-syntax-pooling")  # the shipped figure's prefix
     runs_root = tmp_path / "runs"
     env = dict(os.environ, BERTOLOGY_CACHE=str(tmp_path / "cache"))
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", str(path), "--jobs", "2", "--runs-root",
@@ -80,16 +81,16 @@ def test_sweep_with_two_jobs_survives_kill_9(tmp_path, two_checkpoints):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     store = ResultsStore(runs_root)
     deadline = time.time() + 600
-    while _experiment_runs(store, "sweep").empty:  # wait for the first finished run, then kill everything
+    while _experiment_runs(store, "sweep-syntax-pooling").empty:  # wait for the first finished run, then kill everything
         assert proc.poll() is None, "the sweep ended before it could be killed"
         assert time.time() < deadline, "no run finished in time"
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = _experiment_runs(store, "sweep")
+    before = _experiment_runs(store, "sweep-syntax-pooling")
     assert 1 <= len(before) < 8
     assert run_experiment(path, jobs=2, runs_root=str(runs_root)) == 0
-    after = _experiment_runs(store, "sweep")
+    after = _experiment_runs(store, "sweep-syntax-pooling")
     assert len(after) == 8 and after["name"].is_unique
     assert set(before["run_id"]) <= set(after["run_id"])  # completed runs were kept, not redone
     rows = store.read(after["run_id"].iloc[-1])
@@ -97,7 +98,14 @@ def test_sweep_with_two_jobs_survives_kill_9(tmp_path, two_checkpoints):
     assert len(acc) == 3 and acc["value"].between(0, 1).all()
     # a third invocation has nothing left to do
     assert run_experiment(path, jobs=2, runs_root=str(runs_root)) == 0
-    assert len(_experiment_runs(store, "sweep")) == 8
+    assert len(_experiment_runs(store, "sweep-syntax-pooling")) == 8
+    # and the sweep's figure rebuilds: one curve per checkpoint and pooling, the two seeds averaged
+    from app.figures import render
+
+    fig = render("sweep_pooling", store, tmp_path / "figure", formats=("html",))
+    data = pd.read_csv(fig.folder / "data.csv")
+    assert set(data["model"]) == {f"tiny-{s} | pooling={p}" for s in (0, 1) for p in ("first", "mean")}
+    assert len(fig.manifest["run_ids"]) == 8 and len(data[data["kind"] == "model"]) == 4 * 3
 
 
 def test_submitit_local_executor_same_code_path(tmp_path, two_checkpoints, monkeypatch):
