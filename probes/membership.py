@@ -181,11 +181,11 @@ def finetune_sample(checkpoint, n_examples: int | None = 1000, seed: int = 0, le
     index = {i: k for k, i in enumerate(data.ids)}
     unknown = [i for i in mem_ids + non_ids if i not in index]
     if unknown:
-        raise CheckpointError(f"{checkpoint}: {len(unknown)} split id(s) not in task {data.name}, e.g. {unknown[:3]}")
+        raise CheckpointError(f"{checkpoint}: {len(unknown)} split id(s) not in task {data.task}, e.g. {unknown[:3]}")
     rows = lambda ids: [(i, i, " ".join(data.words[index[i]]), len(data.words[index[i]]),
                          (int(data.labels[index[i]]), index[i]), int(data.labels[index[i]])) for i in ids]
     chosen_m, chosen_n, info = _draw(rows(mem_ids), rows(non_ids), n_examples, seed, m["finetune"]["splits"],
-                                     {"setting": "finetune", "task": data.name}, length_bin)
+                                     {"setting": "finetune", "task": data.task}, length_bin)
     return _sample(chosen_m, chosen_n, info, labelled=True), data
 
 
@@ -460,6 +460,12 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
     sample = _sample_for(unit, prepared, settings)
     if task == "layers":
         return layer_probe_rows(unit, sample, settings)
+    if unit.is_twin and settings.setting == "finetune":
+        # the classifier (body + head) is read from the checkpoint folder; a random body under a
+        # trained head is no model anyone trained, so the twin is the layer probe's baseline only
+        unit.notes["twin_attacks"] = "finetune: attacks not run for random-init twins (layer probe only)"
+        unit.log("finetune setting: attacks are not run for the random-init twin")
+        return []
     try:
         st = _stats(unit.handle, unit.checkpoint.path, sample, prepared, settings)
     except CheckpointError as e:
@@ -468,8 +474,6 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
         unit.notes.setdefault("no_lm_head", []).append({"model": unit.model, "why": str(e)})
         unit.log(f"no LM head, attacks skipped for the twin ({e})")
         return []
-    if unit.is_twin and settings.setting == "finetune":
-        unit.notes.setdefault("twin_attacks", "finetune twins: the classifier head is the checkpoint's, body random")
     ref = _reference_stats(sample, prepared, settings) if "reference" in settings.attacks else None
     shadows = None
     if "lira" in settings.attacks:

@@ -1,0 +1,265 @@
+"""Membership inference: ground truth from manifests, attack math against hand/scipy/sklearn
+computations, and sanity on real text with tiny models trained by the backend (a shadow set)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from scipy import stats
+from sklearn.metrics import roc_auc_score, roc_curve
+
+from probes import membership as mem
+from probes import membership_attacks as ma
+from workbench.errors import ConfigError
+
+# --------------------------------------------------------------------------- pure math
+
+
+def test_metrics_equal_sklearn_with_the_sign_convention():
+    rng = np.random.default_rng(0)
+    y = np.r_[np.ones(300, bool), np.zeros(500, bool)]
+    nll = rng.normal(3.0, 1.0, 800) - 0.4 * y  # members have lower loss
+    nll[:40] = np.round(nll[:40], 1)  # some ties
+    r = ma.roc_metrics(ma.loss_score(nll), y, n_boot=200, seed=1)
+    # MIMIR's LOSS score is +NLL with "lower = member": sklearn on -their score is our AUC
+    assert r.auc == pytest.approx(roc_auc_score(y, -nll), abs=1e-12)
+    assert ma._auc_ranks(-nll, y) == pytest.approx(roc_auc_score(y, -nll), abs=1e-12)
+    fpr, tpr, _ = roc_curve(y, -nll)
+    for x in (0.01, 0.001):
+        assert r.tpr_at[x] == pytest.approx(max(t for f, t in zip(fpr, tpr) if f <= x))
+    assert r.fp_allowed == {0.01: 5, 0.001: 0}
+    assert "no false positive" in r.fpr_note(0.001)
+    assert r.balanced_accuracy == pytest.approx((1 + np.max(tpr - fpr)) / 2)
+    assert r.auc_ci[0] < r.auc < r.auc_ci[1] and r.auc_ci[1] - r.auc_ci[0] < 0.15
+    one = ma.roc_metrics(rng.normal(size=2000), np.r_[np.ones(1000, bool), np.zeros(1000, bool)], n_boot=10)
+    assert one.fp_allowed[0.001] == 1 and "single example" in one.fpr_note(0.001)
+    pts = ma.roc_points(r, 50)
+    assert len(pts) <= 50 and pts[0] == (0.0, 0.0) and pts[-1] == (1.0, 1.0)
+
+
+def test_zlib_and_reference_scores():
+    texts = ["aaaa aaaa aaaa aaaa", "the quick brown fox jumps"]
+    import zlib
+
+    z = [len(zlib.compress(t.encode())) for t in texts]
+    assert ma.zlib_score(np.array([2.0, 3.0]), texts) == pytest.approx([-2.0 / z[0], -3.0 / z[1]])
+    assert ma.reference_score(np.array([2.0, 3.0]), np.array([2.5, 2.0])) == pytest.approx([0.5, -1.0])
+
+
+def test_mink_and_minkpp_equal_hand_computations():
+    lp = np.array([-0.1, -5.0, -2.0, -0.5, -3.0, -1.0, -0.2, -4.0, -0.3, -0.05])
+    # 10 tokens: k=20% -> the 2 lowest (-5, -4); k=5% -> int(0.5) = 0 -> at least 1 token (-5)
+    assert ma.mink_score(lp, 0.2) == pytest.approx((-5.0 - 4.0) / 2)
+    assert ma.mink_score(lp, 0.05) == pytest.approx(-5.0)
+    assert ma.mink_score(lp, 0.5) == pytest.approx(np.mean([-5.0, -4.0, -3.0, -2.0, -1.0]))
+    mu = np.linspace(-3.0, -1.0, 10)
+    sigma = np.linspace(0.5, 2.0, 10)
+    z = [(lp[i] - mu[i]) / sigma[i] for i in range(10)]
+    low3 = sorted(z)[:3]
+    assert ma.minkpp_score(lp, mu, sigma, 0.3) == pytest.approx(sum(low3) / 3)
+    with pytest.raises(ValueError):
+        ma.mink_score(lp, 0.0)
+
+
+def test_lira_equals_scipy_hand_computation():
+    phi_shadow = np.array([[1.0, 2.0, 0.5, 3.0, -1.0, 0.0],
+                           [0.2, 0.1, 0.4, 2.5, 2.0, 1.5]])
+    inn = np.array([[True, True, False, True, False, False],
+                    [False, False, True, True, True, False]])
+    out = ~inn
+    out[1, 5] = False  # a shadow whose pool lacks example 1: neither IN nor OUT
+    target = np.array([1.7, 0.3])
+    want_on, want_off, want_fix = [], [], []
+    all_in = phi_shadow[inn]
+    all_out = phi_shadow[out]
+    for i in range(2):
+        a, b = phi_shadow[i][inn[i]], phi_shadow[i][out[i]]
+        want_on.append(stats.norm.logpdf(target[i], np.median(a), np.std(a)) -
+                       stats.norm.logpdf(target[i], np.median(b), np.std(b)))
+        want_off.append(stats.norm.logcdf(target[i], np.median(b), np.std(b)))
+        want_fix.append(stats.norm.logpdf(target[i], np.median(a), np.std(all_in)) -
+                        stats.norm.logpdf(target[i], np.median(b), np.std(all_out)))
+    assert ma.lira_online(target, phi_shadow, inn, out) == pytest.approx(want_on, rel=1e-9)
+    assert ma.lira_offline(target, phi_shadow, inn, out) == pytest.approx(want_off, rel=1e-9)
+    assert ma.lira_online(target, phi_shadow, inn, out, fix_variance=True) == pytest.approx(want_fix, rel=1e-9)
+    with pytest.raises(ValueError):
+        ma.lira_online(target, phi_shadow, inn, inn)  # IN and OUT at once
+
+
+def test_scaled_logits():
+    z = np.array([[2.0, 0.0, -1.0], [0.0, 30.0, 0.0]])
+    y = np.array([0, 1])
+    p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    py = p[np.arange(2), y]
+    assert ma.scaled_logit_from_logits(z, y)[0] == pytest.approx(np.log(py[0] / (1 - py[0])))
+    assert ma.scaled_logit_from_logits(z, y)[1] == pytest.approx(30.0 - np.log(2.0), rel=1e-9)  # no overflow
+    m = np.array([-0.5, -3.0])
+    assert ma.scaled_logit_from_mean_logprob(m) == pytest.approx(np.log(np.exp(m) / (1 - np.exp(m))))
+
+
+def test_length_matched_samples_have_equal_histograms():
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(5, 40, 700), rng.integers(10, 60, 400)
+    i, j = ma.length_matched(a, b, n_max=None, seed=0)
+    assert len(i) == len(j) > 100
+    assert sorted(a[i]) == sorted(b[j])
+    i2, j2 = ma.length_matched(a, b, n_max=50, seed=0)
+    assert len(i2) == len(j2) == 50 and sorted(a[i2]) == sorted(b[j2])
+
+
+def test_balanced_keep():
+    from workbench.shadows import balanced_keep
+
+    keep = balanced_keep(100, 9, seed=3)
+    assert keep.shape == (9, 100) and (keep.sum(0) == 5).all()
+    assert not (keep == balanced_keep(100, 9, seed=4)).all()
+
+
+# --------------------------------------------------------------------------- ground truth from manifests
+
+
+@pytest.fixture(scope="module")
+def polarity_corpus(tmp_path_factory):
+    from workbench.data.corpus import build_corpus
+
+    return build_corpus(["sentence_polarity"], tmp_path_factory.mktemp("corpus") / "pol", heldout_fraction=0.5,
+                        seed=0, max_documents=3000)
+
+
+def test_members_come_from_the_manifest_and_a_planted_overlap_is_caught(polarity_corpus, tmp_path):
+    s = mem.pretrain_sample(None, passage_words=32, min_words=4, n_examples=200, seed=0,
+                            corpus_dir=polarity_corpus.dir, length_bin=2)
+    train, held = set(polarity_corpus.doc_ids("train")), set(polarity_corpus.doc_ids("heldout"))
+    docs = np.array(s.doc_ids)
+    assert s.is_member.sum() == (~s.is_member).sum() == 200
+    assert set(docs[s.is_member]) <= train and set(docs[~s.is_member]) <= held
+    assert sorted(s.lengths[s.is_member] // 2) == sorted(s.lengths[~s.is_member] // 2)
+    # plant an overlap: a training document id also listed as held out
+    bad = tmp_path / "bad"
+    shutil.copytree(polarity_corpus.dir, bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["doc_ids"]["heldout"].append(m["doc_ids"]["train"][0])
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ConfigError, match="both members and non-members"):
+        mem.pretrain_sample(None, corpus_dir=bad, n_examples=50)
+
+
+def test_passages_keep_original_text():
+    text = "one two  three\nfour five six seven"
+    assert mem.passages(text, 3, 2) == [("one two  three", 3), ("four five six", 3)]
+    assert mem.passages(text, 3, 1)[-1] == ("seven", 1)
+
+
+def test_settings_are_checked_before_loading():
+    from probes import get_probe
+
+    spec = get_probe("membership")
+    with pytest.raises(ConfigError, match="needs --shadows"):
+        spec.settings(tasks=("attacks",), attacks=("lira",)).validate(spec)
+    with pytest.raises(ConfigError, match="finetune setting"):
+        spec.settings(tasks=("attacks",), setting="finetune", attacks=("mink",)).validate(spec)
+
+
+# --------------------------------------------------------------------------- tiny models trained by the backend
+
+# no dropout or weight decay, a high learning rate: 60 steps of 16 x 32 tokens are ~20 passes over a
+# model's ~1,500-token half of the pool (a few seconds per model on one core)
+TINY_SHADOW = {"name": "mia-test", "family": "gpt", "preset": "tiny", "tokenizer": {"vocab_size": 1000}, "max_len": 32,
+               "batch_size": 16, "lr": 2e-2, "warmup": 0.05, "weight_decay": 0.0, "steps": 60, "eval": {"batches": 0},
+               "model": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+               "checkpoints": {"log_spaced": False}, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def shadow_set(tmp_path_factory):
+    """9 tiny GPTs on balanced random halves of 96 real sentences (one tokenizer trained on the pool):
+    model 0 is the target, models 1-8 its shadows."""
+    from workbench.shadows import train_shadow_set
+
+    root = tmp_path_factory.mktemp("shadows")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BERTOLOGY_RUNS", str(root / "runs"))
+        s = train_shadow_set(TINY_SHADOW, {"sources": ["sentence_polarity"], "max_documents": 96, "seed": 0}, 9,
+                             root / "set", seed=0, progress=False)
+        yield s
+
+
+def test_shadow_models_record_their_split(shadow_set):
+    from workbench.shadows import ShadowSet
+
+    again = ShadowSet.load(shadow_set.folder)
+    assert len(again.checkpoints) == 9
+    corpus, _ = mem.corpus_of(again.checkpoints[0])
+    in_any = [set(mem.corpus_of(c)[0].doc_ids("train")) for c in again.checkpoints]
+    pool = set(corpus.doc_ids("train")) | set(corpus.doc_ids("heldout"))
+    assert len(pool) == 96
+    assert all(sum(d in s for s in in_any) == 5 for d in pool)  # balanced: each document in 5 of 9
+
+
+def test_loss_memorised_and_lira_with_8_shadows(shadow_set, tmp_path):
+    from probes import runner
+    from workbench.results import ResultsStore
+
+    target = shadow_set.checkpoints[0]
+    settings = {"tasks": ["attacks"], "attacks": ["loss", "zlib", "mink", "minkpp", "lira"], "shadows": str(shadow_set.folder),
+                "min_words": 1, "length_bin": 4, "n_boot": 200, "baselines": [], "progress": False}
+    _, rows = runner.run_probe("membership", [target], settings, store=ResultsStore(tmp_path / "runs"))
+    auc = rows[rows["metric"] == "auc"].set_index("task")["value"]
+    n = rows[rows["metric"] == "auc"].set_index("task")["n"]
+    assert n["loss"] >= 40
+    assert auc["loss"] > 0.9  # ~20 passes over its half: memorised
+    assert auc["lira_online"] > 0.9 and auc["lira_offline"] > 0.8
+    extra = rows[(rows["task"] == "lira_online") & (rows["metric"] == "auc")]["extra"].iloc[0]
+    extra = json.loads(extra) if isinstance(extra, str) else extra
+    assert extra["roc_fpr"][0] == 0.0 and extra["roc_tpr"][-1] == 1.0 and extra["n_nonmembers"] == n["loss"] // 2
+    print("tiny shadow set AUCs:", auc.round(3).to_dict())
+
+
+def test_model_trained_on_neither_split_is_at_chance(shadow_set, tmp_path):
+    """A tiny GPT trained on sentence_polarity, scored on a subjectivity split it never saw: AUC ~ 0.5."""
+    from workbench.data.corpus import build_corpus
+    from workbench.models import ModelHandle
+
+    corpus = build_corpus(["subjectivity"], tmp_path / "subj", heldout_fraction=0.5, seed=0, max_documents=2600)
+    s = mem.pretrain_sample(None, min_words=1, n_examples=1000, seed=0, corpus_dir=corpus.dir, length_bin=4)
+    assert s.is_member.sum() == 1000
+    st = mem.lm_stats(ModelHandle.load(shadow_set.checkpoints[0]), s.texts, batch_size=64, moments=False)
+    r = ma.roc_metrics(ma.loss_score(st.nll), s.is_member, n_boot=100)
+    assert 0.45 <= r.auc <= 0.55
+
+
+def test_finetune_members_come_from_splits_json(tmp_path):
+    """The fine-tuning ground truth: members = the first n_train ids of splits.json's train split
+    (what `bertology finetune --max-train-examples` trains on), the rest non-members; a planted
+    overlap (a member id also listed in dev) is caught."""
+    from workbench.finetune import load_finetune_config, load_task
+    from workbench.io import sha256_file
+
+    cfg = load_finetune_config({"checkpoint": "unused", "task": "sentence_polarity", "max_train_examples": 300})
+    data = load_task(cfg)
+    ids = data.split_ids()
+
+    def checkpoint(name, split_ids):
+        folder = tmp_path / name
+        folder.mkdir()
+        splits = folder / "splits.json"
+        splits.write_text(json.dumps({"task": "sentence_polarity", "ids": split_ids}))
+        (folder / "manifest.json").write_text(json.dumps({"finetune": {
+            "splits": str(splits), "splits_sha256": sha256_file(splits), "n_train": 300, "config": cfg.to_dict()}}))
+        return folder
+
+    s, _ = mem.finetune_sample(checkpoint("ok", ids), n_examples=200, seed=0)
+    chosen = np.array(s.ids)
+    assert set(chosen[s.is_member]) <= set(ids["train"][:300])
+    assert not set(chosen[~s.is_member]) & set(ids["train"][:300])
+    assert s.is_member.sum() == 200 and s.labels is not None
+    index = {i: k for k, i in enumerate(data.ids)}
+    assert [data.labels[index[i]] for i in chosen] == s.labels.tolist()
+    assert sorted(zip(s.labels[s.is_member], s.lengths[s.is_member])) == \
+        sorted(zip(s.labels[~s.is_member], s.lengths[~s.is_member]))  # matched on (label, length)
+    bad = dict(ids, dev=ids["dev"] + [ids["train"][0]])
+    with pytest.raises(ConfigError, match="both members and non-members"):
+        mem.finetune_sample(checkpoint("bad", bad), n_examples=50)
