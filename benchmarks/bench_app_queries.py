@@ -88,7 +88,7 @@ def generate(root: Path, n_runs: int) -> ResultsStore:
     return ResultsStore(root)  # registers every folder in its catalog
 
 
-KEYS = ("runs_page", "layer_curve", "all_metrics", "worst_case")
+KEYS = ("runs_page", "layer_curve", "all_metrics", "worst_case", "per_file_loop")
 
 
 def timed(fn, repeat: int = 3) -> tuple[float, float, object, float]:

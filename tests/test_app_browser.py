@@ -80,7 +80,7 @@ def test_every_page_renders_in_chromium(server):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--headless", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
         for url, has_charts in pages.items():
             page.goto(f"{server}/{url}", wait_until="domcontentloaded")
             page.wait_for_selector('[data-testid="stHeading"]', timeout=90_000)

@@ -41,6 +41,7 @@ import sqlite3
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -719,34 +720,38 @@ class ResultsStore:
         values, None matches missing values. Runs are pre-selected from the catalog (run_id,
         model, family, probe, task, metric, seed, step) and every filter is applied to each run's rows.
         """
-        expr = None
         for key, want in filters.items():
             if key not in RESULT_COLUMNS or key == "extra":
                 valid = [c for c in RESULT_COLUMNS if c != "extra"]
                 raise ResultsError(f"unknown query() filter {key!r}; filter on {valid}")
-            e = _filter_expression(key, want)
-            expr = e if expr is None else expr & e
+            _filter_expression(key, want)  # type-checks the values
         catalog_filters = {k: v for k, v in filters.items()
                            if k in ("run_id", "model", "family", "probe", "task", "metric", "seed", "step")
                            and v is not None
                            and not (isinstance(v, (list, tuple, set, frozenset)) and None in v)}  # fmt: skip
         run_ids = self.runs(**catalog_filters)["run_id"].tolist()
-        # Each file is read with its strings as dictionaries and filtered before anything else is
-        # materialised: the cheapest path measured on a loaded 2-core machine, ahead of a threaded
-        # pyarrow dataset scan and of read_table(filters=) per file (benchmarks/bench_app_queries.py).
-        tables = []
-        for rid in run_ids:
+        # Each file is read with its strings as dictionaries and filtered by a boolean mask before
+        # anything else is materialised: the cheapest path measured on a loaded 2-core machine, well
+        # ahead of a pyarrow dataset scan and of read_table(filters=) or Table.filter(expression),
+        # which start an Acero plan per file (benchmarks/bench_app_queries.py).
+        def read(rid: str) -> pa.Table | None:
             path = self.results_dir / rid / ROWS_NAME
             try:
                 table = pq.ParquetFile(path, read_dictionary=_DICTIONARY_COLUMNS).read(use_threads=False)
-                if expr is not None:
-                    table = table.filter(expr)
-                if table.num_rows:
-                    tables.append(table.cast(ARROW_SCHEMA))
             except FileNotFoundError:  # deleted since the catalog was read
-                continue
+                return None
             except (OSError, pa.ArrowException, KeyError, ValueError) as e:
                 raise ResultsError(f"{path}: cannot read the run's rows ({type(e).__name__}: {e})") from None
+            if filters:
+                table = table.filter(_filter_mask(table, filters))
+            try:
+                return table.cast(ARROW_SCHEMA) if table.num_rows else None
+            except (pa.ArrowException, ValueError) as e:
+                raise ResultsError(f"{path}: rows do not fit the results schema ({e})") from None
+
+        # pyarrow releases the GIL while decoding, so a few threads read files side by side.
+        with ThreadPoolExecutor(max_workers=min(4, (os.cpu_count() or 1) + 1)) as pool:
+            tables = [t for t in pool.map(read, run_ids) if t is not None]
         if not tables:
             return empty_rows()
         return coerce_rows(pa.concat_tables(tables))
@@ -863,6 +868,21 @@ class FinishedUnits:
 
     def discard(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _filter_mask(table: pa.Table, filters: Mapping[str, Any]) -> pa.ChunkedArray:
+    """Rows of `table` where every column equals one of its wanted values (None: missing)."""
+    mask = None
+    for column, want in filters.items():
+        values = list(want) if isinstance(want, (list, tuple, set, frozenset)) else [want]
+        present = [v.item() if isinstance(v, np.generic) else v for v in values if v is not None]
+        col = table[column]
+        m = pc.is_in(col, value_set=pa.array(present, type=ARROW_SCHEMA.field(column).type)) if present else None
+        if len(present) < len(values):
+            m = pc.is_null(col) if m is None else pc.or_(m, pc.is_null(col))
+        m = pc.fill_null(m, False)
+        mask = m if mask is None else pc.and_(mask, m)
+    return mask
 
 
 def _filter_expression(column: str, want: Any) -> pc.Expression:

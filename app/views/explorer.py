@@ -72,7 +72,7 @@ def attention(handle, words) -> None:
         return
     labels = [f"{i}:{t}" for i, t in enumerate(att.tokens)]
     fig = px.imshow(att.maps[layer, heads], x=labels, y=labels, facet_col=0, facet_col_wrap=min(4, len(heads)),
-                    color_continuous_scale="Blues", zmin=0, zmax=1, aspect="equal",
+                    color_continuous_scale="Blues", aspect="equal",
                     labels={"x": "attends to", "y": "token", "color": "weight"})
     for i, h in enumerate(heads):
         fig.layout.annotations[i].text = f"head {h}"
