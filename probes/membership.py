@@ -254,7 +254,7 @@ class Settings(runner.Settings):
     length_bin: int = field(default=1, metadata={"help": "match lengths within bins of this many words"})
     corpus: str | None = field(default=None, metadata={
         "help": "pretrain: corpus folder to take members/non-members from instead of the checkpoint's own"})
-    mink_ratios: tuple[float, ...] = field(default=ma.MINK_RATIOS, metadata={"help": "Min-K% / Min-K%++ fractions"})
+    mink_ratios: tuple[float, ...] = field(default=ma.MINK_RATIOS, metadata={"help": "Min-K and Min-K++ fractions of the lowest-scored tokens"})
     reference: str | None = field(default=None, metadata={
         "help": "reference checkpoint trained on data disjoint from the target's (reference attack)"})
     shadows: str | None = field(default=None, metadata={"help": "shadow-set folder (workbench.shadows) for LiRA"})

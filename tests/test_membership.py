@@ -156,7 +156,10 @@ def test_passages_keep_original_text():
 def test_settings_are_checked_before_loading():
     from probes import get_probe
 
+    from probes.runner import build_parser
+
     spec = get_probe("membership")
+    assert "--attacks" in build_parser(spec)[0].format_help()  # argparse formats every help text
     with pytest.raises(ConfigError, match="needs --shadows"):
         spec.settings(tasks=("attacks",), attacks=("lira",)).validate(spec)
     with pytest.raises(ConfigError, match="finetune setting"):
@@ -216,6 +219,19 @@ def test_loss_memorised_and_lira_with_8_shadows(shadow_set, tmp_path):
     extra = json.loads(extra) if isinstance(extra, str) else extra
     assert extra["roc_fpr"][0] == 0.0 and extra["roc_tpr"][-1] == 1.0 and extra["n_nonmembers"] == n["loss"] // 2
     print("tiny shadow set AUCs:", auc.round(3).to_dict())
+    # the ROC figure draws exactly the stored points
+    import pandas as pd
+
+    from app.figures import render
+
+    fig = render("membership_roc", ResultsStore(tmp_path / "runs"), tmp_path / "fig", formats=("html",))
+    drawn = pd.read_csv(fig.folder / "data.csv")
+    online = drawn[drawn["task"] == "lira_online"]
+    assert online[online["metric"] == "roc_fpr"].sort_values("layer")["value"].tolist() == pytest.approx(extra["roc_fpr"])
+    assert online[online["metric"] == "roc_tpr"].sort_values("layer")["value"].tolist() == pytest.approx(extra["roc_tpr"])
+    steps = render("membership_auc_steps", ResultsStore(tmp_path / "runs"), tmp_path / "fig2", formats=("html",))
+    assert pd.read_csv(steps.folder / "data.csv")["value"].tolist() == pytest.approx(
+        [auc[t] for t in ("loss", "mink_20", "minkpp_20", "zlib")], abs=1e-9)
 
 
 def test_model_trained_on_neither_split_is_at_chance(shadow_set, tmp_path):
