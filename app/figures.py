@@ -320,7 +320,7 @@ def auc_over_steps(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
                                           "arrayminus": g["value"] - g["ci_low"]}))
     fig.add_hline(y=0.5, line_dash="dot", line_color="grey")
     fig.update_layout(title=title, xaxis_title="training step (log; step 0 drawn at 1)", yaxis_title=metric,
-                      xaxis_type="log", template="plotly_white", height=420, width=720)
+                      xaxis_type="log", template="plotly_white", height=420, width=720, showlegend=True)
     return Drawn(fig, _tidy(sub.assign(kind="model")))
 
 
