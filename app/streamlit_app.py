@@ -30,18 +30,18 @@ def _probe_page(name: str, module):
 
 
 def build_pages(requested: str | None) -> dict[str, list]:
-    specs = [("Runs", "runs", ui.guarded(runs.render), ":material/table_rows:"),
-             ("Layer curves", "layer-curves", ui.guarded(layer_curves.render), ":material/show_chart:"),
-             ("Model explorer", "explorer", ui.guarded(explorer.render), ":material/visibility:")]
+    specs = [("Runs", "runs", ui.guarded(runs.render)),
+             ("Layer curves", "layer-curves", ui.guarded(layer_curves.render)),
+             ("Model explorer", "explorer", ui.guarded(explorer.render))]
     probe_specs = []
     for name, module in pages.probe_pages():
         title = getattr(module, "TITLE", None) or name
-        probe_specs.append((f"Probe: {title}", f"probe-{name}", _probe_page(name, module), ":material/science:"))
-    urls = [url for _, url, _, _ in specs + probe_specs]
+        probe_specs.append((f"Probe: {title}", f"probe-{name}", _probe_page(name, module)))
+    urls = [url for _, url, _ in specs + probe_specs]
     default = requested if requested in urls else "runs"
 
-    def make(title, url, fn, icon):
-        return st.Page(fn, title=title, url_path=url, icon=icon, default=url == default)
+    def make(title, url, fn):  # no icons: material icons would be fetched from the internet
+        return st.Page(fn, title=title, url_path=url, default=url == default)
 
     return {"Results": [make(*s) for s in specs], "Probes": [make(*s) for s in probe_specs]}
 

@@ -82,7 +82,7 @@ def test_every_page_renders_in_chromium(server):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--headless", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1400, "height": 2400})
         for url, has_charts in pages.items():
-            page.goto(f"{server}/{url}", wait_until="domcontentloaded")
+            page.goto(f"{server}/{'' if url == 'runs' else url}", wait_until="domcontentloaded")  # runs: default
             page.wait_for_selector('[data-testid="stHeading"]', timeout=90_000)
             if has_charts:
                 page.wait_for_selector('[data-testid="stPlotlyChart"] .main-svg', timeout=90_000)
@@ -91,12 +91,16 @@ def test_every_page_renders_in_chromium(server):
                 "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
                 " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.includes('Running')",
                 timeout=90_000)
+            # dataframes and charts are drawn once their lazily loaded components arrive
+            page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stSkeleton\"]').length === 0",
+                                   timeout=90_000)
             page.wait_for_timeout(500)
             shot = SCREENSHOTS / f"{url}.png"
             page.screenshot(path=str(shot), full_page=True)
             print(f"screenshot: {shot}")
             assert page.locator('[data-testid="stException"]').count() == 0, url
             assert page.locator('[data-testid="stAlertContentError"]').count() == 0, url
+            assert page.locator('[data-testid="stDialog"]').count() == 0, url  # e.g. "Page not found"
             if has_charts:
                 assert page.locator('[data-testid="stPlotlyChart"] .main-svg').count() >= 1, url
             assert shot.stat().st_size > 10_000
