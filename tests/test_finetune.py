@@ -89,8 +89,8 @@ def test_sentence_splits_are_seeded_disjoint_and_cover_the_set():
     assert len(sub.ids) == 10000 and sub.label_names == ["subj", "obj"]
 
 
-def test_upos_uses_the_treebank_splits():
-    data = load_task(load_finetune_config({"checkpoint": "x", "task": "upos"}))
+def test_upos_uses_the_treebank_splits(upos):
+    data = upos
     assert [len(data.splits[s]) for s in ("train", "dev", "test")] == [12544, 2001, 2077]
     assert all(data.ids[i].startswith("en_ewt/dev/") for i in data.splits["dev"])
     assert len(data.label_names) == 17 and "NOUN" in data.label_names
@@ -242,10 +242,15 @@ def test_encoder_mean_is_the_mean_of_encoder_states(checkpoints):
         torch.testing.assert_close(model(**batch).logits[1], expect, atol=1e-5, rtol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def upos():
+    return load_task(load_finetune_config({"checkpoint": "x", "task": "upos"}))
+
+
 @pytest.mark.parametrize("family", ["bert", "gpt", "t5", "bart", "elmo"])
-def test_upos_labels_sit_on_first_subwords_and_heads_run(checkpoints, tmp_path, family):
+def test_upos_labels_sit_on_first_subwords_and_heads_run(checkpoints, tmp_path, family, upos):
     cfg = _cfg(checkpoints[family], tmp_path / "run", task="upos", max_train_examples=24, max_eval_examples=8)
-    data = load_task(cfg)
+    data = upos
     handle = ModelHandle.load(checkpoints[family])
     idx = used_splits(data, cfg)["dev"]
     enc = encode(handle, data, idx, 128)
@@ -255,7 +260,7 @@ def test_upos_labels_sit_on_first_subwords_and_heads_run(checkpoints, tmp_path, 
         first = [int(np.nonzero(wid == w)[0][0]) for w in range(len(data.words[i])) if (wid == w).any()]
         assert np.nonzero(enc.labels[b] != -100)[0].tolist() == first
         assert enc.labels[b][first].tolist() == [data.labels[i][w] for w in range(len(data.words[i])) if (wid == w).any()]
-    res = run_finetune(cfg, store=ResultsStore(tmp_path / "store"))
+    res = run_finetune(cfg, store=ResultsStore(tmp_path / "store"), data=data)
     n_words = sum(len(data.words[i]) for i in idx) - enc.unlabelled_words
     assert res.seeds[0].dev["n"] == n_words
     assert 0 <= res.seeds[0].test["accuracy"] <= 1
