@@ -174,10 +174,19 @@ def _encoder_mean_head(name: str, pretrained_cls, prefix: str, body_cls):
 
 
 def _encoder_mean_heads() -> dict:
-    from transformers.models.albert.modeling_albert import AlbertModel, AlbertPreTrainedModel
+    from transformers.models.albert.modeling_albert import (
+        AlbertModel,
+        AlbertPreTrainedModel,
+    )
     from transformers.models.bert.modeling_bert import BertModel, BertPreTrainedModel
-    from transformers.models.electra.modeling_electra import ElectraModel, ElectraPreTrainedModel
-    from transformers.models.roberta.modeling_roberta import RobertaModel, RobertaPreTrainedModel
+    from transformers.models.electra.modeling_electra import (
+        ElectraModel,
+        ElectraPreTrainedModel,
+    )
+    from transformers.models.roberta.modeling_roberta import (
+        RobertaModel,
+        RobertaPreTrainedModel,
+    )
 
     bert = _encoder_mean_head("BertEncoderMeanForSequenceClassification", BertPreTrainedModel, "bert", BertModel)
     return {
