@@ -6,6 +6,7 @@ as `workbench.activations` stores them) and integer labels, and uses this module
 - fit a linear probe (softmax regression with L2) or an MLP probe (one hidden layer) for ALL layers
   as one batched tensor program: weights `[L, H, C]` and `torch.bmm`, one optimiser, so fitting 13
   layers costs one pass over the data per step instead of 13 (`fit_probe`);
+  a task and its control task, and several seeds, can share that program too (`fit_probe_tasks`);
 - compare against baselines: Hewitt & Liang (2019) control tasks (`control_labels`, selectivity =
   task accuracy - control accuracy), the majority class (`majority_baseline`), and the
   randomly initialised twin of a checkpoint (`random_init_twin`);
@@ -494,6 +495,189 @@ def fit_probe(
         train_accuracy=cat("train_accuracy"), train_loss=cat("train_loss"), best_step=cat("best_step"),
         steps=max(p["steps"] for p in parts), config=parts[0]["config"],
     )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- public: many probes at once
+
+
+class _TaskSeedHeads(_Heads):
+    """Linear heads for every (seed, task, layer): head m = (s, t, l) in that order, M = S*T*L.
+
+    Parameters keep the head as leading dimension (so `_BestTracker` works per head); `forward`
+    regroups them per (seed, layer) into one [H, T*C] matrix so every task's head on a layer is one
+    wide matmul. Training batches differ per seed (`forward_seeded`, [S*L, B, H]); evaluation
+    features are shared (`forward`, [L, N, H])."""
+
+    def __init__(self, s: int, t: int, l: int, h: int, c: int, mu: torch.Tensor, sd: torch.Tensor):
+        super().__init__()
+        self.shape = (s, t, l, h, c)
+        self.w = nn.Parameter(torch.zeros(s * t * l, h, c))
+        self.b = nn.Parameter(torch.zeros(s * t * l, c))
+        self.register_buffer("mu", mu)
+        self.register_buffer("sd", sd)
+
+    def penalised(self):
+        return [self.w]
+
+    def _grouped(self):
+        s, t, l, h, c = self.shape
+        mu = self.mu.repeat(s * t, 1)
+        sd = self.sd.repeat(s * t, 1)
+        w, b = _fold(self.w, self.b, mu, sd)  # [M, H, C], [M, C]
+        w = w.view(s, t, l, h, c).permute(0, 2, 3, 1, 4).reshape(s * l, h, t * c)
+        b = b.view(s, t, l, c).permute(0, 2, 1, 3).reshape(s * l, 1, t * c)
+        return w, b
+
+    def _ungroup(self, z: torch.Tensor) -> torch.Tensor:  # [S*L, B, T*C] -> [M, B, C]
+        s, t, l, h, c = self.shape
+        n = z.shape[1]
+        return z.view(s, l, n, t, c).permute(0, 3, 1, 2, 4).reshape(s * t * l, n, c)
+
+    def forward_seeded(self, xs: torch.Tensor) -> torch.Tensor:  # [S*L, B, H] -> [M, B, C]
+        w, b = self._grouped()
+        return self._ungroup(torch.baddbmm(b, xs, w))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [L, N, H] shared by all seeds -> [M, N, C]
+        s, t, l, h, c = self.shape
+        w, b = self._grouped()
+        z = torch.stack([torch.baddbmm(b.view(s, l, 1, t * c)[k], x, w.view(s, l, h, t * c)[k]) for k in range(s)])
+        return self._ungroup(z.view(s * l, x.shape[1], t * c))
+
+    def export(self) -> dict[str, np.ndarray]:
+        s, t, l, h, c = self.shape
+        w, b = _fold(self.w, self.b, self.mu.repeat(s * t, 1), self.sd.repeat(s * t, 1))
+        return {"w": w.detach().cpu().numpy().reshape(s, t, l, h, c), "b": b.detach().cpu().numpy().reshape(s, t, l, c)}
+
+
+def fit_probe_tasks(
+    x_train,
+    tasks: Mapping[str, tuple[Any, Any]],
+    x_dev=None,
+    num_classes: int | None = None,
+    seeds: Sequence[int] = (0,),
+    layers: Sequence[int] | None = None,
+    config: ProbeConfig | Mapping[str, Any] | None = None,
+    **overrides,
+) -> dict[tuple[str, int], ProbeResult]:
+    """Linear probes for several label sets on the same features (e.g. a task and its control
+    task) and several seeds, all layers, fitted as ONE batched program (minibatch Adam).
+
+    `tasks`: name -> (y_train [N], y_dev [N_dev] or None). Every seed has its own data order (seed
+    s draws its shuffle and batch order from `torch.Generator().manual_seed(s)`, as `fit_probe`
+    does; the per-epoch batch offset comes from the first seed's generator and is shared), so each
+    (task, seed) probe is an ordinary minibatch fit of `fit_probe`'s objective; only the per-step
+    overhead is shared. All tasks use `num_classes` classes (default: 1 + the largest label).
+    Returns {(task, seed): ProbeResult}. Linear probes only; the optimiser must resolve to Adam
+    ("auto" does above AUTO_LBFGS_MAX_WORDS words): full-batch L-BFGS has no seed to batch over.
+    """
+    cfg = _config(config, overrides)
+    if cfg.kind != "linear":
+        raise ConfigError(f"fit_probe_tasks fits linear probes only, got kind {cfg.kind!r}")
+    if not tasks:
+        raise ConfigError("fit_probe_tasks: no tasks given")
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"fit_probe_tasks: seeds must be distinct and non-empty, got {seeds}")
+    layers = list(range(x_train.shape[0])) if layers is None else [int(l) for l in layers]
+    names = list(tasks)
+    n = x_train.shape[1]
+    c = int(num_classes) if num_classes is not None else 1 + max(
+        int(np.max(y)) for yy in tasks.values() for y in yy if y is not None and len(y))
+    y_tr = torch.stack([_labels(tasks[k][0], n, c, f"{k}: y_train")[0] for k in names])  # [T, N]
+    with_dev = x_dev is not None and all(tasks[k][1] is not None for k in names)
+    y_dv = torch.stack([_labels(tasks[k][1], x_dev.shape[1], c, f"{k}: y_dev")[0] for k in names]) if with_dev else None
+    cfg = _resolve(cfg, n)
+    if cfg.optimizer != "adam":
+        raise ConfigError(f"fit_probe_tasks needs the Adam optimiser ({n} training words resolve to {cfg.optimizer}); "
+                          f"use fit_probe for full-batch L-BFGS")
+    dev = cfg.device
+    x = _tensor(x_train, layers, dev)
+    xd = _tensor(x_dev, layers, dev) if with_dev else None
+    mu, sd = _standardisation(x, cfg.standardize)
+    S, T, L, H = len(seeds), len(names), len(layers), x.shape[2]
+    module = _TaskSeedHeads(S, T, L, H, c, mu, sd).to(dev)
+    with torch.no_grad():  # start each head's bias at its task's smoothed log prior (as fit_probe)
+        counts = torch.stack([torch.bincount(row, minlength=c) for row in y_tr]).float() + 1
+        prior = (counts / counts.sum(1, keepdim=True)).log()  # [T, C]
+        module.b.copy_(prior.view(1, T, 1, c).expand(S, T, L, c).reshape(-1, c))
+    y_tr, y_dv = y_tr.to(dev), (y_dv.to(dev) if y_dv is not None else None)
+
+    def per_head(y):  # [T, N] -> [M, N], head order (s, t, l)
+        return y.view(1, T, 1, -1).expand(S, T, L, y.shape[1]).reshape(S * T * L, -1)
+
+    y_dev_heads = per_head(y_dv) if y_dv is not None else None
+    tracker = _BestTracker(module, S * T * L, cfg.patience) if (cfg.early_stopping and with_dev) else None
+
+    def dev_check(step: int) -> bool:
+        _, _, acc, nll = _evaluate(module, xd, y_dev_heads)
+        return tracker.update(acc if cfg.stop_on == "accuracy" else -nll, step)
+
+    if tracker is not None:
+        dev_check(0)
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    perms = [torch.randperm(n, generator=g).to(dev) for g in gens]
+    opt = torch.optim.Adam(module.parameters(), lr=cfg.lr)
+    per_epoch = max(1, math.ceil(n / cfg.batch_size))
+    epochs = max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch))
+    total_steps = epochs * per_epoch
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    module.train()
+    steps = 0
+    bar = tqdm(total=epochs, desc=f"probes ({S} seeds x {T} tasks x {L} layers)", disable=not cfg.progress, leave=False)
+    for epoch in range(epochs):
+        offset = int(torch.randint(cfg.batch_size, (1,), generator=gens[0])) if n > cfg.batch_size else 0
+        bounds = [0, *range(offset or cfg.batch_size, n, cfg.batch_size), n]
+        orders = [torch.randperm(len(bounds) - 1, generator=g).tolist() for g in gens]
+        for j in range(len(bounds) - 1):
+            idx = [perms[si][bounds[orders[si][j]] : bounds[orders[si][j] + 1]] for si in range(S)]
+            if any(len(i) == 0 for i in idx):
+                continue
+            # Seeds may be at a short batch (an epoch's first or last) while others are not: pad
+            # to the longest by repeating indices, with weight 0, so each head's loss is the mean
+            # over its own batch exactly.
+            size = max(len(i) for i in idx)
+            wts = torch.stack([(torch.arange(size, device=dev) < len(i)).float() / len(i) for i in idx])  # [S, B]
+            idx = [i if len(i) == size else i[torch.arange(size, device=dev) % len(i)] for i in idx]
+            xb = torch.cat([x.index_select(1, i) for i in idx])  # [S*L, B, H]
+            yb = torch.stack([y_tr.index_select(1, i) for i in idx])  # [S, T, B]
+            yb = yb.unsqueeze(2).expand(S, T, L, size).reshape(S * T * L, size)
+            wts = wts.view(S, 1, 1, size).expand(S, T, L, size).reshape(S * T * L, size)
+            logits = module.forward_seeded(xb)
+            ce = F.cross_entropy(logits.reshape(-1, c), yb.reshape(-1), reduction="none").view(S * T * L, size)
+            per = (ce * wts).sum(1) + cfg.l2 * module.penalty()
+            opt.zero_grad()
+            per.sum().backward()
+            opt.step()
+            sched.step()
+        steps = epoch + 1
+        bar.update(1)
+        if tracker is not None and dev_check(steps):
+            break
+    bar.close()
+    if tracker is not None:
+        tracker.restore()
+    best_step = tracker.best_step.numpy() if tracker is not None else np.full(S * T * L, steps)
+
+    weights = module.export()
+    _, _, tr_acc, tr_loss = _evaluate(module, x, per_head(y_tr))
+    dv_pred = dv_acc = None
+    if with_dev:
+        _, dv_pred, dv_acc, _ = _evaluate(module, xd, y_dev_heads)
+        dv_pred, dv_acc = dv_pred.cpu().numpy().reshape(S, T, L, -1), dv_acc.cpu().numpy().reshape(S, T, L)
+    tr_acc, tr_loss = tr_acc.cpu().numpy().reshape(S, T, L), tr_loss.cpu().numpy().reshape(S, T, L)
+    best_step = best_step.reshape(S, T, L)
+    out = {}
+    for si, seed in enumerate(seeds):
+        for ti, name in enumerate(names):
+            out[(name, seed)] = ProbeResult(
+                kind="linear", layers=np.asarray(layers), num_classes=c,
+                weights={"w": weights["w"][si, ti], "b": weights["b"][si, ti]},
+                dev_accuracy=None if dv_acc is None else dv_acc[si, ti],
+                dev_predictions=None if dv_pred is None else dv_pred[si, ti],
+                train_accuracy=tr_acc[si, ti], train_loss=tr_loss[si, ti], best_step=best_step[si, ti],
+                steps=steps, config=replace(cfg, seed=seed),
+            )  # fmt: skip
+    return out
 
 
 @torch.no_grad()

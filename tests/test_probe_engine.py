@@ -339,3 +339,39 @@ def test_random_init_twin_of_a_real_handle():
     a = np.concatenate(list(handle.word_states(words)), axis=1)
     b = np.concatenate(list(twin.word_states(words)), axis=1)
     assert a.shape == b.shape and not np.allclose(a, b)
+
+
+def test_task_and_control_heads_of_all_seeds_in_one_program(ewt, planted):
+    """fit_probe_tasks: seed 0's heads are fit_probe's (same data order, same objective); other
+    seeds are ordinary minibatch fits that agree with sklearn; the control heads give selectivity
+    only at the planted layer; early stopping keeps per-head best parameters."""
+    from sklearn.linear_model import LogisticRegression
+
+    from probes.engine import fit_probe_tasks
+
+    xtr, xdv = planted
+    (wtr, ytr, _), (wdv, ydv, _) = ewt["train"], ewt["dev"]
+    C = ewt["C"]
+    dist = label_distribution(ytr, C)
+    ctr, cdv = control_labels(wtr, dist, seed=0), control_labels(wdv, dist, seed=0)
+    common = dict(num_classes=C, optimizer="adam", early_stopping=False, l2=1e-3, min_steps=150)
+    res = fit_probe_tasks(xtr, {"task": (ytr, ydv), "control": (ctr, cdv)}, xdv, seeds=[0, 1, 2], **common)
+    assert sorted(res) == sorted((k, s) for k in ("task", "control") for s in (0, 1, 2))
+    for name, (y, yd) in (("task", (ytr, ydv)), ("control", (ctr, cdv))):
+        ref = fit_probe(xtr, y, xdv, yd, seed=0, **common)
+        np.testing.assert_allclose(res[(name, 0)].weights["w"], ref.weights["w"], atol=2e-5)
+        np.testing.assert_allclose(res[(name, 0)].dev_accuracy, ref.dev_accuracy, atol=1e-3)
+    for s in (1, 2):  # another data order: not the same weights as seed 0, same optimum in accuracy
+        assert np.abs(res[("task", s)].weights["w"] - res[("task", 0)].weights["w"]).max() > 1e-4
+        np.testing.assert_array_equal(res[("task", s)].predict(xdv), res[("task", s)].dev_predictions)
+    sk = LogisticRegression(C=sklearn_C(1e-3, len(ytr)), max_iter=2000).fit(xtr[K], ytr)
+    sk_acc = (sk.predict(xdv[K]) == ydv).mean()
+    for s in (0, 1, 2):
+        assert abs(res[("task", s)].dev_accuracy[K] - sk_acc) <= 0.01, (s, res[("task", s)].dev_accuracy[K], sk_acc)
+        selectivity = res[("task", s)].dev_accuracy - res[("control", s)].dev_accuracy
+        assert int(np.argmax(selectivity)) == K and selectivity[K] > 0.5
+    stopped = fit_probe_tasks(xtr, {"task": (ytr, ydv)}, xdv, seeds=[0, 1], **{**common, "early_stopping": True})
+    for s in (0, 1):  # restored per-head best: dev accuracy at the kept epoch is the best seen
+        assert stopped[("task", s)].dev_accuracy[K] > 0.9
+    with pytest.raises(Exception, match="L-BFGS|lbfgs"):
+        fit_probe_tasks(xtr, {"task": (ytr, ydv)}, xdv, num_classes=C, optimizer="lbfgs")

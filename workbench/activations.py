@@ -11,6 +11,7 @@ How it stays fast and bounded (what diagNNose's per-layer pickles do not give):
 - the words are counted first, the output file is preallocated at its final size and each batch is
   written straight into its place with `os.pwrite`, so peak memory does not grow with the corpus
   (writes through a writable memmap would keep every dirtied page resident in this process);
+- a writer thread writes batch k while the model runs batch k+1 (one batch in flight at most);
 - everything is written in a hidden `.<name>.partial` folder which is renamed into place only when
   complete: a crash never leaves a half cache, and an interrupted extraction resumes from its last
   recorded batch (or restarts cleanly when the partial folder does not match).
@@ -30,6 +31,7 @@ import re
 import shutil
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -241,39 +243,56 @@ def extract(
                 leave=False,
             )
             last_save = time.monotonic()
-            for ci in range(done, len(chunks)):
-                chunk = chunks[ci]
-                before = Counter(handle.stats)
-                states = handle.word_states([sentences[i] for i in chunk], pooling=pooling, stack=stack, batch_size=batch_size)
-                n_got = 0
-                for si, arr in zip(chunk, states):
-                    n_got += 1
-                    arr = np.asarray(arr)
-                    if arr.shape != (n_layers, lengths[si], hidden):
-                        raise CheckpointError(
-                            f"{getattr(handle, 'path', None) or 'model handle'}: word_states returned shape "
-                            f"{arr.shape} for sentence {si} of {dataset_key!r}, expected {(n_layers, int(lengths[si]), hidden)}"
-                        )
-                    if lengths[si] == 0:
-                        continue
+            # Writes overlap the next batch's forward: a writer thread converts and pwrite()s
+            # batch k while the main thread runs batch k+1 (both release the GIL). At most one
+            # batch is in flight, so memory stays flat; a write error surfaces at the next wait.
+            writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="activations-writer")
+            pending = None
+
+            def write_batch(items):
+                for si, arr in items:
                     block = np.ascontiguousarray(arr, dtype=dtype)
                     start = data_offset + int(offsets[si]) * hidden * itemsize
                     for layer in range(n_layers):
                         _pwrite_all(fd, memoryview(block[layer]).cast("B"), start + layer * layer_stride)
-                if n_got != len(chunk):
-                    raise CheckpointError(
-                        f"{getattr(handle, 'path', None) or 'model handle'}: word_states yielded {n_got} arrays "
-                        f"for {len(chunk)} sentences"
-                    )
-                for k, v in (Counter(handle.stats) - before).items():
-                    stats[k] = stats.get(k, 0) + int(v)
-                bar.update(int(lengths[chunk].sum()))
-                if ci % 8 == 7:
-                    _trim_heap()
-                if time.monotonic() - last_save >= checkpoint_every_s and ci + 1 < len(chunks):
-                    os.fsync(fd)  # data first, then the record that says it is there
-                    atomic_write_json(partial / _PROGRESS_FILE, {"plan": plan, "chunks_done": ci + 1, "stats": stats})
-                    last_save = time.monotonic()
+
+            try:
+                for ci in range(done, len(chunks)):
+                    chunk = chunks[ci]
+                    before = Counter(handle.stats)
+                    states = handle.word_states([sentences[i] for i in chunk], pooling=pooling, stack=stack, batch_size=batch_size)
+                    items = []
+                    for si, arr in zip(chunk, states):
+                        arr = np.asarray(arr)
+                        if arr.shape != (n_layers, lengths[si], hidden):
+                            raise CheckpointError(
+                                f"{getattr(handle, 'path', None) or 'model handle'}: word_states returned shape "
+                                f"{arr.shape} for sentence {si} of {dataset_key!r}, expected {(n_layers, int(lengths[si]), hidden)}"
+                            )
+                        items.append((si, arr))
+                    if len(items) != len(chunk):
+                        raise CheckpointError(
+                            f"{getattr(handle, 'path', None) or 'model handle'}: word_states yielded {len(items)} arrays "
+                            f"for {len(chunk)} sentences"
+                        )
+                    if pending is not None:
+                        pending.result()
+                    pending = writer.submit(write_batch, [(si, a) for si, a in items if lengths[si] > 0])
+                    del items, states
+                    for k, v in (Counter(handle.stats) - before).items():
+                        stats[k] = stats.get(k, 0) + int(v)
+                    bar.update(int(lengths[chunk].sum()))
+                    if ci % 8 == 7:
+                        _trim_heap()
+                    if time.monotonic() - last_save >= checkpoint_every_s and ci + 1 < len(chunks):
+                        pending.result()  # every batch up to ci is written
+                        os.fsync(fd)  # data first, then the record that says it is there
+                        atomic_write_json(partial / _PROGRESS_FILE, {"plan": plan, "chunks_done": ci + 1, "stats": stats})
+                        last_save = time.monotonic()
+                if pending is not None:
+                    pending.result()
+            finally:
+                writer.shutdown(wait=True)
             bar.close()
             os.fsync(fd)
         finally:

@@ -1,0 +1,111 @@
+"""The README's performance table, generated from the benchmark records in benchmarks/results/*.json.
+
+Takes the newest record of each benchmark (by its `finished` time; `--all` lists every record) and
+prints one markdown row per headline figure: what was compared, our figure, the baseline's, the
+ratio, the target, and the conditions (threads, load average at start/end of the run: on a shared
+machine a high load means the figure is noisy). Nothing is typed in: a figure that is not in a
+record is not in the table.
+
+Usage: python benchmarks/report.py [--results benchmarks/results] [--all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _load(folder: Path) -> list[dict]:
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(rec, dict) and rec.get("benchmark"):
+            rec["_file"] = path.name
+            out.append(rec)
+    return out
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _rows(r: dict) -> list[tuple[str, str, str, str, str]]:
+    """(what, ours, baseline, ratio, target) rows of one record."""
+    b = r["benchmark"]
+    if b == "bench_train":
+        shape = f"BERT {r['preset']}, {r['batch_size']}x{r['max_len']}"
+        peak = r["matmul_peak_flops_per_s"] / 1e9
+        return [
+            (f"training tokens/s, {shape}, vs HF Trainer one sentence per example", _rate(r["ours_tokens_per_s"]),
+             _rate(r["hf_padded_tokens_per_s"]), f"{r['ratio_vs_padded']:.2f}x", ">= 1.5x"),
+            (f"training tokens/s, {shape}, vs HF Trainer packed (run_mlm group_texts)", _rate(r["ours_tokens_per_s"]),
+             _rate(r["hf_packed_tokens_per_s"]), f"{r['ratio_vs_packed']:.2f}x", ">= 1.3x"),
+            (f"training MFU ({r['flops_per_token']['ours']['total'] / 1e6:.1f} MFLOP/token; fp32 matmul peak "
+             f"{peak:.0f} GFLOP/s), HF packed as baseline", f"{100 * r['mfu_ours']:.0f}%",
+             f"{100 * r['mfu_hf_packed']:.0f}%", "", ">= 60%"),
+        ]
+    if b == "bench_extraction" and "speed" in r:
+        s = r["speed"]
+        rows = [(f"extraction overhead over the bare forward ({clock} time)", _rate(s["tokens_per_s"][clock]["ours"]),
+                 _rate(s["tokens_per_s"][clock]["bare"]), f"{100 * s['overhead_vs_bare'][clock]:+.1f}%", "<= +5%")
+                for clock in ("wall", "cpu")]
+        rows.append(("extraction vs one sentence at a time (wall)", _rate(s["tokens_per_s"]["wall"]["ours"]),
+                     _rate(s["tokens_per_s"]["wall"]["naive"]), f"{s['speedup_vs_naive']['wall']:.1f}x", ">= 10x"))
+        for label, (small, big) in (r.get("rss") or {}).items():
+            key = "peak_during_extract_mb" if small.get("peak_during_extract_mb") else "peak_rss_mb"
+            rows.append((f"extraction peak RSS, {small['words']:,} -> {big['words']:,} words ({label})",
+                         f"{big[key]:.0f} MB", f"{small[key]:.0f} MB", f"{big[key] - small[key]:+.0f} MB for "
+                         f"{big['cache_mb'] - small['cache_mb']:+.0f} MB cache", "flat"))
+        return rows
+    if b == "bench_probe_fit":
+        what = (f"probe fit: {r['seeds']} seeds x {'+'.join(r.get('tasks', ['upos']))} x {r['layers']} layers, "
+                f"{r['train_words']:,} words, vs sklearn")
+        return [(what, f"{r['ours_seconds']:.1f} s", f"{r['sklearn_seconds']:.1f} s", f"{r['speedup']:.1f}x", ">= 20x"),
+                ("probe fit: max dev accuracy gap to sklearn", f"{r['max_gap_pt']:.2f} pt", "", "", "<= 0.5 pt")]
+    if b == "bench_pll":
+        return [("pseudo-log-likelihood, batched vs one forward per token (wall)", _rate(r["batched"]["tokens_per_s"]),
+                 _rate(r["per_token"]["tokens_per_s"]), f"{r['ratio_wall']:.1f}x", "")]
+    return []
+
+
+def table(records: list[dict], latest_only: bool = True) -> str:
+    if latest_only:
+        newest: dict[str, dict] = {}
+        for r in records:
+            if r["benchmark"] not in newest or r.get("finished", "") > newest[r["benchmark"]].get("finished", ""):
+                newest[r["benchmark"]] = r
+        records = [newest[k] for k in sorted(newest)]
+    lines = ["| figure | ours | baseline | ratio | target | threads | load avg start -> end | record |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        m = r.get("machine", {})
+        start = m.get("loadavg_at_start", [None])[0]
+        end = (m.get("loadavg_at_end") or [None])[0]
+        load = f"{start:.1f} -> {end:.1f}" if start is not None and end is not None else (f"-> {end:.1f}" if end else "")
+        for row in _rows(r):
+            lines.append("| " + " | ".join([*row, str(r.get("threads", "")), load, r["_file"]]) + " |")
+    cpu = next((r["machine"] for r in records if r.get("machine", {}).get("model")), None)
+    if cpu:
+        lines.append("")
+        lines.append(f"CPU: {cpu['model']}, {cpu['cpus']} cores ({', '.join(cpu.get('flags', []))}).")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--all", action="store_true", help="every record, not only the newest of each benchmark")
+    args = p.parse_args(argv)
+    text = table(_load(args.results), latest_only=not args.all)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
