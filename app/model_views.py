@@ -86,9 +86,11 @@ def layer_view(handle: ModelHandle, words: list[str], pooling: str = "first") ->
 def has_lens(handle: ModelHandle) -> str | None:
     """Why the logit lens cannot run on this model, or None when it can."""
     kind = lm_kind(handle.model)
-    if kind not in ("mlm", "causal") or not handle.head_trained:
-        return (f"{handle.path}: no trained masked-LM or causal-LM head ({type(handle.model).__name__}); "
-                f"the logit lens needs one")
+    if kind not in ("mlm", "causal"):
+        return f"{handle.path}: {type(handle.model).__name__} has no masked-LM or causal-LM head; the logit lens needs one"
+    if not handle.head_trained:
+        return (f"{handle.path}: the checkpoint has no LM-head weights (a bare model body, as sentence-embedding "
+                f"models ship); the logit lens needs a trained head")
     if kind == "mlm" and type(handle.model).__name__ not in _MLM_HEADS:
         return f"{handle.path}: the logit lens knows no head of {type(handle.model).__name__}"
     return None
