@@ -6,7 +6,9 @@ ratio, the target, and the conditions (threads, load average at start/end of the
 machine a high load means the figure is noisy). Nothing is typed in: a figure that is not in a
 record is not in the table.
 
-Usage: python benchmarks/report.py [--results benchmarks/results] [--all]
+Usage: python benchmarks/report.py [--results benchmarks/results] [--all] [--readme README.md]
+`--readme` replaces the text between the README's `<!-- benchmarks-table:start -->` and
+`<!-- benchmarks-table:end -->` markers with the table (atomically); nothing else in the file changes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+START, END = "<!-- benchmarks-table:start -->", "<!-- benchmarks-table:end -->"
 
 
 def _load(folder: Path) -> list[dict]:
@@ -101,9 +104,20 @@ def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--all", action="store_true", help="every record, not only the newest of each benchmark")
+    p.add_argument("--readme", type=Path, help="write the table between the benchmarks-table markers of this file")
     args = p.parse_args(argv)
     text = table(_load(args.results), latest_only=not args.all)
     print(text)
+    if args.readme:
+        from workbench.io import atomic_write_text
+
+        doc = args.readme.read_text(encoding="utf-8")
+        if doc.count(START) != 1 or doc.count(END) != 1 or doc.index(START) > doc.index(END):
+            raise SystemExit(f"{args.readme}: needs one {START} ... {END} pair")
+        head, rest = doc.split(START)
+        _, tail = rest.split(END)
+        atomic_write_text(args.readme, f"{head}{START}\n{text}\n{END}{tail}")
+        print(f"wrote the table into {args.readme}")
     return text
 
 
