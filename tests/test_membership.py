@@ -155,7 +155,6 @@ def test_passages_keep_original_text():
 
 def test_settings_are_checked_before_loading():
     from probes import get_probe
-
     from probes.runner import build_parser
 
     spec = get_probe("membership")
@@ -279,3 +278,29 @@ def test_finetune_members_come_from_splits_json(tmp_path):
     bad = dict(ids, dev=ids["dev"] + [ids["train"][0]])
     with pytest.raises(ConfigError, match="both members and non-members"):
         mem.finetune_sample(checkpoint("bad", bad), n_examples=50)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt", "t5", "bart"])
+def test_each_family_is_scored_with_its_own_likelihood(tiny_models, family):
+    """lm_stats: mean NLL = -mean of the family's own token log-probs (PLL, causal, seq2seq with the
+    text as its own source), Min-K%++ moments present, phi = logit of the geometric-mean probability."""
+    import torch
+
+    from workbench.lm_scores import lm_scorer
+    from workbench.models import ModelHandle
+
+    model, tok = tiny_models[family]
+    handle = ModelHandle(model, tok, family=family)
+    texts = ["the cat sat on the mat .", "a dog barked at the postman all morning ."]
+    st = mem.lm_stats(handle, texts, batch_size=4, moments=True)
+    scorer = lm_scorer(handle)
+    ref = (scorer.seq2seq_logprobs(texts, texts) if family in ("t5", "bart") else scorer.text_logprobs(texts))
+    assert st.nll == pytest.approx([-r.logprobs.mean() for r in ref], rel=1e-6)
+    assert all(len(m) == len(lp) == len(s) for m, lp, s in zip(st.mu, st.logprobs, st.sigma))
+    p = np.exp(-st.nll)
+    assert st.phi == pytest.approx(np.log(p / (1 - p)), rel=1e-6)
+    if family == "t5":  # the seq2seq choice, by hand: teacher-forced log p(text | text)
+        enc = tok(texts[0], return_tensors="pt")
+        with torch.inference_mode():
+            out = model(input_ids=enc.input_ids, labels=enc.input_ids)
+        assert st.nll[0] == pytest.approx(float(out.loss), rel=1e-4)
