@@ -309,8 +309,10 @@ def _sample_for(unit, prepared, settings: Settings) -> Sample:
             memo[key] = (pretrain_sample(path, settings.passage_words, settings.min_words, settings.n_examples,
                                          settings.seed, settings.corpus, settings.length_bin), None)
         sample = memo[key][0]
-        sample.info["epochs_seen"] = _epochs(m)
-    prepared.notes["membership_samples"][unit.checkpoint.name] = sample.info
+    info = dict(sample.info)  # the sample is shared by the steps of a run; the epochs are per checkpoint
+    if settings.setting == "pretrain":
+        info["epochs_seen"] = _epochs(m)
+    prepared.notes["membership_samples"][unit.checkpoint.name] = info
     return sample
 
 
