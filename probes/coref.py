@@ -453,8 +453,11 @@ def pair_probe(fit_spans: SpanView, fit_pairs: Pairs, stop_spans: SpanView, stop
     y = labels or (fit_pairs.label, stop_pairs.label, eval_pairs.label)
     lb = _layer_batch(x_fit.shape[0], x_fit.shape[1], x_fit.shape[2], settings.memory_budget_gb)
     # Early stopping on dev LOSS: with ~6% positives, dev accuracy rarely beats the all-negative
-    # start, so stopping on accuracy keeps the prior-only initialisation (seen on MiniLM).
-    cfg = dict(_probe_cfg(settings, lb), **{"stop_on": settings.probe_config.get("stop_on", "loss")})
+    # start, so stopping on accuracy keeps the prior-only initialisation. Minibatch Adam by default:
+    # joint L-BFGS over all layers of these 3D-wide pair features left most MiniLM layers at the
+    # prior (one ill-conditioned layer drives the shared line search); Adam's steps are per layer.
+    cfg = dict(_probe_cfg(settings, lb), **{"stop_on": settings.probe_config.get("stop_on", "loss"),
+                                             "optimizer": settings.probe_config.get("optimizer", "adam")})
     res = engine.fit_probe(x_fit, y[0], x_stop, y[1], num_classes=2, config=cfg)
     return res, _predict_chunked(res, x_ev)
 
