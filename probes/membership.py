@@ -319,7 +319,7 @@ def _sample_for(unit, prepared, settings: Settings) -> Sample:
 def _epochs(manifest: dict) -> float | None:
     """Passes over the training split when the checkpoint was saved (tokens seen / train tokens)."""
     seen, total = manifest.get("tokens_seen"), (manifest.get("corpus") or {}).get("train_tokens")
-    return round(seen / total, 4) if seen and total else None
+    return round(seen / total, 4) if seen is not None and total else None
 
 
 def _stats(handle, checkpoint, sample: Sample, prepared, settings: Settings) -> Stats:
