@@ -38,6 +38,7 @@ FORMATS = ("png", "svg", "pdf", "html")
 SPEC_KEYS = {"title", "query", "plot", "options", "description"}
 QUERY_KEYS = {"probe", "tasks", "metrics", "run", "name", "models", "twins", "split"}
 BASELINE_OF = {"majority": "accuracy", "control_accuracy": "accuracy", "right_branching_uuas": "uuas"}
+BASELINE_DASH = {"majority": "dash", "control_accuracy": "dashdot", "right_branching_uuas": "longdash"}
 DATA_COLUMNS = ["run_id", "model", "step", "task", "metric", "stack", "layer", "value", "ci_low", "ci_high", "kind"]
 
 
@@ -151,7 +152,7 @@ def layer_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
     base_models = list(dict.fromkeys(m.replace(" (random init)", "") for m in main["model"]))
     color = {m: palette[i % len(palette)] for i, m in enumerate(base_models)}
-    drawn = []
+    drawn, shown = [], set()
     for col, (task, metric) in enumerate(panels, start=1):
         sub = main[(main["task"] == task) & (main["metric"] == metric)]
         for model, g in sub.groupby("model", sort=False):
@@ -172,12 +173,14 @@ def layer_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
                             (per_layer["model"].map(_kind) == "model")]
             if BASELINE_OF.get(bl, metric) != metric:
                 continue
-            if not ref.empty:
-                ref = ref.sort_values("layer")
-                fig.add_trace(go.Scatter(x=ref["layer"].astype(int), y=ref["value"], mode="lines", name=bl,
-                                         legendgroup=bl, showlegend=True, line={"color": "grey", "dash": "dash"}),
+            for model, one in ref.groupby("model", sort=False):  # each model's own baseline line
+                one = one.sort_values("layer")
+                fig.add_trace(go.Scatter(x=one["layer"].astype(int), y=one["value"], mode="lines", name=bl,
+                                         legendgroup=bl, showlegend=bl not in shown,
+                                         line={"color": "grey", "dash": BASELINE_DASH.get(bl, "dash")}),
                               row=1, col=col)
-                drawn.append(ref.assign(kind=f"baseline:{bl}"))
+                shown.add(bl)
+                drawn.append(one.assign(kind=f"baseline:{bl}"))
         fig.update_xaxes(title_text="layer", dtick=1, row=1, col=col)
     fig.update_layout(title=title, template="plotly_white", height=420, width=max(520, 430 * len(panels)))
     return Drawn(fig, _tidy(pd.concat(drawn, ignore_index=True)))
