@@ -533,9 +533,9 @@ class _TaskSeedHeads(_Heads):
         n = z.shape[1]
         return z.view(s, l, n, t, c).permute(0, 3, 1, 2, 4).reshape(s * t * l, n, c)
 
-    def forward_seeded(self, xs: torch.Tensor) -> torch.Tensor:  # [S*L, B, H] -> [M, B, C]
+    def forward_seeded(self, xs: torch.Tensor) -> torch.Tensor:  # [S*L, B, H] -> [S*L, B, T*C] (grouped, no copy)
         w, b = self._grouped()
-        return self._ungroup(torch.baddbmm(b, xs, w))
+        return torch.baddbmm(b, xs, w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [L, N, H] shared by all seeds -> [M, N, C]
         s, t, l, h, c = self.shape
@@ -622,7 +622,7 @@ def fit_probe_tasks(
     total_steps = epochs * per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
     module.train()
-    steps = 0
+    steps, xb = 0, None
     bar = tqdm(total=epochs, desc=f"probes ({S} seeds x {T} tasks x {L} layers)", disable=not cfg.progress, leave=False)
     for epoch in range(epochs):
         offset = int(torch.randint(cfg.batch_size, (1,), generator=gens[0])) if n > cfg.batch_size else 0
@@ -638,13 +638,17 @@ def fit_probe_tasks(
             size = max(len(i) for i in idx)
             wts = torch.stack([(torch.arange(size, device=dev) < len(i)).float() / len(i) for i in idx])  # [S, B]
             idx = [i if len(i) == size else i[torch.arange(size, device=dev) % len(i)] for i in idx]
-            xb = torch.cat([x.index_select(1, i) for i in idx])  # [S*L, B, H]
-            yb = torch.stack([y_tr.index_select(1, i) for i in idx])  # [S, T, B]
-            yb = yb.unsqueeze(2).expand(S, T, L, size).reshape(S * T * L, size)
-            wts = wts.view(S, 1, 1, size).expand(S, T, L, size).reshape(S * T * L, size)
-            logits = module.forward_seeded(xb)
-            ce = F.cross_entropy(logits.reshape(-1, c), yb.reshape(-1), reduction="none").view(S * T * L, size)
-            per = (ce * wts).sum(1) + cfg.l2 * module.penalty()
+            if xb is None or xb.shape[1] != size:
+                xb = torch.empty(S * L, size, H, device=dev)
+            for si, i in enumerate(idx):  # gather each seed's batch straight into place
+                torch.index_select(x, 1, i, out=xb[si * L : (si + 1) * L])
+            # the loss in the grouped layout [S, L, B, T, C]; per-head sums come back as [S, L, T]
+            yb = torch.stack([y_tr.index_select(1, i).t() for i in idx])  # [S, B, T]
+            yb = yb.unsqueeze(1).expand(S, L, size, T)
+            logits = module.forward_seeded(xb)  # [S*L, B, T*C]
+            ce = F.cross_entropy(logits.reshape(-1, c), yb.reshape(-1), reduction="none").view(S, L, size, T)
+            per_slt = (ce * wts.view(S, 1, size, 1)).sum(2)  # [S, L, T]
+            per = per_slt.permute(0, 2, 1).reshape(-1) + cfg.l2 * module.penalty()
             opt.zero_grad()
             per.sum().backward()
             opt.step()
