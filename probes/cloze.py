@@ -465,26 +465,26 @@ def summary(rows: pd.DataFrame) -> str:
     header = ["model", "task", "zero-shot [95% CI]", "nonsense", "majority", "random", "lens best (layer)",
               "probe best (layer)", "weighted score"]
     table = [header]
+    def one(g, metric, ci=False):
+        r = g[g.metric == metric]
+        if r.empty:
+            return "-"
+        r = r.iloc[-1]
+        return f"{r.value:.3f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" if ci and pd.notna(r.ci_low) else f"{r.value:.3f}"
+
+    def best(g, metric):
+        r = g[g.metric == metric]
+        if r.empty:
+            return "-"
+        r = r.loc[r.value.idxmax()]
+        return f"{r.value:.3f} ({int(r.layer)})"
+
     for (model, task), g in rows.groupby(["model", "task"], sort=False):
-        def one(metric, ci=False):
-            r = g[g.metric == metric]
-            if r.empty:
-                return "-"
-            r = r.iloc[-1]
-            return f"{r.value:.3f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" if ci and pd.notna(r.ci_low) else f"{r.value:.3f}"
-
-        def best(metric):
-            r = g[g.metric == metric]
-            if r.empty:
-                return "-"
-            r = r.loc[r.value.idxmax()]
-            return f"{r.value:.3f} ({int(r.layer)})"
-
         maj = rows[(rows.task == task) & (rows.metric == "majority_acc")]
         rnd = rows[(rows.task == task) & (rows.metric == "random_acc")]
-        table.append([model, task, one("zero_shot_acc", True), one("nonsense_acc"),
+        table.append([model, task, one(g, "zero_shot_acc", True), one(g, "nonsense_acc"),
                       f"{maj.value.iloc[0]:.3f}" if len(maj) else "-", f"{rnd.value.iloc[0]:.3f}" if len(rnd) else "-",
-                      best("lens_acc"), best("probe_acc"), one("weighted_score")])
+                      best(g, "lens_acc"), best(g, "probe_acc"), one(g, "weighted_score")])
     lines.append(runner.aligned(table))
     return "\n".join(lines)
 

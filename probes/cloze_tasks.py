@@ -69,9 +69,9 @@ Differences from Talmor et al. (2020), on purpose:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 
@@ -169,8 +169,7 @@ OBJECT_SIZES: dict[str, float] = {
 }
 assert len(OBJECT_SIZES) == 80
 
-FUNCTION_WORDS = frozenset("""a an the is are its his her their to of in on at by for with and or
-during one up onto into has have lost""".split())
+FUNCTION_WORDS = frozenset(["a", "an", "the", "is", "are", "its", "his", "her", "their", "to", "of", "in", "on", "at", "by", "for", "with", "and", "or", "during", "one", "up", "onto", "into", "has", "have", "lost"])
 
 
 @dataclass(frozen=True)
@@ -191,7 +190,7 @@ class ClozeItem:
     @property
     def content_words(self) -> frozenset[str]:
         """Words a split must not share with another split (choices of taxonomy included)."""
-        words = set(s.lower() for s in self.slots)
+        words = {s.lower() for s in self.slots}
         if self.task == "taxonomy":
             words |= {c.lower() for c in self.choices}
         if self.task == "always-never":
@@ -229,8 +228,8 @@ def _split_items(items: Sequence, seed: int, salt: int) -> dict[str, list]:
     items = sorted(items)
     order = np.random.default_rng([seed, salt]).permutation(len(items))
     n = len(items)
-    a = int(round(SPLIT_FRACTIONS[0] * n))
-    b = a + int(round(SPLIT_FRACTIONS[1] * n))
+    a = round(SPLIT_FRACTIONS[0] * n)
+    b = a + round(SPLIT_FRACTIONS[1] * n)
     cut = {"train": order[:a], "dev": order[a:b], "test": order[b:]}
     return {s: [items[i] for i in sorted(idx)] for s, idx in cut.items()}
 
@@ -290,12 +289,12 @@ def _always_never(seed: int, sizes: dict) -> list[ClozeItem]:
                     if w == "<blank>" or w.lower() in FUNCTION_WORDS or not w[0].isalpha():
                         parts.append(BLANK if w == "<blank>" else w)
                     else:
-                        parts.append("{%d}" % len(slots))
+                        parts.append(f"{{{len(slots)}}}")
                         slots.append(w)
                 for k in range(len(parts) - 1):  # an article before a slot follows the slot's word
                     m = re.fullmatch(r"\{(\d+)\}", parts[k + 1])
                     if m and parts[k].lower() in ("a", "an"):
-                        parts[k] = "{%s%s}" % ("A" if parts[k][0].isupper() else "a", m.group(1))
+                        parts[k] = "{" + ("A" if parts[k][0].isupper() else "a") + m.group(1) + "}"
                 template = " ".join(parts).replace(" .", ".")
                 out.append(_item("always-never", split, template, slots, choices, label, s))
     return out
@@ -541,9 +540,9 @@ def _taxonomy_answer(item: ClozeItem) -> str | None:
 
 # --------------------------------------------------------------------------- language control
 
-_ONSETS = "b d f g k l m n p r s t v z bl br dr fl gl gr kl pl pr sk sl sp st tr".split()
-_VOWELS = "a e i o u".split()
-_CODAS = "b d g k l m n p s t x".split()
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "bl", "br", "dr", "fl", "gl", "gr", "kl", "pl", "pr", "sk", "sl", "sp", "st", "tr"]
+_VOWELS = ["a", "e", "i", "o", "u"]
+_CODAS = ["b", "d", "g", "k", "l", "m", "n", "p", "s", "t", "x"]
 
 
 @lru_cache(maxsize=1)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from probes import cloze, cloze_tasks as ct
+from probes import cloze
+from probes import cloze_tasks as ct
 from tests.conftest import tiny_bert
 from workbench.lm_scores import BLANK, lm_scorer
 from workbench.models import ModelHandle
@@ -107,10 +108,10 @@ def test_probe_on_the_runner(handles, tmp_path, monkeypatch):
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     settings = {"tasks": ("age", "taxonomy"), "n_train": 60, "n_test": 30, "n_boot": 200, "progress": False,
                 "curve_sizes": (20,), "curve_seeds": 2, "curve_steps": 3}
-    run_id, rows = runner.run_probe(cloze.PROBE, [handles["bert"]], settings, store=ResultsStore(tmp_path / "runs"))
+    _, rows = runner.run_probe(cloze.PROBE, [handles["bert"]], settings, store=ResultsStore(tmp_path / "runs"))
     real = rows[~rows.model.str.endswith("(random init)")]
     twin = rows[rows.model.str.endswith("(random init)")]
-    m = lambda df, metric, task: df[(df.metric == metric) & (df.task == task)]  # noqa: E731
+    m = lambda df, metric, task: df[(df.metric == metric) & (df.task == task)]
     L = handles["bert"].num_layers["encoder"]
     for task, k in (("age", 2), ("taxonomy", 3)):
         zs = m(real, "zero_shot_acc", task)
