@@ -503,10 +503,11 @@ def fit_probe(
 class _TaskSeedHeads(_Heads):
     """Linear heads for every (seed, task, layer): head m = (s, t, l) in that order, M = S*T*L.
 
-    Parameters keep the head as leading dimension (so `_BestTracker` works per head); `forward`
-    regroups them per (seed, layer) into one [H, T*C] matrix so every task's head on a layer is one
-    wide matmul. Training batches differ per seed (`forward_seeded`, [S*L, B, H]); evaluation
-    features are shared (`forward`, [L, N, H])."""
+    Parameters keep the head as leading dimension (so `_BestTracker` works per head) and act on
+    standardised features; they are regrouped per (seed, layer) into one [H, T*C] matrix so every
+    task's head on a layer is one wide matmul. Training batches differ per seed and are already
+    standardised (`forward_seeded`, [S*L, B, H]); evaluation features are raw and shared by all
+    seeds (`forward`, [L, N, H]; the standardisation is folded into the weights)."""
 
     def __init__(self, s: int, t: int, l: int, h: int, c: int, mu: torch.Tensor, sd: torch.Tensor):
         super().__init__()
@@ -533,8 +534,11 @@ class _TaskSeedHeads(_Heads):
         n = z.shape[1]
         return z.view(s, l, n, t, c).permute(0, 3, 1, 2, 4).reshape(s * t * l, n, c)
 
-    def forward_seeded(self, xs: torch.Tensor) -> torch.Tensor:  # [S*L, B, H] -> [S*L, B, T*C] (grouped, no copy)
-        w, b = self._grouped()
+    def forward_seeded(self, xs: torch.Tensor) -> torch.Tensor:
+        """STANDARDISED features [S*L, B, H] -> logits [S*L, B, T*C] (grouped layout, no fold, no copy)."""
+        s, t, l, h, c = self.shape
+        w = self.w.view(s, t, l, h, c).permute(0, 2, 3, 1, 4).reshape(s * l, h, t * c)
+        b = self.b.view(s, t, l, c).permute(0, 2, 1, 3).reshape(s * l, 1, t * c)
         return torch.baddbmm(b, xs, w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [L, N, H] shared by all seeds -> [M, N, C]
@@ -595,6 +599,16 @@ def fit_probe_tasks(
     xd = _tensor(x_dev, layers, dev) if with_dev else None
     mu, sd = _standardisation(x, cfg.standardize)
     S, T, L, H = len(seeds), len(names), len(layers), x.shape[2]
+    # One standardised copy of the training features in the first seed's shuffled order (fit_probe
+    # keeps one shuffled copy too): the steps skip the per-step fold of mean and scale into the
+    # weights, the first seed reads contiguous slices, the others gather through the inverse order.
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    perms = [torch.randperm(n, generator=g).to(dev) for g in gens]
+    where = torch.empty_like(perms[0])
+    where[perms[0]] = torch.arange(n, device=dev)  # original index -> row of xs
+    xs = torch.empty_like(x)
+    for k in range(0, n, 4096):
+        torch.div(x.index_select(1, perms[0][k : k + 4096]) - mu[:, None], sd[:, None], out=xs[:, k : k + 4096])
     module = _TaskSeedHeads(S, T, L, H, c, mu, sd).to(dev)
     with torch.no_grad():  # start each head's bias at its task's smoothed log prior (as fit_probe)
         counts = torch.stack([torch.bincount(row, minlength=c) for row in y_tr]).float() + 1
@@ -614,8 +628,6 @@ def fit_probe_tasks(
 
     if tracker is not None:
         dev_check(0)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
-    perms = [torch.randperm(n, generator=g).to(dev) for g in gens]
     opt = torch.optim.Adam(module.parameters(), lr=cfg.lr)
     per_epoch = max(1, math.ceil(n / cfg.batch_size))
     epochs = max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch))
@@ -640,8 +652,12 @@ def fit_probe_tasks(
             idx = [i if len(i) == size else i[torch.arange(size, device=dev) % len(i)] for i in idx]
             if xb is None or xb.shape[1] != size:
                 xb = torch.empty(S * L, size, H, device=dev)
-            for si, i in enumerate(idx):  # gather each seed's batch straight into place
-                torch.index_select(x, 1, i, out=xb[si * L : (si + 1) * L])
+            for si, i in enumerate(idx):  # each seed's batch straight into place
+                lo, hi = bounds[orders[0][j]], bounds[orders[0][j] + 1]
+                if si == 0 and hi - lo == size:  # a full batch of the first seed (not padded)
+                    xb[:L].copy_(xs[:, lo:hi])
+                else:
+                    torch.index_select(xs, 1, where[i], out=xb[si * L : (si + 1) * L])
             # the loss in the grouped layout [S, L, B, T, C]; per-head sums come back as [S, L, T]
             yb = torch.stack([y_tr.index_select(1, i).t() for i in idx])  # [S, B, T]
             yb = yb.unsqueeze(1).expand(S, L, size, T)
@@ -658,6 +674,7 @@ def fit_probe_tasks(
         if tracker is not None and dev_check(steps):
             break
     bar.close()
+    del xs, xb
     if tracker is not None:
         tracker.restore()
     best_step = tracker.best_step.numpy() if tracker is not None else np.full(S * T * L, steps)
