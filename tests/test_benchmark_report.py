@@ -1,0 +1,56 @@
+"""benchmarks/: the analytic FLOPs count behind MFU (hand computation) and the generated README table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def test_flops_per_token_of_the_small_bert_by_hand():
+    from bench_train import flops_per_token
+
+    cfg = dict(num_hidden_layers=4, hidden_size=256, intermediate_size=1024)
+    f = flops_per_token(cfg, vocab=8000, seq_len=128, head_fraction=0.15)
+    # per layer: QKV + output 4 d^2 MACs, FFN 2 d f MACs, QK^T and AV 2 s d MACs; 2 FLOPs per MAC, x3 fwd+bwd
+    assert f["attention_qkv_out"] == 3 * 4 * 2 * 4 * 256**2
+    assert f["ffn"] == 3 * 4 * 2 * 2 * 256 * 1024
+    assert f["attention_scores_values"] == 3 * 4 * 2 * 2 * 128 * 256
+    assert f["mlm_head"] == pytest.approx(3 * 0.15 * 2 * (256**2 + 256 * 8000))
+    assert f["total"] == pytest.approx(22.36e6, rel=1e-3)  # the issue's "~22 MFLOP per token"
+    full = flops_per_token(cfg, vocab=8000, seq_len=128, head_fraction=1.0)
+    assert full["total"] - f["total"] == pytest.approx(0.85 * f["mlm_head"] / 0.15)
+
+
+def _record(path: Path, finished: str, ratio: float) -> None:
+    path.write_text(json.dumps({
+        "benchmark": "bench_probe_fit", "finished": finished, "threads": 1, "seeds": 5, "tasks": ["upos", "control"],
+        "layers": 5, "train_words": 40005, "ours_one_seed_seconds": 3.0, "ours_one_seed_cpu_seconds": 2.5,
+        "speedup_same_heads": ratio, "speedup_same_heads_cpu": ratio / 2, "ours_seconds": 20.0,
+        "sklearn_seconds": 3.0 * ratio, "speedup": 3.0 * ratio / 20.0, "max_gap_pt": 0.24,
+        "machine": {"model": "Test CPU", "cpus": 2, "flags": ["avx512f"], "loadavg_at_start": [1.5, 1, 1],
+                    "loadavg_at_end": [2.25, 1, 1]},
+    }))  # fmt: skip
+
+
+def test_report_table_comes_from_the_newest_record_and_fills_the_readme(tmp_path):
+    import report
+
+    _record(tmp_path / "a.json", "2026-11-23T10:00:00+0000", 12.0)
+    _record(tmp_path / "b.json", "2026-11-23T11:00:00+0000", 25.6)
+    (tmp_path / "junk.json").write_text("{not json")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n{report.START}\nold table\n{report.END}\nafter\n")
+    text = report.main(["--results", str(tmp_path), "--readme", str(readme)])
+    assert "25.6x" in text and "12.0x" not in text and "b.json" in text
+    assert "| 1.5 -> 2.2 |" in text or "| 1.5 -> 2.3 |" in text  # load average at start and end
+    assert "Test CPU, 2 cores (avx512f)" in text
+    doc = readme.read_text()
+    assert doc.startswith("# x\n\nbefore\n") and doc.endswith("after\n") and "old table" not in doc
+    assert text in doc
+    every = report.main(["--results", str(tmp_path), "--all"])
+    assert "12.0x" in every and "25.6x" in every
