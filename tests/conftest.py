@@ -151,3 +151,16 @@ def probe_store(tmp_path_factory, tokenizers):
     run_syntax_probes([train], ["upos", "deprel", "structural-distance"], store=store, name="over-steps", **kw)
     run_syntax_probes([train / "step-0000010"], ["upos", "structural-distance"], store=store, name="last-step", **kw)
     return store
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tokenizers):
+    """A saved 2-layer BERT (hidden 32) folder named `tiny-bert` with a manifest (family bert, step 7, seed 3)."""
+    import json
+
+    folder = tmp_path_factory.mktemp("ckpt") / "tiny-bert"
+    tok = tokenizers["bert"]
+    tiny_bert(tok, seed=0, max_positions=128, hidden=32, layers=2).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    (folder / "manifest.json").write_text(json.dumps({"family": "bert", "step": 7, "seed": 3}))
+    return folder

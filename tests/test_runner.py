@@ -52,18 +52,6 @@ def toy_probe():
 
 # --------------------------------------------------------------------------- checkpoints
 @pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory, tokenizers):
-    from tests.conftest import tiny_bert
-
-    folder = tmp_path_factory.mktemp("ckpt") / "tiny-bert"
-    tok = tokenizers["bert"]
-    tiny_bert(tok, seed=0, max_positions=128, hidden=32, layers=2).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    (folder / "manifest.json").write_text(json.dumps({"family": "bert", "step": 7, "seed": 3}))
-    return folder
-
-
-@pytest.fixture(scope="module")
 def training_folder(tmp_path_factory, tokenizers):
     """A training output folder with two seeds x two steps (weights differ per step)."""
     from tests.conftest import tiny_bert
@@ -95,12 +83,12 @@ def _run_cli(args, capsys):
 
 
 # --------------------------------------------------------------------------- tests
-def test_toy_probe_end_to_end_with_twin_table_and_direct_values(toy_probe, tiny_ckpt, tmp_path, capsys, monkeypatch):
+def test_toy_probe_end_to_end_with_twin_table_and_direct_values(toy_probe, tiny_checkpoint, tmp_path, capsys, monkeypatch):
     from workbench.models import ModelHandle
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     runs = tmp_path / "runs"
-    code, out, err = _run_cli(["probe", "toy", "--checkpoint", str(tiny_ckpt), "--sentences", "12",
+    code, out, err = _run_cli(["probe", "toy", "--checkpoint", str(tiny_checkpoint), "--sentences", "12",
                                "--runs-root", str(runs), "--quiet"], capsys)
     assert code == 0, err
     store = ResultsStore(runs)
@@ -110,7 +98,7 @@ def test_toy_probe_end_to_end_with_twin_table_and_direct_values(toy_probe, tiny_
     real = rows[rows["model"] == "tiny-bert"].sort_values("layer")
     # the values equal a direct computation from the handle
     sents = [x.words for x in load_treebank("en_ewt", "dev")[:12]]
-    states = list(ModelHandle.load(tiny_ckpt).word_states(sents))
+    states = list(ModelHandle.load(tiny_checkpoint).word_states(sents))
     stacked = np.concatenate([np.asarray(s, dtype=np.float64) for s in states], axis=1)  # [L, N, H]
     direct = stacked[..., 0].mean(axis=1)
     np.testing.assert_allclose(real["value"].to_numpy(), direct, rtol=1e-5)
@@ -125,9 +113,9 @@ def test_toy_probe_end_to_end_with_twin_table_and_direct_values(toy_probe, tiny_
     assert len([line for line in out.splitlines() if line[:1].isdigit()]) == 6  # 3 layers x (model, twin)
 
 
-def test_interrupted_toy_run_resumes_without_recomputing(toy_probe, tiny_ckpt, tmp_path, capsys, monkeypatch):
+def test_interrupted_toy_run_resumes_without_recomputing(toy_probe, tiny_checkpoint, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
-    args = ["probe", "toy", "--checkpoint", str(tiny_ckpt), "--runs-root", str(tmp_path / "runs"), "--quiet"]
+    args = ["probe", "toy", "--checkpoint", str(tiny_checkpoint), "--runs-root", str(tmp_path / "runs"), "--quiet"]
     calls = []
 
     def crash_on_twin(unit, prepared, task, s):
@@ -153,12 +141,12 @@ def test_interrupted_toy_run_resumes_without_recomputing(toy_probe, tiny_ckpt, t
     assert len(store.read(run_id)) == 6
 
 
-def test_checkpoint_lists_training_folder_and_hub_name(toy_probe, tiny_ckpt, training_folder, tmp_path, monkeypatch):
+def test_checkpoint_lists_training_folder_and_hub_name(toy_probe, tiny_checkpoint, training_folder, tmp_path, monkeypatch):
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
-    hub = _hub_cache(tmp_path / "hf", "someorg/tiny-bert", tiny_ckpt)
+    hub = _hub_cache(tmp_path / "hf", "someorg/tiny-bert", tiny_checkpoint)
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    _, rows = runner.run_probe("toy", [training_folder, "someorg/tiny-bert", str(tiny_ckpt)],
+    _, rows = runner.run_probe("toy", [training_folder, "someorg/tiny-bert", str(tiny_checkpoint)],
                                {"baselines": [], "sentences": 5, "progress": False},
                                store=ResultsStore(tmp_path / "runs"))
     models = list(dict.fromkeys(rows["model"]))
@@ -171,12 +159,12 @@ def test_checkpoint_lists_training_folder_and_hub_name(toy_probe, tiny_ckpt, tra
     assert steps["toyrun/seed-1/step-0000010"] == 10
 
 
-def test_syntax_rows_identical_to_before_the_runner(tiny_ckpt, tmp_path):
+def test_syntax_rows_identical_to_before_the_runner(tiny_checkpoint, tmp_path):
     """The fixture was written by the pre-runner probes/syntax.py (commit 23ad0a3) with exactly these
     arguments on exactly this checkpoint; the runner must not change a single row."""
     from probes.syntax import run_syntax_probes
 
-    _, rows = run_syntax_probes([tiny_ckpt], ["upos", "deprel", "arc", "structural-distance", "structural-depth"],
+    _, rows = run_syntax_probes([tiny_checkpoint], ["upos", "deprel", "arc", "structural-distance", "structural-depth"],
                                 max_train_sentences=80, max_eval_sentences=40, seed=2, n_boot=40,
                                 structural={"epochs": 2}, mdl_tasks=("upos",), mdl_max_examples=400,
                                 scalar_mix_tasks=("upos",), store=ResultsStore(tmp_path / "runs"),
@@ -215,7 +203,7 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("args,message", BAD_INPUTS, ids=[" ".join(a[1:]) for a, _ in BAD_INPUTS])
-def test_bad_probe_input_fails_before_loading(args, message, tiny_ckpt, tmp_path, capsys, monkeypatch):
+def test_bad_probe_input_fails_before_loading(args, message, tiny_checkpoint, tmp_path, capsys, monkeypatch):
     from workbench.models import ModelHandle
 
     def no_loading(*a, **k):
@@ -223,7 +211,7 @@ def test_bad_probe_input_fails_before_loading(args, message, tiny_ckpt, tmp_path
 
     monkeypatch.setattr(ModelHandle, "load", no_loading)
     monkeypatch.setattr("probes.syntax.plan_splits", no_loading)
-    code, out, err = _run_cli([*args, "--checkpoint", str(tiny_ckpt), "--runs-root", str(tmp_path / "runs")], capsys)
+    code, out, err = _run_cli([*args, "--checkpoint", str(tiny_checkpoint), "--runs-root", str(tmp_path / "runs")], capsys)
     assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bertology: error:") and message in lines[0], err

@@ -188,18 +188,6 @@ def test_planted_upos_layer_peaks_with_high_selectivity(tmp_path, ewt_dev):
 
 
 # --------------------------------------------------------------------------- end to end
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory, tokenizers):
-    from tests.conftest import tiny_bert
-
-    folder = tmp_path_factory.mktemp("ckpt") / "tiny-bert"
-    tok = tokenizers["bert"]
-    tiny_bert(tok, seed=0, max_positions=128, hidden=32, layers=2).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    (folder / "manifest.json").write_text(json.dumps({"family": "bert", "step": 7, "seed": 3}))
-    return folder
-
-
 def test_cli_end_to_end_all_tasks_tiny_bert(tmp_path, tiny_checkpoint, capsys, monkeypatch):
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     code = syntax_cli_main([

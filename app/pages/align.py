@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, figures, ui
-from app.views.probe import select_rows
+from app.views.probe import probe_rows
 
 TITLE = "Alignment"
 # (task, metric) panel -> baselines drawn dashed in it (metric names of the same task)
@@ -80,13 +80,7 @@ PLOTS = {"align_matrix": matrix_plot}
 def render(store) -> None:
     import plotly.graph_objects as go
 
-    st.header("Alignment: cross-lingual and cross-model")
-    runs = ui.catalog_or_stop(store)
-    runs = data.filter_runs(runs, probes=["align"])
-    if runs.empty:
-        st.info(f"No align runs yet under {store.root}. Run `bertology probe align --checkpoint ... --tasks ...`.")
-        return
-    rows = select_rows(store, runs, "align", key="align")
+    rows = probe_rows(store, "align", "Alignment: cross-lingual and cross-model")
     if rows is None:
         return
     twins = st.checkbox("Show random-init twins", value=True, key="align-twins")

@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, figures, ui
-from app.views.probe import select_rows
+from app.views.probe import probe_rows
 
 TITLE = "Coreference"
 # panel -> the data-only baselines drawn in it (metric names of the same task)
@@ -49,13 +49,7 @@ def best_heads(rows: pd.DataFrame) -> pd.DataFrame:
 def render(store) -> None:
     import plotly.graph_objects as go
 
-    st.header("Coreference probes")
-    runs = ui.catalog_or_stop(store)
-    runs = data.filter_runs(runs, probes=["coref"])
-    if runs.empty:
-        st.info(f"No coref runs yet under {store.root}. Run `bertology probe coref --checkpoint ...`.")
-        return
-    rows = select_rows(store, runs, "coref", key="coref")
+    rows = probe_rows(store, "coref", "Coreference probes")
     if rows is None:
         return
     twins = st.checkbox("Show random-init twins", value=True, key="coref-twins")

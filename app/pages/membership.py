@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, figures, ui
-from app.views.probe import select_rows
+from app.views.probe import probe_rows
 
 TITLE = "Membership"
 
@@ -38,13 +38,7 @@ def attack_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def render(store) -> None:
-    st.header("Membership inference")
-    runs = ui.catalog_or_stop(store)
-    runs = data.filter_runs(runs, probes=["membership"])
-    if runs.empty:
-        st.info(f"No membership runs yet under {store.root}. Run `bertology probe membership --checkpoint ...`.")
-        return
-    rows = select_rows(store, runs, "membership", key="membership")
+    rows = probe_rows(store, "membership", "Membership inference")
     if rows is None:
         return
     models = [m for m in rows["model"].dropna().unique() if not data.is_twin(m)]

@@ -8,20 +8,14 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, figures, ui
-from app.views.probe import select_rows
+from app.views.probe import probe_rows
 
 TITLE = "Syntax"
 MAIN_METRIC = {"structural-distance": "uuas", "structural-depth": "root_acc"}
 
 
 def render(store) -> None:
-    st.header("Syntax probes")
-    runs = ui.catalog_or_stop(store)
-    runs = data.filter_runs(runs, probes=["syntax"])
-    if runs.empty:
-        st.info(f"No syntax runs yet under {store.root}. Run `bertology probe syntax --checkpoint ...`.")
-        return
-    rows = select_rows(store, runs, "syntax", key="syntax")
+    rows = probe_rows(store, "syntax", "Syntax probes")
     if rows is None:
         return
     tasks = sorted(rows["task"].dropna().unique())

@@ -11,14 +11,8 @@ from app.views import layer_curves
 
 
 def render(probe: str, store=None) -> None:
-    st.header(f"Probe: {probe}")
     s = store if store is not None else ui.store()
-    runs = ui.catalog_or_stop(s)
-    runs = data.filter_runs(runs, probes=[probe])
-    if runs.empty:
-        st.info(f"No {probe} runs yet under {s.root}. Run `bertology probe {probe} --checkpoint ...`.")
-        return
-    rows = select_rows(s, runs, probe, key=f"probe-{probe}")
+    rows = probe_rows(s, probe, f"Probe: {probe}", key=f"probe-{probe}")
     if rows is None:
         return
     tasks = sorted(rows["task"].dropna().unique())
@@ -29,6 +23,18 @@ def render(probe: str, store=None) -> None:
     if not flat.empty:
         st.subheader("Rows without a layer")
         ui.table(flat.dropna(axis=1, how="all"), f"probe-{probe}-flat")
+
+
+def probe_rows(s, probe: str, title: str, key: str | None = None):
+    """The opening of every probe page: its header, the runs holding `probe` (a hint when there are
+    none), a run picker, and the chosen rows (None when there is nothing to show)."""
+    st.header(title)
+    runs = ui.catalog_or_stop(s)
+    runs = data.filter_runs(runs, probes=[probe])
+    if runs.empty:
+        st.info(f"No {probe} runs yet under {s.root}. Run `bertology probe {probe} --checkpoint ...`.")
+        return None
+    return select_rows(s, runs, probe, key=key or probe)
 
 
 def select_rows(s, runs, probe: str, key: str):
