@@ -83,22 +83,24 @@ def _rows(r: dict) -> list[tuple[str, str, str, str, str]]:
     return []
 
 
+def _load_text(r: dict) -> str:
+    m = r.get("machine", {})
+    start = m.get("loadavg_at_start", [None])[0]
+    end = (m.get("loadavg_at_end") or [None])[0]
+    return f"{start:.1f} -> {end:.1f}" if start is not None and end is not None else (f"-> {end:.1f}" if end else "")
+
+
 def table(records: list[dict], latest_only: bool = True) -> str:
-    if latest_only:
-        newest: dict[str, dict] = {}
-        for r in records:
-            if r["benchmark"] not in newest or r.get("finished", "") > newest[r["benchmark"]].get("finished", ""):
-                newest[r["benchmark"]] = r
-        records = [newest[k] for k in sorted(newest)]
+    """Markdown rows; with `latest_only`, each row kind comes from the newest record that has it
+    (a speed-only extraction run replaces the speed rows and keeps the older peak-RSS rows)."""
+    records = sorted(records, key=lambda r: (r["benchmark"], r.get("finished", "")))
+    rows: dict = {}
+    for n, r in enumerate(records):
+        for k, row in enumerate(_rows(r)):
+            kind = (r["benchmark"], row[0].split(",")[0].split("(")[0] if latest_only else n, k)
+            rows[kind] = "| " + " | ".join([*row, str(r.get("threads", "")), _load_text(r), r["_file"]]) + " |"
     lines = ["| figure | ours | baseline | ratio | target | threads | load avg start -> end | record |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in records:
-        m = r.get("machine", {})
-        start = m.get("loadavg_at_start", [None])[0]
-        end = (m.get("loadavg_at_end") or [None])[0]
-        load = f"{start:.1f} -> {end:.1f}" if start is not None and end is not None else (f"-> {end:.1f}" if end else "")
-        for row in _rows(r):
-            lines.append("| " + " | ".join([*row, str(r.get("threads", "")), load, r["_file"]]) + " |")
+             "|---|---|---|---|---|---|---|---|", *rows.values()]
     cpu = next((r["machine"] for r in records if r.get("machine", {}).get("model")), None)
     if cpu:
         lines.append("")

@@ -635,6 +635,7 @@ def fit_probe_tasks(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
     module.train()
     steps, xb = 0, None
+    y_t = y_tr.t().contiguous()  # [N, T]: one gather per seed gives every task's labels
     bar = tqdm(total=epochs, desc=f"probes ({S} seeds x {T} tasks x {L} layers)", disable=not cfg.progress, leave=False)
     for epoch in range(epochs):
         offset = int(torch.randint(cfg.batch_size, (1,), generator=gens[0])) if n > cfg.batch_size else 0
@@ -648,8 +649,10 @@ def fit_probe_tasks(
             # to the longest by repeating indices, with weight 0, so each head's loss is the mean
             # over its own batch exactly.
             size = max(len(i) for i in idx)
-            wts = torch.stack([(torch.arange(size, device=dev) < len(i)).float() / len(i) for i in idx])  # [S, B]
-            idx = [i if len(i) == size else i[torch.arange(size, device=dev) % len(i)] for i in idx]
+            full = all(len(i) == size for i in idx)
+            if not full:
+                wts = torch.stack([(torch.arange(size, device=dev) < len(i)).float() / len(i) for i in idx])  # [S, B]
+                idx = [i if len(i) == size else i[torch.arange(size, device=dev) % len(i)] for i in idx]
             if xb is None or xb.shape[1] != size:
                 xb = torch.empty(S * L, size, H, device=dev)
             for si, i in enumerate(idx):  # each seed's batch straight into place
@@ -658,15 +661,19 @@ def fit_probe_tasks(
                     xb[:L].copy_(xs[:, lo:hi])
                 else:
                     torch.index_select(xs, 1, where[i], out=xb[si * L : (si + 1) * L])
-            # the loss in the grouped layout [S, L, B, T, C]; per-head sums come back as [S, L, T]
-            yb = torch.stack([y_tr.index_select(1, i).t() for i in idx])  # [S, B, T]
-            yb = yb.unsqueeze(1).expand(S, L, size, T)
-            logits = module.forward_seeded(xb)  # [S*L, B, T*C]
-            ce = F.cross_entropy(logits.reshape(-1, c), yb.reshape(-1), reduction="none").view(S, L, size, T)
-            per_slt = (ce * wts.view(S, 1, size, 1)).sum(2)  # [S, L, T]
-            per = per_slt.permute(0, 2, 1).reshape(-1) + cfg.l2 * module.penalty()
+            # The objective is the sum over heads of (mean CE + lambda * penalty); each head's
+            # gradient depends on its own term only, so the sum is taken in the grouped layout
+            # [S, L, B, T, C] without splitting it per head.
+            yb = torch.stack([y_t.index_select(0, i) for i in idx]).unsqueeze(1).expand(S, L, size, T)  # [S, L, B, T]
+            logits = module.forward_seeded(xb).reshape(-1, c)  # [S*L*B*T, C]
+            if full:
+                data_term = F.cross_entropy(logits, yb.reshape(-1), reduction="sum") / size
+            else:
+                ce = F.cross_entropy(logits, yb.reshape(-1), reduction="none").view(S, L, size, T)
+                data_term = (ce * wts.view(S, 1, size, 1)).sum()
+            total = data_term + cfg.l2 * 0.5 * module.w.pow(2).sum()
             opt.zero_grad()
-            per.sum().backward()
+            total.backward()
             opt.step()
             sched.step()
         steps = epoch + 1
