@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 
 from workbench.errors import ConfigError
-from workbench.lm_scores import _MLM_HEADS, lm_kind
+from workbench.lm_scores import layer_head, lm_kind, mlm_head
 from workbench.models import ModelHandle
 
 
@@ -91,7 +91,7 @@ def has_lens(handle: ModelHandle) -> str | None:
     if not handle.head_trained:
         return (f"{handle.path}: the checkpoint has no LM-head weights (a bare model body, as sentence-embedding "
                 f"models ship); the logit lens needs a trained head")
-    if kind == "mlm" and type(handle.model).__name__ not in _MLM_HEADS:
+    if kind == "mlm" and mlm_head(handle.model) is None:
         return f"{handle.path}: the logit lens knows no head of {type(handle.model).__name__}"
     return None
 
@@ -115,17 +115,15 @@ def logit_lens(handle: ModelHandle, words: list[str], position: int, k: int = 5)
         enc = tok(text, return_tensors="pt").to(handle.device)
         at = (enc["input_ids"][0] == tok.mask_token_id).nonzero()[0, 0]
         hs = model.base_model(**enc, output_hidden_states=True, return_dict=True).hidden_states
-        head = _MLM_HEADS[type(model).__name__]
-        logits = [head(model, h[0, at]) for h in hs]
+        head = layer_head(model, "mlm")
+        logits = [head(h[0, at], i == len(hs) - 1) for i, h in enumerate(hs)]
     else:
         if position == 0:
             raise ConfigError("a causal LM predicts a word from the words before it: choose a later word")
-        from probes.cloze import _final_norm
-
         enc = tok(" ".join(words[:position]), return_tensors="pt").to(handle.device)
         hs = model.base_model(**enc, output_hidden_states=True, return_dict=True).hidden_states
-        norm, unembed = _final_norm(model), model.get_output_embeddings()
-        logits = [unembed(h[0, -1] if i == len(hs) - 1 else norm(h[0, -1])) for i, h in enumerate(hs)]
+        head = layer_head(model, "causal")
+        logits = [head(h[0, -1], i == len(hs) - 1) for i, h in enumerate(hs)]
     rows = []
     for layer, lg in enumerate(logits):
         p = torch.softmax(lg.float(), -1)

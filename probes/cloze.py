@@ -12,11 +12,15 @@ each model, on the test split:
   and `nonsense_acc`, the same items with nonsense words in place of the content words (the
   language control: a model that reads the content falls to chance there);
 - the logit lens (nostalgebraist 2020; Geva et al. 2022 read the FFN updates the same way): the
-  model's own output head applied to every layer's hidden states - for BERT-style masked LMs the
-  MLM transform + decoder (`lm_scores._MLM_HEADS`), for GPT-style causal LMs the final layer norm
-  + unembedding (the last layer is already normalised by the model) - scored exactly like the
-  zero-shot rule, so `lens_acc` at the last layer equals `zero_shot_acc` (tested). Not provided
-  for seq2seq (T5/BART) and ELMo (its two LSTM directions share one softmax only at the top);
+  model's own output head applied to every layer's hidden states (`lm_scores.layer_head`), scored
+  exactly like the zero-shot rule, so `lens_acc` at the last layer equals `zero_shot_acc` (tested
+  for every family). Per family: BERT-style masked LMs the MLM transform + decoder (ELECTRA: its
+  generator's layers); GPT the final layer norm + unembedding; T5 and BART the DECODER's layers at
+  the answer positions (T5: the decoder's final layer norm + rescaled `lm_head`; BART, post-LN with
+  no final norm: `lm_head` + `final_logits_bias`), rows with stack `decoder`; no lens on a
+  seq2seq encoder, whose states never meet the head (the decoder reads them through
+  cross-attention); ELMo the shared softmax on each layer's forward and backward halves (layer 0:
+  the token encoder's output, the same vector for both directions);
 - a linear probe on the blank's vector at every layer (`probes.engine.fit_probe`, batched over
   layers; the blank is written as the tokenizer's mask token, T5's first sentinel, or "_"; causal
   stacks read the last word, the only one that has seen the whole sentence): `probe_acc` with its
@@ -49,7 +53,7 @@ import torch
 from probes import cloze_tasks as ct
 from probes import engine, runner
 from workbench.errors import CheckpointError, ConfigError
-from workbench.lm_scores import _MLM_HEADS, BLANK, LMScorer, lm_scorer
+from workbench.lm_scores import BLANK, LMScorer, layer_head, lm_scorer, mlm_head
 
 NAME = "cloze"
 TASKS = ct.TASKS
@@ -80,46 +84,45 @@ def zero_shot(scorer: LMScorer, items, batch_size: int = 32):
 # --------------------------------------------------------------------------- logit lens
 
 
-def _final_norm(model):
-    """The final layer norm a causal LM applies before its unembedding (GPT-2: transformer.ln_f)."""
-    base = model.base_model
-    for name in ("ln_f", "norm", "final_layer_norm"):
-        mod = getattr(base, name, None)
-        if mod is not None:
-            return mod
-    raise ConfigError(f"logit lens: no final norm found on {type(base).__name__}")
-
-
 @torch.no_grad()
 def lens_scores(scorer: LMScorer, items, batch_size: int = 32) -> np.ndarray:
-    """Candidate scores [L+1, N, K] with the output head applied to every layer (logit lens).
+    """Candidate scores [L+1, N, K] with the output head applied to every layer (logit lens,
+    `workbench.lm_scores.layer_head`: which norm goes in front, per family).
 
-    Same inputs and the same rule as `LMScorer.score_candidates` (one mask at a single-piece
-    candidate; PLL for the whole context when a candidate has several pieces; the filled sentence
-    for causal LMs), so the last layer reproduces the zero-shot scores."""
+    Same inputs and the same rule as `LMScorer.score_candidates`, so the last layer reproduces the
+    zero-shot scores: masked LMs one mask at a single-piece candidate, PLL for the whole context
+    when a candidate has several pieces; causal LMs the filled sentence; T5/BART the decoder's
+    layers on the sentinel / infilling target (L = decoder layers); ELMo the forward + backward
+    log-likelihood of the filled sentence from layer k's two halves. Layer 0 is the embedding
+    output (ELMo: the token encoder's), read by the head as it is."""
     ctx, cands, _ = contexts_of(items)
     K = {len(c) for c in cands}
     if len(K) != 1:
         raise ConfigError("logit lens: every item needs the same number of choices")
     K = K.pop()
-    if scorer.kind == "mlm":
-        return _lens_mlm(scorer, ctx, cands, K, batch_size)
-    if scorer.kind == "causal":
-        return _lens_causal(scorer, ctx, cands, K, batch_size)
-    raise ConfigError(f"logit lens not provided for {scorer.kind!r} heads (seq2seq, ELMo): zero-shot only")
+    run = {"mlm": _lens_mlm, "causal": _lens_causal, "seq2seq": _lens_seq2seq, "bilm": _lens_bilm}
+    if scorer.kind not in run:
+        raise ConfigError(f"logit lens: no output head for a model of kind {scorer.kind!r}")
+    return run[scorer.kind](scorer, ctx, cands, K, batch_size)
+
+
+def _filled_items(ctx, cands):
+    out = []
+    for i, (c, cs) in enumerate(zip(ctx, cands)):
+        left, right = c.split(BLANK)
+        out += [(i, left, x, right) for x in cs]
+    return out
 
 
 def _lens_mlm(scorer, ctx, cands, K, batch_size):
     model = scorer.model
-    head = _MLM_HEADS.get(type(model).__name__)
-    if head is None:
-        raise ConfigError(f"logit lens: unknown masked-LM head of {type(model).__name__}")
+    head = layer_head(model, "mlm")
     rows: dict[bytes, int] = {}
     row_ids: list[np.ndarray] = []
     queries = []  # (row, position, target, item, candidate)
     for i, (c, cs) in enumerate(zip(ctx, cands)):
         left, right = c.split(BLANK)
-        filled = [scorer._encode_filled(i, left, x, right) for x in cs]
+        filled = [scorer.encode_filled(i, left, x, right) for x in cs]
         single = all(len(pos) == 1 for _, _, pos in filled)
         for j, (ids, special, pos) in enumerate(filled):
             for p in (pos if single else np.nonzero(~special)[0]):
@@ -140,40 +143,82 @@ def _lens_mlm(scorer, ctx, cands, K, batch_size):
         sel = q[starts[b]: starts[b + 1]]
         if not len(sel):
             continue
-        ids, att = scorer._pad(row_ids[r0: r0 + batch_size])
+        ids, att = scorer.pad(row_ids[r0: r0 + batch_size])
         hs = model.base_model(input_ids=ids, attention_mask=att, output_hidden_states=True,
                               return_dict=True).hidden_states
         r = torch.as_tensor(sel[:, 0] - r0, device=ids.device)
         p = torch.as_tensor(sel[:, 1], device=ids.device)
         t = torch.as_tensor(sel[:, 2], device=ids.device)
         for layer, h in enumerate(hs):
-            lp = torch.log_softmax(head(model, h[r, p]).float(), -1).gather(1, t[:, None])[:, 0]
+            lp = torch.log_softmax(head(h[r, p], layer == L).float(), -1).gather(1, t[:, None])[:, 0]
             np.add.at(out[layer], (sel[:, 3], sel[:, 4]), lp.double().cpu().numpy())
     return out
 
 
 def _lens_causal(scorer, ctx, cands, K, batch_size):
     model = scorer.model
-    norm = _final_norm(model)
-    unembed = model.get_output_embeddings()
+    head = layer_head(model, "causal")
     flat = []
-    for i, (c, cs) in enumerate(zip(ctx, cands)):
-        left, right = c.split(BLANK)
-        for x in cs:
-            ids, special, _ = scorer._encode_filled(i, left, x, right)
-            flat.append(scorer._causal_row(ids, special, f"context {i}"))
+    for i, left, x, right in _filled_items(ctx, cands):
+        ids, special, _ = scorer.encode_filled(i, left, x, right)
+        flat.append(scorer.causal_row(ids, special, f"context {i}"))
     L = model.config.num_hidden_layers
     out = np.zeros((L + 1, len(flat)))
     for b0 in range(0, len(flat), batch_size):
-        ids, att = scorer._pad(flat[b0: b0 + batch_size])
+        ids, att = scorer.pad(flat[b0: b0 + batch_size])
         hs = model.base_model(input_ids=ids, attention_mask=att, output_hidden_states=True,
                               return_dict=True).hidden_states
         tgt = ids[:, 1:, None]
         keep = att[:, 1:].float()
         for layer, h in enumerate(hs):
-            h = h if layer == L else norm(h)  # the model's last hidden state is already normalised
-            lp = torch.log_softmax(unembed(h[:, :-1]).float(), -1).gather(-1, tgt)[..., 0] * keep
+            lp = torch.log_softmax(head(h[:, :-1], layer == L).float(), -1).gather(-1, tgt)[..., 0] * keep
             out[layer, b0: b0 + len(ids)] = lp.sum(1).double().cpu().numpy()
+    return out.reshape(L + 1, len(ctx), K)
+
+
+def _lens_seq2seq(scorer, ctx, cands, K, batch_size):
+    """The decoder's layers: T5 scores the sentinel target's candidate pieces and closing sentinel,
+    BART the whole infilled sentence (`LMScorer.seq2seq_candidate_rows`)."""
+    model = scorer.model
+    head = layer_head(model, "seq2seq")
+    src, tgt, first, _, _ = scorer.seq2seq_candidate_rows(_filled_items(ctx, cands))
+    start = scorer.decoder_start_id
+    out = None
+    for b0 in range(0, len(tgt), batch_size):
+        sl = slice(b0, b0 + batch_size)
+        s_ids, s_att = scorer.pad(src[sl])
+        t_ids, t_att = scorer.pad(tgt[sl])
+        d_ids, d_att = scorer.pad([np.concatenate([[start], t[:-1]]).astype(np.int64) for t in tgt[sl]])
+        hs = model(input_ids=s_ids, attention_mask=s_att, decoder_input_ids=d_ids, decoder_attention_mask=d_att,
+                   output_hidden_states=True, return_dict=True).decoder_hidden_states
+        L = len(hs) - 1
+        if out is None:
+            out = np.zeros((L + 1, len(tgt)))
+        pos = torch.arange(t_ids.shape[1], device=t_ids.device)[None]
+        keep = (t_att.bool() & (pos >= torch.as_tensor(first[sl], device=t_ids.device)[:, None])).float()
+        for layer, h in enumerate(hs):
+            lp = torch.log_softmax(head(h, layer == L).float(), -1).gather(-1, t_ids[..., None])[..., 0] * keep
+            out[layer, b0: b0 + len(t_ids)] = lp.sum(1).double().cpu().numpy()
+    return out.reshape(out.shape[0], len(ctx), K)
+
+
+def _lens_bilm(scorer, ctx, cands, K, batch_size):
+    """ELMo: per layer, forward log p(w_t | w_<t) + backward log p(w_t | w_>t) of the filled
+    sentence, the shared softmax on the layer's forward and backward halves."""
+    model = scorer.model
+    head = layer_head(model, "bilm")
+    rows = [scorer.encode_filled(*it)[0] for it in _filled_items(ctx, cands)]
+    L = model.config.num_hidden_layers
+    out = np.zeros((L + 1, len(rows)))
+    for b0 in range(0, len(rows), batch_size):
+        ids, att = scorer.pad(rows[b0: b0 + batch_size])
+        hs = model(input_ids=ids, attention_mask=att, output_hidden_states=True).hidden_states
+        keep = att[:, 1:].float()
+        for layer, h in enumerate(hs):
+            lg = head(h, layer == L).float()  # [B, T, 2, V]
+            fwd = torch.log_softmax(lg[:, :-1, 0], -1).gather(-1, ids[:, 1:, None])[..., 0]  # predicts t+1
+            bwd = torch.log_softmax(lg[:, 1:, 1], -1).gather(-1, ids[:, :-1, None])[..., 0]  # predicts t-1
+            out[layer, b0: b0 + len(ids)] = ((fwd + bwd) * keep).sum(1).double().cpu().numpy()
     return out.reshape(L + 1, len(ctx), K)
 
 
@@ -191,8 +236,8 @@ class MCHead:
         if scorer.kind not in ("mlm", "causal"):
             raise ConfigError(f"fine-tuning the MC head is provided for masked and causal LMs, not {scorer.kind!r}")
         self.kind = scorer.kind
-        self.pad = scorer._pad
-        self.head = _MLM_HEADS.get(type(scorer.model).__name__) if self.kind == "mlm" else None
+        self.pad = scorer.pad
+        self.head = mlm_head(scorer.model) if self.kind == "mlm" else None
         self.answers = torch.tensor([it.answer for it in items])
         self.k = len(items[0].choices) if items else 0
         self.rows = []  # per item: list of unique row ids
@@ -201,13 +246,13 @@ class MCHead:
             left, right = it.text.split(BLANK)
             rows, queries, seen = [], [], {}
             for j, x in enumerate(it.choices):
-                ids, special, pos = scorer._encode_filled(i, left, x, right)
+                ids, special, pos = scorer.encode_filled(i, left, x, right)
                 if self.kind == "mlm":
                     row = ids.copy()
                     row[pos] = scorer.mask_id
                     tgt_pos, tgt = pos, ids[pos]
                 else:
-                    row = scorer._causal_row(ids, special, f"item {i}")
+                    row = scorer.causal_row(ids, special, f"item {i}")
                     tgt_pos, tgt = np.arange(len(row) - 1), row[1:]  # logits at t predict t+1
                 key = row.tobytes()
                 if key not in seen:
@@ -387,14 +432,15 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
         out.append(unit.rows(task, metrics, split="test", layers=last, n=len(test), ci=ci,
                              extra={"methods": methods, "items_with_multipiece_candidates": multi,
                                     "head": scorer.kind}))
-        if settings.lens and scorer.kind in ("mlm", "causal"):
+        if settings.lens:
             lens = lens_scores(scorer, test, settings.batch_size)  # [L+1, N, K]
             lc = lens.argmax(-1) == np.array([it.answer for it in test])[None]
             a, lo, hi = accuracy_ci(lc, n_boot, seed)
             # ELECTRA: the generator's layers (its own head), which may differ in number from the
-            # discriminator's
-            out.append(unit.rows(task, {"lens_acc": a}, split="test", n=len(test), ci={"lens_acc": (lo, hi)},
-                                 extra={"head_model": type(scorer.model).__name__}))
+            # discriminator's; T5/BART: the decoder's layers
+            rows = unit.rows(task, {"lens_acc": a}, split="test", n=len(test), ci={"lens_acc": (lo, hi)},
+                             extra={"head_model": type(scorer.model).__name__})
+            out.append(rows.assign(stack="decoder") if scorer.kind == "seq2seq" else rows)
         if settings.curve_sizes:
             out.append(_learning_curve(unit, scorer, data, task, settings))
 

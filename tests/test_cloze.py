@@ -23,18 +23,36 @@ def small_items() -> dict:
 
 
 @pytest.fixture(scope="module")
-def handles(tiny_models) -> dict:
-    return {name: ModelHandle(*tiny_models[name]) for name in ("bert", "gpt")}
+def handles(tiny_models, ewt_train, tmp_path_factory) -> dict:
+    """Tiny random BERT, GPT-2, T5, BART (2 layers, hidden 32) and a tiny ELMo biLM saved with its
+    softmax (the scorer loads ElmoForBiLM from the folder)."""
+    from workbench.families.elmo import FAMILY, build_model
+    from workbench.tokenization import build_tokenizer
+
+    out = {name: ModelHandle(*tiny_models[name]) for name in ("bert", "gpt", "t5", "bart")}
+    tok = build_tokenizer("word", FAMILY.special_tokens, [s.text for s in ewt_train], 2000,
+                          special_roles=FAMILY.special_roles, template=FAMILY.template)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build_model(FAMILY.model_config("tiny"), tok).eval()
+    folder = tmp_path_factory.mktemp("elmo") / "ckpt"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    out["elmo"] = ModelHandle.load(folder)
+    return out
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt"])
+LENS_STACK = {"bert": "encoder", "gpt": "decoder", "t5": "decoder", "bart": "decoder", "elmo": "encoder"}
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt", "t5", "bart", "elmo"])
 @pytest.mark.parametrize("task", ["age", "antonym", "multihop"])
 def test_lens_last_layer_equals_zero_shot(handles, small_items, family, task):
     items = small_items[task]
     scorer = lm_scorer(handles[family])
     correct, scores = cloze.zero_shot(scorer, items)
     lens = cloze.lens_scores(scorer, items, batch_size=7)
-    L = handles[family].num_layers["decoder" if family == "gpt" else "encoder"]
+    L = handles[family].num_layers[LENS_STACK[family]]
     assert lens.shape == (L + 1, len(items), len(items[0].choices))
     np.testing.assert_allclose(lens[-1], np.array(scores.scores), rtol=1e-5, atol=1e-4)
     lens_correct = lens.argmax(-1) == np.array([it.answer for it in items])[None]
@@ -64,7 +82,7 @@ def test_lens_equals_truncated_model_by_hand(handles, small_items, family):
         for i, it in enumerate(items):
             left, right = it.text.split(BLANK)
             for j, cand in enumerate(it.choices):
-                ids, special, pos = scorer._encode_filled(i, left, cand, right)
+                ids, special, pos = scorer.encode_filled(i, left, cand, right)
                 with torch.no_grad():
                     if family == "bert":
                         assert len(pos) == 1  # not/really are single pieces here
@@ -73,11 +91,75 @@ def test_lens_equals_truncated_model_by_hand(handles, small_items, family):
                         logits = model(input_ids=torch.from_numpy(masked)[None]).logits[0]
                         want = torch.log_softmax(logits[pos[0]], -1)[ids[pos[0]]].item()
                     else:
-                        row = scorer._causal_row(ids, special, "x")
+                        row = scorer.causal_row(ids, special, "x")
                         logits = model(input_ids=torch.from_numpy(row)[None]).logits[0]
                         lp = torch.log_softmax(logits[:-1], -1)
                         want = lp[torch.arange(len(row) - 1), torch.tensor(row[1:])].sum().item()
                 assert lens[layer, i, j] == pytest.approx(want, abs=1e-4)
+
+
+def _cut(model, layers: int, family: str):
+    """A copy of the LM with only its first `layers` blocks (seq2seq: decoder blocks; ELMo: LSTM
+    layers of both directions); everything after the blocks (norms, head) is kept."""
+    m = copy.deepcopy(model)
+    if family == "t5":
+        m.decoder.block = m.decoder.block[:layers]
+    elif family == "bart":
+        m.model.decoder.layers = m.model.decoder.layers[:layers]
+    else:
+        m.elmo.forward_lstms = m.elmo.forward_lstms[:layers]
+        m.elmo.backward_lstms = m.elmo.backward_lstms[:layers]
+    return m.eval()
+
+
+@pytest.mark.parametrize("family", ["t5", "bart", "elmo"])
+def test_lens_equals_cut_model_by_hand_seq2seq_and_elmo(handles, small_items, family):
+    """Decoder layer l of T5/BART and layer l of ELMo through the head = the output of the same model
+    cut after l blocks (T5: its decoder's final norm then applies to block l; BART: the head reads
+    a post-LN layer directly; ELMo: the top is then layer l), scored by hand with log-softmax."""
+    items = small_items["antonym"][:5]
+    scorer = lm_scorer(handles[family])
+    lens = cloze.lens_scores(scorer, items, batch_size=4)
+    for layer in (0, 1):
+        model = _cut(scorer.model, layer, family)
+        for i, it in enumerate(items):
+            left, right = it.text.split(BLANK)
+            for j, cand in enumerate(it.choices):
+                with torch.no_grad():
+                    if family == "elmo":
+                        ids = torch.from_numpy(scorer.encode_filled(i, left, cand, right)[0])[None]
+                        o = model(input_ids=ids, return_logits=True)
+                        f = torch.log_softmax(o.forward_logits[0], -1)
+                        b = torch.log_softmax(o.backward_logits[0], -1)
+                        n = ids.shape[1]
+                        want = sum(float(f[t - 1, ids[0, t]]) for t in range(1, n)) + \
+                            sum(float(b[t + 1, ids[0, t]]) for t in range(n - 1))
+                    else:
+                        src, tgt, first, _, _ = scorer.seq2seq_candidate_rows([(i, left, cand, right)])
+                        dec = np.concatenate([[scorer.decoder_start_id], tgt[0][:-1]])
+                        logits = model(input_ids=torch.from_numpy(src[0])[None],
+                                       decoder_input_ids=torch.from_numpy(dec)[None]).logits[0]
+                        lp = torch.log_softmax(logits, -1)
+                        want = sum(float(lp[t, tgt[0][t]]) for t in range(first[0], len(tgt[0])))
+                assert lens[layer, i, j] == pytest.approx(want, abs=1e-4), (family, layer, i, j)
+
+
+def test_lens_rows_on_the_runner_for_seq2seq_and_elmo(handles, tmp_path, monkeypatch):
+    """The probe writes lens rows for T5 (decoder stack, decoder layers 0..L) and ELMo; the last
+    layer's accuracy equals the zero-shot accuracy."""
+    from probes import runner
+    from workbench.results import ResultsStore
+
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    settings = {"tasks": ("antonym",), "n_train": 40, "n_test": 20, "n_boot": 50, "progress": False,
+                "baselines": ("majority",), "probe": False}
+    for family in ("t5", "elmo"):
+        _, rows = runner.run_probe(cloze.PROBE, [handles[family]], settings, store=ResultsStore(tmp_path / family))
+        lens = rows[rows.metric == "lens_acc"].sort_values("layer")
+        zs = rows[rows.metric == "zero_shot_acc"]
+        assert set(lens["stack"]) == {LENS_STACK[family]}
+        assert list(lens.layer) == list(range(handles[family].num_layers[LENS_STACK[family]] + 1))
+        assert lens.value.iloc[-1] == pytest.approx(zs.value.iloc[0])
 
 
 def test_weighted_score_by_hand():

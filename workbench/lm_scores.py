@@ -35,6 +35,10 @@ Candidate scoring (`score_candidates`: contexts holding one `<blank>`, a list of
 - BART (mask token): source = context with one <mask> (text infilling, Lewis et al. 2020); target =
   the filled sentence, every token scored.
 
+The head on any layer (`layer_head`, the logit lens): the same output head applied to an earlier
+layer's hidden states, per family (its docstring says which norm goes in front and why the encoder
+of a seq2seq model has none); the cloze probe's lens and the app's explorer read layers through it.
+
 Errors: a model without a trained LM head (a bare body such as sentence-transformers'
 all-MiniLM-L6-v2, an ELECTRA discriminator without `generator/`, an ELMo saved without its softmax)
 is a `CheckpointError` at construction; a text or context longer than the model's `max_length`,
@@ -181,7 +185,7 @@ class LMScorer:
         """log p(w_t | w_<t) of every token after the first (a bos/eos is put in front when the
         tokenizer adds no special token there)."""
         self._need("causal", "causal log-probabilities")
-        rows = [self._causal_row(ids, special, f"text {i} ({_start(texts[i])})")
+        rows = [self.causal_row(ids, special, f"text {i} ({_start(texts[i])})")
                 for i, (ids, special) in enumerate(self._encode_texts(texts, "text"))]
         out = self._causal_scores(rows, batch_size, moments, progress)
         return [self._text_score(ids[1:], o, "causal") for ids, o in zip(rows, out)]
@@ -236,7 +240,7 @@ class LMScorer:
         return out
 
     def _candidates_mlm(self, items, batch_size):
-        filled = [self._encode_filled(*it) for it in items]
+        filled = [self.encode_filled(*it) for it in items]
         single = {}
         for (i, *_), (_, _, pos) in zip(items, filled):
             single[i] = single.get(i, True) and len(pos) == 1
@@ -248,18 +252,28 @@ class LMScorer:
         return [float(o[0].sum()) for o in out], methods, [len(pos) for _, _, pos in filled]
 
     def _candidates_causal(self, items, batch_size):
-        filled = [self._encode_filled(*it) for it in items]
-        rows = [self._causal_row(ids, special, f"context {i} filled with {cand!r}")
+        filled = [self.encode_filled(*it) for it in items]
+        rows = [self.causal_row(ids, special, f"context {i} filled with {cand!r}")
                 for (ids, special, _), (i, _, cand, _) in zip(filled, items)]
         out = self._causal_scores(rows, batch_size, False, False)
         return [float(o[0].sum()) for o in out], ["causal"] * len(items), [len(p) for _, _, p in filled]
 
     def _candidates_bilm(self, items, batch_size):
-        filled = [self._encode_filled(*it) for it in items]
+        filled = [self.encode_filled(*it) for it in items]
         out = self._bilm_scores([ids for ids, _, _ in filled], batch_size, False, False)
         return [float(o[0].sum()) for o in out], ["bilm"] * len(items), [len(p) for _, _, p in filled]
 
     def _candidates_seq2seq(self, items, batch_size):
+        src_rows, tgt_rows, first, pieces, method = self.seq2seq_candidate_rows(items)
+        out = self._seq2seq_scores(src_rows, tgt_rows, first, batch_size, False, False)
+        return [float(o[0].sum()) for o in out], [method] * len(items), pieces
+
+    def seq2seq_candidate_rows(self, items):
+        """The seq2seq cloze inputs of (context index, left, candidate, right) items: (source rows,
+        target rows, index of the first scored target token per row, candidate pieces per row,
+        method). T5: source with the first sentinel, target sentinel0 + candidate + sentinel1
+        (sentinel0 given, not scored); BART: source with one <mask>, target the filled sentence.
+        The decoder reads `decoder_start_id` + target[:-1] (teacher forcing)."""
         h, tok = self.handle, self.handle.tokenizer
         sentinels = _sentinels(tok)
         if sentinels is None and tok.mask_token is None:
@@ -275,14 +289,18 @@ class LMScorer:
                 pieces.append(len(piece_ids))
             else:
                 src = h._backend.encode(left + tok.mask_token + right).ids
-                target, _, pos = self._encode_filled(i, left, cand, right)
+                target, _, pos = self.encode_filled(i, left, cand, right)
                 first.append(0)
                 pieces.append(len(pos))
             src_rows.append(self._check_len(np.asarray(src, dtype=np.int64), f"context {i}"))
             tgt_rows.append(self._check_len(np.asarray(target, dtype=np.int64), f"context {i} (target)"))
-        out = self._seq2seq_scores(src_rows, tgt_rows, first, batch_size, False, False)
         method = "seq2seq-sentinel" if sentinels is not None else "seq2seq-infill"
-        return [float(o[0].sum()) for o in out], [method] * len(items), pieces
+        return src_rows, tgt_rows, first, pieces, method
+
+    @property
+    def decoder_start_id(self) -> int:
+        """The token a seq2seq decoder starts from (config.decoder_start_token_id, else pad)."""
+        return _first_not_none(getattr(self.handle.config, "decoder_start_token_id", None), self.handle.pad_id)
 
     # ------------------------------------------------------------------ encoding
 
@@ -298,7 +316,7 @@ class LMScorer:
         self.handle.stats["lm_texts"] += len(rows)
         return rows
 
-    def _encode_filled(self, i: int, left: str, cand: str, right: str):
+    def encode_filled(self, i: int, left: str, cand: str, right: str):
         """(ids, special mask, positions of the candidate's pieces) of left + cand + right, with
         special tokens; a piece that mixes candidate and context characters is an error."""
         text = left + cand + right
@@ -326,7 +344,7 @@ class LMScorer:
         ids = self._check_len(np.asarray(enc.ids, dtype=np.int64), f"context {i} filled with {cand!r}")
         return ids, np.asarray(enc.special_tokens_mask, dtype=bool), np.asarray(pos, dtype=np.int64)
 
-    def _causal_row(self, ids: np.ndarray, special: np.ndarray, what: str) -> np.ndarray:
+    def causal_row(self, ids: np.ndarray, special: np.ndarray, what: str) -> np.ndarray:
         tok = self.handle.tokenizer
         start = _first_not_none(tok.bos_token_id, tok.eos_token_id)
         if start is not None and (len(ids) == 0 or not special[0]):
@@ -351,7 +369,7 @@ class LMScorer:
 
     # ------------------------------------------------------------------ forward passes
 
-    def _pad(self, rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    def pad(self, rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         return _pad(rows, self.handle.pad_id, self.handle.device)
 
     def _masked_scores(self, rows, positions, batch_size, moments, progress):
@@ -401,7 +419,7 @@ class LMScorer:
         bar = _bar(progress, len(batches), "PLL batches")
         for batch in batches:
             cb = np.asarray(batch, dtype=np.int64)
-            ids, att = self._pad([rows[r] for r in copy_row_a[cb]])
+            ids, att = self.pad([rows[r] for r in copy_row_a[cb]])
             rr = torch.arange(len(cb), device=ids.device)
             cols = torch.from_numpy(copy_pos_a[cb]).to(ids.device)
             ids[rr, cols] = self.mask_id
@@ -421,7 +439,7 @@ class LMScorer:
     def _causal_scores(self, rows, batch_size, moments, progress):
         """log p(row[t] | row[<t]) for t >= 1 of each row."""
         def run(idx):
-            ids, att = self._pad([rows[i] for i in idx])
+            ids, att = self.pad([rows[i] for i in idx])
             logits = self.model(input_ids=ids, attention_mask=att, return_dict=True).logits[:, :-1].float()
             return self._gather(torch.log_softmax(logits, -1), ids[:, 1:], [len(rows[i]) - 1 for i in idx], moments)
         return self._batched(rows, batch_size, run, progress, "causal LM")
@@ -430,7 +448,7 @@ class LMScorer:
         """ELMo: per token, forward log p(w_t | w_<t) (0 for the first) + backward log p(w_t | w_>t)
         (0 for the last); both directions kept."""
         def run(idx):
-            ids, att = self._pad([rows[i] for i in idx])
+            ids, att = self.pad([rows[i] for i in idx])
             out = self.model(input_ids=ids, attention_mask=att, return_logits=True)
             lens = [len(rows[i]) for i in idx]
             fwd = self._gather(torch.log_softmax(out.forward_logits[:, :-1].float(), -1), ids[:, 1:],
@@ -451,12 +469,12 @@ class LMScorer:
 
     def _seq2seq_scores(self, src_rows, tgt_rows, first_scored, batch_size, moments, progress):
         """log p(target[t] | target[<t], source) for t >= first_scored[row]."""
-        start = _first_not_none(getattr(self.handle.config, "decoder_start_token_id", None), self.handle.pad_id)
+        start = self.decoder_start_id
 
         def run(idx):
-            src, src_att = self._pad([src_rows[i] for i in idx])
-            tgt, _ = self._pad([tgt_rows[i] for i in idx])
-            dec, dec_att = self._pad([np.concatenate([[start], tgt_rows[i][:-1]]).astype(np.int64) for i in idx])
+            src, src_att = self.pad([src_rows[i] for i in idx])
+            tgt, _ = self.pad([tgt_rows[i] for i in idx])
+            dec, dec_att = self.pad([np.concatenate([[start], tgt_rows[i][:-1]]).astype(np.int64) for i in idx])
             logits = self.model(input_ids=src, attention_mask=src_att, decoder_input_ids=dec,
                                 decoder_attention_mask=dec_att, return_dict=True).logits.float()
             full = self._gather(torch.log_softmax(logits, -1), tgt, [len(tgt_rows[i]) for i in idx], moments)
@@ -488,6 +506,71 @@ class LMScorer:
                 _tick(bar, len(idx))
         _close(bar)
         return out
+
+
+# ---------------------------------------------------------------------- the head on any layer
+
+
+def mlm_head(model) -> Callable | None:
+    """`head(model, h) -> logits` of a masked LM that can be applied to hidden states alone (the MLM
+    transform + decoder), or None when the class is not known (`_MLM_HEADS`)."""
+    return _MLM_HEADS.get(type(model).__name__)
+
+
+def final_norm(model):
+    """The final layer norm a pre-LN causal LM applies before its unembedding (GPT-2: `ln_f`)."""
+    base = model.base_model
+    for name in ("ln_f", "norm", "final_layer_norm"):
+        mod = getattr(base, name, None)
+        if mod is not None:
+            return mod
+    raise ConfigError(f"no final layer norm found on {type(base).__name__}")
+
+
+def layer_head(model, kind: str) -> Callable[[torch.Tensor, bool], torch.Tensor]:
+    """The model's own output head as a function of ONE layer's hidden states, `head(h, last)` ->
+    logits (the logit lens, nostalgebraist 2020): the same computation the model does on its last
+    layer, applied to an earlier one. `last` is True for the final layer's states, which the model
+    has already passed through its final norm (so the lens at the last layer IS the model's output).
+
+    - "mlm" (BERT-style, post-LN: every layer's output is already layer-normed): the MLM transform +
+      decoder on any layer.
+    - "causal" (GPT-2, pre-LN): the final layer norm `ln_f`, then the unembedding.
+    - "seq2seq", decoder states only: T5 (pre-LN) the decoder's `final_layer_norm`, the d_model^-0.5
+      rescaling of tied embeddings, then `lm_head`; BART (post-LN, its decoder has no final norm)
+      `lm_head` + `final_logits_bias` on any decoder layer. The encoder's states never meet the head
+      (the decoder reads them through cross-attention), so no lens is defined for the encoder.
+    - "bilm" (ELMo): layer k = [forward_k; backward_k] (layer 0 = [x; x], the token encoder's output);
+      the shared softmax applied to each half (Peters et al. 2018 apply it to the top layer's
+      halves); logits [..., 2, V] (forward, backward). The residual connections between ELMo's
+      LSTM layers keep the layers in one space, as the residual stream does for transformers."""
+    if kind == "mlm":
+        head = mlm_head(model)
+        if head is None:
+            raise ConfigError(f"logit lens: unknown masked-LM head of {type(model).__name__}")
+        return lambda h, last: head(model, h)
+    if kind == "causal":
+        norm, unembed = final_norm(model), model.get_output_embeddings()
+        return lambda h, last: unembed(h if last else norm(h))
+    if kind == "seq2seq":
+        dec = model.get_decoder()
+        norm = getattr(dec, "final_layer_norm", None)
+        if norm is None:
+            norm = getattr(dec, "layer_norm", None)  # mBART-style decoders end in one; BART's does not
+        scale = model.config.d_model ** -0.5 if getattr(model.config, "scale_decoder_outputs", False) else 1.0
+        bias = getattr(model, "final_logits_bias", None)
+        lm_head = model.get_output_embeddings()
+
+        def seq2seq(h, last):
+            if norm is not None and not last:
+                h = norm(h)
+            logits = lm_head(h * scale)
+            return logits if bias is None else logits + bias.to(logits.device)
+        return seq2seq
+    if kind == "bilm":
+        H = model.config.projection_dim
+        return lambda h, last: torch.stack([model.softmax(h[..., :H]), model.softmax(h[..., H:])], dim=-2)
+    raise ConfigError(f"logit lens: no output head for a model of kind {kind!r}")
 
 
 # ---------------------------------------------------------------------- finding the head
@@ -582,7 +665,7 @@ def _mlm_logits_at(model, ids, att, rows, cols) -> torch.Tensor:
     """Logits [R, V] of a masked LM at (rows[r], cols[r]): the head on those positions only when
     the class is known (`_MLM_HEADS`), else the full logits read there."""
     with torch.inference_mode():
-        head = _MLM_HEADS.get(type(model).__name__)
+        head = mlm_head(model)
         if head is None:
             return model(input_ids=ids, attention_mask=att, return_dict=True).logits[rows, cols].float()
         hidden = model.base_model(input_ids=ids, attention_mask=att, return_dict=True).last_hidden_state
