@@ -222,6 +222,74 @@ def _lens_bilm(scorer, ctx, cands, K, batch_size):
     return out.reshape(L + 1, len(ctx), K)
 
 
+PLACEHOLDER = "x"  # stands in the blank where the head reads around it (never seen by the read position)
+
+
+@torch.no_grad()
+def blank_topk(scorer: LMScorer, context: str, k: int = 5) -> pd.DataFrame:
+    """Top-k tokens at the one `<blank>` of `context`, at every layer, through the logit lens (the
+    app's live cloze box). Per family, the distribution the zero-shot rule reads:
+    masked LM: at the mask; causal LM: the next token after the words before the blank (the words
+    after it are unseen); T5: the first piece after the sentinel; BART: the token at the mask, the
+    decoder having reproduced the sentence up to it; ELMo: the forward LM from the left plus the
+    backward LM from the right (log-probs added, renormalised: the product of the two
+    distributions). Columns: layer, rank, token, prob; `attrs["reads"]` says what was read."""
+    if context.count(BLANK) != 1:
+        raise ConfigError(f"the sentence must hold exactly one {BLANK}: {context!r}")
+    left, right = context.split(BLANK)
+    model, tok, kind = scorer.model, scorer.handle.tokenizer, scorer.kind
+    head = layer_head(model, kind)
+    if kind in ("mlm", "bilm"):
+        ids, _, pos = scorer.encode_filled(0, left, PLACEHOLDER, right)
+        p = int(pos[0])
+    if kind == "mlm":
+        ids = ids.copy()
+        ids[p] = scorer.mask_id
+        t_ids, att = scorer.pad([ids])
+        hs = model.base_model(input_ids=t_ids, attention_mask=att, output_hidden_states=True,
+                              return_dict=True).hidden_states
+        logp = [torch.log_softmax(head(h[0, p], i == len(hs) - 1).float(), -1) for i, h in enumerate(hs)]
+        reads = "the masked-LM distribution at the mask"
+    elif kind == "causal":
+        enc = tok(left.rstrip(), return_special_tokens_mask=True)
+        row = scorer.causal_row(np.asarray(enc["input_ids"], dtype=np.int64),
+                                np.asarray(enc["special_tokens_mask"], dtype=bool), "the words before the blank")
+        t_ids, att = scorer.pad([row])
+        hs = model.base_model(input_ids=t_ids, attention_mask=att, output_hidden_states=True,
+                              return_dict=True).hidden_states
+        logp = [torch.log_softmax(head(h[0, -1], i == len(hs) - 1).float(), -1) for i, h in enumerate(hs)]
+        reads = "the next token after the words before the blank"
+    elif kind == "seq2seq":
+        src, tgt, first, _, method = scorer.seq2seq_candidate_rows([(0, left, PLACEHOLDER, right)])
+        at = first[0] if method == "seq2seq-sentinel" else int(scorer.encode_filled(0, left, PLACEHOLDER, right)[2][0])
+        dec = np.concatenate([[scorer.decoder_start_id], tgt[0][:at]]).astype(np.int64)
+        s_ids, s_att = scorer.pad(src)
+        hs = model(input_ids=s_ids, attention_mask=s_att, decoder_input_ids=scorer.pad([dec])[0],
+                   output_hidden_states=True, return_dict=True).decoder_hidden_states
+        logp = [torch.log_softmax(head(h[0, -1], i == len(hs) - 1).float(), -1) for i, h in enumerate(hs)]
+        reads = ("the decoder's first piece after the sentinel" if method == "seq2seq-sentinel"
+                 else "the decoder's token at the mask, the sentence before it given")
+    else:  # bilm
+        if p == 0 or p == len(ids) - 1:
+            raise ConfigError("ELMo's blank needs a token on each side (<S> and </S> count)")
+        t_ids, att = scorer.pad([ids])
+        hs = model(input_ids=t_ids, attention_mask=att, output_hidden_states=True).hidden_states
+        logp = []
+        for i, h in enumerate(hs):
+            lg = head(h[0], i == len(hs) - 1).float()  # [T, 2, V]
+            both = torch.log_softmax(lg[p - 1, 0], -1) + torch.log_softmax(lg[p + 1, 1], -1)
+            logp.append(torch.log_softmax(both, -1))
+        reads = "forward LM from the left x backward LM from the right, renormalised"
+    out = []
+    for layer, lp in enumerate(logp):
+        top = torch.topk(lp.exp(), k)
+        for rank, (pi, ti) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
+            out.append({"layer": layer, "rank": rank, "token": tok.convert_ids_to_tokens(ti), "prob": pi, "id": ti})
+    df = pd.DataFrame(out)
+    df.attrs["reads"] = reads
+    return df
+
+
 # --------------------------------------------------------------------------- fine-tuning (MC-MLM)
 
 

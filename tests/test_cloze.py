@@ -225,3 +225,43 @@ def test_bad_settings():
         runner.resolve_settings(cloze.PROBE, {"curve_sizes": "1"}, "x")
     with pytest.raises(ConfigError, match="unknown task"):
         runner.resolve_settings(cloze.PROBE, {"tasks": "ages"}, "x")
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt", "t5", "bart", "elmo"])
+def test_blank_topk_last_layer_is_the_models_own_prediction(handles, family):
+    """The live cloze box: top-k at the blank for every layer; at the last layer, the family's own
+    output distribution computed by hand from the full model's logits."""
+    scorer = lm_scorer(handles[family])
+    m, tok = scorer.model, handles[family].tokenizer
+    left, right = "The keys to the ", " are on the table ."
+    top = cloze.blank_topk(scorer, left + BLANK + right, k=4)
+    L = handles[family].num_layers[LENS_STACK[family]]
+    assert sorted(top.layer.unique()) == list(range(L + 1)) and (top.groupby("layer").size() == 4).all()
+    with torch.no_grad():
+        if family == "bert":
+            enc = tok(left + tok.mask_token + right, return_tensors="pt")
+            p = int((enc["input_ids"][0] == tok.mask_token_id).nonzero()[0, 0])
+            lp = torch.log_softmax(m(**enc).logits[0, p], -1)
+        elif family == "gpt":
+            ids = [tok.eos_token_id] + tok(left.strip())["input_ids"]
+            lp = torch.log_softmax(m(input_ids=torch.tensor([ids])).logits[0, -1], -1)
+        elif family == "t5":
+            s0 = next(s for s in ("<extra_id_0>", "<sentinel_0>") if s in tok.get_vocab())
+            src = torch.tensor([tok(left + s0 + right)["input_ids"]])
+            dec = torch.tensor([[m.config.decoder_start_token_id, tok.convert_tokens_to_ids(s0)]])
+            lp = torch.log_softmax(m(input_ids=src, decoder_input_ids=dec).logits[0, -1], -1)
+        elif family == "bart":
+            src = torch.tensor([tok(left + tok.mask_token + right)["input_ids"]])
+            dec = torch.tensor([[m.config.decoder_start_token_id] + tok(left.rstrip())["input_ids"][:-1]])
+            lp = torch.log_softmax(m(input_ids=src, decoder_input_ids=dec).logits[0, -1], -1)
+        else:
+            ids = tok(left + "x" + right)["input_ids"]
+            p = len(tok(left.rstrip())["input_ids"]) - 1  # where </S> of the left part stood: the blank
+            o = m(input_ids=torch.tensor([ids]), return_logits=True)
+            both = torch.log_softmax(o.forward_logits[0, p - 1], -1) + torch.log_softmax(o.backward_logits[0, p + 1], -1)
+            lp = torch.log_softmax(both, -1)
+    want = torch.topk(lp.exp(), 4)
+    last = top[top.layer == L].sort_values("rank")
+    assert last["id"].tolist() == want.indices.tolist()
+    np.testing.assert_allclose(last["prob"].to_numpy(), want.values.numpy(), rtol=1e-4, atol=1e-6)
+    assert not top[top.layer == 0]["prob"].equals(last["prob"].reset_index(drop=True))

@@ -565,7 +565,7 @@ def layer_head(model, kind: str) -> Callable[[torch.Tensor, bool], torch.Tensor]
             if norm is not None and not last:
                 h = norm(h)
             logits = lm_head(h * scale)
-            return logits if bias is None else logits + bias.to(logits.device)
+            return logits if bias is None else logits + bias.view(-1).to(logits.device)
         return seq2seq
     if kind == "bilm":
         H = model.config.projection_dim
