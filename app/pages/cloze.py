@@ -184,7 +184,7 @@ def zero_shot_families(rows: pd.DataFrame, title: str, options: dict) -> figures
                                       "arrayminus": g["value"] - g["ci_low"], "thickness": 1}))
     chance = newest(sub[sub["metric"] == "random_acc"], ["random_acc"]).groupby("task")["value"].first().reindex(tasks)
     fig.add_trace(go.Scatter(x=tasks, y=chance, mode="markers", name="chance (1/K)",
-                             marker={"symbol": "line-ew-open", "size": 90, "line": {"width": 2, "color": "black"}}))
+                             marker={"symbol": "line-ew", "size": 90, "color": "black", "line": {"width": 2, "color": "black"}}))
     fig.update_layout(title=title, barmode="group", yaxis_title=f"{metric} (95% CI)", yaxis_range=[0, 1],
                       template="plotly_white", height=480, width=max(760, 150 * len(tasks) + 220))
     drawn = main.assign(kind="model")
