@@ -178,7 +178,8 @@ def zero_shot_families(rows: pd.DataFrame, title: str, options: dict) -> figures
     fig = go.Figure()
     for model, g in main.groupby("model", sort=False):
         g = g.set_index("task").reindex(tasks)
-        label = f"{g['family'].dropna().iloc[0]}: {short_model(model)}"
+        fam = g["family"].dropna()
+        label = f"{fam.iloc[0] if len(fam) else '?'}: {short_model(model)}"
         fig.add_trace(go.Bar(x=tasks, y=g["value"], name=label,
                              error_y={"type": "data", "symmetric": False, "array": g["ci_high"] - g["value"],
                                       "arrayminus": g["value"] - g["ci_low"], "thickness": 1}))
