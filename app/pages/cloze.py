@@ -224,8 +224,9 @@ def render(store) -> None:
         st.info(f"No cloze runs yet under {store.root}. Run `bertology probe cloze --checkpoint ...`.")
         return
     labels = {r: f"{r}  {n or ''}" for r, n in zip(runs["run_id"], runs["name"])}
-    chosen = st.multiselect("Runs (newest row per model and task)", runs["run_id"].tolist(),
-                            default=runs["run_id"].tolist(), format_func=lambda r: labels.get(r, r), key="cloze-runs")
+    with st.expander(f"Runs ({len(runs)} cloze runs; the newest row per model and task is shown)"):
+        chosen = st.multiselect("Runs", runs["run_id"].tolist(), default=runs["run_id"].tolist(),
+                                format_func=lambda r: labels.get(r, r), key="cloze-runs")
     loaded = data.query(store, runs[runs["run_id"].isin(chosen)], probe="cloze")
     ui.show_problems(loaded.problems)
     rows = loaded.rows
