@@ -189,3 +189,20 @@ def test_cli_shortcut_trains_and_prints_checkpoint(cache, tmp_path, capsys):
     assert (tmp_path / "seed-0" / "step-0000002" / "model.safetensors").exists()
     with pytest.raises(ConfigError, match="corpus.bogus: unknown key"):
         train_cli_main(["--family", "gpt", "--steps", "1", "--set", "corpus.bogus=1"])
+
+
+def test_cli_small_shortcut_uses_the_measured_cpu_recipe(monkeypatch):
+    """`--family bert --preset small` trains the recipe of docs/training-plateau.md, not the
+    schema's generic defaults; explicit flags still win."""
+    import workbench.train as train_mod
+
+    seen = []
+    monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides: seen.append(
+        load_config(source, overrides)) or [])
+    train_mod.train_cli_main(["--family", "bert", "--preset", "small"])
+    cfg = seen[-1]
+    assert (cfg.batch_size, cfg.max_len, cfg.lr, cfg.total_steps) == (16, 128, 1.0e-3, 1200)
+    assert cfg.objective == {"nsp": False} and cfg.warmup_steps() == 100
+    train_mod.train_cli_main(["--family", "gpt", "--preset", "small", "--tokens", "204800", "--set", "lr=5e-4"])
+    cfg = seen[-1]
+    assert (cfg.total_steps, cfg.lr, cfg.objective) == (100, 5e-4, {})

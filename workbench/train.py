@@ -59,10 +59,15 @@ from workbench.paths import cache_root, runs_root
 from workbench.tokenization import tokenizer_hash, train_tokenizer
 
 STATE_DIR = "trainer_state"
-# Default step counts of the `--family F --preset P` shortcut. small: a 4-layer/256 BERT step
-# (32 x 128 tokens, ~3,900 non-padding) costs ~1.5 CPU-seconds on one core of the 2-core dev
-# machine (benchmarks/bench_train.py), so 400 steps (~1.6M tokens) take about ten minutes.
-PRESET_STEPS = {"tiny": 200, "small": 400, "base": 100_000}
+# What the `--family F --preset P` shortcut trains when no config file is given. `small` is the
+# CPU recipe measured in docs/training-plateau.md: batches of 16 x 128 at lr 1e-3 (small updates
+# leave the unigram plateau soonest per token on 2 cores), 1,200 updates (2.46M tokens, about ten
+# minutes of a 4 x 256 model on 2 idle cores); masked LMs without NSP (Liu et al. 2019).
+PRESET_RECIPES = {
+    "tiny": {"steps": 200},
+    "small": {"steps": 1200, "batch_size": 16, "max_len": 128, "lr": 1.0e-3, "warmup": 100},
+    "base": {"steps": 100_000},
+}
 
 
 # ---- schedule -----------------------------------------------------------------------------------
@@ -655,8 +660,12 @@ def train_cli_main(argv: list[str] | None = None) -> int:
     else:
         preset = args.preset or "small"
         source = {"family": args.family, "preset": preset, "name": f"{args.family}_{preset}"}
-        if args.steps is None and args.tokens is None:
-            source["steps"] = PRESET_STEPS[preset]
+        recipe = dict(PRESET_RECIPES[preset])
+        if args.steps is not None or args.tokens is not None:
+            recipe.pop("steps")
+        if preset == "small" and args.family == "bert":
+            recipe["objective"] = {"nsp": False}
+        source.update(recipe)
     for path in train_from_config(source, overrides):
         print(path)
     return 0
