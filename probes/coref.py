@@ -69,34 +69,7 @@ MENTION_TYPES = ("pronoun", "proper", "nominal")
 
 
 # --------------------------------------------------------------------------- lazy feature views
-class _LazyView:
-    """An `[L, rows, D]` feature array built one layer at a time (what `engine.fit_probe` indexes)."""
-
-    ndim = 3
-    dtype = np.dtype(np.float32)
-
-    def _layer(self, layer: int, rows) -> np.ndarray:
-        raise NotImplementedError
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __array__(self, dtype=None, copy=None):
-        out = self[list(range(self.shape[0]))]
-        return out if dtype is None else out.astype(dtype)
-
-    def __getitem__(self, key):
-        if not isinstance(key, tuple):
-            key = (key,)
-        layer_key, rows = key[0], (key[1] if len(key) > 1 else slice(None))
-        squeeze = isinstance(layer_key, (int, np.integer))
-        layers = np.atleast_1d(np.arange(self.shape[0])[layer_key])
-        out = np.stack([self._layer(int(l), rows) for l in layers]) if len(layers) else \
-            np.zeros((0, 0, self.shape[2]), dtype=np.float32)
-        return out[0] if squeeze else out
-
-
-class SpanView(_LazyView):
+class SpanView(engine.LazyFeatures):
     """Mention vectors `[L, M, D]` from word vectors `[L, N, H]`: the mean over each span's words
     and/or its head word's vector (`span`). `cache=True` keeps computed layers (small eval sets)."""
 
@@ -123,8 +96,8 @@ class SpanView(_LazyView):
             self._planes[layer] = out
         return out
 
-    def _layer(self, layer, rows):
-        return self.plane(layer)[rows]
+    def _layer(self, layer, rows, out):
+        out[:] = self.plane(layer)[rows]
 
 
 def _span_means(words, starts: np.ndarray, ends: np.ndarray, chunk: int = 8192) -> np.ndarray:
@@ -141,7 +114,7 @@ def _span_means(words, starts: np.ndarray, ends: np.ndarray, chunk: int = 8192) 
     return out
 
 
-class PairView(_LazyView):
+class PairView(engine.LazyFeatures):
     """Pair features [a; b; a*b] `[L, P, 3D]` of mention pairs over a SpanView."""
 
     def __init__(self, spans: SpanView, left, right):
@@ -149,10 +122,12 @@ class PairView(_LazyView):
         self.left, self.right = np.asarray(left, dtype=np.int64), np.asarray(right, dtype=np.int64)
         self.shape = (spans.shape[0], len(self.left), 3 * spans.shape[2])
 
-    def _layer(self, layer, rows):
+    def _layer(self, layer, rows, out):
         plane = self.spans.plane(layer)
         a, b = plane[self.left[rows]], plane[self.right[rows]]
-        return np.concatenate([a, b, a * b], axis=1)
+        d = a.shape[1]
+        out[:, :d], out[:, d : 2 * d] = a, b
+        np.multiply(a, b, out=out[:, 2 * d :])
 
 
 # --------------------------------------------------------------------------- metrics
@@ -529,13 +504,13 @@ def _gum_entity_type(unit, prepared, settings: CorefSettings) -> list[pd.DataFra
     take = np.sort(rng.permutation(len(ms["fit"]))[: s.max_train_mentions])
     c = len(vocab)
 
-    class _Rows(_LazyView):  # a subset of a SpanView's rows
+    class _Rows(engine.LazyFeatures):  # a subset of a SpanView's rows
         def __init__(self, view, idx):
             self.view, self.idx = view, idx
             self.shape = (view.shape[0], len(idx), view.shape[2])
 
-        def _layer(self, layer, rows):
-            return self.view.plane(layer)[self.idx[rows]]
+        def _layer(self, layer, rows, out):
+            out[:] = self.view.plane(layer)[self.idx[rows]]
 
     x_fit = _Rows(spans["fit"], take)
     x_stop, x_ev = spans["stop"], spans["eval"]

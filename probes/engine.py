@@ -377,6 +377,46 @@ def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Gene
     }
 
 
+# --------------------------------------------------------------------------- lazy feature views
+class LazyFeatures:
+    """An `[L, rows, D]` float32 feature array built one layer at a time, which `fit_probe` takes
+    in place of a numpy array: word pairs (`probes.syntax.FeatureView`) or mention spans
+    (`probes.coref.SpanView`) of a whole corpus are never all in memory unless asked for.
+
+    A subclass sets `shape` and writes one layer's rows into a buffer (`_layer`); indexing follows
+    numpy on the first two axes (`view[layers]`, `view[layer]`, `view[:, rows]`).
+    """
+
+    ndim = 3
+    dtype = np.dtype(np.float32)
+    shape: tuple[int, int, int]
+
+    def _layer(self, layer: int, rows, out: np.ndarray) -> None:
+        """Write the features of `rows` (any numpy index into axis 1) at `layer` into `out` [n, D]."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[list(range(self.shape[0]))]
+        return out if dtype is None else out.astype(dtype)
+
+    def __getitem__(self, key):
+        if not isinstance(key, tuple):
+            key = (key,)
+        if len(key) > 2:
+            raise IndexError(f"{type(self).__name__} supports indexing on layers and rows only")
+        layer_key, rows = key[0], (key[1] if len(key) > 1 else slice(None))
+        squeeze = isinstance(layer_key, (int, np.integer))
+        layers = np.atleast_1d(np.arange(self.shape[0])[layer_key])
+        n = len(np.arange(self.shape[1])[rows])
+        out = np.empty((len(layers), n, self.shape[2]), dtype=np.float32)  # the one copy
+        for i, layer in enumerate(layers):
+            self._layer(int(layer), rows, out[i])
+        return out[0] if squeeze else out
+
+
 # --------------------------------------------------------------------------- public: probes
 
 

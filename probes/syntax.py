@@ -91,14 +91,13 @@ EXTRACTION_COUNTS = ("sentences", "words", "windowed_sentences", "windows", "wor
 
 
 # --------------------------------------------------------------------------- feature views
-class FeatureView:
+class FeatureView(engine.LazyFeatures):
     """Rows of a `[L, N, H]` array (a memmap) gathered on demand, optionally as pairs.
 
     `cols` holds one or two int arrays of word positions into N; item p is the concatenation of
-    `base[:, cols[k][p]]` over k (and, with `product`, the elementwise product of the two). Indexing
-    follows numpy on the first two axes (`view[layers]`, `view[layer]`, `view[:, a:b]`), reading one
-    layer at a time, so pair features of a whole treebank are never all in memory unless asked for,
-    and the engine's one float32 copy per layer group is the only copy.
+    `base[:, cols[k][p]]` over k (and, with `product`, the elementwise product of the two). Read one
+    layer at a time (`engine.LazyFeatures`), so pair features of a whole treebank are never all in
+    memory unless asked for, and the engine's one float32 copy per layer group is the only copy.
     """
 
     def __init__(self, base, cols: Sequence[np.ndarray], product: bool = False):
@@ -109,36 +108,15 @@ class FeatureView:
         self.product = product
         n_parts = len(self.cols) + int(product)
         self.shape = (int(base.shape[0]), len(self.cols[0]), int(base.shape[2]) * n_parts)
-        self.ndim = 3
-        self.dtype = np.dtype(np.float32)
 
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __array__(self, dtype=None, copy=None):
-        out = self[list(range(self.shape[0]))]
-        return out if dtype is None else out.astype(dtype)
-
-    def __getitem__(self, key):
-        if not isinstance(key, tuple):
-            key = (key,)
-        layer_key, row_key = key[0], (key[1] if len(key) > 1 else slice(None))
-        if len(key) > 2:
-            raise IndexError("FeatureView supports indexing on layers and rows only")
-        squeeze = isinstance(layer_key, (int, np.integer))
-        layers = np.arange(self.shape[0])[layer_key]
-        layers = np.atleast_1d(layers)
-        cols = [c[row_key] for c in self.cols]
+    def _layer(self, layer, rows, out):
+        plane = self.base[layer]
         h = int(self.base.shape[2])
-        out = np.empty((len(layers), len(cols[0]), self.shape[2]), dtype=np.float32)
-        for i, layer in enumerate(layers):
-            plane = self.base[int(layer)]
-            parts = [np.asarray(plane[c], dtype=np.float32) for c in cols]
-            for k, part in enumerate(parts):
-                out[i, :, k * h : (k + 1) * h] = part
-            if self.product:
-                np.multiply(parts[0], parts[1], out=out[i, :, 2 * h : 3 * h])
-        return out[0] if squeeze else out
+        parts = [np.asarray(plane[c[rows]], dtype=np.float32) for c in self.cols]
+        for k, part in enumerate(parts):
+            out[:, k * h : (k + 1) * h] = part
+        if self.product:
+            np.multiply(parts[0], parts[1], out=out[:, 2 * h : 3 * h])
 
 
 def sentence_rows(offsets: np.ndarray, sentence_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
