@@ -294,6 +294,24 @@ class _BestTracker:
         self.module.load_state_dict(self.best)
 
 
+def _adam_plan(module: nn.Module, cfg: ProbeConfig, n: int):
+    """(Adam, its cosine schedule, epochs) for minibatch training on `n` words: at least
+    `cfg.epochs` epochs and `cfg.min_steps` steps, the cosine counted in full batches."""
+    opt = torch.optim.Adam(module.parameters(), lr=cfg.lr)
+    per_epoch = max(1, math.ceil(n / cfg.batch_size))
+    epochs = max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch))
+    total_steps = epochs * per_epoch
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    return opt, sched, epochs
+
+
+def _epoch_bounds(n: int, batch_size: int, gen: torch.Generator) -> list[int]:
+    """One epoch's batch boundaries over `n` shuffled words: contiguous batches from a random offset,
+    so the boundaries move between epochs (the first and last batch may be short)."""
+    offset = int(torch.randint(batch_size, (1,), generator=gen)) if n > batch_size else 0
+    return [0, *range(offset or batch_size, n, batch_size), n]
+
+
 def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Generator) -> dict[str, Any]:
     """Fit all heads of `module` at once; returns training info (per-head arrays)."""
     m = module.penalty().shape[0]
@@ -338,11 +356,7 @@ def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Gene
                 break
         bar.close()
     else:
-        opt = torch.optim.Adam(module.parameters(), lr=cfg.lr)
-        per_epoch = max(1, math.ceil(n / cfg.batch_size))
-        epochs = max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch))
-        total_steps = epochs * per_epoch
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+        opt, sched, epochs = _adam_plan(module, cfg, n)
         bar = tqdm(total=epochs, desc="probe (adam)", disable=not cfg.progress, leave=False)
         module.train()
         # Shuffle the words once (one copy of the training features), then each epoch cuts the
@@ -353,8 +367,7 @@ def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Gene
         perm = torch.randperm(n, generator=gen).to(x.device)
         x, y = x.index_select(1, perm), y.index_select(y.dim() - 1, perm)
         for epoch in range(epochs):
-            offset = int(torch.randint(cfg.batch_size, (1,), generator=gen)) if n > cfg.batch_size else 0
-            bounds = [0, *range(offset or cfg.batch_size, n, cfg.batch_size), n]
+            bounds = _epoch_bounds(n, cfg.batch_size, gen)
             for k in torch.randperm(len(bounds) - 1, generator=gen).tolist():
                 s, e = bounds[k], bounds[k + 1]
                 if e == s:
@@ -668,18 +681,13 @@ def fit_probe_tasks(
 
     if tracker is not None:
         dev_check(0)
-    opt = torch.optim.Adam(module.parameters(), lr=cfg.lr)
-    per_epoch = max(1, math.ceil(n / cfg.batch_size))
-    epochs = max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch))
-    total_steps = epochs * per_epoch
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    opt, sched, epochs = _adam_plan(module, cfg, n)
     module.train()
     steps, xb = 0, None
     y_t = y_tr.t().contiguous()  # [N, T]: one gather per seed gives every task's labels
     bar = tqdm(total=epochs, desc=f"probes ({S} seeds x {T} tasks x {L} layers)", disable=not cfg.progress, leave=False)
     for epoch in range(epochs):
-        offset = int(torch.randint(cfg.batch_size, (1,), generator=gens[0])) if n > cfg.batch_size else 0
-        bounds = [0, *range(offset or cfg.batch_size, n, cfg.batch_size), n]
+        bounds = _epoch_bounds(n, cfg.batch_size, gens[0])
         orders = [torch.randperm(len(bounds) - 1, generator=g).tolist() for g in gens]
         for j in range(len(bounds) - 1):
             idx = [perms[si][bounds[orders[si][j]] : bounds[orders[si][j] + 1]] for si in range(S)]
