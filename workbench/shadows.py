@@ -33,7 +33,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from workbench.errors import ConfigError, DataFormatError
-from workbench.io import atomic_dir, atomic_write_json, sha256_file
+from workbench.io import atomic_write_json, sha256_file
 
 SET_FILE = "shadows.json"
 SET_FORMAT = 1
@@ -69,7 +69,7 @@ def pool_documents(sources: list[str], max_documents: int | None, seed: int):
 def write_corpus_split(out_dir: Path, train, heldout, sources: list[str], method: str, seed: int):
     """A corpus folder in `workbench.data.corpus`'s format (train.jsonl, heldout.jsonl, manifest.json)
     from explicit document lists; returns the loaded `CorpusSplit`."""
-    from workbench.data.corpus import MANIFEST_FORMAT, CorpusSplit, _counts
+    from workbench.data.corpus import MANIFEST_FORMAT, _counts, write_corpus
     from workbench.data.raw import source_files
     from workbench.paths import data_root
 
@@ -82,12 +82,7 @@ def write_corpus_split(out_dir: Path, train, heldout, sources: list[str], method
         "source_files": {s: {str(p.relative_to(root)): sha256_file(p) for p in source_files(s)} for s in sources},
         "counts": {"train": _counts(train), "heldout": _counts(heldout)},
     }
-    with atomic_dir(out_dir) as tmp:
-        for name, docs in (("train", train), ("heldout", heldout)):
-            lines = (json.dumps({"doc_id": d.doc_id, "source": d.source, "text": d.text}, ensure_ascii=False) for d in docs)
-            (tmp / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    return CorpusSplit.load(out_dir)
+    return write_corpus(out_dir, {"train": train, "heldout": heldout}, manifest)
 
 
 @dataclass

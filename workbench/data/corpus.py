@@ -124,6 +124,13 @@ def build_corpus(
         "source_files": checksums,
         "counts": {name: _counts(docs) for name, docs in splits.items()} | {"by_source": by_source},
     }
+    return write_corpus(out_dir, splits, manifest)
+
+
+def write_corpus(out_dir: str | Path, splits: dict[str, list[Document]], manifest: dict) -> CorpusSplit:
+    """Write a corpus folder: one `<split>.jsonl` per split ({"doc_id", "source", "text"} per line)
+    and `manifest.json`, atomically; returns it loaded. `build_corpus` and the shadow sets of
+    `workbench.shadows` both write through here, so every corpus folder has one format."""
     out_dir = Path(out_dir)
     with atomic_dir(out_dir) as tmp:
         for name, docs in splits.items():
