@@ -305,6 +305,14 @@ def _adam_plan(module: nn.Module, cfg: ProbeConfig, n: int):
     return opt, sched, epochs
 
 
+def _adam_step(opt: torch.optim.Optimizer, sched, total: torch.Tensor) -> None:
+    """One minibatch update on the summed objective `total`, then one step of the schedule."""
+    opt.zero_grad()
+    total.backward()
+    opt.step()
+    sched.step()
+
+
 def _epoch_bounds(n: int, batch_size: int, gen: torch.Generator) -> list[int]:
     """One epoch's batch boundaries over `n` shuffled words: contiguous batches from a random offset,
     so the boundaries move between epochs (the first and last batch may be short)."""
@@ -372,11 +380,7 @@ def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Gene
                 s, e = bounds[k], bounds[k + 1]
                 if e == s:
                     continue
-                total, _ = objective(x[:, s:e], y[..., s:e])
-                opt.zero_grad()
-                total.backward()
-                opt.step()
-                sched.step()
+                _adam_step(opt, sched, objective(x[:, s:e], y[..., s:e])[0])
             steps = epoch + 1
             bar.update(1)
             if tracker is not None and dev_check(steps):
@@ -719,11 +723,7 @@ def fit_probe_tasks(
             else:
                 ce = F.cross_entropy(logits, yb.reshape(-1), reduction="none").view(S, L, size, T)
                 data_term = (ce * wts.view(S, 1, size, 1)).sum()
-            total = data_term + cfg.l2 * 0.5 * module.w.pow(2).sum()
-            opt.zero_grad()
-            total.backward()
-            opt.step()
-            sched.step()
+            _adam_step(opt, sched, data_term + cfg.l2 * 0.5 * module.w.pow(2).sum())
         steps = epoch + 1
         bar.update(1)
         if tracker is not None and dev_check(steps):
