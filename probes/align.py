@@ -56,6 +56,7 @@ from probes import alignment_core as ac
 from probes import align_reps as reps
 from probes import runner
 from workbench.errors import ConfigError
+from workbench.results import decode_extra
 
 NAME = "align"
 TASKS = ("bli", "fake-language", "parallel", "model-pair", "diachronic")
@@ -630,12 +631,9 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
 def summary(rows: pd.DataFrame) -> str:
     """Per-layer tables for bli/fake-language/parallel/diachronic, i x j matrices for model pairs,
     and the most-moved words."""
-    import json
-
     if rows is None or len(rows) == 0:
         return "(no rows)"
-    extra = [json.loads(e) if isinstance(e, str) and e else (dict(e) if isinstance(e, dict) else {})
-             for e in rows["extra"]]
+    extra = [decode_extra(e) for e in rows["extra"]]
     is_matrix = np.array(["other_model" in e for e in extra], dtype=bool)
     out = [runner.format_layer_table(rows[~is_matrix], max_metrics=10)] if (~is_matrix).any() else []
     mat = pd.DataFrame([(str(m), str(e["other_model"]), str(met), int(l), int(e["other_layer"]), float(v))

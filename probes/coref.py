@@ -58,6 +58,7 @@ from probes.coref_items import (Document, Pairs, antecedent_correct, baseline_pa
                                 gap_nearest_name, gap_subject_name, gum_documents, mention_pairs)
 from probes.gap_scorer import FEMININE, MASCULINE, pronoun_gender, write_submission
 from workbench.errors import ConfigError
+from workbench.results import decode_extra
 
 NAME = "coref"
 TASKS = ("gum-pairs", "gum-entity-type", "gap", "attention-heads", "gap-cloze")
@@ -745,20 +746,6 @@ SUMMARY_METRICS = (("gum-pairs", "auc"), ("gum-pairs", "antecedent_accuracy"), (
                    ("attention-heads", "best_head_gap"))
 
 
-def _extra(value) -> dict:
-    """A row's `extra` as a dict (the store keeps it as JSON text)."""
-    import json
-
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, str) and value:
-        try:
-            return json.loads(value)
-        except ValueError:
-            return {}
-    return {}
-
-
 def format_summary(rows: pd.DataFrame) -> str:
     """Per model: layers x the headline metrics; then the data-only baselines once."""
     if rows is None or len(rows) == 0:
@@ -780,13 +767,13 @@ def format_summary(rows: pd.DataFrame) -> str:
                     continue
                 r = v.iloc[0]
                 cell = f"{r['value']:.3f}"
-                ex = _extra(r["extra"])
+                ex = decode_extra(r["extra"])
                 if "best_head" in ex:
                     cell += f" (h{ex['best_head']})"
                 cells.append(cell)
             table.append(cells)
         blocks.append(f"== {model} [{stack}]\n" + runner.aligned(table))
-    base = df[df["extra"].map(lambda e: _extra(e).get("baseline") not in (None, "random_init"))]
+    base = df[df["extra"].map(lambda e: decode_extra(e).get("baseline") not in (None, "random_init"))]
     if not base.empty:
         first = base.sort_values("layer").groupby(["task", "metric"], sort=False).first().reset_index()
         lines = [f"  {r['task']:<16} {r['metric']:<34} {r['value']:.3f}" for _, r in first.iterrows()]

@@ -29,6 +29,7 @@ from workbench.results import (
     ResultsError,
     ResultsStore,
     RunNotFoundError,
+    decode_extra,
     format_manifest,
     format_rows,
     format_runs,
@@ -99,6 +100,9 @@ def test_round_trip_rows_and_manifest(tmp_path):
     assert list(got.columns) == RESULT_COLUMNS
     pd.testing.assert_frame_equal(got, expected)
     assert json.loads(got["extra"][0]) == {"control": 0.5, "selectivity": 0.1}
+    # how every reader gets `extra` back: a dict per row, {} where there is none
+    assert [decode_extra(e) for e in got["extra"]] == [{"control": 0.5, "selectivity": 0.1}, {}, {"k": [1, 2]}]
+    assert [decode_extra(e) for e in ({"a": 1}, "", None, float("nan"), "[1, 2]", "{not json")] == [{"a": 1}, {}, {}, {}, {}, {}]
 
     m = store.manifest(run_id)
     assert (m["run_id"], m["kind"], m["name"], m["status"]) == (run_id, "probe", "upos-sweep", "finished")

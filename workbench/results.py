@@ -267,6 +267,21 @@ def _encode_extra(v: Any, i: int) -> str | None:
     raise ResultsError(f"column 'extra', row {i}: expected a dict or a JSON string, got {type(v).__name__} {v!r}")
 
 
+def decode_extra(value: Any) -> dict:
+    """A row's `extra` as a dict, wherever rows are read (probes' summaries, app pages, figures):
+    the store keeps it as JSON text (`_encode_extra`), rows built in memory may hold the dict.
+    Missing, empty, non-object or unreadable text reads as {}."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, str) and value:
+        try:
+            obj = json.loads(value)
+        except ValueError:
+            return {}
+        return obj if isinstance(obj, dict) else {}
+    return {}
+
+
 def coerce_rows(rows: pd.DataFrame | pa.Table) -> pd.DataFrame:
     """Stored rows (an arrow table or frame read from parquet) with exactly RESULT_COLUMNS and DTYPES."""
     if isinstance(rows, pa.Table):

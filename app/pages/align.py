@@ -5,13 +5,12 @@ their noise floor."""
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import streamlit as st
 
 from app import data, figures, ui
 from app.views.probe import probe_rows
+from workbench.results import decode_extra
 
 TITLE = "Alignment"
 # (task, metric) panel -> baselines drawn dashed in it (metric names of the same task)
@@ -25,16 +24,10 @@ CURVES = {
 }
 
 
-def _extra(e) -> dict:
-    if isinstance(e, str):
-        return json.loads(e) if e else {}
-    return dict(e) if isinstance(e, dict) else {}  # NA / None
-
-
 def pair_matrices(rows: pd.DataFrame) -> dict[tuple[str, str, str], pd.DataFrame]:
     """(model, other model, metric) -> layer x other-layer matrix of the model-pair rows."""
     recs = [(m, e["other_model"], met, int(l), int(e["other_layer"]), float(v))
-            for m, e, met, l, v in zip(rows["model"], map(_extra, rows["extra"]), rows["metric"], rows["layer"],
+            for m, e, met, l, v in zip(rows["model"], map(decode_extra, rows["extra"]), rows["metric"], rows["layer"],
                                        rows["value"]) if "other_model" in e]
     df = pd.DataFrame(recs, columns=["model", "other", "metric", "i", "j", "value"])
     return {k: g.pivot_table(index="i", columns="j", values="value").sort_index()
@@ -44,7 +37,7 @@ def pair_matrices(rows: pd.DataFrame) -> dict[tuple[str, str, str], pd.DataFrame
 def moved_words(rows: pd.DataFrame) -> pd.DataFrame:
     """The diachronic task's listed words (model, layer, word, displacement, noise floor, counts)."""
     out = []
-    for m, l, e in zip(rows["model"], rows["layer"], map(_extra, rows["extra"])):
+    for m, l, e in zip(rows["model"], rows["layer"], map(decode_extra, rows["extra"])):
         for w in e.get("top_moved", []):
             out.append({"model": m, "layer": int(l), **w})
     return pd.DataFrame(out)
@@ -85,7 +78,7 @@ def render(store) -> None:
         return
     twins = st.checkbox("Show random-init twins", value=True, key="align-twins")
     view = rows if twins else rows[~rows["model"].map(data.is_twin)]
-    is_pair = view["extra"].map(lambda e: "other_model" in _extra(e))
+    is_pair = view["extra"].map(lambda e: "other_model" in decode_extra(e))
     curves = view[~is_pair & (view["metric"] != "top_moved_excess")]
     for n, ((task, metric), baselines) in enumerate(CURVES.items()):
         panel = curves[(curves["task"] == task) & curves["metric"].isin([metric] + baselines)]

@@ -4,13 +4,12 @@ heatmap of coreference heads with the best head per layer, and GAP F1 by gender.
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import streamlit as st
 
 from app import data, figures, ui
 from app.views.probe import probe_rows
+from workbench.results import decode_extra
 
 TITLE = "Coreference"
 # panel -> the data-only baselines drawn in it (metric names of the same task)
@@ -31,7 +30,7 @@ def head_matrix(rows: pd.DataFrame, model: str, metric: str) -> pd.DataFrame:
     sub = rows[(rows["model"] == model) & (rows["task"] == "attention-heads") & (rows["metric"] == metric)]
     if sub.empty:
         return pd.DataFrame()
-    heads = sub["extra"].map(lambda e: (json.loads(e) if isinstance(e, str) else (e or {})).get("head"))
+    heads = sub["extra"].map(lambda e: decode_extra(e).get("head"))
     return (sub.assign(head=heads).dropna(subset=["head"])
             .pivot_table(index="layer", columns="head", values="value", aggfunc="first").sort_index())
 
@@ -41,7 +40,7 @@ def best_heads(rows: pd.DataFrame) -> pd.DataFrame:
     sub = rows[(rows["task"] == "attention-heads") & rows["metric"].isin(["best_head_accuracy", "best_head_gap"])]
     if sub.empty:
         return pd.DataFrame(columns=["model", "metric", "layer", "head", "value", "ci_low", "ci_high"])
-    head = sub["extra"].map(lambda e: (json.loads(e) if isinstance(e, str) else (e or {})).get("best_head"))
+    head = sub["extra"].map(lambda e: decode_extra(e).get("best_head"))
     return (sub.assign(head=head)[["model", "metric", "layer", "head", "value", "ci_low", "ci_high"]]
             .sort_values(["model", "metric", "layer"]).reset_index(drop=True))
 

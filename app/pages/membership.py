@@ -4,13 +4,12 @@ AUC over training steps (memorisation growing), and the layer-wise membership pr
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import streamlit as st
 
 from app import data, figures, ui
 from app.views.probe import probe_rows
+from workbench.results import decode_extra
 
 TITLE = "Membership"
 
@@ -30,9 +29,7 @@ def attack_table(rows: pd.DataFrame) -> pd.DataFrame:
             r = get(m)
             line[m] = r["value"].iloc[0] if len(r) else None
             if m.startswith("tpr") and len(r):
-                ex = r["extra"].iloc[0]
-                ex = json.loads(ex) if isinstance(ex, str) else (ex or {})
-                line[m + "_rests_on"] = ex.get("note")
+                line[m + "_rests_on"] = decode_extra(r["extra"].iloc[0]).get("note")
         out.append(line)
     return pd.DataFrame(out)
 
