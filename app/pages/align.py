@@ -8,8 +8,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import data, figures, ui
-from app.views.probe import probe_rows
+from app import figures, ui
+from app.views.probe import panel_curves, probe_rows, twin_toggle
 from workbench.results import decode_extra
 
 TITLE = "Alignment"
@@ -76,17 +76,9 @@ def render(store) -> None:
     rows = probe_rows(store, "align", "Alignment: cross-lingual and cross-model")
     if rows is None:
         return
-    twins = st.checkbox("Show random-init twins", value=True, key="align-twins")
-    view = rows if twins else rows[~rows["model"].map(data.is_twin)]
+    view = twin_toggle(rows, "align")
     is_pair = view["extra"].map(lambda e: "other_model" in decode_extra(e))
-    curves = view[~is_pair & (view["metric"] != "top_moved_excess")]
-    for n, ((task, metric), baselines) in enumerate(CURVES.items()):
-        panel = curves[(curves["task"] == task) & curves["metric"].isin([metric] + baselines)]
-        if panel[panel["metric"] == metric].empty:
-            continue
-        drawn = figures.layer_curves(panel, f"{task}: {metric}", {"baselines": baselines})
-        drawn.figure.update_layout(width=None)
-        st.plotly_chart(drawn.figure, width="stretch", key=f"align-curve-{n}")
+    panel_curves(view[~is_pair & (view["metric"] != "top_moved_excess")], CURVES, "align")
 
     mats = pair_matrices(rows)
     if mats:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import data, figures, ui
-from app.views.probe import probe_rows
+from app import figures, ui
+from app.views.probe import panel_curves, probe_rows, twin_toggle
 from workbench.results import decode_extra
 
 TITLE = "Coreference"
@@ -51,15 +51,8 @@ def render(store) -> None:
     rows = probe_rows(store, "coref", "Coreference probes")
     if rows is None:
         return
-    twins = st.checkbox("Show random-init twins", value=True, key="coref-twins")
-    view = rows if twins else rows[~rows["model"].map(data.is_twin)]
-    for n, ((task, metric), baselines) in enumerate(CURVES.items()):
-        panel = view[(view["task"] == task) & view["metric"].isin([metric] + baselines)]
-        if panel[panel["metric"] == metric].empty:
-            continue
-        drawn = figures.layer_curves(panel, f"{task}: {metric}", {"baselines": baselines})
-        drawn.figure.update_layout(width=None)
-        st.plotly_chart(drawn.figure, width="stretch", key=f"coref-curve-{n}")
+    view = twin_toggle(rows, "coref")
+    panel_curves(view, CURVES, "coref")
 
     st.subheader("Coreference heads (Clark et al. 2019)")
     models = [m for m in dict.fromkeys(rows["model"]) if not head_matrix(rows, m, "heads_all").empty]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, figures, ui
-from app.views.probe import probe_rows
+from app.views.probe import probe_rows, twin_toggle
 
 TITLE = "Syntax"
 MAIN_METRIC = {"structural-distance": "uuas", "structural-depth": "root_acc"}
@@ -21,8 +21,7 @@ def render(store) -> None:
     tasks = sorted(rows["task"].dropna().unique())
     chosen = st.multiselect("Tasks", tasks, default=[t for t in ("upos", "deprel", "structural-distance") if t in tasks]
                             or tasks[:3], key="syntax-tasks")
-    twins = st.checkbox("Show random-init twins", value=True, key="syntax-twins")
-    view = rows if twins else rows[~rows["model"].map(data.is_twin)]
+    view = twin_toggle(rows, "syntax")
     view = view[view["task"].isin(chosen) & (view["split"] == "dev") &
                 view["metric"].isin([MAIN_METRIC.get(t, "accuracy") for t in chosen] + list(figures.BASELINE_OF))]
     if not view.empty:

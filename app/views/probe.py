@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import data, ui
+from app import data, figures, ui
 from app.views import layer_curves
 
 
@@ -35,6 +35,24 @@ def probe_rows(s, probe: str, title: str, key: str | None = None):
         st.info(f"No {probe} runs yet under {s.root}. Run `bertology probe {probe} --checkpoint ...`.")
         return None
     return select_rows(s, runs, probe, key=key or probe)
+
+
+def twin_toggle(rows, key: str, default: bool = True):
+    """The "Show random-init twins" checkbox of a probe page and the rows it leaves."""
+    twins = st.checkbox("Show random-init twins", value=default, key=f"{key}-twins")
+    return rows if twins else rows[~rows["model"].map(data.is_twin)]
+
+
+def panel_curves(rows, panels, key: str) -> None:
+    """One layer-curve chart per `(task, metric) -> [baseline metrics]` panel, the baselines drawn
+    as reference lines; a panel without rows of its metric is left out."""
+    for n, ((task, metric), baselines) in enumerate(panels.items()):
+        panel = rows[(rows["task"] == task) & rows["metric"].isin([metric] + baselines)]
+        if panel[panel["metric"] == metric].empty:
+            continue
+        drawn = figures.layer_curves(panel, f"{task}: {metric}", {"baselines": baselines})
+        drawn.figure.update_layout(width=None)
+        st.plotly_chart(drawn.figure, width="stretch", key=f"{key}-curve-{n}")
 
 
 def select_rows(s, runs, probe: str, key: str):
