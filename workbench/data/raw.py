@@ -299,12 +299,17 @@ def _conll2002_esp() -> list[Document]:
     return docs
 
 
-def _polarity_labelled() -> list[tuple[str, LabelledExample]]:
+def _example_per_line(corpus: str, files: list[Path], labels: tuple[str, ...]) -> list[tuple[str, LabelledExample]]:
+    """One example per non-empty line, one file per label (sentence_polarity, subjectivity)."""
     out = []
-    for path, label in zip(_polarity_files(), ("pos", "neg")):
+    for path, label in zip(files, labels):
         for i, line in enumerate(_nonempty(_lines(decode(path))), start=1):
-            out.append((f"sentence_polarity/{label}/{i:05d}", LabelledExample(line, label)))
+            out.append((f"{corpus}/{label}/{i:05d}", LabelledExample(line, label)))
     return out
+
+
+def _polarity_labelled() -> list[tuple[str, LabelledExample]]:
+    return _example_per_line("sentence_polarity", _polarity_files(), ("pos", "neg"))
 
 
 def _movie_reviews_labelled() -> list[tuple[str, LabelledExample]]:
@@ -316,11 +321,7 @@ def _movie_reviews_labelled() -> list[tuple[str, LabelledExample]]:
 
 
 def _subjectivity_labelled() -> list[tuple[str, LabelledExample]]:
-    out = []
-    for path, label in zip(_subjectivity_files(), ("subj", "obj")):
-        for i, line in enumerate(_nonempty(_lines(decode(path))), start=1):
-            out.append((f"subjectivity/{label}/{i:05d}", LabelledExample(line, label)))
-    return out
+    return _example_per_line("subjectivity", _subjectivity_files(), ("subj", "obj"))
 
 
 _LABELLED: dict[str, Callable[[], list[tuple[str, LabelledExample]]]] = {
