@@ -22,39 +22,33 @@ import torch
 from safetensors.torch import load_file
 
 STEPS = 12
-CONFIG = f"""
+RECIPE = f"""
+corpus: {{sources: [inaugural, state_union], max_documents: 40, heldout_fraction: 0.2}}
+tokenizer: {{vocab_size: 800}}
+batch_size: 8
+lr: 3.0e-3
+warmup: 0.1
+steps: {STEPS}
+eval: {{batches: 0}}
+progress: false
+"""  # both checks: the same data and schedule, dropout off
+
+CONFIG = """
 name: ddp
 family: gpt
 preset: tiny
-model: {{resid_pdrop: 0.0, embd_pdrop: 0.0, attn_pdrop: 0.0}}
-corpus: {{sources: [inaugural, state_union], max_documents: 40, heldout_fraction: 0.2}}
-tokenizer: {{vocab_size: 800}}
+model: {resid_pdrop: 0.0, embd_pdrop: 0.0, attn_pdrop: 0.0}
 max_len: 64
-batch_size: 8
-lr: 3.0e-3
-warmup: 0.1
-steps: {STEPS}
-eval: {{batches: 0}}
-progress: false
-"""
+""" + RECIPE
 
-
-BERT_NO_NSP = f"""
+BERT_NO_NSP = """
 name: ddp_bert
 family: bert
 preset: tiny
-model: {{hidden_dropout_prob: 0.0, attention_probs_dropout_prob: 0.0}}
-objective: {{nsp: false, masking: static}}
-corpus: {{sources: [inaugural, state_union], max_documents: 40, heldout_fraction: 0.2}}
-tokenizer: {{vocab_size: 800}}
+model: {hidden_dropout_prob: 0.0, attention_probs_dropout_prob: 0.0}
+objective: {nsp: false, masking: static}
 max_len: 32
-batch_size: 8
-lr: 3.0e-3
-warmup: 0.1
-steps: {STEPS}
-eval: {{batches: 0}}
-progress: false
-"""
+""" + RECIPE
 
 
 def _one_and_two_ranks(tmp_path, monkeypatch, config: str):
