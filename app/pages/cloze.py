@@ -12,7 +12,6 @@ figure read the newest run's row for each (model, task, metric, stack, layer).""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -21,8 +20,10 @@ import pandas as pd
 import streamlit as st
 
 from app import data, figures, ui
+from app.views.probe import twin_toggle
 from workbench.errors import ConfigError
 from workbench.families import FAMILIES
+from workbench.results import decode_extra
 
 TITLE = "Cloze (oLMpics)"
 TABLE_METRICS = ("zero_shot_acc", "nonsense_acc", "majority_acc", "random_acc")
@@ -40,10 +41,6 @@ def short_model(model: str) -> str:
     return re.sub(r"/seed-\d+/step-0*(\d+)$", r" @\1", str(model))
 
 
-def _extra(e) -> dict:
-    return json.loads(e) if isinstance(e, str) and e else (e if isinstance(e, dict) else {})
-
-
 def newest(rows: pd.DataFrame, metrics) -> pd.DataFrame:
     """Rows of `metrics`, the newest run's row per (model, task, metric, stack, layer) (run ids sort
     by time)."""
@@ -58,12 +55,10 @@ def _family_order(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(_f=df["family"].map(lambda f: rank.get(f, len(rank))))
 
 
-def results_table(rows: pd.DataFrame, twins: bool = False) -> pd.DataFrame:
+def results_table(rows: pd.DataFrame) -> pd.DataFrame:
     """One line per (model, task): zero-shot accuracy [95% CI], the nonsense-word control [CI],
     majority and random baselines, the test items, and whether the CI lies above / below chance."""
     sub = newest(rows, TABLE_METRICS)
-    if not twins:
-        sub = sub[~sub["model"].map(data.is_twin)]
     out = []
     for (model, task), g in sub.groupby(["model", "task"], sort=False):
         get = {m: g[g["metric"] == m].iloc[0] for m in TABLE_METRICS if (g["metric"] == m).any()}
@@ -79,7 +74,7 @@ def results_table(rows: pd.DataFrame, twins: bool = False) -> pd.DataFrame:
                 "random": chance,
                 "vs_chance": ("above" if zs["ci_low"] > chance else "below" if zs["ci_high"] < chance else "at")
                 if np.isfinite(chance) and pd.notna(zs["ci_low"]) else "",
-                "methods": ", ".join(_extra(zs["extra"]).get("methods", []))}
+                "methods": ", ".join(decode_extra(zs["extra"]).get("methods", []))}
         out.append(line)
     cols = ["family", "model", "task", "n", "zero_shot", "zero_shot_ci", "nonsense", "nonsense_ci", "majority",
             "random", "vs_chance", "methods"]
@@ -104,18 +99,16 @@ def layer_table(rows: pd.DataFrame, model: str, task: str) -> pd.DataFrame:
         ["metric", "stack", "layer"]).reset_index(drop=True)
 
 
-def curve_table(rows: pd.DataFrame, twins: bool = False) -> pd.DataFrame:
+def curve_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Learning curves: per (model, task, train size) the mean, standard deviation, maximum and
     per-seed test accuracies of the fine-tuned MC head, from each (model, task)'s newest run."""
     sub = rows[rows["metric"].isin(CURVE_METRICS[:3])]
-    if not twins:
-        sub = sub[~sub["model"].map(data.is_twin)]
     out = []
     for (model, task), g in sub.groupby(["model", "task"], sort=False):
         g = g[g["run_id"] == g["run_id"].max()] if "run_id" in g else g
-        for size, h in g.groupby(g["extra"].map(lambda e: _extra(e).get("train_size")), sort=True):
+        for size, h in g.groupby(g["extra"].map(lambda e: decode_extra(e).get("train_size")), sort=True):
             v = {m: float(h.loc[h["metric"] == m, "value"].iloc[0]) for m in CURVE_METRICS[:3] if (h["metric"] == m).any()}
-            ex = _extra(h["extra"].iloc[0])
+            ex = decode_extra(h["extra"].iloc[0])
             out.append({"model": short_model(model), "task": task, "train_size": int(size), "mean": v.get("curve_acc_mean"),
                         "sd": v.get("curve_acc_sd"), "max": v.get("curve_acc_max"), "seeds": ex.get("seeds"),
                         "steps": ex.get("steps"), "accuracies": ", ".join(f"{a:.3f}" for a in ex.get("accuracies", []))})
@@ -123,12 +116,10 @@ def curve_table(rows: pd.DataFrame, twins: bool = False) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
-def weighted_scores(rows: pd.DataFrame, twins: bool = False) -> pd.DataFrame:
+def weighted_scores(rows: pd.DataFrame) -> pd.DataFrame:
     sub = newest(rows, ["weighted_score"])
-    if not twins:
-        sub = sub[~sub["model"].map(data.is_twin)]
     return pd.DataFrame({"model": sub["model"].map(short_model), "task": sub["task"], "weighted_score": sub["value"],
-                         "train_sizes": sub["extra"].map(lambda e: str(_extra(e).get("train_sizes", "")))}
+                         "train_sizes": sub["extra"].map(lambda e: str(decode_extra(e).get("train_sizes", "")))}
                         ).reset_index(drop=True)
 
 
@@ -235,8 +226,8 @@ def render(store) -> None:
         return
 
     st.subheader("Zero-shot accuracy per family and task")
-    twins = st.checkbox("Show random-init twins", value=False, key="cloze-twins")
-    table = results_table(rows, twins=twins)
+    rows = twin_toggle(rows, "cloze", default=False)
+    table = results_table(rows)
     ui.table(table, "cloze-table")
     if not table.empty:
         drawn = zero_shot_families(rows, "Zero-shot accuracy (95% CI), chance marked", {})
@@ -245,8 +236,6 @@ def render(store) -> None:
 
     st.subheader("Layer by layer: logit lens and linear probe")
     per_layer = rows[rows["metric"].isin(LAYER_METRICS) & rows["layer"].notna()]
-    if not twins:
-        per_layer = per_layer[~per_layer["model"].map(data.is_twin)]
     if per_layer.empty:
         st.info("These runs hold no per-layer rows (run with --lens or --probe).")
     else:
@@ -274,7 +263,7 @@ def render(store) -> None:
         st.plotly_chart(fig, width="stretch", key="cloze-layers")
         ui.table(curve, "cloze-layer-table")
 
-    curves = curve_table(rows, twins)
+    curves = curve_table(rows)
     if not curves.empty:
         st.subheader("Learning curves (MC head fine-tuned, mean ± sd over seeds)")
         fig = go.Figure()
@@ -287,7 +276,7 @@ def render(store) -> None:
                           template="plotly_white", height=400)
         st.plotly_chart(fig, width="stretch", key="cloze-curves")
         ui.table(curves, "cloze-curve-table")
-        ui.table(weighted_scores(rows, twins), "cloze-weighted")
+        ui.table(weighted_scores(rows), "cloze-weighted")
 
     live_box(store, runs[runs["run_id"].isin(chosen)])
 
