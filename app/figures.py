@@ -13,7 +13,9 @@ Rendering writes, into `<runs root>/figures/<name>/` (or `--out`), the figure as
 `manifest.json` (the figure spec, the query, the run ids it read, the data's sha256, the commit and
 package versions). Every write is atomic.
 
-Queries: `run: latest` (the newest run holding the probe and tasks), `run: RUN_ID` or a list,
+Queries: `run: latest` (the newest run holding the probe and tasks; with a list of probes, the
+newest run of the first probe and, for each other probe, the newest run sharing a model with it:
+one checkpoint's runs of several probes), `run: RUN_ID` or a list,
 `name: PREFIX` (every run whose name starts with it, e.g. a sweep `pooling-sweep:`); `models:` keeps
 only those models; `twins: false` drops random-init twins.
 """
@@ -30,6 +32,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from probes import depth
 from workbench.errors import ConfigError, yaml_problem
 from workbench.paths import REPO_ROOT
 
@@ -74,14 +77,17 @@ def load_spec(name_or_path: str | Path) -> tuple[str, dict]:
 def query_rows(store, query: dict) -> tuple[pd.DataFrame, list[str]]:
     """The rows a figure draws and the run ids they came from (ConfigError when nothing matches)."""
     probe = query.get("probe")
+    probes = _as_list(probe)
     tasks = _as_list(query.get("tasks"))
-    runs = store.runs(**({"probe": probe} if probe else {}))
+    runs = store.runs(**({"probe": probes} if probe else {}))
     if tasks:
         runs = runs[[bool(set(_catalog_list(t)) & set(tasks)) for t in runs["tasks"]]]
     which = query.get("run", "latest" if "name" not in query else None)
     if "name" in query:
         runs = runs[runs["name"].astype(str).str.startswith(str(query["name"]))]
-    if which == "latest":
+    if which == "latest" and len(probes) > 1:
+        runs = _latest_of_one_checkpoint(runs, probes, _as_list(query.get("models")))
+    elif which == "latest":
         runs = runs.tail(1)
     elif which is not None:
         wanted = set(_as_list(which))
@@ -99,7 +105,7 @@ def query_rows(store, query: dict) -> tuple[pd.DataFrame, list[str]]:
         frames.append(df)
     rows = pd.concat(frames, ignore_index=True)
     if probe:
-        rows = rows[rows["probe"] == probe]
+        rows = rows[rows["probe"].isin(probes)]
     if tasks:
         rows = rows[rows["task"].isin(tasks)]
     if query.get("metrics"):
@@ -111,6 +117,21 @@ def query_rows(store, query: dict) -> tuple[pd.DataFrame, list[str]]:
     if query.get("split"):
         rows = rows[rows["split"] == query["split"]]
     return rows.reset_index(drop=True), sorted(runs["run_id"].tolist())
+
+
+def _latest_of_one_checkpoint(runs: pd.DataFrame, probes: list[str], models: list[str]) -> pd.DataFrame:
+    """The newest run of probes[0] (holding one of `models` when given) and, for each other probe,
+    the newest run that shares a (non-twin) model with it."""
+    def of(p: str, want: set[str] | None) -> pd.DataFrame:
+        keep = [p in _catalog_list(pr) and (want is None or bool(want & set(_catalog_list(m))))
+                for pr, m in zip(runs["probes"], runs["models"])]
+        return runs[keep].tail(1)
+
+    first = of(probes[0], set(models) if models else None)
+    if first.empty:
+        return first
+    anchor = {m for m in _catalog_list(first["models"].iloc[0]) if _kind(m) == "model"}
+    return pd.concat([first] + [of(p, anchor) for p in probes[1:]])
 
 
 def _catalog_list(value) -> list[str]:
@@ -224,10 +245,7 @@ def expected_layers(rows: pd.DataFrame) -> pd.DataFrame:
         curve = g[(g["metric"] == metric) & g["layer"].notna()].sort_values("layer")
         if len(curve) < 2:
             continue
-        values = curve["value"].to_numpy(float)
-        layers = curve["layer"].astype(int).to_numpy()
-        delta = np.clip(np.diff(values), 0, None)
-        expected = float((layers[1:] * delta).sum() / delta.sum()) if delta.sum() > 0 else float("nan")
+        expected = float(depth.expected_layer(curve["value"].to_numpy(float), curve["layer"].astype(int).to_numpy()))
         cog = g[(g["metric"] == "centre_of_gravity")]["value"]
         out.append({"model": model, "task": task, "metric": "expected_layer", "value": expected, "from": metric})
         if not cog.empty:
@@ -249,6 +267,76 @@ def depth_summary(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     data = summary.rename(columns={"from": "kind"}).assign(run_id=None, step=None, stack=None, layer=None,
                                                            ci_low=None, ci_high=None)
     return Drawn(fig, _tidy(data))
+
+
+DEPTH_STATS = ("expected_layer", "gain_centre", "peak_layer")
+
+
+def depth_table(rows: pd.DataFrame, metrics: dict, alpha: float = 0.05) -> pd.DataFrame:
+    """Where in depth, with CIs (`probes.depth`): per model (no twins) and (task, metric) of `metrics`
+    ({task: metric or [metrics]}), the expected layer, gain centre and peak layer with percentile
+    CIs from the rows' paired bootstrap replicates (`extra.boot`; no CI where a run stored none),
+    and the share of resamples in which each layer is the best. Tidy rows (DATA_COLUMNS): metric =
+    the statistic, kind = the metric it was computed from."""
+    per_layer = rows[rows["layer"].notna() & ~rows["split"].astype(str).str.contains(":")]
+    per_layer = per_layer[per_layer["model"].map(_kind) == "model"]
+    out = []
+    for task, wanted in metrics.items():
+        for metric in _as_list(wanted):
+            sub = per_layer[(per_layer["task"] == task) & (per_layer["metric"] == metric)]
+            for (model, stack), g in sub.groupby(["model", "stack"], sort=False, dropna=False):
+                if g["layer"].duplicated().any():
+                    raise ConfigError(f"{model} {task}/{metric}: several rows per layer (several runs or seeds); "
+                                      f"choose one run")
+                layers, values, boot = depth.curve_with_replicates(g)
+                if len(layers) < 2:
+                    continue
+                stats = depth.summarise(values, boot, layers, alpha)
+                base = {"run_id": g["run_id"].iloc[0] if "run_id" in g else None, "model": model,
+                        "step": g["step"].iloc[0], "task": task, "stack": stack, "kind": metric}
+                for name in DEPTH_STATS:
+                    value, lo, hi = stats[name]
+                    out.append(dict(base, metric=name, layer=None, value=value, ci_low=lo, ci_high=hi))
+                if stats["peak_share"] is not None:
+                    out += [dict(base, metric="peak_share", layer=int(l), value=float(v))
+                            for l, v in zip(layers, stats["peak_share"])]
+    if not out:
+        raise ConfigError(f"no per-layer curves of {metrics} (of at least two layers) in these runs")
+    return _tidy(pd.DataFrame(out))
+
+
+def depth_ci(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
+    """Tenney et al. (2019) "where in depth" with bootstrap CIs: left, the expected layer and gain
+    centre (and peak layer) per task with 95% intervals; right, the share of bootstrap resamples in
+    which each layer is the best. options: metrics {task: metric | [metrics]}, alpha."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    metrics = options.get("metrics") or {t: "accuracy" for t in dict.fromkeys(rows["task"])}
+    data = depth_table(rows, metrics, float(options.get("alpha", 0.05)))
+    several = data["model"].nunique() > 1
+    data_l = data.assign(label=[f"{r['task']} {r['kind']}" + (f" - {r['model']}" if several else "")
+                                for _, r in data.iterrows()])
+    order = list(dict.fromkeys(data_l["label"]))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["layer (95% bootstrap CI)", "share of resamples: best layer"],
+                        horizontal_spacing=0.25)
+    symbols = {"expected_layer": "circle", "gain_centre": "diamond", "peak_layer": "x"}
+    for name in DEPTH_STATS:
+        d = data_l[data_l["metric"] == name].set_index("label").reindex(order).dropna(subset=["value"])
+        fig.add_trace(go.Scatter(x=d["value"], y=d.index, mode="markers", name=name.replace("_", " "),
+                                 marker={"symbol": symbols[name], "size": 11},
+                                 error_x={"type": "data", "symmetric": False, "array": d["ci_high"] - d["value"],
+                                          "arrayminus": d["value"] - d["ci_low"]}), row=1, col=1)
+    share = data_l[data_l["metric"] == "peak_share"]
+    if not share.empty:
+        table = share.pivot_table(index="label", columns="layer", values="value").reindex([o for o in order if o in set(share["label"])])
+        fig.add_trace(go.Heatmap(z=table.to_numpy(), x=[str(int(c)) for c in table.columns], y=list(table.index),
+                                 colorscale="Blues", zmin=0, zmax=1, colorbar={"title": "share", "x": 1.02},
+                                 text=np.round(table.to_numpy(), 2), texttemplate="%{text}"), row=1, col=2)
+    fig.update_xaxes(title_text="layer", row=1, col=1)
+    fig.update_xaxes(title_text="layer", dtick=1, row=1, col=2)
+    fig.update_layout(title=title, template="plotly_white", height=160 + 48 * len(order), width=1100)
+    return Drawn(fig, data)
 
 
 def training_heatmap(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
@@ -328,7 +416,7 @@ def auc_over_steps(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
 
 
 PLOTS: dict[str, Callable[[pd.DataFrame, str, dict], Drawn]] = {
-    "layer_curves": layer_curves, "depth_summary": depth_summary, "training_heatmap": training_heatmap,
+    "layer_curves": layer_curves, "depth_summary": depth_summary, "depth_ci": depth_ci, "training_heatmap": training_heatmap,
     "roc_curves": roc_curves, "auc_over_steps": auc_over_steps}
 
 

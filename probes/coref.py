@@ -53,7 +53,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from probes import engine, runner
+from probes import depth, engine, runner
 from probes.coref_items import (Document, Pairs, antecedent_correct, baseline_pair_predictions, gap_decisions,
                                 gap_nearest_name, gap_subject_name, gum_documents, mention_pairs)
 from probes.gap_scorer import FEMININE, MASCULINE, pronoun_gender, write_submission
@@ -157,26 +157,30 @@ def auc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = Non
     return float((pos_per * (below + 0.5 * neg_per)).sum() / total) if total > 0 else float("nan")
 
 
-def auc_ci(scores: np.ndarray, labels: np.ndarray, units: np.ndarray, n_boot: int, seed: int, alpha: float = 0.05):
+def auc_ci(scores: np.ndarray, labels: np.ndarray, units: np.ndarray, n_boot: int, seed: int, alpha: float = 0.05,
+           return_boot: bool = False):
     """AUC with a percentile bootstrap over units (documents): each resample weights items by how
-    often their unit was drawn."""
+    often their unit was drawn (the same resamples for every call with the same seed and units,
+    so per-layer calls give paired replicates; `return_boot` adds them, [n_boot])."""
     _, inv = np.unique(units, return_inverse=True)
     s = int(inv.max()) + 1 if len(inv) else 0
     rng = np.random.default_rng(seed)
     counts = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot) if s else np.zeros((n_boot, 0))
     boot = np.array([auc(scores, labels, c[inv]) for c in counts])
-    return auc(scores, labels), float(np.nanquantile(boot, alpha / 2)), float(np.nanquantile(boot, 1 - alpha / 2))
+    out = auc(scores, labels), float(np.nanquantile(boot, alpha / 2)), float(np.nanquantile(boot, 1 - alpha / 2))
+    return (*out, boot) if return_boot else out
 
 
-def ratio_ci(num: np.ndarray, den: np.ndarray, units: np.ndarray, n_boot: int, seed: int):
-    """sum(num)/sum(den) over items ([..., N]) with a bootstrap over units -> (point, low, high) [...]."""
+def ratio_ci(num: np.ndarray, den: np.ndarray, units: np.ndarray, n_boot: int, seed: int, return_boot: bool = False):
+    """sum(num)/sum(den) over items ([..., N]) with a bootstrap over units -> (point, low, high) [...]
+    (+ the replicates [n_boot, ...] with `return_boot`: the same resamples for every row)."""
     _, inv = np.unique(units, return_inverse=True)
     s = int(inv.max()) + 1 if len(inv) else 0
     num = np.asarray(num, dtype=np.float64)
     den = np.broadcast_to(np.asarray(den, dtype=np.float64), num.shape)
     lead = num.shape[:-1]
     flat_n, flat_d = num.reshape(-1, num.shape[-1]), den.reshape(-1, den.shape[-1])
-    pts, los, his = [], [], []
+    pts, los, his, boots = [], [], [], []
     for r in range(flat_n.shape[0]):
         pn = engine.per_sentence_sums(flat_n[r], inv, s)
         pd_ = engine.per_sentence_sums(flat_d[r], inv, s)
@@ -186,32 +190,40 @@ def ratio_ci(num: np.ndarray, den: np.ndarray, units: np.ndarray, n_boot: int, s
         with np.errstate(invalid="ignore", divide="ignore"):
             boot = (counts @ pn) / (counts @ pd_)
             pts.append(pn.sum() / pd_.sum() if pd_.sum() else float("nan"))
+        boots.append(boot)
         los.append(np.nanquantile(boot, 0.025) if np.isfinite(boot).any() else float("nan"))
         his.append(np.nanquantile(boot, 0.975) if np.isfinite(boot).any() else float("nan"))
     shape = lambda v: np.asarray(v).reshape(lead)  # noqa: E731
+    if return_boot:
+        return shape(pts), shape(los), shape(his), np.asarray(boots).T.reshape(n_boot, *lead)
     return shape(pts), shape(los), shape(his)
 
 
 def pair_metrics(pred: np.ndarray, scores: np.ndarray, pairs: Pairs, n_boot: int, seed: int,
-                 require_positive: float | None = None) -> tuple[dict, dict]:
-    """accuracy, f1, auc, antecedent_accuracy per row of pred/scores ([R, P]) with document-bootstrap CIs."""
+                 require_positive: float | None = None, return_boot: bool = False) -> tuple[dict, ...]:
+    """accuracy, f1, auc, antecedent_accuracy per row of pred/scores ([R, P]) with document-bootstrap CIs
+    (+ {auc, antecedent_accuracy: replicates [B, R]} with `return_boot`; AUC has n_boot // 5 of them)."""
     y = pairs.label.astype(bool)
     pred = np.asarray(pred, dtype=bool)
     tp, fp, fn = pred & y, pred & ~y, ~pred & y
     acc = ratio_ci((pred == y).astype(float), np.ones(len(y)), pairs.doc, n_boot, seed)
     f1 = ratio_ci(2 * tp.astype(float), (2 * tp + fp + fn).astype(float), pairs.doc, n_boot, seed)
-    aucs = [auc_ci(s, y, pairs.doc, max(1, n_boot // 5), seed) for s in scores]  # AUC bootstrap is the slow one
+    aucs = [auc_ci(s, y, pairs.doc, max(1, n_boot // 5), seed, return_boot=True) for s in scores]  # the slow one
     correct, adoc = antecedent_correct(scores, pairs, require_positive)
-    ante = ratio_ci(correct.astype(float), np.ones(correct.shape[-1]), adoc, n_boot, seed)
+    ante = ratio_ci(correct.astype(float), np.ones(correct.shape[-1]), adoc, n_boot, seed, return_boot=True)
     metrics = {"accuracy": acc[0], "f1": f1[0], "auc": np.array([a[0] for a in aucs]), "antecedent_accuracy": ante[0]}
     cis = {"accuracy": acc[1:], "f1": f1[1:], "auc": (np.array([a[1] for a in aucs]), np.array([a[2] for a in aucs])),
-           "antecedent_accuracy": ante[1:]}
+           "antecedent_accuracy": ante[1:3]}
+    if return_boot:
+        return metrics, cis, {"auc": np.stack([a[3] for a in aucs], axis=1), "antecedent_accuracy": ante[3]}
     return metrics, cis
 
 
-def gap_scores_ci(pred_a: np.ndarray, pred_b: np.ndarray, gold_a, gold_b, genders, n_boot: int, seed: int) -> dict:
+def gap_scores_ci(pred_a: np.ndarray, pred_b: np.ndarray, gold_a, gold_b, genders, n_boot: int, seed: int,
+                  return_boot: bool = False) -> dict:
     """GAP F1 overall/M/F and bias F/M per row of pred_a/pred_b ([R, N] bool) with an example bootstrap.
-    Returns name -> (point [R], low [R], high [R]). Equals `gap_scorer.score_gap` (no missing rows)."""
+    Returns name -> (point [R], low [R], high [R]) (+ replicates [n_boot, R] with `return_boot`, the
+    same resamples for every row). Equals `gap_scorer.score_gap` (no missing rows)."""
     ga, gb = np.asarray(gold_a, bool), np.asarray(gold_b, bool)
     genders = np.asarray(genders)
     n = len(ga)
@@ -234,8 +246,9 @@ def gap_scores_ci(pred_a: np.ndarray, pred_b: np.ndarray, gold_a, gold_b, gender
                 f1s["f1_masculine"] > 0, f1s["f1_masculine"], 1), np.nan)
         for k, v in f1s.items():
             boot = v[1:]
-            out[k].append((v[0], np.nanquantile(boot, 0.025), np.nanquantile(boot, 0.975)))
-    return {k: tuple(np.array(x) for x in zip(*v)) for k, v in out.items()}
+            out[k].append((v[0], np.nanquantile(boot, 0.025), np.nanquantile(boot, 0.975), boot))
+    res = {k: tuple(np.array(x) for x in zip(*v)) for k, v in out.items()}  # boot: [R, B]
+    return {k: (p, lo, hi, b.T) if return_boot else (p, lo, hi) for k, (p, lo, hi, b) in res.items()}
 
 
 # --------------------------------------------------------------------------- settings and data
@@ -440,6 +453,19 @@ def pair_probe(fit_spans: SpanView, fit_pairs: Pairs, stop_spans: SpanView, stop
     return res, _predict_chunked(res, x_ev)
 
 
+def _depth_rows(unit, task: str, metric: str, point, ci, boot, *, split: str, n: int, extra: dict) -> list[pd.DataFrame]:
+    """One headline metric's per-layer rows with their paired bootstrap replicates (`extra.boot`, read
+    by the "where in depth" figure, `probes.depth`), the share of resamples in which each layer is
+    the best (`<metric>_peak_share`) and the peak layer with its percentile CI (`<metric>_peak_layer`,
+    no layer)."""
+    layers = list(range(len(point)))
+    share, peak, peak_ci = depth.depth_rows(metric, point, boot, layers)
+    return [unit.rows(task, {metric: point}, split=split, n=n, ci={metric: ci}, extra=depth.boot_extras(boot, extra)),
+            unit.rows(task, share, split=split, n=n, extra=dict(extra, n_boot=len(boot))),
+            unit.rows(task, peak, split=split, layers=[0], n=n, ci=peak_ci,
+                      extra=dict(extra, n_boot=len(boot))).assign(layer=pd.NA)]
+
+
 # --------------------------------------------------------------------------- tasks
 def _gum_pairs(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
     d: CorefData = prepared.data
@@ -456,11 +482,15 @@ def _gum_pairs(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
     t0 = time.perf_counter()
     res, logits = pair_probe(spans["fit"], fit, spans["stop"], stop, spans["eval"], ev, s)
     scores = binary_scores(logits)
-    metrics, cis = pair_metrics(logits.argmax(-1) == 1, scores, ev, s.n_boot, s.seed)
+    metrics, cis, boots = pair_metrics(logits.argmax(-1) == 1, scores, ev, s.n_boot, s.seed, return_boot=True)
     metrics["train_accuracy"] = res.train_accuracy
     extra = {"k": s.k, "span": s.span, "pooling": s.pooling, "n_train": int(len(fit.label)),
              "positive_rate": float(ev.label.mean()), "pair_features": "concat_product", "probe_seed": s.seed}
-    out = [unit.rows("gum-pairs", metrics, split=s.eval_split, n=len(ev.label), ci=cis, extra=extra)]
+    auc_point, out = metrics["auc"], []
+    for m, boot in boots.items():
+        out += _depth_rows(unit, "gum-pairs", m, metrics.pop(m), cis.pop(m), boot, split=s.eval_split,
+                           n=len(ev.label), extra=extra)
+    out.append(unit.rows("gum-pairs", metrics, split=s.eval_split, n=len(ev.label), ci=cis, extra=extra))
     n_layers = len(res.train_accuracy)
     if "control" in s.baselines:
         ms = {k: [m for doc in getattr(d, k) for m in doc.mentions] for k in ("fit", "stop", "eval")}
@@ -472,7 +502,7 @@ def _gum_pairs(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
         cacc = (clog.argmax(-1) == ctrl[2][None]).mean(1)
         cauc = np.array([auc(sc, ctrl[2]) for sc in binary_scores(clog)])
         out.append(unit.rows("gum-pairs", {"control_accuracy": cacc, "control_auc": cauc,
-                                           "selectivity_auc": metrics["auc"] - cauc},
+                                           "selectivity_auc": auc_point - cauc},
                              split=s.eval_split, n=len(ev.label), extra=extra))
     if not unit.is_twin:
         base = {}
@@ -519,9 +549,9 @@ def _gum_entity_type(unit, prepared, settings: CorefSettings) -> list[pd.DataFra
     cfg = _probe_cfg(s, lb)
     res = engine.fit_probe(x_fit, y["fit"][take], x_stop, y["stop"], num_classes=c + 1, config=cfg)
     correct = _predict_chunked(res, x_ev).argmax(-1) == y["eval"][None]
-    acc = ratio_ci(correct.astype(float), np.ones(correct.shape[1]), docs_of["eval"], s.n_boot, s.seed)
-    metrics = {"accuracy": acc[0], "train_accuracy": res.train_accuracy}
-    cis = {"accuracy": acc[1:]}
+    acc = ratio_ci(correct.astype(float), np.ones(correct.shape[1]), docs_of["eval"], s.n_boot, s.seed, return_boot=True)
+    metrics = {"train_accuracy": res.train_accuracy}
+    cis = {}
     if "control" in s.baselines:
         types = {k: [m.head_text.lower() for m in ms[k]] for k in acts}
         ctrl = {k: engine.control_labels(types[k], engine.label_distribution(y["fit"][take], c), s.seed) for k in acts}
@@ -532,7 +562,9 @@ def _gum_entity_type(unit, prepared, settings: CorefSettings) -> list[pd.DataFra
         metrics.update({"control_accuracy": cacc[0], "selectivity": sel[0]})
         cis.update({"control_accuracy": cacc[1:], "selectivity": sel[1:]})
     extra = {"span": s.span, "pooling": s.pooling, "n_train": int(len(take)), "num_classes": c, "probe_seed": s.seed}
-    out = [unit.rows("gum-entity-type", metrics, split=s.eval_split, n=len(y["eval"]), ci=cis, extra=extra)]
+    out = _depth_rows(unit, "gum-entity-type", "accuracy", acc[0], acc[1:3], acc[3], split=s.eval_split,
+                      n=len(y["eval"]), extra=extra)
+    out.append(unit.rows("gum-entity-type", metrics, split=s.eval_split, n=len(y["eval"]), ci=cis, extra=extra))
     if "majority" in s.baselines and not unit.is_twin:
         _, maj = engine.majority_baseline(y["fit"][take], y["eval"])
         out.append(unit.rows("gum-entity-type", {"majority": np.full(len(res.train_accuracy), maj)},
@@ -573,7 +605,10 @@ def _gap(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
                            num_classes=3, config=_probe_cfg(s, None))
     pred = res.predict(x[s.gap_eval_split])  # [L, N]
     genders = [pronoun_gender(p) for p in ev["pronoun"]]
-    scores = gap_scores_ci(pred == 0, pred == 1, ev["a_coref"], ev["b_coref"], genders, s.n_boot, s.seed)
+    scores = gap_scores_ci(pred == 0, pred == 1, ev["a_coref"], ev["b_coref"], genders, s.n_boot, s.seed,
+                           return_boot=True)
+    f1_boot = scores["f1"][3]
+    scores = {k: v[:3] for k, v in scores.items()}
     acc = ratio_ci((pred == lab[s.gap_eval_split][None]).astype(float), np.ones(len(ev)), np.arange(len(ev)),
                    s.n_boot, s.seed)
     metrics = {k: v[0] for k, v in scores.items()}
@@ -588,7 +623,9 @@ def _gap(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
     unit.notes.setdefault("gap_predictions", {})[unit.key] = files
     extra = {"features": "p;a;b;p*a;p*b", "pooling": s.pooling, "train": "development", "stop": "validation",
              "paper_parallelism_f1": PAPER_PARALLELISM_F1, "probe_seed": s.seed}
-    out = [unit.rows("gap", metrics, split=s.gap_eval_split, n=len(ev), ci=cis, extra=extra)]
+    out = _depth_rows(unit, "gap", "f1", metrics.pop("f1"), cis.pop("f1"), f1_boot, split=s.gap_eval_split,
+                      n=len(ev), extra=extra)
+    out.append(unit.rows("gap", metrics, split=s.gap_eval_split, n=len(ev), ci=cis, extra=extra))
     if not unit.is_twin:
         base = {}
         if "rules" in s.baselines:
@@ -746,10 +783,19 @@ SUMMARY_METRICS = (("gum-pairs", "auc"), ("gum-pairs", "antecedent_accuracy"), (
                    ("attention-heads", "best_head_gap"))
 
 
+def _peak_lines(rows: pd.DataFrame) -> list[str]:
+    """`task metric: peak layer L [low, high]` from the `<metric>_peak_layer` rows (bootstrap of the argmax)."""
+    peaks = rows[rows["layer"].isna() & rows["metric"].astype(str).str.endswith("_peak_layer")]
+    return [f"  {r['task']:<16} {r['metric'][: -len('_peak_layer')]:<20} peak layer {r['value']:.0f} "
+            f"[{r['ci_low']:.0f}, {r['ci_high']:.0f}]" for _, r in peaks.iterrows()]
+
+
 def format_summary(rows: pd.DataFrame) -> str:
-    """Per model: layers x the headline metrics; then the data-only baselines once."""
+    """Per model: layers x the headline metrics (with the share of bootstrap resamples in which the
+    layer is the best, where stored) and the peak layer's CI; then the data-only baselines once."""
     if rows is None or len(rows) == 0:
         return "(no rows)"
+    peak_rows = rows
     df = rows[rows["layer"].notna()]
     blocks = []
     for (model, stack), sub in df.groupby(["model", "stack"], sort=False, dropna=False):
@@ -770,9 +816,13 @@ def format_summary(rows: pd.DataFrame) -> str:
                 ex = decode_extra(r["extra"])
                 if "best_head" in ex:
                     cell += f" (h{ex['best_head']})"
+                share = sub[(sub["layer"] == layer) & (sub["task"] == t) & (sub["metric"] == f"{m}_peak_share")]
+                if not share.empty:
+                    cell += f" [best {share['value'].iloc[0]:.0%}]"
                 cells.append(cell)
             table.append(cells)
-        blocks.append(f"== {model} [{stack}]\n" + runner.aligned(table))
+        peaks = _peak_lines(peak_rows[(peak_rows["model"] == model) & (peak_rows["stack"] == stack)])
+        blocks.append(f"== {model} [{stack}]\n" + runner.aligned(table) + ("\n" + "\n".join(peaks) if peaks else ""))
     base = df[df["extra"].map(lambda e: decode_extra(e).get("baseline") not in (None, "random_init"))]
     if not base.empty:
         first = base.sort_values("layer").groupby(["task", "metric"], sort=False).first().reset_index()

@@ -863,13 +863,16 @@ def per_sentence_sums(values, sentence_ids, num_sentences: int | None = None) ->
     return out.reshape(*values.shape[:-1], s)
 
 
-def bootstrap_ci(numerators, denominators=None, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0):
+def bootstrap_ci(numerators, denominators=None, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0,
+                 return_boot: bool = False):
     """Percentile bootstrap over sentences (Efron & Tibshirani 1993), vectorised.
 
     numerators: [..., S] per-sentence sums (e.g. correct words); denominators: [S] (e.g. words per
     sentence) for a ratio of sums such as accuracy, or None for a mean over sentences (e.g. a
     per-sentence correlation). Each resample draws S sentences with replacement as a multinomial
-    count vector, so all resamples are one matrix product. Returns (point, low, high), each [...].
+    count vector, so all resamples are one matrix product. Returns (point, low, high), each [...],
+    and with `return_boot` also the replicates [n_boot, ...] (the same resamples for every row, e.g.
+    every layer: what `probes.depth` needs for CIs of where in depth a task peaks).
     """
     num = np.asarray(numerators, dtype=np.float64)
     s = num.shape[-1]
@@ -889,21 +892,25 @@ def bootstrap_ci(numerators, denominators=None, n_boot: int = 1000, alpha: float
     low = np.nanquantile(boot, alpha / 2, axis=0)
     high = np.nanquantile(boot, 1 - alpha / 2, axis=0)
     shape = num.shape[:-1]
+    if return_boot:
+        return point.reshape(shape), low.reshape(shape), high.reshape(shape), boot.reshape(len(boot), *shape)
     return point.reshape(shape), low.reshape(shape), high.reshape(shape)
 
 
-def sentence_bootstrap(correct, sentence_ids, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0):
+def sentence_bootstrap(correct, sentence_ids, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0,
+                       return_boot: bool = False):
     """Accuracy with a bootstrap CI over sentences: correct [..., N] bool, sentence_ids [N].
 
     Words of one sentence are not independent, so resampling words would give too narrow
-    intervals; sentences are the unit of resampling. Returns (point, low, high), each [...].
+    intervals; sentences are the unit of resampling. Returns (point, low, high), each [...] (and the
+    replicates [n_boot, ...] with `return_boot`).
     """
     sid = np.asarray(sentence_ids, dtype=np.int64)
     _, sid = np.unique(sid, return_inverse=True)  # only sentences that have evaluated words
     s = int(sid.max()) + 1 if len(sid) else 0
     num = per_sentence_sums(np.asarray(correct, dtype=np.float64), sid, s)
     den = np.bincount(sid, minlength=s).astype(np.float64)
-    return bootstrap_ci(num, den, n_boot=n_boot, alpha=alpha, seed=seed)
+    return bootstrap_ci(num, den, n_boot=n_boot, alpha=alpha, seed=seed, return_boot=return_boot)
 
 
 # --------------------------------------------------------------------------- MDL

@@ -243,13 +243,17 @@ class Unit:
         return self._acts[memo]
 
     def rows(self, task: str, metrics: Mapping[str, Sequence[float]], *, split: str, layers=None, n=None, ci=None,
-             extra: Mapping[str, Any] | None = None) -> pd.DataFrame:
-        """Tidy result rows of this unit (`engine.layer_rows` with the model's name, family, seed, step, stack)."""
+             extra: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> pd.DataFrame:
+        """Tidy result rows of this unit (`engine.layer_rows` with the model's name, family, seed, step, stack);
+        `extra`: one dict for every row or one per layer."""
         from probes.engine import layer_rows
 
-        ex = dict(extra or {})
+        per_layer = isinstance(extra, Sequence) and not isinstance(extra, (str, Mapping))
+        exs = [dict(e or {}) for e in extra] if per_layer else [dict(extra or {})]
         if self.is_twin:
-            ex["baseline"] = "random_init"
+            for e in exs:
+                e["baseline"] = "random_init"
+        ex = exs if per_layer else exs[0]
         ck = self.checkpoint
         family = ck.family or getattr(self.handle, "family", None)
         return layer_rows(metrics, probe=self.probe, task=task, split=split, layers=layers, n=n, ci=ci, extra=ex,

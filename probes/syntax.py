@@ -48,7 +48,9 @@ sentences. Metrics:
   centre_of_gravity, expected_layer, scalar_mix_accuracy;
 - structural-distance: uuas, dspr, right_branching_uuas; structural-depth: root_acc, nspr.
 Data-only baselines (majority, right_branching_uuas) are written for each real checkpoint, not for
-twins. `extra` holds treebank, train split, pooling, probe seed, n_train and the classifier kind.
+twins. `extra` holds treebank, train split, pooling, probe seed, n_train and the classifier kind;
+accuracy rows also the accuracy on each bootstrap resample (`boot`, the same resamples for every
+layer), from which `probes.depth` gives CIs of the expected and peak layer.
 
 The run manifest holds the config, seeds, the treebank files with checksums, the checkpoints with
 hashes (twins: `notes.random_init_twins`), the extraction counts per model and split
@@ -74,7 +76,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from probes import engine, runner
+from probes import depth, engine, runner
 from probes import structural as st
 from workbench.errors import ConfigError
 
@@ -498,8 +500,9 @@ def run_task(unit, prepared: runner.Prepared, task: str, settings: SyntaxSetting
 
 
 def _rows(ctx: _Context, task: str, metrics, *, split=None, layers=None, n=None, ci=None, extra=None):
-    return ctx.unit.rows(task, metrics, split=split or ctx.plan.eval_split, layers=layers, n=n, ci=ci,
-                         extra=dict(ctx.extra, **(extra or {})))
+    """`extra`: one dict for every row, or a list with one per layer."""
+    merged = [dict(ctx.extra, **e) for e in extra] if isinstance(extra, list) else dict(ctx.extra, **(extra or {}))
+    return ctx.unit.rows(task, metrics, split=split or ctx.plan.eval_split, layers=layers, n=n, ci=ci, extra=merged)
 
 
 def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
@@ -541,9 +544,12 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
         t0 = time.perf_counter()
         res = engine.fit_probe(x_fit, y_fit, x_stop, y_stop, num_classes=c + 1, config=cfg)
         correct = res.correct(x_ev, y_ev) & known[None]
-        acc, lo, hi = engine.sentence_bootstrap(correct, ev.sentence, n_boot=ctx.n_boot, seed=seed)
-        metrics = {f"{prefix}accuracy": acc, f"{prefix}train_accuracy": res.train_accuracy}
-        cis = {f"{prefix}accuracy": (lo, hi)}
+        acc, lo, hi, boot = engine.sentence_bootstrap(correct, ev.sentence, n_boot=ctx.n_boot, seed=seed, return_boot=True)
+        # accuracy rows keep their paired bootstrap replicates (extra.boot): CIs of where in depth (probes.depth)
+        out.append(_rows(ctx, task, {f"{prefix}accuracy": acc}, n=len(ev), ci={f"{prefix}accuracy": (lo, hi)},
+                         extra=depth.boot_extras(boot, dict(extra, classifier=kind))))
+        metrics = {f"{prefix}train_accuracy": res.train_accuracy}
+        cis = {}
         if want_control:
             cres = engine.fit_probe(x_fit, ctrl[0], x_stop, ctrl[1], num_classes=c, config=cfg)
             ccorrect = cres.correct(x_ev, ctrl[2])

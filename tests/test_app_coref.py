@@ -37,6 +37,8 @@ def _rows(model: str, seed: int):
 def test_coref_page_heatmap_and_best_heads(tmp_path, monkeypatch):
     store = ResultsStore(tmp_path / "runs")
     frames, acc = _rows("m", 0)
+    with store.start_run("probe", {"probe": "syntax"}, name="syntax-test") as run:
+        run.add(layer_rows({"accuracy": [.8, .9, .85, .8]}, probe="syntax", task="upos", split="dev", model="m"))
     with store.start_run("probe", {"probe": "coref"}, name="coref-test") as run:
         for f in frames:
             run.add(f)
@@ -53,4 +55,9 @@ def test_coref_page_heatmap_and_best_heads(tmp_path, monkeypatch):
     assert shown["value"].tolist() == pytest.approx(acc.max(1).tolist())
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     heat = [s for s in specs if s["data"] and s["data"][0].get("type") == "heatmap"]
-    assert len(heat) == 2 and len(specs) == 6  # pair AUC, GAP F1, best head, 2 heatmaps, F1 by gender
+    assert len(heat) == 2 and len(specs) == 7  # pair AUC, GAP F1, best head, depth, 2 heatmaps, F1 by gender
+    # where in depth, with the same model's syntax run: UPOS peaks at 1 (E = 1), pair AUC deltas
+    # +.1 (l=1), +.1 (l=2) -> E = 1.5; GAP F1 +.1, +.05 -> E = (0.1 + 0.1) / 0.15
+    depth = at.container("coref-depth-table").dataframe[0].value
+    expected = depth[depth["metric"] == "expected_layer"].set_index("task")["value"]
+    assert expected.to_dict() == pytest.approx({"upos": 1.0, "gum-pairs": 1.5, "gap": 0.2 / 0.15})

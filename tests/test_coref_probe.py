@@ -132,6 +132,21 @@ def test_end_to_end_every_task(tiny_checkpoint, tmp_path):
         assert need in got, need
     pairs = real[(real["task"] == "gum-pairs") & (real["metric"] == "auc")]
     assert sorted(pairs["layer"]) == [0, 1, 2] and pairs["ci_low"].le(pairs["value"]).all()
+    # where in depth: each headline curve keeps its paired replicates (the CI is their percentile
+    # interval), the peak shares sum to 1 and the peak layer row is the curve's argmax
+    for task, metric, n_boot in [("gum-pairs", "auc", 4), ("gum-pairs", "antecedent_accuracy", 20),
+                                 ("gum-entity-type", "accuracy", 20), ("gap", "f1", 20)]:
+        curve = real[(real["task"] == task) & (real["metric"] == metric)].sort_values("layer")
+        boot = np.array([json.loads(e)["boot"] for e in curve["extra"]], dtype=float).T
+        assert boot.shape == (n_boot, 3)
+        np.testing.assert_allclose(curve["ci_low"], np.nanquantile(boot, 0.025, axis=0), atol=1e-5)
+        share = real[(real["task"] == task) & (real["metric"] == f"{metric}_peak_share")]
+        assert share["value"].sum() == pytest.approx(1.0)
+        peak = real[(real["task"] == task) & (real["metric"] == f"{metric}_peak_layer")]
+        assert len(peak) == 1 and peak["layer"].isna().all()
+        assert peak["value"].iloc[0] == curve["layer"].iloc[int(np.argmax(curve["value"].to_numpy()))]
+        assert peak["ci_low"].iloc[0] <= peak["value"].iloc[0] <= peak["ci_high"].iloc[0]
+    assert "peak layer" in format_summary(rows)
     # every layer's GAP predictions are a submission file the scorer reads back to the row's F1
     gap_rows = real[(real["task"] == "gap") & (real["metric"] == "f1")].sort_values("layer")
     files = sorted((tmp_path / "gap").rglob("layer-*.tsv"))

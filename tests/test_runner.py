@@ -172,6 +172,17 @@ def test_syntax_rows_identical_to_before_the_runner(tiny_checkpoint, tmp_path):
     before = pd.read_csv(GOLDEN)
     cols = list(before.columns)
     key = ["model", "task", "split", "layer", "metric", "extra"]
+    # added since: accuracy rows carry their bootstrap replicates (extra.boot, for probes.depth),
+    # whose percentile interval is the row's CI; the rest of extra is unchanged
+    acc = rows[rows["metric"] == "accuracy"]
+    boots = [json.loads(e).pop("boot") for e in acc["extra"]]
+    assert [len(b) for b in boots] == [40] * len(acc)
+    np.testing.assert_allclose(acc["ci_low"], [np.quantile(b, 0.025) for b in boots], atol=1e-5)
+    assert not any("boot" in json.loads(e) for e in rows.loc[rows["metric"] != "accuracy", "extra"].dropna())
+    def strip(e):
+        return e if pd.isna(e) else json.dumps({k: v for k, v in json.loads(e).items() if k != "boot"}, sort_keys=True)
+
+    rows = rows.assign(extra=rows["extra"].map(strip))
     after = rows[cols].sort_values(key, na_position="first").reset_index(drop=True)
     before = before.sort_values(key, na_position="first").reset_index(drop=True)
     assert len(after) == len(before) == 138

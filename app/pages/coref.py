@@ -1,14 +1,17 @@
 """The coreference probe's page (Tenney et al. 2019; Clark et al. 2019; Webster et al. 2018): layer
-curves of the mention-pair, entity-type and GAP probes with their rule baselines, the layer x head
-heatmap of coreference heads with the best head per layer, and GAP F1 by gender."""
+curves of the mention-pair, entity-type and GAP probes with their rule baselines, where in depth
+each is decoded next to the same model's UPOS and deprel (expected layer, peak layer and its
+bootstrap distribution, `app.figures.depth_ci`), the layer x head heatmap of coreference heads with
+the best head per layer, and GAP F1 by gender."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from app import figures, ui
+from app import data, figures, ui
 from app.views.probe import panel_curves, probe_rows, twin_toggle
+from workbench.errors import ConfigError
 from workbench.results import decode_extra
 
 TITLE = "Coreference"
@@ -22,6 +25,9 @@ CURVES = {
     ("attention-heads", "best_head_accuracy"): ["nearest_mention", "head_match"],
     ("attention-heads", "best_head_gap"): ["gap_nearest_name", "gap_subject_name"],
 }
+# where in depth: task -> metric(s) (syntax rows come from the newest syntax run of the same model)
+DEPTH_METRICS = {"upos": "accuracy", "deprel": "accuracy", "gum-pairs": ["auc", "antecedent_accuracy"],
+                 "gum-entity-type": "accuracy", "gap": "f1"}
 HEATMAPS = {"heads_all": "GUM: head word attends most to an antecedent", "heads_gap": "GAP: more attention to the right name"}
 
 
@@ -33,6 +39,19 @@ def head_matrix(rows: pd.DataFrame, model: str, metric: str) -> pd.DataFrame:
     heads = sub["extra"].map(lambda e: decode_extra(e).get("head"))
     return (sub.assign(head=heads).dropna(subset=["head"])
             .pivot_table(index="layer", columns="head", values="value", aggfunc="first").sort_index())
+
+
+def with_syntax(store, rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` plus, for each (non-twin) model in them, the UPOS and deprel rows of the newest syntax
+    run of that model (Tenney et al.'s comparison on one checkpoint)."""
+    frames = [rows]
+    for model in dict.fromkeys(rows.loc[~rows["model"].map(data.is_twin), "model"]):
+        runs = store.runs(probe="syntax", model=model, task=["upos", "deprel"])
+        if runs.empty:
+            continue
+        df = store.read(runs["run_id"].iloc[-1]).assign(run_id=runs["run_id"].iloc[-1])
+        frames.append(df[(df["model"] == model) & df["task"].isin(["upos", "deprel"])])
+    return pd.concat(frames, ignore_index=True)
 
 
 def best_heads(rows: pd.DataFrame) -> pd.DataFrame:
@@ -53,6 +72,18 @@ def render(store) -> None:
         return
     view = twin_toggle(rows, "coref")
     panel_curves(view, CURVES, "coref")
+
+    st.subheader("Where in depth (Tenney et al. 2019)")
+    try:
+        depth = figures.depth_ci(with_syntax(store, rows), "Expected layer, gain centre and peak layer (95% bootstrap CIs)",
+                                 {"metrics": DEPTH_METRICS})
+    except ConfigError as e:
+        st.info(f"No depth summary: {e}")
+    else:
+        depth.figure.update_layout(width=None)
+        st.plotly_chart(depth.figure, width="stretch", key="coref-depth")
+        table = depth.data[depth.data["metric"] != "peak_share"]
+        ui.table(table[["model", "task", "kind", "metric", "value", "ci_low", "ci_high"]], "coref-depth-table")
 
     st.subheader("Coreference heads (Clark et al. 2019)")
     models = [m for m in dict.fromkeys(rows["model"]) if not head_matrix(rows, m, "heads_all").empty]
