@@ -100,8 +100,8 @@ def summarise(point, boot=None, layers: Sequence[int] | None = None, alpha: floa
         out["peak_layer"] = (float(peak_layer(p, lay)), float("nan"), float("nan"))
     else:  # quantiles of the argmax distribution, ties split as in peak_share (a flat curve spans every layer)
         cdf = np.cumsum(out["peak_share"])
-        q = lambda prob: float(lay[min(int(np.searchsorted(cdf, prob - 1e-9)), len(lay) - 1)])  # noqa: E731
-        out["peak_layer"] = (float(peak_layer(p, lay)), q(alpha / 2), q(1 - alpha / 2))
+        lo, hi = (float(lay[min(int(np.searchsorted(cdf, prob - 1e-9)), len(lay) - 1)]) for prob in (alpha / 2, 1 - alpha / 2))
+        out["peak_layer"] = (float(peak_layer(p, lay)), lo, hi)
     return out
 
 
