@@ -333,9 +333,11 @@ def depth_ci(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
         fig.add_trace(go.Heatmap(z=table.to_numpy(), x=[str(int(c)) for c in table.columns], y=list(table.index),
                                  colorscale="Blues", zmin=0, zmax=1, colorbar={"title": "share", "x": 1.02},
                                  text=np.round(table.to_numpy(), 2), texttemplate="%{text}"), row=1, col=2)
-    fig.update_xaxes(title_text="layer", row=1, col=1)
+    top = float(np.nanmax(data["layer"].to_numpy(dtype=float), initial=np.nanmax(data["ci_high"].to_numpy(dtype=float))))
+    fig.update_xaxes(title_text="layer", dtick=1, range=[-0.3, top + 0.3], row=1, col=1)
     fig.update_xaxes(title_text="layer", dtick=1, row=1, col=2)
-    fig.update_layout(title=title, template="plotly_white", height=160 + 48 * len(order), width=1100)
+    fig.update_layout(title=title, template="plotly_white", height=220 + 48 * len(order), width=1100,
+                      legend={"orientation": "h", "y": -0.25, "x": 0})
     return Drawn(fig, data)
 
 
