@@ -270,17 +270,20 @@ def depth_summary(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
 
 
 DEPTH_STATS = ("expected_layer", "gain_centre", "peak_layer")
+_DEPTH_COLOURS = {"expected_layer": "#1f77b4", "gain_centre": "#d62728", "peak_layer": "#2ca02c"}
 
 
-def depth_table(rows: pd.DataFrame, metrics: dict, alpha: float = 0.05) -> pd.DataFrame:
+def depth_table(rows: pd.DataFrame, metrics: dict, alpha: float = 0.05, reference: str | None = None) -> pd.DataFrame:
     """Where in depth, with CIs (`probes.depth`): per model (no twins) and (task, metric) of `metrics`
     ({task: metric or [metrics]}), the expected layer, gain centre and peak layer with percentile
     CIs from the rows' paired bootstrap replicates (`extra.boot`; no CI where a run stored none),
-    and the share of resamples in which each layer is the best. Tidy rows (DATA_COLUMNS): metric =
-    the statistic, kind = the metric it was computed from."""
+    and the share of resamples in which each layer is the best. With `reference` (a task of
+    `metrics`, its first metric), each other curve's difference from it, `<stat>_minus_<reference>`
+    (`depth.difference`). Tidy rows (DATA_COLUMNS): metric = the statistic, kind = the metric it was
+    computed from."""
     per_layer = rows[rows["layer"].notna() & ~rows["split"].astype(str).str.contains(":")]
     per_layer = per_layer[per_layer["model"].map(_kind) == "model"]
-    out = []
+    out, curves = [], {}
     for task, wanted in metrics.items():
         for metric in _as_list(wanted):
             sub = per_layer[(per_layer["task"] == task) & (per_layer["metric"] == metric)]
@@ -294,6 +297,7 @@ def depth_table(rows: pd.DataFrame, metrics: dict, alpha: float = 0.05) -> pd.Da
                 stats = depth.summarise(values, boot, layers, alpha)
                 base = {"run_id": g["run_id"].iloc[0] if "run_id" in g else None, "model": model,
                         "step": g["step"].iloc[0], "task": task, "stack": stack, "kind": metric}
+                curves[(model, stack, task, metric)] = (base, layers, values, boot)
                 for name in DEPTH_STATS:
                     value, lo, hi = stats[name]
                     out.append(dict(base, metric=name, layer=None, value=value, ci_low=lo, ci_high=hi))
@@ -302,29 +306,44 @@ def depth_table(rows: pd.DataFrame, metrics: dict, alpha: float = 0.05) -> pd.Da
                             for l, v in zip(layers, stats["peak_share"])]
     if not out:
         raise ConfigError(f"no per-layer curves of {metrics} (of at least two layers) in these runs")
+    if reference is not None:
+        if reference not in metrics:
+            raise ConfigError(f"depth reference {reference!r} is not one of the tasks {sorted(metrics)}")
+        ref_metric = _as_list(metrics[reference])[0]
+        for (model, stack, task, metric), (base, layers, values, boot) in curves.items():
+            ref = curves.get((model, stack, reference, ref_metric))
+            if ref is None or task == reference or not np.array_equal(ref[1], layers):
+                continue
+            for name, (value, lo, hi) in depth.difference(values, boot, ref[2], ref[3], layers, alpha).items():
+                out.append(dict(base, metric=f"{name}_minus_{reference}", layer=None, value=value, ci_low=lo, ci_high=hi))
     return _tidy(pd.DataFrame(out))
 
 
 def depth_ci(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     """Tenney et al. (2019) "where in depth" with bootstrap CIs: left, the expected layer and gain
     centre (and peak layer) per task with 95% intervals; right, the share of bootstrap resamples in
-    which each layer is the best. options: metrics {task: metric | [metrics]}, alpha."""
+    which each layer is the best; with `reference: TASK`, a third panel: each curve's statistics
+    minus the reference task's. options: metrics {task: metric | [metrics]}, alpha, reference."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     metrics = options.get("metrics") or {t: "accuracy" for t in dict.fromkeys(rows["task"])}
-    data = depth_table(rows, metrics, float(options.get("alpha", 0.05)))
+    reference = options.get("reference")
+    data = depth_table(rows, metrics, float(options.get("alpha", 0.05)), reference)
     several = data["model"].nunique() > 1
     data_l = data.assign(label=[f"{r['task']} {r['kind']}" + (f" - {r['model']}" if several else "")
                                 for _, r in data.iterrows()])
     order = list(dict.fromkeys(data_l["label"]))
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["layer (95% bootstrap CI)", "share of resamples: best layer"],
-                        horizontal_spacing=0.25)
+    diffs = data_l[data_l["metric"].str.endswith(f"_minus_{reference}")] if reference else data_l.iloc[:0]
+    titles = ["layer (95% bootstrap CI)", "share of resamples: best layer"]
+    if not diffs.empty:
+        titles.append(f"minus {reference} (95% CI)")
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.2)
     symbols = {"expected_layer": "circle", "gain_centre": "diamond", "peak_layer": "x"}
     for name in DEPTH_STATS:
         d = data_l[data_l["metric"] == name].set_index("label").reindex(order).dropna(subset=["value"])
         fig.add_trace(go.Scatter(x=d["value"], y=d.index, mode="markers", name=name.replace("_", " "),
-                                 marker={"symbol": symbols[name], "size": 11},
+                                 marker={"symbol": symbols[name], "size": 11, "color": _DEPTH_COLOURS[name]},
                                  error_x={"type": "data", "symmetric": False, "array": d["ci_high"] - d["value"],
                                           "arrayminus": d["value"] - d["ci_low"]}), row=1, col=1)
     share = data_l[data_l["metric"] == "peak_share"]
@@ -333,10 +352,23 @@ def depth_ci(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
         fig.add_trace(go.Heatmap(z=table.to_numpy(), x=[str(int(c)) for c in table.columns], y=list(table.index),
                                  colorscale="Blues", zmin=0, zmax=1, colorbar={"title": "share", "x": 1.02},
                                  text=np.round(table.to_numpy(), 2), texttemplate="%{text}"), row=1, col=2)
-    top = float(np.nanmax(data["layer"].to_numpy(dtype=float), initial=np.nanmax(data["ci_high"].to_numpy(dtype=float))))
+    for name in DEPTH_STATS:
+        d = diffs[diffs["metric"] == f"{name}_minus_{reference}"].set_index("label").reindex(order).dropna(subset=["value"])
+        if d.empty:
+            continue
+        fig.add_trace(go.Scatter(x=d["value"], y=d.index, mode="markers", name=name.replace("_", " "), showlegend=False,
+                                 marker={"symbol": symbols[name], "size": 11, "color": _DEPTH_COLOURS[name]},
+                                 error_x={"type": "data", "symmetric": False, "array": d["ci_high"] - d["value"],
+                                          "arrayminus": d["value"] - d["ci_low"]}), row=1, col=3)
+    if not diffs.empty:
+        fig.add_vline(x=0, line_dash="dot", line_color="grey", row=1, col=3)
+        fig.update_xaxes(title_text="layers", row=1, col=3)
+    placed = data[data["metric"].isin(DEPTH_STATS)]
+    top = float(np.nanmax(np.r_[pd.to_numeric(data["layer"]).to_numpy(dtype=float), placed["value"].to_numpy(dtype=float),
+                                placed["ci_high"].to_numpy(dtype=float)]))
     fig.update_xaxes(title_text="layer", dtick=1, range=[-0.3, top + 0.3], row=1, col=1)
     fig.update_xaxes(title_text="layer", dtick=1, row=1, col=2)
-    fig.update_layout(title=title, template="plotly_white", height=220 + 48 * len(order), width=1100,
+    fig.update_layout(title=title, template="plotly_white", height=220 + 48 * len(order), width=1100 + 350 * (len(titles) > 2),
                       legend={"orientation": "h", "y": -0.25, "x": 0})
     return Drawn(fig, data)
 

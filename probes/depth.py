@@ -105,6 +105,29 @@ def summarise(point, boot=None, layers: Sequence[int] | None = None, alpha: floa
     return out
 
 
+STATS = {"expected_layer": expected_layer, "gain_centre": gain_centre, "peak_layer": peak_layer}
+
+
+def difference(point_a, boot_a, point_b, boot_b, layers: Sequence[int] | None = None,
+               alpha: float = 0.05) -> dict[str, tuple[float, float, float]]:
+    """stat(curve a) - stat(curve b) for every statistic in STATS, with a percentile interval.
+
+    Two tasks are scored on different units (documents vs sentences), so their resamples are
+    independent draws: replicate i of a is paired with replicate i of b (the first min(B_a, B_b)),
+    which is the two-sample bootstrap of the difference. No replicates: NaN interval."""
+    lay = _layers(np.asarray(point_a, dtype=np.float64), layers)
+    out = {}
+    for name, fn in STATS.items():
+        value = float(fn(np.asarray(point_a, dtype=np.float64), lay) - fn(np.asarray(point_b, dtype=np.float64), lay))
+        if boot_a is None or boot_b is None:
+            out[name] = (value, float("nan"), float("nan"))
+            continue
+        n = min(len(boot_a), len(boot_b))
+        diff = fn(np.asarray(boot_a, dtype=np.float64)[:n], lay) - fn(np.asarray(boot_b, dtype=np.float64)[:n], lay)
+        out[name] = (value, *_ci(np.asarray(diff, dtype=np.float64), alpha))
+    return out
+
+
 def boot_extras(boot, extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """One `extra` per layer: `extra` plus that layer's replicates (boot [B, L], rounded; at most
     MAX_STORED_BOOT of them, the first ones, so every layer keeps the same resamples)."""

@@ -124,6 +124,12 @@ def test_coref_depth_figure_on_a_planted_results_table(tmp_path):
     assert (get("gum-pairs", "peak_layer")[["value", "ci_low", "ci_high"]] == 3).all()
     share = data[(data["task"] == "upos") & (data["metric"] == "peak_share")].sort_values("layer")
     np.testing.assert_allclose(share["value"], [0, 1, 0, 0])
+    # the spec's reference (UPOS): B minus A, with the replicates of the two runs paired by index
+    d = get("gum-pairs", "expected_layer_minus_upos")
+    per_rep = depth.expected_layer(np.round(boot_b, 5)) - depth.expected_layer(np.round(boot_a, 5))
+    assert d["value"] == pytest.approx(E_B - E_A) and d["ci_low"] == pytest.approx(np.quantile(per_rep, 0.025))
+    assert d["ci_low"] > 0 and (get("gum-pairs", "peak_layer_minus_upos")[["value", "ci_low", "ci_high"]] == 2).all()
+    assert not (data["task"] == "upos").loc[data["metric"].str.endswith("_minus_upos")].any()
     # without stored replicates the point estimates stay and the CIs are empty
     with store.start_run("probe", {"probe": "coref"}, name="coref-m-noboot") as run:
         run.add(layer_rows({"auc": CURVE_B}, probe="coref", task="gum-pairs", split="dev", model="m"))

@@ -76,7 +76,7 @@ def render(store) -> None:
     st.subheader("Where in depth (Tenney et al. 2019)")
     try:
         depth = figures.depth_ci(with_syntax(store, rows), "Expected layer, gain centre and peak layer (95% bootstrap CIs)",
-                                 {"metrics": DEPTH_METRICS})
+                                 {"metrics": DEPTH_METRICS, "reference": "upos"})
     except ConfigError as e:
         st.info(f"No depth summary: {e}")
     else:
