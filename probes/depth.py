@@ -63,14 +63,17 @@ def gain_centre(scores, layers: Sequence[int] | None = None) -> np.ndarray:
 def peak_layer(scores, layers: Sequence[int] | None = None) -> np.ndarray:
     """The best layer of a curve [..., L] (the first, on a tie)."""
     s = np.asarray(scores, dtype=np.float64)
-    return _layers(s, layers)[np.nanargmax(s, axis=-1)]
+    empty = np.isnan(s).all(-1)
+    best = _layers(s, layers)[np.argmax(np.where(np.isnan(s), -np.inf, s), axis=-1)]
+    return np.where(empty, np.nan, best)
 
 
 def peak_shares(boot) -> np.ndarray:
     """[B, L] replicate curves -> [L]: the share of replicates in which each layer is the best,
-    a tie split equally among the tied layers."""
+    a tie split equally among the tied layers (NaN scores never best)."""
     b = np.asarray(boot, dtype=np.float64)
-    best = b == np.nanmax(b, axis=1, keepdims=True)
+    b = b[~np.isnan(b).all(1)]  # a resample where no layer has a score (e.g. no positive pair) says nothing
+    best = b == np.max(np.where(np.isnan(b), -np.inf, b), axis=1, keepdims=True)
     return (best / best.sum(1, keepdims=True)).mean(0)
 
 

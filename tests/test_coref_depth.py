@@ -34,6 +34,9 @@ def test_statistics_match_hand_computation():
     assert np.isnan(depth.expected_layer([0.9, 0.8, 0.7])) and np.isnan(depth.gain_centre([0.9, 0.8, 0.7]))
     # ties share the peak: two replicates, layers 1 and 2 tie in the first
     np.testing.assert_allclose(depth.peak_shares([[0.1, 0.5, 0.5], [0.1, 0.2, 0.6]]), [0, 0.25, 0.75])
+    # a resample without a score (NaN: e.g. no positive pair drawn) is left out, a NaN layer is never best
+    np.testing.assert_allclose(depth.peak_shares([[np.nan, np.nan, np.nan], [0.1, np.nan, 0.3]]), [0, 0, 1])
+    assert np.isnan(depth.peak_layer([[np.nan, np.nan], [0.2, 0.1]])).tolist() == [True, False]
     # a flat curve (a probe that kept the prior): every layer ties, so the peak's interval spans them all
     assert depth.summarise([0.45] * 4, np.full((30, 4), 0.45))["peak_layer"] == (0.0, 0.0, 3.0)
 
