@@ -20,8 +20,13 @@ narrower than a document-level resampling would give.
 
 Per-example likelihood with each family's own head (`workbench.lm_scores`): causal NLL (GPT), forward +
 backward LM (ELMo), masked LMs by their full pseudo-log-likelihood (batched, Salazar et al. 2020),
-ELECTRA through its generator, seq2seq (T5/BART) as log p(text | source = the same text) (the
+ELECTRA through its generator (PLL, default) or, with `electra_head="discriminator"`, through its
+discriminator's replaced-token probabilities: per content token of the UNMODIFIED text,
+log P(original) = log sigmoid(-z_t) from the RTD logit z_t, and the text's "NLL" is minus their mean
+(so LOSS = mean log P(original): how confidently the discriminator calls every real token original;
+Min-K% reads the tokens it suspects most); seq2seq (T5/BART) as log p(text | source = the same text) (the
 denoising objective at zero noise; a documented choice, not either model's pretraining input).
+The head used per model is in the run's notes (`lm_score`) and each attack row's extra (`scored_by`).
 Fine-tuned classifiers: cross-entropy on the true label and the logit-scaled confidence.
 Attacks and their sign (higher = member): see `probes.membership_attacks`. Task `attacks` gives,
 per attack, `auc` (bootstrap CI), `tpr_fpr_1pct`, `tpr_fpr_0.1pct` (extra: how many non-members
@@ -202,11 +207,21 @@ class Stats:
     sigma: list | None = None
 
 
-def lm_stats(handle, texts: list[str], batch_size: int, moments: bool = True, progress: bool = False) -> Stats:
-    """The family's own likelihood of each text (see the module docstring)."""
-    from workbench.lm_scores import lm_scorer
+def scored_by(handle, electra_head: str = "generator") -> str:
+    """What scores a model's texts: the LM kind, and for ELECTRA which of its two heads."""
+    from workbench.lm_scores import is_electra, lm_scorer
 
-    scorer = lm_scorer(handle)
+    kind = lm_scorer(handle, electra_head if is_electra(handle) else "generator").kind
+    return f"{kind} ({electra_head})" if is_electra(handle) else kind
+
+
+def lm_stats(handle, texts: list[str], batch_size: int, moments: bool = True, progress: bool = False,
+             electra_head: str = "generator") -> Stats:
+    """The family's own likelihood of each text (see the module docstring); `electra_head` picks
+    ELECTRA's generator or discriminator and is ignored for other families (`scored_by` says which)."""
+    from workbench.lm_scores import is_electra, lm_scorer
+
+    scorer = lm_scorer(handle, electra_head if is_electra(handle) else "generator")
     if scorer.kind == "seq2seq":
         scores = scorer.seq2seq_logprobs(texts, texts, batch_size=batch_size, moments=moments, progress=progress)
     else:
@@ -260,9 +275,14 @@ class Settings(runner.Settings):
     shadows: str | None = field(default=None, metadata={"help": "shadow-set folder (workbench.shadows) for LiRA"})
     fix_variance: bool = field(default=False, metadata={"help": "LiRA: one global deviation instead of per example"})
     max_roc_points: int = field(default=200, metadata={"help": "ROC points stored per attack"})
+    electra_head: str = field(default="generator", metadata={
+        "help": "ELECTRA: score with its generator (PLL) or its discriminator (log P(original) per token of the "
+                "unmodified text); other families ignore it"})
 
     def validate(self, spec) -> None:
         super().validate(spec)
+        if self.electra_head not in ("generator", "discriminator"):
+            raise ConfigError(f"membership: electra_head must be generator or discriminator, got {self.electra_head!r}")
         if self.setting not in SETTINGS_KINDS:
             raise ConfigError(f"membership: setting must be one of {list(SETTINGS_KINDS)}, got {self.setting!r}")
         bad = [a for a in self.attacks if a not in ATTACKS]
@@ -327,7 +347,7 @@ def _stats(handle, checkpoint, sample: Sample, prepared, settings: Settings) -> 
         _, data = prepared.data["samples"][("finetune", str(checkpoint))]
         return classifier_stats(checkpoint, handle, data, sample, settings.batch_size)
     return lm_stats(handle, sample.texts, settings.batch_size, moments="minkpp" in settings.attacks,
-                    progress=settings.progress)
+                    progress=settings.progress, electra_head=settings.electra_head)
 
 
 def _reference_stats(sample: Sample, prepared, settings: Settings) -> Stats:
@@ -341,7 +361,8 @@ def _reference_stats(sample: Sample, prepared, settings: Settings) -> Stats:
             _, data = finetune_sample(path, settings.n_examples, settings.seed, settings.length_bin)
             prepared.data["stats"][key] = classifier_stats(path, h, data, sample, settings.batch_size)
         else:
-            prepared.data["stats"][key] = lm_stats(h, sample.texts, settings.batch_size, moments=False)
+            prepared.data["stats"][key] = lm_stats(h, sample.texts, settings.batch_size, moments=False,
+                                                   electra_head=settings.electra_head)
     return prepared.data["stats"][key]
 
 
@@ -365,7 +386,7 @@ def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Setting
         h = ModelHandle.load(ck)
         if settings.setting == "finetune":
             raise ConfigError("membership: LiRA shadows for fine-tuned classifiers are not supported yet")
-        st = lm_stats(h, sample.texts, settings.batch_size, moments=False)
+        st = lm_stats(h, sample.texts, settings.batch_size, moments=False, electra_head=settings.electra_head)
         phis.append(st.phi)
         ins.append([d in train for d in sample.doc_ids])
         outs.append([d in held for d in sample.doc_ids])
@@ -412,12 +433,14 @@ def _model_rows(unit, task: str, metrics: dict, n: int, ci=None, extra=None) -> 
     return df
 
 
-def metric_rows(unit, scores: dict[str, np.ndarray], sample: Sample, settings: Settings) -> list[pd.DataFrame]:
+def metric_rows(unit, scores: dict[str, np.ndarray], sample: Sample, settings: Settings,
+                how: str | None = None) -> list[pd.DataFrame]:
     frames = []
     for attack, s in scores.items():
         r = ma.roc_metrics(s, sample.is_member, n_boot=settings.n_boot, seed=settings.seed)
         pts = ma.roc_points(r, settings.max_roc_points)
-        base = {"attack": attack, "setting": settings.setting, "n_members": r.n_members, "n_nonmembers": r.n_nonmembers}
+        base = {"attack": attack, "setting": settings.setting, "n_members": r.n_members, "n_nonmembers": r.n_nonmembers,
+                "scored_by": how}
         frames.append(_model_rows(unit, attack, {"auc": [r.auc]}, len(s), ci={"auc": ([r.auc_ci[0]], [r.auc_ci[1]])},
                                   extra={**base, "roc_fpr": [p[0] for p in pts], "roc_tpr": [p[1] for p in pts],
                                          "sign": "higher score = member"}))
@@ -488,8 +511,10 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
         else:
             shadows = shadow_matrix(sample, unit.checkpoint.path, prepared, settings)
             prepared.notes.setdefault("lira_shadows", {})[unit.checkpoint.name] = shadows[3]
+    how = "classifier" if settings.setting == "finetune" else scored_by(unit.handle, settings.electra_head)
+    prepared.notes.setdefault("lm_score", {})[unit.model] = how
     scores = attack_scores(sample, st, settings, ref, shadows)
-    return metric_rows(unit, scores, sample, settings)
+    return metric_rows(unit, scores, sample, settings, how)
 
 
 def summary(rows: pd.DataFrame) -> str:

@@ -6,7 +6,8 @@ blank; membership: how well a text is predicted). `LMScorer(handle)` (or the cac
 
 Which head, per family (`LMScorer.kind`):
 - "mlm" (BERT, RoBERTa, SpanBERT, ALBERT, DistilBERT; ELECTRA through its generator, saved in
-  `generator/` beside the discriminator, see `workbench.families.electra`): a text's score is its
+  `generator/` beside the discriminator, see `workbench.families.electra`, the default for ELECTRA):
+  a text's score is its
   pseudo-log-likelihood (Salazar et al. 2020, "Masked Language Model Scoring"): every content
   token masked in turn, PLL = sum_t log p(w_t | w_\\t). All masked copies of a sentence go into ONE
   batch, several sentences per batch; the LM head is applied only at the masked position of each
@@ -19,6 +20,15 @@ Which head, per family (`LMScorer.kind`):
   log p(w_t | w_>t), through `ElmoForBiLM`'s shared softmax. Per token, the two are added (the
   forward LM is given <S>, the backward LM </S>: 0 for those); the total is
   log p_fwd(sentence) + log p_bwd(sentence), the two terms of ELMo's training objective.
+- "rtd" (ELECTRA through its discriminator, `LMScorer(handle, electra_head="discriminator")`):
+  the replaced-token-detection head (Clark et al. 2020) reads the UNMODIFIED text in one forward
+  and gives every token a logit z_t for "replaced"; a token's score is
+  log P(original_t | text) = log sigmoid(-z_t), special tokens excluded as for PLL. The text's
+  total is the sum, so a mean over tokens says how confidently the discriminator calls every real
+  token original (a text it trained on should look more "original" to it). This is no likelihood
+  of the text; it is the discriminator's own per-token probability, used in the same slots
+  (LOSS, Min-K%). Moments for Min-K%++ are those of log P(z) for z ~ Bernoulli over
+  {original, replaced}: mu = p log p + q log q, sigma = sqrt(pq) |log p - log q|.
 
 Candidate scoring (`score_candidates`: contexts holding one `<blank>`, a list of candidates each):
 - masked LM, every candidate of a context one piece: log p(candidate) of the MLM distribution at
@@ -59,7 +69,8 @@ from workbench.errors import CheckpointError, ConfigError
 from workbench.models import ModelHandle, _first_not_none, _quiet_transformers
 
 BLANK = "<blank>"
-KINDS = ("mlm", "causal", "seq2seq", "bilm")
+KINDS = ("mlm", "causal", "seq2seq", "bilm", "rtd")
+ELECTRA_HEADS = ("generator", "discriminator")
 
 # Masked-LM classes whose head can be applied to the hidden states of the masked positions alone
 # (the head over every position of every copy would cost about as much as the body); any other
@@ -131,21 +142,38 @@ def lm_kind(model) -> str:
     return "base"
 
 
-def lm_scorer(handle: ModelHandle) -> "LMScorer":
-    """The handle's scorer, built once and kept on the handle (ELMo's softmax and ELECTRA's
-    generator load from disk)."""
-    scorer = handle.__dict__.get("_lm_scorer")
+def lm_scorer(handle: ModelHandle, electra_head: str = "generator") -> "LMScorer":
+    """The handle's scorer, built once per head and kept on the handle (ELMo's softmax and
+    ELECTRA's generator or discriminator head load from disk)."""
+    key = "_lm_scorer" if electra_head == "generator" else f"_lm_scorer_{electra_head}"
+    scorer = handle.__dict__.get(key)
     if scorer is None:
-        scorer = handle.__dict__["_lm_scorer"] = LMScorer(handle)
+        scorer = handle.__dict__[key] = LMScorer(handle, electra_head)
     return scorer
 
 
-class LMScorer:
-    """Scores with the LM head of `handle`'s model; raises `CheckpointError` if it has none."""
+def is_electra(handle: ModelHandle) -> bool:
+    return getattr(handle.config, "model_type", "") == "electra"
 
-    def __init__(self, handle: ModelHandle):
+
+class LMScorer:
+    """Scores with the LM head of `handle`'s model; raises `CheckpointError` if it has none.
+
+    `electra_head`: which of ELECTRA's two heads scores ("generator": its masked LM, kind "mlm";
+    "discriminator": replaced-token detection, kind "rtd"); a ConfigError for "discriminator" on
+    any other model."""
+
+    def __init__(self, handle: ModelHandle, electra_head: str = "generator"):
         self.handle = handle
-        self.kind, self.model = _find_head(handle)
+        if electra_head not in ELECTRA_HEADS:
+            raise ConfigError(f"electra_head must be one of {list(ELECTRA_HEADS)}, got {electra_head!r}")
+        if electra_head == "discriminator":
+            if not is_electra(handle):
+                raise ConfigError(f"{_where(handle)}: only ELECTRA has a discriminator to score with "
+                                  f"(model type {getattr(handle.config, 'model_type', '?')!r})")
+            self.kind, self.model = "rtd", _electra_discriminator(handle)
+        else:
+            self.kind, self.model = _find_head(handle)
         self.model.eval()
         tok = handle.tokenizer
         self.mask_id = tok.mask_token_id
@@ -166,6 +194,8 @@ class LMScorer:
             return self.bilm_logprobs(texts, batch_size or 32, moments, progress)
         if self.kind == "mlm":
             return self.pseudo_log_likelihood(texts, batch_size or 64, moments, progress)
+        if self.kind == "rtd":
+            return self.rtd_logprobs(texts, batch_size or 32, moments, progress)
         raise ConfigError(f"{_where(self.handle)}: a seq2seq model scores a target given a source; "
                           f"use seq2seq_logprobs(sources, targets)")
 
@@ -198,6 +228,16 @@ class LMScorer:
         out = self._bilm_scores(rows, batch_size, moments, progress)
         return [self._text_score(ids, o, "bilm") for ids, o in zip(rows, out)]
 
+    def rtd_logprobs(self, texts: Sequence[str], batch_size: int = 32, moments: bool = False,
+                     progress: bool = False) -> list[TextScore]:
+        """ELECTRA's discriminator on the unmodified text: log P(original) = log sigmoid(-z_t) of
+        every content token (special tokens are context, not scored)."""
+        self._need("rtd", "replaced-token log-probabilities")
+        rows = self._encode_texts(texts, "text")
+        out = self._rtd_scores([ids for ids, _ in rows], [np.nonzero(~sp)[0] for _, sp in rows], batch_size,
+                               moments, progress)
+        return [self._text_score(ids[~sp], o, "rtd") for (ids, sp), o in zip(rows, out)]
+
     def seq2seq_logprobs(self, sources: Sequence[str], targets: Sequence[str], batch_size: int = 32,
                          moments: bool = False, progress: bool = False) -> list[TextScore]:
         """log p(target | source) of every target token (with the tokenizer's special tokens, e.g.
@@ -226,6 +266,9 @@ class LMScorer:
             left, right = ctx.split(BLANK)
             items += [(i, left, c, right) for c in cands]
         self.handle.stats["candidates"] += len(items)
+        if self.kind == "rtd":
+            raise ConfigError(f"{_where(self.handle)}: ELECTRA's discriminator scores whole texts, not cloze "
+                              f"candidates; candidates are scored by its generator")
         scorer = {"mlm": self._candidates_mlm, "causal": self._candidates_causal, "bilm": self._candidates_bilm,
                   "seq2seq": self._candidates_seq2seq}[self.kind]
         flat, methods, pieces = scorer(items, batch_size)
@@ -467,6 +510,26 @@ class LMScorer:
             return res
         return self._batched(rows, batch_size, run, progress, "biLM")
 
+    def _rtd_scores(self, rows, positions, batch_size, moments, progress):
+        """log P(original) = log sigmoid(-z) at positions[row] of each unmodified row (ELECTRA's
+        discriminator logit z = "replaced"); moments of the two-way distribution when asked."""
+        def run(idx):
+            ids, att = self.pad([rows[i] for i in idx])
+            z = self.model(input_ids=ids, attention_mask=att, return_dict=True).logits.float()  # [B, T]
+            lp_orig = torch.nn.functional.logsigmoid(-z).double().cpu().numpy()
+            lp_repl = torch.nn.functional.logsigmoid(z).double().cpu().numpy()
+            res = []
+            for b, i in enumerate(idx):
+                a, r = lp_orig[b, positions[i]], lp_repl[b, positions[i]]
+                mu = sd = None
+                if moments:
+                    p, q = np.exp(a), np.exp(r)
+                    mu = p * a + q * r
+                    sd = np.sqrt(p * q) * np.abs(a - r)
+                res.append((a, mu, sd, {}))
+            return res
+        return self._batched(rows, batch_size, run, progress, "discriminator")
+
     def _seq2seq_scores(self, src_rows, tgt_rows, first_scored, batch_size, moments, progress):
         """log p(target[t] | target[<t], source) for t >= first_scored[row]."""
         start = self.decoder_start_id
@@ -648,6 +711,32 @@ def _electra_generator(handle: ModelHandle):
         raise CheckpointError(f"{folder}: generator vocabulary ({gen.config.vocab_size}) is smaller than the "
                               f"tokenizer's ({len(handle.tokenizer)})")
     return gen.to(handle.device).eval()
+
+
+def _electra_discriminator(handle: ModelHandle):
+    """ELECTRA's discriminator with its replaced-token-detection head (`ElectraForPreTraining`), the
+    main folder of an ELECTRA checkpoint. The handle opens that folder as a masked LM without head
+    weights; the RTD head is loaded from the same folder and put on the handle's own body (one
+    copy of the body's weights). An in-memory `ElectraForPreTraining` is used as it is."""
+    from transformers import ElectraForPreTraining
+
+    if isinstance(handle.model, ElectraForPreTraining):
+        return handle.model
+    if handle.path is None:
+        raise CheckpointError(f"{_where(handle)}: {type(handle.model).__name__} has no discriminator head "
+                              f"(wrap an ElectraForPreTraining in the handle)")
+    try:
+        with _quiet_transformers():
+            disc, info = ElectraForPreTraining.from_pretrained(handle.path, local_files_only=True,
+                                                               output_loading_info=True)
+    except Exception as e:
+        raise CheckpointError(f"{handle.path}: cannot load ELECTRA's discriminator ({type(e).__name__}: {e})") from e
+    missing = [k for k in info.get("missing_keys", []) if k.startswith("discriminator_predictions")]
+    if missing:
+        raise CheckpointError(f"{handle.path}: no trained discriminator head (weights missing: {missing[:3]}); "
+                              f"an ELECTRA checkpoint saves it in its main folder")
+    disc.electra = handle.model.base_model
+    return disc.to(handle.device).eval()
 
 
 def _sentinels(tokenizer) -> tuple[int, int] | None:
