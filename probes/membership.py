@@ -38,8 +38,11 @@ tested on the other half: per-layer `auc` (CI) and `accuracy`; the random-init t
 
 `reference` needs a reference checkpoint trained on disjoint data (Carlini et al. 2021);
 `lira` needs a shadow set (`workbench.shadows`): the target's examples are looked up in each
-shadow model's own manifest (IN = its train split, OUT = its held-out split); shadows from the
-target's own training run are left out.
+shadow model's own manifest (IN = its train split, OUT = its held-out split; fine-tuned shadows:
+IN = the examples it trained on, OUT = the rest of its splits.json); shadows from the target's own
+training run are left out. Fine-tuning setting: members and non-members are drawn from the shadow
+set's pool only (dev/test and unsampled examples have no IN shadow); phi = Carlini et al.'s
+logit-scaled confidence on the true label, z_y - logsumexp(z_other).
 """
 
 from __future__ import annotations
@@ -172,8 +175,10 @@ def pretrain_sample(checkpoint, passage_words: int = 32, min_words: int = 8, n_e
     return _sample(m, n, info, labelled=False)
 
 
-def finetune_sample(checkpoint, n_examples: int | None = 1000, seed: int = 0, length_bin: int = 1) -> tuple[Sample, object]:
-    """Members = the examples the fine-tuned checkpoint trained on, non-members the task's others."""
+def finetune_sample(checkpoint, n_examples: int | None = 1000, seed: int = 0, length_bin: int = 1,
+                    within: list[str] | None = None) -> tuple[Sample, object]:
+    """Members = the examples the fine-tuned checkpoint trained on, non-members the task's others;
+    `within`: only these example ids (LiRA: a shadow set's pool, the examples its shadows cover)."""
     from workbench.checkpoints import read_manifest
     from workbench.finetune import load_finetune_config, load_task, members
 
@@ -187,10 +192,15 @@ def finetune_sample(checkpoint, n_examples: int | None = 1000, seed: int = 0, le
     unknown = [i for i in mem_ids + non_ids if i not in index]
     if unknown:
         raise CheckpointError(f"{checkpoint}: {len(unknown)} split id(s) not in task {data.task}, e.g. {unknown[:3]}")
+    extra = {"setting": "finetune", "task": data.task}
+    if within is not None:
+        keep = set(within)
+        mem_ids, non_ids = [i for i in mem_ids if i in keep], [i for i in non_ids if i in keep]
+        extra["within"] = f"{len(keep)} example ids (the LiRA shadow pool)"
     rows = lambda ids: [(i, i, " ".join(data.words[index[i]]), len(data.words[index[i]]),
                          (int(data.labels[index[i]]), index[i]), int(data.labels[index[i]])) for i in ids]
     chosen_m, chosen_n, info = _draw(rows(mem_ids), rows(non_ids), n_examples, seed, m["finetune"]["splits"],
-                                     {"setting": "finetune", "task": data.task}, length_bin)
+                                     extra, length_bin)
     return _sample(chosen_m, chosen_n, info, labelled=True), data
 
 
@@ -318,7 +328,8 @@ def _sample_for(unit, prepared, settings: Settings) -> Sample:
     if settings.setting == "finetune":
         key = ("finetune", str(path))
         if key not in memo:
-            memo[key] = finetune_sample(path, settings.n_examples, settings.seed, settings.length_bin)
+            memo[key] = finetune_sample(path, settings.n_examples, settings.seed, settings.length_bin,
+                                        within=_shadow_pool(settings))
         sample, _ = memo[key]
     else:
         from workbench.checkpoints import read_manifest
@@ -334,6 +345,20 @@ def _sample_for(unit, prepared, settings: Settings) -> Sample:
         info["epochs_seen"] = _epochs(m)
     prepared.notes["membership_samples"][unit.checkpoint.name] = info
     return sample
+
+
+def _shadow_pool(settings: Settings) -> list[str] | None:
+    """Finetune LiRA: the example ids of the shadow set's pool (None without LiRA); the set's kind
+    must match the setting."""
+    if "lira" not in settings.attacks:
+        return None
+    from workbench.shadows import ShadowSet
+
+    sset = ShadowSet.load(settings.shadows)
+    if sset.kind != settings.setting:
+        raise ConfigError(f"{settings.shadows}: a {sset.kind} shadow set; the {settings.setting} setting needs a "
+                          f"{settings.setting} one")
+    return sset.record["pool"]["ids"] if settings.setting == "finetune" else None
 
 
 def _epochs(manifest: dict) -> float | None:
@@ -366,9 +391,11 @@ def _reference_stats(sample: Sample, prepared, settings: Settings) -> Stats:
     return prepared.data["stats"][key]
 
 
-def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Settings):
-    """[n, S] shadow statistics phi and IN/OUT masks from each shadow's own manifest; shadows from the
-    target's training run are left out. Returns (phi, in_mask, out_mask, shadow names)."""
+def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Settings, data=None):
+    """[n, S] shadow statistics phi and IN/OUT masks from each shadow's own manifest (pretrain: its
+    corpus split; finetune: its splits.json, `workbench.finetune.members`); shadows from the
+    target's training run are left out. `data`: the task (finetune). Returns (phi, in_mask,
+    out_mask, shadow names)."""
     from workbench.models import ModelHandle
     from workbench.shadows import ShadowSet
 
@@ -376,16 +403,27 @@ def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Setting
     if key in prepared.data["stats"]:
         return prepared.data["stats"][key]
     sset = ShadowSet.load(settings.shadows)
+    if sset.kind != settings.setting:
+        raise ConfigError(f"{settings.shadows}: a {sset.kind} shadow set; the {settings.setting} setting needs a "
+                          f"{settings.setting} one")
     target_run = Path(target_path).resolve().parent
     phis, ins, outs, names = [], [], [], []
     for ck in sset.checkpoints:
         if ck.resolve().parent == target_run:
             continue
-        corpus, _ = corpus_of(ck)
-        train, held = set(corpus.doc_ids("train")), set(corpus.doc_ids("heldout"))
         h = ModelHandle.load(ck)
         if settings.setting == "finetune":
-            raise ConfigError("membership: LiRA shadows for fine-tuned classifiers are not supported yet")
+            from workbench.finetune import members
+
+            mem_ids, non_ids = (set(x) for x in members(ck))
+            st = classifier_stats(ck, h, data, sample, settings.batch_size)
+            phis.append(st.phi)
+            ins.append([d in mem_ids for d in sample.doc_ids])
+            outs.append([d in non_ids for d in sample.doc_ids])
+            names.append(str(ck.relative_to(sset.folder)))
+            continue
+        corpus, _ = corpus_of(ck)
+        train, held = set(corpus.doc_ids("train")), set(corpus.doc_ids("heldout"))
         st = lm_stats(h, sample.texts, settings.batch_size, moments=False, electra_head=settings.electra_head)
         phis.append(st.phi)
         ins.append([d in train for d in sample.doc_ids])
@@ -509,7 +547,9 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
 
             settings = dataclasses.replace(settings, attacks=tuple(settings_twin))
         else:
-            shadows = shadow_matrix(sample, unit.checkpoint.path, prepared, settings)
+            data = (prepared.data["samples"][("finetune", str(unit.checkpoint.path))][1]
+                    if settings.setting == "finetune" else None)
+            shadows = shadow_matrix(sample, unit.checkpoint.path, prepared, settings, data)
             prepared.notes.setdefault("lira_shadows", {})[unit.checkpoint.name] = shadows[3]
     how = "classifier" if settings.setting == "finetune" else scored_by(unit.handle, settings.electra_head)
     prepared.notes.setdefault("lm_score", {})[unit.model] = how

@@ -18,8 +18,18 @@ corpus-split override: `train_seed(cfg, seed, data=...)` with this set's corpus 
 trained on its train half (as the backend does), so a shadow differs from a backend model only
 in which documents it saw. Rerunning finishes an interrupted set (finished models are kept).
 
+Fine-tuned classifiers (`train_finetune_shadow_set`, record kind "finetune"): the pool is a seeded
+sample of the task's train split (dev and test stay out: they pick each model's epoch and report its
+accuracy, and no model trains on them); model m is `bertology finetune`'s recipe (`workbench.finetune`,
+one config for all) on the pool examples `balanced_keep(...)[m]` selects. Its `splits.json` lists
+train = its IN half followed by its OUT half and `n_train` = the IN half, so `finetune.members`
+reads IN = members, OUT (and dev/test) = non-members from the checkpoint as for any fine-tuned model.
+Layout `<out>/model-II/seed-II/{best,step-N}`; `use` picks the recorded checkpoint of each model:
+"best" (best dev epoch, what `bertology finetune` reports) or "last" (the last epoch).
+
 `python -m workbench.shadows CONFIG.yaml` trains the set a YAML file describes (its `shadows:`
-mapping: train (a training config), pool {sources, max_documents, seed}, n_models, seed, out).
+mapping: train (a training config), pool {sources, max_documents, seed}, n_models, seed, out; or for
+classifiers finetune (a fine-tuning config), pool {max_examples, seed}, use, n_models, seed, out).
 """
 
 from __future__ import annotations
@@ -92,6 +102,11 @@ class ShadowSet:
     folder: Path
     record: dict
     checkpoints: list[Path]
+
+    @property
+    def kind(self) -> str:
+        """"pretrain" (language models on corpus halves) or "finetune" (classifiers on task halves)."""
+        return self.record.get("kind", "pretrain")
 
     @classmethod
     def load(cls, folder: str | Path) -> ShadowSet:
@@ -169,6 +184,59 @@ def train_shadow_set(train_config, pool: dict, n_models: int, out_dir: str | Pat
     return ShadowSet.load(out)
 
 
+def finetune_pool(data, max_examples: int | None, seed: int) -> list[int]:
+    """Indices of a seeded sample of `max_examples` examples of the task's train split (all when None)."""
+    train = list(data.splits["train"])
+    if max_examples is not None and max_examples < len(train):
+        pick = np.sort(np.random.default_rng(seed).permutation(len(train))[:max_examples])
+        train = [train[i] for i in pick]
+    return train
+
+
+def train_finetune_shadow_set(finetune_config, pool: dict, n_models: int, out_dir: str | Path, seed: int = 0,
+                              use: str = "best", progress: bool = True) -> ShadowSet:
+    """`n_models` classifiers fine-tuned with one `workbench.finetune` config (a FinetuneConfig, dict
+    or YAML path), model m on the pool examples `balanced_keep(...)[m]` selects (module docstring).
+    The config's seeds, name, output folder and max_train_examples are set per model."""
+    import dataclasses
+
+    from workbench.finetune import load_finetune_config, load_task, prepare, train_seed
+
+    if use not in ("best", "last"):
+        raise ConfigError(f"finetune shadow set: use must be best or last, got {use!r}")
+    out = Path(out_dir)
+    base = load_finetune_config(finetune_config)
+    data = load_task(base)
+    if data.kind != "sentence":
+        raise ConfigError(f"finetune shadow set: membership supports sentence tasks, not {base.task} ({data.kind})")
+    pool_seed = int(pool.get("seed", 0))
+    idx = finetune_pool(data, pool.get("max_examples"), pool_seed)
+    if len(idx) < 4:
+        raise ConfigError(f"finetune shadow pool has {len(idx)} examples; need at least 4")
+    keep = balanced_keep(len(idx), n_models, seed)
+    models = []
+    for m in tqdm(range(n_models), desc="shadow classifiers", disable=not progress):
+        ins = [i for i, k in zip(idx, keep[m]) if k]
+        outs = [i for i, k in zip(idx, keep[m]) if not k]
+        data_m = dataclasses.replace(data, splits={"train": ins + outs, "dev": data.splits["dev"],
+                                                   "test": data.splits["test"]})
+        cfg = load_finetune_config(base, {
+            "name": f"{base.task}-shadow-{m:02d}", "output_dir": str(out / f"model-{m:02d}"), "seeds": [m],
+            "max_train_examples": len(ins), "keep_epoch_checkpoints": base.keep_epoch_checkpoints or use == "last",
+            "baselines": False, "progress": False})
+        run = prepare(cfg, data_m)
+        res = train_seed(cfg, m, run)
+        ck = Path(res.checkpoint) if use == "best" else run.folder / f"seed-{m}" / f"step-{res.curve[-1]['step']:07d}"
+        models.append({"index": m, "checkpoint": ck.relative_to(out).as_posix(), "n_train": len(ins),
+                       "best_epoch": res.best_epoch, "dev_accuracy": res.dev["accuracy"]})
+    record = {"format": SET_FORMAT, "kind": "finetune", "n_models": n_models, "seed": seed, "use": use,
+              "pool": {"task": base.task, "max_examples": pool.get("max_examples"), "seed": pool_seed,
+                       "examples": len(idx), "ids": [data.ids[i] for i in idx]},
+              "finetune_config": base.to_dict(), "models": models}
+    atomic_write_json(out / SET_FILE, record)
+    return ShadowSet.load(out)
+
+
 def _load_corpus(folder: Path):
     from workbench.data.corpus import CorpusSplit
 
@@ -195,9 +263,14 @@ def main(argv: list[str] | None = None) -> int:
             spec = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("shadows")
         except (OSError, yaml.YAMLError) as e:
             raise ConfigError(f"{path}: not a readable YAML file ({e})") from None
-        if not isinstance(spec, dict) or "train" not in spec or "pool" not in spec:
-            raise ConfigError(f"{path}: needs a shadows: mapping with train, pool, n_models")
+        if not isinstance(spec, dict) or not ({"train", "finetune"} & set(spec)) or "pool" not in spec:
+            raise ConfigError(f"{path}: needs a shadows: mapping with train (or finetune), pool, n_models")
         out = Path(args.out or spec.get("out") or runs_root() / "shadows" / path.stem)
+        if "finetune" in spec:
+            s = train_finetune_shadow_set(spec["finetune"], spec["pool"], int(spec.get("n_models", 16)), out,
+                                          int(spec.get("seed", 0)), use=str(spec.get("use", "best")))
+            print(f"{len(s.checkpoints)} classifiers in {s.folder}")
+            return 0
         s = train_shadow_set(spec["train"], spec["pool"], int(spec.get("n_models", 16)), out, int(spec.get("seed", 0)),
                              shared_tokenizer=bool(spec.get("shared_tokenizer", True)))
         print(f"{len(s.checkpoints)} models in {s.folder}")
