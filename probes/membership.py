@@ -40,7 +40,8 @@ tested on the other half: per-layer `auc` (CI) and `accuracy`; the random-init t
 `lira` needs a shadow set (`workbench.shadows`): the target's examples are looked up in each
 shadow model's own manifest (IN = its train split, OUT = its held-out split; fine-tuned shadows:
 IN = the examples it trained on, OUT = the rest of its splits.json); shadows from the target's own
-training run are left out. Fine-tuning setting: members and non-members are drawn from the shadow
+training run are left out; a fine-tuned target is compared with each shadow at the target's epoch
+(its step folder of that epoch, where kept). Fine-tuning setting: members and non-members are drawn from the shadow
 set's pool only (dev/test and unsampled examples have no IN shadow); phi = Carlini et al.'s
 logit-scaled confidence on the true label, z_y - logsumexp(z_other).
 """
@@ -407,10 +408,13 @@ def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Setting
         raise ConfigError(f"{settings.shadows}: a {sset.kind} shadow set; the {settings.setting} setting needs a "
                           f"{settings.setting} one")
     target_run = Path(target_path).resolve().parent
+    epoch = _finetune_epoch(target_path) if settings.setting == "finetune" else None
     phis, ins, outs, names = [], [], [], []
     for ck in sset.checkpoints:
         if ck.resolve().parent == target_run:
             continue
+        if epoch is not None:
+            ck = _at_epoch(ck, epoch)
         h = ModelHandle.load(ck)
         if settings.setting == "finetune":
             from workbench.finetune import members
@@ -434,6 +438,24 @@ def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Setting
     out = (np.array(phis).T, np.array(ins).T, np.array(outs).T, names)
     prepared.data["stats"][key] = out
     return out
+
+
+def _finetune_epoch(checkpoint) -> int | None:
+    from workbench.checkpoints import read_manifest
+
+    return (read_manifest(checkpoint) or {}).get("epoch")
+
+
+def _at_epoch(checkpoint: Path, epoch: int) -> Path:
+    """A fine-tuned shadow at the target's epoch: the step folder of its seed run saved at that epoch
+    (`keep_epoch_checkpoints`, which `use: last` sets), so that a sweep over the target's epochs
+    compares it with shadows trained as long; the recorded checkpoint when the run kept none."""
+    if _finetune_epoch(checkpoint) == epoch:
+        return checkpoint
+    for step in sorted(Path(checkpoint).parent.glob("step-*")):
+        if _finetune_epoch(step) == epoch:
+            return step
+    return checkpoint
 
 
 def attack_scores(sample: Sample, st: Stats, settings: Settings, ref: Stats | None = None,

@@ -121,6 +121,10 @@ def test_discriminator_separates_members_on_real_text(trained_electra, tmp_path)
         assert extra["scored_by"] == ("rtd (discriminator)" if head == "discriminator" else "mlm (generator)")
         assert auc.loc["loss", "n"] >= 40
         aucs[head] = auc["value"].round(3).to_dict()
+        from app.pages.membership import attack_table
+
+        table = attack_table(rows)
+        assert set(table["scored_by"]) == {extra["scored_by"]} and len(table) == 3  # the page says which head
     print("tiny ELECTRA membership AUCs:", aucs)
     assert aucs["discriminator"]["loss"] > 0.9
     assert aucs["generator"]["loss"] > 0.85

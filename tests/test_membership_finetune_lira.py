@@ -124,3 +124,23 @@ def test_finetune_lira_needs_a_finetune_shadow_set(shadow_set, tmp_path):
                 "baselines": [], "progress": False}
     with pytest.raises(ConfigError, match="pretrain shadow set"):
         runner.run_probe("membership", [target], settings, store=ResultsStore(tmp_path / "runs"))
+
+
+def test_finetune_shadows_follow_the_target_epoch(shadow_set):
+    """A target saved at epoch 3 is compared with every shadow's epoch-3 checkpoint, not its last."""
+    from probes import get_probe
+    from workbench.checkpoints import read_manifest
+
+    spec = get_probe("membership")
+    settings = spec.settings(setting="finetune", tasks=("attacks",), attacks=("loss", "lira"),
+                             shadows=str(shadow_set.folder), length_bin=4, baselines=())
+    pool = shadow_set.record["pool"]["ids"]
+    early = next(p for p in sorted(shadow_set.checkpoints[0].parent.glob("step-*")) if read_manifest(p)["epoch"] == 3)
+    sample, data = mem.finetune_sample(early, 1000, 0, 4, within=pool)
+    by_epoch = {}
+    for target in (early, shadow_set.checkpoints[0]):
+        phi, ins, _, names = mem.shadow_matrix(sample, target, mem.prepare(settings), settings, data)
+        by_epoch[read_manifest(target)["epoch"]] = phi[ins].mean()
+        assert [read_manifest(shadow_set.folder / n)["epoch"] for n in names] == [read_manifest(target)["epoch"]] * 8
+    print("mean phi of IN shadows by epoch:", by_epoch)
+    assert by_epoch[12] > by_epoch[3]  # the shadows memorise their halves as they train

@@ -24,7 +24,8 @@ def attack_table(rows: pd.DataFrame) -> pd.DataFrame:
         if auc.empty:
             continue
         line = {"model": model, "step": step, "attack": task, "auc": auc["value"].iloc[0],
-                "auc_ci": f"[{auc['ci_low'].iloc[0]:.3f}, {auc['ci_high'].iloc[0]:.3f}]", "n": auc["n"].iloc[0]}
+                "auc_ci": f"[{auc['ci_low'].iloc[0]:.3f}, {auc['ci_high'].iloc[0]:.3f}]", "n": auc["n"].iloc[0],
+                "scored_by": decode_extra(auc["extra"].iloc[0]).get("scored_by")}  # e.g. ELECTRA's generator or discriminator
         for m in ("tpr_fpr_1pct", "tpr_fpr_0.1pct", "balanced_acc"):
             r = get(m)
             line[m] = r["value"].iloc[0] if len(r) else None
