@@ -285,6 +285,9 @@ class Settings(runner.Settings):
         "help": "reference checkpoint trained on data disjoint from the target's (reference attack)"})
     shadows: str | None = field(default=None, metadata={"help": "shadow-set folder (workbench.shadows) for LiRA"})
     fix_variance: bool = field(default=False, metadata={"help": "LiRA: one global deviation instead of per example"})
+    equal_counts: bool = field(default=False, metadata={
+        "help": "LiRA: thin shadows to equal IN and OUT counts per example (a target from a balanced set; "
+                "see membership_attacks)"})
     max_roc_points: int = field(default=200, metadata={"help": "ROC points stored per attack"})
     electra_head: str = field(default="generator", metadata={
         "help": "ELECTRA: score with its generator (PLL) or its discriminator (log P(original) per token of the "
@@ -482,6 +485,8 @@ def attack_scores(sample: Sample, st: Stats, settings: Settings, ref: Stats | No
             if not usable.all():
                 raise ConfigError(f"{settings.shadows}: {int((~usable).sum())} examples lack an IN or OUT shadow "
                                   f"(the shadow pool must cover the target's examples)")
+            if settings.equal_counts:
+                ins, outs = ma.equal_shadow_counts(ins, outs, settings.seed)
             out["lira_online"] = ma.lira_online(st.phi, phi, ins, outs, fix_variance=settings.fix_variance)
             out["lira_offline"] = ma.lira_offline(st.phi, phi, ins, outs, fix_variance=settings.fix_variance)
     return out

@@ -144,3 +144,26 @@ def test_finetune_shadows_follow_the_target_epoch(shadow_set):
         assert [read_manifest(shadow_set.folder / n)["epoch"] for n in names] == [read_manifest(target)["epoch"]] * 8
     print("mean phi of IN shadows by epoch:", by_epoch)
     assert by_epoch[12] > by_epoch[3]  # the shadows memorise their halves as they train
+
+
+def test_equal_shadow_counts_removes_the_balanced_design_bias():
+    """A planted null: phi = per-model offset + per-example difficulty + noise, no memorisation. With
+    the target taken from a balanced set (each example IN for 5 of 9), online LiRA reads below 0.5;
+    thinned to equal IN/OUT counts per example it is back at 0.5."""
+    from probes import membership_attacks as ma
+    from workbench.shadows import balanced_keep
+
+    raw, equal = [], []
+    for rep in range(40):
+        rng = np.random.default_rng(rep)
+        keep = balanced_keep(400, N_MODELS, rep)
+        phi = rng.normal(0, 1, N_MODELS)[:, None] + rng.normal(0, 1, 400)[None, :] + rng.normal(0, 0.3, (N_MODELS, 400))
+        ins, outs = keep[1:].T, ~keep[1:].T
+        raw.append(roc_auc_score(keep[0], ma.lira_online(phi[0], phi[1:].T, ins, outs)))
+        ins2, outs2 = ma.equal_shadow_counts(ins, outs, seed=rep)
+        assert (ins2.sum(1) == 4).all() and (outs2.sum(1) == 3).all()
+        assert not (ins2 & ~ins).any() and not (outs2 & ~outs).any()  # only drops shadows
+        equal.append(roc_auc_score(keep[0], ma.lira_online(phi[0], phi[1:].T, ins2, outs2)))
+    print(f"null LiRA online AUC: balanced {np.mean(raw):.3f}, equal counts {np.mean(equal):.3f}")
+    assert np.mean(raw) < 0.47  # measured 0.446 (sd 0.040 over draws)
+    assert abs(np.mean(equal) - 0.5) < 0.02  # measured 0.502 (sd 0.034)
