@@ -1,5 +1,6 @@
 """Exact resume: a run killed with SIGKILL mid-way and started again with the same config ends with
-weights equal BIT FOR BIT to an uninterrupted run's (CPU, dropout on, so the restored RNG matters)."""
+weights equal BIT FOR BIT to an uninterrupted run's (CPU, dropout on, so the restored RNG matters),
+also when it is killed during a sequence-length warm-up (the length is a function of the step)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,15 @@ def setup(tmp_path):
     return cfg, env, tmp_path
 
 
-def test_sigkill_then_resume_is_bit_identical(setup):
+# 8 + 24 t / 16 floored to multiples of 8: lengths 8 (t < 6), 16 (t < 11), 24 (t < 16), then 32;
+# the kill at the step-8 checkpoint falls inside the warm-up.
+WARMUP = "seq_len_warmup: {start: 8, steps: 16}\n"
+
+
+@pytest.mark.parametrize("warmup", ["", WARMUP], ids=["plain", "seq_len_warmup"])
+def test_sigkill_then_resume_is_bit_identical(setup, warmup):
     cfg, env, tmp = setup
+    cfg.write_text(CONFIG + warmup)
     # Reference: uninterrupted (also builds the shared corpus/tokenizer cache).
     ref = _train(cfg, tmp / "ref", env)
     assert ref.wait(timeout=300) == 0, ref.stdout.read()
@@ -87,6 +95,9 @@ def test_sigkill_then_resume_is_bit_identical(setup):
     assert [r["step"] for r in run_log] == list(range(STEPS + 1))
     strip = lambda log: [{k: v for k, v in r.items() if k != "elapsed"} for r in log]  # noqa: E731
     assert strip(run_log) == strip(ref_log)
+    if warmup:  # the resumed part trained the schedule's lengths: 4 x length tokens per micro-step
+        assert [r["seq_len"] for r in run_log[1:]] == [8] * 6 + [16] * 5 + [24] * 5 + [32] * 8
+        assert [b["tokens"] - a["tokens"] for a, b in zip(run_log, run_log[1:])] == [2 * 4 * r["seq_len"] for r in run_log[1:]]
     assert [s for s, _ in list_checkpoints(run)] == checkpoint_steps(STEPS, every=6)
     # Only the latest checkpoint keeps the trainer state.
     assert [s for s, p in list_checkpoints(run) if (p / "trainer_state").exists()] == [STEPS]

@@ -22,7 +22,18 @@ eval: {batches: 2}          # held-out loss on a fixed set of batches at every c
 output_dir: null            # default <runs_root>/train/<name>; each seed in seed-<s>/
 device: auto                # auto | cpu | cuda | cuda:N
 bf16: true                  # bf16 autocast on CUDA (ignored on CPU)
+seq_len_warmup: null        # or {start: 16, steps: 500}: sequence-length warm-up (below)
 ```
+
+`seq_len_warmup` (default off): train on truncated examples whose length grows linearly from
+`start` to `max_len` over the first `steps` optimizer steps, floored to a multiple of 8 (never below
+`start`), then `max_len` (Li, Zhang & He 2022, "The Stability-Efficiency Dilemma: Investigating
+Sequence Length Warmup for Training GPT Models"). The example stream is unchanged: each example is
+cut to the step's length (special tokens kept) before the collator masks it, so the length is a
+pure function of the step and resuming stays exact; the tokens cut off are not trained, the log's
+`tokens` counts only those trained (and a `tokens:` budget still converts to steps at `max_len`).
+Held-out loss is always measured at `max_len`. Families with plain token-block or sentence-pair
+examples support it (`FamilySpec.truncate_example`); seq2seq (T5, BART) and ELMo raise ConfigError.
 
 `load_config` validates every key and value and raises `ConfigError` naming the file and the
 offending key (e.g. `experiments/train/x.yaml: corpus.heldout_fraction: must be in (0, 1), got 2`).
@@ -77,6 +88,12 @@ class EvalConfig:
 
 
 @dataclass
+class SeqLenWarmupConfig:
+    start: int  # sequence length (special tokens included) of step 0
+    steps: int  # optimizer steps over which the length grows to max_len
+
+
+@dataclass
 class TrainConfig:
     family: str
     name: str = "run"
@@ -102,6 +119,7 @@ class TrainConfig:
     output_dir: str | None = None
     device: str = "auto"
     bf16: bool = True
+    seq_len_warmup: SeqLenWarmupConfig | None = None
     deterministic: bool = True
     log_every: int = 1
     progress: bool = True
@@ -118,6 +136,16 @@ class TrainConfig:
     def warmup_steps(self) -> int:
         return int(self.warmup) if self.warmup >= 1 else int(round(self.warmup * self.total_steps))
 
+    def seq_len_at(self, step: int) -> int:
+        """The example length of optimizer step `step` under `seq_len_warmup` (max_len when off):
+        start + (max_len - start) * step / steps floored to a multiple of 8, at least start; max_len
+        from step `steps` on (Li, Zhang & He 2022)."""
+        w = self.seq_len_warmup
+        if w is None or step >= w.steps:
+            return self.max_len
+        length = w.start + (self.max_len - w.start) * step // w.steps
+        return min(self.max_len, max(w.start, length - length % 8))
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.pop("source")
@@ -128,6 +156,8 @@ class TrainConfig:
         d = self.to_dict()
         for k in ("seeds", "output_dir", "progress", "log_every", "eval", "name", "device"):
             d.pop(k)
+        if d["seq_len_warmup"] is None:  # keys added later hash as before when unused
+            d.pop("seq_len_warmup")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -252,6 +282,12 @@ def _validate(cfg: TrainConfig) -> None:
         _fail(s, "checkpoints.every", f"must be >= 1, got {cfg.checkpoints.every}")
     if cfg.eval.batches < 0:
         _fail(s, "eval.batches", f"must be >= 0, got {cfg.eval.batches}")
+    if cfg.seq_len_warmup is not None:
+        w = cfg.seq_len_warmup
+        if not 8 <= w.start <= cfg.max_len:
+            _fail(s, "seq_len_warmup.start", f"must be in [8, max_len={cfg.max_len}], got {w.start}")
+        if w.steps < 1:
+            _fail(s, "seq_len_warmup.steps", f"must be >= 1, got {w.steps}")
     if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
         _fail(s, "device", f"must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
 

@@ -9,7 +9,8 @@ final checkpoint folder of each. What a step does:
    max_len, rng)` yields the example stream with `rng` seeded from (seed, epoch); example i of a
    global micro-batch goes to DDP rank i % world_size; the family's collator turns the rank's
    examples into tensors with a `torch.Generator` seeded from (seed, micro-step, rank), so masks are
-   dynamic (Liu et al. 2019) and reproducible.
+   dynamic (Liu et al. 2019) and reproducible. With `seq_len_warmup` the examples of step t are
+   first cut to `cfg.seq_len_at(t)` tokens (`family.truncate_example`; Li, Zhang & He 2022).
 2. Step: forward under bf16 autocast on CUDA, loss / grad_accum, backward (DDP all-reduces the
    gradients on the last micro-step), clip, AdamW (no weight decay on biases and LayerNorm
    weights; Loshchilov & Hutter 2019), linear warm-up then linear decay (Devlin et al. 2019).
@@ -95,6 +96,14 @@ def lr_lambda_factory(warmup: int, total: int):
         return max(0.0, (total - step) / max(1, total - warmup))
 
     return factor
+
+
+def check_seq_len_warmup(cfg: TrainConfig, family: FamilySpec) -> None:
+    """ConfigError unless the family can train on truncated examples (`seq_len_warmup` is set)."""
+    if cfg.seq_len_warmup is not None and family.truncate_example is None:
+        raise ConfigError(
+            f"{cfg.source}: seq_len_warmup: family {family.name} does not support it (its examples "
+            f"are not plain token blocks or sentence pairs: truncating them would change the objective)")
 
 
 def _mix_seed(*parts: int) -> int:
@@ -431,6 +440,7 @@ def train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None = None, d:
 
 def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist | None) -> Path:
     family = get_family(cfg.family)
+    check_seq_len_warmup(cfg, family)
     d = d or init_distributed(cfg.device)
     device = resolve_device(cfg.device, d)
     if cfg.batch_size % d.world:
@@ -544,8 +554,12 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
         for step in range(start_step, total):
             terms: dict[str, float] = {}
             step_tokens = 0
+            seq_len = cfg.seq_len_at(step)
             for micro in range(cfg.grad_accum):
                 examples = position.next()
+                if seq_len < cfg.max_len:  # sequence-length warm-up: a pure function of the step
+                    gt = torch.Generator().manual_seed(_mix_seed(seed, step * cfg.grad_accum + micro, d.rank, 0x51E))
+                    examples = [family.truncate_example(ex, seq_len, tok, gt) for ex in examples]
                 g = torch.Generator().manual_seed(_mix_seed(seed, step * cfg.grad_accum + micro, d.rank))
                 batch = {k: v.to(device, non_blocking=True) for k, v in collate(examples, g).items()}
                 step_tokens += count_tokens(batch)
@@ -577,6 +591,8 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
             heldout = heldout_eval() if done in ckpts else None
             if d.main and (done % cfg.log_every == 0 or heldout is not None or done == total):
                 rec = {"step": done, "tokens": tokens_seen, "lr": lr, **terms, "elapsed": round(elapsed, 3)}
+                if cfg.seq_len_warmup is not None:
+                    rec["seq_len"] = seq_len
                 if heldout is not None:
                     rec.update({f"heldout_{k}": v for k, v in heldout.items()})
                 log_file.write(json.dumps(rec) + "\n")
@@ -601,6 +617,7 @@ def train_from_config(path_or_dict, overrides: dict | None = None) -> list[Path]
     """
     cfg = load_config(path_or_dict, overrides)
     family = get_family(cfg.family)
+    check_seq_len_warmup(cfg, family)  # before the corpus is built
     d = init_distributed(cfg.device)
     data = prepare_data(cfg, family, d)
     return [train_seed(cfg, seed, data, d) for seed in cfg.seeds]

@@ -33,6 +33,7 @@ from workbench.families.bert import (
     masked_lm_loss,
     mlm_options,
     sentence_pair_examples,
+    truncate_pair_example,
     word_ids,
 )
 from workbench.objectives.sentence_pairs import sop_pair
@@ -128,6 +129,7 @@ FAMILY = FamilySpec(
     presets=PRESETS,
     build_model=build_model,
     make_collator=make_collator,
+    truncate_example=truncate_pair_example,
     make_examples=sop_examples,
     packing="sentences",
     objective=OBJECTIVE,

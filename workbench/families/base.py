@@ -10,7 +10,10 @@ training loop (`workbench/train.py`) only ever talks to a family through this sp
 - `make_collator(objective, tokenizer)`: turns a list of examples into a batch of tensors, drawing
   every random choice (masks, spans, noise) from the `torch.Generator` it is given;
 - `build_model(model_config, tokenizer)`: a `PretrainingModel` whose `forward(**batch)` returns a
-  `PretrainingOutput` and whose `save_pretrained(dir)` writes a plain transformers checkpoint.
+  `PretrainingOutput` and whose `save_pretrained(dir)` writes a plain transformers checkpoint;
+- `truncate_example(example, length, tokenizer, generator)` (optional): the example cut so that the
+  collator makes a sequence of at most `length` tokens, for the sequence-length warm-up
+  (`seq_len_warmup` in `workbench.config`); None where truncation would change the objective.
 """
 
 from __future__ import annotations
@@ -54,6 +57,17 @@ class PretrainingModel(Protocol):
 
 
 Collator = Callable[[list, torch.Generator], dict]
+Truncator = Callable[[Any, int, "PreTrainedTokenizerFast", torch.Generator], Any]
+
+
+def truncate_block(example: list[int], length: int, tokenizer: "PreTrainedTokenizerFast",
+                   generator: torch.Generator | None = None) -> list[int]:
+    """The first `length` minus the family's special tokens (`[CLS] ... [SEP]`: 2) ids of a token
+    block, so that the collated sequence, specials included, has at most `length` tokens."""
+    keep = length - tokenizer.num_special_tokens_to_add(pair=False)
+    if keep < 1:
+        raise ValueError(f"length {length} leaves no room for tokens after the special tokens")
+    return list(example[:keep])
 
 
 def contiguous_blocks(corpus: "TokenizedCorpus", max_len: int, rng: np.random.Generator) -> Iterator[list[int]]:
@@ -110,6 +124,7 @@ class FamilySpec:
     auto_class: str = "AutoModel"
     description: str = ""
     examples_take_objective: bool = False  # make_examples(..., objective=settings): see `examples`
+    truncate_example: Truncator | None = None  # for seq_len_warmup: see the module docstring
 
     def __post_init__(self):
         if self.tokenizer_kind not in TOKENIZER_KINDS:

@@ -48,7 +48,7 @@ from workbench.families.base import (
     special_tokens_mask,
 )
 from workbench.objectives.mlm import IGNORE_INDEX, default_candidate_ids, mask_tokens
-from workbench.objectives.sentence_pairs import nsp_pair
+from workbench.objectives.sentence_pairs import nsp_pair, truncate_pair
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -249,6 +249,15 @@ def nsp_examples(corpus, max_len: int, rng: np.random.Generator) -> Iterator[dic
     return sentence_pair_examples(corpus, max_len, rng, make_pair)
 
 
+def truncate_pair_example(example: dict, length: int, tokenizer, generator: torch.Generator) -> dict:
+    """A sentence-pair example cut to `[CLS] a [SEP] b [SEP]` of at most `length` tokens with
+    BERT's `truncate_seq_pair` (longer segment first, front or back at random, both segments kept
+    non-empty), for the sequence-length warm-up; the label (NSP/SOP) stays the pair's."""
+    a, b = truncate_pair(example["a"], example["b"], length - tokenizer.num_special_tokens_to_add(pair=True),
+                         generator=generator)
+    return {**example, "a": a, "b": b}
+
+
 def collate_pairs(examples: list[dict], tokenizer) -> dict[str, torch.Tensor]:
     """[CLS] a [SEP] b [SEP] with segment ids, padded; `pair_label` holds each example's label."""
     seqs, types = zip(*(add_special_tokens(tokenizer, ex["a"], ex["b"], return_type_ids=True) for ex in examples))
@@ -341,6 +350,7 @@ FAMILY = FamilySpec(
     build_model=build_model,
     make_collator=make_collator,
     make_examples=nsp_examples,
+    truncate_example=truncate_pair_example,
     packing="sentences",
     objective={"objective": "mlm+nsp", **BERT_DEFAULTS},
     auto_class="AutoModelForPreTraining",

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
 
-from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences
+from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences, truncate_block
 from workbench.families.bert import SPECIAL_TOKENS, apply_mlm, checkpoint_model_config, mlm_options, objective_options
 from workbench.objectives.electra import replaced_token_detection
 from workbench.objectives.mlm import IGNORE_INDEX
@@ -150,6 +150,7 @@ FAMILY = FamilySpec(
     presets=PRESETS,
     build_model=build_model,
     make_collator=make_collator,
+    truncate_example=truncate_block,
     packing="contiguous",
     objective=OBJECTIVE,
     auto_class="AutoModelForPreTraining",

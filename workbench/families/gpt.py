@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from workbench.families.base import FamilySpec, PretrainingWrapper, add_special_tokens, pad_sequences
+from workbench.families.base import FamilySpec, PretrainingWrapper, add_special_tokens, pad_sequences, truncate_block
 from workbench.objectives.causal import causal_lm_labels
 
 EOT = "<|endoftext|>"
@@ -53,6 +53,7 @@ FAMILY = FamilySpec(
     presets=PRESETS,
     build_model=build_model,
     make_collator=make_collator,
+    truncate_example=truncate_block,
     packing="contiguous",
     objective={"objective": "causal_lm"},
     auto_class="AutoModelForCausalLM",

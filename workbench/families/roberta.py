@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from transformers import RobertaConfig, RobertaForMaskedLM
 
-from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences
+from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences, truncate_block
 from workbench.families.bert import BERT_SHAPES, apply_mlm, masked_lm_loss, mlm_options, objective_options
 
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
@@ -120,6 +120,7 @@ FAMILY = FamilySpec(
     presets=PRESETS,
     build_model=build_model,
     make_collator=make_collator,
+    truncate_example=truncate_block,
     make_examples=full_sentences,
     packing="sentences",
     objective=OBJECTIVE,

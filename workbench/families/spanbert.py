@@ -35,6 +35,7 @@ from workbench.families.base import (
     add_special_tokens,
     pad_sequences,
     special_tokens_mask,
+    truncate_block,
 )
 from workbench.families.bert import (
     BERT_SHAPES,
@@ -172,6 +173,7 @@ FAMILY = FamilySpec(
     presets=BERT_SHAPES,
     build_model=build_model,
     make_collator=make_collator,
+    truncate_example=truncate_block,
     packing="contiguous",
     objective=OBJECTIVE,
     auto_class="AutoModelForMaskedLM",
