@@ -102,8 +102,8 @@ def check_seq_len_warmup(cfg: TrainConfig, family: FamilySpec) -> None:
     """ConfigError unless the family can train on truncated examples (`seq_len_warmup` is set)."""
     if cfg.seq_len_warmup is not None and family.truncate_example is None:
         raise ConfigError(
-            f"{cfg.source}: seq_len_warmup: family {family.name} does not support it (its examples "
-            f"are not plain token blocks or sentence pairs: truncating them would change the objective)")
+            f"{cfg.source}: seq_len_warmup: family {family.name} does not support it (cutting its examples "
+            f"would change its objective; families with plain token blocks or sentence pairs do)")
 
 
 def _mix_seed(*parts: int) -> int:
