@@ -107,7 +107,9 @@ class FamilySpec:
     - `auto_class`: the transformers Auto class that opens the saved checkpoint with its head
       (e.g. "AutoModelForMaskedLM"); `AutoModel` must open it too;
     - `examples_take_objective`: `make_examples` takes `objective=` (the merged objective settings);
-      the loop calls `examples(...)`, which passes them only to such families.
+      the loop calls `examples(...)`, which passes them only to such families;
+    - `truncate_example`: cuts one example for the sequence-length warm-up (`truncate_block` for
+      plain token blocks, `bert.truncate_pair_example` for sentence pairs); None = unsupported.
     """
 
     name: str
