@@ -59,6 +59,17 @@ def test_training_heatmap_is_steps_by_layers(probe_store, tmp_path):
     assert sorted(set(data["step"])) == [0, 10] and len(data) == 6
 
 
+def test_uuas_heatmap_draws_the_stored_uuas_of_each_layer(probe_store, tmp_path):
+    r = render("training_time_heatmap_uuas", probe_store, tmp_path, formats=("html",))
+    data = pd.read_csv(r.folder / "data.csv").sort_values("layer")
+    (run_id,) = r.manifest["run_ids"]
+    rows = probe_store.read(run_id)
+    want = rows[(rows["task"] == "structural-distance") & (rows["metric"] == "uuas") & rows["layer"].notna()
+                & ~rows["model"].str.contains("random init", case=False)].sort_values("layer")
+    assert set(data["metric"]) == {"uuas"} and data["layer"].tolist() == [0, 1, 2]
+    assert data["value"].round(8).tolist() == want["value"].round(8).tolist()
+
+
 def test_depth_summary_expected_layer_matches_hand_computation(probe_store, tmp_path):
     from app.figures import expected_layers
 
