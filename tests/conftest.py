@@ -164,3 +164,19 @@ def tiny_checkpoint(tmp_path_factory, tokenizers):
     tok.save_pretrained(folder)
     (folder / "manifest.json").write_text(json.dumps({"family": "bert", "step": 7, "seed": 3}))
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_electra(tokenizers, tmp_path_factory):
+    """A tiny ELECTRA (generator + discriminator, random weights, seed 0) saved as the training loop
+    saves it: (folder, the pretrainer module, tokenizer)."""
+    from workbench.families import get_family
+
+    tok = tokenizers["bert"]
+    family = get_family("electra")
+    torch.manual_seed(0)
+    pretrainer = family.build_model(family.model_config("tiny"), tok).eval()
+    folder = tmp_path_factory.mktemp("electra") / "ckpt"
+    pretrainer.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder, pretrainer, tok

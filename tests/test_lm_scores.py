@@ -225,20 +225,8 @@ def test_elmo_saved_without_softmax_is_refused(elmo_folder, tmp_path):
         LMScorer(ModelHandle.load(folder))
 
 
-@pytest.fixture(scope="module")
-def electra_folder(tokenizers, tmp_path_factory):
-    """A tiny ELECTRA (generator + discriminator, random weights) saved as the training loop saves it."""
-    from workbench.families import get_family
-
-    tok = tokenizers["bert"]
-    family = get_family("electra")
-    torch.manual_seed(0)
-    pretrainer = family.build_model(family.model_config("tiny"), tok).eval()
-    return _save(tmp_path_factory.mktemp("electra"), pretrainer, tok), pretrainer, tok
-
-
-def test_electra_scores_through_its_generator(electra_folder, texts):
-    folder, pretrainer, tok = electra_folder
+def test_electra_scores_through_its_generator(tiny_electra, texts):
+    folder, pretrainer, tok = tiny_electra
     h = ModelHandle.load(folder)
     assert not h.head_trained  # the discriminator folder has no MLM head ...
     scorer = LMScorer(h)  # ... so the generator scores
@@ -264,8 +252,8 @@ def test_electra_scores_through_its_generator(electra_folder, texts):
         assert sc.logprobs[0] == pytest.approx(float(_logp(gen(input_ids=x[None]).logits[0, 1])[ids[1]]), abs=1e-5)
 
 
-def test_electra_without_generator_is_refused(electra_folder, tmp_path):
-    _, pretrainer, tok = electra_folder
+def test_electra_without_generator_is_refused(tiny_electra, tmp_path):
+    _, pretrainer, tok = tiny_electra
     folder = _save(tmp_path, pretrainer.model, tok, "disc_only")
     with pytest.raises(CheckpointError, match="without its generator"):
         LMScorer(ModelHandle.load(folder))

@@ -19,23 +19,8 @@ from workbench.models import ModelHandle
 TEXTS = ["the cat sat on the mat .", "a dog barked at the postman all morning .", "yes ."]
 
 
-@pytest.fixture(scope="module")
-def electra(tokenizers, tmp_path_factory):
-    """A tiny ELECTRA (random weights) saved as the training loop saves it (discriminator + generator/)."""
-    from workbench.families import get_family
-
-    tok = tokenizers["bert"]
-    family = get_family("electra")
-    torch.manual_seed(0)
-    pretrainer = family.build_model(family.model_config("tiny"), tok).eval()
-    folder = tmp_path_factory.mktemp("electra") / "ckpt"
-    pretrainer.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder, pretrainer, tok
-
-
-def test_discriminator_score_equals_hand_computation(electra):
-    folder, pretrainer, tok = electra
+def test_discriminator_score_equals_hand_computation(tiny_electra):
+    folder, pretrainer, tok = tiny_electra
     h = ModelHandle.load(folder)
     disc = LMScorer(h, electra_head="discriminator")
     assert disc.kind == "rtd" and disc.model.electra is h.model.base_model  # the RTD head on the handle's body
@@ -64,13 +49,13 @@ def test_discriminator_score_equals_hand_computation(electra):
         disc.score_candidates(["a <blank> ."], [["cat"]])
 
 
-def test_discriminator_refused_where_there_is_none(electra, tiny_models, tmp_path):
+def test_discriminator_refused_where_there_is_none(tiny_electra, tiny_models, tmp_path):
     from workbench.errors import CheckpointError
 
     model, tok = tiny_models["bert"]
     with pytest.raises(ConfigError, match="only ELECTRA"):
         LMScorer(ModelHandle(model, tok), electra_head="discriminator")
-    _, pretrainer, tok = electra
+    _, pretrainer, tok = tiny_electra
     pretrainer.generator.save_pretrained(tmp_path / "gen")  # an ELECTRA masked LM, no RTD head
     tok.save_pretrained(tmp_path / "gen")
     with pytest.raises(CheckpointError, match="no trained discriminator head"):
