@@ -62,8 +62,8 @@ from workbench.tokenization import tokenizer_hash, train_tokenizer
 STATE_DIR = "trainer_state"
 # What the `--family F --preset P` shortcut trains when no config file is given. `small` is the
 # CPU recipe measured in docs/training-plateau.md: batches of 16 x 128 at lr 1e-3 (small updates
-# leave the unigram plateau soonest per token on 2 cores), 1,200 updates (2.46M tokens, about ten
-# minutes of a 4 x 256 model on 2 idle cores); masked LMs without NSP (Liu et al. 2019).
+# leave the unigram plateau soonest per token on 2 cores), 1,200 updates (2.46M tokens: the GPT's
+# 32 minutes at about one core's share in the README's main job); masked LMs without NSP (Liu et al. 2019).
 PRESET_RECIPES = {
     "tiny": {"steps": 200},
     "small": {"steps": 1200, "batch_size": 16, "max_len": 128, "lr": 1.0e-3, "warmup": 100},
