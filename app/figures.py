@@ -23,7 +23,6 @@ only those models; `twins: false` drops random-init twins.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +34,7 @@ import yaml
 from probes import depth
 from workbench.errors import ConfigError, yaml_problem
 from workbench.paths import REPO_ROOT
+from workbench.results import decode_extra
 
 FIGURES_DIR = REPO_ROOT / "experiments" / "figures"
 FORMATS = ("png", "svg", "pdf", "html")
@@ -213,7 +213,7 @@ def aggregate_seeds(rows: pd.DataFrame, series: list[str]) -> pd.DataFrame:
     spread over them as the band and `n_seeds` counted."""
     rows = rows.copy()
     if series:
-        extra = rows["extra"].map(lambda e: json.loads(e) if isinstance(e, str) and e else {})
+        extra = rows["extra"].map(decode_extra)
         twin = rows["model"].astype(str).str.endswith(" (random init)")
         label = rows["model"].astype(str).str.replace(" (random init)", "", regex=False)
         for key in series:
@@ -269,7 +269,7 @@ def depth_summary(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     return Drawn(fig, _tidy(data))
 
 
-DEPTH_STATS = ("expected_layer", "gain_centre", "peak_layer")
+DEPTH_STATS = tuple(depth.STATS)
 _DEPTH_COLOURS = {"expected_layer": "#1f77b4", "gain_centre": "#d62728", "peak_layer": "#2ca02c"}
 
 
@@ -408,7 +408,7 @@ def roc_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     floor = float(options.get("min_fpr", 1e-3))
     fig, data = go.Figure(), []
     for _, r in sub.iterrows():
-        ex = r["extra"] if isinstance(r["extra"], dict) else json.loads(r["extra"] or "{}")
+        ex = decode_extra(r["extra"])
         fpr, tpr = np.asarray(ex.get("roc_fpr", []), float), np.asarray(ex.get("roc_tpr", []), float)
         label = f"{r['task']} (AUC {r['value']:.3f})" + (f" - {r['model']}" if sub["model"].nunique() > 1 else "")
         fig.add_trace(go.Scatter(x=np.maximum(fpr, floor), y=tpr, mode="lines", name=label))

@@ -180,13 +180,13 @@ def ratio_ci(num: np.ndarray, den: np.ndarray, units: np.ndarray, n_boot: int, s
     den = np.broadcast_to(np.asarray(den, dtype=np.float64), num.shape)
     lead = num.shape[:-1]
     flat_n, flat_d = num.reshape(-1, num.shape[-1]), den.reshape(-1, den.shape[-1])
+    # numerator and denominator resampled together: one bootstrap of the ratio, the same resamples
+    # for every row (so replicates pair across layers)
+    counts = np.random.default_rng(seed).multinomial(s, np.full(s, 1.0 / s), size=n_boot).astype(np.float64)
     pts, los, his, boots = [], [], [], []
     for r in range(flat_n.shape[0]):
         pn = engine.per_sentence_sums(flat_n[r], inv, s)
         pd_ = engine.per_sentence_sums(flat_d[r], inv, s)
-        # numerator and denominator resampled together: one bootstrap of the ratio
-        rng = np.random.default_rng(seed)
-        counts = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot).astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             boot = (counts @ pn) / (counts @ pd_)
             pts.append(pn.sum() / pd_.sum() if pd_.sum() else float("nan"))
@@ -795,7 +795,6 @@ def format_summary(rows: pd.DataFrame) -> str:
     layer is the best, where stored) and the peak layer's CI; then the data-only baselines once."""
     if rows is None or len(rows) == 0:
         return "(no rows)"
-    peak_rows = rows
     df = rows[rows["layer"].notna()]
     blocks = []
     for (model, stack), sub in df.groupby(["model", "stack"], sort=False, dropna=False):
@@ -821,7 +820,7 @@ def format_summary(rows: pd.DataFrame) -> str:
                     cell += f" [best {share['value'].iloc[0]:.0%}]"
                 cells.append(cell)
             table.append(cells)
-        peaks = _peak_lines(peak_rows[(peak_rows["model"] == model) & (peak_rows["stack"] == stack)])
+        peaks = _peak_lines(rows[(rows["model"] == model) & (rows["stack"] == stack)])
         blocks.append(f"== {model} [{stack}]\n" + runner.aligned(table) + ("\n" + "\n".join(peaks) if peaks else ""))
     base = df[df["extra"].map(lambda e: decode_extra(e).get("baseline") not in (None, "random_init"))]
     if not base.empty:

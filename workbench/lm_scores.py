@@ -257,6 +257,9 @@ class LMScorer:
         """log-probability of each candidate filling the one `<blank>` of its context, by the rule
         of the model's kind (module docstring). `batch_size`: filled sentences per forward (masked
         LM: masked copies per forward, a sentence's copies never split)."""
+        if self.kind == "rtd":
+            raise ConfigError(f"{_where(self.handle)}: ELECTRA's discriminator scores whole texts, not cloze "
+                              f"candidates; candidates are scored by its generator")
         if len(contexts) != len(candidates):
             raise ConfigError(f"{len(contexts)} contexts but {len(candidates)} candidate lists")
         items = []  # (context index, left, candidate, right)
@@ -266,9 +269,6 @@ class LMScorer:
             left, right = ctx.split(BLANK)
             items += [(i, left, c, right) for c in cands]
         self.handle.stats["candidates"] += len(items)
-        if self.kind == "rtd":
-            raise ConfigError(f"{_where(self.handle)}: ELECTRA's discriminator scores whole texts, not cloze "
-                              f"candidates; candidates are scored by its generator")
         scorer = {"mlm": self._candidates_mlm, "causal": self._candidates_causal, "bilm": self._candidates_bilm,
                   "seq2seq": self._candidates_seq2seq}[self.kind]
         flat, methods, pieces = scorer(items, batch_size)

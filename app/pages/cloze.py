@@ -174,7 +174,7 @@ def zero_shot_families(rows: pd.DataFrame, title: str, options: dict) -> figures
         fig.add_trace(go.Bar(x=tasks, y=g["value"], name=label,
                              error_y={"type": "data", "symmetric": False, "array": g["ci_high"] - g["value"],
                                       "arrayminus": g["value"] - g["ci_low"], "thickness": 1}))
-    chance = newest(sub[sub["metric"] == "random_acc"], ["random_acc"]).groupby("task")["value"].first().reindex(tasks)
+    chance = sub[sub["metric"] == "random_acc"].groupby("task")["value"].first().reindex(tasks)
     fig.add_trace(go.Scatter(x=tasks, y=chance, mode="markers", name="chance (1/K)",
                              marker={"symbol": "line-ew", "size": 90, "color": "black", "line": {"width": 2, "color": "black"}}))
     fig.update_layout(title=title, barmode="group", yaxis_title=f"{metric} (95% CI)", yaxis_range=[0, 1],
@@ -182,14 +182,7 @@ def zero_shot_families(rows: pd.DataFrame, title: str, options: dict) -> figures
     drawn = main.assign(kind="model")
     ref = sub[(sub["metric"] == "random_acc") & sub["task"].isin(tasks)].drop_duplicates("task").assign(
         kind="baseline:chance", model="chance")
-    data_ = pd.concat([drawn, ref], ignore_index=True)
-    cols = figures.DATA_COLUMNS
-    for c in cols:
-        if c not in data_:
-            data_[c] = None
-    data_ = data_[cols].copy()
-    data_["value"] = pd.to_numeric(data_["value"]).round(10)
-    return figures.Drawn(fig, data_.sort_values(["model", "task", "metric"]).reset_index(drop=True))
+    return figures.Drawn(fig, figures._tidy(pd.concat([drawn, ref], ignore_index=True)))
 
 
 PLOTS = {"cloze_zero_shot": zero_shot_families}
