@@ -1,5 +1,6 @@
 """The numbers behind the model explorer, without Streamlit: attention maps of one sentence, how
-each word's vector moves across layers, and the logit lens (top-k predictions at every layer).
+each word's vector moves across layers, and the logit lens (top-k predictions at every layer, for
+every family through the cloze probe's one implementation, `probes.cloze.blank_topk`).
 
 Attention needs eager attention (`ModelHandle.load(..., attentions=True)`; sdpa returns none).
 """
@@ -12,8 +13,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from workbench.errors import ConfigError
-from workbench.lm_scores import layer_head, lm_kind, mlm_head
+from workbench.errors import CheckpointError, ConfigError
+from workbench.lm_scores import BLANK, is_electra, lm_scorer
 from workbench.models import ModelHandle
 
 
@@ -83,51 +84,48 @@ def layer_view(handle: ModelHandle, words: list[str], pooling: str = "first") ->
                      across, pd.DataFrame(nearest, index=words))
 
 
-def has_lens(handle: ModelHandle) -> str | None:
-    """Why the logit lens cannot run on this model, or None when it can."""
-    kind = lm_kind(handle.model)
-    if kind not in ("mlm", "causal"):
-        return f"{handle.path}: {type(handle.model).__name__} has no masked-LM or causal-LM head; the logit lens needs one"
-    if not handle.head_trained:
-        return (f"{handle.path}: the checkpoint has no LM-head weights (a bare model body, as sentence-embedding "
-                f"models ship); the logit lens needs a trained head")
-    if kind == "mlm" and mlm_head(handle.model) is None:
-        return f"{handle.path}: the logit lens knows no head of {type(handle.model).__name__}"
-    return None
+def lens_scorer(handle: ModelHandle):
+    """(the scorer whose head the logit lens applies, None) or (None, why there is none): the same
+    head the cloze probe reads (`workbench.lm_scores.lm_scorer`: ELECTRA through its generator,
+    ELMo through its biLM softmax), refused with the scorer's own reason (a bare model body, an
+    ELECTRA without generator/, an ELMo without its softmax)."""
+    try:
+        return lm_scorer(handle), None
+    except (CheckpointError, ConfigError) as e:
+        return None, str(e)
 
 
-@torch.no_grad()
+def lens_notes(scorer) -> list[str]:
+    """What the lens reads for this family, where that is not the stack the other views show."""
+    notes = []
+    if scorer.kind == "seq2seq":
+        notes.append("The lens reads the decoder's layers (0 = its embeddings). The encoder has no logit lens: its "
+                     "states never meet the output head; the decoder reads them through cross-attention "
+                     "(workbench.lm_scores.layer_head).")
+    if is_electra(scorer.handle) and scorer.model is not scorer.handle.model:
+        notes.append(f"ELECTRA: the lens reads its generator ({type(scorer.model).__name__}, "
+                     f"{scorer.model.config.num_hidden_layers} layers, hidden {scorer.model.config.hidden_size}), the "
+                     f"masked LM the cloze probe scores with; the discriminator shown in the other tabs has no LM "
+                     f"head (its replaced-token head scores whole texts, not a blank).")
+    if scorer.kind == "bilm":
+        notes.append("ELMo: each layer's forward half read from the left and backward half from the right, both "
+                     "through the shared softmax (layer 0: the token encoder's output).")
+    return notes
+
+
 def logit_lens(handle: ModelHandle, words: list[str], position: int, k: int = 5) -> pd.DataFrame:
     """Top-k predictions for word `position` at every layer, through the model's own output head
-    (nostalgebraist 2020's logit lens): masked LMs predict the masked word from each layer's state
-    at the mask (head = the MLM transform + decoder); causal LMs predict the word at `position` from
-    the words before it (final layer norm, then the unembedding; the last layer's state is already
-    normalised). Columns: layer, rank, token, prob."""
-    why = has_lens(handle)
+    (nostalgebraist 2020's logit lens): the word is replaced by a blank and read exactly as the
+    cloze probe's live box reads it (`probes.cloze.blank_topk`, one implementation for every
+    family): masked LMs at the mask; causal LMs the next token after the words before it (the
+    words after are unseen); T5 the first piece after the sentinel, BART the token at the mask
+    (decoder layers); ELMo forward from the left x backward from the right. Columns: layer, rank,
+    token, prob, id; `attrs["reads"]` says what was read."""
+    from probes.cloze import blank_topk
+
+    scorer, why = lens_scorer(handle)
     if why:
         raise ConfigError(why)
     if not 0 <= position < len(words):
         raise ConfigError(f"word position {position} outside the sentence of {len(words)} words")
-    model, tok = handle.model, handle.tokenizer
-    kind = lm_kind(model)
-    if kind == "mlm":
-        text = " ".join(tok.mask_token if i == position else w for i, w in enumerate(words))
-        enc = tok(text, return_tensors="pt").to(handle.device)
-        at = (enc["input_ids"][0] == tok.mask_token_id).nonzero()[0, 0]
-        hs = model.base_model(**enc, output_hidden_states=True, return_dict=True).hidden_states
-        head = layer_head(model, "mlm")
-        logits = [head(h[0, at], i == len(hs) - 1) for i, h in enumerate(hs)]
-    else:
-        if position == 0:
-            raise ConfigError("a causal LM predicts a word from the words before it: choose a later word")
-        enc = tok(" ".join(words[:position]), return_tensors="pt").to(handle.device)
-        hs = model.base_model(**enc, output_hidden_states=True, return_dict=True).hidden_states
-        head = layer_head(model, "causal")
-        logits = [head(h[0, -1], i == len(hs) - 1) for i, h in enumerate(hs)]
-    rows = []
-    for layer, lg in enumerate(logits):
-        p = torch.softmax(lg.float(), -1)
-        top = torch.topk(p, k)
-        for rank, (pi, ti) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
-            rows.append({"layer": layer, "rank": rank, "token": tok.convert_ids_to_tokens(ti), "prob": pi})
-    return pd.DataFrame(rows)
+    return blank_topk(scorer, " ".join(BLANK if i == position else w for i, w in enumerate(words)), k)

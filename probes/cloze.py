@@ -53,7 +53,7 @@ import torch
 from probes import cloze_tasks as ct
 from probes import engine, runner
 from workbench.errors import CheckpointError, ConfigError
-from workbench.lm_scores import BLANK, LMScorer, layer_head, lm_scorer, mlm_head
+from workbench.lm_scores import BLANK, LMScorer, filled_items, layer_head, lm_scorer, mlm_head
 
 NAME = "cloze"
 TASKS = ct.TASKS
@@ -106,33 +106,23 @@ def lens_scores(scorer: LMScorer, items, batch_size: int = 32) -> np.ndarray:
     return run[scorer.kind](scorer, ctx, cands, K, batch_size)
 
 
-def _filled_items(ctx, cands):
-    out = []
-    for i, (c, cs) in enumerate(zip(ctx, cands)):
-        left, right = c.split(BLANK)
-        out += [(i, left, x, right) for x in cs]
-    return out
-
-
 def _lens_mlm(scorer, ctx, cands, K, batch_size):
     model = scorer.model
     head = layer_head(model, "mlm")
+    items = filled_items(ctx, cands)
+    filled, scored, _, _ = scorer.mlm_candidate_rows(items)
     rows: dict[bytes, int] = {}
     row_ids: list[np.ndarray] = []
     queries = []  # (row, position, target, item, candidate)
-    for i, (c, cs) in enumerate(zip(ctx, cands)):
-        left, right = c.split(BLANK)
-        filled = [scorer.encode_filled(i, left, x, right) for x in cs]
-        single = all(len(pos) == 1 for _, _, pos in filled)
-        for j, (ids, special, pos) in enumerate(filled):
-            for p in (pos if single else np.nonzero(~special)[0]):
-                masked = ids.copy()
-                masked[p] = scorer.mask_id
-                key = masked.tobytes()
-                if key not in rows:
-                    rows[key] = len(row_ids)
-                    row_ids.append(masked)
-                queries.append((rows[key], int(p), int(ids[p]), i, j))
+    for n, ((i, *_), ids, positions) in enumerate(zip(items, filled, scored)):
+        for p in positions:
+            masked = ids.copy()
+            masked[p] = scorer.mask_id
+            key = masked.tobytes()
+            if key not in rows:
+                rows[key] = len(row_ids)
+                row_ids.append(masked)
+            queries.append((rows[key], int(p), int(ids[p]), i, n % K))  # every item has K candidates
     q = np.array(queries, dtype=np.int64).reshape(-1, 5)
     L = model.config.num_hidden_layers
     out = np.zeros((L + 1, len(ctx), K))
@@ -158,10 +148,7 @@ def _lens_mlm(scorer, ctx, cands, K, batch_size):
 def _lens_causal(scorer, ctx, cands, K, batch_size):
     model = scorer.model
     head = layer_head(model, "causal")
-    flat = []
-    for i, left, x, right in _filled_items(ctx, cands):
-        ids, special, _ = scorer.encode_filled(i, left, x, right)
-        flat.append(scorer.causal_row(ids, special, f"context {i}"))
+    flat, _ = scorer.causal_candidate_rows(filled_items(ctx, cands))
     L = model.config.num_hidden_layers
     out = np.zeros((L + 1, len(flat)))
     for b0 in range(0, len(flat), batch_size):
@@ -181,7 +168,7 @@ def _lens_seq2seq(scorer, ctx, cands, K, batch_size):
     BART the whole infilled sentence (`LMScorer.seq2seq_candidate_rows`)."""
     model = scorer.model
     head = layer_head(model, "seq2seq")
-    src, tgt, first, _, _ = scorer.seq2seq_candidate_rows(_filled_items(ctx, cands))
+    src, tgt, first, _, _ = scorer.seq2seq_candidate_rows(filled_items(ctx, cands))
     start = scorer.decoder_start_id
     out = None
     for b0 in range(0, len(tgt), batch_size):
@@ -207,7 +194,7 @@ def _lens_bilm(scorer, ctx, cands, K, batch_size):
     sentence, the shared softmax on the layer's forward and backward halves."""
     model = scorer.model
     head = layer_head(model, "bilm")
-    rows = [scorer.encode_filled(*it)[0] for it in _filled_items(ctx, cands)]
+    rows = [scorer.encode_filled(*it)[0] for it in filled_items(ctx, cands)]
     L = model.config.num_hidden_layers
     out = np.zeros((L + 1, len(rows)))
     for b0 in range(0, len(rows), batch_size):
@@ -248,8 +235,7 @@ def blank_topk(scorer: LMScorer, context: str, k: int = 5) -> pd.DataFrame:
         t_ids, att = scorer.pad([ids])
         hs = model.base_model(input_ids=t_ids, attention_mask=att, output_hidden_states=True,
                               return_dict=True).hidden_states
-        logp = [torch.log_softmax(head(h[0, p], i == len(hs) - 1).float(), -1) for i, h in enumerate(hs)]
-        reads = "the masked-LM distribution at the mask"
+        read_at, reads = p, "the masked-LM distribution at the mask"
     elif kind == "causal":
         enc = tok(left.rstrip(), return_special_tokens_mask=True)
         row = scorer.causal_row(np.asarray(enc["input_ids"], dtype=np.int64),
@@ -257,8 +243,7 @@ def blank_topk(scorer: LMScorer, context: str, k: int = 5) -> pd.DataFrame:
         t_ids, att = scorer.pad([row])
         hs = model.base_model(input_ids=t_ids, attention_mask=att, output_hidden_states=True,
                               return_dict=True).hidden_states
-        logp = [torch.log_softmax(head(h[0, -1], i == len(hs) - 1).float(), -1) for i, h in enumerate(hs)]
-        reads = "the next token after the words before the blank"
+        read_at, reads = -1, "the next token after the words before the blank"
     elif kind == "seq2seq":
         src, tgt, first, _, method = scorer.seq2seq_candidate_rows([(0, left, PLACEHOLDER, right)])
         at = first[0] if method == "seq2seq-sentinel" else int(scorer.encode_filled(0, left, PLACEHOLDER, right)[2][0])
@@ -266,7 +251,7 @@ def blank_topk(scorer: LMScorer, context: str, k: int = 5) -> pd.DataFrame:
         s_ids, s_att = scorer.pad(src)
         hs = model(input_ids=s_ids, attention_mask=s_att, decoder_input_ids=scorer.pad([dec])[0],
                    output_hidden_states=True, return_dict=True).decoder_hidden_states
-        logp = [torch.log_softmax(head(h[0, -1], i == len(hs) - 1).float(), -1) for i, h in enumerate(hs)]
+        read_at = -1
         reads = ("the decoder's first piece after the sentinel" if method == "seq2seq-sentinel"
                  else "the decoder's token at the mask, the sentence before it given")
     else:  # bilm
@@ -280,6 +265,8 @@ def blank_topk(scorer: LMScorer, context: str, k: int = 5) -> pd.DataFrame:
             both = torch.log_softmax(lg[p - 1, 0], -1) + torch.log_softmax(lg[p + 1, 1], -1)
             logp.append(torch.log_softmax(both, -1))
         reads = "forward LM from the left x backward LM from the right, renormalised"
+    if kind != "bilm":  # one position per layer through the head
+        logp = [torch.log_softmax(head(h[0, read_at], i == len(hs) - 1).float(), -1) for i, h in enumerate(hs)]
     out = []
     for layer, lp in enumerate(logp):
         top = torch.topk(lp.exp(), k)
@@ -310,11 +297,14 @@ class MCHead:
         self.k = len(items[0].choices) if items else 0
         self.rows = []  # per item: list of unique row ids
         self.queries = []  # per item: list of (row within item, position, target, candidate)
-        for i, it in enumerate(items):
-            left, right = it.text.split(BLANK)
+        ctx, cands, _ = contexts_of(items)
+        per_item = [[] for _ in items]
+        for it in filled_items(ctx, cands):
+            per_item[it[0]].append(it)
+        for i, filled in enumerate(per_item):
             rows, queries, seen = [], [], {}
-            for j, x in enumerate(it.choices):
-                ids, special, pos = scorer.encode_filled(i, left, x, right)
+            for j, it in enumerate(filled):
+                ids, special, pos = scorer.encode_filled(*it)
                 if self.kind == "mlm":
                     row = ids.copy()
                     row[pos] = scorer.mask_id

@@ -300,9 +300,10 @@ def test_logit_lens_of_a_causal_lm(tokenizers):
     handle = ModelHandle(model, tokenizers["gpt"])
     words = "the cat sat on".split()
     lens = model_views.logit_lens(handle, words, 3, k=2)
-    enc = tokenizers["gpt"](" ".join(words[:3]), return_tensors="pt")
+    # the words before it behind the start token (as the cloze probe scores a causal LM)
+    ids = [tokenizers["gpt"].eos_token_id] + tokenizers["gpt"](" ".join(words[:3]))["input_ids"]
     with torch.no_grad():
-        p = torch.softmax(model(**enc).logits[0, -1], -1)
+        p = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)
     last = lens[lens["layer"] == 2].sort_values("rank")
     assert np.allclose(last["prob"], torch.topk(p, 2).values.numpy(), atol=1e-5)
 

@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 from app.figures import render
 from app.pages import cloze as page
 from probes import cloze, runner
+from tests.test_app import charts
 from tests.conftest import tiny_bert, tiny_gpt2
 from workbench.lm_scores import lm_scorer
 from workbench.models import ModelHandle
@@ -121,6 +122,18 @@ def test_cloze_page_shows_the_stored_values(cloze_store, monkeypatch):
     # the lens' last layer equals the zero-shot accuracy
     assert layers[layers["metric"] == "lens_acc"]["value"].iloc[-1] == pytest.approx(
         bert[bert["metric"] == "zero_shot_acc"]["value"].item())
+    # the nonsense-word control through the lens: a line of its own on the curve, the paired gap in the table
+    for metric in ("lens_nonsense_acc", "lens_nonsense_gap"):
+        want = bert[bert["metric"] == metric].sort_values("layer")
+        got = layers[layers["metric"] == metric].sort_values("layer")
+        assert len(want) == 3 and np.allclose(got["value"], want["value"]) and np.allclose(got["ci_low"], want["ci_low"])
+    assert layers[layers["metric"] == "lens_nonsense_acc"]["value"].iloc[-1] == pytest.approx(
+        bert[bert["metric"] == "nonsense_acc"]["value"].item())
+    fig = next(c for c in charts(at) if c["layout"].get("title", {}).get("text", "").endswith(", age"))
+    line = next(t for t in fig["data"] if t.get("name") == "lens_nonsense_acc (encoder)")
+    np.testing.assert_allclose(np.asarray(line["y"], float),
+                               bert[bert["metric"] == "lens_nonsense_acc"].sort_values("layer")["value"])
+    assert not any(t.get("name", "").startswith("lens_nonsense_gap") for t in fig["data"])
 
     curves = at.container("cloze-curve-table").dataframe[0].value  # BERT only (twins hidden), both tasks
     curves = curves[curves["task"] == "age"]

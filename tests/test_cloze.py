@@ -4,6 +4,7 @@ probe on the runner. Tiny random models on items generated from the real lexicon
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -12,7 +13,8 @@ import torch
 from probes import cloze
 from probes import cloze_tasks as ct
 from tests.conftest import tiny_bert
-from workbench.lm_scores import BLANK, lm_scorer
+from workbench.errors import ConfigError
+from workbench.lm_scores import BLANK, filled_items, lm_scorer
 from workbench.models import ModelHandle
 
 
@@ -160,6 +162,22 @@ def test_lens_rows_on_the_runner_for_seq2seq_and_elmo(handles, tmp_path, monkeyp
         assert set(lens["stack"]) == {LENS_STACK[family]}
         assert list(lens.layer) == list(range(handles[family].num_layers[LENS_STACK[family]] + 1))
         assert lens.value.iloc[-1] == pytest.approx(zs.value.iloc[0])
+
+
+def test_zero_shot_lens_and_mc_head_cut_contexts_in_one_place(handles, small_items):
+    """`lm_scores.filled_items` is the one home for cutting a context at its blank: zero-shot, the
+    logit lens and the fine-tuning head all refuse a context with two blanks the same way."""
+    items = small_items["antonym"][:2]
+    ctx, cands = [it.text for it in items], [list(it.choices) for it in items]
+    want = [(i, it.text[: it.text.index(BLANK)], c, it.text[it.text.index(BLANK) + len(BLANK):])
+            for i, it in enumerate(items) for c in it.choices]
+    assert filled_items(ctx, cands) == want
+    bad = [items[0], dataclasses.replace(items[1], text=items[1].text + " " + BLANK)]
+    for family in ("bert", "gpt"):
+        scorer = lm_scorer(handles[family])
+        for run in (cloze.zero_shot, cloze.lens_scores, cloze.MCHead):
+            with pytest.raises(ConfigError, match=f"context 1 must hold exactly one {BLANK}"):
+                run(scorer, bad)
 
 
 def test_weighted_score_by_hand():

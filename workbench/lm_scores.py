@@ -122,6 +122,20 @@ class CandidateScores:
         return [int(np.argmax(s)) if len(s) else -1 for s in self.scores]
 
 
+def filled_items(contexts: Sequence[str], candidates: Sequence[Sequence[str]]) -> list[tuple[int, str, str, str]]:
+    """(context index, left, candidate, right) for every candidate of every context, in order: how
+    a cloze context is cut at its one `<blank>` (anything else is a ConfigError naming the context)."""
+    if len(contexts) != len(candidates):
+        raise ConfigError(f"{len(contexts)} contexts but {len(candidates)} candidate lists")
+    items = []
+    for i, (ctx, cands) in enumerate(zip(contexts, candidates)):
+        if ctx.count(BLANK) != 1:
+            raise ConfigError(f"context {i} must hold exactly one {BLANK}: {ctx!r}")
+        left, right = ctx.split(BLANK)
+        items += [(i, left, c, right) for c in cands]
+    return items
+
+
 def lm_kind(model) -> str:
     """'mlm', 'causal', 'seq2seq' (a model class with that LM head), 'bilm' (ELMo's LM) or 'base'."""
     name = type(model).__name__
@@ -260,14 +274,7 @@ class LMScorer:
         if self.kind == "rtd":
             raise ConfigError(f"{_where(self.handle)}: ELECTRA's discriminator scores whole texts, not cloze "
                               f"candidates; candidates are scored by its generator")
-        if len(contexts) != len(candidates):
-            raise ConfigError(f"{len(contexts)} contexts but {len(candidates)} candidate lists")
-        items = []  # (context index, left, candidate, right)
-        for i, (ctx, cands) in enumerate(zip(contexts, candidates)):
-            if ctx.count(BLANK) != 1:
-                raise ConfigError(f"context {i} must hold exactly one {BLANK}: {ctx!r}")
-            left, right = ctx.split(BLANK)
-            items += [(i, left, c, right) for c in cands]
+        items = filled_items(contexts, candidates)
         self.handle.stats["candidates"] += len(items)
         scorer = {"mlm": self._candidates_mlm, "causal": self._candidates_causal, "bilm": self._candidates_bilm,
                   "seq2seq": self._candidates_seq2seq}[self.kind]
@@ -283,6 +290,16 @@ class LMScorer:
         return out
 
     def _candidates_mlm(self, items, batch_size):
+        rows, scored, methods, pieces = self.mlm_candidate_rows(items)
+        self.handle.stats["candidates_by_pll"] += methods.count("pll")
+        out = self._masked_scores(rows, scored, batch_size, False, False)
+        return [float(o[0].sum()) for o in out], methods, pieces
+
+    def mlm_candidate_rows(self, items):
+        """The masked-LM cloze inputs of (context index, left, candidate, right) items: (filled rows,
+        positions to mask and score one at a time per row, method per row, candidate pieces per
+        row). A context whose candidates are all one piece reads that piece ("mask"); one with a
+        longer candidate scores every filled sentence of that context by PLL ("pll")."""
         filled = [self.encode_filled(*it) for it in items]
         single = {}
         for (i, *_), (_, _, pos) in zip(items, filled):
@@ -290,16 +307,20 @@ class LMScorer:
         scored = [pos if single[i] else np.nonzero(~special)[0]
                   for (i, *_), (_, special, pos) in zip(items, filled)]
         methods = ["mask" if single[i] else "pll" for i, *_ in items]
-        self.handle.stats["candidates_by_pll"] += methods.count("pll")
-        out = self._masked_scores([ids for ids, _, _ in filled], scored, batch_size, False, False)
-        return [float(o[0].sum()) for o in out], methods, [len(pos) for _, _, pos in filled]
+        return [ids for ids, _, _ in filled], scored, methods, [len(pos) for _, _, pos in filled]
 
     def _candidates_causal(self, items, batch_size):
+        rows, pieces = self.causal_candidate_rows(items)
+        out = self._causal_scores(rows, batch_size, False, False)
+        return [float(o[0].sum()) for o in out], ["causal"] * len(items), pieces
+
+    def causal_candidate_rows(self, items):
+        """The causal cloze inputs of (context index, left, candidate, right) items: (filled rows
+        behind the start token, candidate pieces per row); the whole filled sentence is scored."""
         filled = [self.encode_filled(*it) for it in items]
         rows = [self.causal_row(ids, special, f"context {i} filled with {cand!r}")
                 for (ids, special, _), (i, _, cand, _) in zip(filled, items)]
-        out = self._causal_scores(rows, batch_size, False, False)
-        return [float(o[0].sum()) for o in out], ["causal"] * len(items), [len(p) for _, _, p in filled]
+        return rows, [len(p) for _, _, p in filled]
 
     def _candidates_bilm(self, items, batch_size):
         filled = [self.encode_filled(*it) for it in items]

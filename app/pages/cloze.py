@@ -1,6 +1,7 @@
 """The cloze probe's page (probes/cloze.py; Talmor et al. 2020, oLMpics): the zero-shot table across
 families (accuracy with its CI next to the majority / random baselines and the nonsense-word
-control), layer curves (logit-lens and linear-probe accuracy by layer), learning curves (mean and
+control), layer curves (logit-lens accuracy by layer on the real items and on the nonsense-word
+control, linear-probe accuracy by layer), learning curves (mean and
 spread per training size, the weighted score), and a live cloze box (a sentence with a blank, a
 checkpoint of the cloze runs, top-k at the blank per layer through the logit lens).
 
@@ -27,7 +28,9 @@ from workbench.results import decode_extra
 
 TITLE = "Cloze (oLMpics)"
 TABLE_METRICS = ("zero_shot_acc", "nonsense_acc", "majority_acc", "random_acc")
-LAYER_METRICS = ("lens_acc", "probe_acc", "control_acc")
+LAYER_METRICS = ("lens_acc", "lens_nonsense_acc", "lens_nonsense_gap", "probe_acc", "control_acc")
+LAYER_PLOTTED = ("lens_acc", "lens_nonsense_acc", "probe_acc", "control_acc")  # the gap goes in the table
+LINE_DASH = {"lens_nonsense_acc": "dash", "control_acc": "dot"}
 CURVE_METRICS = ("curve_acc_mean", "curve_acc_sd", "curve_acc_max", "weighted_score")
 BLANK_MARKS = ("<blank>", "[MASK]", "<mask>", "___")
 DEFAULT_SENTENCE = "A 41 year old person is [MASK] than me in age, if I am a 33 year old person."
@@ -89,8 +92,9 @@ def _ci(r) -> str:
 
 
 def layer_table(rows: pd.DataFrame, model: str, task: str) -> pd.DataFrame:
-    """Per layer: lens_acc, probe_acc, control_acc (and the lens' CI) of one model and task; the
-    stack says which layers (T5/BART's lens reads the decoder, their probe the chosen stack)."""
+    """Per layer: lens_acc, the lens on the nonsense-word control (lens_nonsense_acc) and the paired
+    gap between them (lens_nonsense_gap), probe_acc, control_acc (with CIs) of one model and task;
+    the stack says which layers (T5/BART's lens reads the decoder, their probe the chosen stack)."""
     sub = newest(rows[(rows["model"] == model) & (rows["task"] == task) & rows["layer"].notna()], LAYER_METRICS)
     if sub.empty:
         return pd.DataFrame(columns=["metric", "stack", "layer", "value", "ci_low", "ci_high"])
@@ -228,6 +232,10 @@ def render(store) -> None:
         st.plotly_chart(drawn.figure, width="stretch", key="cloze-zero-shot")
 
     st.subheader("Layer by layer: logit lens and linear probe")
+    st.caption("lens_nonsense_acc: the lens on the same items with nonsense words for the content words "
+               "(answers unchanged). A layer that knows something is above chance on the real items and "
+               "at chance on the control (lens_nonsense_gap > 0, its paired CI in the table); a layer that "
+               "merely prefers a candidate word scores the same on both.")
     per_layer = rows[rows["metric"].isin(LAYER_METRICS) & rows["layer"].notna()]
     if per_layer.empty:
         st.info("These runs hold no per-layer rows (run with --lens or --probe).")
@@ -237,8 +245,8 @@ def render(store) -> None:
         task = ui.pick("Task", sorted(per_layer.loc[per_layer["model"] == model, "task"].unique()), key="cloze-layer-task")
         curve = layer_table(rows, model, task)
         fig = go.Figure()
-        for (metric, stack), g in curve.groupby(["metric", "stack"], sort=False):
-            dash = "dot" if metric == "control_acc" else "solid"
+        for (metric, stack), g in curve[curve["metric"].isin(LAYER_PLOTTED)].groupby(["metric", "stack"], sort=False):
+            dash = LINE_DASH.get(metric, "solid")
             if g["ci_low"].notna().all():
                 fig.add_trace(go.Scatter(x=np.r_[g["layer"], g["layer"][::-1]], y=np.r_[g["ci_high"], g["ci_low"][::-1]],
                                          fill="toself", line={"width": 0}, opacity=0.15, showlegend=False,

@@ -1,6 +1,7 @@
 """Model explorer: pick a checkpoint (a folder under the runs root or a cached Hub model), type a
 sentence, and look inside: attention heatmaps per layer and head, how each word's vector moves
-across layers, and the logit lens (top-k predictions of a masked or next word at every layer)."""
+across layers, and the logit lens (top-k predictions for a blanked-out word at every layer, for every
+family with an LM head: the cloze probe's `blank_topk`; T5/BART read the decoder, the encoder has none)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import plotly.express as px
 import streamlit as st
 
 from app import data, model_views, ui
+from workbench.errors import ConfigError
 
 SOURCES = ("checkpoint under the runs root", "cached Hugging Face model", "type a path or Hub name")
 DEFAULT_SENTENCE = "The keys to the old cabinet are on the table ."
@@ -97,23 +99,25 @@ def vectors(handle, words) -> None:
 
 
 def lens(handle, words) -> None:
-    why = model_views.has_lens(handle)
+    """Top-k at a chosen word, replaced by a blank, at every layer (app.model_views.logit_lens, i.e.
+    probes.cloze.blank_topk): every family with an LM head, or one line saying why there is none."""
+    scorer, why = model_views.lens_scorer(handle)
     if why:
         st.info(why)
         return
-    from workbench.lm_scores import lm_kind
-
-    causal = lm_kind(handle.model) == "causal"
-    options = list(range(1, len(words))) if causal else list(range(len(words)))
-    if not options:
-        st.info("A causal LM predicts a word from the words before it: type at least two words.")
-        return
-    what = "next word (predict this word from the ones before)" if causal else "masked word"
-    position = st.selectbox(what, options, index=min(len(options) - 1, 1), key="ex-lens-word",
+    for note in model_views.lens_notes(scorer):
+        st.caption(note)
+    position = st.selectbox("word to blank out and predict", list(range(len(words))),
+                            index=min(len(words) - 1, 1), key="ex-lens-word",
                             format_func=lambda i: f"{i}: {words[i]}")
     k = st.slider("top k", 1, 10, 5, key="ex-lens-k")
-    table = model_views.logit_lens(handle, words, position, k)
-    wide = table.assign(cell=[f"{t} ({p:.2f})" for t, p in zip(table["token"], table["prob"])]) \
+    try:
+        table = model_views.logit_lens(handle, words, position, k)
+    except ConfigError as e:  # e.g. ELMo's blank at the sentence edge, a sentence above max_length
+        st.warning(str(e))
+        return
+    st.caption(f"{scorer.kind} head ({type(scorer.model).__name__}): {table.attrs.get('reads', '')}")
+    wide = table.assign(cell=[f"{t} ({p:.3f})" for t, p in zip(table["token"], table["prob"])]) \
         .pivot(index="layer", columns="rank", values="cell")
     ui.table(wide, "ex-lens-table", hide_index=False)
     top1 = table[table["rank"] == 1]
