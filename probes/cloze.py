@@ -20,7 +20,10 @@ each model, on the test split:
   no final norm: `lm_head` + `final_logits_bias`), rows with stack `decoder`; no lens on a
   seq2seq encoder, whose states never meet the head (the decoder reads them through
   cross-attention); ELMo the shared softmax on each layer's forward and backward halves (layer 0:
-  the token encoder's output, the same vector for both directions);
+  the token encoder's output, the same vector for both directions); with the language control,
+  the lens on the nonsense items as well (`lens_nonsense_acc`) and the paired per-item gap
+  (`lens_nonsense_gap`, CI over items), so a layer that reads the content can be told from one that
+  prefers a candidate word;
 - a linear probe on the blank's vector at every layer (`probes.engine.fit_probe`, batched over
   layers; the blank is written as the tokenizer's mask token, T5's first sentinel, or "_"; causal
   stacks read the last word, the only one that has seen the whole sentence): `probe_acc` with its
@@ -229,8 +232,9 @@ def blank_topk(scorer: LMScorer, context: str, k: int = 5) -> pd.DataFrame:
     if kind in ("mlm", "bilm"):
         ids, _, pos = scorer.encode_filled(0, left, PLACEHOLDER, right)
         p = int(pos[0])
+        # the blank is ONE token even where the placeholder splits (byte-level BPE: "Ġ" + "x")
+        ids = np.concatenate([ids[: p + 1], ids[int(pos[-1]) + 1:]])
     if kind == "mlm":
-        ids = ids.copy()
         ids[p] = scorer.mask_id
         t_ids, att = scorer.pad([ids])
         hs = model.base_model(input_ids=t_ids, attention_mask=att, output_hidden_states=True,
@@ -491,20 +495,44 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
                              extra={"methods": methods, "items_with_multipiece_candidates": multi,
                                     "head": scorer.kind}))
         if settings.lens:
-            lens = lens_scores(scorer, test, settings.batch_size)  # [L+1, N, K]
-            lc = lens.argmax(-1) == np.array([it.answer for it in test])[None]
-            a, lo, hi = accuracy_ci(lc, n_boot, seed)
-            # ELECTRA: the generator's layers (its own head), which may differ in number from the
-            # discriminator's; T5/BART: the decoder's layers
-            rows = unit.rows(task, {"lens_acc": a}, split="test", n=len(test), ci={"lens_acc": (lo, hi)},
-                             extra={"head_model": type(scorer.model).__name__})
-            out.append(rows.assign(stack="decoder") if scorer.kind == "seq2seq" else rows)
+            out.append(_lens_rows(unit, scorer, data, task, settings))
         if settings.curve_sizes:
             out.append(_learning_curve(unit, scorer, data, task, settings))
 
     if settings.probe and task in FIXED_CHOICE_TASKS:
         out.extend(_blank_probe(unit, data, task, settings))
     return out
+
+
+def lens_correct(scorer: LMScorer, items, batch_size: int = 32) -> np.ndarray:
+    """[L+1, N] bool: the logit lens' answer at every layer against the items' own answers."""
+    answers = np.array([it.answer for it in items])
+    return lens_scores(scorer, items, batch_size).argmax(-1) == answers[None]
+
+
+def _lens_rows(unit, scorer, data, task, settings) -> pd.DataFrame:
+    """Per layer: `lens_acc` on the test items and, with the language control, `lens_nonsense_acc`
+    (the same items, nonsense words for the content words, answers unchanged) and
+    `lens_nonsense_gap` = lens_acc - lens_nonsense_acc with a paired bootstrap CI over items (item i
+    of the control is item i of the test set). A layer whose lens is above chance on the real items
+    and at chance on the control reads the content; one that scores the same on both prefers a
+    candidate word (or a surface cue) whatever the sentence says. At the last layer the two
+    accuracies are zero_shot_acc and nonsense_acc (tested)."""
+    test, seed, n_boot = data["test"], settings.seed, settings.n_boot
+    lc = lens_correct(scorer, test, settings.batch_size)
+    a, lo, hi = accuracy_ci(lc, n_boot, seed)
+    metrics, ci = {"lens_acc": a}, {"lens_acc": (lo, hi)}
+    if settings.nonsense:
+        nc = lens_correct(scorer, data["nonsense"], settings.batch_size)
+        metrics["lens_nonsense_acc"], l2, h2 = accuracy_ci(nc, n_boot, seed)
+        ci["lens_nonsense_acc"] = (l2, h2)
+        metrics["lens_nonsense_gap"], l3, h3 = accuracy_ci(lc.astype(np.float64) - nc, n_boot, seed)
+        ci["lens_nonsense_gap"] = (l3, h3)
+    # ELECTRA: the generator's layers (its own head), which may differ in number from the
+    # discriminator's; T5/BART: the decoder's layers
+    rows = unit.rows(task, metrics, split="test", n=len(test), ci=ci,
+                     extra={"head_model": type(scorer.model).__name__})
+    return rows.assign(stack="decoder") if scorer.kind == "seq2seq" else rows
 
 
 def _learning_curve(unit, scorer, data, task, settings) -> pd.DataFrame:
@@ -567,7 +595,7 @@ def summary(rows: pd.DataFrame) -> str:
         return "(no rows)"
     lines = []
     header = ["model", "task", "zero-shot [95% CI]", "nonsense", "majority", "random", "lens best (layer)",
-              "probe best (layer)", "weighted score"]
+              "lens nonsense there", "probe best (layer)", "weighted score"]
     table = [header]
     def one(g, metric, ci=False):
         r = g[g.metric == metric]
@@ -583,14 +611,43 @@ def summary(rows: pd.DataFrame) -> str:
         r = r.loc[r.value.idxmax()]
         return f"{r.value:.3f} ({int(r.layer)})"
 
+    def at_lens_best(g):
+        lens, ctl = g[g.metric == "lens_acc"], g[g.metric == "lens_nonsense_acc"]
+        if lens.empty or ctl.empty:
+            return "-"
+        r = ctl[ctl.layer == lens.loc[lens.value.idxmax(), "layer"]]
+        return f"{r.value.iloc[-1]:.3f}" if len(r) else "-"
+
     for (model, task), g in rows.groupby(["model", "task"], sort=False):
         maj = rows[(rows.task == task) & (rows.metric == "majority_acc")]
         rnd = rows[(rows.task == task) & (rows.metric == "random_acc")]
         table.append([model, task, one(g, "zero_shot_acc", True), one(g, "nonsense_acc"),
                       f"{maj.value.iloc[0]:.3f}" if len(maj) else "-", f"{rnd.value.iloc[0]:.3f}" if len(rnd) else "-",
-                      best(g, "lens_acc"), best(g, "probe_acc"), one(g, "weighted_score")])
+                      best(g, "lens_acc"), at_lens_best(g), best(g, "probe_acc"), one(g, "weighted_score")])
     lines.append(runner.aligned(table))
+    lens = lens_layer_table(rows)
+    if len(lens) > 1:
+        lines += ["", "Logit lens by layer, real items vs the nonsense-word control (gap: paired, 95% CI):",
+                  runner.aligned(lens)]
     return "\n".join(lines)
+
+
+def lens_layer_table(rows: pd.DataFrame) -> list[list[str]]:
+    """Text cells, one line per (model, task, stack, layer) with lens rows: lens_acc [CI],
+    lens_nonsense_acc [CI], lens_nonsense_gap [CI] (header first)."""
+    def cell(r):
+        if r is None:
+            return "-"
+        ci = f" [{r.ci_low:.2f}, {r.ci_high:.2f}]" if pd.notna(r.ci_low) else ""
+        return f"{r.value:.3f}{ci}"
+
+    table = [["model", "task", "stack", "layer", "lens [95% CI]", "nonsense control", "lens - control"]]
+    sub = rows[rows.metric.isin(("lens_acc", "lens_nonsense_acc", "lens_nonsense_gap")) & rows.layer.notna()]
+    for (model, task, stack, layer), g in sub.groupby(["model", "task", "stack", "layer"], sort=False):
+        get = {m: g[g.metric == m].iloc[-1] for m in g.metric.unique()}
+        table.append([model, task, str(stack), str(int(layer)), cell(get.get("lens_acc")),
+                      cell(get.get("lens_nonsense_acc")), cell(get.get("lens_nonsense_gap"))])
+    return table
 
 
 PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task,

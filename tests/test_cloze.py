@@ -283,3 +283,51 @@ def test_blank_topk_last_layer_is_the_models_own_prediction(handles, family):
     assert last["id"].tolist() == want.indices.tolist()
     np.testing.assert_allclose(last["prob"].to_numpy(), want.values.numpy(), rtol=1e-4, atol=1e-6)
     assert not top[top.layer == 0]["prob"].equals(last["prob"].reset_index(drop=True))
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt", "t5", "bart", "elmo"])
+def test_lens_nonsense_control_last_layer_equals_zero_shot_control(handles, small_items, family):
+    """The language control through the lens: at the last layer, the same answers as the zero-shot
+    control (the nonsense items scored by the model's own head)."""
+    control = ct.nonsense_control(small_items["antonym"], seed=0)
+    scorer = lm_scorer(handles[family])
+    zs_correct, _ = cloze.zero_shot(scorer, control)
+    lc = cloze.lens_correct(scorer, control, batch_size=5)
+    assert lc.shape == (handles[family].num_layers[LENS_STACK[family]] + 1, len(control))
+    np.testing.assert_array_equal(lc[-1], zs_correct)
+
+
+@pytest.mark.parametrize("family", ["bert", "t5"])
+def test_lens_nonsense_rows_on_the_runner(handles, tmp_path, monkeypatch, family):
+    """`lens_nonsense_acc` per layer (T5: the decoder's), scored against the same answers as the
+    real items (the control keeps the answer distribution, item by item), equal to the lens
+    recomputed on the control; its last layer = `nonsense_acc`; the gap = lens_acc minus it, with a
+    paired CI around it; the printed table carries the three per layer."""
+    from collections import Counter
+
+    from probes import runner
+    from workbench.results import ResultsStore
+
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    values = {"tasks": ("age", "antonym"), "n_train": 40, "n_test": 30, "n_boot": 200, "progress": False,
+              "baselines": ("majority",), "probe": False}
+    _, rows = runner.run_probe(cloze.PROBE, [handles[family]], values, store=ResultsStore(tmp_path / "runs"))
+    prepared = cloze.prepare(runner.resolve_settings(cloze.PROBE, values, "test"))
+    scorer = lm_scorer(handles[family])
+    L = handles[family].num_layers[LENS_STACK[family]]
+    for task in values["tasks"]:
+        test, control = prepared.data[task]["test"], prepared.data[task]["nonsense"]
+        assert [c.answer for c in control] == [it.answer for it in test]
+        assert Counter(c.answer for c in control) == Counter(it.answer for it in test)
+        got = {m: rows[(rows.metric == m) & (rows.task == task)].sort_values("layer")
+               for m in ("lens_acc", "lens_nonsense_acc", "lens_nonsense_gap", "nonsense_acc")}
+        ctl = got["lens_nonsense_acc"]
+        assert list(ctl.layer) == list(range(L + 1)) and set(ctl["stack"]) == {LENS_STACK[family]}
+        assert (ctl.n == len(test)).all()
+        np.testing.assert_allclose(ctl.value, cloze.lens_correct(scorer, control).mean(1))
+        assert ctl.value.iloc[-1] == pytest.approx(got["nonsense_acc"].value.item())
+        gap = got["lens_nonsense_gap"]
+        np.testing.assert_allclose(gap.value, got["lens_acc"].value.to_numpy() - ctl.value.to_numpy(), atol=1e-12)
+        assert (gap.ci_low <= gap.value + 1e-12).all() and (gap.value <= gap.ci_high + 1e-12).all()
+    text = cloze.summary(rows)
+    assert "Logit lens by layer" in text and "lens - control" in text and "lens nonsense there" in text
