@@ -330,10 +330,10 @@ def _sample_for(unit, prepared, settings: Settings) -> Sample:
         raise CheckpointError(f"{unit.checkpoint.name}: membership needs a checkpoint folder with a manifest")
     memo = prepared.data["samples"]
     if settings.setting == "finetune":
-        key = ("finetune", str(path))
+        key = _finetune_key(path)
         if key not in memo:
-            memo[key] = finetune_sample(path, settings.n_examples, settings.seed, settings.length_bin,
-                                        within=_shadow_pool(settings))
+            pool = _shadow_set(prepared, settings).record["pool"]["ids"] if "lira" in settings.attacks else None
+            memo[key] = finetune_sample(path, settings.n_examples, settings.seed, settings.length_bin, within=pool)
         sample, _ = memo[key]
     else:
         from workbench.checkpoints import read_manifest
@@ -351,18 +351,23 @@ def _sample_for(unit, prepared, settings: Settings) -> Sample:
     return sample
 
 
-def _shadow_pool(settings: Settings) -> list[str] | None:
-    """Finetune LiRA: the example ids of the shadow set's pool (None without LiRA); the set's kind
-    must match the setting."""
-    if "lira" not in settings.attacks:
-        return None
-    from workbench.shadows import ShadowSet
+def _finetune_key(checkpoint) -> tuple[str, str]:
+    """The memo key of a fine-tuned checkpoint's (sample, task data) in `prepared.data["samples"]`."""
+    return ("finetune", str(checkpoint))
 
-    sset = ShadowSet.load(settings.shadows)
-    if sset.kind != settings.setting:
-        raise ConfigError(f"{settings.shadows}: a {sset.kind} shadow set; the {settings.setting} setting needs a "
-                          f"{settings.setting} one")
-    return sset.record["pool"]["ids"] if settings.setting == "finetune" else None
+
+def _shadow_set(prepared, settings: Settings):
+    """LiRA's shadow set (`settings.shadows`), loaded once per run (finetune: its pool bounds the
+    sample; its models give the shadow matrix); its kind must match the setting."""
+    if "shadow_set" not in prepared.data:
+        from workbench.shadows import ShadowSet
+
+        sset = ShadowSet.load(settings.shadows)
+        if sset.kind != settings.setting:
+            raise ConfigError(f"{settings.shadows}: a {sset.kind} shadow set; the {settings.setting} setting needs a "
+                              f"{settings.setting} one")
+        prepared.data["shadow_set"] = sset
+    return prepared.data["shadow_set"]
 
 
 def _epochs(manifest: dict) -> float | None:
@@ -373,7 +378,7 @@ def _epochs(manifest: dict) -> float | None:
 
 def _stats(handle, checkpoint, sample: Sample, prepared, settings: Settings) -> Stats:
     if settings.setting == "finetune":
-        _, data = prepared.data["samples"][("finetune", str(checkpoint))]
+        _, data = prepared.data["samples"][_finetune_key(checkpoint)]
         return classifier_stats(checkpoint, handle, data, sample, settings.batch_size)
     return lm_stats(handle, sample.texts, settings.batch_size, moments="minkpp" in settings.attacks,
                     progress=settings.progress, electra_head=settings.electra_head)
@@ -401,15 +406,11 @@ def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Setting
     target's training run are left out. `data`: the task (finetune). Returns (phi, in_mask,
     out_mask, shadow names)."""
     from workbench.models import ModelHandle
-    from workbench.shadows import ShadowSet
 
     key = ("shadows", settings.shadows, sample.key, str(target_path))
     if key in prepared.data["stats"]:
         return prepared.data["stats"][key]
-    sset = ShadowSet.load(settings.shadows)
-    if sset.kind != settings.setting:
-        raise ConfigError(f"{settings.shadows}: a {sset.kind} shadow set; the {settings.setting} setting needs a "
-                          f"{settings.setting} one")
+    sset = _shadow_set(prepared, settings)
     target_run = Path(target_path).resolve().parent
     epoch = _finetune_epoch(target_path) if settings.setting == "finetune" else None
     phis, ins, outs, names = [], [], [], []
@@ -574,7 +575,7 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
 
             settings = dataclasses.replace(settings, attacks=tuple(settings_twin))
         else:
-            data = (prepared.data["samples"][("finetune", str(unit.checkpoint.path))][1]
+            data = (prepared.data["samples"][_finetune_key(unit.checkpoint.path)][1]
                     if settings.setting == "finetune" else None)
             shadows = shadow_matrix(sample, unit.checkpoint.path, prepared, settings, data)
             prepared.notes.setdefault("lira_shadows", {})[unit.checkpoint.name] = shadows[3]

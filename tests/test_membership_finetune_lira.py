@@ -55,16 +55,21 @@ def test_finetune_shadows_record_their_halves(shadow_set):
     assert set(pool) - ins[0] <= outs and not ins[0] & outs
 
 
-def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp_path):
+def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp_path, monkeypatch):
     from probes import get_probe, runner
     from workbench.finetune import load_classifier
     from workbench.models import ModelHandle
     from workbench.results import ResultsStore
+    from workbench.shadows import ShadowSet
 
+    loads = []
+    real_load = ShadowSet.load.__func__
+    monkeypatch.setattr(ShadowSet, "load", classmethod(lambda cls, folder: loads.append(folder) or real_load(cls, folder)))
     target = shadow_set.checkpoints[0]
     settings = {"setting": "finetune", "tasks": ["attacks"], "attacks": ["loss", "lira"], "shadows": str(shadow_set.folder),
                 "length_bin": 4, "n_boot": 200, "baselines": [], "progress": False}
     _, rows = runner.run_probe("membership", [target], settings, store=ResultsStore(tmp_path / "runs"))
+    assert loads == [str(shadow_set.folder)]  # read once: its pool bounds the sample, its models give phi
     auc = rows[rows["metric"] == "auc"].set_index("task")
     print("finetune LiRA AUCs:", auc["value"].round(3).to_dict(), "n:", auc["n"].to_dict())
 
