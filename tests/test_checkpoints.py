@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_bert
-from workbench.checkpoints import (expand_checkpoints, list_steps, read_manifest, step_dir, step_number,
+from workbench.checkpoints import (expand_checkpoints, list_steps, read_manifest, seed_dir, step_dir, step_number,
                                    weight_files, weights_hash)
 from workbench.errors import CheckpointError
 from workbench.manifest import checkpoint_record
@@ -39,6 +39,7 @@ def test_step_folder_layout():
     assert step_dir("run", 8).as_posix() == "run/step-0000008"
     assert step_number(step_dir("run", 1234567)) == 1234567
     assert step_number("run/step-x") is None and step_number("run/checkpoint-8") is None
+    assert step_dir(seed_dir("run", 3), 8).as_posix() == "run/seed-3/step-0000008"
 
 
 def test_training_folder_lists_steps_in_numeric_order(tmp_path):

@@ -41,6 +41,7 @@ def shadow_set(tokenizers, tmp_path_factory):
 
 
 def test_finetune_shadows_record_their_halves(shadow_set):
+    from workbench.checkpoints import read_manifest, seed_dir, step_dir
     from workbench.finetune import load_finetune_config, load_task, members
 
     assert shadow_set.kind == "finetune" and len(shadow_set.checkpoints) == N_MODELS
@@ -53,6 +54,11 @@ def test_finetune_shadows_record_their_halves(shadow_set):
     assert all(sum(i in m for m in ins) == (N_MODELS + 1) // 2 for i in pool)  # balanced: each in 5 of 9
     outs = set(members(shadow_set.checkpoints[0])[1])
     assert set(pool) - ins[0] <= outs and not ins[0] & outs
+    # use="last": each recorded checkpoint is the step folder `workbench.finetune` saved at the last
+    # epoch (both name it through `checkpoints.seed_dir` / `step_dir`)
+    for m, ck in enumerate(shadow_set.checkpoints):
+        saved = read_manifest(ck)
+        assert saved["epoch"] == 12 and ck == step_dir(seed_dir(shadow_set.folder / f"model-{m:02d}", m), saved["step"])
 
 
 def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp_path, monkeypatch):

@@ -64,6 +64,11 @@ def step_dir(run: str | Path, step: int) -> Path:
     return Path(run) / f"{STEP_PREFIX}{int(step):07d}"
 
 
+def seed_dir(run: str | Path, seed: int) -> Path:
+    """`<run>/seed-S`: one seed's folder when a run trains several seeds (its steps: `step_dir`)."""
+    return Path(run) / f"{SEED_PREFIX}{int(seed)}"
+
+
 def step_number(path: str | Path) -> int | None:
     """The step of a `step-NNNNNNN` folder, None for any other name."""
     m = _STEP_DIR.match(Path(path).name)

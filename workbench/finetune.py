@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.checkpoints import seed_dir, step_dir
 from workbench.errors import CheckpointError, ConfigError
 from workbench.io import atomic_dir, atomic_write_json, sha256_file
 
@@ -551,7 +552,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
     `on_step(step)` is called after every optimizer step (a test interrupts training through it)."""
     from tqdm.auto import tqdm
 
-    out = run.folder / f"seed-{seed}"
+    out = seed_dir(run.folder, seed)
     done = out / "result.json"
     if done.is_file():
         return SeedResult(**json.loads(done.read_text(encoding="utf-8")))
@@ -616,7 +617,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
                               "train_loss": loop["loss_sum"] / max(1, loop["loss_n"])})
         ck_manifest = {**manifest, "epoch": epoch, "step": loop["step"], "dev_accuracy": acc}
         if cfg.keep_epoch_checkpoints:
-            _save_checkpoint(out / f"step-{loop['step']:07d}", model, run.tokenizer, ck_manifest)
+            _save_checkpoint(step_dir(out, loop["step"]), model, run.tokenizer, ck_manifest)
         if acc > loop["best"]:
             loop.update(best=acc, best_epoch=epoch, best_step=loop["step"], bad_epochs=0)
             _save_checkpoint(out / BEST_DIR, model, run.tokenizer, ck_manifest)

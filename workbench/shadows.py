@@ -200,6 +200,7 @@ def train_finetune_shadow_set(finetune_config, pool: dict, n_models: int, out_di
     The config's seeds, name, output folder and max_train_examples are set per model."""
     import dataclasses
 
+    from workbench.checkpoints import seed_dir, step_dir
     from workbench.finetune import load_finetune_config, load_task, prepare, train_seed
 
     if use not in ("best", "last"):
@@ -226,7 +227,7 @@ def train_finetune_shadow_set(finetune_config, pool: dict, n_models: int, out_di
             "baselines": False, "progress": False})
         run = prepare(cfg, data_m)
         res = train_seed(cfg, m, run)
-        ck = Path(res.checkpoint) if use == "best" else run.folder / f"seed-{m}" / f"step-{res.curve[-1]['step']:07d}"
+        ck = Path(res.checkpoint) if use == "best" else step_dir(seed_dir(run.folder, m), res.curve[-1]["step"])
         models.append({"index": m, "checkpoint": ck.relative_to(out).as_posix(), "n_train": len(ins),
                        "best_epoch": res.best_epoch, "dev_accuracy": res.dev["accuracy"]})
     record = {"format": SET_FORMAT, "kind": "finetune", "n_models": n_models, "seed": seed, "use": use,
