@@ -667,15 +667,12 @@ def fit_probe_tasks(
     for k in range(0, n, 4096):
         torch.div(x.index_select(1, perms[0][k : k + 4096]) - mu[:, None], sd[:, None], out=xs[:, k : k + 4096])
     module = _TaskSeedHeads(S, T, L, H, c, mu, sd).to(dev)
-    with torch.no_grad():  # start each head's bias at its task's smoothed log prior (as fit_probe)
-        counts = torch.stack([torch.bincount(row, minlength=c) for row in y_tr]).float() + 1
-        prior = (counts / counts.sum(1, keepdim=True)).log()  # [T, C]
-        module.b.copy_(prior.view(1, T, 1, c).expand(S, T, L, c).reshape(-1, c))
-    y_tr, y_dv = y_tr.to(dev), (y_dv.to(dev) if y_dv is not None else None)
 
     def per_head(y):  # [T, N] -> [M, N], head order (s, t, l)
         return y.view(1, T, 1, -1).expand(S, T, L, y.shape[1]).reshape(S * T * L, -1)
 
+    _prior_bias(module, per_head(y_tr), c)  # each head starts at its task's log prior (as fit_probe)
+    y_tr, y_dv = y_tr.to(dev), (y_dv.to(dev) if y_dv is not None else None)
     y_dev_heads = per_head(y_dv) if y_dv is not None else None
     tracker = _BestTracker(module, S * T * L, cfg.patience) if (cfg.early_stopping and with_dev) else None
 

@@ -375,3 +375,20 @@ def test_task_and_control_heads_of_all_seeds_in_one_program(ewt, planted):
         assert stopped[("task", s)].dev_accuracy[K] > 0.9
     with pytest.raises(Exception, match="L-BFGS|lbfgs"):
         fit_probe_tasks(xtr, {"task": (ytr, ydv)}, xdv, num_classes=C, optimizer="lbfgs")
+
+
+def test_task_heads_start_at_their_task_log_prior():
+    """fit_probe_tasks starts every (seed, task, layer) head where fit_probe does (`_prior_bias`):
+    bias = the add-one smoothed log prior of its task's labels; with lr 0 the heads stay there."""
+    from probes.engine import fit_probe_tasks
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 50, 4)).astype(np.float32)
+    tasks = {"skewed": (np.r_[np.zeros(40, int), np.ones(8, int), np.full(2, 2)], None),
+             "uniform": (np.arange(50) % 3, None)}
+    res = fit_probe_tasks(x, tasks, num_classes=4, seeds=[0, 5], optimizer="adam", lr=0.0, epochs=1)
+    for (name, seed), r in res.items():
+        counts = np.bincount(tasks[name][0], minlength=4) + 1.0
+        want = np.log(counts / counts.sum())
+        np.testing.assert_allclose(r.weights["b"], np.broadcast_to(want, (3, 4)), rtol=1e-6)
+        assert not r.weights["w"].any()
