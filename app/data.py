@@ -119,7 +119,11 @@ def open_store(root: str | Path | None = None) -> ResultsStore:
 
 def catalog(store: ResultsStore) -> pd.DataFrame:
     """The runs table with a `health` column: ok, or what is missing from the run's folder."""
-    runs = store.runs()
+    return with_health(store, store.runs())
+
+
+def with_health(store: ResultsStore, runs: pd.DataFrame) -> pd.DataFrame:
+    """Catalog rows (`store.runs(...)`) with their `health` column (see `catalog`)."""
     health = []
     for rid in runs["run_id"]:
         folder = store.results_dir / rid

@@ -4,7 +4,9 @@ error into one st.error line (a page never shows a traceback)."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
+import pandas as pd
 import streamlit as st
 
 from app import data
@@ -39,6 +41,37 @@ def show_problems(problems: list[str], limit: int = 8) -> None:
         st.warning(p)
     if len(problems) > limit:
         st.warning(f"... and {len(problems) - limit} more damaged or older runs")
+
+
+def _query(root: str, run_ids: tuple, health: tuple, filters: tuple) -> data.Loaded:
+    runs = pd.DataFrame({"run_id": list(run_ids), "health": list(health)})
+    return data.query(data.open_store(root), runs, **{k: list(v) if isinstance(v, tuple) else v for k, v in filters})
+
+
+def _manifest(root: str, run_id: str, mtime_ns: int | None) -> tuple[dict | None, list[str]]:
+    return data.manifest(data.open_store(root), run_id)
+
+
+@functools.cache
+def _cached(fn, what: str):  # made on first use: st.cache_data outside a running app (figures CLI) only warns
+    return st.cache_data(max_entries=32, show_spinner=f"reading {what}")(fn)
+
+
+def cached_query(s, runs: pd.DataFrame, **filters) -> data.Loaded:
+    """`data.query` of catalog `runs` (with their `health`), cached across reruns: a published run
+    never changes, so its id and health key the cache (a run damaged or deleted changes its health)."""
+    key = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple, set)) else v) for k, v in filters.items()))
+    return _cached(_query, "rows")(str(s.root), tuple(runs["run_id"]), tuple(runs["health"]), key)
+
+
+def cached_manifest(s, run_id: str) -> tuple[dict | None, list[str]]:
+    """`data.manifest` cached across reruns, keyed by the run id and its manifest's mtime."""
+    path = Path(s.results_dir) / run_id / data.MANIFEST_NAME
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        mtime = None
+    return _cached(_manifest, "manifests")(str(s.root), run_id, mtime)
 
 
 def catalog_or_stop(s):

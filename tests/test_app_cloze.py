@@ -155,3 +155,32 @@ def test_cloze_page_shows_the_stored_values(cloze_store, monkeypatch):
     # a sentence without a blank: one error line, no traceback
     at.text_input(key="cloze-live-text").set_value("no blank here").run()
     assert not at.exception and any("exactly one blank" in e.value for e in at.error)
+
+
+def test_cloze_page_reads_manifests_once_per_change(cloze_store, monkeypatch):
+    """The live box's checkpoint list comes from the runs' manifests, read once and again only when
+    a manifest changes (cache keyed by run id and mtime), not on every rerun."""
+    import os
+
+    import streamlit as st
+
+    from app import data
+
+    store, _ = cloze_store
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
+    reads = []
+    real = data.manifest
+    monkeypatch.setattr(data, "manifest", lambda s, run_id: reads.append(run_id) or real(s, run_id))
+    st.cache_data.clear()
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.query_params["page"] = "probe-cloze"
+    at.run()
+    ids = store.runs(probe="cloze")["run_id"].tolist()
+    assert sorted(reads) == sorted(ids) and len(at.selectbox(key="cloze-live-ckpt").options) == 2
+    at.slider(key="cloze-live-k").set_value(3).run()
+    assert sorted(reads) == sorted(ids) and not at.exception
+    path = store.results_dir / ids[0] / "manifest.json"
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    at.run()
+    assert sorted(reads) == sorted(ids + [ids[0]]) and not at.exception
+

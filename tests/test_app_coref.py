@@ -34,14 +34,20 @@ def _rows(model: str, seed: int):
     return frames, acc
 
 
-def test_coref_page_heatmap_and_best_heads(tmp_path, monkeypatch):
+def _store(tmp_path, seed: int = 0):
+    """A store with a syntax run (UPOS) and a coref run of model "m"; the heads' accuracies."""
     store = ResultsStore(tmp_path / "runs")
-    frames, acc = _rows("m", 0)
+    frames, acc = _rows("m", seed)
     with store.start_run("probe", {"probe": "syntax"}, name="syntax-test") as run:
         run.add(layer_rows({"accuracy": [.8, .9, .85, .8]}, probe="syntax", task="upos", split="dev", model="m"))
     with store.start_run("probe", {"probe": "coref"}, name="coref-test") as run:
         for f in frames:
             run.add(f)
+    return store, acc
+
+
+def test_coref_page_heatmap_and_best_heads(tmp_path, monkeypatch):
+    store, acc = _store(tmp_path)
     monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
     rows = store.query(probe="coref")
     assert np.allclose(head_matrix(rows, "m", "heads_all").to_numpy(), acc)
@@ -61,3 +67,28 @@ def test_coref_page_heatmap_and_best_heads(tmp_path, monkeypatch):
     depth = at.container("coref-depth-table").dataframe[0].value
     expected = depth[depth["metric"] == "expected_layer"].set_index("task")["value"]
     assert expected.to_dict() == pytest.approx({"upos": 1.0, "gum-pairs": 1.5, "gap": 0.2 / 0.15})
+
+
+def test_coref_page_reads_the_syntax_run_through_the_cached_query(tmp_path, monkeypatch):
+    """The same model's syntax run is read by `app.data.query` once (reruns hit the cache), and a
+    damaged one becomes a warning naming it, not an error."""
+    from app import data
+
+    store, _ = _store(tmp_path, seed=1)
+    syntax_id = store.runs(probe="syntax")["run_id"].item()
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
+    calls = []
+    real = data.query
+    monkeypatch.setattr(data, "query", lambda s, runs, **kw: calls.append(list(runs["run_id"])) or real(s, runs, **kw))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["page"] = "probe-coref"
+    at.run()
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert calls.count([syntax_id]) == 1
+    assert "upos" in set(at.container("coref-depth-table").dataframe[0].value["task"])
+    (store.results_dir / syntax_id / "rows.parquet").unlink()
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any(syntax_id in w.value and "damaged" in w.value for w in at.warning)
+

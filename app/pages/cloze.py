@@ -128,10 +128,10 @@ def weighted_scores(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def checkpoints_of(store, runs: pd.DataFrame) -> list[str]:
-    """The checkpoint folders the given runs probed (their manifests), that still exist."""
+    """The checkpoint folders the given runs probed (their manifests, cached), that still exist."""
     found = []
     for run_id in runs["run_id"]:
-        m, _ = data.manifest(store, run_id)
+        m, _ = ui.cached_manifest(store, run_id)
         for ck in (m or {}).get("checkpoints", []) or []:
             path = ck.get("path") if isinstance(ck, dict) else ck
             if path and path not in found and (Path(path) / "config.json").is_file():

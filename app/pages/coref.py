@@ -28,6 +28,7 @@ CURVES = {
 # where in depth: task -> metric(s) (syntax rows come from the newest syntax run of the same model)
 DEPTH_METRICS = {"upos": "accuracy", "deprel": "accuracy", "gum-pairs": ["auc", "antecedent_accuracy"],
                  "gum-entity-type": "accuracy", "gap": "f1"}
+SYNTAX_TASKS = ("upos", "deprel")
 HEATMAPS = {"heads_all": "GUM: head word attends most to an antecedent", "heads_gap": "GAP: more attention to the right name"}
 
 
@@ -41,17 +42,19 @@ def head_matrix(rows: pd.DataFrame, model: str, metric: str) -> pd.DataFrame:
             .pivot_table(index="layer", columns="head", values="value", aggfunc="first").sort_index())
 
 
-def with_syntax(store, rows: pd.DataFrame) -> pd.DataFrame:
+def with_syntax(store, rows: pd.DataFrame) -> data.Loaded:
     """`rows` plus, for each (non-twin) model in them, the UPOS and deprel rows of the newest syntax
-    run of that model (Tenney et al.'s comparison on one checkpoint)."""
-    frames = [rows]
+    run of that model (Tenney et al.'s comparison on one checkpoint), read through the app's cached
+    query (a damaged syntax run becomes a problem line)."""
+    frames, problems = [rows], []
     for model in dict.fromkeys(rows.loc[~rows["model"].map(data.is_twin), "model"]):
-        runs = store.runs(probe="syntax", model=model, task=["upos", "deprel"])
+        runs = store.runs(probe="syntax", model=model, task=list(SYNTAX_TASKS))
         if runs.empty:
             continue
-        df = store.read(runs["run_id"].iloc[-1]).assign(run_id=runs["run_id"].iloc[-1])
-        frames.append(df[(df["model"] == model) & df["task"].isin(["upos", "deprel"])])
-    return pd.concat(frames, ignore_index=True)
+        got = ui.cached_query(store, data.with_health(store, runs.iloc[[-1]]), model=model, task=list(SYNTAX_TASKS))
+        frames.append(got.rows)
+        problems += got.problems
+    return data.Loaded(pd.concat(frames, ignore_index=True), problems)
 
 
 def best_heads(rows: pd.DataFrame) -> pd.DataFrame:
@@ -74,8 +77,10 @@ def render(store) -> None:
     panel_curves(view, CURVES, "coref")
 
     st.subheader("Where in depth (Tenney et al. 2019)")
+    both = with_syntax(store, rows)
+    ui.show_problems(both.problems)
     try:
-        depth = figures.depth_ci(with_syntax(store, rows), "Expected layer, gain centre and peak layer (95% bootstrap CIs)",
+        depth = figures.depth_ci(both.rows, "Expected layer, gain centre and peak layer (95% bootstrap CIs)",
                                  {"metrics": DEPTH_METRICS, "reference": "upos"})
     except ConfigError as e:
         st.info(f"No depth summary: {e}")

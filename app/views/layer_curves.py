@@ -8,8 +8,6 @@ shows and what a paper figure shows cannot drift apart.
 
 from __future__ import annotations
 
-import functools
-
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -31,8 +29,7 @@ def render() -> None:
     # The metric is chosen from the catalog, so only its rows (and its baselines) are read.
     metrics, companions = data.metric_choices(runs)
     metric = ui.pick("Metric", metrics, key="lc-metric", default="accuracy")
-    loaded = cached_query(str(s.root), tuple(runs["run_id"]), tuple(runs["health"]), probe, task,
-                          tuple(dict.fromkeys([metric, *companions])))
+    loaded = ui.cached_query(s, runs, probe=probe, task=task, metric=list(dict.fromkeys([metric, *companions])))
     ui.show_problems(loaded.problems)
     rows = loaded.rows
     if rows.empty:
@@ -42,21 +39,6 @@ def render() -> None:
         st.info(f"No {metric} rows for {probe}/{task}; choose another metric.")
         return
     draw(rows, probe, task, key="lc", metric=metric)
-
-
-def _query(root: str, run_ids: tuple, health: tuple, probe: str, task: str, metrics: tuple) -> data.Loaded:
-    runs = pd.DataFrame({"run_id": list(run_ids), "health": list(health)})
-    return data.query(data.open_store(root), runs, probe=probe, task=task, metric=list(metrics))
-
-
-@functools.cache
-def _cached():  # made on first use: st.cache_data outside a running app (figures CLI) only warns
-    return st.cache_data(max_entries=16, show_spinner="reading rows")(_query)
-
-
-def cached_query(*key) -> data.Loaded:
-    """Rows of these runs; published runs never change, so their ids (and health) key the cache."""
-    return _cached()(*key)
 
 
 def draw(rows: pd.DataFrame, probe: str, task: str, key: str, metric: str | None = None) -> pd.DataFrame:
