@@ -11,7 +11,12 @@ Rendering writes, into `<runs root>/figures/<name>/` (or `--out`), the figure as
 (plotly's static export through kaleido, which drives the system Chromium) and interactive HTML,
 `data.csv` (exactly the numbers drawn, sorted, so two renders of the same store compare equal) and
 `manifest.json` (the figure spec, the query, the run ids it read, the data's sha256, the commit and
-package versions). Every write is atomic.
+package versions, the files written). Every write is atomic.
+
+The static export runs in a child process killed (with its Chromium) after `$BERTOLOGY_FIGURE_TIMEOUT`
+seconds (default 120): Chromium once hung for 21 minutes while another process rendered figures.
+On a timeout the figure falls back to the HTML alone, the manifest's `warnings` say so and its
+`files` list only what was written (an earlier render's images of the figure are removed).
 
 Queries: `run: latest` (the newest run holding the probe and tasks; with a list of probes, the
 newest run of the first probe and, for each other probe, the newest run sharing a model with it:
@@ -23,6 +28,11 @@ only those models; `twins: false` drops random-init twins.
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -32,12 +42,23 @@ import pandas as pd
 import yaml
 
 from probes import depth
-from workbench.errors import ConfigError, yaml_problem
+from workbench.errors import ConfigError, WorkbenchError, yaml_problem
 from workbench.paths import REPO_ROOT
 from workbench.results import decode_extra
 
 FIGURES_DIR = REPO_ROOT / "experiments" / "figures"
 FORMATS = ("png", "svg", "pdf", "html")
+EXPORT_TIMEOUT_ENV = "BERTOLOGY_FIGURE_TIMEOUT"
+EXPORT_TIMEOUT = 120.0  # seconds for one figure's static formats together
+# The child process of the static export: figure JSON in, one file per format out.
+_EXPORT_CHILD = """
+import sys
+from pathlib import Path
+import plotly.io as pio
+fig = pio.from_json(Path(sys.argv[1]).read_text(encoding="utf-8"))
+for fmt in sys.argv[3:]:
+    Path(sys.argv[2], "figure." + fmt).write_bytes(pio.to_image(fig, format=fmt))
+"""
 SPEC_KEYS = {"title", "query", "plot", "options", "description"}
 QUERY_KEYS = {"probe", "tasks", "metrics", "run", "name", "models", "twins", "split"}
 BASELINE_OF = {"majority": "accuracy", "control_accuracy": "accuracy", "right_branching_uuas": "uuas"}
@@ -471,6 +492,47 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------- rendering
+def export_timeout(value: float | str | None = None) -> float:
+    """Seconds a figure's static export may take: `value`, else $BERTOLOGY_FIGURE_TIMEOUT, else 120."""
+    raw = value if value is not None else os.environ.get(EXPORT_TIMEOUT_ENV, EXPORT_TIMEOUT)
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not seconds > 0:
+        raise ConfigError(f"figure export timeout must be a positive number of seconds (${EXPORT_TIMEOUT_ENV}), "
+                          f"got {raw!r}")
+    return seconds
+
+
+def _export_command(figure_json: Path, out_dir: Path, formats: list[str]) -> list[str]:
+    return [sys.executable, "-c", _EXPORT_CHILD, str(figure_json), str(out_dir), *formats]
+
+
+def static_images(figure, formats: list[str], timeout: float) -> dict[str, bytes] | None:
+    """The `formats` (png, svg, pdf) of a plotly figure through kaleido, rendered in a child process
+    in its own session, so that a hung Chromium is killed with it after `timeout` seconds: None then.
+    The child writes into a private temporary folder; nothing reaches the figure folder from it."""
+    with tempfile.TemporaryDirectory(prefix="bertology-figure-") as tmp:
+        spec = Path(tmp) / "figure.json"
+        spec.write_text(figure.to_json(), encoding="utf-8")
+        proc = subprocess.Popen(_export_command(spec, Path(tmp), formats), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the child and the Chromium it started
+            except (AttributeError, ProcessLookupError):
+                proc.kill()
+            proc.communicate()
+            return None
+        if proc.returncode != 0:
+            last = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+            raise WorkbenchError(f"static figure export (kaleido) failed: {last}")
+        return {fmt: (Path(tmp) / f"figure.{fmt}").read_bytes() for fmt in formats}
+
+
 @dataclass
 class Rendered:
     name: str
@@ -480,9 +542,11 @@ class Rendered:
 
 
 def render(name_or_path: str | Path, store=None, out: str | Path | None = None,
-           formats: tuple[str, ...] = FORMATS, run_id: str | None = None) -> Rendered:
+           formats: tuple[str, ...] = FORMATS, run_id: str | None = None,
+           timeout: float | None = None) -> Rendered:
     """Query the store, draw, and write the figure files + data.csv + manifest.json atomically.
-    `run_id` replaces the spec's run selection (draw this figure for one given run)."""
+    `run_id` replaces the spec's run selection (draw this figure for one given run); `timeout`:
+    seconds for the static export (`export_timeout`), after which only the HTML is written."""
     from workbench.io import atomic_write_bytes, atomic_write_json, atomic_write_text
     from workbench.manifest import git_state, package_versions, utc_now_iso
     from workbench.results import ResultsStore
@@ -490,6 +554,7 @@ def render(name_or_path: str | Path, store=None, out: str | Path | None = None,
     bad = set(formats) - set(FORMATS)
     if bad:
         raise ConfigError(f"unknown figure format(s) {sorted(bad)}; formats: {FORMATS}")
+    timeout = export_timeout(timeout)
     name, spec = load_spec(name_or_path)
     store = store if store is not None else ResultsStore()
     query = dict(spec.get("query") or {})
@@ -502,16 +567,29 @@ def render(name_or_path: str | Path, store=None, out: str | Path | None = None,
     folder.mkdir(parents=True, exist_ok=True)
     csv = drawn.data.to_csv(index=False, float_format="%.10g")
     files = [atomic_write_text(folder / "data.csv", csv)]
+    static = [f for f in formats if f != "html"]
+    images = static_images(drawn.figure, static, timeout) if static else {}
+    warnings = []
+    if images is None:
+        warnings.append(f"static export ({', '.join(static)}) did not finish within {timeout:g} s (kaleido's "
+                        f"Chromium hung or the machine is overloaded): only the HTML was written; render again "
+                        f"for the images (${EXPORT_TIMEOUT_ENV} sets the limit)")
+        print(f"warning: figure {name}: {warnings[-1]}", file=sys.stderr)
+        for fmt in static:  # an earlier render's images would not show this data
+            (folder / f"{name}.{fmt}").unlink(missing_ok=True)
+        formats = ("html",)
     for fmt in formats:
         path = folder / f"{name}.{fmt}"
         if fmt == "html":
             files.append(atomic_write_text(path, drawn.figure.to_html(include_plotlyjs="cdn", full_html=True)))
         else:
-            files.append(atomic_write_bytes(path, drawn.figure.to_image(format=fmt)))
+            files.append(atomic_write_bytes(path, images[fmt]))
     manifest = {"figure": name, "spec": spec, "run_ids": run_ids, "store": str(store.root),
                 "data_sha256": hashlib.sha256(csv.encode()).hexdigest(), "n_points": len(drawn.data),
                 "files": [p.name for p in files], "created": utc_now_iso(), "git": git_state(),
                 "versions": package_versions(("plotly", "kaleido", "pandas"))}
+    if warnings:
+        manifest["warnings"] = warnings
     files.append(atomic_write_json(folder / "manifest.json", manifest))
     return Rendered(name, folder, files, manifest)
 

@@ -126,3 +126,40 @@ def test_probe_a_training_folder_and_draw_its_heatmap_in_one_command(probe_store
     assert sorted(set(data["step"])) == [0, 10] and sorted(set(data["layer"])) == [0, 1, 2]
     assert (folder / "training_time_heatmap.png").read_bytes()[:4] == b"\x89PNG"
     assert f"figure training_time_heatmap: {folder}" in out
+
+
+def test_a_hung_static_export_is_killed_and_the_figure_falls_back_to_html(probe_store, tmp_path, monkeypatch, capsys):
+    """The exporter swapped for one that starts writing a PNG and then sleeps: after the timeout it
+    is killed, the figure folder holds data.csv, the HTML and the manifest (no image, no part of
+    one, and not the earlier render's PNG), and the manifest lists exactly those files and says why."""
+    import os
+    import sys
+    import time
+
+    from app import figures
+
+    name, folder = "syntax_layer_curves", tmp_path / "fig"
+    before = render(name, probe_store, folder, formats=("png", "html"))
+    assert (folder / f"{name}.png").read_bytes().startswith(b"\x89PNG")
+    seen = tmp_path / "child.txt"
+    hang = ("import os, sys, time, pathlib; pathlib.Path(sys.argv[2], 'figure.png').write_bytes(b'half');"
+            f"pathlib.Path({str(seen)!r}).write_text(f'{{os.getpid()}} {{sys.argv[2]}}'); time.sleep(300)")
+    monkeypatch.setattr(figures, "_export_command", lambda spec, out, fmts: [sys.executable, "-c", hang, str(spec),
+                                                                             str(out), *fmts])
+    monkeypatch.setenv(figures.EXPORT_TIMEOUT_ENV, "3")
+    t0 = time.monotonic()
+    r = render(name, probe_store, folder, formats=("png", "svg"))
+    assert time.monotonic() - t0 < 60
+    pid, tmp = seen.read_text().split(" ", 1)
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid), 0)  # killed (and reaped)
+    assert not os.path.exists(tmp)  # its half-written image went with its private folder
+    assert sorted(p.name for p in folder.iterdir()) == ["data.csv", "manifest.json", f"{name}.html"]
+    m = json.loads((folder / "manifest.json").read_text())
+    assert m == r.manifest and m["files"] == ["data.csv", f"{name}.html"]
+    assert len(m["warnings"]) == 1 and "(png, svg) did not finish within 3 s" in m["warnings"][0]
+    assert f"warning: figure {name}: static export" in capsys.readouterr().err
+    assert m["data_sha256"] == before.manifest["data_sha256"]
+    with pytest.raises(ConfigError, match="positive number of seconds"):
+        render(name, probe_store, folder, timeout=0)
+
