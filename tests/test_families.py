@@ -26,7 +26,7 @@ from workbench.train import evaluate_heldout, prepare_data
 
 STEPS = 30
 MAX_LEN = 64
-FAMILIES = ["bert", "roberta", "spanbert", "albert", "electra", "t5", "bart"]
+FAMILIES = ["bert", "roberta", "spanbert", "albert", "electra", "deberta", "t5", "bart"]
 # family -> (main loss term, AutoModel class, the family's pretraining class)
 EXPECT = {
     "bert": ("mlm", "BertModel", "BertForPreTraining"),
@@ -34,6 +34,7 @@ EXPECT = {
     "spanbert": ("mlm", "BertModel", "BertForMaskedLM"),
     "albert": ("mlm", "AlbertModel", "AlbertForPreTraining"),
     "electra": ("mlm_gen", "ElectraModel", "ElectraForPreTraining"),
+    "deberta": ("mlm", "DebertaV2Model", "DebertaV2ForMaskedLM"),
     "t5": ("span_corruption", "T5Model", "T5ForConditionalGeneration"),
     "bart": ("denoise", "BartModel", "BartForConditionalGeneration"),
 }
@@ -146,6 +147,38 @@ def test_tiny_run_lowers_heldout_loss_and_checkpoint_opens(name, runs):
         states = list(handle.word_states(SENTENCES, stack=stack))
         assert [s.shape for s in states] == [(layers + 1, len(w), handle.hidden_size) for w in SENTENCES]
         assert all(np.isfinite(s).all() for s in states)
+
+
+# ---- DeBERTa: BERT's batches, relative positions only ---------------------------------------------
+
+
+def test_deberta_trains_on_berts_masked_batches_without_nsp(data):
+    """The controlled swap: the same examples and masks as BERT's masked LM, no NSP label."""
+    d = data("bert")
+    examples = examples_of("bert", d, 64)
+    bert_batch = get_family("bert").make_collator({"nsp": False}, d.tokenizer)(examples, torch.Generator().manual_seed(3))
+    deberta_batch = get_family("deberta").make_collator({}, d.tokenizer)(examples, torch.Generator().manual_seed(3))
+    assert sorted(deberta_batch) == ["attention_mask", "input_ids", "labels", "token_type_ids"]
+    for key in deberta_batch:
+        assert torch.equal(deberta_batch[key], bert_batch[key]), key
+
+
+@pytest.mark.parametrize("name, shift_invariant", [("deberta", True), ("bert", False)])
+def test_deberta_states_depend_on_relative_positions_only(name, shift_invariant, data):
+    """Left padding moves every token's absolute position and none of the offsets between tokens:
+    DeBERTa's states of the real tokens do not change, BERT's (learned absolute positions) do."""
+    d = data("bert")
+    torch.manual_seed(0)
+    family = get_family(name)
+    model = family.build_model(family.model_config("tiny"), d.tokenizer).model.base_model.eval()
+    ids = torch.tensor([d.tokenizer.encode("The committee met on Tuesday to discuss the budget .")])
+    pad = torch.full((1, 5), d.tokenizer.pad_token_id)
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+        shifted = model(input_ids=torch.cat([pad, ids], 1),
+                        attention_mask=torch.cat([torch.zeros_like(pad), torch.ones_like(ids)], 1)).last_hidden_state[:, 5:]
+    difference = (plain - shifted).abs().max().item()
+    assert (difference < 1e-4) == shift_invariant, difference
 
 
 # ---- BERT: NSP balance, MLM 15% with 80/10/10, static vs dynamic, whole-word ----------------------

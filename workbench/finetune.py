@@ -15,7 +15,7 @@ these are the *members* a membership attack must find, every other id is a non-m
 How each family classifies a sentence (`pooling`, "auto" picks the first listed):
 | family | pooling | class |
 |---|---|---|
-| bert, spanbert, roberta, albert, electra | first ([CLS] / <s>) / encoder_mean | transformers `AutoModelForSequenceClassification` / `workbench.heads` |
+| bert, spanbert, roberta, albert, electra, deberta | first ([CLS] / <s>) / encoder_mean | transformers `AutoModelForSequenceClassification` / `workbench.heads` |
 | gpt | last (last non-pad token) | `GPT2ForSequenceClassification` |
 | t5, bart | decoder_last (decoder state at the final </s>) / encoder_mean | transformers' class / `workbench.heads` |
 | elmo | scalar_mix (Peters et al. 2018, mean over tokens) | `workbench.heads.ElmoForSequenceClassification` |

@@ -179,6 +179,10 @@ def _encoder_mean_heads() -> dict:
         AlbertPreTrainedModel,
     )
     from transformers.models.bert.modeling_bert import BertModel, BertPreTrainedModel
+    from transformers.models.deberta_v2.modeling_deberta_v2 import (
+        DebertaV2Model,
+        DebertaV2PreTrainedModel,
+    )
     from transformers.models.electra.modeling_electra import (
         ElectraModel,
         ElectraPreTrainedModel,
@@ -197,6 +201,8 @@ def _encoder_mean_heads() -> dict:
                                      "albert", AlbertModel),
         "electra": _encoder_mean_head("ElectraEncoderMeanForSequenceClassification", ElectraPreTrainedModel,
                                       "electra", ElectraModel),
+        "deberta": _encoder_mean_head("DebertaV2EncoderMeanForSequenceClassification", DebertaV2PreTrainedModel,
+                                      "deberta", DebertaV2Model),
         "t5": T5EncoderMeanForSequenceClassification,
         "bart": BartEncoderMeanForSequenceClassification,
     }

@@ -78,6 +78,7 @@ ELECTRA_HEADS = ("generator", "discriminator")
 _MLM_HEADS: dict[str, Callable] = {
     "BertForMaskedLM": lambda m, h: m.cls(h),
     "RobertaForMaskedLM": lambda m, h: m.lm_head(h),
+    "DebertaV2ForMaskedLM": lambda m, h: m.cls(h),  # the legacy (BERT-style) head the workbench trains
     "AlbertForMaskedLM": lambda m, h: m.predictions(h),
     "ElectraForMaskedLM": lambda m, h: m.generator_lm_head(m.generator_predictions(h)),
     "DistilBertForMaskedLM": lambda m, h: m.vocab_projector(m.vocab_layer_norm(m.activation(m.vocab_transform(h)))),

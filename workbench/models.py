@@ -64,6 +64,7 @@ FAMILY_OF_MODEL_TYPE = {
     "roberta": "roberta",
     "albert": "albert",
     "electra": "electra",
+    "deberta-v2": "deberta",
     "gpt2": "gpt",
     "openai-gpt": "gpt",
     "t5": "t5",
