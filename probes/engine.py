@@ -271,7 +271,7 @@ class _BestTracker:
 
     def __init__(self, module: nn.Module, m: int, patience: int):
         self.module = module
-        self.best = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        self.best = {k: v.detach().clone() for k, v in self._state().items()}
         self.best_score = torch.full((m,), -float("inf"))
         self.best_step = torch.zeros(m, dtype=torch.long)
         self.since = torch.zeros(m, dtype=torch.long)
@@ -284,20 +284,37 @@ class _BestTracker:
         self.best_score = torch.where(better, score, self.best_score)
         self.best_step = torch.where(better, torch.full_like(self.best_step, step), self.best_step)
         self.since = torch.where(better, torch.zeros_like(self.since), self.since + 1)
-        for k, v in self.module.state_dict().items():
+        for k, v in self._state().items():
             if v.dim() > 0 and v.shape[0] == len(better) and k not in ("allowed",):
                 mask = better.to(v.device).view(-1, *([1] * (v.dim() - 1)))
                 self.best[k] = torch.where(mask, v.detach(), self.best[k])
         return bool((self.since >= self.patience).all())
 
+    def _state(self) -> dict[str, torch.Tensor]:
+        """The module's tensors with one row per head (a module whose parameters are laid out
+        otherwise, `_TaskSeedHeads`, gives that view through `per_head_state`)."""
+        if hasattr(self.module, "per_head_state"):
+            return self.module.per_head_state()
+        return self.module.state_dict()
+
     def restore(self):
-        self.module.load_state_dict(self.best)
+        if hasattr(self.module, "load_per_head_state"):
+            self.module.load_per_head_state(self.best)
+        else:
+            self.module.load_state_dict(self.best)
 
 
-def _adam_plan(module: nn.Module, cfg: ProbeConfig, n: int):
+def _adam_plan(module: nn.Module, cfg: ProbeConfig, n: int, decayed: Sequence[nn.Parameter] = ()):
     """(Adam, its cosine schedule, epochs) for minibatch training on `n` words: at least
-    `cfg.epochs` epochs and `cfg.min_steps` steps, the cosine counted in full batches."""
-    opt = torch.optim.Adam(module.parameters(), lr=cfg.lr)
+    `cfg.epochs` epochs and `cfg.min_steps` steps, the cosine counted in full batches.
+
+    `decayed` parameters get Adam's (coupled) weight decay `cfg.l2`, i.e. the gradient of
+    l2/2 ||W||^2 added inside the optimiser's fused kernel instead of a penalty term in the graph."""
+    ids = {id(p) for p in decayed}
+    groups = [{"params": [p for p in module.parameters() if id(p) not in ids]}]
+    if decayed:
+        groups.append({"params": list(decayed), "weight_decay": cfg.l2})
+    opt = torch.optim.Adam(groups, lr=cfg.lr, fused=True)
     per_epoch = max(1, math.ceil(n / cfg.batch_size))
     epochs = max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch))
     total_steps = epochs * per_epoch
@@ -560,30 +577,43 @@ def fit_probe(
 class _TaskSeedHeads(_Heads):
     """Linear heads for every (seed, task, layer): head m = (s, t, l) in that order, M = S*T*L.
 
-    Parameters keep the head as leading dimension (so `_BestTracker` works per head) and act on
-    standardised features; they are regrouped per (seed, layer) into one [H, T*C] matrix so every
-    task's head on a layer is one wide matmul. Training batches differ per seed and are already
-    standardised (`forward_seeded`, [S*L, B, H]); evaluation features are raw and shared by all
-    seeds (`forward`, [L, N, H]; the standardisation is folded into the weights)."""
+    The parameters act on standardised features and are stored grouped per (seed, layer): `w`
+    [S*L, H, T*C] and `b` [S*L, 1, T*C], every task's head on a layer side by side, so a training
+    step is one batched matmul with no regrouping copy (`forward_seeded`: standardised batches that
+    differ per seed, [S*L, B, H]). Evaluation features are raw and shared by all seeds (`forward`,
+    [L, N, H]; the standardisation is folded into the weights). `per_head_state` gives the
+    per-head view [M, ...] that early stopping and `export` use."""
 
     def __init__(self, s: int, t: int, l: int, h: int, c: int, mu: torch.Tensor, sd: torch.Tensor):
         super().__init__()
         self.shape = (s, t, l, h, c)
-        self.w = nn.Parameter(torch.zeros(s * t * l, h, c))
-        self.b = nn.Parameter(torch.zeros(s * t * l, c))
-        self.register_buffer("mu", mu)
-        self.register_buffer("sd", sd)
+        self.w = nn.Parameter(torch.zeros(s * l, h, t * c))
+        self.b = nn.Parameter(torch.zeros(s * l, 1, t * c))
+        self.register_buffer("mu", mu.repeat(s, 1))  # [S*L, H], group (s, l) -> layer l's statistics
+        self.register_buffer("sd", sd.repeat(s, 1))
 
     def penalised(self):
         return [self.w]
 
-    def _grouped(self):
+    def penalty(self) -> torch.Tensor:
+        return 0.5 * self.per_head_state()["w"].pow(2).flatten(1).sum(1)
+
+    def per_head_state(self) -> dict[str, torch.Tensor]:
+        """{"w": [M, H, C], "b": [M, C]} (copies), head m = (s, t, l)."""
         s, t, l, h, c = self.shape
-        mu = self.mu.repeat(s * t, 1)
-        sd = self.sd.repeat(s * t, 1)
-        w, b = _fold(self.w, self.b, mu, sd)  # [M, H, C], [M, C]
-        w = w.view(s, t, l, h, c).permute(0, 2, 3, 1, 4).reshape(s * l, h, t * c)
-        b = b.view(s, t, l, c).permute(0, 2, 1, 3).reshape(s * l, 1, t * c)
+        w = self.w.detach().view(s, l, h, t, c).permute(0, 3, 1, 2, 4).reshape(s * t * l, h, c)
+        b = self.b.detach().view(s, l, t, c).permute(0, 2, 1, 3).reshape(s * t * l, c)
+        return {"w": w, "b": b}
+
+    @torch.no_grad()
+    def load_per_head_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        s, t, l, h, c = self.shape
+        self.w.copy_(state["w"].view(s, t, l, h, c).permute(0, 2, 3, 1, 4).reshape(s * l, h, t * c))
+        self.b.copy_(state["b"].view(s, t, l, c).permute(0, 2, 1, 3).reshape(s * l, 1, t * c))
+
+    def _folded(self):  # raw-feature weights, grouped: [S*L, H, T*C], [S*L, 1, T*C]
+        w = self.w / self.sd.unsqueeze(-1)
+        b = self.b - torch.bmm(self.mu.unsqueeze(1), w)
         return w, b
 
     def _ungroup(self, z: torch.Tensor) -> torch.Tensor:  # [S*L, B, T*C] -> [M, B, C]
@@ -592,22 +622,21 @@ class _TaskSeedHeads(_Heads):
         return z.view(s, l, n, t, c).permute(0, 3, 1, 2, 4).reshape(s * t * l, n, c)
 
     def forward_seeded(self, xs: torch.Tensor) -> torch.Tensor:
-        """STANDARDISED features [S*L, B, H] -> logits [S*L, B, T*C] (grouped layout, no fold, no copy)."""
-        s, t, l, h, c = self.shape
-        w = self.w.view(s, t, l, h, c).permute(0, 2, 3, 1, 4).reshape(s * l, h, t * c)
-        b = self.b.view(s, t, l, c).permute(0, 2, 1, 3).reshape(s * l, 1, t * c)
-        return torch.baddbmm(b, xs, w)
+        """STANDARDISED features [S*L, B, H] -> logits [S*L, B, T*C] (grouped layout)."""
+        return torch.baddbmm(self.b, xs, self.w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [L, N, H] shared by all seeds -> [M, N, C]
         s, t, l, h, c = self.shape
-        w, b = self._grouped()
+        w, b = self._folded()
         z = torch.stack([torch.baddbmm(b.view(s, l, 1, t * c)[k], x, w.view(s, l, h, t * c)[k]) for k in range(s)])
         return self._ungroup(z.view(s * l, x.shape[1], t * c))
 
     def export(self) -> dict[str, np.ndarray]:
         s, t, l, h, c = self.shape
-        w, b = _fold(self.w, self.b, self.mu.repeat(s * t, 1), self.sd.repeat(s * t, 1))
-        return {"w": w.detach().cpu().numpy().reshape(s, t, l, h, c), "b": b.detach().cpu().numpy().reshape(s, t, l, c)}
+        w, b = self._folded()
+        w = w.detach().view(s, l, h, t, c).permute(0, 3, 1, 2, 4)  # [S, T, L, H, C]
+        b = b.detach().view(s, l, t, c).permute(0, 2, 1, 3)  # [S, T, L, C]
+        return {"w": w.cpu().numpy().copy(), "b": b.cpu().numpy().copy()}
 
 
 def fit_probe_tasks(
@@ -671,7 +700,8 @@ def fit_probe_tasks(
     def per_head(y):  # [T, N] -> [M, N], head order (s, t, l)
         return y.view(1, T, 1, -1).expand(S, T, L, y.shape[1]).reshape(S * T * L, -1)
 
-    _prior_bias(module, per_head(y_tr), c)  # each head starts at its task's log prior (as fit_probe)
+    with torch.no_grad():  # each head starts at its task's log prior (as fit_probe's do)
+        module.b.copy_(_log_prior(y_tr, c).reshape(1, 1, T * c).expand_as(module.b))
     y_tr, y_dv = y_tr.to(dev), (y_dv.to(dev) if y_dv is not None else None)
     y_dev_heads = per_head(y_dv) if y_dv is not None else None
     tracker = _BestTracker(module, S * T * L, cfg.patience) if (cfg.early_stopping and with_dev) else None
@@ -682,7 +712,7 @@ def fit_probe_tasks(
 
     if tracker is not None:
         dev_check(0)
-    opt, sched, epochs = _adam_plan(module, cfg, n)
+    opt, sched, epochs = _adam_plan(module, cfg, n, decayed=[module.w])  # the L2 term of every head
     module.train()
     steps, xb = 0, None
     y_t = y_tr.t().contiguous()  # [N, T]: one gather per seed gives every task's labels
@@ -710,9 +740,10 @@ def fit_probe_tasks(
                     xb[:L].copy_(xs[:, lo:hi])
                 else:
                     torch.index_select(xs, 1, where[i], out=xb[si * L : (si + 1) * L])
-            # The objective is the sum over heads of (mean CE + lambda * penalty); each head's
-            # gradient depends on its own term only, so the sum is taken in the grouped layout
-            # [S, L, B, T, C] without splitting it per head.
+            # The objective is the sum over heads of (mean CE + lambda/2 ||W||^2); each head's
+            # gradient depends on its own term only, so the data term is summed in the grouped
+            # layout [S, L, B, T, C] without splitting it per head, and the L2 term's gradient is
+            # Adam's weight decay on W (see _adam_plan).
             yb = torch.stack([y_t.index_select(0, i) for i in idx]).unsqueeze(1).expand(S, L, size, T)  # [S, L, B, T]
             logits = module.forward_seeded(xb).reshape(-1, c)  # [S*L*B*T, C]
             if full:
@@ -720,7 +751,7 @@ def fit_probe_tasks(
             else:
                 ce = F.cross_entropy(logits, yb.reshape(-1), reduction="none").view(S, L, size, T)
                 data_term = (ce * wts.view(S, 1, size, 1)).sum()
-            _adam_step(opt, sched, data_term + cfg.l2 * 0.5 * module.w.pow(2).sum())
+            _adam_step(opt, sched, data_term)
         steps = epoch + 1
         bar.update(1)
         if tracker is not None and dev_check(steps):
@@ -753,15 +784,19 @@ def fit_probe_tasks(
     return out
 
 
+def _log_prior(y: torch.Tensor, c: int) -> torch.Tensor:
+    """Add-one smoothed log label prior of each row of `y` ([N] or [R, N] labels) -> [1 or R, C]."""
+    y2 = y.view(1, -1) if y.dim() == 1 else y
+    counts = torch.stack([torch.bincount(row.cpu(), minlength=c) for row in y2]).float() + 1
+    return (counts / counts.sum(1, keepdim=True)).log()
+
+
 @torch.no_grad()
 def _prior_bias(module: _Heads, y: torch.Tensor, c: int) -> None:
     """Start the output bias at the (add-one smoothed) log label prior: the best input-free guess,
     so a probe on an uninformative layer starts where it should end (matters for MDL's early stops)."""
-    y2 = y.view(1, -1) if y.dim() == 1 else y
-    counts = torch.stack([torch.bincount(row.cpu(), minlength=c) for row in y2]).float() + 1
-    logp = (counts / counts.sum(1, keepdim=True)).log()
     bias = module.b2 if isinstance(module, _MLPHeads) else module.b
-    bias.copy_(logp.expand_as(bias))
+    bias.copy_(_log_prior(y, c).to(bias.device).expand_as(bias))
 
 
 def _fit_group(x_train, y_tr, x_dev, y_dv, c, layers, cfg: ProbeConfig, stats=None) -> dict[str, Any]:

@@ -36,18 +36,24 @@ class FakeHandle:
         layers = np.arange(self.num_layers["encoder"] + 1, dtype=np.float32)[:, None]
         return base[None, :] * (1.0 + layers) + 0.01 * pos
 
-    def word_states(self, sentences, pooling="first", stack=None, batch_size=32):
-        self.calls += 1
-        if self.fail_after_calls is not None and self.calls > self.fail_after_calls:
-            raise RuntimeError("simulated crash")
-        self.batches.append([len(s) for s in sentences])
-        for words in sentences:
-            if not words:
-                self.stats["empty_sentences"] += 1
-                yield np.zeros((self.num_layers["encoder"] + 1, 0, self.hidden_size), np.float32)
-                continue
-            self.stats["sentences"] += 1
-            yield np.stack([self.vector(w, i, pooling) for i, w in enumerate(words)], axis=1)
+    def word_states(self, sentences, pooling="first", stack=None, batch_size=32, chunk_size=None):
+        """Like ModelHandle.word_states: lazily, one chunk (one 'forward', counted in `calls`) at a time."""
+        chunk_size = chunk_size or batch_size * 8
+        for c0 in range(0, len(sentences), chunk_size):
+            chunk = sentences[c0 : c0 + chunk_size]
+            self.calls += 1
+            if self.fail_after_calls is not None and self.calls > self.fail_after_calls:
+                raise RuntimeError("simulated crash")
+            self.batches.append([len(s) for s in chunk])
+            out = []
+            for words in chunk:
+                if not words:
+                    self.stats["empty_sentences"] += 1
+                    out.append(np.zeros((self.num_layers["encoder"] + 1, 0, self.hidden_size), np.float32))
+                    continue
+                self.stats["sentences"] += 1
+                out.append(np.stack([self.vector(w, i, pooling) for i, w in enumerate(words)], axis=1))
+            yield from out
 
 
 def _corpus(n=57, seed=0):
@@ -149,7 +155,7 @@ def test_float16_option_and_helpers(tmp_path):
 
 def test_bad_handle_output_and_bad_arguments(tmp_path):
     class Wrong(FakeHandle):
-        def word_states(self, sentences, pooling="first", stack=None, batch_size=32):
+        def word_states(self, sentences, pooling="first", stack=None, batch_size=32, chunk_size=None):
             for words in sentences:
                 yield np.zeros((self.num_layers["encoder"], len(words), self.hidden_size), np.float32)  # L, not L+1
 

@@ -370,9 +370,13 @@ def test_task_and_control_heads_of_all_seeds_in_one_program(ewt, planted):
         assert abs(res[("task", s)].dev_accuracy[K] - sk_acc) <= 0.01, (s, res[("task", s)].dev_accuracy[K], sk_acc)
         selectivity = res[("task", s)].dev_accuracy - res[("control", s)].dev_accuracy
         assert int(np.argmax(selectivity)) == K and selectivity[K] > 0.5
-    stopped = fit_probe_tasks(xtr, {"task": (ytr, ydv)}, xdv, seeds=[0, 1], **{**common, "early_stopping": True})
+    two = {"task": (ytr, ydv), "control": (ctr, cdv)}
+    stopped = fit_probe_tasks(xtr, two, xdv, seeds=[0, 1], **{**common, "early_stopping": True, "patience": 100})
     for s in (0, 1):  # restored per-head best: dev accuracy at the kept epoch is the best seen
         assert stopped[("task", s)].dev_accuracy[K] > 0.9
+        for name in two:  # every head of both tasks (the last epoch is a candidate too)
+            assert np.all(stopped[(name, s)].dev_accuracy >= res[(name, s)].dev_accuracy - 1e-9), name
+        assert stopped[("task", s)].best_step[K] >= 1 and stopped[("task", s)].weights["w"][K].any()
     with pytest.raises(Exception, match="L-BFGS|lbfgs"):
         fit_probe_tasks(xtr, {"task": (ytr, ydv)}, xdv, num_classes=C, optimizer="lbfgs")
 

@@ -143,7 +143,7 @@ class PlantedHandle:
         self.checkpoint_hash, self.family, self.path, self.stats = f"planted-k{k}-{n_layers}-{hidden}", "planted", None, Counter()
         self.code = np.random.default_rng(0).standard_normal((len(self.classes), hidden)) * 3
 
-    def word_states(self, sentences, pooling="first", stack=None, batch_size=32):
+    def word_states(self, sentences, pooling="first", stack=None, batch_size=32, chunk_size=None):
         for words in sentences:
             self.stats["sentences"] += 1
             seed = int.from_bytes(hashlib.sha256("\x1f".join(words).encode()).digest()[:8], "little")

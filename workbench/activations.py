@@ -11,7 +11,9 @@ How it stays fast and bounded (what diagNNose's per-layer pickles do not give):
 - the words are counted first, the output file is preallocated at its final size and each batch is
   written straight into its place with `os.pwrite`, so peak memory does not grow with the corpus
   (writes through a writable memmap would keep every dirtied page resident in this process);
-- a writer thread writes batch k while the model runs batch k+1 (one batch in flight at most);
+- the tokenizer runs one batch ahead and a writer thread writes batch k (and flushes the file every
+  few batches) while the model runs batch k+1 (one batch in flight at most), so tokenising,
+  writing and syncing overlap the forward pass;
 - everything is written in a hidden `.<name>.partial` folder which is renamed into place only when
   complete: a crash never leaves a half cache, and an interrupted extraction resumes from its last
   recorded batch (or restarts cleanly when the partial folder does not match).
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -249,18 +252,27 @@ def extract(
             writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="activations-writer")
             pending = None
 
-            def write_batch(items):
+            def write_batch(items, housekeeping: bool):
                 for si, arr in items:
                     block = np.ascontiguousarray(arr, dtype=dtype)
                     start = data_offset + int(offsets[si]) * hidden * itemsize
                     for layer in range(n_layers):
                         _pwrite_all(fd, memoryview(block[layer]).cast("B"), start + layer * layer_stride)
+                if housekeeping:  # off the forward pass' thread: flush written pages, return freed heap
+                    os.fdatasync(fd)
+                    _trim_heap()
 
+            # One generator over every remaining sentence, in batch order: the handle tokenises
+            # the next batch while this one runs. It yields a batch's sentences only after it has
+            # run the batch, so the handle's stats are diffed per batch for the resume record.
+            remaining = [int(i) for c in chunks[done:] for i in c]
+            states_iter = handle.word_states([sentences[i] for i in remaining], pooling=pooling, stack=stack,
+                                             batch_size=batch_size, chunk_size=batch_size)
             try:
                 for ci in range(done, len(chunks)):
                     chunk = chunks[ci]
                     before = Counter(handle.stats)
-                    states = handle.word_states([sentences[i] for i in chunk], pooling=pooling, stack=stack, batch_size=batch_size)
+                    states = itertools.islice(states_iter, len(chunk))
                     items = []
                     for si, arr in zip(chunk, states):
                         arr = np.asarray(arr)
@@ -277,13 +289,11 @@ def extract(
                         )
                     if pending is not None:
                         pending.result()
-                    pending = writer.submit(write_batch, [(si, a) for si, a in items if lengths[si] > 0])
+                    pending = writer.submit(write_batch, [(si, a) for si, a in items if lengths[si] > 0], ci % 8 == 7)
                     del items, states
                     for k, v in (Counter(handle.stats) - before).items():
                         stats[k] = stats.get(k, 0) + int(v)
                     bar.update(int(lengths[chunk].sum()))
-                    if ci % 8 == 7:
-                        _trim_heap()
                     if time.monotonic() - last_save >= checkpoint_every_s and ci + 1 < len(chunks):
                         pending.result()  # every batch up to ci is written
                         os.fsync(fd)  # data first, then the record that says it is there
@@ -292,6 +302,7 @@ def extract(
                 if pending is not None:
                     pending.result()
             finally:
+                states_iter.close()
                 writer.shutdown(wait=True)
             bar.close()
             os.fsync(fd)

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -619,53 +620,67 @@ class ModelHandle:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(sentences), desc="word states", unit="sent")
-        for c0 in range(0, len(sentences), chunk_size):
-            chunk = sentences[c0: c0 + chunk_size]
-            encs = self._encode(chunk)
-            results: list[np.ndarray | None] = [None] * len(chunk)
-            segments: list[_Segment] = []
-            self.stats["sentences"] += len(chunk)
-            self.stats["words"] += sum(e.n_words for e in encs)
-            for i, e in enumerate(encs):
-                if e.n_words == 0:
-                    self.stats["empty_sentences"] += 1
-                    results[i] = np.zeros((L + 1, 0, H), dtype=np.float32)
-                    continue
-                n = len(e.ids)
-                if n <= self.capacity:
-                    segments.append(_Segment(i, e.ids, np.arange(e.n_words), e.first, e.last))
-                    continue
-                starts = plan_windows(n, self.capacity, stride)
-                self.stats["windowed_sentences"] += 1
-                self.stats["windows"] += len(starts)
-                results[i] = np.empty((L + 1, e.n_words, H), dtype=np.float32)
-                choice, cut = _choose_windows(e.first, e.last, starts, self.capacity, causal)
-                self.stats["words_cut_by_window"] += int(cut.sum())
-                for k, s in enumerate(starts):
-                    words = np.nonzero(choice == k)[0]
-                    if len(words):
-                        f = np.clip(e.first[words] - s, 0, self.capacity - 1)
-                        la = np.clip(e.last[words] - s, 0, self.capacity - 1)
-                        segments.append(_Segment(i, e.ids[s: s + self.capacity], words, f, la))
-            order = sorted(range(len(segments)), key=lambda j: -len(segments[j].ids))
-            for b0 in range(0, len(order), batch_size):
-                batch = [segments[j] for j in order[b0: b0 + batch_size]]
-                pooled = self._pool_batch(batch, stack, pooling)
-                o = 0
-                for seg in batch:
-                    m = len(seg.words)
-                    block = pooled[:, o: o + m]
-                    o += m
-                    if results[seg.sentence] is None:  # whole sentence in one segment
-                        results[seg.sentence] = np.ascontiguousarray(block)
-                    else:
-                        results[seg.sentence][:, seg.words] = block
-            for r in results:
-                yield r
+        chunks = [sentences[c0: c0 + chunk_size] for c0 in range(0, len(sentences), chunk_size)]
+        # The tokenizer runs one chunk ahead in a thread (the Rust encoder releases the GIL), so
+        # tokenisation overlaps the forward pass instead of adding to it. It counts nothing: the
+        # stats are updated here, in chunk order, as the chunk is processed.
+        prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="word-states-tokenizer") if len(chunks) > 1 else None
+        upcoming = None
+        try:
+            for k, chunk in enumerate(chunks):
+                encs = upcoming.result() if upcoming is not None else self._encode(chunk, count=False)
+                upcoming = prefetch.submit(self._encode, chunks[k + 1], False) if k + 1 < len(chunks) else None
+                yield from self._chunk_states(chunk, encs, stack, pooling, batch_size, stride, causal, L, H)
+                if bar is not None:
+                    bar.update(len(chunk))
+        finally:
+            if prefetch is not None:
+                prefetch.shutdown(wait=True, cancel_futures=True)
             if bar is not None:
-                bar.update(len(chunk))
-        if bar is not None:
-            bar.close()
+                bar.close()
+
+    def _chunk_states(self, chunk, encs, stack, pooling, batch_size, stride, causal, L, H) -> Iterator[np.ndarray]:
+        """`word_states` for one chunk of already encoded sentences (`_encode(..., count=False)`)."""
+        results: list[np.ndarray | None] = [None] * len(chunk)
+        segments: list[_Segment] = []
+        self.stats["sentences"] += len(chunk)
+        self.stats["words"] += sum(e.n_words for e in encs)
+        self.stats["no_subword_words"] += int(sum(int((~e.own).sum()) for e in encs))
+        for i, e in enumerate(encs):
+            if e.n_words == 0:
+                self.stats["empty_sentences"] += 1
+                results[i] = np.zeros((L + 1, 0, H), dtype=np.float32)
+                continue
+            n = len(e.ids)
+            if n <= self.capacity:
+                segments.append(_Segment(i, e.ids, np.arange(e.n_words), e.first, e.last))
+                continue
+            starts = plan_windows(n, self.capacity, stride)
+            self.stats["windowed_sentences"] += 1
+            self.stats["windows"] += len(starts)
+            results[i] = np.empty((L + 1, e.n_words, H), dtype=np.float32)
+            choice, cut = _choose_windows(e.first, e.last, starts, self.capacity, causal)
+            self.stats["words_cut_by_window"] += int(cut.sum())
+            for k, s in enumerate(starts):
+                words = np.nonzero(choice == k)[0]
+                if len(words):
+                    f = np.clip(e.first[words] - s, 0, self.capacity - 1)
+                    la = np.clip(e.last[words] - s, 0, self.capacity - 1)
+                    segments.append(_Segment(i, e.ids[s: s + self.capacity], words, f, la))
+        order = sorted(range(len(segments)), key=lambda j: -len(segments[j].ids))
+        for b0 in range(0, len(order), batch_size):
+            batch = [segments[j] for j in order[b0: b0 + batch_size]]
+            pooled = self._pool_batch(batch, stack, pooling)
+            o = 0
+            for seg in batch:
+                m = len(seg.words)
+                block = pooled[:, o: o + m]
+                o += m
+                if results[seg.sentence] is None:  # whole sentence in one segment
+                    results[seg.sentence] = np.ascontiguousarray(block)
+                else:
+                    results[seg.sentence][:, seg.words] = block
+        yield from results
 
     def _pool_batch(self, batch: list[_Segment], stack: str, pooling: str) -> np.ndarray:
         """Run one batch and pool subwords to words for all layers at once -> [L+1, n_words, H]."""
