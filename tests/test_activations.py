@@ -240,3 +240,16 @@ def test_same_weights_with_another_tokenizer_get_another_cache_entry(tmp_path, b
     a = extract(handle, sents[:5], "ewt", cache_dir=tmp_path, progress=False)
     b = extract(other, sents[:5], "ewt", cache_dir=tmp_path, progress=False)
     assert a.path != b.path and not np.allclose(a.layers, b.layers)
+
+
+def test_window_length_is_part_of_the_cache_key(tmp_path):
+    """The same weights read in windows of another length give other vectors for long sentences:
+    the window belongs in the key, so a handle opened with another max_length never reuses them."""
+    sents = _corpus()
+    short, long_ = FakeHandle(), FakeHandle()
+    short.max_length, long_.max_length = 64, 128
+    keys = {cache_path(h, sents, "toy", cache_dir=tmp_path) for h in (short, long_, FakeHandle())}
+    assert len(keys) == 3
+    long_again = FakeHandle()
+    long_again.max_length = 128
+    assert cache_path(long_again, sents, "toy", cache_dir=tmp_path) == cache_path(long_, sents, "toy", cache_dir=tmp_path)

@@ -139,6 +139,10 @@ def test_tiny_run_lowers_heldout_loss_and_checkpoint_opens(name, runs):
     # the model handle: L + 1 hidden states per stack, one vector per word
     handle = ModelHandle.load(ckpt)
     assert handle.family == name
+    # windows as long as the training sequences (positions past max_len are untrained), unless asked
+    assert handle.max_length == MAX_LEN == manifest["config"]["max_len"]
+    if name != "elmo":  # (ELMo has no position limit: any window fits)
+        assert ModelHandle.load(ckpt, max_length=MAX_LEN // 2).max_length == MAX_LEN // 2
     layers = 2
     expected_stacks = ("encoder", "decoder") if name in ("t5", "bart") else ("encoder",)
     assert handle.stacks == expected_stacks

@@ -143,14 +143,16 @@ def cache_key(checkpoint_hash: str, dataset_key: str, pooling: str, stack: str, 
 
 
 def model_fingerprint(handle) -> str:
-    """The checkpoint's weight hash plus its tokenizer's: the same weights read through another
-    tokenizer give other vectors, so both belong in the cache key."""
+    """The checkpoint's weight hash plus its tokenizer's and its window length: the same weights
+    read through another tokenizer, or in other windows, give other vectors, so all belong in the
+    cache key."""
     backend = getattr(getattr(handle, "tokenizer", None), "backend_tokenizer", None)
     # ELMo read through its characters (open vocabulary) differs from the older [UNK] reading
     chars = "+chars" if getattr(handle, "reads_characters", False) else ""
+    window = f"+window{handle.max_length}" if getattr(handle, "max_length", None) else ""
     if backend is None:
-        return handle.checkpoint_hash + chars
-    return handle.checkpoint_hash + "+" + hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest() + chars
+        return handle.checkpoint_hash + chars + window
+    return handle.checkpoint_hash + "+" + hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest() + chars + window
 
 
 def cache_path(handle, sentences, dataset_key, pooling="first", stack=None, dtype="float32", cache_dir=None) -> Path:

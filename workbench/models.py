@@ -262,7 +262,13 @@ class ModelHandle:
             raise CheckpointError(f"{path}: not a checkpoint folder")
         if not (path / "config.json").is_file():
             raise CheckpointError(f"{path}: no config.json (not a save_pretrained folder)")
-        family = (read_manifest(path) or {}).get("family")
+        manifest = read_manifest(path) or {}
+        family = manifest.get("family")
+        if max_length is None:
+            # A checkpoint trained here read `max_len` tokens at a time: positions (and relative
+            # buckets) past that are untrained, so its windows are that long, not the config's limit.
+            trained_len = (manifest.get("config") or {}).get("max_len")
+            max_length = int(trained_len) if isinstance(trained_len, int) and trained_len > 0 else None
         weights = weight_files(path)
         if not weights:
             raise CheckpointError(f"{path}: no weight files (model.safetensors or pytorch_model.bin)")
