@@ -11,8 +11,8 @@ How it stays fast and bounded (what diagNNose's per-layer pickles do not give):
 - the words are counted first, the output file is preallocated at its final size and each batch is
   written straight into its place with `os.pwrite`, so peak memory does not grow with the corpus
   (writes through a writable memmap would keep every dirtied page resident in this process);
-- the tokenizer runs one batch ahead and a writer thread writes and flushes batch k while the
-  model runs batch k+1 (one batch in flight at most), so tokenising,
+- the tokenizer runs one batch ahead and a writer thread writes batch k (and flushes the file every
+  eight batches) while the model runs batch k+1 (one batch in flight at most), so tokenising,
   writing and syncing overlap the forward pass;
 - everything is written in a hidden `.<name>.partial` folder which is renamed into place only when
   complete: a crash never leaves a half cache, and an interrupted extraction resumes from its last
@@ -254,16 +254,14 @@ def extract(
             writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="activations-writer")
             pending = None
 
-            def write_batch(items, trim: bool):
+            def write_batch(items, housekeeping: bool):
                 for si, arr in items:
                     block = np.ascontiguousarray(arr, dtype=dtype)
                     start = data_offset + int(offsets[si]) * hidden * itemsize
                     for layer in range(n_layers):
                         _pwrite_all(fd, memoryview(block[layer]).cast("B"), start + layer * layer_stride)
-                # off the forward pass' thread: flush the batch (the final fsync then has little
-                # left to do) and, every few batches, give freed heap back
-                os.fdatasync(fd)
-                if trim:
+                if housekeeping:  # off the forward pass' thread: flush written pages, return freed heap
+                    os.fdatasync(fd)
                     _trim_heap()
 
             # One generator over every remaining sentence, in batch order: the handle tokenises
