@@ -206,3 +206,21 @@ def test_cli_small_shortcut_uses_the_measured_cpu_recipe(monkeypatch):
     train_mod.train_cli_main(["--family", "gpt", "--preset", "small", "--tokens", "204800", "--set", "lr=5e-4"])
     cfg = seen[-1]
     assert (cfg.total_steps, cfg.lr, cfg.objective) == (100, 5e-4, {})
+
+
+def test_cpu_bf16_autocast_trains_and_is_part_of_the_training_hash(cache, tiny_run, tmp_path):
+    """`cpu_bf16: true` runs the forward under CPU bf16 autocast: the tiny GPT still learns (held-out
+    loss within a few hundredths of the fp32 run's), the weights differ from fp32's (bf16 rounding,
+    so the autocast really ran), the manifest records it, and it changes the training hash (a resume
+    never mixes the two)."""
+    from workbench.checkpoints import weights_hash
+
+    torch.set_num_threads(1)
+    bf16 = run_tiny_training("gpt", STEPS, tmp_path / "bf16", cpu_bf16=True)
+    fp32 = tiny_run
+    print("held-out loss fp32", fp32.heldout_after["loss"], "bf16", bf16.heldout_after["loss"])
+    assert bf16.heldout_after["loss"] < bf16.heldout_before["loss"] - 0.3
+    assert abs(bf16.heldout_after["loss"] - fp32.heldout_after["loss"]) < 0.1
+    assert weights_hash(bf16.checkpoint) != weights_hash(fp32.checkpoint)
+    assert json.loads((bf16.checkpoint / "manifest.json").read_text())["config"]["cpu_bf16"] is True
+    assert bf16.config.training_hash() != fp32.config.training_hash()

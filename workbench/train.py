@@ -11,9 +11,9 @@ final checkpoint folder of each. What a step does:
    examples into tensors with a `torch.Generator` seeded from (seed, micro-step, rank), so masks are
    dynamic (Liu et al. 2019) and reproducible. With `seq_len_warmup` the examples of step t are
    first cut to `cfg.seq_len_at(t)` tokens (`family.truncate_example`; Li, Zhang & He 2022).
-2. Step: forward under bf16 autocast on CUDA, loss / grad_accum, backward (DDP all-reduces the
-   gradients on the last micro-step), clip, AdamW (no weight decay on biases and LayerNorm
-   weights; Loshchilov & Hutter 2019), linear warm-up then linear decay (Devlin et al. 2019).
+2. Step: forward under bf16 autocast on CUDA (on CPU with `cpu_bf16`), loss / grad_accum,
+   backward (DDP all-reduces the gradients on the last micro-step), clip, AdamW (no weight decay
+   on biases and LayerNorm weights; Loshchilov & Hutter 2019), linear warm-up then linear decay (Devlin et al. 2019).
 3. Log: one JSON line per step in `log.jsonl` (step, non-padding tokens seen, lr, each loss term,
    elapsed seconds; held-out loss at checkpoints).
 4. Checkpoint at steps 0, 1, 2, 4, 8, ... (+ every N, + the last): `step-NNNNNNN/` holds a plain
@@ -49,7 +49,7 @@ import torch.distributed as dist
 import transformers
 from tqdm.auto import tqdm
 
-from workbench.checkpoints import STEP_PREFIX, list_steps, step_dir
+from workbench.checkpoints import STEP_PREFIX, list_steps, seed_dir, step_dir
 from workbench.config import TrainConfig, load_config
 from workbench.data_cache import TokenizedCorpus
 from workbench.errors import CheckpointError, ConfigError, yaml_problem
@@ -300,6 +300,8 @@ def evaluate_heldout(model, family: FamilySpec, heldout: TokenizedCorpus, tokeni
 def _autocast(cfg: TrainConfig, device: torch.device):
     if device.type == "cuda" and cfg.bf16:
         return torch.autocast("cuda", dtype=torch.bfloat16)
+    if device.type == "cpu" and cfg.cpu_bf16:  # opt-in: fast only with native bf16 (see config doc)
+        return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -422,7 +424,7 @@ def _repair_log(log_path: Path, up_to_step: int) -> None:
 
 def run_dir(cfg: TrainConfig, seed: int) -> Path:
     base = Path(cfg.output_dir) if cfg.output_dir else runs_root() / "train" / cfg.name
-    return base / f"seed-{seed}"
+    return seed_dir(base, seed)
 
 
 def train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None = None, d: Dist | None = None) -> Path:
