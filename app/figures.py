@@ -11,12 +11,18 @@ Rendering writes, into `<runs root>/figures/<name>/` (or `--out`), the figure as
 (plotly's static export through kaleido, which drives the system Chromium) and interactive HTML,
 `data.csv` (exactly the numbers drawn, sorted, so two renders of the same store compare equal) and
 `manifest.json` (the figure spec, the query, the run ids it read, the data's sha256, the commit and
-package versions, the files written). Every write is atomic.
+package versions, the files written). Every write is atomic, and the folder is not touched until
+everything is drawn and exported: a failed export leaves an earlier render exactly as it was. Then
+the old manifest goes first and the new one is written last, so a folder holding a manifest.json
+holds the complete render it describes.
 
-The static export runs in a child process killed (with its Chromium) after `$BERTOLOGY_FIGURE_TIMEOUT`
-seconds (default 120): Chromium once hung for 21 minutes while another process rendered figures.
-On a timeout the figure falls back to the HTML alone, the manifest's `warnings` say so and its
-`files` list only what was written (an earlier render's images of the figure are removed).
+The static export runs in a child process killed after `$BERTOLOGY_FIGURE_TIMEOUT` seconds (default
+120), or when anything interrupts the wait: Chromium once hung for 21 minutes while another process
+rendered figures. Kaleido starts Chromium in a session of its own (choreographer's
+`start_new_session`), so killing the child's process group would orphan it: the child and all its
+descendants (found through /proc by parent pid) get SIGTERM, then SIGKILL. On a timeout the figure
+falls back to the HTML alone, the manifest's `warnings` say so and its `files` list only what was
+written (an earlier render's images of the figure are removed).
 
 Queries: `run: latest` (the newest run holding the probe and tasks; with a list of probes, the
 newest run of the first probe and, for each other probe, the newest run sharing a model with it:
@@ -509,10 +515,62 @@ def _export_command(figure_json: Path, out_dir: Path, formats: list[str]) -> lis
     return [sys.executable, "-c", _EXPORT_CHILD, str(figure_json), str(out_dir), *formats]
 
 
+def _process_tree(roots: list[int]) -> list[int]:
+    """`roots` and all their descendants, parents first (parent pids read from /proc/<pid>/stat;
+    just `roots` where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # "pid (comm) state ppid ...": comm may hold ")"
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree = list(roots)
+    for pid in tree:  # breadth first: the list grows while it is walked
+        tree.extend(c for c in children.get(pid, []) if c not in tree)
+    return tree
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _kill_tree(proc: subprocess.Popen, grace: float = 2.0) -> None:
+    """SIGTERM the child and all its descendants (Chromium in its own session included), SIGKILL
+    what still runs after `grace` seconds, and reap the child. The pids are collected before the
+    first signal: the children of a dead process are re-parented and no longer found under it."""
+    import time
+
+    tree = _process_tree([proc.pid])
+    _signal_all(tree, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the child: a zombie does not count as running
+        if not any(_running(pid) for pid in tree):
+            break
+        time.sleep(0.05)
+    else:  # with whatever the survivors started meanwhile
+        _signal_all(_process_tree([pid for pid in tree if _running(pid)]), signal.SIGKILL)
+    proc.wait()
+
+
 def static_images(figure, formats: list[str], timeout: float) -> dict[str, bytes] | None:
-    """The `formats` (png, svg, pdf) of a plotly figure through kaleido, rendered in a child process
-    in its own session, so that a hung Chromium is killed with it after `timeout` seconds: None then.
-    The child writes into a private temporary folder; nothing reaches the figure folder from it."""
+    """The `formats` (png, svg, pdf) of a plotly figure through kaleido, rendered in a child process;
+    after `timeout` seconds (None then), or when the wait is interrupted, the child and its Chromium
+    are killed (`_kill_tree`). The child writes into a private temporary folder; nothing reaches the
+    figure folder from it."""
     with tempfile.TemporaryDirectory(prefix="bertology-figure-") as tmp:
         spec = Path(tmp) / "figure.json"
         spec.write_text(figure.to_json(), encoding="utf-8")
@@ -521,12 +579,12 @@ def static_images(figure, formats: list[str], timeout: float) -> dict[str, bytes
         try:
             _, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the child and the Chromium it started
-            except (AttributeError, ProcessLookupError):
-                proc.kill()
-            proc.communicate()
             return None
+        finally:
+            if proc.poll() is None:  # timed out, or interrupted (KeyboardInterrupt, any other error)
+                _kill_tree(proc)
+            proc.stdout.close()
+            proc.stderr.close()
         if proc.returncode != 0:
             last = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
             raise WorkbenchError(f"static figure export (kaleido) failed: {last}")
@@ -564,26 +622,27 @@ def render(name_or_path: str | Path, store=None, out: str | Path | None = None,
     rows, run_ids = query_rows(store, query)
     drawn = all_plots()[spec["plot"]](rows, spec.get("title", name), dict(spec.get("options") or {}))
     folder = Path(out) if out is not None else store.root / "figures" / name
-    folder.mkdir(parents=True, exist_ok=True)
     csv = drawn.data.to_csv(index=False, float_format="%.10g")
-    files = [atomic_write_text(folder / "data.csv", csv)]
     static = [f for f in formats if f != "html"]
-    images = static_images(drawn.figure, static, timeout) if static else {}
+    images = static_images(drawn.figure, static, timeout) if static else {}  # may raise: folder untouched
     warnings = []
     if images is None:
         warnings.append(f"static export ({', '.join(static)}) did not finish within {timeout:g} s (kaleido's "
                         f"Chromium hung or the machine is overloaded): only the HTML was written; render again "
                         f"for the images (${EXPORT_TIMEOUT_ENV} sets the limit)")
         print(f"warning: figure {name}: {warnings[-1]}", file=sys.stderr)
-        for fmt in static:  # an earlier render's images would not show this data
+        formats, images = ("html",), {}
+    content = dict(images)  # format -> bytes
+    if "html" in formats:
+        content["html"] = drawn.figure.to_html(include_plotlyjs="cdn", full_html=True).encode("utf-8")
+    # everything drawn: now the folder, the old manifest out first and the new one in last
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "manifest.json").unlink(missing_ok=True)
+    files = [atomic_write_text(folder / "data.csv", csv)]
+    for fmt in static:  # an earlier render's images would not show this data
+        if fmt not in formats:
             (folder / f"{name}.{fmt}").unlink(missing_ok=True)
-        formats = ("html",)
-    for fmt in formats:
-        path = folder / f"{name}.{fmt}"
-        if fmt == "html":
-            files.append(atomic_write_text(path, drawn.figure.to_html(include_plotlyjs="cdn", full_html=True)))
-        else:
-            files.append(atomic_write_bytes(path, images[fmt]))
+    files += [atomic_write_bytes(folder / f"{name}.{fmt}", content[fmt]) for fmt in formats]
     manifest = {"figure": name, "spec": spec, "run_ids": run_ids, "store": str(store.root),
                 "data_sha256": hashlib.sha256(csv.encode()).hexdigest(), "n_points": len(drawn.data),
                 "files": [p.name for p in files], "created": utc_now_iso(), "git": git_state(),

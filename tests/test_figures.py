@@ -163,3 +163,118 @@ def test_a_hung_static_export_is_killed_and_the_figure_falls_back_to_html(probe_
     with pytest.raises(ConfigError, match="positive number of seconds"):
         render(name, probe_store, folder, timeout=0)
 
+
+
+# A stand-in for kaleido: the child starts a "Chromium" in a session of its own (as choreographer
+# starts it), records both pids and hangs.
+_HANGS_WITH_CHROMIUM = (
+    "import os, pathlib, subprocess, sys, time;"
+    "chromium = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True);"
+    "tmp = pathlib.Path(sys.argv[1]).with_name('pids.tmp'); tmp.write_text(f'{os.getpid()} {chromium.pid}');"
+    "tmp.rename(tmp.with_suffix('.txt'));"
+    "time.sleep(300)")
+
+
+def _running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _pids_of_hung_export(folder, monkeypatch):
+    """Swap the exporter for `_HANGS_WITH_CHROMIUM`; returns a function giving its two pids once written."""
+    import sys
+    import time
+
+    from app import figures
+
+    monkeypatch.setattr(figures, "_export_command",
+                        lambda spec, out, fmts: [sys.executable, "-c", _HANGS_WITH_CHROMIUM, str(folder / "x")])
+
+    def pids(wait: float = 60.0) -> list[int]:
+        deadline = time.monotonic() + wait
+        while not (folder / "pids.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return [int(p) for p in (folder / "pids.txt").read_text().split()]
+
+    return pids
+
+
+def _assert_all_gone(pids: list[int]) -> None:
+    import os
+    import signal
+    import time
+
+    deadline = time.monotonic() + 10  # an orphan is reaped by init, not by us
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [p for p in pids if _running(p)]
+    for p in alive:  # do not leave them behind when the test fails
+        os.kill(p, signal.SIGKILL)
+    assert not alive
+
+
+def test_a_timed_out_export_also_kills_the_chromium_in_its_own_session(tmp_path, monkeypatch):
+    """Kaleido's Chromium runs in a session of its own, out of the child's process group: on a
+    timeout it is killed with the child all the same (found as the child's descendant)."""
+    import time
+
+    import plotly.graph_objects as go
+
+    from app.figures import static_images
+
+    pids = _pids_of_hung_export(tmp_path, monkeypatch)
+    t0 = time.monotonic()
+    assert static_images(go.Figure(), ["png"], 8) is None
+    assert time.monotonic() - t0 < 60  # not waiting for the orphan to close the pipes it inherited
+    child, chromium = pids(wait=0)
+    _assert_all_gone([child, chromium])
+
+
+def test_an_interrupted_export_kills_the_child_and_its_chromium(tmp_path, monkeypatch):
+    """Ctrl-C (or any exception) while waiting for the export: the child and its Chromium go too."""
+    import subprocess
+
+    import plotly.graph_objects as go
+
+    from app.figures import static_images
+
+    pids = _pids_of_hung_export(tmp_path, monkeypatch)
+    Popen = subprocess.Popen
+
+    class Interrupted(Popen):
+        def communicate(self, input=None, timeout=None):
+            pids()  # the child is up and has started its Chromium
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess, "Popen", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        static_images(go.Figure(), ["png"], 60)
+    _assert_all_gone(pids(wait=0))
+
+
+def test_a_failed_static_export_leaves_the_earlier_render_as_it_was(probe_store, tmp_path, monkeypatch):
+    """The export fails after the figure is drawn: the folder keeps the earlier render's data.csv,
+    images and manifest byte for byte (no new data.csv beside old images and a stale manifest)."""
+    import sys
+
+    from app import figures
+    from workbench.errors import WorkbenchError
+
+    writes = ("import pathlib, sys; [pathlib.Path(sys.argv[2], 'figure.' + f).write_bytes(b'old ' + f.encode())"
+              " for f in sys.argv[3:]]")
+    monkeypatch.setattr(figures, "_export_command", lambda spec, out, fmts: [sys.executable, "-c", writes, str(spec),
+                                                                             str(out), *fmts])
+    name, folder = "syntax_layer_curves", tmp_path / "fig"
+    render(name, probe_store, folder, formats=("png", "html"))
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert sorted(before) == ["data.csv", "manifest.json", f"{name}.html", f"{name}.png"]
+    (folder / "data.csv").write_text("an earlier store's numbers\n")  # the new render would change it
+    (folder / "manifest.json").write_text('{"data_sha256": "of those numbers"}\n')
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    monkeypatch.setattr(figures, "_export_command", lambda spec, out, fmts: [sys.executable, "-c",
+                                                                             "import sys; sys.exit('kaleido broke')"])
+    with pytest.raises(WorkbenchError, match="kaleido broke"):
+        render(name, probe_store, folder, formats=("png", "html"))
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
