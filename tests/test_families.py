@@ -516,3 +516,26 @@ def test_unknown_objective_setting_is_a_config_error(name):
     family = get_family(name)
     with pytest.raises(ConfigError, match=f"'mask_rate'.*family {name}"):
         family.make_collator({**family.objective, "mask_rate": 0.2, "max_len": MAX_LEN}, None)
+
+
+@pytest.mark.parametrize("legacy", [True, False])
+def test_deberta_pretrainer_loss_is_the_models_own_with_either_head(legacy):
+    """The pretrainer's masked-LM loss equals DebertaV2ForMaskedLM's own, with the legacy head and
+    with `legacy: false` in the model config (the head that takes the word embeddings)."""
+
+    class Tok:  # what build_model reads of a tokenizer
+        pad_token_id = 0
+
+        def __len__(self):
+            return 60
+
+    family = get_family("deberta")
+    torch.manual_seed(0)
+    wrapper = family.build_model(family.model_config("tiny", {"legacy": legacy}), Tok()).eval()
+    ids = torch.randint(1, 60, (2, 9))
+    labels = torch.full_like(ids, -100)
+    labels[:, [2, 5]] = ids[:, [2, 5]]
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+    with torch.no_grad():
+        out = wrapper(**inputs, labels=labels)
+        torch.testing.assert_close(out.loss, wrapper.model(**inputs, labels=labels).loss)

@@ -437,3 +437,21 @@ def test_models_without_a_trained_head_are_refused(tmp_path, tiny_models, ewt_tr
                                next(ModelHandle(model, tok).word_states([ewt_train[5].words])), atol=1e-6)
     with pytest.raises(CheckpointError, match=re.escape(str(folder)) + ".*saved as BertModel, without LM head weights.*MiniLM"):
         LMScorer(h)
+
+
+@pytest.mark.parametrize("legacy", [True, False])
+def test_deberta_mlm_head_on_hidden_states_equals_full_logits(legacy):
+    """DeBERTa's MLM head read off the hidden states alone, for both heads transformers has: the
+    legacy BERT-style `cls` and (config legacy=False) `lm_predictions` with the word embeddings."""
+    from transformers import DebertaV2Config, DebertaV2ForMaskedLM
+
+    from workbench.lm_scores import mlm_head
+
+    torch.manual_seed(0)
+    model = DebertaV2ForMaskedLM(DebertaV2Config(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                                 num_attention_heads=2, intermediate_size=32, legacy=legacy)).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        full = model(input_ids=ids).logits
+        hidden = model.base_model(input_ids=ids).last_hidden_state
+        torch.testing.assert_close(mlm_head(model)(model, hidden[:, 3]), full[:, 3])

@@ -78,11 +78,20 @@ ELECTRA_HEADS = ("generator", "discriminator")
 _MLM_HEADS: dict[str, Callable] = {
     "BertForMaskedLM": lambda m, h: m.cls(h),
     "RobertaForMaskedLM": lambda m, h: m.lm_head(h),
-    "DebertaV2ForMaskedLM": lambda m, h: m.cls(h),  # the legacy (BERT-style) head the workbench trains
+    "DebertaV2ForMaskedLM": lambda m, h: deberta_mlm_logits(m, h),
     "AlbertForMaskedLM": lambda m, h: m.predictions(h),
     "ElectraForMaskedLM": lambda m, h: m.generator_lm_head(m.generator_predictions(h)),
     "DistilBertForMaskedLM": lambda m, h: m.vocab_projector(m.vocab_layer_norm(m.activation(m.vocab_transform(h)))),
 }
+
+
+def deberta_mlm_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """A `DebertaV2ForMaskedLM`'s MLM head on hidden states: the legacy BERT-style head `cls` (config
+    `legacy`, the default and what the workbench trains) or else `lm_predictions`, which takes the word
+    embeddings as its decoder."""
+    if getattr(model.config, "legacy", True):
+        return model.cls(hidden)
+    return model.lm_predictions(hidden, model.deberta.embeddings.word_embeddings)
 
 
 @dataclass

@@ -36,6 +36,7 @@ from workbench.families.bert import (
     objective_options,
     truncate_pair_example,
 )
+from workbench.lm_scores import deberta_mlm_logits
 
 # Relative attention as in DeBERTa-v3 (shared key projections, log buckets, layer-normed
 # relative embeddings), no absolute positions. 64 buckets: exact offsets within +-32 tokens,
@@ -62,12 +63,13 @@ def make_collator(objective: dict, tokenizer):
 
 
 class DebertaPretrainer(PretrainingWrapper):
-    """`DebertaV2ForMaskedLM`, loss computed at the masked positions only (term: mlm)."""
+    """`DebertaV2ForMaskedLM`, loss computed at the masked positions only (term: mlm), through either
+    of its MLM heads (`deberta_mlm_logits`: the legacy BERT-style one by default, or `legacy: false`)."""
 
     def forward(self, input_ids, attention_mask, token_type_ids, labels, **_):
         hidden = self.model.deberta(input_ids=input_ids, attention_mask=attention_mask,
                                     token_type_ids=token_type_ids).last_hidden_state
-        mlm = masked_lm_loss(self.model.cls, hidden, labels)
+        mlm = masked_lm_loss(lambda h: deberta_mlm_logits(self.model, h), hidden, labels)
         return PretrainingOutput(loss=mlm, loss_terms={"mlm": mlm.detach()})
 
 
