@@ -251,7 +251,9 @@ def strip_seed(model: str) -> str:
     runs of several seeds of one configuration aggregate."""
     import re
 
-    return re.sub(r"(^|/)seed-\d+(?=/|$| )", "", str(model)).strip("/")
+    from workbench.checkpoints import SEED_PREFIX
+
+    return re.sub(rf"(^|/){SEED_PREFIX}\d+(?=/|$| )", "", str(model)).strip("/")
 
 
 def aggregate_seeds(rows: pd.DataFrame) -> pd.DataFrame:

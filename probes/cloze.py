@@ -117,7 +117,10 @@ def _lens_mlm(scorer, ctx, cands, K, batch_size):
     rows: dict[bytes, int] = {}
     row_ids: list[np.ndarray] = []
     queries = []  # (row, position, target, item, candidate)
-    for n, ((i, *_), ids, positions) in enumerate(zip(items, filled, scored)):
+    seen: dict[int, int] = {}  # item -> how many of its candidates came before (filled_items' order)
+    for (i, *_), ids, positions in zip(items, filled, scored):
+        k = seen.get(i, 0)  # the candidate's index within its item
+        seen[i] = k + 1
         for p in positions:
             masked = ids.copy()
             masked[p] = scorer.mask_id
@@ -125,7 +128,7 @@ def _lens_mlm(scorer, ctx, cands, K, batch_size):
             if key not in rows:
                 rows[key] = len(row_ids)
                 row_ids.append(masked)
-            queries.append((rows[key], int(p), int(ids[p]), i, n % K))  # every item has K candidates
+            queries.append((rows[key], int(p), int(ids[p]), i, k))
     q = np.array(queries, dtype=np.int64).reshape(-1, 5)
     L = model.config.num_hidden_layers
     out = np.zeros((L + 1, len(ctx), K))

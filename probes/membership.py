@@ -357,17 +357,18 @@ def _finetune_key(checkpoint) -> tuple[str, str]:
 
 
 def _shadow_set(prepared, settings: Settings):
-    """LiRA's shadow set (`settings.shadows`), loaded once per run (finetune: its pool bounds the
-    sample; its models give the shadow matrix); its kind must match the setting."""
-    if "shadow_set" not in prepared.data:
-        from workbench.shadows import ShadowSet
+    """LiRA's shadow set (`settings.shadows`), loaded once per run and set (finetune: its pool bounds
+    the sample; its models give the shadow matrix); its kind must match the setting."""
+    from workbench.shadows import ShadowSet
 
-        sset = ShadowSet.load(settings.shadows)
-        if sset.kind != settings.setting:
-            raise ConfigError(f"{settings.shadows}: a {sset.kind} shadow set; the {settings.setting} setting needs a "
-                              f"{settings.setting} one")
-        prepared.data["shadow_set"] = sset
-    return prepared.data["shadow_set"]
+    sets = prepared.data.setdefault("shadow_sets", {})
+    if settings.shadows not in sets:
+        sets[settings.shadows] = ShadowSet.load(settings.shadows)
+    sset = sets[settings.shadows]
+    if sset.kind != settings.setting:
+        raise ConfigError(f"{settings.shadows}: a {sset.kind} shadow set; the {settings.setting} setting needs a "
+                          f"{settings.setting} one")
+    return sset
 
 
 def _epochs(manifest: dict) -> float | None:
@@ -454,9 +455,11 @@ def _at_epoch(checkpoint: Path, epoch: int) -> Path:
     """A fine-tuned shadow at the target's epoch: the step folder of its seed run saved at that epoch
     (`keep_epoch_checkpoints`, which `use: last` sets), so that a sweep over the target's epochs
     compares it with shadows trained as long; the recorded checkpoint when the run kept none."""
+    from workbench.checkpoints import list_steps
+
     if _finetune_epoch(checkpoint) == epoch:
         return checkpoint
-    for step in sorted(Path(checkpoint).parent.glob("step-*")):
+    for _, step in list_steps(Path(checkpoint).parent):
         if _finetune_epoch(step) == epoch:
             return step
     return checkpoint

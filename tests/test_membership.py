@@ -153,6 +153,23 @@ def test_passages_keep_original_text():
     assert mem.passages(text, 3, 1)[-1] == ("seven", 1)
 
 
+def test_each_shadow_set_is_loaded_and_checked_under_its_own_folder(monkeypatch):
+    """Two settings naming different shadow sets get their own (not the first one loaded), and the
+    kind check applies to every setting."""
+    from types import SimpleNamespace
+
+    from workbench.shadows import ShadowSet
+
+    monkeypatch.setattr(ShadowSet, "load", staticmethod(lambda folder: SimpleNamespace(folder=folder, kind="pretrain")))
+    prepared = SimpleNamespace(data={})
+    a = mem._shadow_set(prepared, SimpleNamespace(shadows="set-a", setting="pretrain"))
+    b = mem._shadow_set(prepared, SimpleNamespace(shadows="set-b", setting="pretrain"))
+    assert (a.folder, b.folder) == ("set-a", "set-b")
+    assert mem._shadow_set(prepared, SimpleNamespace(shadows="set-a", setting="pretrain")) is a  # loaded once
+    with pytest.raises(ConfigError, match="set-a: a pretrain shadow set; the finetune setting"):
+        mem._shadow_set(prepared, SimpleNamespace(shadows="set-a", setting="finetune"))
+
+
 def test_settings_are_checked_before_loading():
     from probes import get_probe
     from probes.runner import build_parser

@@ -178,3 +178,21 @@ def test_equal_shadow_counts_removes_the_balanced_design_bias():
     print(f"null LiRA online AUC: balanced {np.mean(raw):.3f}, equal counts {np.mean(equal):.3f}")
     assert np.mean(raw) < 0.47  # measured 0.446 (sd 0.040 over draws)
     assert abs(np.mean(equal) - 0.5) < 0.02  # measured 0.502 (sd 0.034)
+
+
+def test_use_last_without_the_last_step_folder_is_a_config_error(tmp_path, monkeypatch):
+    """`use: last` names the step folder of the last epoch; a run that did not save it stops with a
+    ConfigError naming that folder (training stubbed: a result whose last epoch was not kept)."""
+    from types import SimpleNamespace
+
+    import workbench.finetune as ft
+    from workbench.shadows import train_finetune_shadow_set
+
+    monkeypatch.setattr(ft, "prepare", lambda cfg, data: SimpleNamespace(folder=tmp_path / "set" / "model-00"))
+    monkeypatch.setattr(ft, "train_seed", lambda cfg, seed, run: SimpleNamespace(
+        checkpoint=str(tmp_path / "best"), curve=[{"step": 30}], best_epoch=1, dev={"accuracy": 0.5}))
+    cfg = {"checkpoint": str(tmp_path / "base"), "task": "sentence_polarity", "epochs": 2, "progress": False,
+           "baselines": False}
+    with pytest.raises(ConfigError, match=r"model 0's last-epoch checkpoint .*seed-0/step-0000030 is not a folder"):
+        train_finetune_shadow_set(cfg, {"max_examples": 40, "seed": 0}, 2, tmp_path / "set", use="last",
+                                  progress=False)

@@ -65,7 +65,8 @@ def step_dir(run: str | Path, step: int) -> Path:
 
 
 def seed_dir(run: str | Path, seed: int) -> Path:
-    """`<run>/seed-S`: one seed's folder when a run trains several seeds (its steps: `step_dir`)."""
+    """`<run>/seed-S`: the folder of one training seed of a run (training writes one for every seed,
+    a single one included; its steps: `step_dir`)."""
     return Path(run) / f"{SEED_PREFIX}{int(seed)}"
 
 

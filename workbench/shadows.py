@@ -24,8 +24,9 @@ accuracy, and no model trains on them); model m is `bertology finetune`'s recipe
 one config for all) on the pool examples `balanced_keep(...)[m]` selects. Its `splits.json` lists
 train = its IN half followed by its OUT half and `n_train` = the IN half, so `finetune.members`
 reads IN = members, OUT (and dev/test) = non-members from the checkpoint as for any fine-tuned model.
-Layout `<out>/model-II/seed-II/{best,step-N}`; `use` picks the recorded checkpoint of each model:
-"best" (best dev epoch, what `bertology finetune` reports) or "last" (the last epoch).
+Layout `<out>/model-II/seed-S/{best,step-NNNNNNN}` (S = m, unpadded: `checkpoints.seed_dir`); `use`
+picks the recorded checkpoint of each model: "best" (best dev epoch, what `bertology finetune`
+reports) or "last" (the last epoch's step folder, which must exist).
 
 `python -m workbench.shadows CONFIG.yaml` trains the set a YAML file describes (its `shadows:`
 mapping: train (a training config), pool {sources, max_documents, seed}, n_models, seed, out; or for
@@ -228,6 +229,9 @@ def train_finetune_shadow_set(finetune_config, pool: dict, n_models: int, out_di
         run = prepare(cfg, data_m)
         res = train_seed(cfg, m, run)
         ck = Path(res.checkpoint) if use == "best" else step_dir(seed_dir(run.folder, m), res.curve[-1]["step"])
+        if use == "last" and not ck.is_dir():
+            raise ConfigError(f"finetune shadow set: model {m}'s last-epoch checkpoint {ck} is not a folder (use: "
+                              f"last needs the step folder that keep_epoch_checkpoints saves)")
         models.append({"index": m, "checkpoint": ck.relative_to(out).as_posix(), "n_train": len(ins),
                        "best_epoch": res.best_epoch, "dev_accuracy": res.dev["accuracy"]})
     record = {"format": SET_FORMAT, "kind": "finetune", "n_models": n_models, "seed": seed, "use": use,

@@ -22,6 +22,7 @@ import streamlit as st
 
 from app import data, figures, ui
 from app.views.probe import twin_toggle
+from workbench.checkpoints import SEED_PREFIX, STEP_PREFIX
 from workbench.errors import ConfigError
 from workbench.families import FAMILIES
 from workbench.results import decode_extra
@@ -41,7 +42,7 @@ DEFAULT_SENTENCE = "A 41 year old person is [MASK] than me in age, if I am a 33 
 
 def short_model(model: str) -> str:
     """`runs/x/seed-0/step-0000500` -> `x @500` (the label of a training-folder checkpoint)."""
-    return re.sub(r"/seed-\d+/step-0*(\d+)$", r" @\1", str(model))
+    return re.sub(rf"/{SEED_PREFIX}\d+/{STEP_PREFIX}0*(\d+)$", r" @\1", str(model))
 
 
 def newest(rows: pd.DataFrame, metrics) -> pd.DataFrame:

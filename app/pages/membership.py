@@ -9,6 +9,7 @@ import streamlit as st
 
 from app import data, figures, ui
 from app.views.probe import probe_rows
+from workbench.checkpoints import STEP_PREFIX
 from workbench.results import decode_extra
 
 TITLE = "Membership"
@@ -57,7 +58,8 @@ def render(store) -> None:
     ui.table(attack_table(rows), "membership-table")
     if rows["step"].nunique() > 1:
         st.subheader("Memorisation over training")
-        over = figures.auc_over_steps(rows[rows["model"].astype(str).str.startswith(str(model).split("/step-")[0])],
+        run = str(model).split("/" + STEP_PREFIX)[0]
+        over = figures.auc_over_steps(rows[rows["model"].astype(str).str.startswith(run)],
                                       "Membership AUC over training steps", {"attacks": chosen or None})
         over.figure.update_layout(width=None)
         st.plotly_chart(over.figure, width="stretch", key="membership-steps")
