@@ -741,17 +741,23 @@ def fit_probe_tasks(
                 else:
                     torch.index_select(xs, 1, where[i], out=xb[si * L : (si + 1) * L])
             # The objective is the sum over heads of (mean CE + lambda/2 ||W||^2); each head's
-            # gradient depends on its own term only, so the data term is summed in the grouped
-            # layout [S, L, B, T, C] without splitting it per head, and the L2 term's gradient is
-            # Adam's weight decay on W (see _adam_plan).
+            # gradient depends on its own term only. Softmax regression has a closed-form gradient,
+            # d(mean CE)/d logits = (softmax - one-hot) / B, so the step skips autograd: one
+            # softmax and one batched matmul (x^T g) in the grouped layout [S*L, B, T*C]; the L2
+            # term's gradient is Adam's weight decay on W (see _adam_plan).
             yb = torch.stack([y_t.index_select(0, i) for i in idx]).unsqueeze(1).expand(S, L, size, T)  # [S, L, B, T]
-            logits = module.forward_seeded(xb).reshape(-1, c)  # [S*L*B*T, C]
-            if full:
-                data_term = F.cross_entropy(logits, yb.reshape(-1), reduction="sum") / size
-            else:
-                ce = F.cross_entropy(logits, yb.reshape(-1), reduction="none").view(S, L, size, T)
-                data_term = (ce * wts.view(S, 1, size, 1)).sum()
-            _adam_step(opt, sched, data_term)
+            with torch.no_grad():
+                g = torch.softmax(module.forward_seeded(xb).view(S, L, size, T, c), -1)
+                g.view(-1, c).scatter_add_(1, yb.reshape(-1, 1), torch.full((g.numel() // c, 1), -1.0, device=dev))
+                if full:
+                    g.div_(size)
+                else:
+                    g.mul_(wts.view(S, 1, size, 1, 1))
+                g = g.view(S * L, size, T * c)
+                module.w.grad = torch.bmm(xb.transpose(1, 2), g)
+                module.b.grad = g.sum(1, keepdim=True)
+            opt.step()
+            sched.step()
         steps = epoch + 1
         bar.update(1)
         if tracker is not None and dev_check(steps):
