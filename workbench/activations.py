@@ -256,10 +256,10 @@ def extract(
 
             def write_batch(items, housekeeping: bool):
                 for si, arr in items:
-                    block = np.ascontiguousarray(arr, dtype=dtype)
                     start = data_offset + int(offsets[si]) * hidden * itemsize
-                    for layer in range(n_layers):
-                        _pwrite_all(fd, memoryview(block[layer]).cast("B"), start + layer * layer_stride)
+                    for layer in range(n_layers):  # each layer's rows are contiguous (no copy for float32)
+                        block = np.ascontiguousarray(arr[layer], dtype=dtype)
+                        _pwrite_all(fd, memoryview(block).cast("B"), start + layer * layer_stride)
                 if housekeeping:  # off the forward pass' thread: flush written pages, return freed heap
                     os.fdatasync(fd)
                     _trim_heap()

@@ -602,7 +602,8 @@ class ModelHandle:
     def word_states(self, sentences: Sequence[Sequence[str]], pooling: str = "first", stack: str | None = None,
                     batch_size: int = 32, chunk_size: int | None = None, stride: int | None = None,
                     progress: bool = False) -> Iterator[np.ndarray]:
-        """Yield one float32 array [L+1, n_words, H] per sentence, in input order.
+        """Yield one float32 array [L+1, n_words, H] per sentence, in input order (a view into its
+        batch's pooled array, not necessarily contiguous: copy it to keep it apart).
 
         Subwords are pooled to words by `pooling` ("first", "mean" or "last" piece). `stack`
         defaults to the first stack ("encoder" for encoder-decoders). Sentences are taken in chunks
@@ -682,8 +683,8 @@ class ModelHandle:
                 m = len(seg.words)
                 block = pooled[:, o: o + m]
                 o += m
-                if results[seg.sentence] is None:  # whole sentence in one segment
-                    results[seg.sentence] = np.ascontiguousarray(block)
+                if results[seg.sentence] is None:  # whole sentence in one segment: a view, no copy
+                    results[seg.sentence] = block
                 else:
                     results[seg.sentence][:, seg.words] = block
         yield from results
@@ -703,7 +704,9 @@ class ModelHandle:
         flat = [h.reshape(B * T, -1) for h in hs]
         if pooling == "first" or pooling == "last":
             idx = torch.from_numpy(first if pooling == "first" else last).to(hs[0].device)
-            pooled = torch.stack([h.index_select(0, idx) for h in flat])
+            pooled = torch.empty(len(flat), len(idx), flat[0].shape[-1], dtype=flat[0].dtype, device=flat[0].device)
+            for layer, h in enumerate(flat):  # straight into place (no stack copy)
+                torch.index_select(h, 0, idx, out=pooled[layer])
         else:
             counts = last - first + 1
             n = len(counts)
