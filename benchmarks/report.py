@@ -98,13 +98,23 @@ def table(records: list[dict], latest_only: bool = True) -> str:
     for n, r in enumerate(records):
         for k, row in enumerate(_rows(r)):
             kind = (r["benchmark"], row[0].split(",")[0].split("(")[0] if latest_only else n, k)
-            rows[kind] = "| " + " | ".join([*row, str(r.get("threads", "")), _load_text(r), r["_file"]]) + " |"
+            rows[kind] = ("| " + " | ".join([*row, str(r.get("threads", "")), _load_text(r), r["_file"]]) + " |", r)
     lines = ["| figure | ours | baseline | ratio | target | threads | load avg start -> end | record |",
-             "|---|---|---|---|---|---|---|---|", *rows.values()]
-    cpu = next((r["machine"] for r in records if r.get("machine", {}).get("model")), None)
-    if cpu:
+             "|---|---|---|---|---|---|---|---|", *(text for text, _ in rows.values())]
+    # the machine of every record in the table (records from different machines are not comparable)
+    cpus: dict[str, list[str]] = {}
+    for _, r in rows.values():
+        m = r.get("machine", {})
+        label = (f"{m['model']}, {m['cpus']} cores ({', '.join(m.get('flags', []))})" if m.get("model")
+                 else "not recorded (an older record)")
+        cpus.setdefault(label, [])
+        if r["_file"] not in cpus[label]:
+            cpus[label].append(r["_file"])
+    if cpus:
         lines.append("")
-        lines.append(f"CPU: {cpu['model']}, {cpu['cpus']} cores ({', '.join(cpu.get('flags', []))}).")
+        for label, files in cpus.items():
+            which = "" if len(cpus) == 1 else f" for {', '.join(files)}"
+            lines.append(f"CPU{which}: {label}.")
     return "\n".join(lines)
 
 
