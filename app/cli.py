@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from workbench.errors import cli_errors
@@ -161,6 +162,35 @@ def _cmd_runs_reindex(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- activation cache
+def _cmd_cache_list(args: argparse.Namespace) -> int:
+    from workbench.activations import cache_entries
+
+    entries = cache_entries(args.cache_dir)
+    for e in entries:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
+        state = " (partial)" if e.partial else ""
+        print(f"{e.bytes / 2**20:>10.1f} MB  {when}  {e.dataset_key}{state}  {e.path.name}")
+    print(f"{len(entries)} entries, {sum(e.bytes for e in entries) / 2**30:.2f} GB (least recently used first)")
+    return 0
+
+
+def _cmd_cache_prune(args: argparse.Namespace) -> int:
+    from workbench.activations import parse_size, prune_cache
+    from workbench.errors import ConfigError
+
+    if args.max_size is None and args.older_than_days is None:
+        raise ConfigError("cache prune: give --max-size and/or --older-than-days")
+    removed = prune_cache(parse_size(args.max_size) if args.max_size is not None else None,
+                          args.older_than_days * 86400 if args.older_than_days is not None else None,
+                          cache_dir=args.cache_dir, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for e in removed:
+        print(f"{verb} {e.path.name} ({e.bytes / 2**20:.1f} MB, {e.dataset_key})")
+    print(f"{verb} {len(removed)} entries, {sum(e.bytes for e in removed) / 2**30:.2f} GB")
+    return 0
+
+
 # --------------------------------------------------------------------------- app / figures
 def _cmd_app(args: argparse.Namespace) -> int:
     import subprocess
@@ -256,6 +286,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_runs_gc)
     p = runs_sub.add_parser("reindex", parents=[root_opt], help="rebuild the catalog from the run folders")
     p.set_defaults(func=_cmd_runs_reindex)
+
+    cache = sub.add_parser("cache", help="list and prune the activation cache")
+    cache_sub = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    dir_opt = argparse.ArgumentParser(add_help=False)
+    dir_opt.add_argument("--cache-dir", help="activation cache folder (default: <cache root>/activations)")
+    p = cache_sub.add_parser("list", parents=[dir_opt], help="one line per entry, least recently used first")
+    p.set_defaults(func=_cmd_cache_list)
+    p = cache_sub.add_parser("prune", parents=[dir_opt], help="delete unused or least recently used entries")
+    p.add_argument("--max-size", help="keep at most this much (e.g. 40G): least recently used entries go first")
+    p.add_argument("--older-than-days", type=float, help="delete entries unused for this many days")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    p.set_defaults(func=_cmd_cache_prune)
 
     p = sub.add_parser("app", help="open the Streamlit app on the runs root")
     p.add_argument("--port", type=int, default=8501)

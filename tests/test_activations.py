@@ -253,3 +253,59 @@ def test_window_length_is_part_of_the_cache_key(tmp_path):
     long_again = FakeHandle()
     long_again.max_length = 128
     assert cache_path(long_again, sents, "toy", cache_dir=tmp_path) == cache_path(long_, sents, "toy", cache_dir=tmp_path)
+
+
+def test_prune_removes_least_recently_used_first_and_skips_entries_being_written(tmp_path, monkeypatch):
+    """LRU pruning: loading an entry makes it recent; pruning to a size removes the oldest-used
+    entries until the rest fits; an entry whose lock another writer holds is never removed; the
+    env cap prunes after every extraction but keeps the entry just made."""
+    import fcntl
+    import os
+    import time
+
+    from workbench.activations import MAX_SIZE_ENV, cache_entries, parse_size, prune_cache
+
+    h = FakeHandle(hidden=64)
+    corpora = {k: _corpus(n=300, seed=k) for k in range(3)}
+    paths = {k: extract(h, c, f"toy{k}", cache_dir=tmp_path, progress=False).path for k, c in corpora.items()}
+    sizes = {e.path: e.bytes for e in cache_entries(tmp_path)}
+    assert len(sizes) == 3 and all(b > 100_000 for b in sizes.values())  # real blocks, not sparse zeros
+    past = time.time() - 3600
+    for k, t in ((0, past - 60), (1, past), (2, past - 30)):  # use order: 0 oldest, then 2, then 1
+        os.utime(paths[k] / "last_used", (t, t))
+    extract(h, corpora[0], "toy0", cache_dir=tmp_path, progress=False)  # a cache hit: 0 is now the newest
+    assert [e.path for e in cache_entries(tmp_path)] == [paths[2], paths[1], paths[0]]
+
+    # room for two entries: the least recently used (2) goes, dry run first
+    limit = sizes[paths[0]] + sizes[paths[1]] + 1000
+    assert [e.path for e in prune_cache(limit, cache_dir=tmp_path, dry_run=True)] == [paths[2]]
+    assert paths[2].is_dir()
+    # an entry whose lock is held (an extraction in progress) is skipped: the next one goes instead
+    with open(tmp_path / f".{paths[2].name}.lock", "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        assert [e.path for e in prune_cache(limit, cache_dir=tmp_path)] == [paths[1]]
+    assert paths[2].is_dir() and paths[0].is_dir() and not paths[1].exists()
+    assert [e.path for e in prune_cache(older_than_s=1800, cache_dir=tmp_path)] == [paths[2]]  # unused for an hour
+    assert paths[0].is_dir()
+
+    # the env cap: a new extraction prunes everything else that does not fit, never itself
+    monkeypatch.setenv(MAX_SIZE_ENV, str(sizes[paths[0]] + 1000))
+    new = extract(h, corpora[2], "toy2-again", cache_dir=tmp_path, progress=False).path
+    assert [e.path for e in cache_entries(tmp_path)] == [new]
+    assert parse_size("40G") == 40 * 2**30 and parse_size("1.5M") == int(1.5 * 2**20) and parse_size("123") == 123
+    with pytest.raises(ConfigError, match="size"):
+        parse_size("lots")
+
+
+def test_cache_cli_lists_and_prunes(tmp_path, capsys):
+    from app.cli import main
+
+    h = FakeHandle(hidden=64)
+    extract(h, _corpus(n=200), "toy-cli", cache_dir=tmp_path, progress=False)
+    assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "toy-cli" in out and "1 entries" in out
+    assert main(["cache", "prune", "--cache-dir", str(tmp_path), "--max-size", "0"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0 and "0 entries" in capsys.readouterr().out
+    assert main(["cache", "prune", "--cache-dir", str(tmp_path)]) == 2  # says what to give

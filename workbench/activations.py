@@ -85,6 +85,7 @@ class Activations:
                 f"{path}: activation cache does not match its meta.json (layers {layers.shape}, "
                 f"expected {expected}); delete the folder to re-extract"
             )
+        _mark_used(path)
         return cls(layers=layers, sentence_offsets=offsets, stats=dict(meta.get("stats", {})), path=path, meta=meta)
 
     @property
@@ -318,7 +319,114 @@ def extract(
         if final.exists():  # stale folder without meta.json (cannot be produced by this code)
             shutil.rmtree(final)
         os.replace(partial, final)
+    limit = os.environ.get(MAX_SIZE_ENV)
+    if limit:
+        prune_cache(parse_size(limit), cache_dir=root, keep=[final])
     return Activations.load(final)
+
+
+# --------------------------------------------------------------------------- cache maintenance
+# Entries are never evicted by extraction itself: the cache grows with every checkpoint x data set
+# probed (a sweep over 11 checkpoints of 2 models fills tens of GB). `prune_cache` deletes the least
+# recently used entries down to a size, or those unused for a while; `bertology cache prune` is its
+# command line, and `$BERTOLOGY_ACTIVATION_CACHE_MAX` (e.g. "40G") makes every extraction prune to it.
+
+_USED_FILE = "last_used"
+MAX_SIZE_ENV = "BERTOLOGY_ACTIVATION_CACHE_MAX"
+
+
+@dataclass
+class CacheEntry:
+    path: Path
+    bytes: int
+    last_used: float  # POSIX time: the last `Activations.load` (or the creation)
+    dataset_key: str
+    checkpoint_hash: str
+    partial: bool  # an unfinished (or crashed) extraction
+
+
+def _mark_used(path: Path) -> None:
+    """Record a use (LRU order for pruning); a read-only cache simply keeps its old stamp."""
+    try:
+        (path / _USED_FILE).touch()
+    except OSError:
+        pass
+
+
+def _folder_bytes(path: Path) -> int:
+    """Disk blocks actually used (the layers file is sparse until written)."""
+    total = 0
+    for f in path.rglob("*"):
+        try:
+            st = f.lstat()
+        except OSError:
+            continue
+        if f.is_file():
+            total += st.st_blocks * 512
+    return total
+
+
+def cache_entries(cache_dir: str | Path | None = None) -> list[CacheEntry]:
+    """Every entry of the activation cache (complete and partial), least recently used first."""
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "activations"
+    if not root.is_dir():
+        return []
+    out = []
+    for path in root.iterdir():
+        if not path.is_dir():
+            continue
+        partial = path.name.startswith(".") and path.name.endswith(".partial")
+        meta_file = path / (_PROGRESS_FILE if partial else _META_FILE)
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+            meta = meta.get("plan", meta) if partial else meta
+        except (OSError, ValueError):
+            meta = {}
+        stamp = next((p.stat().st_mtime for p in (path / _USED_FILE, meta_file, path) if p.exists()), 0.0)
+        out.append(CacheEntry(path, _folder_bytes(path), stamp, str(meta.get("dataset_key", "?")),
+                              str(meta.get("checkpoint_hash", "?")), partial))
+    return sorted(out, key=lambda e: e.last_used)
+
+
+def parse_size(text: str) -> int:
+    """'40G', '500M', '1.5T' or a plain number of bytes -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)i?B?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ConfigError(f"cannot read size {text!r} (e.g. 40G, 500M, 1.5T)")
+    return int(float(m.group(1)) * 1024 ** "_KMGT".index(m.group(2).upper() or "_"))
+
+
+def prune_cache(max_bytes: int | None = None, older_than_s: float | None = None, cache_dir: str | Path | None = None,
+                dry_run: bool = False, keep: Sequence[Path] = ()) -> list[CacheEntry]:
+    """Delete cache entries: every entry unused for `older_than_s` seconds, then the least recently
+    used until the total is at most `max_bytes`. An entry another process is extracting (its lock
+    is held) is skipped; so are `keep` paths. Returns what was (or, with `dry_run`, would be) removed."""
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "activations"
+    entries = cache_entries(root)
+    total = sum(e.bytes for e in entries)
+    keep = {Path(k).resolve() for k in keep}
+    now = time.time()
+    removed = []
+    for e in entries:  # least recently used first
+        stale = older_than_s is not None and now - e.last_used > older_than_s
+        over = max_bytes is not None and total > max_bytes
+        if not (stale or over) or e.path.resolve() in keep:
+            continue
+        name = e.path.name[1 : -len(".partial")] if e.partial else e.path.name
+        lock = root / f".{name}.lock"
+        with open(lock, "a+") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # being written right now
+            try:
+                if not dry_run:
+                    shutil.rmtree(e.path, ignore_errors=True)
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        removed.append(e)  # (the empty lock file stays: unlinking it could let two writers in)
+        total -= e.bytes
+    return removed
 
 
 def _resolve_stack(handle, stack: str | None) -> str:
