@@ -41,7 +41,7 @@ DEFAULT_SENTENCE = "A 41 year old person is [MASK] than me in age, if I am a 33 
 
 
 def short_model(model: str) -> str:
-    """`runs/x/seed-0/step-0000500` -> `x @500` (the label of a training-folder checkpoint)."""
+    """`runs/train/x/seed-0/step-0000500` -> `runs/train/x @500` (the label of a training-folder checkpoint)."""
     return re.sub(rf"/{SEED_PREFIX}\d+/{STEP_PREFIX}0*(\d+)$", r" @\1", str(model))
 
 
