@@ -156,8 +156,12 @@ def corpus_of(checkpoint: str | Path):
 
 
 def pretrain_sample(checkpoint, passage_words: int = 32, min_words: int = 8, n_examples: int | None = 1000,
-                    seed: int = 0, corpus_dir: str | Path | None = None, length_bin: int = 1) -> Sample:
-    """Members = passages of the recorded train split's documents, non-members = of the held-out split's."""
+                    seed: int = 0, corpus_dir: str | Path | None = None, length_bin: int = 1,
+                    fits=None) -> Sample:
+    """Members = passages of the recorded train split's documents, non-members = of the held-out split's.
+
+    `fits(texts) -> bool array`: keep only passages the model can score whole (a model trained on
+    `max_len`-token blocks has no trained positions past them); the drops per split are in `info`."""
     from workbench.data.corpus import CorpusSplit
 
     if corpus_dir is not None:
@@ -165,13 +169,17 @@ def pretrain_sample(checkpoint, passage_words: int = 32, min_words: int = 8, n_e
     else:
         corpus, where = corpus_of(checkpoint)
     check_disjoint(corpus.doc_ids("train"), corpus.doc_ids("heldout"), str(where))
-    groups = {}
+    groups, too_long = {}, {}
     for split in ("train", "heldout"):
-        groups[split] = [(f"{d.doc_id}#{k}", d.doc_id, t, n, None, d.source) for d in corpus.documents(split)
-                         for k, (t, n) in enumerate(passages(d.text, passage_words, min_words))]
+        rows = [(f"{d.doc_id}#{k}", d.doc_id, t, n, None, d.source) for d in corpus.documents(split)
+                for k, (t, n) in enumerate(passages(d.text, passage_words, min_words))]
+        keep = np.asarray(fits([r[2] for r in rows]), dtype=bool) if fits is not None and rows else None
+        groups[split] = rows if keep is None else [r for r, k in zip(rows, keep) if k]
+        too_long[split] = len(rows) - len(groups[split])
     m, n, info = _draw(groups["train"], groups["heldout"], n_examples, seed, str(where),
                        {"setting": "pretrain", "passage_words": passage_words, "corpus_override": corpus_dir is not None,
-                        "documents": {"train": len(corpus.doc_ids("train")), "heldout": len(corpus.doc_ids("heldout"))}},
+                        "documents": {"train": len(corpus.doc_ids("train")), "heldout": len(corpus.doc_ids("heldout"))},
+                        "passages_too_long_for_the_model": too_long},
                        length_bin)
     return _sample(m, n, info, labelled=False)
 
@@ -285,9 +293,10 @@ class Settings(runner.Settings):
         "help": "reference checkpoint trained on data disjoint from the target's (reference attack)"})
     shadows: str | None = field(default=None, metadata={"help": "shadow-set folder (workbench.shadows) for LiRA"})
     fix_variance: bool = field(default=False, metadata={"help": "LiRA: one global deviation instead of per example"})
-    equal_counts: bool = field(default=False, metadata={
-        "help": "LiRA: thin shadows to equal IN and OUT counts per example (a target from a balanced set; "
-                "see membership_attacks)"})
+    equal_counts: bool | None = field(default=None, metadata={
+        "help": "LiRA: thin shadows to equal IN and OUT counts per example (see docs/membership.md: a target "
+                "from its own balanced shadow set biases online LiRA below 0.5 otherwise); default: on exactly "
+                "when the target is one of the shadow set's models"})
     max_roc_points: int = field(default=200, metadata={"help": "ROC points stored per attack"})
     electra_head: str = field(default="generator", metadata={
         "help": "ELECTRA: score with its generator (PLL) or its discriminator (log P(original) per token of the "
@@ -339,16 +348,25 @@ def _sample_for(unit, prepared, settings: Settings) -> Sample:
         from workbench.checkpoints import read_manifest
 
         m = read_manifest(path) or {}
-        key = ("pretrain", settings.corpus or json.dumps(m.get("corpus"), sort_keys=True))
+        window = unit.handle.max_length
+        key = ("pretrain", settings.corpus or json.dumps(m.get("corpus"), sort_keys=True), window)
         if key not in memo:
             memo[key] = (pretrain_sample(path, settings.passage_words, settings.min_words, settings.n_examples,
-                                         settings.seed, settings.corpus, settings.length_bin), None)
+                                         settings.seed, settings.corpus, settings.length_bin,
+                                         fits=lambda texts: _fits_window(unit.handle, texts)), None)
         sample = memo[key][0]
     info = dict(sample.info)  # the sample is shared by the steps of a run; the epochs are per checkpoint
     if settings.setting == "pretrain":
         info["epochs_seen"] = _epochs(m)
     prepared.notes["membership_samples"][unit.checkpoint.name] = info
     return sample
+
+
+def _fits_window(handle, texts: list[str]) -> np.ndarray:
+    """Which texts the LM scorer takes whole: special tokens included, plus one for the start token
+    a causal scorer may prepend (`lm_scores`)."""
+    enc = handle.tokenizer(texts, add_special_tokens=True)["input_ids"]
+    return np.array([len(ids) + 1 <= handle.max_length for ids in enc], dtype=bool)
 
 
 def _finetune_key(checkpoint) -> tuple[str, str]:
@@ -443,6 +461,13 @@ def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Setting
     out = (np.array(phis).T, np.array(ins).T, np.array(outs).T, names)
     prepared.data["stats"][key] = out
     return out
+
+
+def target_in_shadow_set(target_path, sset) -> bool:
+    """True when the target checkpoint comes from one of the set's own training runs (its folder,
+    or an earlier step of it): then every example's IN/OUT shadow counts are tied to its membership."""
+    run = Path(target_path).resolve().parent
+    return any(ck.resolve().parent == run for ck in sset.checkpoints)
 
 
 def _finetune_epoch(checkpoint) -> int | None:
@@ -581,9 +606,15 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
             data = (prepared.data["samples"][_finetune_key(unit.checkpoint.path)][1]
                     if settings.setting == "finetune" else None)
             shadows = shadow_matrix(sample, unit.checkpoint.path, prepared, settings, data)
-            prepared.notes.setdefault("lira_shadows", {})[unit.checkpoint.name] = shadows[3]
+            unit.notes.setdefault("lira_shadows", {})[unit.checkpoint.name] = shadows[3]
+            if settings.equal_counts is None:  # auto: thin the counts exactly when the design ties them
+                import dataclasses
+
+                in_set = target_in_shadow_set(unit.checkpoint.path, _shadow_set(prepared, settings))
+                settings = dataclasses.replace(settings, equal_counts=in_set)
+                unit.notes.setdefault("lira_equal_counts", {})[unit.checkpoint.name] = in_set
     how = "classifier" if settings.setting == "finetune" else scored_by(unit.handle, settings.electra_head)
-    prepared.notes.setdefault("lm_score", {})[unit.model] = how
+    unit.notes.setdefault("lm_score", {})[unit.model] = how
     scores = attack_scores(sample, st, settings, ref, shadows)
     return metric_rows(unit, scores, sample, settings, how)
 

@@ -153,6 +153,20 @@ def test_passages_keep_original_text():
     assert mem.passages(text, 3, 1)[-1] == ("seven", 1)
 
 
+def test_target_in_shadow_set_means_one_of_its_runs(tmp_path):
+    """Auto `equal_counts`: a target from one of the set's training runs (any step of it) ties the
+    shadows' IN/OUT counts to its membership; a checkpoint trained elsewhere does not."""
+    from types import SimpleNamespace
+
+    runs = [tmp_path / f"model-{i:02d}" / "seed-0" for i in range(3)]
+    sset = SimpleNamespace(checkpoints=[r / "step-0000100" for r in runs])
+    for p in [*sset.checkpoints, runs[1] / "step-0000050", tmp_path / "other" / "seed-0" / "step-0000100"]:
+        p.mkdir(parents=True)
+    assert mem.target_in_shadow_set(sset.checkpoints[0], sset)
+    assert mem.target_in_shadow_set(runs[1] / "step-0000050", sset)  # an earlier step of a shadow's run
+    assert not mem.target_in_shadow_set(tmp_path / "other" / "seed-0" / "step-0000100", sset)
+
+
 def test_each_shadow_set_is_loaded_and_checked_under_its_own_folder(monkeypatch):
     """Two settings naming different shadow sets get their own (not the first one loaded), and the
     kind check applies to every setting."""
@@ -186,7 +200,7 @@ def test_settings_are_checked_before_loading():
 
 # no dropout or weight decay, a high learning rate: 60 steps of 16 x 32 tokens are ~20 passes over a
 # model's ~1,500-token half of the pool (a few seconds per model on one core)
-TINY_SHADOW = {"name": "mia-test", "family": "gpt", "preset": "tiny", "tokenizer": {"vocab_size": 1000}, "max_len": 32,
+TINY_SHADOW = {"name": "mia-test", "family": "gpt", "preset": "tiny", "tokenizer": {"vocab_size": 1000}, "max_len": 64,
                "batch_size": 16, "lr": 2e-2, "warmup": 0.05, "weight_decay": 0.0, "steps": 60, "eval": {"batches": 0},
                "model": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
                "checkpoints": {"log_spaced": False}, "progress": False}
@@ -225,10 +239,17 @@ def test_loss_memorised_and_lira_with_8_shadows(shadow_set, tmp_path):
     target = shadow_set.checkpoints[0]
     settings = {"tasks": ["attacks"], "attacks": ["loss", "zlib", "mink", "minkpp", "lira"], "shadows": str(shadow_set.folder),
                 "min_words": 1, "length_bin": 4, "n_boot": 200, "baselines": [], "progress": False}
-    _, rows = runner.run_probe("membership", [target], settings, store=ResultsStore(tmp_path / "runs"))
+    run_id, rows = runner.run_probe("membership", [target], settings, store=ResultsStore(tmp_path / "runs"))
     auc = rows[rows["metric"] == "auc"].set_index("task")["value"]
     n = rows[rows["metric"] == "auc"].set_index("task")["n"]
     assert n["loss"] >= 40
+    # the target is one of the set's models: LiRA thins to equal IN/OUT counts by default (the
+    # balanced design's bias), and the run's notes say so, with the head that scored it
+    notes = ResultsStore(tmp_path / "runs").manifest(run_id)["notes"]
+    assert list(notes["lira_equal_counts"].values()) == [True]
+    assert [len(v) for v in notes["lira_shadows"].values()] == [len(shadow_set.checkpoints) - 1] and notes["lm_score"]
+    sample_info = next(iter(notes["membership_samples"].values()))
+    print("passages too long for the model's 64-token window:", sample_info["passages_too_long_for_the_model"])
     assert auc["loss"] > 0.9  # ~20 passes over its half: memorised
     assert auc["lira_online"] > 0.9 and auc["lira_offline"] > 0.8
     extra = rows[(rows["task"] == "lira_online") & (rows["metric"] == "auc")]["extra"].iloc[0]
@@ -256,9 +277,11 @@ def test_model_trained_on_neither_split_is_at_chance(shadow_set, tmp_path):
     from workbench.models import ModelHandle
 
     corpus = build_corpus(["subjectivity"], tmp_path / "subj", heldout_fraction=0.5, seed=0, max_documents=2600)
-    s = mem.pretrain_sample(None, min_words=1, n_examples=1000, seed=0, corpus_dir=corpus.dir, length_bin=4)
-    assert s.is_member.sum() == 1000
-    st = mem.lm_stats(ModelHandle.load(shadow_set.checkpoints[0]), s.texts, batch_size=64, moments=False)
+    handle = ModelHandle.load(shadow_set.checkpoints[0])
+    s = mem.pretrain_sample(None, min_words=1, n_examples=1000, seed=0, corpus_dir=corpus.dir, length_bin=4,
+                            fits=lambda texts: mem._fits_window(handle, texts))
+    assert s.is_member.sum() == 1000 and min(s.info["passages_too_long_for_the_model"].values()) > 0
+    st = mem.lm_stats(handle, s.texts, batch_size=64, moments=False)
     r = ma.roc_metrics(ma.loss_score(st.nll), s.is_member, n_boot=100)
     assert 0.45 <= r.auc <= 0.55
 
