@@ -4,7 +4,9 @@ Ground truth comes from manifests only, never guessed (what no web-scale study h
 - `pretrain`: the checkpoint's manifest names its corpus (`workbench.data.corpus.resolve_corpus_manifest`);
   members are passages of the documents of its recorded `train` split, non-members passages of the
   `heldout` split. A passage is `passage_words` consecutive words of a document (the original
-  text between them, newlines included), the last shorter one kept when it has >= `min_words`.
+  text between them, newlines included), the last shorter one kept when it has >= `min_words`;
+  passages longer than the model's window (its training `max_len`) are left out, counted in the
+  sample's notes (`passages_too_long_for_the_model`): it has no trained positions past it.
   `corpus` evaluates against another corpus folder instead (the null experiment: a model trained
   on neither split must sit at AUC 0.5).
 - `finetune`: a checkpoint of `bertology finetune`; members are the training examples it saw,
