@@ -355,7 +355,7 @@ def _sample_for(unit, prepared, settings: Settings) -> Sample:
         if key not in memo:
             memo[key] = (pretrain_sample(path, settings.passage_words, settings.min_words, settings.n_examples,
                                          settings.seed, settings.corpus, settings.length_bin,
-                                         fits=lambda texts: _fits_window(unit.handle, texts)), None)
+                                         fits=lambda texts: fits_window(unit.handle, texts)), None)
         sample = memo[key][0]
     info = dict(sample.info)  # the sample is shared by the steps of a run; the epochs are per checkpoint
     if settings.setting == "pretrain":
@@ -364,7 +364,7 @@ def _sample_for(unit, prepared, settings: Settings) -> Sample:
     return sample
 
 
-def _fits_window(handle, texts: list[str]) -> np.ndarray:
+def fits_window(handle, texts: list[str]) -> np.ndarray:
     """Which texts the LM scorer takes whole: special tokens included, plus one for the start token
     a causal scorer may prepend (`lm_scores`)."""
     enc = handle.tokenizer(texts, add_special_tokens=True)["input_ids"]

@@ -279,7 +279,7 @@ def test_model_trained_on_neither_split_is_at_chance(shadow_set, tmp_path):
     corpus = build_corpus(["subjectivity"], tmp_path / "subj", heldout_fraction=0.5, seed=0, max_documents=2600)
     handle = ModelHandle.load(shadow_set.checkpoints[0])
     s = mem.pretrain_sample(None, min_words=1, n_examples=1000, seed=0, corpus_dir=corpus.dir, length_bin=4,
-                            fits=lambda texts: mem._fits_window(handle, texts))
+                            fits=lambda texts: mem.fits_window(handle, texts))
     assert s.is_member.sum() == 1000 and min(s.info["passages_too_long_for_the_model"].values()) > 0
     st = mem.lm_stats(handle, s.texts, batch_size=64, moments=False)
     r = ma.roc_metrics(ma.loss_score(st.nll), s.is_member, n_boot=100)

@@ -96,7 +96,9 @@ def test_discriminator_separates_members_on_real_text(trained_electra, tmp_path)
 
     aucs = {}
     for head in ("discriminator", "generator"):
+        # 16-word passages: the model trained on 32-token blocks scores only passages that fit them
         settings = {"tasks": ["attacks"], "attacks": ["loss", "mink", "minkpp"], "electra_head": head, "min_words": 1,
+                    "passage_words": 16,
                     "length_bin": 4, "n_boot": 200, "baselines": [], "progress": False, "mink_ratios": [0.2]}
         _, rows = runner.run_probe("membership", [trained_electra], settings, store=ResultsStore(tmp_path / head))
         auc = rows[rows["metric"] == "auc"].set_index("task")
@@ -114,7 +116,8 @@ def test_discriminator_separates_members_on_real_text(trained_electra, tmp_path)
     assert aucs["generator"]["loss"] > 0.85
     # the score by hand from the target's discriminator: mean log P(original) over content tokens
     h = ModelHandle.load(trained_electra)
-    s = mem.pretrain_sample(trained_electra, min_words=1, n_examples=1000, seed=0, length_bin=4)
+    s = mem.pretrain_sample(trained_electra, passage_words=16, min_words=1, n_examples=1000, seed=0, length_bin=4,
+                            fits=lambda texts: mem.fits_window(h, texts))
     st = mem.lm_stats(h, s.texts[:5], batch_size=8, moments=False, electra_head="discriminator")
     disc = lm_scorer(h, "discriminator").model
     for text, nll in zip(s.texts[:5], st.nll):

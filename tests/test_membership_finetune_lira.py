@@ -5,6 +5,7 @@ statistics the probe produced, and the overfit target's members are found."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,6 +15,7 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score
 
 from probes import membership as mem
+from probes import membership_attacks as ma
 from tests.conftest import tiny_bert
 from workbench.errors import ConfigError
 
@@ -108,8 +110,18 @@ def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp
     scores = mem.attack_scores(sample, target_stats, st_settings, shadows=(phi, ins, outs, names))
     assert scores["lira_online"] == pytest.approx(online, rel=1e-9)
     assert scores["lira_offline"] == pytest.approx(offline, rel=1e-9)
-    assert auc.loc["lira_online", "value"] == pytest.approx(roc_auc_score(sample.is_member, online), abs=1e-12)
-    assert auc.loc["lira_offline", "value"] == pytest.approx(roc_auc_score(sample.is_member, offline), abs=1e-12)
+    # the runner's default for a target from the set: shadows thinned to equal IN/OUT counts first
+    ins_eq, outs_eq = ma.equal_shadow_counts(ins, outs, st_settings.seed)
+    assert len(set(ins_eq.sum(1))) == 1 and len(set(outs_eq.sum(1))) == 1
+    thinned = mem.attack_scores(sample, target_stats, dataclasses.replace(st_settings, equal_counts=True),
+                                shadows=(phi, ins, outs, names))
+    online_eq = [stats.norm.logpdf(target_stats.phi[i], np.median(phi[i][ins_eq[i]]), np.std(phi[i][ins_eq[i]]))
+                 - stats.norm.logpdf(target_stats.phi[i], np.median(phi[i][outs_eq[i]]), np.std(phi[i][outs_eq[i]]))
+                 for i in range(len(sample.ids))]
+    assert thinned["lira_online"] == pytest.approx(online_eq, rel=1e-9)
+    assert auc.loc["lira_online", "value"] == pytest.approx(roc_auc_score(sample.is_member, online_eq), abs=1e-12)
+    assert auc.loc["lira_offline", "value"] == pytest.approx(
+        roc_auc_score(sample.is_member, thinned["lira_offline"]), abs=1e-12)
     assert auc.loc["loss", "value"] == pytest.approx(roc_auc_score(sample.is_member, -target_stats.nll), abs=1e-12)
     extra = auc.loc["lira_online", "extra"]
     extra = json.loads(extra) if isinstance(extra, str) else extra
@@ -161,7 +173,6 @@ def test_equal_shadow_counts_removes_the_balanced_design_bias():
     """A planted null: phi = per-model offset + per-example difficulty + noise, no memorisation. With
     the target taken from a balanced set (each example IN for 5 of 9), online LiRA reads below 0.5;
     thinned to equal IN/OUT counts per example it is back at 0.5."""
-    from probes import membership_attacks as ma
     from workbench.shadows import balanced_keep
 
     raw, equal = [], []

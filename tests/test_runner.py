@@ -188,10 +188,17 @@ def test_syntax_rows_identical_to_before_the_runner(tiny_checkpoint, tmp_path):
     assert len(after) == len(before) == 138
     for c in ("model", "family", "probe", "task", "split", "stack", "metric", "extra"):
         assert after[c].astype(str).tolist() == before[c].astype(str).tolist(), c
-    for c in ("seed", "step", "layer", "n", "value", "ci_low", "ci_high"):
-        np.testing.assert_allclose(pd.to_numeric(after[c]).to_numpy(dtype=float),
-                                   pd.to_numeric(before[c]).to_numpy(dtype=float), rtol=1e-6, atol=1e-9,
-                                   equal_nan=True, err_msg=c)
+    for c in ("seed", "step", "layer", "n"):
+        np.testing.assert_array_equal(pd.to_numeric(after[c]).to_numpy(dtype=float),
+                                      pd.to_numeric(before[c]).to_numpy(dtype=float), err_msg=c)
+    # The fixture was written on an Intel Xeon (AVX-512, AMX): there every value agrees to 1e-6. On
+    # another CPU kind the BLAS kernels sum in another order and L-BFGS stops a hair elsewhere: on a
+    # 2-core AMD EPYC 16 of 138 values moved, by at most 0.0037 (two of ~550 dev words), the rest
+    # did not move at all. So: most rows exact, every row within 0.01.
+    for c in ("value", "ci_low", "ci_high"):
+        a, b = (pd.to_numeric(x[c]).to_numpy(dtype=float) for x in (after, before))
+        np.testing.assert_allclose(a, b, rtol=0, atol=0.01, equal_nan=True, err_msg=c)
+        assert np.isclose(a, b, rtol=1e-6, atol=1e-9, equal_nan=True).mean() >= 0.8, c
 
 
 # Every bad input: one line on stderr, exit 2, and nothing loaded (the handle loader would fail the test).
