@@ -35,7 +35,8 @@ input = decoder_start_token_id + the encoder input shifted right, see `_decoder_
 word's decoder state is read where its pieces are the decoder's input, so it has seen the
 sentence up to and including the word (as a causal LM's states have).
 
-Long sentences: sliding windows of `max_length` tokens, half a window apart by default; each word
+Long sentences: sliding windows of `max_length` tokens (a checkpoint trained here: the `max_len` it
+trained on, from its manifest), half a window apart by default; each word
 is read from the window where it is most central (causal stacks: where it has most left
 context). `stats` (a Counter, never reset by the handle) counts sentences, words,
 empty_sentences, windowed_sentences, windows, words_cut_by_window, no_subword_words and
