@@ -595,9 +595,6 @@ class _TaskSeedHeads(_Heads):
     def penalised(self):
         return [self.w]
 
-    def penalty(self) -> torch.Tensor:
-        return 0.5 * self.per_head_state()["w"].pow(2).flatten(1).sum(1)
-
     def per_head_state(self) -> dict[str, torch.Tensor]:
         """{"w": [M, H, C], "b": [M, C]} (copies), head m = (s, t, l)."""
         s, t, l, h, c = self.shape

@@ -156,10 +156,15 @@ def model_fingerprint(handle) -> str:
     return handle.checkpoint_hash + "+" + hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest() + chars + window
 
 
+def _activations_dir(cache_dir: str | Path | None) -> Path:
+    """The activation cache folder: `cache_dir`, else `cache_root()/activations`."""
+    return Path(cache_dir) if cache_dir is not None else cache_root() / "activations"
+
+
 def cache_path(handle, sentences, dataset_key, pooling="first", stack=None, dtype="float32", cache_dir=None) -> Path:
     """Where `extract` keeps (or would keep) these activations."""
     stack = _resolve_stack(handle, stack)
-    root = Path(cache_dir) if cache_dir is not None else cache_root() / "activations"
+    root = _activations_dir(cache_dir)
     return root / cache_key(model_fingerprint(handle), dataset_key, pooling, stack, dtype, sentences_fingerprint(sentences))
 
 
@@ -368,7 +373,7 @@ def _folder_bytes(path: Path) -> int:
 
 def cache_entries(cache_dir: str | Path | None = None) -> list[CacheEntry]:
     """Every entry of the activation cache (complete and partial), least recently used first."""
-    root = Path(cache_dir) if cache_dir is not None else cache_root() / "activations"
+    root = _activations_dir(cache_dir)
     if not root.is_dir():
         return []
     out = []
@@ -401,7 +406,7 @@ def prune_cache(max_bytes: int | None = None, older_than_s: float | None = None,
     """Delete cache entries: every entry unused for `older_than_s` seconds, then the least recently
     used until the total is at most `max_bytes`. An entry another process is extracting (its lock
     is held) is skipped; so are `keep` paths. Returns what was (or, with `dry_run`, would be) removed."""
-    root = Path(cache_dir) if cache_dir is not None else cache_root() / "activations"
+    root = _activations_dir(cache_dir)
     entries = cache_entries(root)
     total = sum(e.bytes for e in entries)
     keep = {Path(k).resolve() for k in keep}
