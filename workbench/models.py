@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from workbench.checkpoints import read_manifest, resolve_checkpoint, weight_files, weights_hash
+from workbench.data.fake_language import separate_position_ids, shifted_vocabulary_mask
 from workbench.errors import CheckpointError, WorkbenchError
 
 # config.model_type -> workbench family name.
@@ -191,7 +192,8 @@ class ModelHandle:
     """
 
     def __init__(self, model, tokenizer, path: str | Path | None = None, *, family: str | None = None,
-                 max_length: int | None = None, head_trained: bool = True, weight_files: Sequence[Path] = ()):
+                 max_length: int | None = None, head_trained: bool = True, weight_files: Sequence[Path] = (),
+                 shifted_position_offset: int = 0):
         if not getattr(tokenizer, "is_fast", False):
             raise CheckpointError(f"{path or 'in-memory model'}: needs a fast tokenizer (tokenizer.json); "
                                   f"got {type(tokenizer).__name__}")
@@ -203,6 +205,10 @@ class ModelHandle:
         self.stats: Counter = Counter()
         self._weight_files = [Path(p) for p in weight_files]
         self.head_trained = head_trained  # False: the LM head class loaded without its weights
+        # A fake-language model trained with separate position embeddings (objective
+        # `shifted_position_offset`) reads shifted-alphabet sentences at offset positions.
+        self.shifted_position_offset = int(shifted_position_offset)
+        self._shifted_vocabulary = shifted_vocabulary_mask(tokenizer) if self.shifted_position_offset > 0 else None
 
         model_type = getattr(self.config, "model_type", "")
         self.family = family or FAMILY_OF_MODEL_TYPE.get(model_type, model_type)
@@ -322,8 +328,10 @@ class ModelHandle:
             raise CheckpointError(f"{path}: tokenizer has {len(tokenizer)} tokens but the model's embedding "
                                   f"matrix only {n_emb} rows (tokenizer does not belong to these weights)")
         model.to(device)
+        objective = (manifest.get("config") or {}).get("objective") or {}
         return cls(model, tokenizer, path, family=family, max_length=max_length,
-                   head_trained=not head_missing, weight_files=weights)
+                   head_trained=not head_missing, weight_files=weights,
+                   shifted_position_offset=int(objective.get("shifted_position_offset", 0) or 0))
 
     @cached_property
     def checkpoint_hash(self) -> str:
@@ -523,6 +531,9 @@ class ModelHandle:
                     out["decoder_input_ids"] = dec_ids
             else:
                 body = self.model.base_model
+                if self._shifted_vocabulary is not None:
+                    kw["position_ids"] = separate_position_ids(ids, mask, None, self._shifted_vocabulary,
+                                                               self.shifted_position_offset)
                 res = body(input_ids=ids, attention_mask=mask, **kw)
                 out[self.stacks[0]] = (res.hidden_states, getattr(res, "attentions", None))
         return out

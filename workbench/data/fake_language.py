@@ -61,3 +61,45 @@ def shifted_documents(source: str):
     if not is_shifted(source):
         raise ConfigError(f"{source!r} is not a shifted source (expected {PREFIX}<name>)")
     return [Document(PREFIX + d.doc_id, source, shift_text(d.text)) for d in load_documents(base_source(source))]
+
+
+# ---------------------------------------------------------------- separate position embeddings
+# The ablation of K et al. (2020) and Dufter & Schuetze (2020): the fake half reads its own rows of
+# the absolute position embedding table (positions offset by a constant), so the two "languages"
+# share nothing but the special tokens and the transformer's weights. Decided per segment (the
+# `token_type_ids` of a sentence pair): a segment is fake when any of its pieces is spelled in the
+# shifted alphabet (an ordinary piece never is), so a pair whose random second segment comes from
+# a document of the other language gets each segment's own positions.
+
+_SHIFTED_CODEPOINTS = frozenset(ord(c) for c in _SHIFT.values())
+
+
+def is_shifted_piece(piece: str) -> bool:
+    """True when a vocabulary entry contains a character of the shifted alphabet."""
+    return any(ord(c) in _SHIFTED_CODEPOINTS for c in piece)
+
+
+def shifted_vocabulary_mask(tokenizer):
+    """Bool tensor over token ids: True for the ids whose piece is spelled in the shifted alphabet."""
+    import torch
+
+    vocab = tokenizer.get_vocab()
+    mask = torch.zeros(max(len(tokenizer), max(vocab.values(), default=0) + 1), dtype=torch.bool)
+    for piece, idx in vocab.items():
+        if is_shifted_piece(piece):
+            mask[idx] = True
+    return mask
+
+
+def separate_position_ids(input_ids, attention_mask, token_type_ids, shifted_mask, offset: int):
+    """Absolute position ids: 0..L-1 along each row, plus `offset` on the tokens of fake segments."""
+    import torch
+
+    rows, L = input_ids.shape
+    pos = torch.arange(L, device=input_ids.device).unsqueeze(0).expand(rows, L)
+    segment = token_type_ids.long() if token_type_ids is not None else torch.zeros_like(input_ids)
+    shifted = shifted_mask.to(input_ids.device)[input_ids.clamp(0, shifted_mask.numel() - 1)] & attention_mask.bool()
+    n_segments = int(segment.max()) + 1 if segment.numel() else 1
+    fake_segment = torch.zeros(rows, n_segments, dtype=torch.bool, device=input_ids.device)
+    fake_segment.scatter_reduce_(1, segment, shifted, reduce="amax")
+    return pos + offset * fake_segment.gather(1, segment).long()

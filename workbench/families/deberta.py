@@ -13,7 +13,8 @@ update 1,000.
 What is trained is a controlled swap: the BERT recipe unchanged (WordPiece, `[CLS] a [SEP] b
 [SEP]` sentence-pair examples, 80/10/10 masking with every `objective` setting of BERT's masked
 LM, no NSP) with `DebertaV2ForMaskedLM` as the network: no absolute position embeddings
-(`position_biased_input` False), relative offsets up to +-`position_buckets`/2 exactly and
+(`position_biased_input` False; `model: {position_biased_input: true}` adds them at the input, as in
+DeBERTa v1, for the fake-language position ablation), relative offsets up to +-`position_buckets`/2 exactly and
 log-bucketed beyond. Not implemented: DeBERTa's enhanced mask decoder (absolute positions added
 before the MLM head; transformers has no class for it) and DeBERTa-v3's ELECTRA-style objective.
 """
@@ -23,6 +24,8 @@ from __future__ import annotations
 import torch
 from transformers import DebertaV2Config, DebertaV2ForMaskedLM
 
+from workbench.data.fake_language import separate_position_ids, shifted_vocabulary_mask
+from workbench.errors import ConfigError
 from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper
 from workbench.families.bert import (
     BERT_SHAPES,
@@ -47,15 +50,23 @@ RELATIVE = dict(relative_attention=True, position_biased_input=False, pos_att_ty
 PRESETS = {name: {**shape, **RELATIVE} for name, shape in BERT_SHAPES.items()}
 PRESETS["base"]["position_buckets"] = 256
 
-OBJECTIVE = {"objective": "mlm", **MLM_DEFAULTS}
+# `shifted_position_offset` > 0: the fake-language ablation "separate position embeddings" (K et al.
+# 2020): segments spelled in the shifted alphabet read absolute positions offset by this much
+# (`workbench.data.fake_language.separate_position_ids`); needs `model: {position_biased_input: true}`.
+OBJECTIVE = {"objective": "mlm", **MLM_DEFAULTS, "shifted_position_offset": 0}
 
 
 def make_collator(objective: dict, tokenizer):
     opts = mlm_options(objective_options("deberta", OBJECTIVE, objective))
+    offset = int(opts["shifted_position_offset"])
+    shifted = shifted_vocabulary_mask(tokenizer) if offset > 0 else None
 
     def collate(examples: list[dict], generator: torch.Generator) -> dict[str, torch.Tensor]:
         batch = collate_pairs(examples, tokenizer)
         batch.pop("pair_label")  # pairs as BERT builds them, no next-sentence objective
+        if shifted is not None:  # before masking: a [MASK] hides a piece's alphabet
+            batch["position_ids"] = separate_position_ids(batch["input_ids"], batch["attention_mask"],
+                                                          batch["token_type_ids"], shifted, offset)
         batch["input_ids"], batch["labels"] = apply_mlm(batch["input_ids"], batch["attention_mask"], tokenizer, opts, generator)
         return batch
 
@@ -66,11 +77,24 @@ class DebertaPretrainer(PretrainingWrapper):
     """`DebertaV2ForMaskedLM`, loss computed at the masked positions only (term: mlm), through either
     of its MLM heads (`deberta_mlm_logits`: the legacy BERT-style one by default, or `legacy: false`)."""
 
-    def forward(self, input_ids, attention_mask, token_type_ids, labels, **_):
+    def forward(self, input_ids, attention_mask, token_type_ids, labels, position_ids=None, **_):
+        if position_ids is not None:
+            check_position_ids(self.model.config, position_ids)
         hidden = self.model.deberta(input_ids=input_ids, attention_mask=attention_mask,
-                                    token_type_ids=token_type_ids).last_hidden_state
+                                    token_type_ids=token_type_ids, position_ids=position_ids).last_hidden_state
         mlm = masked_lm_loss(lambda h: deberta_mlm_logits(self.model, h), hidden, labels)
         return PretrainingOutput(loss=mlm, loss_terms={"mlm": mlm.detach()})
+
+
+def check_position_ids(config, position_ids: torch.Tensor) -> None:
+    """Separate position embeddings need absolute positions that exist: else they would be ignored
+    (relative-only model) or index past the table."""
+    if not getattr(config, "position_biased_input", False):
+        raise ConfigError("objective.shifted_position_offset needs absolute positions: set "
+                          "model: {position_biased_input: true}")
+    if int(position_ids.max()) >= config.max_position_embeddings:
+        raise ConfigError(f"objective.shifted_position_offset: position {int(position_ids.max())} is past the "
+                          f"model's max_position_embeddings {config.max_position_embeddings}")
 
 
 def build_model(model_config: dict, tokenizer) -> DebertaPretrainer:
