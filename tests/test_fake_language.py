@@ -99,3 +99,34 @@ def test_separate_positions_train_and_are_read_back_by_the_handle(tmp_path, monk
     en_ids = torch.tensor([handle.tokenizer(" ".join(words))["input_ids"]])
     with torch.no_grad():
         assert torch.allclose(english[0, : en_ids.shape[1]], body(input_ids=en_ids).last_hidden_state[0], atol=1e-5)
+
+
+def test_random_next_zero_keeps_every_sequence_in_one_language(tmp_path, monkeypatch):
+    """DeBERTa's default (`random_next` 0.5, BERT's pipeline) pairs a quarter of the fake-English
+    corpus's segments across languages; `random_next: 0` gives real continuations only, hence no
+    code-switched sequence; 0.5 reproduces BERT's example stream exactly (weights hashes unchanged)."""
+    import numpy as np
+
+    from workbench.families import get_family
+    from workbench.families.bert import nsp_examples
+    from workbench.data.fake_language import shifted_vocabulary_mask
+    from workbench.train import prepare_data
+
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    cfg = tiny_config("deberta", 1, tmp_path / "run", corpus={"sources": ["inaugural", "shifted:inaugural"],
+                                                               "max_documents": 30, "heldout_fraction": 0.2, "seed": 0})
+    family = get_family("deberta")
+    data = prepare_data(cfg, family)
+    fake = shifted_vocabulary_mask(data.tokenizer).numpy()
+
+    def pairs(p):
+        return list(family.examples(data.train, 64, np.random.default_rng(0), {**family.objective, "random_next": p}))
+
+    def mixed(examples):
+        return np.mean([bool(fake[e["a"]].any()) != bool(fake[e["b"]].any()) for e in examples])
+
+    default, contiguous = pairs(0.5), pairs(0.0)
+    assert len(default) > 200 and len(contiguous) == len(default)
+    assert default == list(nsp_examples(data.train, 64, np.random.default_rng(0)))
+    assert 0.15 < mixed(default) < 0.35 and abs(np.mean([e["label"] for e in default]) - 0.5) < 0.1
+    assert mixed(contiguous) == 0.0 and not any(e["label"] for e in contiguous)

@@ -138,7 +138,8 @@ class FamilySpec:
     def examples(self, corpus: "TokenizedCorpus", max_len: int, rng: np.random.Generator,
                  objective: dict | None = None) -> Iterator[Any]:
         """One epoch of `make_examples`, given the merged objective settings when the family's
-        example size depends on them (T5: the corrupted input must fit `max_len` at any noise density)."""
+        examples depend on them (T5: the corrupted input must fit `max_len` at any noise density;
+        DeBERTa: `random_next`)."""
         if self.examples_take_objective:
             return self.make_examples(corpus, max_len, rng, objective=objective)
         return self.make_examples(corpus, max_len, rng)

@@ -230,8 +230,9 @@ def sentence_pair_examples(corpus, max_len: int, rng: np.random.Generator, make_
         yield {"a": a, "b": b, "label": int(label)}
 
 
-def nsp_examples(corpus, max_len: int, rng: np.random.Generator) -> Iterator[dict]:
-    """NSP pairs (label 1 = random next, 0 = real next, as `BertForPreTraining` expects)."""
+def nsp_examples(corpus, max_len: int, rng: np.random.Generator, random_prob: float = 0.5) -> Iterator[dict]:
+    """NSP pairs (label 1 = random next, 0 = real next, as `BertForPreTraining` expects); the second
+    segment comes from another document with probability `random_prob` (BERT: 0.5)."""
     doc_off = np.asarray(corpus.document_offsets)
     nonempty = np.flatnonzero(np.asarray(corpus.sentence_offsets)[doc_off[1:]] > np.asarray(corpus.sentence_offsets)[doc_off[:-1]])
     if len(nonempty) < 2:
@@ -244,7 +245,7 @@ def nsp_examples(corpus, max_len: int, rng: np.random.Generator) -> Iterator[dic
                 if j != d:
                     return document(j)
 
-        return nsp_pair(sentences, other, max_tokens=max_tokens, generator=g)
+        return nsp_pair(sentences, other, max_tokens=max_tokens, generator=g, random_prob=random_prob)
 
     return sentence_pair_examples(corpus, max_len, rng, make_pair)
 

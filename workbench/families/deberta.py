@@ -53,7 +53,19 @@ PRESETS["base"]["position_buckets"] = 256
 # `shifted_position_offset` > 0: the fake-language ablation "separate position embeddings" (K et al.
 # 2020): segments spelled in the shifted alphabet read absolute positions offset by this much
 # (`workbench.data.fake_language.separate_position_ids`); needs `model: {position_biased_input: true}`.
-OBJECTIVE = {"objective": "mlm", **MLM_DEFAULTS, "shifted_position_offset": 0}
+# `random_next`: the probability that an example's second segment comes from another document. 0.5
+# is BERT's pipeline kept as is (the controlled swap; no objective uses the pair label); 0 gives
+# contiguous text only, which a multilingual or fake-language corpus needs: with 0.5 a quarter of the
+# fake-English model's sequences pair an English segment with a fake one (code-switching).
+OBJECTIVE = {"objective": "mlm", **MLM_DEFAULTS, "shifted_position_offset": 0, "random_next": 0.5}
+
+
+def make_examples(corpus, max_len: int, rng, objective: dict | None = None):
+    """BERT's sentence-pair examples, the second segment random with probability `random_next`."""
+    p = float((objective or {}).get("random_next", 0.5))
+    if not 0.0 <= p <= 1.0:
+        raise ConfigError(f"objective.random_next must be a probability in [0, 1], got {p}")
+    return nsp_examples(corpus, max_len, rng, random_prob=p)
 
 
 def make_collator(objective: dict, tokenizer):
@@ -114,7 +126,8 @@ FAMILY = FamilySpec(
     presets=PRESETS,
     build_model=build_model,
     make_collator=make_collator,
-    make_examples=nsp_examples,
+    make_examples=make_examples,
+    examples_take_objective=True,
     truncate_example=truncate_pair_example,
     packing="sentences",
     objective=OBJECTIVE,

@@ -93,8 +93,11 @@ def nsp_pair(
     max_tokens: int,
     generator: torch.Generator,
     document_index: int | None = None,
+    random_prob: float = 0.5,
 ) -> tuple[list[int], list[int], bool]:
-    """One NSP pair ``(segment_a, segment_b, is_random_next)``; random next with probability 0.5.
+    """One NSP pair ``(segment_a, segment_b, is_random_next)``; random next with probability
+    ``random_prob`` (BERT: 0.5; the draw is made whatever the probability, so the rest of the pair's
+    random stream does not depend on it).
 
     ``other_document_sentences`` is either a callable ``f(generator) -> sentences`` returning a
     document different from this one, or the whole corpus (a sequence of documents) together with
@@ -103,7 +106,7 @@ def nsp_pair(
     (as in BERT); the example builder should skip such documents to keep labels balanced.
     """
     document_sentences = _nonempty(document_sentences)
-    is_random = _coin(generator)
+    is_random = _coin(generator) if random_prob == 0.5 else bool(torch.rand(1, generator=generator) < random_prob)
     two = len(document_sentences) >= 2
     chunk = _chunk(document_sentences, max_tokens, generator, min_sentences=2 if two else 1)
     if len(chunk) == 1:
