@@ -95,6 +95,11 @@ def test_separate_positions_train_and_are_read_back_by_the_handle(tmp_path, monk
     batch = get_family("deberta").make_collator({"shifted_position_offset": 128}, tok)([pair], torch.Generator())
     n_a = len(pair["a"]) + 2  # [CLS] a [SEP]
     assert batch["position_ids"][0].tolist() == list(range(n_a)) + [128 + i for i in range(n_a, batch["input_ids"].shape[1])]
+    from workbench.errors import WorkbenchError
+    from workbench.lm_scores import lm_scorer
+
+    with pytest.raises(WorkbenchError, match="separate positions"):  # its forwards would read default positions
+        lm_scorer(handle)
     english = handle.forward([words]).hidden_states["encoder"][-1]  # English: default positions
     en_ids = torch.tensor([handle.tokenizer(" ".join(words))["input_ids"]])
     with torch.no_grad():

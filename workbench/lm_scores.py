@@ -65,7 +65,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from workbench.errors import CheckpointError, ConfigError
+from workbench.errors import CheckpointError, ConfigError, WorkbenchError
 from workbench.models import ModelHandle, _first_not_none, _quiet_transformers
 
 BLANK = "<blank>"
@@ -169,6 +169,10 @@ def lm_kind(model) -> str:
 def lm_scorer(handle: ModelHandle, electra_head: str = "generator") -> "LMScorer":
     """The handle's scorer, built once per head and kept on the handle (ELMo's softmax and
     ELECTRA's generator or discriminator head load from disk)."""
+    if getattr(handle, "shifted_position_offset", 0):
+        # Its shifted-alphabet text must read offset positions, which the scorer's forwards do not pass.
+        raise WorkbenchError(f"{_where(handle)}: LM scores are not supported for a model trained with separate "
+                             f"positions for shifted text (objective.shifted_position_offset)")
     key = "_lm_scorer" if electra_head == "generator" else f"_lm_scorer_{electra_head}"
     scorer = handle.__dict__.get(key)
     if scorer is None:

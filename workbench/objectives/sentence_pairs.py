@@ -106,7 +106,7 @@ def nsp_pair(
     (as in BERT); the example builder should skip such documents to keep labels balanced.
     """
     document_sentences = _nonempty(document_sentences)
-    is_random = _coin(generator) if random_prob == 0.5 else bool(torch.rand(1, generator=generator) < random_prob)
+    is_random = bool(torch.rand(1, generator=generator) < random_prob)  # = _coin at 0.5
     two = len(document_sentences) >= 2
     chunk = _chunk(document_sentences, max_tokens, generator, min_sentences=2 if two else 1)
     if len(chunk) == 1:
