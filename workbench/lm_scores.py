@@ -169,7 +169,7 @@ def lm_kind(model) -> str:
 def lm_scorer(handle: ModelHandle, electra_head: str = "generator") -> "LMScorer":
     """The handle's scorer, built once per head and kept on the handle (ELMo's softmax and
     ELECTRA's generator or discriminator head load from disk)."""
-    if getattr(handle, "shifted_position_offset", 0):
+    if handle.shifted_position_offset:
         # Its shifted-alphabet text must read offset positions, which the scorer's forwards do not pass.
         raise WorkbenchError(f"{_where(handle)}: LM scores are not supported for a model trained with separate "
                              f"positions for shifted text (objective.shifted_position_offset)")
