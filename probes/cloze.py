@@ -656,4 +656,4 @@ def lens_layer_table(rows: pd.DataFrame) -> list[list[str]]:
 PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task,
                          description="oLMpics cloze (Talmor et al. 2020): zero-shot with the model's own head, "
                                      "logit lens, blank probe, learning curves",
-                         summary=summary)
+                         summary=summary, twin_once_per_run=True)

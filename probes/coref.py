@@ -833,5 +833,5 @@ def format_summary(rows: pd.DataFrame) -> str:
 PROBE = runner.ProbeSpec(
     name=NAME, tasks=TASKS, settings=CorefSettings, prepare=prepare, run_task=run_task,
     description="Coreference: GUM mention pairs and entity types, GAP, coreference heads, GAP gender cloze.",
-    summary=format_summary,
+    summary=format_summary, twin_once_per_run=True,
 )

@@ -20,7 +20,10 @@ What the runner does, in order, so that bad input fails before any expensive wor
 3. one results-store run is opened (manifest: settings, seeds, data files with checksums,
    checkpoints with hashes); for each checkpoint the handle is loaded and, when "random_init" is
    among the baselines, its random-init twin is built (Hewitt & Manning 2019's random BERT;
-   seed = probe seed + TWIN_SEED_OFFSET, checked to differ from the checkpoint);
+   seed = probe seed + TWIN_SEED_OFFSET, checked to differ from the checkpoint); a probe whose
+   twin rows depend only on the twin itself (`ProbeSpec.twin_once_per_run`) probes the twin once
+   per training folder: the steps of one run share config, tokenizer and seed, hence one twin
+   (same weight hash), and its rows are copied to the other steps rather than recomputed;
 4. for each (model, stack, task) a *unit*: reused from `<runs root>/partials/` when an interrupted
    attempt finished it (`workbench.results.FinishedUnits`), else computed and saved at once;
 5. the optional `finish` hook sees every unit's result (cross-model comparisons), notes and
@@ -194,6 +197,10 @@ class ProbeSpec:
     summary: Callable[[pd.DataFrame], str] | None = None
     default_tasks: tuple[str, ...] | None = None  # tasks when none are given (default: all)
     cli_hook: Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace, dict], None]] | None = None
+    # True when a twin's rows depend only on the twin (weights, tokenizer) and the settings, not on
+    # which checkpoint it stands beside (membership's do: the checkpoint's manifest and epoch pick
+    # the sample and the shadows). Then a sweep over one run's steps probes its twin once.
+    twin_once_per_run: bool = False
 
 
 @dataclass
@@ -370,6 +377,7 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store) ->
     frames: list[pd.DataFrame] = []
     results: list[UnitResult] = []
     twin_wanted = "random_init" in settings.baselines
+    shared_twins: dict[tuple, tuple[str, dict[str, list[pd.DataFrame]]]] = {}  # (run, twin, stack) -> rows
 
     with store.start_run("probe", config, seeds={"probe": settings.seed}, data_files=prepared.files,
                          checkpoints=records, name=settings.name or spec.name) as run:
@@ -391,8 +399,23 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store) ->
                 raise ConfigError(f"{ck.name}: has stack(s) {list(handle.stacks)}, not {settings.stack!r}")
             stacks = list(handle.stacks) if settings.stack == "all" else [settings.stack or handle.stacks[0]]
             for model_name, h, is_twin in variants:
+                share_key = _shared_twin_key(spec, ck, h) if is_twin else None
                 for stk in stacks:
+                    if share_key is not None and (share_key, stk) in shared_twins:
+                        first, parts_by_task = shared_twins[(share_key, stk)]
+                        notes["random_init_twins"][-1]["rows_copied_from"] = first
+                        for task, parts in parts_by_task.items():
+                            parts = [_relabel(p, model_name, ck) for p in parts]
+                            for part in parts:
+                                run.add(part)
+                                frames.append(part)
+                            results.append(UnitResult(model_name, ck, stk, task, is_twin,
+                                                      pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()))
+                        continue
                     unit = Unit(model_name, h, ck, stk, is_twin, spec.name, settings, notes)
+                    parts_by_task = {}
+                    if share_key is not None:
+                        shared_twins[(share_key, stk)] = (model_name, parts_by_task)
                     for task in tqdm(settings.tasks, desc=f"tasks {model_name}", disable=not settings.progress,
                                      leave=False):
                         name = f"{model_name}|{stk}|{task}|{h.checkpoint_hash[:16]}"
@@ -406,6 +429,7 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store) ->
                             units.save(name, parts)
                             unit.timings[f"{task}:total"] = round(time.perf_counter() - t1, 3)
                             unit.log(f"{task} {unit.timings[f'{task}:total']:.1f} s")
+                        parts_by_task[task] = parts
                         for part in parts:
                             run.add(part)
                             frames.append(part)
@@ -433,6 +457,27 @@ def _as_frames(out, probe: str, task: str) -> list[pd.DataFrame]:
     if not all(isinstance(f, pd.DataFrame) for f in frames):
         raise TypeError(f"probe {probe}, task {task}: run_task must return DataFrames (use unit.rows)")
     return frames
+
+
+def _shared_twin_key(spec: ProbeSpec, ck: Checkpoint, twin) -> tuple | None:
+    """(training folder, twin fingerprint) when this probe may reuse a twin's rows across the steps
+    of one run, else None. The fingerprint (weights + tokenizer + window) guards against a folder
+    whose steps do not share them."""
+    from workbench.activations import model_fingerprint
+
+    if not spec.twin_once_per_run or ck.path is None:
+        return None
+    return (str(Path(ck.path).resolve().parent), model_fingerprint(twin))
+
+
+def _relabel(rows: pd.DataFrame, model_name: str, ck: Checkpoint) -> pd.DataFrame:
+    """A twin's rows, labelled as the twin of another step of the same run."""
+    rows = rows.copy()
+    rows["model"] = model_name
+    for col, value in (("step", ck.step), ("seed", ck.seed)):
+        if col in rows.columns:
+            rows[col] = value
+    return rows
 
 
 def _load_handle(ck: Checkpoint):

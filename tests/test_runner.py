@@ -159,6 +159,40 @@ def test_checkpoint_lists_training_folder_and_hub_name(toy_probe, tiny_checkpoin
     assert steps["toyrun/seed-1/step-0000010"] == 10
 
 
+def test_twin_probed_once_per_training_run_when_the_probe_allows(training_folder, tmp_path, monkeypatch):
+    """A sweep over a run's steps probes the (identical) random-init twin once per run folder and copies
+    its rows; the copies equal a twin probed beside that step on its own, relabelled with its step."""
+    import dataclasses
+
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def counting(unit, prepared, task, s):
+        calls.append((unit.model, unit.is_twin))
+        return toy_run_task(unit, prepared, task, s)
+
+    shared = dataclasses.replace(TOY, name="toy-shared", run_task=counting, twin_once_per_run=True)
+    settings = {"sentences": 5, "progress": False}
+    store = ResultsStore(tmp_path / "runs")
+    run_id, rows = runner.run_probe(shared, [training_folder], settings, store=store)
+    twins_probed = [m for m, is_twin in calls if is_twin]
+    assert twins_probed == ["toyrun/seed-0/step-0000000 (random init)", "toyrun/seed-1/step-0000000 (random init)"]
+    assert len([m for m, is_twin in calls if not is_twin]) == 4
+    twin10 = rows[rows["model"] == "toyrun/seed-0/step-0000010 (random init)"].sort_values("layer")
+    assert len(twin10) == 3 and set(twin10["step"]) == {10} and set(twin10["seed"]) == {0}
+    notes = store.manifest(run_id)["notes"]["random_init_twins"]
+    assert [n.get("rows_copied_from") for n in notes] == [
+        None, "toyrun/seed-0/step-0000000 (random init)", None, "toyrun/seed-1/step-0000000 (random init)"]
+    # the same twin probed beside step 10 alone (no sharing possible) gives the copied values
+    _, alone = runner.run_probe(TOY, [training_folder / "seed-0" / "step-0000010"], settings, store=store)
+    direct = alone[alone["model"].str.endswith("(random init)")].sort_values("layer")
+    np.testing.assert_allclose(twin10["value"].to_numpy(), direct["value"].to_numpy(), rtol=1e-6)
+    # a probe that does not allow it probes every step's twin
+    calls.clear()
+    runner.run_probe(dataclasses.replace(shared, twin_once_per_run=False), [training_folder], settings, store=store)
+    assert len([m for m, is_twin in calls if is_twin]) == 4
+
+
 def test_syntax_rows_identical_to_before_the_runner(tiny_checkpoint, tmp_path):
     """The fixture was written by the pre-runner probes/syntax.py (commit 23ad0a3) with exactly these
     arguments on exactly this checkpoint; the runner must not change a single row."""
