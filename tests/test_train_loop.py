@@ -224,3 +224,27 @@ def test_cpu_bf16_autocast_trains_and_is_part_of_the_training_hash(cache, tiny_r
     assert weights_hash(bf16.checkpoint) != weights_hash(fp32.checkpoint)
     assert json.loads((bf16.checkpoint / "manifest.json").read_text())["config"]["cpu_bf16"] is True
     assert bf16.config.training_hash() != fp32.config.training_hash()
+
+
+def test_tokenizer_path_reuses_a_trained_tokenizer_on_other_data(cache, tiny_run, tmp_path):
+    """`tokenizer.path` (membership reference models): a run on other documents reads text with the
+    given tokenizer (same sha256 in the manifest, same ids), not one trained on its own corpus; a
+    folder without a tokenizer, a size mismatch or another family's tokenizer is a ConfigError."""
+    from workbench.tokenization import load_tokenizer
+
+    torch.set_num_threads(1)
+    source = tiny_run.checkpoint
+    other = {"sources": ["abc"], "max_documents": 20, "heldout_fraction": 0.2, "seed": 0}
+    ref = run_tiny_training("gpt", 5, tmp_path / "ref", corpus=other, tokenizer={"vocab_size": 1000, "path": str(source)})
+    sha = lambda ck: json.loads((ck / "manifest.json").read_text())["tokenizer"]["sha256"]  # noqa: E731
+    assert sha(ref.checkpoint) == sha(source)
+    text = "The Senate shall have power to lay and collect taxes."
+    assert load_tokenizer(ref.checkpoint)(text)["input_ids"] == load_tokenizer(source)(text)["input_ids"]
+    own = run_tiny_training("gpt", 5, tmp_path / "own", corpus=other)  # trained on abc: another tokenizer
+    assert sha(own.checkpoint) != sha(source)
+    with pytest.raises(ConfigError, match="no tokenizer.json"):
+        train_from_config(tiny_config("gpt", 5, tmp_path / "x", tokenizer={"vocab_size": 1000, "path": str(tmp_path)}))
+    with pytest.raises(ConfigError, match="has 1000 entries but tokenizer.vocab_size is 999"):
+        train_from_config(tiny_config("gpt", 5, tmp_path / "y", tokenizer={"vocab_size": 999, "path": str(source)}))
+    with pytest.raises(ConfigError, match="lacks the bert special tokens"):
+        train_from_config(tiny_config("bert", 5, tmp_path / "z", tokenizer={"vocab_size": 1000, "path": str(source)}))

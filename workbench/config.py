@@ -7,7 +7,7 @@ preset: small               # tiny | small | base
 model: {}                   # overrides of the preset's hyper-parameters
 objective: {}               # overrides of the family's objective settings (mask rate, ...)
 corpus: {sources: [brown, ...], heldout_fraction: 0.1, seed: 0, max_documents: null}
-tokenizer: {vocab_size: 8000}
+tokenizer: {vocab_size: 8000}  # path: FOLDER reuses a trained tokenizer instead (membership reference models)
 max_len: 128
 batch_size: 32              # GLOBAL sequences per micro-step (split over DDP ranks)
 grad_accum: 1               # micro-steps per optimizer step
@@ -82,6 +82,10 @@ class CorpusConfig:
 @dataclass
 class TokenizerConfig:
     vocab_size: int = 8000
+    # Reuse a trained tokenizer (a checkpoint or tokenizer folder) instead of training one on the
+    # corpus, e.g. a membership reference model trained on other data that must read text exactly
+    # as its target does (Carlini et al. 2021). vocab_size must equal its size.
+    path: str | None = None
 
 
 @dataclass
@@ -169,6 +173,8 @@ class TrainConfig:
             d.pop("seq_len_warmup")
         if not d["cpu_bf16"]:
             d.pop("cpu_bf16")
+        if d["tokenizer"]["path"] is None:
+            d["tokenizer"].pop("path")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

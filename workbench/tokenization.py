@@ -30,6 +30,7 @@ from typing import Iterable, Iterator, Protocol
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from workbench.errors import ConfigError
 from workbench.io import atomic_dir, sha256_file
 from workbench.paths import cache_root
 
@@ -334,6 +335,22 @@ def train_tokenizer(
             {"family": family.name, "kind": family.tokenizer_kind, "vocab_size": vocab_size,
              "corpus_manifest_sha256": manifest_sha, "key": key}, indent=2))
     return load_tokenizer(path)
+
+
+def reuse_tokenizer(family: TokenizerRecipe, path: str | Path, vocab_size: int) -> PreTrainedTokenizerFast:
+    """A trained tokenizer from a checkpoint or tokenizer folder (config `tokenizer.path`), checked to
+    carry the family's special tokens and `vocab_size` entries (ConfigError naming the folder if not)."""
+    folder = Path(path)
+    if not (folder / "tokenizer.json").is_file():
+        raise ConfigError(f"tokenizer.path: {folder} has no tokenizer.json (give a checkpoint or tokenizer folder)")
+    tok = load_tokenizer(folder)
+    missing = [t for t in family.special_tokens if t not in tok.get_vocab()]
+    if missing:
+        raise ConfigError(f"tokenizer.path: {folder} lacks the {family.name} special tokens {missing}")
+    if len(tok) != vocab_size:
+        raise ConfigError(f"tokenizer.path: {folder} has {len(tok)} entries but tokenizer.vocab_size is "
+                          f"{vocab_size}; set vocab_size to {len(tok)}")
+    return tok
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:

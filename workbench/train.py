@@ -57,7 +57,7 @@ from workbench.families import get_family
 from workbench.families.base import FamilySpec
 from workbench.io import atomic_dir, atomic_write_json, atomic_write_text
 from workbench.paths import cache_root, runs_root
-from workbench.tokenization import tokenizer_hash, train_tokenizer
+from workbench.tokenization import reuse_tokenizer, tokenizer_hash, train_tokenizer
 
 STATE_DIR = "trainer_state"
 # What the `--family F --preset P` shortcut trains when no config file is given. `small` is the
@@ -183,7 +183,10 @@ def prepare_data(cfg: TrainConfig, family: FamilySpec, d: Dist | None = None) ->
         else:  # build_corpus writes atomically
             corpus = build_corpus(cfg.corpus.sources, out, heldout_fraction=cfg.corpus.heldout_fraction,
                                   seed=cfg.corpus.seed, max_documents=cfg.corpus.max_documents)
-        tok = train_tokenizer(family, corpus, cfg.tokenizer.vocab_size, show_progress=show)
+        if cfg.tokenizer.path:
+            tok = reuse_tokenizer(family, cfg.tokenizer.path, cfg.tokenizer.vocab_size)
+        else:
+            tok = train_tokenizer(family, corpus, cfg.tokenizer.vocab_size, show_progress=show)
         train = TokenizedCorpus.build(tok, corpus, "train", show_progress=show)
         heldout = TokenizedCorpus.build(tok, corpus, "heldout", show_progress=show)
         return TrainingData(corpus, tok, train, heldout)
