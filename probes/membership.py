@@ -650,7 +650,13 @@ def summary(rows: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _twin_same_for_every_step(settings: Settings) -> bool:
+    """Pretraining: the steps of a run share the sample (one corpus split) and the twin runs no LiRA,
+    so its rows are the same beside every step. Fine-tuning: kept per epoch (conservative)."""
+    return settings.setting == "pretrain"
+
+
 PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task,
                          description="membership inference from manifests: LOSS, zlib, reference, Min-K%, Min-K%++, "
                                      "LiRA; layer-wise membership probe",
-                         summary=summary)
+                         summary=summary, twin_once_per_run=_twin_same_for_every_step)

@@ -197,10 +197,11 @@ class ProbeSpec:
     summary: Callable[[pd.DataFrame], str] | None = None
     default_tasks: tuple[str, ...] | None = None  # tasks when none are given (default: all)
     cli_hook: Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace, dict], None]] | None = None
-    # True when a twin's rows depend only on the twin (weights, tokenizer) and the settings, not on
-    # which checkpoint it stands beside (membership's do: the checkpoint's manifest and epoch pick
-    # the sample and the shadows). Then a sweep over one run's steps probes its twin once.
-    twin_once_per_run: bool = False
+    # True (or a function of the settings saying so) when a twin's rows depend only on the twin
+    # (weights, tokenizer), the settings and the run folder, not on the step it stands beside
+    # (fine-tuned membership's do: the epoch picks the shadows' epoch). Then a sweep over one run's
+    # steps probes its twin once.
+    twin_once_per_run: bool | Callable[[Settings], bool] = False
 
 
 @dataclass
@@ -399,7 +400,7 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store) ->
                 raise ConfigError(f"{ck.name}: has stack(s) {list(handle.stacks)}, not {settings.stack!r}")
             stacks = list(handle.stacks) if settings.stack == "all" else [settings.stack or handle.stacks[0]]
             for model_name, h, is_twin in variants:
-                share_key = _shared_twin_key(spec, ck, h) if is_twin else None
+                share_key = _shared_twin_key(spec, settings, ck, h) if is_twin else None
                 for stk in stacks:
                     if share_key is not None and (share_key, stk) in shared_twins:
                         first, parts_by_task = shared_twins[(share_key, stk)]
@@ -459,13 +460,14 @@ def _as_frames(out, probe: str, task: str) -> list[pd.DataFrame]:
     return frames
 
 
-def _shared_twin_key(spec: ProbeSpec, ck: Checkpoint, twin) -> tuple | None:
+def _shared_twin_key(spec: ProbeSpec, settings: Settings, ck: Checkpoint, twin) -> tuple | None:
     """(training folder, twin fingerprint) when this probe may reuse a twin's rows across the steps
     of one run, else None. The fingerprint (weights + tokenizer + window) guards against a folder
     whose steps do not share them."""
     from workbench.activations import model_fingerprint
 
-    if not spec.twin_once_per_run or ck.path is None:
+    once = spec.twin_once_per_run
+    if not (once(settings) if callable(once) else once) or ck.path is None:
         return None
     return (str(Path(ck.path).resolve().parent), model_fingerprint(twin))
 

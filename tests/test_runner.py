@@ -187,9 +187,10 @@ def test_twin_probed_once_per_training_run_when_the_probe_allows(training_folder
     _, alone = runner.run_probe(TOY, [training_folder / "seed-0" / "step-0000010"], settings, store=store)
     direct = alone[alone["model"].str.endswith("(random init)")].sort_values("layer")
     np.testing.assert_allclose(twin10["value"].to_numpy(), direct["value"].to_numpy(), rtol=1e-6)
-    # a probe that does not allow it probes every step's twin
+    # a probe that does not allow it (here: a function of the settings saying no) probes every step's twin
     calls.clear()
-    runner.run_probe(dataclasses.replace(shared, twin_once_per_run=False), [training_folder], settings, store=store)
+    refuses = dataclasses.replace(shared, twin_once_per_run=lambda s: s.sentences != 5)
+    runner.run_probe(refuses, [training_folder], settings, store=store)
     assert len([m for m, is_twin in calls if is_twin]) == 4
 
 
