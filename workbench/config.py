@@ -175,7 +175,17 @@ class TrainConfig:
             d.pop("cpu_bf16")
         if d["tokenizer"]["path"] is None:
             d["tokenizer"].pop("path")
+        else:  # the tokenizer's content, not where it lies, changes the weights
+            d["tokenizer"]["path"] = _file_identity(Path(d["tokenizer"]["path"]) / "tokenizer.json")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _file_identity(path: Path) -> str:
+    """sha256 of a file's bytes, or its path while it does not exist (training then stops with a
+    ConfigError naming it)."""
+    from workbench.io import sha256_file
+
+    return sha256_file(path) if path.is_file() else str(path)
 
 
 # ---- loading and validation ---------------------------------------------------------------------
