@@ -246,11 +246,14 @@ def test_tokenizer_path_reuses_a_trained_tokenizer_on_other_data(cache, tiny_run
     moved = tmp_path / "tok"
     moved.mkdir()
     (moved / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
-    cfg = lambda: tiny_config("gpt", 5, tmp_path / "h", corpus=other,  # noqa: E731
-                              tokenizer={"vocab_size": 1000, "path": str(moved)})
-    assert cfg().training_hash() == ref.config.training_hash()
+
+    def hash_with_moved_tokenizer():
+        return tiny_config("gpt", 5, tmp_path / "h", corpus=other,
+                           tokenizer={"vocab_size": 1000, "path": str(moved)}).training_hash()
+
+    assert hash_with_moved_tokenizer() == ref.config.training_hash()
     (moved / "tokenizer.json").write_bytes((own.checkpoint / "tokenizer.json").read_bytes())
-    assert cfg().training_hash() != ref.config.training_hash()
+    assert hash_with_moved_tokenizer() != ref.config.training_hash()
     with pytest.raises(ConfigError, match="no tokenizer.json"):
         train_from_config(tiny_config("gpt", 5, tmp_path / "x", tokenizer={"vocab_size": 1000, "path": str(tmp_path)}))
     with pytest.raises(ConfigError, match="has 1000 entries but tokenizer.vocab_size is 999"):

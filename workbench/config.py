@@ -63,6 +63,7 @@ from typing import Any
 import yaml
 
 from workbench.errors import ConfigError, yaml_problem
+from workbench.io import sha256_file
 
 def _default_sources() -> list[str]:
     """The corpus builder's English pretraining sources (EWT/GUM raw text left out, see there)."""
@@ -183,8 +184,6 @@ class TrainConfig:
 def _file_identity(path: Path) -> str:
     """sha256 of a file's bytes, or its path while it does not exist (training then stops with a
     ConfigError naming it)."""
-    from workbench.io import sha256_file
-
     return sha256_file(path) if path.is_file() else str(path)
 
 
