@@ -361,7 +361,7 @@ class SyntaxSettings(runner.Settings):
     structural_max_train_sentences: int | None = field(default=2000, metadata={
         "help": "cap on the structural probes' training sentences (0 = no cap)"})
     structural: dict = field(default_factory=dict, metadata={
-        "help": "structural probe settings: rank, epochs, batch_size, lr, patience"})
+        "help": "structural probe settings: rank, epochs, batch_size, lr, patience, lr_decay"})
     probe_config: dict = field(default_factory=dict, metadata={"help": "engine.ProbeConfig overrides"})
     early_stopping_fraction: float = 0.1
     holdout_fraction: float = 0.2
@@ -397,7 +397,7 @@ class SyntaxSettings(runner.Settings):
                 raise ConfigError(f"{key}: {bad} are not classification tasks {list(CLASSIFICATION_TASKS)}")
         if self.mdl_fractions is not None and not all(0 < f <= 1 for f in self.mdl_fractions):
             raise ConfigError(f"mdl_fractions must lie in (0, 1], got {list(self.mdl_fractions)}")
-        unknown = set(self.structural) - {"rank", "epochs", "batch_size", "lr", "patience"}
+        unknown = set(self.structural) - {"rank", "epochs", "batch_size", "lr", "patience", "lr_decay"}
         if unknown:
             raise ConfigError(f"unknown structural probe settings {sorted(unknown)}")
         bad_keys = set(self.probe_config) - set(engine.ProbeConfig.__dataclass_fields__)
@@ -614,7 +614,8 @@ def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
     t0 = time.perf_counter()
     fitted = st.fit_structural_probe(train, stop, kind=kind, rank=cfg.get("rank", 64), epochs=cfg.get("epochs", 30),
                                      batch_size=cfg.get("batch_size", 32), lr=cfg.get("lr", 1e-3),
-                                     patience=cfg.get("patience", 4), seed=seed, progress=ctx.progress)
+                                     patience=cfg.get("patience", 4), lr_decay=cfg.get("lr_decay", 0.5), seed=seed,
+                                     progress=ctx.progress)
     preds = st.predict(fitted, ev)
     n_layers = len(preds)
     lengths = np.array([len(h) for h in ev.heads])

@@ -104,3 +104,19 @@ def test_planted_tree_geometry_reaches_uuas_one():
     depth_scores = st.score_depth(st.predict(depth_fit, dev), dev)
     assert depth_scores[1]["root_acc"] > 0.95 and depth_scores[1]["nspr"] > 0.9
     assert depth_scores[0]["root_acc"] < 0.5
+
+
+def test_lr_decay_on_plateau_converges_where_a_constant_rate_oscillates():
+    """Hewitt & Manning's regimen halves a layer's learning rate after each epoch without a better
+    dev loss; at a rate too high for plain Adam the planted layer then ends far closer to its
+    exact tree geometry (dev loss 0.04 vs 0.12 when this was written)."""
+    heads, upos = _ewt_trees(260)
+    train = _planted(heads[:200], upos[:200], seed=1)
+    dev = _planted(heads[200:], upos[200:], seed=2)
+    kwargs = dict(kind="distance", rank=48, epochs=30, lr=5e-2, seed=0, progress=False)
+    constant = st.fit_structural_probe(train, dev, lr_decay=1.0, **kwargs)
+    decayed = st.fit_structural_probe(train, dev, lr_decay=0.5, **kwargs)
+    assert decayed.dev_loss[1] < 0.5 * constant.dev_loss[1]
+    assert decayed.dev_loss[1] < 0.06
+    with pytest.raises(ValueError, match="lr_decay"):
+        st.fit_structural_probe(train, dev, lr_decay=0.0, **{k: v for k, v in kwargs.items()})
