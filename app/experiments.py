@@ -120,8 +120,11 @@ def plan_runs(spec: dict, quick: bool = False) -> list[dict]:
     import hashlib
     import json
 
+    from probes import get_probe
+
     out = []
     for probe_name, settings in spec["probe"].items():
+        probe_code = get_probe(probe_name).key_material()
         settings = dict(settings or {})
         which = settings.pop("checkpoints", "last")
         if "train" in spec:
@@ -136,6 +139,8 @@ def plan_runs(spec: dict, quick: bool = False) -> list[dict]:
             for point in _grid(spec.get("sweep") or {}, probe_name):
                 run_settings = dict(settings, **point)
                 material = json.dumps([probe_name, group, run_settings], sort_keys=True, default=str)
+                if probe_code:
+                    material += json.dumps(probe_code, sort_keys=True)
                 key = hashlib.sha256(material.encode()).hexdigest()[:16]
                 out.append({"experiment": spec.get("name", "experiment"), "key": key, "probe": probe_name,
                             "checkpoints": group, "settings": run_settings, "point": point})

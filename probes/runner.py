@@ -202,6 +202,14 @@ class ProbeSpec:
     # (fine-tuned membership's do: the epoch picks the shadows' epoch). Then a sweep over one run's
     # steps probes its twin once.
     twin_once_per_run: bool | Callable[[Settings], bool] = False
+    # Raised when a change to the probe's code alters its rows for unchanged settings (syntax 2:
+    # the structural probe's learning-rate decay). Above 1 it joins experiment run keys and
+    # resume keys, so results of the older code are recomputed instead of reused.
+    version: int = 1
+
+    def key_material(self) -> dict[str, int]:
+        """What the probe's code adds to a run key: nothing at version 1 (keys stay as they were)."""
+        return {"probe_version": self.version} if self.version > 1 else {}
 
 
 @dataclass
@@ -373,7 +381,7 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store) ->
     notes.setdefault("random_init_twins", [])
     notes["torch_threads"] = torch.get_num_threads()
     # Rerunning an interrupted command reuses its finished (model, stack, task) units.
-    units = FinishedUnits(store, spec.name, settings.resume_key())
+    units = FinishedUnits(store, spec.name, {**settings.resume_key(), **spec.key_material()})
     records = [c.handle if c.handle is not None else c.path for c in ckpts]
     frames: list[pd.DataFrame] = []
     results: list[UnitResult] = []

@@ -619,7 +619,8 @@ def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
     preds = st.predict(fitted, ev)
     n_layers = len(preds)
     lengths = np.array([len(h) for h in ev.heads])
-    extra = {"n_train": len(train), "rank": int(fitted.proj.shape[-1]), "epochs": fitted.epochs}
+    extra = {"n_train": len(train), "rank": int(fitted.proj.shape[-1]), "epochs": fitted.epochs,
+             "lr_decay": cfg.get("lr_decay", 0.5)}
     out = []
     scores = st.sentence_scores(kind, preds, ev)
     if kind == "distance":
@@ -753,7 +754,7 @@ def _cli_hook(parser):
 PROBE = runner.ProbeSpec(
     name=NAME, tasks=TASKS, settings=SyntaxSettings, prepare=prepare, run_task=run_task,
     description="Syntax probes (UPOS, XPOS, deprel, arc, structural) on every layer.",
-    summary=format_layer_table, cli_hook=_cli_hook, twin_once_per_run=True,
+    summary=format_layer_table, cli_hook=_cli_hook, twin_once_per_run=True, version=2,
 )
 
 

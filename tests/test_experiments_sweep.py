@@ -61,6 +61,24 @@ def test_sweep_plan_is_a_keyed_grid(tmp_path, two_checkpoints):
     assert [j["key"] for j in again] == [j["key"] for j in plan]  # same config -> same keys
 
 
+def test_probe_code_version_joins_the_run_key(tmp_path, two_checkpoints, monkeypatch):
+    """Stored runs of an older probe version are not taken for the current one's: a version above 1
+    changes every key; at version 1 the key is the hash of probe, checkpoints and settings alone."""
+    import hashlib
+
+    from probes import syntax
+
+    path = _sweep_file(tmp_path, two_checkpoints)
+    assert syntax.PROBE.version == 2  # the structural probe's learning-rate decay
+    current = [job["key"] for job in plan_runs(load_experiment(path))]
+    monkeypatch.setattr(syntax.PROBE, "version", 1)
+    plan = plan_runs(load_experiment(path))
+    assert set(current).isdisjoint(job["key"] for job in plan)
+    job = plan[0]
+    material = json.dumps(["syntax", job["checkpoints"], job["settings"]], sort_keys=True, default=str)
+    assert job["key"] == hashlib.sha256(material.encode()).hexdigest()[:16]
+
+
 def test_bad_sweeps_fail_before_any_work(tmp_path, two_checkpoints):
     path = tmp_path / "bad.yaml"
     for sweep, message in (({"pooling": ["first", "middle"]}, "pooling must be first, mean or last"),
