@@ -141,6 +141,28 @@ def test_interrupted_toy_run_resumes_without_recomputing(toy_probe, tiny_checkpo
     assert len(store.read(run_id)) == 6
 
 
+def test_full_disk_is_one_clear_line_and_resumable(toy_probe, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    import errno
+
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    args = ["probe", "toy", "--checkpoint", str(tiny_checkpoint), "--runs-root", str(tmp_path / "runs"), "--quiet"]
+
+    def disk_full_on_twin(unit, prepared, task, s):
+        if unit.is_twin:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "cache" / "layers.f32"))
+        return toy_run_task(unit, prepared, task, s)
+
+    monkeypatch.setattr(TOY, "run_task", disk_full_on_twin)
+    code, _, err = _run_cli(args, capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "no space left on the device writing" in err and "layers.f32" in err and "resume" in err
+    assert ResultsStore(tmp_path / "runs").runs().empty  # nothing published
+    monkeypatch.setattr(TOY, "run_task", toy_run_task)
+    code, _, err = _run_cli(args, capsys)
+    assert code == 0, err
+    assert len(ResultsStore(tmp_path / "runs").runs()) == 1
+
+
 def test_checkpoint_lists_training_folder_and_hub_name(toy_probe, tiny_checkpoint, training_folder, tmp_path, monkeypatch):
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     hub = _hub_cache(tmp_path / "hf", "someorg/tiny-bert", tiny_checkpoint)

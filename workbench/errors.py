@@ -36,9 +36,11 @@ def cli_errors(command, prog: str = "bertology") -> int:
     """Run a command-line entry point with the one error policy of every command.
 
     A WorkbenchError (bad input: missing or corrupt file, bad setting) becomes one line on stderr,
-    `PROG: error: MESSAGE`, and exit status 2; Ctrl-C says that progress is kept and exits 130;
-    anything else is a bug and keeps its traceback (exit 1).
+    `PROG: error: MESSAGE`, and exit status 2; so does a full disk (activation caches and
+    checkpoints grow large), naming the file being written; Ctrl-C says that progress is kept and
+    exits 130; anything else is a bug and keeps its traceback (exit 1).
     """
+    import errno
     import sys
 
     try:
@@ -49,6 +51,13 @@ def cli_errors(command, prog: str = "bertology") -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted (progress so far is kept; run the same command to resume)", file=sys.stderr)
         return 130
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {err.filename}" if err.filename else ""
+        print(f"{prog}: error: no space left on the device{where}; free some (runs/cache can be deleted: it is "
+              "rebuilt on demand) and run the same command to resume", file=sys.stderr)
+        return 2
 
 
 def yaml_problem(err: Exception) -> str:
