@@ -236,8 +236,14 @@ def test_syntax_rows_identical_to_before_the_runner(tiny_checkpoint, tmp_path):
     assert [len(b) for b in boots] == [40] * len(acc)
     np.testing.assert_allclose(acc["ci_low"], [np.quantile(b, 0.025) for b in boots], atol=1e-5)
     assert not any("boot" in json.loads(e) for e in rows.loc[rows["metric"] != "accuracy", "extra"].dropna())
+    # added since: structural rows record their learning-rate decay (Hewitt & Manning's regimen; with
+    # these 2 epochs it never acts, so the values are unchanged)
+    structural = rows[rows["task"].str.startswith("structural")]
+    assert len(structural) and all(json.loads(e)["lr_decay"] == 0.5 for e in structural["extra"].dropna())
+
     def strip(e):
-        return e if pd.isna(e) else json.dumps({k: v for k, v in json.loads(e).items() if k != "boot"}, sort_keys=True)
+        return e if pd.isna(e) else json.dumps({k: v for k, v in json.loads(e).items() if k not in ("boot", "lr_decay")},
+                                               sort_keys=True)
 
     rows = rows.assign(extra=rows["extra"].map(strip))
     after = rows[cols].sort_values(key, na_position="first").reset_index(drop=True)
