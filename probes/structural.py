@@ -283,6 +283,7 @@ class StructuralFit:
     proj: torch.Tensor  # [L+1, H, k], best dev state per layer
     dev_loss: np.ndarray  # [L+1]
     epochs: int
+    lr_decay: float
 
 
 def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", rank: int = 64,
@@ -331,7 +332,7 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
         stale = 0 if improved.any() else stale + 1
         if stale >= patience:
             break
-    return StructuralFit(kind=kind, proj=best_proj, dev_loss=best.numpy(), epochs=epoch)
+    return StructuralFit(kind=kind, proj=best_proj, dev_loss=best.numpy(), epochs=epoch, lr_decay=lr_decay)
 
 
 @torch.no_grad()

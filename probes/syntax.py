@@ -83,6 +83,8 @@ from workbench.errors import ConfigError
 TASKS = ("upos", "xpos", "deprel", "arc", "structural-distance", "structural-depth")
 CLASSIFICATION_TASKS = ("upos", "xpos", "deprel", "arc")
 STRUCTURAL_TASKS = ("structural-distance", "structural-depth")
+# `structural:` settings, passed through to `probes.structural.fit_structural_probe` (its defaults).
+STRUCTURAL_SETTINGS = ("rank", "epochs", "batch_size", "lr", "patience", "lr_decay")
 BASELINES = ("majority", "control", "random_init")
 PROBE_KINDS = ("linear", "mlp")
 PAIR_FEATURES = ("concat", "concat_product")
@@ -397,7 +399,7 @@ class SyntaxSettings(runner.Settings):
                 raise ConfigError(f"{key}: {bad} are not classification tasks {list(CLASSIFICATION_TASKS)}")
         if self.mdl_fractions is not None and not all(0 < f <= 1 for f in self.mdl_fractions):
             raise ConfigError(f"mdl_fractions must lie in (0, 1], got {list(self.mdl_fractions)}")
-        unknown = set(self.structural) - {"rank", "epochs", "batch_size", "lr", "patience", "lr_decay"}
+        unknown = set(self.structural) - set(STRUCTURAL_SETTINGS)
         if unknown:
             raise ConfigError(f"unknown structural probe settings {sorted(unknown)}")
         bad_keys = set(self.probe_config) - set(engine.ProbeConfig.__dataclass_fields__)
@@ -602,9 +604,8 @@ def _tree_set(acts, sentences, ids=None) -> st.TreeSet:
 
 def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
     plan, seed = ctx.plan, ctx.seed
-    cfg = dict(ctx.settings.structural, max_train_sentences=ctx.settings.structural_max_train_sentences)
     fit_ids = plan.fit
-    cap = cfg.get("max_train_sentences")
+    cap = ctx.settings.structural_max_train_sentences
     if cap is not None and len(fit_ids) > cap:
         fit_ids = np.sort(np.random.default_rng([seed, 3]).choice(fit_ids, cap, replace=False))
     train = _tree_set(ctx.train_acts, plan.train, fit_ids)
@@ -612,15 +613,12 @@ def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
     ev = _tree_set(ctx.eval_acts, plan.eval)
     kind = "distance" if task == "structural-distance" else "depth"
     t0 = time.perf_counter()
-    fitted = st.fit_structural_probe(train, stop, kind=kind, rank=cfg.get("rank", 64), epochs=cfg.get("epochs", 30),
-                                     batch_size=cfg.get("batch_size", 32), lr=cfg.get("lr", 1e-3),
-                                     patience=cfg.get("patience", 4), lr_decay=cfg.get("lr_decay", 0.5), seed=seed,
-                                     progress=ctx.progress)
+    fitted = st.fit_structural_probe(train, stop, kind=kind, seed=seed, progress=ctx.progress, **ctx.settings.structural)
     preds = st.predict(fitted, ev)
     n_layers = len(preds)
     lengths = np.array([len(h) for h in ev.heads])
     extra = {"n_train": len(train), "rank": int(fitted.proj.shape[-1]), "epochs": fitted.epochs,
-             "lr_decay": cfg.get("lr_decay", 0.5)}
+             "lr_decay": fitted.lr_decay}
     out = []
     scores = st.sentence_scores(kind, preds, ev)
     if kind == "distance":

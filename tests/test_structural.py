@@ -119,4 +119,4 @@ def test_lr_decay_on_plateau_converges_where_a_constant_rate_oscillates():
     assert decayed.dev_loss[1] < 0.5 * constant.dev_loss[1]
     assert decayed.dev_loss[1] < 0.06
     with pytest.raises(ValueError, match="lr_decay"):
-        st.fit_structural_probe(train, dev, lr_decay=0.0, **{k: v for k, v in kwargs.items()})
+        st.fit_structural_probe(train, dev, lr_decay=0.0, **kwargs)
