@@ -1,6 +1,6 @@
 """The numbers behind the model explorer, without Streamlit: attention maps of one sentence, how
 each word's vector moves across layers, and the logit lens (top-k predictions at every layer, for
-every family through the cloze probe's one implementation, `probes.cloze.blank_topk`).
+every family through the one implementation, `workbench.logit_lens.blank_topk`).
 
 Attention needs eager attention (`ModelHandle.load(..., attentions=True)`; sdpa returns none).
 """
@@ -116,12 +116,12 @@ def lens_notes(scorer) -> list[str]:
 def logit_lens(handle: ModelHandle, words: list[str], position: int, k: int = 5) -> pd.DataFrame:
     """Top-k predictions for word `position` at every layer, through the model's own output head
     (nostalgebraist 2020's logit lens): the word is replaced by a blank and read exactly as the
-    cloze probe's live box reads it (`probes.cloze.blank_topk`, one implementation for every
+    cloze probe's live box reads it (`workbench.logit_lens.blank_topk`, one implementation for every
     family): masked LMs at the mask; causal LMs the next token after the words before it (the
     words after are unseen); T5 the first piece after the sentinel, BART the token at the mask
     (decoder layers); ELMo forward from the left x backward from the right. Columns: layer, rank,
     token, prob, id; `attrs["reads"]` says what was read."""
-    from probes.cloze import blank_topk
+    from workbench.logit_lens import blank_topk
 
     scorer, why = lens_scorer(handle)
     if why:

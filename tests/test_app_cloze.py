@@ -17,6 +17,7 @@ from app.pages import cloze as page
 from probes import cloze, runner
 from tests.test_app import charts
 from tests.conftest import tiny_bert, tiny_gpt2
+from workbench import logit_lens
 from workbench.lm_scores import lm_scorer
 from workbench.models import ModelHandle
 from workbench.paths import REPO_ROOT
@@ -148,7 +149,7 @@ def test_cloze_page_shows_the_stored_values(cloze_store, monkeypatch):
     # the live box: the last checkpoint listed (GPT), the default sentence; top-k of the last layer
     live = at.container("cloze-live-table").dataframe[0].value
     scorer = lm_scorer(ModelHandle.load(paths["gpt"]))
-    want = cloze.blank_topk(scorer, page.to_blank(page.DEFAULT_SENTENCE, None), k=5)
+    want = logit_lens.blank_topk(scorer, page.to_blank(page.DEFAULT_SENTENCE, None), k=5)
     top = want[want["layer"] == 2].sort_values("rank")
     assert live.loc[2].tolist() == [f"{t} ({p:.3f})" for t, p in zip(top["token"], top["prob"])]
 

@@ -14,6 +14,7 @@ from probes import cloze
 from probes import cloze_tasks as ct
 from tests.conftest import tiny_bert
 from workbench.errors import ConfigError
+from workbench import logit_lens
 from workbench.lm_scores import BLANK, filled_items, lm_scorer
 from workbench.models import ModelHandle
 
@@ -252,7 +253,7 @@ def test_blank_topk_last_layer_is_the_models_own_prediction(handles, family):
     scorer = lm_scorer(handles[family])
     m, tok = scorer.model, handles[family].tokenizer
     left, right = "The keys to the ", " are on the table ."
-    top = cloze.blank_topk(scorer, left + BLANK + right, k=4)
+    top = logit_lens.blank_topk(scorer, left + BLANK + right, k=4)
     L = handles[family].num_layers[LENS_STACK[family]]
     assert sorted(top.layer.unique()) == list(range(L + 1)) and (top.groupby("layer").size() == 4).all()
     with torch.no_grad():

@@ -285,8 +285,8 @@ def render(store) -> None:
 
 def live_box(store, runs) -> None:
     """Type a sentence with one blank, pick a checkpoint the runs probed: top-k at the blank per
-    layer (probes.cloze.blank_topk)."""
-    from probes.cloze import blank_topk
+    layer (workbench.logit_lens.blank_topk)."""
+    from workbench.logit_lens import blank_topk
 
     st.subheader("Live cloze box: top-k at the blank, layer by layer")
     paths = checkpoints_of(store, runs)

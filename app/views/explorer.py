@@ -1,7 +1,7 @@
 """Model explorer: pick a checkpoint (a folder under the runs root or a cached Hub model), type a
 sentence, and look inside: attention heatmaps per layer and head, how each word's vector moves
 across layers, and the logit lens (top-k predictions for a blanked-out word at every layer, for every
-family with an LM head: the cloze probe's `blank_topk`; T5/BART read the decoder, the encoder has none)."""
+family with an LM head: `workbench.logit_lens.blank_topk`; T5/BART read the decoder, the encoder has none)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def vectors(handle, words) -> None:
 
 def lens(handle, words) -> None:
     """Top-k at a chosen word, replaced by a blank, at every layer (app.model_views.logit_lens, i.e.
-    probes.cloze.blank_topk): every family with an LM head, or one line saying why there is none."""
+    workbench.logit_lens.blank_topk): every family with an LM head, or one line saying why there is none."""
     scorer, why = model_views.lens_scorer(handle)
     if why:
         st.info(why)
