@@ -201,3 +201,33 @@ def test_derive_refuses_bad_transforms(tiny_checkpoint):
 
     with pytest.raises(WorkbenchError, match="changed the parent model"):
         parent.derive("sneaky", {}, apply=sneaky)
+
+
+def test_probe_run_records_the_lineage_of_a_derived_checkpoint(tiny_checkpoint, sentences, tmp_path):
+    """A saved derived folder is probed like any checkpoint; the run manifest records its lineage and
+    `bertology runs show` prints it. Its rows are its own values, not the parent's."""
+    from probes import runner
+    from workbench.results import ResultsStore, format_manifest
+
+    def run_task(unit, prepared, task, s):
+        acts = unit.activations(prepared.data, "ewt-dev-12")
+        return [unit.rows(task, {"mean_dim0": np.asarray(acts.layers[..., 0], dtype=np.float64).mean(axis=1)},
+                          split="dev", n=acts.layers.shape[1])]
+
+    spec = runner.ProbeSpec("lineage-toy", ("dim0",), runner.Settings, lambda s: runner.Prepared(data=sentences),
+                            run_task)
+    folder = ModelHandle.load(tiny_checkpoint).derive("head_mask", {"layer": 0, "head": HEAD}, apply=mask_head).save(
+        tmp_path / "masked")
+    store = ResultsStore(tmp_path / "runs")
+    run_id, rows = runner.run_probe(spec, [tiny_checkpoint, folder],
+                                    {"baselines": [], "progress": False, "cache_dir": str(tmp_path / "cache")}, store=store)
+    m = store.manifest(run_id)
+    parent_rec, derived_rec = m["checkpoints"]
+    assert "lineage" not in parent_rec and derived_rec["derived_from"]["parent_sha256"] == parent_rec["sha256"]
+    assert derived_rec["sha256"] == weights_hash(folder)
+    assert f"derived: {tiny_checkpoint} -> head_mask" in format_manifest(m)
+    by_model = {name: g.sort_values("layer")["value"].to_numpy() for name, g in rows.groupby("model")}
+    expected = states(ModelHandle.load(folder), sentences)[..., 0].astype(np.float64).mean(axis=1)
+    np.testing.assert_allclose(by_model["masked"], expected, rtol=1e-5)
+    assert by_model["masked"][0] == pytest.approx(by_model["tiny-bert"][0])  # embeddings untouched
+    assert not np.allclose(by_model["masked"][1:], by_model["tiny-bert"][1:])
