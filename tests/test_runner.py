@@ -309,6 +309,35 @@ def test_role_errors_before_anything_loads(tiny_checkpoint, training_folder, tmp
                          store=ResultsStore(tmp_path / "runs"))
 
 
+def test_many_role_takes_every_step_and_loads_each_checkpoint_once(training_folder, tiny_checkpoint, monkeypatch):
+    """A `many` role (shadow models, an ensemble of teachers): a list or comma-separated string, a
+    training folder giving every step; a checkpoint two roles name is loaded once; the resume key
+    holds every hash, in order."""
+    from workbench.checkpoints import weights_hash
+
+    @dataclass
+    class ManySettings(runner.Settings):
+        shadows: tuple[str, ...] = ()
+        teacher: str = ""
+
+    spec = runner.ProbeSpec("toy-many", ("dim0",), ManySettings, toy_prepare, toy_run_task,
+                            roles={"shadows": runner.Role("shadows", many=True), "teacher": runner.Role("teacher")})
+    step = training_folder / "seed-1" / "step-0000010"
+    settings = runner.make_settings(ManySettings, {"shadows": f"{training_folder / 'seed-0'},{tiny_checkpoint}",
+                                                   "teacher": str(step)})
+    roles = runner.resolve_roles(spec, settings)
+    assert [c.name for c in roles["shadows"]] == ["toyrun/seed-0/step-0000000", "toyrun/seed-0/step-0000010", "tiny-bert"]
+    loads = []
+    real_load = runner._load_handle
+    monkeypatch.setattr(runner, "_load_handle", lambda ck: loads.append(ck.name) or real_load(ck))
+    both = runner.make_settings(ManySettings, {"shadows": [str(step), str(tiny_checkpoint)], "teacher": str(step)})
+    handles = runner._load_roles(spec, runner.resolve_roles(spec, both))
+    assert loads == ["toyrun/seed-1/step-0000010", "tiny-bert"]  # the step both roles name: loaded once
+    assert isinstance(handles["shadows"], list) and handles["shadows"][0] is handles["teacher"]
+    assert runner._role_key(handles) == (f"|shadows={weights_hash(step)[:16]},{weights_hash(tiny_checkpoint)[:16]}"
+                                         f"|teacher={weights_hash(step)[:16]}")
+
+
 def test_align_target_and_membership_reference_are_roles(tiny_checkpoint):
     """align's target model and membership's reference model come from the runner's roles (no probe
     loads them itself); membership's role is used only when the reference attack runs."""
