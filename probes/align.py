@@ -39,7 +39,7 @@ Tasks (`bertology probe align --tasks ...`)
   minus that noise floor.
 
 Baselines: `random_init` (the runner's twin; for `bli`/`parallel` with a `target_checkpoint`, the
-target model's twin too) and `random_rotation` (a Haar-random orthogonal map in place of the
+target model's twin too, seed + 1; the target model is the runner's `target` role, loaded once per run) and `random_rotation` (a Haar-random orthogonal map in place of the
 learned one). Rows: probe="align", n = test words/sentences/tokens, CI = 95% percentile bootstrap
 over test items for P@1 and retrieval accuracy.
 """
@@ -205,24 +205,19 @@ def _prep(X: np.ndarray, center: bool) -> np.ndarray:
 
 
 def _target_handle(unit: runner.Unit, settings: Settings):
-    """The handle reading the target side: the unit's own, or `target_checkpoint` (its twin for a twin unit)."""
-    if not settings.target_checkpoint:
+    """The handle reading the target side: the unit's own, or the `target` role (`target_checkpoint`,
+    loaded once per run by the runner; its random-init twin for a twin unit)."""
+    target = unit.roles.get("target")
+    if target is None:
         return unit.handle, unit.model
-    memo = unit.state.setdefault("target", {})
-    if "handle" not in memo:
-        from workbench.checkpoints import expand_checkpoints
-        from workbench.models import ModelHandle
+    from workbench.checkpoints import checkpoint_name
 
-        (ck,) = expand_checkpoints([settings.target_checkpoint])[:1]
-        handle = ModelHandle.load(ck.path)
-        name = ck.name
-        if unit.is_twin:
-            from probes.engine import random_init_twin
-
-            handle = random_init_twin(handle, seed=settings.seed + runner.TWIN_SEED_OFFSET + 1)
-            name += runner.RANDOM_INIT_SUFFIX
-        memo.update(handle=handle, name=name)
-    return memo["handle"], memo["name"]
+    name = checkpoint_name(target.path)
+    if not unit.is_twin:
+        return target, name
+    if "target_twin" not in unit.state:
+        unit.state["target_twin"] = target.derive("random_init", {"seed": settings.seed + runner.TWIN_SEED_OFFSET + 1})
+    return unit.state["target_twin"], name + runner.RANDOM_INIT_SUFFIX
 
 
 def _activations(handle, unit: runner.Unit, sentences, key: str, settings: Settings):
@@ -497,12 +492,11 @@ def _finish(results: list[runner.UnitResult], prepared, settings) -> list[pd.Dat
     vecs = prepared.data["pair_vectors"]
     for model, stack, ck, is_twin in units:
         if (model, stack) not in vecs:  # a unit reused from an interrupted attempt: re-read its cached vectors
-            from probes.engine import random_init_twin
             from workbench.models import ModelHandle
 
             h = ck.handle if ck.handle is not None else ModelHandle.load(ck.path)
             if is_twin:
-                h = random_init_twin(h, seed=settings.seed + runner.TWIN_SEED_OFFSET)
+                h = h.derive("random_init", {"seed": settings.seed + runner.TWIN_SEED_OFFSET})
             vecs[(model, stack)] = _pair_vectors(h, None, prepared, settings, stack)
     n = len(prepared.data["pair_index"])
     perm = np.random.default_rng(settings.seed + 1).permutation(n)
@@ -653,7 +647,7 @@ def summary(rows: pd.DataFrame) -> str:
 
 PROBE = runner.ProbeSpec(
     name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task, finish=_finish, summary=summary,
-    default_tasks=("bli",),
+    default_tasks=("bli",), roles={"target": runner.Role("target_checkpoint")},
     description="Cross-lingual and cross-model alignment per layer: Procrustes, CSLS, BLI, CKA (Conneau et al. 2018; "
                 "Kornblith et al. 2019).",
 )

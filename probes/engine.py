@@ -865,22 +865,13 @@ def majority_baseline(y_train, y_eval) -> tuple[int, float]:
 
 
 def random_init_twin(handle, seed: int = 0):
-    """The randomly initialised twin of a checkpoint: same class and config, fresh weights, same tokenizer.
+    """The randomly initialised twin of a checkpoint (same class and config, fresh weights, same
+    tokenizer): a derived model, `handle.derive("random_init", {"seed": seed})`, whose home is
+    `workbench.models` (Hewitt & Manning 2019's random BERT; Tenney et al. 2019). Kept here by name
+    for the probes that import it from the engine."""
+    from workbench.models import random_init_twin as twin  # workbench layer; imported lazily (torch-heavy)
 
-    The usual "is it the architecture or the training?" baseline of probing papers (e.g. Hewitt &
-    Manning 2019's random BERT; Tenney et al. 2019). Initialisation uses the model class's own
-    `_init_weights` under `torch.manual_seed(seed)` inside a forked RNG (global RNG untouched).
-    """
-    from workbench.models import ModelHandle  # workbench layer; imported lazily (torch-heavy)
-
-    model = handle.model
-    config = copy.deepcopy(model.config)
-    devices = [p.device for p in model.parameters()][:1] or [torch.device("cpu")]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        twin = type(model)(config)
-    twin.to(devices[0]).eval()
-    return ModelHandle(twin, handle.tokenizer, path=None, family=handle.family, max_length=handle.max_length)
+    return twin(handle, seed)
 
 
 # --------------------------------------------------------------------------- bootstrap

@@ -405,13 +405,13 @@ def _stats(handle, checkpoint, sample: Sample, prepared, settings: Settings) -> 
                     progress=settings.progress, electra_head=settings.electra_head)
 
 
-def _reference_stats(sample: Sample, prepared, settings: Settings) -> Stats:
-    from workbench.models import ModelHandle
-
-    key = ("reference", settings.reference, sample.key)
+def _reference_stats(unit, sample: Sample, prepared, settings: Settings) -> Stats:
+    """The reference model's statistics on the sample; the model is the runner's `reference` role
+    (`settings.reference`, loaded once per run)."""
+    h = unit.roles["reference"]
+    key = ("reference", h.checkpoint_hash, sample.key)
     if key not in prepared.data["stats"]:
-        path = Path(settings.reference)
-        h = ModelHandle.load(path)
+        path = h.path
         if settings.setting == "finetune":
             _, data = finetune_sample(path, settings.n_examples, settings.seed, settings.length_bin)
             prepared.data["stats"][key] = classifier_stats(path, h, data, sample, settings.batch_size)
@@ -524,9 +524,10 @@ def attack_scores(sample: Sample, st: Stats, settings: Settings, ref: Stats | No
 
 
 def _model_rows(unit, task: str, metrics: dict, n: int, ci=None, extra=None) -> pd.DataFrame:
-    df = unit.rows(task, metrics, split="test", layers=[0], n=n, ci=ci, extra=extra)
-    df["layer"] = pd.array([pd.NA] * len(df), dtype="Int64")  # a whole-model score, no layer
-    return df
+    """A whole-model score (layer NA): `Unit.rows` with one scalar per metric."""
+    one = lambda v: np.asarray(v).item()  # noqa: E731
+    return unit.rows(task, {k: one(v) for k, v in metrics.items()}, split="test", n=n, extra=extra,
+                     ci={k: (one(lo), one(hi)) for k, (lo, hi) in (ci or {}).items()} or None)
 
 
 def metric_rows(unit, scores: dict[str, np.ndarray], sample: Sample, settings: Settings,
@@ -595,7 +596,7 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
         unit.notes.setdefault("no_lm_head", []).append({"model": unit.model, "why": str(e)})
         unit.log(f"no LM head, attacks skipped for the twin ({e})")
         return []
-    ref = _reference_stats(sample, prepared, settings) if "reference" in settings.attacks else None
+    ref = _reference_stats(unit, sample, prepared, settings) if "reference" in settings.attacks else None
     shadows = None
     if "lira" in settings.attacks:
         if unit.is_twin:
@@ -659,4 +660,5 @@ def _twin_same_for_every_step(settings: Settings) -> bool:
 PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task,
                          description="membership inference from manifests: LOSS, zlib, reference, Min-K%, Min-K%++, "
                                      "LiRA; layer-wise membership probe",
-                         summary=summary, twin_once_per_run=_twin_same_for_every_step)
+                         summary=summary, twin_once_per_run=_twin_same_for_every_step,
+                         roles={"reference": runner.Role("reference", used=lambda s: "reference" in s.attacks)})

@@ -11,15 +11,21 @@ specific to it (in the spirit of structural-probes' one-concern modules and nano
     prepare(settings)           the data it loads once per run -> Prepared(data, files, notes)
     run_task(unit, prepared, task, settings) -> rows   one (model, stack, task)
     PROBE = ProbeSpec(...)      registered in `probes/__init__.py`
+    roles={"target": Role(...)} optional: extra checkpoints the probe reads beside the probed one
+                                (align's target model, membership's reference model, a teacher)
 
 What the runner does, in order, so that bad input fails before any expensive work:
 1. settings are coerced and validated (`Settings.validate`), then every checkpoint is resolved
    (folders, training folders, Hub names in the local cache: `workbench.checkpoints`) and its
-   stacks checked against `settings.stack` from its config.json alone;
+   stacks checked against `settings.stack` from its config.json alone; so is every checkpoint a
+   role's setting names (`Role`);
 2. `prepare` loads the data once;
-3. one results-store run is opened (manifest: settings, seeds, data files with checksums,
-   checkpoints with hashes); for each checkpoint the handle is loaded and, when "random_init" is
-   among the baselines, its random-init twin is built (Hewitt & Manning 2019's random BERT;
+3. each role's checkpoints are loaded once for the whole run (`unit.roles[name]`: a handle, or a
+   list for a `many` role); their hashes go into every unit's resume key and the run's notes
+   (`roles`); one results-store run is opened (manifest: settings, seeds, data files with checksums,
+   checkpoints with hashes and, for a derived model, its lineage); for each checkpoint the handle is
+   loaded and, when "random_init" is among the baselines, its random-init twin is derived
+   (`ModelHandle.derive("random_init", ...)`, Hewitt & Manning 2019's random BERT;
    seed = probe seed + TWIN_SEED_OFFSET, checked to differ from the checkpoint); a probe whose
    twin rows depend only on the twin itself (`ProbeSpec.twin_once_per_run`) probes the twin once
    per training folder: the steps of one run share config, tokenizer and seed, hence one twin
@@ -28,6 +34,11 @@ What the runner does, in order, so that bad input fails before any expensive wor
    attempt finished it (`workbench.results.FinishedUnits`), else computed and saved at once;
 5. the optional `finish` hook sees every unit's result (cross-model comparisons), notes and
    timings are written, the run is published and the partials are removed.
+
+A unit never changes the model it is given: a probe that needs a changed model (a head masked,
+weights quantized) derives one (`unit.handle.derive(...)`), whose hash, and so its activation
+cache and rows, are its own. Rows are per layer, or whole-model (`unit.rows` with scalar metrics:
+layer NA), e.g. an attack's AUC or an accuracy at a sparsity.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
@@ -183,6 +195,24 @@ class Prepared:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Role:
+    """An extra checkpoint a probe reads beside the probed one: a target model (align), a reference
+    model (Carlini et al. 2021's reference attack), a teacher (distillation), shadow models.
+
+    `setting` is the Settings field naming it: a checkpoint folder, a Hub name in the local cache or
+    (`many`) a list or comma-separated string of them, where a training folder gives every saved
+    step; empty or None leaves the role out. The runner resolves it with the probed checkpoints
+    (before any work), loads it once per run and hands it to every unit (`unit.roles[name]`: a
+    handle, a list of handles for `many`); its hash joins each unit's resume key. `used(settings)`
+    says whether these settings read the role at all (e.g. only when the attack that needs it runs):
+    an unused role is neither loaded nor keyed."""
+
+    setting: str
+    many: bool = False
+    used: Callable[[Settings], bool] | None = None
+
+
 @dataclass
 class ProbeSpec:
     """A registered probe family (see the module docstring)."""
@@ -206,6 +236,8 @@ class ProbeSpec:
     # the structural probe's learning-rate decay). Above 1 it joins experiment run keys and
     # resume keys, so results of the older code are recomputed instead of reused.
     version: int = 1
+    # Extra checkpoints by role name (`Role`), e.g. {"reference": Role("reference")}.
+    roles: Mapping[str, Role] = field(default_factory=dict)
 
     def key_material(self) -> dict[str, int]:
         """What the probe's code adds to a run key: nothing at version 1 (keys stay as they were)."""
@@ -216,8 +248,10 @@ class ProbeSpec:
 class Unit:
     """One (model, stack): what `run_task` receives for each task of it.
 
-    `handle` is the model handle itself (a probe may need its LM head, its loss, or change its
-    weights); `activations(...)` gives cached all-layer word vectors of this model and stack.
+    `handle` is the model handle itself (a probe may need its LM head or its loss; it never changes
+    its weights: a changed model is a derived handle, `handle.derive(...)`, with its own hash);
+    `activations(...)` gives cached all-layer word vectors of this model and stack; `roles` the
+    probe's extra checkpoints (`ProbeSpec.roles`), loaded once per run.
     """
 
     model: str  # the row name: the checkpoint's name, "+ (random init)" for the twin
@@ -230,6 +264,7 @@ class Unit:
     notes: dict[str, Any]  # run-level notes (shared by every unit of the run)
     timings: dict[str, float] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict, repr=False)  # a probe's own per-unit memo
+    roles: dict[str, Any] = field(default_factory=dict)  # role -> handle (a list for a `many` role)
     _acts: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -261,9 +296,17 @@ class Unit:
     def rows(self, task: str, metrics: Mapping[str, Sequence[float]], *, split: str, layers=None, n=None, ci=None,
              extra: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> pd.DataFrame:
         """Tidy result rows of this unit (`engine.layer_rows` with the model's name, family, seed, step, stack);
-        `extra`: one dict for every row or one per layer."""
+        `extra`: one dict for every row or one per layer.
+
+        Whole-model metrics (an attack's AUC, an accuracy at a sparsity): scalar values and no
+        `layers` give one row per metric with layer NA."""
         from probes.engine import layer_rows
 
+        whole_model = layers is None and bool(metrics) and all(np.ndim(v) == 0 for v in metrics.values())
+        if whole_model:
+            metrics = {k: [v] for k, v in metrics.items()}
+            ci = {k: (np.atleast_1d(lo), np.atleast_1d(hi)) for k, (lo, hi) in (ci or {}).items()} or None
+            layers = [0]  # a placeholder for layer_rows, replaced by NA below
         per_layer = isinstance(extra, Sequence) and not isinstance(extra, (str, Mapping))
         exs = [dict(e or {}) for e in extra] if per_layer else [dict(extra or {})]
         if self.is_twin:
@@ -272,8 +315,11 @@ class Unit:
         ex = exs if per_layer else exs[0]
         ck = self.checkpoint
         family = ck.family or getattr(self.handle, "family", None)
-        return layer_rows(metrics, probe=self.probe, task=task, split=split, layers=layers, n=n, ci=ci, extra=ex,
+        rows = layer_rows(metrics, probe=self.probe, task=task, split=split, layers=layers, n=n, ci=ci, extra=ex,
                           model=self.model, family=family, seed=ck.seed, step=ck.step, stack=self.stack)
+        if whole_model:
+            rows["layer"] = pd.array([pd.NA] * len(rows), dtype="Int64")
+        return rows
 
     def log(self, message: str) -> None:
         if self.progress:
@@ -307,8 +353,60 @@ def run_probe(probe: str | ProbeSpec, checkpoints: Sequence[Any], settings: Sett
     ckpts = expand_checkpoints(checkpoints)
     for ck in ckpts:
         _check_stack(ck, settings.stack)
+    roles = resolve_roles(spec, settings)
     with torch_threads(settings.threads):
-        return _run(spec, ckpts, settings, store)
+        return _run(spec, ckpts, settings, store, roles)
+
+
+def resolve_roles(spec: ProbeSpec, settings: Settings) -> dict[str, list[Checkpoint]]:
+    """Each used role's checkpoints (`Role`), resolved like `--checkpoint`; a ConfigError or
+    CheckpointError naming the setting before anything loads."""
+    out: dict[str, list[Checkpoint]] = {}
+    for role, r in spec.roles.items():
+        if not hasattr(settings, r.setting):
+            raise ConfigError(f"probe {spec.name}: role {role!r} names setting {r.setting!r}, which its settings lack")
+        value = getattr(settings, r.setting)
+        if r.used is not None and not r.used(settings):
+            continue
+        if value is None or (isinstance(value, str) and not value.strip()) or (not isinstance(value, str) and not value):
+            continue
+        if isinstance(value, str):
+            items = [v.strip() for v in value.split(",") if v.strip()] if r.many else [value.strip()]
+        else:
+            items = [str(v) for v in value]
+        try:
+            cks = expand_checkpoints(items)
+        except (CheckpointError, ConfigError) as e:
+            raise type(e)(f"{r.setting} ({role}): {e}") from None
+        if not r.many and len(cks) != 1:
+            raise ConfigError(f"{r.setting} ({role}): {value!r} holds {len(cks)} checkpoints; the {role} role takes "
+                              f"one (name a step folder)")
+        out[role] = cks
+    return out
+
+
+def _load_roles(spec: ProbeSpec, roles: Mapping[str, list[Checkpoint]]) -> dict[str, Any]:
+    """Every role's handles, each checkpoint loaded once (a folder named by two roles too)."""
+    loaded: dict[str, Any] = {}
+    out: dict[str, Any] = {}
+    for role, cks in roles.items():
+        handles = []
+        for ck in cks:
+            key = str(Path(ck.path).resolve()) if ck.path is not None else id(ck.handle)
+            if key not in loaded:
+                loaded[key] = ck.handle if ck.handle is not None else _load_handle(ck)
+            handles.append(loaded[key])
+        out[role] = handles if spec.roles[role].many else handles[0]
+    return out
+
+
+def _role_key(role_handles: Mapping[str, Any]) -> str:
+    """The roles' part of a unit's resume key: each role's checkpoint hash(es), '' without roles."""
+    parts = []
+    for role in sorted(role_handles):
+        hs = role_handles[role] if isinstance(role_handles[role], list) else [role_handles[role]]
+        parts.append(f"|{role}=" + ",".join(h.checkpoint_hash[:16] for h in hs))
+    return "".join(parts)
 
 
 def resolve_settings(spec: ProbeSpec, settings: Settings | Mapping[str, Any] | None, where: str) -> Settings:
@@ -365,24 +463,32 @@ def torch_threads(threads: int | None):
         torch.set_num_threads(before)
 
 
-def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store) -> tuple[str, pd.DataFrame]:
+def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store,
+         roles: Mapping[str, list[Checkpoint]] | None = None) -> tuple[str, pd.DataFrame]:
     import torch
 
-    from probes.engine import random_init_twin
     from workbench.results import FinishedUnits, ResultsStore
 
     t_start = time.perf_counter()
     prepared = spec.prepare(settings)
     timings: dict[str, Any] = {"prepare": round(time.perf_counter() - t_start, 3)}
+    t0 = time.perf_counter()
+    role_handles = _load_roles(spec, roles or {})
+    role_key = _role_key(role_handles)
+    if role_handles:
+        timings["roles|load"] = round(time.perf_counter() - t0, 3)
     store = store if store is not None else ResultsStore()
     config = {"probe": spec.name, "checkpoints": [str(c.path) if c.path else c.name for c in ckpts],
               **settings.as_config()}
     notes: dict[str, Any] = dict(prepared.notes)
     notes.setdefault("random_init_twins", [])
     notes["torch_threads"] = torch.get_num_threads()
+    if role_handles:
+        notes["roles"] = {role: [_role_record(ck, h) for ck, h in zip(roles[role], hs if isinstance(hs, list) else [hs])]
+                          for role, hs in role_handles.items()}
     # Rerunning an interrupted command reuses its finished (model, stack, task) units.
     units = FinishedUnits(store, spec.name, {**settings.resume_key(), **spec.key_material()})
-    records = [c.handle if c.handle is not None else c.path for c in ckpts]
+    records = [_checkpoint_record(c) for c in ckpts]
     frames: list[pd.DataFrame] = []
     results: list[UnitResult] = []
     twin_wanted = "random_init" in settings.baselines
@@ -398,7 +504,7 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store) ->
             if twin_wanted:
                 t0 = time.perf_counter()
                 twin_seed = settings.seed + TWIN_SEED_OFFSET
-                twin = random_init_twin(handle, seed=twin_seed)
+                twin = handle.derive("random_init", {"seed": twin_seed})
                 if all(torch.equal(a, b) for a, b in zip(twin.model.parameters(), handle.model.parameters())):
                     raise ConfigError(f"{ck.name}: its random-init twin (seed {twin_seed}) has the same weights")
                 timings[f"{ck.name}|twin_init"] = round(time.perf_counter() - t0, 3)
@@ -421,13 +527,13 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store) ->
                             results.append(UnitResult(model_name, ck, stk, task, is_twin,
                                                       pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()))
                         continue
-                    unit = Unit(model_name, h, ck, stk, is_twin, spec.name, settings, notes)
+                    unit = Unit(model_name, h, ck, stk, is_twin, spec.name, settings, notes, roles=role_handles)
                     parts_by_task = {}
                     if share_key is not None:
                         shared_twins[(share_key, stk)] = (model_name, parts_by_task)
                     for task in tqdm(settings.tasks, desc=f"tasks {model_name}", disable=not settings.progress,
                                      leave=False):
-                        name = f"{model_name}|{stk}|{task}|{h.checkpoint_hash[:16]}"
+                        name = f"{model_name}|{stk}|{task}|{h.checkpoint_hash[:16]}{role_key}"
                         saved = units.load(name)
                         if saved is not None:
                             unit.log(f"{task} reused from an interrupted attempt")
@@ -488,6 +594,30 @@ def _relabel(rows: pd.DataFrame, model_name: str, ck: Checkpoint) -> pd.DataFram
         if col in rows.columns:
             rows[col] = value
     return rows
+
+
+def _checkpoint_record(ck: Checkpoint):
+    """What the run manifest records of a probed checkpoint: the handle, or the folder, plus the
+    lineage of a checkpoint made from another (its manifest's `derived_from`)."""
+    if ck.handle is not None:
+        lineage = getattr(ck.handle, "lineage", None)
+        if lineage is None:
+            return ck.handle
+        return {"path": None, "sha256": ck.handle.checkpoint_hash, "family": ck.handle.family,
+                "derived_from": lineage.record(), "lineage": lineage.describe()}
+    from workbench.checkpoints import read_manifest
+    from workbench.models import Lineage
+
+    derived = (read_manifest(ck.path) or {}).get("derived_from") if ck.path is not None else None
+    if derived is None:
+        return ck.path
+    lineage = Lineage.from_record(derived, str(ck.path))
+    return {"path": ck.path, "derived_from": derived, "lineage": lineage.describe()}
+
+
+def _role_record(ck: Checkpoint, handle) -> dict[str, Any]:
+    return {"name": ck.name, "path": None if ck.path is None else str(Path(ck.path).resolve()),
+            "sha256": handle.checkpoint_hash}
 
 
 def _load_handle(ck: Checkpoint):

@@ -216,6 +216,154 @@ def test_twin_probed_once_per_training_run_when_the_probe_allows(training_folder
     assert len([m for m, is_twin in calls if is_twin]) == 4
 
 
+# --------------------------------------------------------------------------- a probe with a checkpoint role
+@dataclass
+class TeacherSettings(runner.Settings):
+    teacher: str = ""
+    sentences: int = 6
+
+
+def teacher_run_task(unit, prepared, task, s) -> list[pd.DataFrame]:
+    """Per-layer rows of the unit's model, and one whole-model row from its teacher (the role)."""
+    words = [x.words for x in prepared.data]
+    own = toy_run_task(unit, prepared, task, s)
+    teacher = unit.roles["teacher"]
+    last = np.concatenate([np.asarray(a[-1], dtype=np.float64) for a in teacher.word_states(words)], axis=0)
+    return own + [unit.rows(task, {"teacher_last_dim0": float(last[:, 0].mean())}, split="dev", n=len(last),
+                            ci={"teacher_last_dim0": (float(last[:, 0].min()), float(last[:, 0].max()))})]
+
+
+TEACHER = runner.ProbeSpec("toy-teacher", ("dim0",), TeacherSettings, toy_prepare, teacher_run_task,
+                           roles={"teacher": runner.Role("teacher")})
+
+
+def test_role_checkpoint_loaded_once_keyed_and_whole_model_rows(training_folder, tiny_checkpoint, tmp_path, monkeypatch):
+    """A probe's `teacher` role: resolved and loaded once per run (not per unit), handed to every unit,
+    its hash in each unit's resume key (another teacher -> other keys, nothing reused) and in the run's
+    notes; its scalar metrics are whole-model rows, layer NA."""
+    from workbench.checkpoints import weights_hash
+    from workbench.models import ModelHandle
+
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    loads = []
+    real_load = runner._load_handle
+    monkeypatch.setattr(runner, "_load_handle", lambda ck: loads.append(ck.name) or real_load(ck))
+    store = ResultsStore(tmp_path / "runs")
+    teacher_a, teacher_b = training_folder / "seed-1" / "step-0000010", tiny_checkpoint
+    settings = {"teacher": str(teacher_a), "progress": False}
+    run_id, rows = runner.run_probe(TEACHER, [training_folder / "seed-0"], settings, store=store)
+    assert loads.count("toyrun/seed-1/step-0000010") == 1  # 2 steps x (model, twin) = 4 units, one load
+    assert sorted(loads) == sorted(["toyrun/seed-0/step-0000000", "toyrun/seed-0/step-0000010",
+                                    "toyrun/seed-1/step-0000010"])
+    whole = rows[rows["metric"] == "teacher_last_dim0"]
+    assert len(whole) == 4 and whole["layer"].isna().all()
+    per_layer = rows[rows["metric"] == "mean_dim0"]
+    assert len(per_layer) == 12 and per_layer["layer"].notna().all()
+    words = [x.words for x in load_treebank("en_ewt", "dev")[:6]]
+    last = np.concatenate([a[-1] for a in ModelHandle.load(teacher_a).word_states(words)], axis=0).astype(np.float64)
+    np.testing.assert_allclose(whole["value"], last[:, 0].mean(), rtol=1e-6)
+    np.testing.assert_allclose(whole["ci_low"], last[:, 0].min(), rtol=1e-6)
+    stored = store.read(run_id)
+    assert stored.loc[stored["metric"] == "teacher_last_dim0", "layer"].isna().all()
+    (role,) = store.manifest(run_id)["notes"]["roles"]["teacher"]
+    assert role["name"] == "toyrun/seed-1/step-0000010" and role["sha256"] == weights_hash(teacher_a)
+
+    # resume: an interrupted run with teacher A keeps its finished units; they are reused by the same
+    # teacher and not by another one (the role's hash is in every unit's key)
+    def crash_on_twin(unit, prepared, task, s):
+        if unit.is_twin:
+            raise KeyboardInterrupt
+        return teacher_run_task(unit, prepared, task, s)
+
+    one = [training_folder / "seed-0" / "step-0000010"]
+    monkeypatch.setattr(TEACHER, "run_task", crash_on_twin)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_probe(TEACHER, one, settings, store=store)
+    calls = []
+
+    def counting(unit, prepared, task, s):
+        calls.append(unit.model)
+        return teacher_run_task(unit, prepared, task, s)
+
+    monkeypatch.setattr(TEACHER, "run_task", counting)
+    other_id, _ = runner.run_probe(TEACHER, one, {**settings, "teacher": str(teacher_b)}, store=store)
+    assert calls == ["toyrun/seed-0/step-0000010", "toyrun/seed-0/step-0000010 (random init)"]  # nothing reused
+    assert store.manifest(other_id)["notes"]["reused_units"] == []
+    calls.clear()
+    same_id, _ = runner.run_probe(TEACHER, one, settings, store=store)
+    assert calls == ["toyrun/seed-0/step-0000010 (random init)"]  # teacher A's finished unit reused
+    (reused,) = store.manifest(same_id)["notes"]["reused_units"]
+    assert reused.endswith(f"|teacher={weights_hash(teacher_a)[:16]}")
+
+
+def test_role_errors_before_anything_loads(tiny_checkpoint, training_folder, tmp_path, monkeypatch):
+    def no_loading(*a, **k):
+        raise AssertionError("a model was loaded before the roles were checked")
+
+    monkeypatch.setattr(runner, "_load_handle", no_loading)
+    with pytest.raises(runner.CheckpointError, match=r"teacher \(teacher\): .*nope: checkpoint does not exist"):
+        runner.run_probe(TEACHER, [tiny_checkpoint], {"teacher": str(tmp_path / "nope")},
+                         store=ResultsStore(tmp_path / "runs"))
+    with pytest.raises(runner.ConfigError, match="holds 4 checkpoints; the teacher role takes one"):
+        runner.run_probe(TEACHER, [tiny_checkpoint], {"teacher": str(training_folder)},
+                         store=ResultsStore(tmp_path / "runs"))
+
+
+def test_many_role_takes_every_step_and_loads_each_checkpoint_once(training_folder, tiny_checkpoint, monkeypatch):
+    """A `many` role (shadow models, an ensemble of teachers): a list or comma-separated string, a
+    training folder giving every step; a checkpoint two roles name is loaded once; the resume key
+    holds every hash, in order."""
+    from workbench.checkpoints import weights_hash
+
+    @dataclass
+    class ManySettings(runner.Settings):
+        shadows: tuple[str, ...] = ()
+        teacher: str = ""
+
+    spec = runner.ProbeSpec("toy-many", ("dim0",), ManySettings, toy_prepare, toy_run_task,
+                            roles={"shadows": runner.Role("shadows", many=True), "teacher": runner.Role("teacher")})
+    step = training_folder / "seed-1" / "step-0000010"
+    settings = runner.make_settings(ManySettings, {"shadows": f"{training_folder / 'seed-0'},{tiny_checkpoint}",
+                                                   "teacher": str(step)})
+    roles = runner.resolve_roles(spec, settings)
+    assert [c.name for c in roles["shadows"]] == ["toyrun/seed-0/step-0000000", "toyrun/seed-0/step-0000010", "tiny-bert"]
+    loads = []
+    real_load = runner._load_handle
+    monkeypatch.setattr(runner, "_load_handle", lambda ck: loads.append(ck.name) or real_load(ck))
+    both = runner.make_settings(ManySettings, {"shadows": [str(step), str(tiny_checkpoint)], "teacher": str(step)})
+    handles = runner._load_roles(spec, runner.resolve_roles(spec, both))
+    assert loads == ["toyrun/seed-1/step-0000010", "tiny-bert"]  # the step both roles name: loaded once
+    assert isinstance(handles["shadows"], list) and handles["shadows"][0] is handles["teacher"]
+    assert runner._role_key(handles) == (f"|shadows={weights_hash(step)[:16]},{weights_hash(tiny_checkpoint)[:16]}"
+                                         f"|teacher={weights_hash(step)[:16]}")
+
+
+def test_align_target_and_membership_reference_are_roles(tiny_checkpoint):
+    """align's target model and membership's reference model come from the runner's roles (no probe
+    loads them itself); membership's role is used only when the reference attack runs."""
+    from types import SimpleNamespace
+
+    from probes import align
+    from probes import membership as mem
+    from workbench.models import ModelHandle
+
+    target = runner.resolve_roles(align.PROBE, runner.make_settings(align.Settings, {"target_checkpoint": str(tiny_checkpoint)}))
+    assert [c.path for c in target["target"]] == [tiny_checkpoint]
+    assert runner.resolve_roles(align.PROBE, runner.make_settings(align.Settings, {})) == {}
+    unused = runner.make_settings(mem.Settings, {"attacks": ["loss"], "reference": str(tiny_checkpoint)})
+    assert runner.resolve_roles(mem.PROBE, unused) == {}  # not loaded, not in the resume key
+    used = runner.make_settings(mem.Settings, {"attacks": ["loss", "reference"], "reference": str(tiny_checkpoint)})
+    assert [c.name for c in runner.resolve_roles(mem.PROBE, used)["reference"]] == ["tiny-bert"]
+    handle = ModelHandle.load(tiny_checkpoint)
+    texts = [" ".join(x.words) for x in load_treebank("en_ewt", "dev")[:8]]
+    sample = mem.Sample(ids=[str(i) for i in range(8)], doc_ids=[str(i) for i in range(8)], texts=texts,
+                        is_member=np.arange(8) < 4, lengths=np.array([len(t.split()) for t in texts]))
+    stats = mem._reference_stats(SimpleNamespace(roles={"reference": handle}), sample,
+                                 runner.Prepared(data={"samples": {}, "stats": {}}), used)
+    direct = mem.lm_stats(handle, texts, used.batch_size, moments=False, electra_head=used.electra_head)
+    np.testing.assert_allclose(stats.nll, direct.nll, rtol=1e-6)
+
+
 def test_syntax_rows_identical_to_before_the_runner(tiny_checkpoint, tmp_path):
     """The fixture was written by the pre-runner probes/syntax.py (commit 23ad0a3) with exactly these
     arguments on exactly this checkpoint; the runner must not change a single row."""

@@ -18,7 +18,9 @@ How it stays fast and bounded (what diagNNose's per-layer pickles do not give):
   complete: a crash never leaves a half cache, and an interrupted extraction resumes from its last
   recorded batch (or restarts cleanly when the partial folder does not match).
 
-Cache key = checkpoint hash (weights + tokenizer) + dataset key + pooling + stack + dtype + a fingerprint of the words
+Cache key = checkpoint hash (what the handle runs: weight files, or the state dict's content for an
+in-memory or derived model, `ModelHandle.checkpoint_hash`, so a model changed from its parent never
+reads the parent's entry) + tokenizer + dataset key + pooling + stack + dtype + a fingerprint of the words
 themselves (so a reused dataset key with different sentences can never return stale vectors).
 """
 

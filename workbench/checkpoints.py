@@ -1,7 +1,9 @@
 """Checkpoints in one place: step folders, a training folder's steps, a checkpoint's manifest, its hash.
 
 A workbench checkpoint is a plain `save_pretrained` folder `<run>/[seed-S/]step-NNNNNNN/` with the
-tokenizer and a `manifest.json` (family, step, seed, training config, corpus). Any other local folder
+tokenizer and a `manifest.json` (family, step, seed, training config, corpus). A checkpoint made
+from another (`ModelHandle.derive` + `save`) is one too; its manifest adds `derived_from` (parent
+and its sha256, transform, parameters: `derived_manifest`). Any other local folder
 holding a `config.json` is a checkpoint too (family/step/seed unknown), and so is a Hub name
 (`bert-base-uncased`, `org/name`) that is not a local path: `resolve_checkpoint` finds it in the
 local Hugging Face cache the way `from_pretrained(name)` does offline, and never touches the network.
@@ -27,7 +29,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from workbench.errors import CheckpointError, ConfigError
 from workbench.io import sha256_files
@@ -185,6 +187,28 @@ def read_manifest(folder: str | Path) -> dict[str, Any] | None:
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{path}: unreadable manifest (a JSON object expected, got {type(manifest).__name__})")
     return manifest
+
+
+# What a model made with fresh weights (random init) keeps of its parent's manifest: how it is read
+# (family; the training config's window `max_len` and objective), not what the weights learnt from
+# (corpus, steps, tokens seen), which would make membership or a step axis read a record of another model.
+READING_KEYS = ("family", "config")
+
+
+def derived_manifest(parent: Mapping[str, Any] | None, derived_from: Mapping[str, Any] | None, *,
+                     family: str | None = None, content_sha256: str | None = None) -> dict[str, Any]:
+    """The manifest of a checkpoint made from another (`ModelHandle.save`): the parent's manifest
+    (its training record still describes weights made from it: corpus, step, seed; only the reading
+    keys when the weights are fresh) plus `derived_from` = the lineage (parent folder and sha256,
+    transform, parameters, the parent's own lineage) and the in-memory content hash it had."""
+    fresh = bool((derived_from or {}).get("fresh_weights"))
+    base = {k: v for k, v in dict(parent or {}).items() if not fresh or k in READING_KEYS}
+    base.pop("derived_from", None)  # the parent's lineage lives inside the new record
+    if family is not None:
+        base.setdefault("family", family)
+    if derived_from is not None:
+        base["derived_from"] = {**derived_from, "content_sha256": content_sha256}
+    return base
 
 
 def weight_files(folder: str | Path) -> list[Path]:

@@ -35,6 +35,13 @@ input = decoder_start_token_id + the encoder input shifted right, see `_decoder_
 word's decoder state is read where its pieces are the decoder's input, so it has seen the
 sentence up to and including the word (as a causal LM's states have).
 
+Models made from models (`derive`): a masked head, quantized or low-rank weights, a distilled
+student, the random-init twin are new handles over a transformed copy, never a change to a handle
+in place. A handle's `checkpoint_hash` (which keys the activation cache, resume units and rows) is
+what it runs: the weight files of a loaded checkpoint, the state dict's content for an in-memory or
+derived model, recomputed if a tensor is changed in place after all. `lineage` says where a derived
+model comes from; `save` writes it as an ordinary checkpoint folder whose manifest records it.
+
 Long sentences: sliding windows of `max_length` tokens (a checkpoint trained here: the `max_len` it
 trained on, from its manifest), half a window apart by default; each word
 is read from the window where it is most central (causal stacks: where it has most left
@@ -46,20 +53,24 @@ truncated_tokens (only `forward(..., truncate=True)` truncates).
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
+import json
+import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from workbench.checkpoints import read_manifest, resolve_checkpoint, weight_files, weights_hash
+from workbench.checkpoints import (MANIFEST_NAME, derived_manifest, read_manifest, resolve_checkpoint, weight_files,
+                                   weights_hash)
 from workbench.data.fake_language import separate_position_ids, shifted_vocabulary_mask
 from workbench.errors import CheckpointError, WorkbenchError
+from workbench.io import atomic_dir, atomic_write_json
 
 # config.model_type -> workbench family name.
 FAMILY_OF_MODEL_TYPE = {
@@ -183,6 +194,107 @@ def _quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
+# ---------------------------------------------------------------------- models made from models
+
+
+def state_dict_hash(model) -> str:
+    """sha256 over a model's state dict: every tensor's name, dtype, shape and bytes, by name.
+    The identity of an in-memory model (derived ones included): what it runs, nothing else."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _tensor_stamp(model) -> tuple:
+    """A cheap stamp of a model's tensors: (name, tensor identity, data pointer, in-place version
+    counter) for each. It moves when a tensor is replaced or changed in place (`mul_`, `copy_`,
+    `load_state_dict`, `torch.nn.utils.prune`'s renamed tensors), so a fixed hash can be checked
+    without rehashing the bytes."""
+    out = []
+    for name, t in model.state_dict(keep_vars=True).items():
+        try:
+            version = t._version
+        except RuntimeError:  # an inference tensor (made under inference_mode) has no counter
+            version = None
+        out.append((name, id(t), t.data_ptr(), version))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Where a derived model comes from: its parent (folder or None for an in-memory model), the
+    parent's hash and own lineage, the transform and its parameters (JSON values)."""
+
+    parent: str | None
+    parent_hash: str
+    transform: str
+    params: dict
+    parent_lineage: "Lineage | None" = None
+    fresh_weights: bool = False  # the transform built new weights (random init), none of the parent's
+
+    def record(self) -> dict[str, Any]:
+        """The lineage as JSON values (a checkpoint manifest's `derived_from`)."""
+        return {"parent": self.parent, "parent_sha256": self.parent_hash, "transform": self.transform,
+                "params": self.params, "fresh_weights": self.fresh_weights,
+                "parent_derived_from": self.parent_lineage.record() if self.parent_lineage else None}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any] | None, where: str = "manifest") -> "Lineage | None":
+        if record is None:
+            return None
+        try:
+            return cls(parent=record.get("parent"), parent_hash=str(record["parent_sha256"]),
+                       transform=str(record["transform"]), params=dict(record.get("params") or {}),
+                       parent_lineage=cls.from_record(record.get("parent_derived_from"), where),
+                       fresh_weights=bool(record.get("fresh_weights", False)))
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise CheckpointError(f"{where}: unreadable derived_from record ({type(e).__name__}: {e})") from None
+
+    def describe(self) -> str:
+        """One line, oldest ancestor first: `<parent> -> head_mask{...} -> quantize{...}`."""
+        head = self.parent_lineage.describe() if self.parent_lineage else (self.parent or f"in-memory {self.parent_hash[:12]}")
+        return f"{head} -> {self.transform}{json.dumps(self.params, sort_keys=True)}"
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """A named way of making a model from a model (`ModelHandle.derive`).
+
+    `apply(model, **params)` returns the model to run. With `fresh_weights=False` it receives a deep
+    copy of the parent's model (and may change it in place); with `fresh_weights=True` it receives
+    the parent's model itself, reads only its class and config, and builds new weights (then the
+    derived handle keeps none of what was learnt with the parent's weights)."""
+
+    name: str
+    apply: Callable[..., Any]
+    fresh_weights: bool = False
+
+
+def _random_init(model, seed: int):
+    """Same class and config, fresh weights: the class's own `_init_weights` under
+    `torch.manual_seed(seed)` inside a forked RNG (the global RNG is untouched)."""
+    config = copy.deepcopy(model.config)
+    devices = [p.device for p in model.parameters()][:1] or [torch.device("cpu")]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        twin = type(model)(config)
+    return twin.to(devices[0])
+
+
+# Registered derivations (a transform with its own `apply` needs no entry). random_init is the usual
+# "is it the architecture or the training?" baseline of probing papers (Hewitt & Manning 2019's
+# random BERT; Tenney et al. 2019): the runner's random-init twin.
+DERIVATIONS: dict[str, Derivation] = {"random_init": Derivation("random_init", _random_init, fresh_weights=True)}
+
+
+def random_init_twin(handle: "ModelHandle", seed: int = 0) -> "ModelHandle":
+    """The randomly initialised twin of a handle: `handle.derive("random_init", {"seed": seed})`."""
+    return handle.derive("random_init", {"seed": int(seed)})
+
+
 class ModelHandle:
     """Run any checkpoint: word-aligned hidden states of every layer and LM-head scores.
 
@@ -193,7 +305,8 @@ class ModelHandle:
 
     def __init__(self, model, tokenizer, path: str | Path | None = None, *, family: str | None = None,
                  max_length: int | None = None, head_trained: bool = True, weight_files: Sequence[Path] = (),
-                 shifted_position_offset: int = 0):
+                 shifted_position_offset: int = 0, lineage: Lineage | None = None,
+                 manifest: Mapping[str, Any] | None = None):
         if not getattr(tokenizer, "is_fast", False):
             raise CheckpointError(f"{path or 'in-memory model'}: needs a fast tokenizer (tokenizer.json); "
                                   f"got {type(tokenizer).__name__}")
@@ -204,6 +317,10 @@ class ModelHandle:
         self.device = next(model.parameters()).device
         self.stats: Counter = Counter()
         self._weight_files = [Path(p) for p in weight_files]
+        self._hash: str | None = None  # `checkpoint_hash`, fixed with the stamp of the tensors it describes
+        self._hash_stamp: tuple | None = None
+        self.lineage = lineage  # a derived model: its parent, transform and parameters (`derive`)
+        self.manifest = dict(manifest or {})  # the checkpoint's manifest.json ({} when none)
         self.head_trained = head_trained  # False: the LM head class loaded without its weights
         # A fake-language model trained with separate position embeddings (objective
         # `shifted_position_offset`) reads shifted-alphabet sentences at offset positions.
@@ -331,20 +448,98 @@ class ModelHandle:
         objective = (manifest.get("config") or {}).get("objective") or {}
         return cls(model, tokenizer, path, family=family, max_length=max_length,
                    head_trained=not head_missing, weight_files=weights,
-                   shifted_position_offset=int(objective.get("shifted_position_offset", 0) or 0))
+                   shifted_position_offset=int(objective.get("shifted_position_offset", 0) or 0),
+                   lineage=Lineage.from_record(manifest.get("derived_from"), str(path / MANIFEST_NAME)),
+                   manifest=manifest)
 
-    @cached_property
+    @property
     def checkpoint_hash(self) -> str:
-        """sha256 over the weight files (names included); for in-memory models over the state
-        dict's names, dtypes, shapes and bytes. Keys the activation cache."""
-        if self._weight_files:
-            return weights_hash(self.path)
-        h = hashlib.sha256()
-        for name, t in sorted(self.model.state_dict().items()):
-            t = t.detach().to("cpu").contiguous()
-            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+        """What this handle runs, as a sha256: over the weight files (names included) of a loaded
+        checkpoint; over the state dict (names, dtypes, shapes, bytes: `state_dict_hash`) of an
+        in-memory model, a derived one included. Keys the activation cache, resume units and rows.
+
+        It cannot go stale: the hash is fixed together with a stamp of every tensor (identity, data
+        pointer and in-place version counter, `_tensor_stamp`), and when a tensor was changed in
+        place since (a head zeroed, weights quantized without `derive`), the hash is recomputed from
+        the state dict, with a warning, so changed weights never read their parent's cache.
+        (A write through `tensor.data` bypasses the version counter: change weights with `derive`.)"""
+        stamp = _tensor_stamp(self.model)
+        if self._hash is None or stamp != self._hash_stamp:
+            if self._hash is not None:
+                warnings.warn(f"{self.path or 'in-memory model'}: weights changed in place since the handle was "
+                              f"made; its hash now follows the changed tensors (make models from models with "
+                              f"ModelHandle.derive)", stacklevel=2)
+                self._weight_files = []  # the files no longer describe what runs
+            self._hash = weights_hash(self.path) if self._weight_files else state_dict_hash(self.model)
+            self._hash_stamp = stamp
+        return self._hash
+
+    # ------------------------------------------------------------------ models made from this one
+
+    def derive(self, transform: str, params: Mapping[str, Any] | None = None,
+               apply: Callable[..., Any] | None = None) -> "ModelHandle":
+        """A new handle over a model made from this one; this handle and its model are never modified.
+
+        `transform` names the derivation and `params` (JSON values) are its parameters; `apply` is
+        the function that makes the model: `apply(model, **params)` receives a deep copy of this
+        handle's model and returns the model to run (the copy, changed, or a new module; None =
+        the copy). Without `apply`, `transform` must be a registered derivation (`DERIVATIONS`, e.g.
+        "random_init" with {"seed": s}).
+
+        Identity: the derived handle's `checkpoint_hash` is the content hash of the tensors it runs
+        (`state_dict_hash`), fixed at creation, not parent hash + parameters: two derivations that
+        give the same weights share activations, and a transform whose code changes, or that is not
+        deterministic, can never be read through another's cache. `lineage` records the parent
+        (name, hash, its own lineage), the transform and its parameters for manifests and the app.
+        The tokenizer and the reading conventions (family, window length) are the parent's.
+        """
+        params = dict(params or {})
+        try:
+            canonical = json.loads(json.dumps(params, sort_keys=True, allow_nan=False))
+        except (TypeError, ValueError) as e:
+            raise WorkbenchError(f"derive {transform!r}: parameters must be JSON values ({e})") from None
+        spec = DERIVATIONS.get(transform) if apply is None else Derivation(transform, apply)
+        if spec is None:
+            raise WorkbenchError(f"derive: unknown transform {transform!r} without an apply function; "
+                                 f"registered: {sorted(DERIVATIONS)}")
+        parent_stamp = _tensor_stamp(self.model)
+        if spec.fresh_weights:
+            model = spec.apply(self.model, **params)
+        else:
+            copied = copy.deepcopy(self.model)
+            model = spec.apply(copied, **params)
+            model = copied if model is None else model
+        if model is self.model or _tensor_stamp(self.model) != parent_stamp:
+            raise WorkbenchError(f"derive {transform!r}: the transform changed the parent model (it must "
+                                 f"change the copy it is given, or return a new model)")
+        model.eval()
+        lineage = Lineage(parent=str(self.path) if self.path is not None else None, parent_hash=self.checkpoint_hash,
+                          transform=transform, params=canonical, parent_lineage=self.lineage,
+                          fresh_weights=spec.fresh_weights)
+        keeps = not spec.fresh_weights
+        derived = type(self)(model, self.tokenizer, path=None, family=self.family, max_length=self.max_length,
+                              head_trained=self.head_trained if keeps else True,
+                              shifted_position_offset=self.shifted_position_offset if keeps else 0,
+                              lineage=lineage, manifest=self.manifest)
+        derived.checkpoint_hash  # noqa: B018  (identity fixed now, at creation)
+        return derived
+
+    def save(self, folder: str | Path, overwrite: bool = False) -> Path:
+        """Write this handle's model as a plain checkpoint folder, atomically: `save_pretrained`
+        weights and config, the tokenizer, and a `manifest.json` (`checkpoints.derived_manifest`:
+        the parent's training record where the weights are the parent's, plus `derived_from`, the
+        lineage). `ModelHandle.load(folder)` reads it back with the same hidden states; its
+        `checkpoint_hash` is then the weight files' hash (another string for the same tensors)."""
+        folder = Path(folder)
+        if folder.exists() and not overwrite:
+            raise CheckpointError(f"{folder}: already exists (pass overwrite=True to replace it)")
+        manifest = derived_manifest(self.manifest, self.lineage.record() if self.lineage else None,
+                                    family=self.family, content_sha256=self.checkpoint_hash)
+        with atomic_dir(folder) as tmp, _quiet_transformers():
+            self.model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            atomic_write_json(tmp / MANIFEST_NAME, manifest)
+        return folder
 
     # ------------------------------------------------------------------ tokenisation
 

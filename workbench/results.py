@@ -986,6 +986,8 @@ def format_manifest(manifest: Mapping[str, Any]) -> str:
         lines.append(f"data     {f.get('data_relpath') or f['path']}  sha256={f['sha256'][:12]}")
     for c in manifest.get("checkpoints", []):
         lines.append(f"ckpt     {c.get('path')}  sha256={str(c.get('sha256'))[:12]}")
+        if c.get("lineage"):  # a model made from another (`ModelHandle.derive`)
+            lines.append(f"         derived: {c['lineage']}")
     for k, v in (manifest.get("notes") or {}).items():
         lines.append(f"note     {k} = {_shorten(json.dumps(v, default=str), 100)}")
     return "\n".join(lines)

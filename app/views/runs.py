@@ -54,7 +54,9 @@ def show_manifest(s, run_id: str) -> None:
     st.markdown(f"**{m.get('name') or run_id}** · kind `{m.get('kind')}` · {m.get('n_rows')} rows · "
                 f"commit `{git.get('commit', 'unknown')}`{' (uncommitted changes)' if git.get('dirty') else ''} · "
                 f"{m.get('created')} → {m.get('finished')}")
-    ck = pd.DataFrame(m.get("checkpoints") or [], columns=["path", "sha256"])
+    ck = pd.DataFrame(m.get("checkpoints") or [], columns=["path", "sha256", "lineage"])
+    if ck["lineage"].isna().all():  # no model made from another (`ModelHandle.derive`) in this run
+        ck = ck.drop(columns="lineage")
     st.markdown("**Checkpoints** (weights sha256)")
     ui.table(ck, "manifest-checkpoints")
     files = pd.DataFrame(m.get("data_files") or [])
