@@ -62,6 +62,7 @@ from workbench.loop import (
     TrainingHooks,
     adamw,
     apply_param_filter,
+    evaluating,
     loss_terms,
     optimizer_step,
     prepare_teacher,
@@ -390,8 +391,7 @@ def finetune_mc(scorer: LMScorer, train_items, eval_items, *, steps: int = 200, 
             terms["loss"].backward()
             optimizer_step(model, opt, None, 0.0, hooks, step + 1)
             steps_terms.append({k: float(v.detach()) for k, v in terms.items()})
-        model.eval()
-        with torch.no_grad():
+        with evaluating(model):
             pred = torch.cat([train_scores.argmax(1).cpu() for train_scores in
                               (evals.scores(model, list(range(b, min(b + eval_batch, len(eval_items)))))
                                for b in range(0, len(eval_items), eval_batch))])

@@ -73,6 +73,7 @@ from workbench.loop import (
     TrainingHooks,
     adamw,
     apply_param_filter,
+    evaluating,
     linear_warmup_decay,
     loss_terms,
     optimizer_step,
@@ -485,11 +486,10 @@ def members(checkpoint: str | Path) -> tuple[list[str], list[str]]:
 
 def evaluate(model, enc: Encoded, rows: list[int], pad_id: int, batch_size: int) -> tuple[float, int, float]:
     """(accuracy, number of labelled items, mean loss) of `model` on examples `rows`."""
-    model.eval()
     order = sorted(rows, key=lambda r: len(enc.ids[r]))  # little padding
     correct = total = 0
     loss_sum = 0.0
-    with torch.inference_mode():
+    with evaluating(model):
         for b0 in range(0, len(order), batch_size):
             batch = _to(collate(enc, order[b0: b0 + batch_size], pad_id), model)
             out = model(**batch)

@@ -9,6 +9,7 @@ bookkeeping, and these pieces for what every loop does the same way:
   only), `linear_warmup_decay` (the learning-rate schedule), `prepare_teacher`;
 - step: `loss_terms` (the forward pass, with a teacher's outputs when there is one) and
   `optimizer_step` (clip, step, schedule, zero the gradients, the after-step hook);
+- evaluate: `evaluating` (eval mode, no gradients, the training mode restored afterwards);
 - save: `write_model_folder` (a plain `save_pretrained` folder with tokenizer and manifest).
 
 Hooks (`TrainingHooks`), all optional and off by default; with none a loop trains exactly as it
@@ -30,6 +31,7 @@ did before they existed (tests pin the weights of every family, tests/weight_pin
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -221,6 +223,22 @@ def optimizer_step(model: torch.nn.Module, optimizer, scheduler, clip: float, ho
     if hooks.after_step is not None:
         hooks.after_step(model, step)
     return lr
+
+
+# ---- evaluate ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def evaluating(model: torch.nn.Module):
+    """Eval mode (no dropout, so no random numbers drawn) and no gradients inside the block; the
+    model's training mode is restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was_training)
 
 
 # ---- save -------------------------------------------------------------------------------------------

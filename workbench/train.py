@@ -67,6 +67,7 @@ from workbench.loop import (
     adamw,
     apply_param_filter,
     count_trainable,
+    evaluating,
     linear_warmup_decay,
     loss_terms,
     optimizer_step,
@@ -273,14 +274,11 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
-@torch.no_grad()
 def evaluate_heldout(model, family: FamilySpec, heldout: TokenizedCorpus, tokenizer, cfg: TrainConfig,
                      n_batches: int, device, seed: int = 1234) -> dict[str, float]:
     """Mean loss (and loss terms) on a FIXED set of held-out batches: same examples and same masks
     every time it is called, so values at different steps compare."""
     model = _unwrap(model)
-    was_training = model.training
-    model.eval()
     collate = family.make_collator(objective_settings(cfg, family), tokenizer)
     rng = np.random.default_rng(seed)
     examples = []
@@ -290,16 +288,16 @@ def evaluate_heldout(model, family: FamilySpec, heldout: TokenizedCorpus, tokeni
             break
     sums: dict[str, float] = {}
     n = 0
-    for b in range(0, len(examples) - cfg.batch_size + 1, cfg.batch_size):
-        g = torch.Generator().manual_seed(_mix_seed(seed, b))
-        batch = {k: v.to(device) for k, v in collate(examples[b : b + cfg.batch_size], g).items()}
-        with _autocast(cfg, device):
-            out = model(**batch)
-        sums["loss"] = sums.get("loss", 0.0) + float(out.loss)
-        for k, v in out.loss_terms.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-        n += 1
-    model.train(was_training)
+    with evaluating(model):
+        for b in range(0, len(examples) - cfg.batch_size + 1, cfg.batch_size):
+            g = torch.Generator().manual_seed(_mix_seed(seed, b))
+            batch = {k: v.to(device) for k, v in collate(examples[b : b + cfg.batch_size], g).items()}
+            with _autocast(cfg, device):
+                out = model(**batch)
+            sums["loss"] = sums.get("loss", 0.0) + float(out.loss)
+            for k, v in out.loss_terms.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            n += 1
     if n == 0:
         raise ConfigError(f"{cfg.source}: the held-out split yields no full batch of {cfg.batch_size} examples")
     return {k: v / n for k, v in sums.items()}
