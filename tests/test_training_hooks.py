@@ -7,7 +7,8 @@
   KL term of the first step is exactly 0; toward a different teacher the KL falls markedly; every
   term of the composite loss is logged;
 - a parameter filter: with biases only (BitFit) every other tensor ends bit-identical to its
-  initial value and the biases move; the manifest records the filter and the trainable count.
+  initial value and the biases move; the manifest records the filter and the trainable count;
+- a run with hooks, interrupted, resumes bit-identically; a run folder refuses other hooks.
 
 Pretraining runs are the tiny GPT of tests/training_helpers.py (seconds); fine-tuning runs a tiny
 BERT classifier on a slice of sentence_polarity; the cloze MC fine-tuning a tiny BERT on age items.
@@ -105,6 +106,41 @@ def test_a_run_folder_refuses_other_hooks(cache, tmp_path):
     train_from_config(_gpt_config(tmp_path, steps=1))
     with pytest.raises(ConfigError, match="holds a run trained with other hooks"):
         train_from_config(_gpt_config(tmp_path, steps=1), hooks=TrainingHooks(trainable=biases_only()))
+
+
+class StopAt:
+    """An after-step hook that interrupts training at one step (a killed run), or never."""
+
+    def __init__(self, step=None):
+        self.step, self.seen = step, []
+
+    def __call__(self, model, step):
+        self.seen.append(step)
+        if step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_run_with_hooks_resumes_bit_identically(cache, tmp_path):
+    """A run with a parameter filter, stopped after step 5, resumes from its step-4 checkpoint and
+    ends with the uninterrupted run's weights, optimizer state and log (dropout on: the restored
+    RNG matters)."""
+    spaced = {"checkpoints.log_spaced": True}  # checkpoints at 0, 1, 2, 4, 6
+    ref_cfg, cut_cfg = (_gpt_config(tmp_path / name, steps=6, **spaced) for name in ("ref", "cut"))
+    (ref,) = train_from_config(ref_cfg, hooks=TrainingHooks(after_step=StopAt(), trainable=biases_only()))
+    with pytest.raises(KeyboardInterrupt):
+        train_from_config(cut_cfg, hooks=TrainingHooks(after_step=StopAt(5), trainable=biases_only()))
+    assert (tmp_path / "cut" / "seed-0" / "step-0000004" / "trainer_state").is_dir()
+    assert not (tmp_path / "cut" / "seed-0" / "step-0000006").exists()
+    again = StopAt()
+    (cut,) = train_from_config(cut_cfg, hooks=TrainingHooks(after_step=again, trainable=biases_only()))
+    assert again.seen == [5, 6]  # it resumed after step 4, it did not start over
+    a, b = _module_weights(ref), _module_weights(cut)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    oa = torch.load(ref / "trainer_state" / "optimizer.pt", weights_only=True)["state"]
+    ob = torch.load(cut / "trainer_state" / "optimizer.pt", weights_only=True)["state"]
+    assert all(torch.equal(oa[i]["exp_avg"], ob[i]["exp_avg"]) for i in oa)
+    strip = lambda log: [{k: v for k, v in r.items() if k != "elapsed"} for r in log]  # noqa: E731
+    assert strip(read_log(cut.parent)) == strip(read_log(ref.parent))
 
 
 # ---- teacher --------------------------------------------------------------------------------------
@@ -255,6 +291,8 @@ def ce_plus_kl(student, batch, teacher) -> dict:
 
 
 def test_finetuning_with_a_teacher_logs_every_term_and_pulls_toward_it(bert_checkpoint, tmp_path):
+    """Every term's epoch mean is in the curve; the KL to the planted teacher falls (measured: epoch
+    means 0.47, 0.11, 0.04) while the gold-label cross-entropy, weighted 0.1, rises."""
     from workbench.finetune import run_finetune
     from workbench.results import ResultsStore
 
