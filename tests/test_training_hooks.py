@@ -393,3 +393,28 @@ def test_kl_to_teacher_matches_a_direct_computation():
         ref = torch.nn.functional.kl_div(torch.log_softmax(s / temp, -1), p, reduction="batchmean") * temp**2
         torch.testing.assert_close(kl_to_teacher(s, t, temp), ref)
     assert float(kl_to_teacher(s, s)) == 0.0
+    keep = torch.tensor([True, False, True, False, False])
+    torch.testing.assert_close(kl_to_teacher(s, t, mask=keep), kl_to_teacher(s[keep], t[keep]))
+
+
+def test_filters_freeze_by_name_and_count_what_trains():
+    """`names_matching` (adapters, prompts: added parameters found by name) and `biases_only` freeze
+    everything else and report counts that match a direct count; the optimizer holds only the rest."""
+    from workbench.loop import adamw, apply_param_filter, names_matching
+
+    def model():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 2))
+        m.add_module("adapter", torch.nn.Linear(2, 2, bias=False))
+        return m
+
+    m = model()
+    record = apply_param_filter(m, names_matching(r"^adapter\."))
+    assert [n for n, p in m.named_parameters() if p.requires_grad] == ["adapter.weight"]
+    assert record == {"filter": "names_matching:^adapter\\.", "parameters": 4, "total": 15 + 6 + 8 + 4}
+    opt = adamw(m.named_parameters(), 1e-3, 0.01)
+    assert [len(g["params"]) for g in opt.param_groups] == [1, 0]  # matrices decay, the rest does not
+    m = model()
+    record = apply_param_filter(m, biases_only())
+    assert [n for n, p in m.named_parameters() if p.requires_grad] == ["0.bias", "1.bias", "2.bias"]
+    assert record["parameters"] == 3 + 3 + 2
