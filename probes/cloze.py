@@ -58,6 +58,16 @@ from probes import engine, runner
 from workbench import logit_lens
 from workbench.errors import CheckpointError, ConfigError
 from workbench.lm_scores import BLANK, LMScorer, filled_items, lm_scorer, mlm_head
+from workbench.loop import (
+    NO_HOOKS,
+    TrainingHooks,
+    adamw,
+    apply_param_filter,
+    evaluating,
+    loss_terms,
+    optimizer_step,
+    prepare_teacher,
+)
 
 NAME = "cloze"
 TASKS = ct.TASKS
@@ -162,31 +172,47 @@ class MCHead:
 
 
 def finetune_mc(scorer: LMScorer, train_items, eval_items, *, steps: int = 200, lr: float = 1e-4,
-                batch_size: int = 16, seed: int = 0, eval_batch: int = 64) -> dict:
+                batch_size: int = 16, seed: int = 0, eval_batch: int = 64, hooks: TrainingHooks | None = None) -> dict:
     """Fine-tune a copy of the LM (all weights, AdamW, constant lr) on the MC objective
     (cross-entropy over the candidate scores) for `steps` updates of `batch_size` items drawn
-    with replacement from `train_items`; returns {"accuracy", "train_loss"} on `eval_items`."""
+    with replacement from `train_items`; returns {"accuracy", "train_loss"} on `eval_items`, and
+    which parameters trained ("trainable").
+
+    The step is the workbench's shared one (`workbench.loop`): `hooks` may add an after-step hook,
+    a parameter filter, or a teacher (scored with the same MC head) and a loss
+    `loss(student_scores, item_indices, teacher_scores)`; then "train_terms" holds the mean of
+    every term over the last 20 steps."""
+    hooks = hooks or NO_HOOKS
     train, evals = MCHead(scorer, train_items), MCHead(scorer, eval_items)
+
+    def mc_loss(scores, index) -> dict[str, torch.Tensor]:
+        return {"loss": torch.nn.functional.cross_entropy(scores, train.answers[index].to(scores.device))}
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = copy.deepcopy(scorer.model).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        trainable = apply_param_filter(model, hooks.trainable)
+        opt = adamw(model.named_parameters(), lr, weight_decay=0.0)
+        prepare_teacher(hooks, model.device)
         gen = torch.Generator().manual_seed(seed)
-        losses = []
-        for _ in range(steps):
+        steps_terms = []
+        for step in range(steps):
             idx = torch.randint(len(train_items), (batch_size,), generator=gen).tolist()
-            loss = torch.nn.functional.cross_entropy(train.scores(model, idx), train.answers[idx].to(model.device))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-        model.eval()
-        with torch.no_grad():
+            terms = loss_terms(model, idx, hooks, mc_loss, forward=train.scores)
+            terms["loss"].backward()
+            optimizer_step(model, opt, None, 0.0, hooks, step + 1)
+            steps_terms.append({k: float(v.detach()) for k, v in terms.items()})
+        with evaluating(model):
             pred = torch.cat([train_scores.argmax(1).cpu() for train_scores in
                               (evals.scores(model, list(range(b, min(b + eval_batch, len(eval_items)))))
                                for b in range(0, len(eval_items), eval_batch))])
     acc = float((pred == evals.answers).float().mean())
-    return {"accuracy": acc, "train_loss": float(np.mean(losses[-20:])) if losses else float("nan")}
+    last = steps_terms[-20:]
+    out = {"accuracy": acc, "train_loss": float(np.mean([t["loss"] for t in last])) if last else float("nan"),
+           "trainable": trainable}
+    if hooks.loss is not None and last:
+        out["train_terms"] = {k: float(np.mean([t[k] for t in last])) for k in last[0]}
+    return out
 
 
 def weighted_score(sizes, accuracies) -> float:

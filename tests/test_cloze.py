@@ -329,3 +329,17 @@ def test_lens_nonsense_rows_on_the_runner(handles, tmp_path, monkeypatch, family
         assert (gap.ci_low <= gap.value + 1e-12).all() and (gap.value <= gap.ci_high + 1e-12).all()
     text = cloze.summary(rows)
     assert "Logit lens by layer" in text and "lens - control" in text and "lens nonsense there" in text
+
+
+def test_finetune_mc_keeps_its_pinned_results(tokenizers):
+    """The MC-head fine-tuning gives the per-step losses and accuracy recorded before the loops were
+    shared (tests/weight_pins.py): every loss depends on all earlier updates, so equal losses
+    mean equal weights at every step."""
+    from tests.weight_pins import check_pin
+
+    tok = tokenizers["bert"]
+    items = ct.generate("age", seed=0, sizes={"train": 40, "dev": 4, "test": 24})
+    scorer = lm_scorer(ModelHandle(tiny_bert(tok, hidden=32), tok))
+    res = cloze.finetune_mc(scorer, ct.split(items, "train"), ct.split(items, "test"), steps=12, lr=3e-3,
+                            batch_size=8, seed=0)
+    check_pin("cloze/finetune_mc/bert", repr((res["accuracy"], res["train_loss"])))

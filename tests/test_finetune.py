@@ -343,3 +343,21 @@ def test_missing_checkpoint_is_a_checkpoint_error(tmp_path):
 
     with pytest.raises(CheckpointError):
         resolve_checkpoint(str(tmp_path / "nothing"))
+
+
+# ------------------------------------------------------------------------- pinned weights
+
+@pytest.mark.parametrize("family,kw", [("bert", {}), ("gpt", {"freeze_body": True, "epochs": 2}),
+                                       ("bert", {"task": "upos", "max_train_examples": 24, "max_eval_examples": 8})],
+                         ids=["bert", "gpt-frozen-body", "bert-upos"])
+def test_finetune_keeps_its_pinned_weights(checkpoints, tmp_path, family, kw, upos):
+    """A tiny `bertology finetune` run (warm-up, clipping, dropout on; a frozen body; a token task)
+    ends with the weights and dev curve recorded before the loops were shared (tests/weight_pins.py)."""
+    from tests.weight_pins import check_pin
+    from workbench.checkpoints import weights_hash
+
+    cfg = _cfg(checkpoints[family], tmp_path / "run", **kw)
+    res = run_finetune(cfg, store=ResultsStore(tmp_path / "store"), data=upos if cfg.task == "upos" else None)
+    case = f"finetune/{family}/{cfg.task}" + ("/frozen_body" if cfg.freeze_body else "")
+    check_pin(f"{case}/checkpoint", weights_hash(res.seeds[0].checkpoint))
+    check_pin(f"{case}/curve", json.dumps(res.seeds[0].curve, sort_keys=True))

@@ -260,3 +260,29 @@ def test_tokenizer_path_reuses_a_trained_tokenizer_on_other_data(cache, tiny_run
         train_from_config(tiny_config("gpt", 5, tmp_path / "y", tokenizer={"vocab_size": 999, "path": str(source)}))
     with pytest.raises(ConfigError, match="lacks the bert special tokens"):
         train_from_config(tiny_config("bert", 5, tmp_path / "z", tokenizer={"vocab_size": 1000, "path": str(source)}))
+
+
+# ---- pinned weights: the loop's refactors must not change a single bit ----------------------------
+
+PIN_FAMILIES = ["bert", "roberta", "spanbert", "albert", "electra", "deberta", "gpt", "t5", "bart", "elmo"]
+
+
+@pytest.mark.parametrize("family", PIN_FAMILIES)
+def test_tiny_run_of_every_family_keeps_its_pinned_weights(cache, tmp_path, family):
+    """3 steps of 2 accumulated micro-batches (dropout on, so the RNG order matters; a held-out
+    evaluation at every checkpoint) give the weights and log recorded before the loop was shared
+    (tests/weight_pins.py: per machine). The full training module is pinned (ELECTRA's generator,
+    BERT's NSP head), and the saved checkpoint folder by the repo's own `weights_hash`."""
+    from tests.weight_pins import check_pin, log_hash, state_hash
+    from workbench.checkpoints import weights_hash
+
+    torch.set_num_threads(1)
+    cfg = tiny_config(family, 3, tmp_path, corpus={"sources": ["inaugural"], "max_documents": 12,
+                                                   "heldout_fraction": 0.2, "seed": 0},
+                      tokenizer={"vocab_size": 400}, max_len=32, batch_size=4, grad_accum=2,
+                      **{"eval.batches": 1, "checkpoints.log_spaced": False})
+    (final,) = train_from_config(cfg)
+    module = torch.load(final / "trainer_state" / "model.pt", weights_only=True)
+    check_pin(f"train/{family}/checkpoint", weights_hash(final))
+    check_pin(f"train/{family}/module", state_hash(module))
+    check_pin(f"train/{family}/log", log_hash(read_log(final.parent)))

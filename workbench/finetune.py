@@ -28,7 +28,10 @@ accuracy of the best epoch. Every `save_every` optimizer steps and at each epoch
 state (weights, optimizer, scheduler, torch RNG, epoch, batch index, dev curve) is written
 atomically to `seed-S/resume/`; rerunning the same command continues exactly there (the data
 order of an epoch is a pure function of (seed, epoch)), so an interrupted run ends with the same
-weights as an uninterrupted one.
+weights as an uninterrupted one. The step, optimizer and checkpoint folder are the shared pieces
+of `workbench.loop`; `run_finetune(..., hooks=TrainingHooks(...))` adds an after-step hook, a
+teacher and the loss that reads it (each term's epoch mean goes into the curve), or a parameter
+filter (`freeze_body` is one: the head only); the manifest records what trained.
 
 Layout under the runs root:
 ```
@@ -65,6 +68,19 @@ import torch
 from workbench.checkpoints import seed_dir, step_dir
 from workbench.errors import CheckpointError, ConfigError
 from workbench.io import atomic_dir, atomic_write_json, sha256_file
+from workbench.loop import (
+    NO_HOOKS,
+    TrainingHooks,
+    adamw,
+    apply_param_filter,
+    evaluating,
+    linear_warmup_decay,
+    loss_terms,
+    optimizer_step,
+    outside,
+    prepare_teacher,
+    write_model_folder,
+)
 
 PROBE = "finetune"
 SENTENCE_TASKS = {"sentence_polarity": "sentence_polarity", "subjectivity": "subjectivity"}
@@ -470,11 +486,10 @@ def members(checkpoint: str | Path) -> tuple[list[str], list[str]]:
 
 def evaluate(model, enc: Encoded, rows: list[int], pad_id: int, batch_size: int) -> tuple[float, int, float]:
     """(accuracy, number of labelled items, mean loss) of `model` on examples `rows`."""
-    model.eval()
     order = sorted(rows, key=lambda r: len(enc.ids[r]))  # little padding
     correct = total = 0
     loss_sum = 0.0
-    with torch.inference_mode():
+    with evaluating(model):
         for b0 in range(0, len(order), batch_size):
             batch = _to(collate(enc, order[b0: b0 + batch_size], pad_id), model)
             out = model(**batch)
@@ -525,12 +540,23 @@ def _load_state(folder: Path, model, optimizer, scheduler) -> dict:
 
 
 def _save_checkpoint(folder: Path, model, tokenizer, manifest: dict) -> None:
-    from workbench.models import _quiet_transformers
+    with atomic_dir(folder) as tmp:
+        write_model_folder(tmp, model, tokenizer, manifest)
 
-    with atomic_dir(folder) as tmp, _quiet_transformers():
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        atomic_write_json(tmp / "manifest.json", manifest)
+
+def classification_loss(out, batch) -> dict[str, torch.Tensor]:
+    """The classifier's own cross-entropy (transformers computes it from `labels`)."""
+    return {"loss": out.loss}
+
+
+def trainable_filter(cfg: FinetuneConfig, model, hooks: TrainingHooks):
+    """The parameter filter of a run: `freeze_body` (train the head only) or the hooks' own."""
+    if cfg.freeze_body and hooks.trainable is not None:
+        raise ConfigError(f"freeze_body and a parameter filter ({hooks.trainable.name}) both choose what trains; "
+                          f"give one")
+    if cfg.freeze_body:
+        return outside(getattr(model, model.base_model_prefix), "head_only")
+    return hooks.trainable
 
 
 @dataclass
@@ -546,36 +572,35 @@ class SeedResult:
 
 
 def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
-               on_step: Callable[[int], None] | None = None) -> SeedResult:
+               on_step: Callable[[int], None] | None = None, hooks: TrainingHooks | None = None) -> SeedResult:
     """Fine-tune one seed (resuming its saved state if any) and return its results.
 
-    `on_step(step)` is called after every optimizer step (a test interrupts training through it)."""
+    `on_step(step)` is called after every optimizer step (a test interrupts training through it);
+    `hooks` (`workbench.loop.TrainingHooks`) add an after-step hook, a teacher and the loss that
+    reads it, or a parameter filter; a composite loss's terms are kept per epoch in the curve."""
     from tqdm.auto import tqdm
 
+    hooks = hooks or NO_HOOKS
     out = seed_dir(run.folder, seed)
     done = out / "result.json"
     if done.is_file():
         return SeedResult(**json.loads(done.read_text(encoding="utf-8")))
+    # ---- setup: model under a fresh head, what trains, optimizer, schedule, resume
     t0 = time.time()
     torch.manual_seed(seed)
     model = build_classifier(run.checkpoint, run.family, run.data.kind, run.pooling, run.data.label_names,
                              run.pad_id).to(run.device)
-    if cfg.freeze_body:
-        for p in getattr(model, model.base_model_prefix).parameters():
-            p.requires_grad_(False)
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    trainable = apply_param_filter(model, trainable_filter(cfg, model, hooks))
+    optimizer = adamw(model.named_parameters(), cfg.lr, cfg.weight_decay)
+    prepare_teacher(hooks, run.device)
     train_rows = list(range(len(run.train.ids)))
     per_epoch = math.ceil(len(train_rows) / cfg.batch_size)
     total = per_epoch * cfg.epochs
-    warm = round(cfg.warmup * total)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (s + 1) / max(1, warm) if s < warm else max(0.0, (total - s) / max(1, total - warm)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(round(cfg.warmup * total), total))
     loop = {"epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "loss_n": 0, "curve": [],
             "best": -1.0, "best_epoch": -1, "best_step": 0, "bad_epochs": 0, "stopped": False}
+    if hooks.loss is not None:
+        loop["term_sums"] = {}  # every term of a composite loss, summed over the epoch's steps
     if (out / STATE_DIR).is_dir():
         loop = _load_state(out / STATE_DIR, model, optimizer, scheduler)
     seconds_before = loop.get("seconds", 0.0)
@@ -584,26 +609,28 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
         loop["seconds"] = seconds_before + time.time() - t0
         _save_state(out / STATE_DIR, model, optimizer, scheduler, loop)
 
-    manifest = {**run.manifest_base, "seed": seed}
+    manifest = {**run.manifest_base, "seed": seed, "trainable": trainable}
+    if hooks.describe():
+        manifest["hooks"] = hooks.describe()
     bar = tqdm(total=total, initial=loop["step"], desc=f"{run.name} seed {seed}", unit="step", disable=not cfg.progress)
+    # ---- the epochs: steps, then evaluate on dev and save
     while loop["epoch"] < cfg.epochs and not loop["stopped"]:
         order = _epoch_order(seed, loop["epoch"], len(train_rows))
         model.train()
         while loop["batch"] < per_epoch:
             b0 = loop["batch"] * cfg.batch_size
             batch = _to(collate(run.train, [train_rows[i] for i in order[b0: b0 + cfg.batch_size]], run.pad_id), model)
-            loss = model(**batch).loss
-            loss.backward()
-            if cfg.clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            terms = loss_terms(model, batch, hooks, classification_loss)
+            terms["loss"].backward()
+            optimizer_step(model, optimizer, scheduler, cfg.clip, hooks, loop["step"] + 1)
             loop["batch"] += 1
             loop["step"] += 1
-            loss_value = float(loss.detach())
+            loss_value = float(terms["loss"].detach())
             loop["loss_sum"] += loss_value
             loop["loss_n"] += 1
+            if "term_sums" in loop:
+                for k, v in terms.items():
+                    loop["term_sums"][k] = loop["term_sums"].get(k, 0.0) + float(v.detach())
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.3f}", epoch=loop["epoch"])
             if loop["step"] % cfg.save_every == 0 and loop["batch"] < per_epoch:
@@ -615,6 +642,9 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
         epoch = loop["epoch"] + 1
         loop["curve"].append({"epoch": epoch, "step": loop["step"], "dev_accuracy": acc,
                               "train_loss": loop["loss_sum"] / max(1, loop["loss_n"])})
+        if "term_sums" in loop:
+            loop["curve"][-1]["train_terms"] = {k: v / max(1, loop["loss_n"]) for k, v in loop["term_sums"].items()}
+            loop["term_sums"] = {}
         ck_manifest = {**manifest, "epoch": epoch, "step": loop["step"], "dev_accuracy": acc}
         if cfg.keep_epoch_checkpoints:
             _save_checkpoint(step_dir(out, loop["step"]), model, run.tokenizer, ck_manifest)
@@ -723,9 +753,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^\w.+-]+", "_", text).strip("_") or "model"
 
 
-def prepare(cfg: FinetuneConfig, data: TaskData | None = None) -> Prepared:
+def prepare(cfg: FinetuneConfig, data: TaskData | None = None, hooks: TrainingHooks | None = None) -> Prepared:
     """Resolve the checkpoint, load and split the task (or take `data`, e.g. a planted task in a
-    test), tokenise, and claim the run folder."""
+    test), tokenise, and claim the run folder (for this config and these training hooks)."""
     from workbench.checkpoints import checkpoint_name
     from workbench.models import ModelHandle
     from workbench.paths import runs_root
@@ -746,11 +776,14 @@ def prepare(cfg: FinetuneConfig, data: TaskData | None = None) -> Prepared:
     # the folder belongs to one config: a rerun resumes it, a different config is refused
     folder.mkdir(parents=True, exist_ok=True)
     key = {"training_hash": cfg.training_hash(), "checkpoint": str(path)}
+    if hooks is not None and hooks.describe():
+        key["hooks"] = hooks.describe()
     cfg_file = folder / "config.json"
     if cfg_file.is_file():
         old = json.loads(cfg_file.read_text(encoding="utf-8"))
-        if {k: old.get(k) for k in key} != key:
-            raise ConfigError(f"{folder}: holds a fine-tuning run with another config or checkpoint; "
+        recorded = {k: old.get(k) for k in ("training_hash", "checkpoint", "hooks") if k in old or k in key}
+        if recorded != key:
+            raise ConfigError(f"{folder}: holds a fine-tuning run with another config, checkpoint or hooks; "
                               f"choose another --name or delete the folder")
     else:
         atomic_write_json(cfg_file, {**key, "config": cfg.to_dict()})
@@ -785,20 +818,21 @@ class FinetuneResult:
 
 
 def run_finetune(cfg: FinetuneConfig, store=None, on_step: Callable[[int], None] | None = None,
-                 data: TaskData | None = None) -> FinetuneResult:
+                 data: TaskData | None = None, hooks: TrainingHooks | None = None) -> FinetuneResult:
     """Fine-tune every seed of `cfg`, then write one results-store run (rows + manifest).
 
-    `data` replaces the task's own examples and split (tests plant a task in it)."""
+    `data` replaces the task's own examples and split (tests plant a task in it); `hooks` as in
+    `train_seed`."""
     import pandas as pd
 
     from workbench.results import ResultsStore
 
-    run = prepare(cfg, data)
+    run = prepare(cfg, data, hooks)
     store = store or ResultsStore()
     base_rows = baselines(run.data, run.splits) if cfg.baselines else []
     if cfg.baselines and cfg.progress:
         print(format_table(pd.DataFrame(base_rows)))
-    results = [train_seed(cfg, s, run, on_step=on_step) for s in cfg.seeds]
+    results = [train_seed(cfg, s, run, on_step=on_step, hooks=hooks) for s in cfg.seeds]
 
     common = {"model": run.model_name, "family": run.family, "probe": PROBE, "task": cfg.task}
     rows = list(base_rows)

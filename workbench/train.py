@@ -22,6 +22,11 @@ final checkpoint folder of each. What a step does:
    optimizer, scheduler, RNG states of torch/numpy/python per rank, data position (epoch, batch),
    step and tokens seen; all loadable with `torch.load(..., weights_only=True)`.
 
+Hooks: `train_from_config(..., hooks=TrainingHooks(...))` adds an after-step hook (re-apply
+pruning masks, rewind), a teacher whose outputs the loss reads (every term of the loss is logged)
+or a filter of which parameters train; the step, the optimizer and the checkpoint folder are the
+pieces of `workbench.loop`, which fine-tuning and the cloze probe's MC fine-tuning share.
+
 Resume: running the same config again continues from the latest checkpoint; on CPU the final
 weights equal an uninterrupted run's bit for bit (tests/test_train_resume.py).
 Distributed: launch with `torchrun --nproc_per_node N -m workbench.train CONFIG.yaml`; `batch_size`
@@ -56,6 +61,19 @@ from workbench.errors import CheckpointError, ConfigError, yaml_problem
 from workbench.families import get_family
 from workbench.families.base import FamilySpec
 from workbench.io import atomic_dir, atomic_write_json, atomic_write_text
+from workbench.loop import (
+    NO_HOOKS,
+    TrainingHooks,
+    adamw,
+    apply_param_filter,
+    count_trainable,
+    evaluating,
+    linear_warmup_decay,
+    loss_terms,
+    optimizer_step,
+    prepare_teacher,
+    write_model_folder,
+)
 from workbench.paths import cache_root, runs_root
 from workbench.tokenization import reuse_tokenizer, tokenizer_hash, train_tokenizer
 
@@ -87,15 +105,7 @@ def checkpoint_steps(total_steps: int, every: int | None = None, log_spaced: boo
     return sorted(steps)
 
 
-def lr_lambda_factory(warmup: int, total: int):
-    """Linear warm-up from 0 over `warmup` steps, then linear decay to 0 at `total`."""
-
-    def factor(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total - step) / max(1, total - warmup))
-
-    return factor
+lr_lambda_factory = linear_warmup_decay  # linear warm-up, then linear decay (workbench.loop)
 
 
 def check_seq_len_warmup(cfg: TrainConfig, family: FamilySpec) -> None:
@@ -255,27 +265,20 @@ def count_tokens(batch: dict) -> int:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only: biases and LayerNorm/RMSNorm weights (1-d) are exempt."""
-    decay, no_decay = [], []
-    for _, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
+    """`workbench.loop.adamw` over the parameters in name order, with the config's settings."""
+    return adamw(sorted(model.named_parameters(), key=lambda kv: kv[0]), cfg.lr, cfg.weight_decay,
+                 betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
-@torch.no_grad()
 def evaluate_heldout(model, family: FamilySpec, heldout: TokenizedCorpus, tokenizer, cfg: TrainConfig,
                      n_batches: int, device, seed: int = 1234) -> dict[str, float]:
     """Mean loss (and loss terms) on a FIXED set of held-out batches: same examples and same masks
     every time it is called, so values at different steps compare."""
     model = _unwrap(model)
-    was_training = model.training
-    model.eval()
     collate = family.make_collator(objective_settings(cfg, family), tokenizer)
     rng = np.random.default_rng(seed)
     examples = []
@@ -285,16 +288,16 @@ def evaluate_heldout(model, family: FamilySpec, heldout: TokenizedCorpus, tokeni
             break
     sums: dict[str, float] = {}
     n = 0
-    for b in range(0, len(examples) - cfg.batch_size + 1, cfg.batch_size):
-        g = torch.Generator().manual_seed(_mix_seed(seed, b))
-        batch = {k: v.to(device) for k, v in collate(examples[b : b + cfg.batch_size], g).items()}
-        with _autocast(cfg, device):
-            out = model(**batch)
-        sums["loss"] = sums.get("loss", 0.0) + float(out.loss)
-        for k, v in out.loss_terms.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-        n += 1
-    model.train(was_training)
+    with evaluating(model):
+        for b in range(0, len(examples) - cfg.batch_size + 1, cfg.batch_size):
+            g = torch.Generator().manual_seed(_mix_seed(seed, b))
+            batch = {k: v.to(device) for k, v in collate(examples[b : b + cfg.batch_size], g).items()}
+            with _autocast(cfg, device):
+                out = model(**batch)
+            sums["loss"] = sums.get("loss", 0.0) + float(out.loss)
+            for k, v in out.loss_terms.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            n += 1
     if n == 0:
         raise ConfigError(f"{cfg.source}: the held-out split yields no full batch of {cfg.batch_size} examples")
     return {k: v / n for k, v in sums.items()}
@@ -356,9 +359,9 @@ def save_checkpoint(out: Path, step: int, model, optimizer, scheduler, position:
     path = step_dir(out, step)
     if d.main:
         raw = _unwrap(model)
-        with atomic_dir(path) as tmp, _quiet_transformers():
-            raw.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+        with atomic_dir(path) as tmp:
+            write_model_folder(tmp, raw, tokenizer, {**manifest, "step": step, "tokens_seen": tokens_seen,
+                                                     "heldout": heldout, "elapsed_seconds": round(elapsed, 3)})
             state = tmp / STATE_DIR
             state.mkdir()
             torch.save({k: v for k, v in raw.state_dict().items()}, state / "model.pt")
@@ -373,27 +376,11 @@ def save_checkpoint(out: Path, step: int, model, optimizer, scheduler, position:
                 "world_size": d.world,
                 "rng": rng_states,
             }, state / "state.pt")
-            atomic_write_json(tmp / "manifest.json", {**manifest, "step": step, "tokens_seen": tokens_seen,
-                                                       "heldout": heldout, "elapsed_seconds": round(elapsed, 3)})
         for s, p in list_checkpoints(out):
             if s != step and (p / STATE_DIR).exists():
                 shutil.rmtree(p / STATE_DIR, ignore_errors=True)
     d.barrier()
     return path
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """No "Writing model shards" bar for every checkpoint (our own bar already shows progress)."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
 
 
 def load_trainer_state(path: Path) -> tuple[dict, dict, dict]:
@@ -430,20 +417,89 @@ def run_dir(cfg: TrainConfig, seed: int) -> Path:
     return seed_dir(base, seed)
 
 
-def train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None = None, d: Dist | None = None) -> Path:
+def train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None = None, d: Dist | None = None,
+               hooks: TrainingHooks | None = None) -> Path:
     """Train (or resume, or find finished) one seed's run; returns its final checkpoint folder.
 
+    `hooks` (`workbench.loop.TrainingHooks`: an after-step hook, a teacher and the loss that reads
+    it, a parameter filter) are recorded in run.json and in every checkpoint's manifest; a run
+    folder made with other hooks is refused, like one made with another config.
     torch's process-wide determinism switch is restored afterwards (the loop turns it on).
     """
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     try:
-        return _train_seed(cfg, seed, data, d)
+        return _train_seed(cfg, seed, data, d, hooks or NO_HOOKS)
     finally:
         torch.use_deterministic_algorithms(was_deterministic, warn_only=was_warn_only)
 
 
-def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist | None) -> Path:
+def claim_run_folder(cfg: TrainConfig, seed: int, out: Path, d: Dist, hooks: TrainingHooks) -> None:
+    """A run folder belongs to one config and one set of hooks: refuse to mix runs (run.json)."""
+    run_json = out / "run.json"
+    if run_json.exists():
+        prev = json.loads(run_json.read_text())
+        if prev["training_hash"] != cfg.training_hash():
+            raise ConfigError(f"{cfg.source}: output folder {out} holds a run of a different config "
+                              f"(training settings differ); choose another name/output_dir or delete it")
+        if prev.get("hooks", {}) != hooks.describe():
+            raise ConfigError(f"{cfg.source}: output folder {out} holds a run trained with other hooks "
+                              f"({prev.get('hooks', {})}, now {hooks.describe()}); choose another name/output_dir")
+    elif d.main:
+        record = {"training_hash": cfg.training_hash(), "config": cfg.to_dict(), "seed": seed}
+        if hooks.describe():
+            record["hooks"] = hooks.describe()
+        atomic_write_json(run_json, record)
+
+
+def build_model(cfg: TrainConfig, family: FamilySpec, tokenizer, seed: int, device) -> torch.nn.Module:
+    """The family's training module with the seed's initial weights (the same on every rank)."""
+    torch.manual_seed(_mix_seed(seed, 0x1417))
+    model = family.build_model(family.model_config(cfg.preset, cfg.model), tokenizer).to(device)
+    max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if max_pos is not None and max_pos < cfg.max_len:
+        raise ConfigError(f"{cfg.source}: max_len: {cfg.max_len} exceeds the model's {max_pos} positions")
+    return model
+
+
+def checkpoint_manifest(cfg: TrainConfig, family: FamilySpec, data: TrainingData, seed: int, d: Dist,
+                        trainable: dict, hooks: TrainingHooks) -> dict:
+    """What every checkpoint's manifest.json says about its run (`save_checkpoint` adds the step's
+    own numbers): family, model and objective, the corpus it read, tokenizer, seed, the config,
+    which parameters trained (`workbench.loop.count_trainable`) and the hooks, if any."""
+    from workbench.data.corpus import corpus_reference
+
+    manifest = {
+        "family": family.name,
+        "auto_class": family.auto_class,
+        "preset": cfg.preset,
+        "model_config": family.model_config(cfg.preset, cfg.model),
+        "objective": objective_settings(cfg, family),
+        "corpus": {**corpus_reference(data.corpus.dir), "split": "train",
+                   "sources": cfg.corpus.sources, "heldout_fraction": cfg.corpus.heldout_fraction,
+                   "seed": cfg.corpus.seed, "max_documents": cfg.corpus.max_documents,
+                   "train_tokens": data.train.num_tokens},
+        "tokenizer": {"kind": family.tokenizer_kind, "vocab_size": len(data.tokenizer),
+                      "sha256": tokenizer_hash(data.tokenizer)},
+        "seed": seed,
+        "total_steps": cfg.total_steps,
+        "world_size": d.world,
+        "config": cfg.to_dict(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "trainable": trainable,
+    }
+    if hooks.describe():
+        manifest["hooks"] = hooks.describe()
+    return manifest
+
+
+def pretraining_loss(out, batch) -> dict[str, torch.Tensor]:
+    """A family's own objective: its loss, then its named parts (`PretrainingOutput`)."""
+    return {"loss": out.loss, **out.loss_terms}
+
+
+def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist | None, hooks: TrainingHooks) -> Path:
+    # ---- setup: data, run folder, model, optimizer, RNG streams, resume
     family = get_family(cfg.family)
     check_seq_len_warmup(cfg, family)
     d = d or init_distributed(cfg.device)
@@ -456,15 +512,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     total = cfg.total_steps
     ckpts = checkpoint_steps(total, cfg.checkpoints.every, cfg.checkpoints.log_spaced)
 
-    # A run folder belongs to one config: refuse to mix runs, finish early if already done.
-    run_json = out / "run.json"
-    if run_json.exists():
-        prev = json.loads(run_json.read_text())
-        if prev["training_hash"] != cfg.training_hash():
-            raise ConfigError(f"{cfg.source}: output folder {out} holds a run of a different config "
-                              f"(training settings differ); choose another name/output_dir or delete it")
-    elif d.main:
-        atomic_write_json(run_json, {"training_hash": cfg.training_hash(), "config": cfg.to_dict(), "seed": seed})
+    claim_run_folder(cfg, seed, out, d, hooks)
     existing = list_checkpoints(out)
     if existing and existing[-1][0] == total:
         return existing[-1][1]
@@ -472,11 +520,8 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
 
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
-    torch.manual_seed(_mix_seed(seed, 0x1417))  # same initial weights on every rank
-    model = family.build_model(family.model_config(cfg.preset, cfg.model), tok).to(device)
-    max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if max_pos is not None and max_pos < cfg.max_len:
-        raise ConfigError(f"{cfg.source}: max_len: {cfg.max_len} exceeds the model's {max_pos} positions")
+    model = build_model(cfg, family, tok, seed, device)
+    apply_param_filter(model, hooks.trainable)  # frozen before the optimizer: it never holds them
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_factory(cfg.warmup_steps(), total))
     collate = family.make_collator(objective_settings(cfg, family), tok)
@@ -498,31 +543,13 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
         _set_rng_state(state["rng"][d.rank])
     position = DataPosition(family, data.train, cfg, seed, d, epoch, batch_index)
 
-    from workbench.data.corpus import corpus_reference
-
-    manifest = {
-        "family": family.name,
-        "auto_class": family.auto_class,
-        "preset": cfg.preset,
-        "model_config": family.model_config(cfg.preset, cfg.model),
-        "objective": objective_settings(cfg, family),
-        "corpus": {**corpus_reference(data.corpus.dir), "split": "train",
-                   "sources": cfg.corpus.sources, "heldout_fraction": cfg.corpus.heldout_fraction,
-                   "seed": cfg.corpus.seed, "max_documents": cfg.corpus.max_documents,
-                   "train_tokens": data.train.num_tokens},
-        "tokenizer": {"kind": family.tokenizer_kind, "vocab_size": len(tok), "sha256": tokenizer_hash(tok)},
-        "seed": seed,
-        "total_steps": total,
-        "world_size": d.world,
-        "config": cfg.to_dict(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-    }
-
     # Parameters the objective never trains (BERT's pooler and NSP head with objective.nsp: false)
     # are frozen after the optimizer is built (its groups, and so resuming, stay the same): they
     # would get no gradient anyway, and DDP must not wait for one.
     for p in getattr(model, "unused_parameters", lambda objective: [])(objective_settings(cfg, family)):
         p.requires_grad_(False)
+    manifest = checkpoint_manifest(cfg, family, data, seed, d, count_trainable(model, hooks.trainable), hooks)
+    prepare_teacher(hooks, device)
     train_model = model
     if d.world > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -539,20 +566,23 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     t0 = time.perf_counter()
     tokens_at_start = tokens_seen
 
+    # ---- evaluate (held-out loss of the family's own objective) and save
     def heldout_eval():
         if cfg.eval.batches <= 0:
             return None
         return evaluate_heldout(train_model, family, data.heldout, tok, cfg, cfg.eval.batches, device)
 
-    if start_step == 0 and 0 in ckpts and not (resume_from is not None and resume_from == step_dir(out, 0)):
-        heldout0 = heldout_eval()
+    def log(rec: dict) -> None:
         if d.main:
-            rec = {"step": 0, "tokens": 0, "lr": 0.0, "elapsed": 0.0}
-            rec.update({f"heldout_{k}": v for k, v in (heldout0 or {}).items()})
             log_file.write(json.dumps(rec) + "\n")
             log_file.flush()
+
+    if start_step == 0 and 0 in ckpts and not (resume_from is not None and resume_from == step_dir(out, 0)):
+        heldout0 = heldout_eval()
+        log({"step": 0, "tokens": 0, "lr": 0.0, "elapsed": 0.0, **{f"heldout_{k}": v for k, v in (heldout0 or {}).items()}})
         save_checkpoint(out, 0, train_model, optimizer, scheduler, position, 0, 0.0, manifest, tok, d, heldout0)
 
+    # ---- the steps
     bar = tqdm(total=total, initial=start_step, desc=f"{cfg.name} seed {seed}", unit="step",
                disable=not (cfg.progress and d.main), dynamic_ncols=True)
     try:
@@ -572,17 +602,11 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
                 sync = contextlib.nullcontext() if (last or d.world == 1) else train_model.no_sync()
                 with sync:
                     with _autocast(cfg, device):
-                        out_ = train_model(**batch)
-                    (out_.loss / cfg.grad_accum).backward()
-                terms["loss"] = terms.get("loss", 0.0) + float(out_.loss.detach()) / cfg.grad_accum
-                for k, v in out_.loss_terms.items():
+                        micro_terms = loss_terms(train_model, batch, hooks, pretraining_loss)
+                    (micro_terms["loss"] / cfg.grad_accum).backward()
+                for k, v in micro_terms.items():
                     terms[k] = terms.get(k, 0.0) + float(v.detach()) / cfg.grad_accum
-            if cfg.clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            lr = optimizer_step(model, optimizer, scheduler, cfg.clip, hooks, step + 1)
 
             if d.world > 1:  # log the global mean loss and the global token count
                 names = sorted(terms)
@@ -594,14 +618,13 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
             elapsed = elapsed_before + time.perf_counter() - t0
             done = step + 1
             heldout = heldout_eval() if done in ckpts else None
-            if d.main and (done % cfg.log_every == 0 or heldout is not None or done == total):
+            if done % cfg.log_every == 0 or heldout is not None or done == total:
                 rec = {"step": done, "tokens": tokens_seen, "lr": lr, **terms, "elapsed": round(elapsed, 3)}
                 if cfg.seq_len_warmup is not None:
                     rec["seq_len"] = seq_len
                 if heldout is not None:
                     rec.update({f"heldout_{k}": v for k, v in heldout.items()})
-                log_file.write(json.dumps(rec) + "\n")
-                log_file.flush()
+                log(rec)
             if done in ckpts:
                 save_checkpoint(out, done, train_model, optimizer, scheduler, position, tokens_seen, elapsed,
                                 manifest, tok, d, heldout)
@@ -615,17 +638,18 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     return step_dir(out, total)
 
 
-def train_from_config(path_or_dict, overrides: dict | None = None) -> list[Path]:
+def train_from_config(path_or_dict, overrides: dict | None = None, hooks: TrainingHooks | None = None) -> list[Path]:
     """Train every seed of a config (YAML path, dict or TrainConfig); the final checkpoint of each.
 
-    Seeds run one after the other and share the corpus, tokenizer and tokenised corpus.
+    Seeds run one after the other and share the corpus, tokenizer and tokenised corpus; `hooks`
+    as in `train_seed`.
     """
     cfg = load_config(path_or_dict, overrides)
     family = get_family(cfg.family)
     check_seq_len_warmup(cfg, family)  # before the corpus is built
     d = init_distributed(cfg.device)
     data = prepare_data(cfg, family, d)
-    return [train_seed(cfg, seed, data, d) for seed in cfg.seeds]
+    return [train_seed(cfg, seed, data, d, hooks) for seed in cfg.seeds]
 
 
 def read_log(run_folder: str | Path) -> list[dict]:

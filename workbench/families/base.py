@@ -240,7 +240,8 @@ class PretrainingWrapper(nn.Module):
 
     def forward(self, **batch) -> PretrainingOutput:
         out = self.model(**batch)
-        return PretrainingOutput(loss=out.loss, loss_terms={self.term: out.loss.detach()})
+        # the logits ride along for a loss hook that reads them (distillation, workbench.loop)
+        return PretrainingOutput(loss=out.loss, loss_terms={self.term: out.loss.detach()}, extra={"logits": out.logits})
 
     def save_pretrained(self, save_directory, **kwargs) -> None:
         self.model.save_pretrained(save_directory, **kwargs)
