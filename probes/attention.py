@@ -15,7 +15,7 @@ Two views of a row:
 - the lenient view (default): special tokens (and padding) are dropped and each row is renormalised
   over the words of its window, so every row is a distribution over words.
 
-Coreference heads (Clark et al. 2019, sec. 5): for each layer x head, how often the head word of a
+Coreference heads (Clark et al. 2019, sec. 4.3): for each layer x head, how often the head word of a
 coreferent mention attends most to the head word of one of its antecedents (their criterion, on
 their rows: the headline), and how often to any word of an antecedent (lenient: rows without
 special tokens); GAP: whether the pronoun gives more attention to the right name.
@@ -237,6 +237,7 @@ class HeadScores:
     unit: np.ndarray  # resampling unit (document / example) [N]
     baselines: dict[str, np.ndarray]  # name -> bool [N]
     counts: dict[str, int]
+    head_word: np.ndarray | None = None  # bool [N, L, heads]: GUM, an antecedent's head word on rows WITHOUT special tokens
 
 
 def gum_head_scores(handle, docs, stack: str | None = None, batch_size: int = 4, progress: bool = False,
@@ -244,19 +245,22 @@ def gum_head_scores(handle, docs, stack: str | None = None, batch_size: int = 4,
     """Clark et al. (2019) antecedent selection for every layer x head on GUM documents
     (`probes.coref_items.Document`). An item is a mention with an earlier mention of its chain
     whose words lie in the window the mention's head word is read from (the others are counted as
-    `out_of_window` and left out). Two criteria on the same forward pass:
-    - `strict` (Clark et al. 2019, sec. 5, "the head's predicted antecedent is the word it attends
-      most to; correct if it is the head of the gold antecedent"): the argmax of the head word's
-      row with [CLS]/[SEP] kept (`word_attention_rows(keep_special=True)`) is the head word of one
-      of its antecedents; a head that attends most to a special token (or to the word itself) is wrong;
-    - `correct` (lenient): the argmax of the row without special tokens, renormalised, is any word
-      of an antecedent."""
+    `out_of_window` and left out). Three criteria on the same forward pass:
+    - `strict` (Clark et al. 2019, sec. 4.3: antecedent selection accuracy, "what percent of the
+      time does the head word of a coreferent mention most attend to the head of one of that
+      mention's antecedents"): the argmax of the head word's row with [CLS]/[SEP] kept
+      (`word_attention_rows(keep_special=True)`) is the head word of one of its antecedents; a head
+      that attends most to a special token (or to the word itself) is wrong. (Their coreference
+      code was not released; their dependency evaluation, sec. 4.2, ignores [CLS]/[SEP] when taking
+      the argmax, which is `head_word` here.)
+    - `head_word`: the same on the row without special tokens, renormalised;
+    - `correct` (lenient): the argmax of the row without special tokens is any word of an antecedent."""
     from probes.coref_items import anaphoric_mentions, rule_antecedents
 
     words = [d.words for d in docs]
     ana = [anaphoric_mentions(d) for d in docs]
     queries = [[d.mentions[i].head for i in a] for d, a in zip(docs, ana)]
-    correct, strict, group, unit = [], [], [], []
+    correct, strict, head_word, group, unit = [], [], [], [], []
     base: dict[str, list] = {"nearest_mention": [], "head_match": []}
     counts = {"anaphoric_mentions": 0, "out_of_window": 0}
     for di, (rows, ranges, clark) in enumerate(attention_rows(handle, words, queries, stack, batch_size,
@@ -282,6 +286,7 @@ def gum_head_scores(handle, docs, stack: str | None = None, batch_size: int = 4,
                 ante_heads[m.head] = True
             correct.append(ante_words[best[q]])
             strict.append(ante_heads[best_clark[q]])
+            head_word.append(ante_heads[best[q]])
             group.append(d.mentions[i].mtype)
             unit.append(di)
             for name in base:
@@ -290,7 +295,7 @@ def gum_head_scores(handle, docs, stack: str | None = None, batch_size: int = 4,
     stack_ = lambda v: np.stack(v) if v else np.zeros((0, L, H), dtype=bool)  # noqa: E731
     counts["evaluated"] = len(correct)
     return HeadScores(stack_(correct), stack_(strict), np.asarray(group, dtype=object), np.asarray(unit, dtype=np.int64),
-                      {k: np.asarray(v, dtype=bool) for k, v in base.items()}, counts)
+                      {k: np.asarray(v, dtype=bool) for k, v in base.items()}, counts, stack_(head_word))
 
 
 def gap_head_scores(handle, frame, stack: str | None = None, batch_size: int = 8, progress: bool = False,

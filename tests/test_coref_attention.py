@@ -165,6 +165,10 @@ def test_planted_coreference_head_is_found(bert_tok, gum_docs):
     # a head whose largest share goes to [CLS]: wrong when special tokens stay in the row, right
     # when they are dropped and the row renormalised
     assert acc[PLANT_CLS] < 0.05 and lenient[PLANT_CLS] > 0.95
+    # the head-word criterion without special tokens separates the two: it credits the [CLS] head
+    # (its word-only row peaks on the antecedent's head word) and not the non-head head
+    head_word = s.head_word.mean(0)
+    assert head_word[PLANT] > 0.95 and head_word[PLANT_CLS] > 0.95 and head_word[PLANT_NON_HEAD] < 0.05
     assert acc[0, 0] < 0.5  # the untouched random head
     assert set(s.group) <= {"pronoun", "proper", "nominal"} and len(s.unit) == s.counts["evaluated"]
     assert len(s.baselines["nearest_mention"]) == s.counts["evaluated"]
