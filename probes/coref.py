@@ -29,11 +29,11 @@ Tasks
   coreferent mention's head word attends most to the head word of one of its antecedents, with
   [CLS]/[SEP] kept in the row (heads_strict: Clark et al.'s criterion), the same with special
   tokens dropped (heads_head_word), and to any word of an antecedent with special tokens dropped
-  (heads_all, lenient; per mention type heads_pronoun/_proper/_nominal); how often the GAP pronoun gives more attention to the right
-  name (heads_gap); rows with extra.head. Best heads are held out: chosen on GUM dev (GAP
-  validation) and reported on GUM test (GAP test): best_head_accuracy (the headline, Clark et
-  al.'s criterion; per mention type best_head_accuracy_<type>), best_head_accuracy_head_word,
-  best_head_accuracy_lenient,
+  (heads_all, lenient; per mention type heads_pronoun/_proper/_nominal); how often the GAP
+  pronoun gives more attention to the right name (heads_gap); rows with extra.head. Best heads
+  are held out: chosen on GUM dev (GAP validation) and reported on GUM test (GAP test):
+  best_head_accuracy (the headline, Clark et al.'s criterion; per mention type
+  best_head_accuracy_<type>), best_head_accuracy_head_word, best_head_accuracy_lenient,
   best_head_gap, per layer (extra.best_head, chosen_on, chosen_value) and `<metric>_overall` (the
   best layer x head, no layer). Clark et al. report on CoNLL-2012 with BERT-base: best head 65%
   (5-4, chosen on the data it is scored on), nearest mention 27%, head-word match 52%.
