@@ -232,12 +232,12 @@ class HeadScores:
     """Per evaluated item: which (layer, head) got it right, plus the rule baselines on the same items."""
 
     correct: np.ndarray  # bool [N, L, heads]: GUM lenient (any antecedent word, rows without special tokens); GAP
-    strict: np.ndarray | None  # bool [N, L, heads]: GUM, Clark et al.'s criterion (an antecedent's HEAD word, special tokens kept)
+    strict: np.ndarray | None  # bool [N, L, heads], GUM: Clark et al.'s (antecedent HEAD word, special tokens kept)
     group: np.ndarray  # item group (mention type for GUM, gender for GAP) [N]
     unit: np.ndarray  # resampling unit (document / example) [N]
     baselines: dict[str, np.ndarray]  # name -> bool [N]
     counts: dict[str, int]
-    head_word: np.ndarray | None = None  # bool [N, L, heads]: GUM, an antecedent's head word on rows WITHOUT special tokens
+    head_word: np.ndarray | None = None  # bool [N, L, heads], GUM: antecedent head word, special tokens dropped
 
 
 def gum_head_scores(handle, docs, stack: str | None = None, batch_size: int = 4, progress: bool = False,

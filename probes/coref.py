@@ -218,11 +218,12 @@ class CorefSettings(runner.Settings):
     max_train_pairs: int = field(default=10000, metadata={"help": "gum-pairs: training pairs (seeded draw of anaphors)"})
     max_train_mentions: int = field(default=20000, metadata={"help": "gum-entity-type: training mentions (seeded)"})
     max_train_documents: int | None = field(default=None, metadata={"help": "cap on GUM train documents (seeded)"})
-    max_eval_documents: int | None = field(default=None, metadata={"help": "cap on GUM eval documents (the first N)"})
+    max_eval_documents: int | None = field(default=None, metadata={
+        "help": "cap on GUM eval documents (the first N; attention-heads: of dev and of test)"})
     max_gap_examples: int | None = field(default=None, metadata={"help": "cap on each GAP split (the first N rows)"})
     early_stopping_fraction: float = field(default=0.1, metadata={"help": "GUM train documents held out for early stopping"})
     eval_split: str = field(default="dev", metadata={
-        "help": "GUM split the probes report on: dev | test (attention-heads: best heads chosen on dev, reported on test)"})
+        "help": "GUM split the probes report on: dev | test (attention-heads: heads chosen on dev, reported on test)"})
     gap_eval_split: str = field(default="test", metadata={"help": "GAP split to report on: test | validation"})
     gap_predictions_dir: str | None = field(default=None, metadata={
         "help": "where GAP submission files go (default <runs root>/coref/gap-predictions)"})
