@@ -9,14 +9,16 @@ window where it is most central (causal stacks: where it has most left context) 
 
 Word-level attention (Clark et al. 2019, "What does BERT look at?", sec. 2): attention TO a word
 split into several pieces is the SUM over its pieces, attention FROM it the MEAN over its pieces.
-Special tokens ([CLS], [SEP], <s>, </s>, padding) are dropped and each row is renormalised over the
-remaining words, so every word's row is a distribution over the words of its window. (Clark et al.
-keep [CLS]/[SEP] as tokens of their own; we drop them because a coreference head is judged by
-which WORD it picks.)
+Two views of a row:
+- Clark et al.'s (`keep_special=True`): [CLS], [SEP] (<s>, </s>) stay tokens of their own, nothing
+  is renormalised; a head that attends most to [SEP] (as many do, their sec. 3) picks no word.
+- the lenient view (default): special tokens (and padding) are dropped and each row is renormalised
+  over the words of its window, so every row is a distribution over words.
 
-Coreference heads (Clark et al. 2019, sec. 5): for each layer x head, how often the head word of a
-coreferent mention attends most to (a word of) one of its antecedents; GAP: whether the pronoun
-gives more attention to the right name.
+Coreference heads (Clark et al. 2019, sec. 4.3): for each layer x head, how often the head word of a
+coreferent mention attends most to the head word of one of its antecedents (their criterion, on
+their rows: the headline), and how often to any word of an antecedent (lenient: rows without
+special tokens); GAP: whether the pronoun gives more attention to the right name.
 """
 
 from __future__ import annotations
@@ -97,22 +99,35 @@ def word_attention(att: torch.Tensor, word_ids: torch.Tensor, n_words: int) -> t
     return from_words / pieces.clamp_min(1)[:, None, :, None]
 
 
-def word_attention_rows(att: torch.Tensor, word_ids: torch.Tensor, n_words: int, queries: torch.Tensor) -> torch.Tensor:
+def word_attention_rows(att: torch.Tensor, word_ids: torch.Tensor, n_words: int, queries: torch.Tensor,
+                        keep_special: bool = False) -> torch.Tensor:
     """The rows of `word_attention(att[None], word_ids[None], n_words)[0]` for the query words only:
     att [heads, T, T] of one sequence -> [heads, n_queries, n_words]. Only the query words' pieces
-    are converted, so a long window costs O(pieces x T), not O(T x T x n_words)."""
+    are converted, so a long window costs O(pieces x T), not O(T x T x n_words).
+
+    `keep_special=True` gives Clark et al.'s rows instead, [heads, n_queries, n_words + 1]: the
+    attention to each word (summed over its pieces, averaged over the query's pieces) NOT
+    renormalised, and in the last column the largest attention any one special token gets (each
+    special token is a word of its own in their matrix; for an argmax only the largest matters)."""
     valid = word_ids >= 0
     onehot = torch.zeros(att.shape[-1], n_words, dtype=att.dtype, device=att.device)
     t_idx = valid.nonzero(as_tuple=True)[0]
     onehot[t_idx, word_ids[t_idx]] = 1.0
-    out = torch.zeros(att.shape[0], len(queries), n_words, dtype=att.dtype, device=att.device)
+    special = (~valid).nonzero(as_tuple=True)[0]  # padding gets ~0 attention: harmless in a max
+    out = torch.zeros(att.shape[0], len(queries), n_words + int(keep_special), dtype=att.dtype, device=att.device)
     for k, q in enumerate(queries.tolist()):
         rows = (word_ids == q).nonzero(as_tuple=True)[0]
         if len(rows) == 0:
             continue
-        to_words = att[:, rows, :] @ onehot  # [heads, pieces, n]
-        to_words = to_words / to_words.sum(-1, keepdim=True).clamp_min(1e-12)
-        out[:, k] = to_words.mean(1)
+        piece_rows = att[:, rows, :]  # [heads, pieces, T]
+        to_words = piece_rows @ onehot  # [heads, pieces, n]
+        if keep_special:
+            out[:, k, :n_words] = to_words.mean(1)
+            if len(special):
+                out[:, k, n_words] = piece_rows[:, :, special].mean(1).amax(-1)
+        else:
+            to_words = to_words / to_words.sum(-1, keepdim=True).clamp_min(1e-12)
+            out[:, k] = to_words.mean(1)
     return out
 
 
@@ -126,13 +141,16 @@ class _Segment:
 
 def attention_rows(handle, docs: Sequence[Sequence[str]], queries: Sequence[Sequence[int]], stack: str | None = None,
                    batch_size: int = 4, stride: int | None = None, progress: bool = False,
-                   stats: dict | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                   stats: dict | None = None, clark_rows: bool = False) -> Iterator[tuple[np.ndarray, ...]]:
     """For each document, the word-level attention rows of its query words, every layer and head.
 
     Yields (rows [n_queries, L, heads, n_doc_words] float32, ranges [n_queries, 2]) per document in
     order: row q is read from the home window of word queries[q] (zeros outside that window, whose
-    words are ranges[q]). Only windows that hold a query's home are run. `stats` (a dict) gets
-    windows run, words in them and seconds spent in the forward passes and conversion.
+    words are ranges[q]). Only windows that hold a query's home are run. With `clark_rows` a third
+    item, Clark et al.'s rows of the same forward pass [n_queries, L, heads, n_doc_words + 1]
+    (special tokens kept, their largest share in the last column; `word_attention_rows`).
+    `stats` (a dict) gets windows run, words in them and seconds spent in the forward passes and
+    conversion.
     """
     stack = stack or handle.stacks[0]
     if stack not in handle.stacks:
@@ -147,13 +165,13 @@ def attention_rows(handle, docs: Sequence[Sequence[str]], queries: Sequence[Sequ
         ids = range(c0, min(len(docs), c0 + chunk))
         plans = {i: document_windows(handle, docs[i], stack, stride) for i in ids}
         segments: list[_Segment] = []
-        results: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        results: dict[int, tuple] = {}
         for i in ids:
             q = np.asarray(queries[i], dtype=np.int64)
             if len(q) and (q.min() < 0 or q.max() >= len(docs[i])):
                 raise ConfigError(f"document {i}: query word outside 0..{len(docs[i]) - 1}")
             home = plans[i].home[q] if len(q) else q
-            results[i] = (None, plans[i].ranges[home] if len(q) else np.zeros((0, 2), dtype=np.int64))
+            results[i] = (None, plans[i].ranges[home] if len(q) else np.zeros((0, 2), dtype=np.int64), None)
             for k in np.unique(home):
                 w0, w1 = plans[i].ranges[k]
                 segments.append(_Segment(i, int(w0), int(w1), np.flatnonzero(home == k)))
@@ -165,27 +183,33 @@ def attention_rows(handle, docs: Sequence[Sequence[str]], queries: Sequence[Sequ
             layers = out.attentions[stack]
             wids = out.word_ids[stack]
             for b, s in enumerate(batch):
-                rows, ranges = results[s.doc]
+                rows, ranges, clark = results[s.doc]
                 if rows is None:
-                    rows = np.zeros((len(queries[s.doc]), len(layers), layers[0].shape[1], len(docs[s.doc])),
-                                    dtype=np.float32)
-                    results[s.doc] = (rows, ranges)
+                    shape = (len(queries[s.doc]), len(layers), layers[0].shape[1], len(docs[s.doc]))
+                    rows = np.zeros(shape, dtype=np.float32)
+                    clark = np.zeros(shape[:-1] + (shape[-1] + 1,), dtype=np.float32) if clark_rows else None
+                    results[s.doc] = (rows, ranges, clark)
                 local = np.asarray(queries[s.doc], dtype=np.int64)[s.queries] - s.w0
                 n = s.w1 - s.w0
                 local_t = torch.as_tensor(local, device=layers[0].device)
                 block = torch.stack([word_attention_rows(a[b].float(), wids[b], n, local_t) for a in layers])
-                block = block.permute(2, 0, 1, 3)  # [q, L, heads, n]
-                rows[s.queries, :, :, s.w0: s.w1] = block.cpu().numpy()
+                rows[s.queries, :, :, s.w0: s.w1] = block.permute(2, 0, 1, 3).cpu().numpy()  # [q, L, heads, n]
+                if clark_rows:
+                    block = torch.stack([word_attention_rows(a[b].float(), wids[b], n, local_t, keep_special=True)
+                                         for a in layers]).permute(2, 0, 1, 3).cpu().numpy()
+                    clark[s.queries, :, :, s.w0: s.w1] = block[..., :n]
+                    clark[s.queries, :, :, -1] = block[..., n]
             if stats is not None:
                 stats["windows"] = stats.get("windows", 0) + len(batch)
                 stats["window_words"] = stats.get("window_words", 0) + sum(s.w1 - s.w0 for s in batch)
                 stats["seconds"] = stats.get("seconds", 0.0) + time.perf_counter() - t0
         for i in ids:
-            rows, ranges = results[i]
+            rows, ranges, clark = results[i]
             if rows is None:  # no queries in this document
                 L = handle.num_layers[stack]
                 rows = np.zeros((0, L, _num_heads(handle), len(docs[i])), dtype=np.float32)
-            yield rows, ranges
+                clark = np.zeros((0, L, _num_heads(handle), len(docs[i]) + 1), dtype=np.float32)
+            yield (rows, ranges, clark) if clark_rows else (rows, ranges)
             if bar is not None:
                 bar.update(1)
     if bar is not None:
@@ -207,12 +231,13 @@ def _num_heads(handle) -> int:
 class HeadScores:
     """Per evaluated item: which (layer, head) got it right, plus the rule baselines on the same items."""
 
-    correct: np.ndarray  # bool [N, L, heads]
-    strict: np.ndarray | None  # bool [N, L, heads]: most-attended word is an antecedent's HEAD word (GUM)
+    correct: np.ndarray  # bool [N, L, heads]: GUM lenient (any antecedent word, rows without special tokens); GAP
+    strict: np.ndarray | None  # bool [N, L, heads], GUM: Clark et al.'s (antecedent HEAD word, special tokens kept)
     group: np.ndarray  # item group (mention type for GUM, gender for GAP) [N]
     unit: np.ndarray  # resampling unit (document / example) [N]
     baselines: dict[str, np.ndarray]  # name -> bool [N]
     counts: dict[str, int]
+    head_word: np.ndarray | None = None  # bool [N, L, heads], GUM: antecedent head word, special tokens dropped
 
 
 def gum_head_scores(handle, docs, stack: str | None = None, batch_size: int = 4, progress: bool = False,
@@ -220,24 +245,33 @@ def gum_head_scores(handle, docs, stack: str | None = None, batch_size: int = 4,
     """Clark et al. (2019) antecedent selection for every layer x head on GUM documents
     (`probes.coref_items.Document`). An item is a mention with an earlier mention of its chain
     whose words lie in the window the mention's head word is read from (the others are counted as
-    `out_of_window` and left out); it is right when the word its head word attends to most (self
-    included) belongs to an antecedent (`strict`: is an antecedent's head word)."""
+    `out_of_window` and left out). Three criteria on the same forward pass:
+    - `strict` (Clark et al. 2019, sec. 4.3: antecedent selection accuracy, "what percent of the
+      time does the head word of a coreferent mention most attend to the head of one of that
+      mention's antecedents"): the argmax of the head word's row with [CLS]/[SEP] kept
+      (`word_attention_rows(keep_special=True)`) is the head word of one of its antecedents; a head
+      that attends most to a special token (or to the word itself) is wrong. (Their coreference
+      code was not released; their dependency evaluation, sec. 4.2, ignores [CLS]/[SEP] when taking
+      the argmax, which is `head_word` here.)
+    - `head_word`: the same on the row without special tokens, renormalised;
+    - `correct` (lenient): the argmax of the row without special tokens is any word of an antecedent."""
     from probes.coref_items import anaphoric_mentions, rule_antecedents
 
     words = [d.words for d in docs]
     ana = [anaphoric_mentions(d) for d in docs]
     queries = [[d.mentions[i].head for i in a] for d, a in zip(docs, ana)]
-    correct, strict, group, unit = [], [], [], []
+    correct, strict, head_word, group, unit = [], [], [], [], []
     base: dict[str, list] = {"nearest_mention": [], "head_match": []}
     counts = {"anaphoric_mentions": 0, "out_of_window": 0}
-    for di, (rows, ranges) in enumerate(attention_rows(handle, words, queries, stack, batch_size, progress=progress,
-                                                       stats=stats)):
+    for di, (rows, ranges, clark) in enumerate(attention_rows(handle, words, queries, stack, batch_size,
+                                                              progress=progress, stats=stats, clark_rows=True)):
         d = docs[di]
         rules = rule_antecedents(d)
         antecedents = d.antecedents
         if len(rows) == 0:
             continue
         best = rows.argmax(-1)  # [q, L, heads]
+        best_clark = clark.argmax(-1)  # the last column (a special token) is no word of the document
         for q, i in enumerate(ana[di]):
             counts["anaphoric_mentions"] += 1
             w0, w1 = ranges[q]
@@ -246,12 +280,13 @@ def gum_head_scores(handle, docs, stack: str | None = None, batch_size: int = 4,
                 counts["out_of_window"] += 1
                 continue
             ante_words = np.zeros(len(d.words), dtype=bool)
-            ante_heads = np.zeros(len(d.words), dtype=bool)
+            ante_heads = np.zeros(len(d.words) + 1, dtype=bool)  # + the special-token column
             for m in spans:
                 ante_words[m.start: m.end + 1] = True
                 ante_heads[m.head] = True
             correct.append(ante_words[best[q]])
-            strict.append(ante_heads[best[q]])
+            strict.append(ante_heads[best_clark[q]])
+            head_word.append(ante_heads[best[q]])
             group.append(d.mentions[i].mtype)
             unit.append(di)
             for name in base:
@@ -260,7 +295,7 @@ def gum_head_scores(handle, docs, stack: str | None = None, batch_size: int = 4,
     stack_ = lambda v: np.stack(v) if v else np.zeros((0, L, H), dtype=bool)  # noqa: E731
     counts["evaluated"] = len(correct)
     return HeadScores(stack_(correct), stack_(strict), np.asarray(group, dtype=object), np.asarray(unit, dtype=np.int64),
-                      {k: np.asarray(v, dtype=bool) for k, v in base.items()}, counts)
+                      {k: np.asarray(v, dtype=bool) for k, v in base.items()}, counts, stack_(head_word))
 
 
 def gap_head_scores(handle, frame, stack: str | None = None, batch_size: int = 8, progress: bool = False,

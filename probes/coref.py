@@ -25,13 +25,18 @@ Tasks
   f1_feminine, bias (F/M). Every layer's predictions are written in GAP's submission format under
   `gap_predictions_dir` (listed in `notes.gap_predictions`). The paper's best surface baseline,
   Parallelism, scored 66.9 overall F1 on the snippet-context test set (extra.paper_parallelism_f1).
-- `attention-heads` (Clark et al. 2019): for every layer x head, how often a coreferent GUM
-  mention's head word attends most to a word of one of its antecedents (heads_all; per mention
-  type heads_pronoun/_proper/_nominal; heads_strict: to an antecedent's head word) and how often
-  the GAP pronoun gives more attention to the right name (heads_gap), stored as rows with
-  extra.head; the best head per layer as best_head_accuracy / best_head_gap (extra.best_head).
-  Clark et al. report on CoNLL-2012 with BERT-base: best head 65% (5-4), nearest mention 27%,
-  head-word match 52%.
+- `attention-heads` (Clark et al. 2019): for every layer x head on GUM test, how often a
+  coreferent mention's head word attends most to the head word of one of its antecedents, with
+  [CLS]/[SEP] kept in the row (heads_strict: Clark et al.'s criterion), the same with special
+  tokens dropped (heads_head_word), and to any word of an antecedent with special tokens dropped
+  (heads_all, lenient; per mention type heads_pronoun/_proper/_nominal); how often the GAP
+  pronoun gives more attention to the right name (heads_gap); rows with extra.head. Best heads
+  are held out: chosen on GUM dev (GAP validation) and reported on GUM test (GAP test):
+  best_head_accuracy (the headline, Clark et al.'s criterion; per mention type
+  best_head_accuracy_<type>), best_head_accuracy_head_word, best_head_accuracy_lenient,
+  best_head_gap, per layer (extra.best_head, chosen_on, chosen_value) and `<metric>_overall` (the
+  best layer x head, no layer). Clark et al. report on CoNLL-2012 with BERT-base: best head 65%
+  (5-4, chosen on the data it is scored on), nearest mention 27%, head-word match 52%.
 - `gap-cloze`: with the model's own LM head, the pronoun of each GAP test snippet is masked and
   he/his/him are compared with she/her (log-sum-exp per gender): the share of snippets where the
   model prefers the feminine forms, per gold gender (a bias view). Models without an LM head give
@@ -40,7 +45,8 @@ Tasks
 Baselines (`baselines=`): majority, control (Hewitt & Liang 2019: labels drawn per type, the type
 being the head word(s)), rules (string match, head-word match, nearest mention; for GAP nearest
 name and a subject-name rule, see `probes.coref_items`), random_init (the runner's twin).
-Confidence intervals: 95% percentile bootstrap over documents (GUM) or examples (GAP).
+Confidence intervals: 95% percentile bootstrap over documents (GUM) or examples (GAP), every metric
+(AUC included) on the same `n_boot` resamples (`probes.core.statistics`).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import numpy as np
 import pandas as pd
 
 from probes import depth, engine, runner
+from probes.core.statistics import auc, auc_bootstrap, percentile_interval, ratio_bootstrap, resample_counts
 from probes.coref_items import (Document, Pairs, antecedent_correct, baseline_pair_predictions, gap_decisions,
                                 gap_nearest_name, gap_subject_name, gum_documents, mention_pairs)
 from probes.gap_scorer import FEMININE, MASCULINE, pronoun_gender, write_submission
@@ -67,6 +74,12 @@ SPANS = ("mean+head", "mean", "head")
 GAP_LABELS = ("A", "B", "NEITHER")
 PAPER_PARALLELISM_F1 = 0.669  # Webster et al. (2018), Table 5: Parallelism, snippet-context, test overall F1
 MENTION_TYPES = ("pronoun", "proper", "nominal")
+HEADS_SELECT_SPLIT, HEADS_REPORT_SPLIT = "dev", "test"  # GUM: a best head is chosen on dev, reported on test
+HEAD_CRITERIA = {  # metric -> what a head must attend to most (per layer; `_overall` adds the best layer x head)
+    "best_head_accuracy": "clark2019: an antecedent's head word, special tokens kept",
+    "best_head_accuracy_head_word": "an antecedent's head word, special tokens dropped and rows renormalised",
+    "best_head_accuracy_lenient": "any word of an antecedent, special tokens dropped and rows renormalised",
+}
 
 
 # --------------------------------------------------------------------------- lazy feature views
@@ -137,80 +150,19 @@ def binary_scores(logits: np.ndarray) -> np.ndarray:
     return logits[..., 1] - logits[..., 0]
 
 
-def auc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None) -> float:
-    """ROC AUC = P(score of a positive > score of a negative), ties counted half (Mann-Whitney),
-    with optional per-item weights (bootstrap multiplicities)."""
-    scores = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(labels).astype(bool)
-    w = np.ones(len(scores)) if weights is None else np.asarray(weights, dtype=np.float64)
-    order = np.argsort(scores, kind="mergesort")
-    s, yy, ww = scores[order], y[order], w[order]
-    wn = np.where(~yy, ww, 0.0)
-    wp = np.where(yy, ww, 0.0)
-    # group ties: negatives strictly below + half of tied negatives
-    uniq, start = np.unique(s, return_index=True)
-    grp = np.searchsorted(uniq, s)
-    neg_per = np.bincount(grp, weights=wn, minlength=len(uniq))
-    pos_per = np.bincount(grp, weights=wp, minlength=len(uniq))
-    below = np.cumsum(neg_per) - neg_per
-    total = wp.sum() * wn.sum()
-    return float((pos_per * (below + 0.5 * neg_per)).sum() / total) if total > 0 else float("nan")
-
-
-def auc_ci(scores: np.ndarray, labels: np.ndarray, units: np.ndarray, n_boot: int, seed: int, alpha: float = 0.05,
-           return_boot: bool = False):
-    """AUC with a percentile bootstrap over units (documents): each resample weights items by how
-    often their unit was drawn (the same resamples for every call with the same seed and units,
-    so per-layer calls give paired replicates; `return_boot` adds them, [n_boot])."""
-    _, inv = np.unique(units, return_inverse=True)
-    s = int(inv.max()) + 1 if len(inv) else 0
-    rng = np.random.default_rng(seed)
-    counts = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot) if s else np.zeros((n_boot, 0))
-    boot = np.array([auc(scores, labels, c[inv]) for c in counts])
-    out = auc(scores, labels), float(np.nanquantile(boot, alpha / 2)), float(np.nanquantile(boot, 1 - alpha / 2))
-    return (*out, boot) if return_boot else out
-
-
-def ratio_ci(num: np.ndarray, den: np.ndarray, units: np.ndarray, n_boot: int, seed: int, return_boot: bool = False):
-    """sum(num)/sum(den) over items ([..., N]) with a bootstrap over units -> (point, low, high) [...]
-    (+ the replicates [n_boot, ...] with `return_boot`: the same resamples for every row)."""
-    _, inv = np.unique(units, return_inverse=True)
-    s = int(inv.max()) + 1 if len(inv) else 0
-    num = np.asarray(num, dtype=np.float64)
-    den = np.broadcast_to(np.asarray(den, dtype=np.float64), num.shape)
-    lead = num.shape[:-1]
-    flat_n, flat_d = num.reshape(-1, num.shape[-1]), den.reshape(-1, den.shape[-1])
-    # numerator and denominator resampled together: one bootstrap of the ratio, the same resamples
-    # for every row (so replicates pair across layers)
-    counts = np.random.default_rng(seed).multinomial(s, np.full(s, 1.0 / s), size=n_boot).astype(np.float64)
-    pts, los, his, boots = [], [], [], []
-    for r in range(flat_n.shape[0]):
-        pn = engine.per_sentence_sums(flat_n[r], inv, s)
-        pd_ = engine.per_sentence_sums(flat_d[r], inv, s)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            boot = (counts @ pn) / (counts @ pd_)
-            pts.append(pn.sum() / pd_.sum() if pd_.sum() else float("nan"))
-        boots.append(boot)
-        los.append(np.nanquantile(boot, 0.025) if np.isfinite(boot).any() else float("nan"))
-        his.append(np.nanquantile(boot, 0.975) if np.isfinite(boot).any() else float("nan"))
-    shape = lambda v: np.asarray(v).reshape(lead)  # noqa: E731
-    if return_boot:
-        return shape(pts), shape(los), shape(his), np.asarray(boots).T.reshape(n_boot, *lead)
-    return shape(pts), shape(los), shape(his)
-
-
 def pair_metrics(pred: np.ndarray, scores: np.ndarray, pairs: Pairs, n_boot: int, seed: int,
                  require_positive: float | None = None, return_boot: bool = False) -> tuple[dict, ...]:
     """accuracy, f1, auc, antecedent_accuracy per row of pred/scores ([R, P]) with document-bootstrap CIs
-    (+ {auc, antecedent_accuracy: replicates [B, R]} with `return_boot`; AUC has n_boot // 5 of them)."""
+    (`probes.core.statistics`: every metric on the same `n_boot` document resamples)
+    (+ {auc, antecedent_accuracy: replicates [n_boot, R]} with `return_boot`)."""
     y = pairs.label.astype(bool)
     pred = np.asarray(pred, dtype=bool)
     tp, fp, fn = pred & y, pred & ~y, ~pred & y
-    acc = ratio_ci((pred == y).astype(float), np.ones(len(y)), pairs.doc, n_boot, seed)
-    f1 = ratio_ci(2 * tp.astype(float), (2 * tp + fp + fn).astype(float), pairs.doc, n_boot, seed)
-    aucs = [auc_ci(s, y, pairs.doc, max(1, n_boot // 5), seed, return_boot=True) for s in scores]  # the slow one
+    acc = ratio_bootstrap((pred == y).astype(float), None, pairs.doc, n_boot, seed)
+    f1 = ratio_bootstrap(2 * tp.astype(float), (2 * tp + fp + fn).astype(float), pairs.doc, n_boot, seed)
+    aucs = [auc_bootstrap(s, y, pairs.doc, n_boot, seed, return_boot=True) for s in scores]
     correct, adoc = antecedent_correct(scores, pairs, require_positive)
-    ante = ratio_ci(correct.astype(float), np.ones(correct.shape[-1]), adoc, n_boot, seed, return_boot=True)
+    ante = ratio_bootstrap(correct.astype(float), None, adoc, n_boot, seed, return_boot=True)
     metrics = {"accuracy": acc[0], "f1": f1[0], "auc": np.array([a[0] for a in aucs]), "antecedent_accuracy": ante[0]}
     cis = {"accuracy": acc[1:], "f1": f1[1:], "auc": (np.array([a[1] for a in aucs]), np.array([a[2] for a in aucs])),
            "antecedent_accuracy": ante[1:3]}
@@ -223,12 +175,13 @@ def gap_scores_ci(pred_a: np.ndarray, pred_b: np.ndarray, gold_a, gold_b, gender
                   return_boot: bool = False) -> dict:
     """GAP F1 overall/M/F and bias F/M per row of pred_a/pred_b ([R, N] bool) with an example bootstrap.
     Returns name -> (point [R], low [R], high [R]) (+ replicates [n_boot, R] with `return_boot`, the
-    same resamples for every row). Equals `gap_scorer.score_gap` (no missing rows)."""
+    same resamples for every row). Equals `gap_scorer.score_gap` (no missing rows). The resamples
+    are `probes.core.statistics.resample_counts` over examples (GAP snippets are independent), so
+    they are the ones every other example-level CI of the same seed draws."""
     ga, gb = np.asarray(gold_a, bool), np.asarray(gold_b, bool)
     genders = np.asarray(genders)
     n = len(ga)
-    rng = np.random.default_rng(seed)
-    counts = np.vstack([np.ones(n), rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot)])  # row 0 = the data
+    counts = np.vstack([np.ones((1, n)), *resample_counts(n, n_boot, seed)])  # row 0 = the data
     out: dict[str, list] = {k: [] for k in ("f1", "f1_masculine", "f1_feminine", "bias")}
     for pa, pb in zip(np.asarray(pred_a, bool), np.asarray(pred_b, bool)):
         tp = (pa & ga).astype(float) + (pb & gb)
@@ -246,7 +199,7 @@ def gap_scores_ci(pred_a: np.ndarray, pred_b: np.ndarray, gold_a, gold_b, gender
                 f1s["f1_masculine"] > 0, f1s["f1_masculine"], 1), np.nan)
         for k, v in f1s.items():
             boot = v[1:]
-            out[k].append((v[0], np.nanquantile(boot, 0.025), np.nanquantile(boot, 0.975), boot))
+            out[k].append((v[0], *percentile_interval(boot), boot))
     res = {k: tuple(np.array(x) for x in zip(*v)) for k, v in out.items()}  # boot: [R, B]
     return {k: (p, lo, hi, b.T) if return_boot else (p, lo, hi) for k, (p, lo, hi, b) in res.items()}
 
@@ -265,10 +218,12 @@ class CorefSettings(runner.Settings):
     max_train_pairs: int = field(default=10000, metadata={"help": "gum-pairs: training pairs (seeded draw of anaphors)"})
     max_train_mentions: int = field(default=20000, metadata={"help": "gum-entity-type: training mentions (seeded)"})
     max_train_documents: int | None = field(default=None, metadata={"help": "cap on GUM train documents (seeded)"})
-    max_eval_documents: int | None = field(default=None, metadata={"help": "cap on GUM eval documents (the first N)"})
+    max_eval_documents: int | None = field(default=None, metadata={
+        "help": "cap on GUM eval documents (the first N; attention-heads: of dev and of test)"})
     max_gap_examples: int | None = field(default=None, metadata={"help": "cap on each GAP split (the first N rows)"})
     early_stopping_fraction: float = field(default=0.1, metadata={"help": "GUM train documents held out for early stopping"})
-    eval_split: str = field(default="dev", metadata={"help": "GUM split to report on: dev | test"})
+    eval_split: str = field(default="dev", metadata={
+        "help": "GUM split the probes report on: dev | test (attention-heads: heads chosen on dev, reported on test)"})
     gap_eval_split: str = field(default="test", metadata={"help": "GAP split to report on: test | validation"})
     gap_predictions_dir: str | None = field(default=None, metadata={
         "help": "where GAP submission files go (default <runs root>/coref/gap-predictions)"})
@@ -317,6 +272,7 @@ class CorefData:
     fit: list[Document] = field(default_factory=list)  # GUM train documents the probes are fitted on
     stop: list[Document] = field(default_factory=list)  # GUM train documents for early stopping
     eval: list[Document] = field(default_factory=list)  # GUM eval-split documents
+    heads: dict[str, list[Document]] = field(default_factory=dict)  # attention-heads: GUM dev (select), test (report)
     gap: dict[str, pd.DataFrame] = field(default_factory=dict)  # development / validation / <eval>
     keys: dict[str, str] = field(default_factory=dict)  # activation-cache keys
 
@@ -333,7 +289,8 @@ def prepare(settings: CorefSettings) -> runner.Prepared:
     data, files, notes = CorefData(), [], {"document_context": {}, "extraction": {}, "items": {}}
     if set(s.tasks) & set(GUM_TASKS):
         needs_train = bool(set(s.tasks) & {"gum-pairs", "gum-entity-type"})
-        splits = (["train"] if needs_train else []) + [s.eval_split]
+        heads_splits = (HEADS_SELECT_SPLIT, HEADS_REPORT_SPLIT) if "attention-heads" in s.tasks else ()
+        splits = list(dict.fromkeys((["train"] if needs_train else []) + [s.eval_split, *heads_splits]))
         docs = {}
         for split in splits:
             sents = load_treebank("en_gum", split)
@@ -341,6 +298,7 @@ def prepare(settings: CorefSettings) -> runner.Prepared:
             docs[split] = gum_documents(sents, mentions)
             files.append(treebank_path("en_gum", split))
         data.eval = docs[s.eval_split][: s.max_eval_documents]
+        data.heads = {split: docs[split][: s.max_eval_documents] for split in heads_splits}
         data.keys["eval"] = f"en_gum-{s.eval_split}-documents" + (
             f"-first{s.max_eval_documents}" if s.max_eval_documents else "")
         if needs_train:
@@ -356,7 +314,10 @@ def prepare(settings: CorefSettings) -> runner.Prepared:
             data.keys["fit"] = f"en_gum-train-documents-fit{tag}-seed{s.seed}-f{s.early_stopping_fraction}"
             data.keys["stop"] = f"en_gum-train-documents-stop{tag}-seed{s.seed}-f{s.early_stopping_fraction}"
         notes["splits"] = {"gum_fit_documents": len(data.fit), "gum_stop_documents": len(data.stop),
-                           "gum_eval": s.eval_split, "gum_eval_documents": len(data.eval)}
+                           "gum_eval": s.eval_split, "gum_eval_documents": len(data.eval),
+                           **({"attention_heads": {"select": HEADS_SELECT_SPLIT, "report": HEADS_REPORT_SPLIT,
+                                                   "documents": {k: len(v) for k, v in data.heads.items()}}}
+                              if data.heads else {})}
     if set(s.tasks) & set(GAP_TASKS):
         for split in ("development", "validation", s.gap_eval_split):
             if split not in data.gap:
@@ -549,7 +510,7 @@ def _gum_entity_type(unit, prepared, settings: CorefSettings) -> list[pd.DataFra
     cfg = _probe_cfg(s, lb)
     res = engine.fit_probe(x_fit, y["fit"][take], x_stop, y["stop"], num_classes=c + 1, config=cfg)
     correct = _predict_chunked(res, x_ev).argmax(-1) == y["eval"][None]
-    acc = ratio_ci(correct.astype(float), np.ones(correct.shape[1]), docs_of["eval"], s.n_boot, s.seed, return_boot=True)
+    acc = ratio_bootstrap(correct.astype(float), None, docs_of["eval"], s.n_boot, s.seed, return_boot=True)
     metrics = {"train_accuracy": res.train_accuracy}
     cis = {}
     if "control" in s.baselines:
@@ -557,8 +518,8 @@ def _gum_entity_type(unit, prepared, settings: CorefSettings) -> list[pd.DataFra
         ctrl = {k: engine.control_labels(types[k], engine.label_distribution(y["fit"][take], c), s.seed) for k in acts}
         cres = engine.fit_probe(x_fit, ctrl["fit"][take], x_stop, ctrl["stop"], num_classes=c, config=cfg)
         ccorrect = _predict_chunked(cres, x_ev).argmax(-1) == ctrl["eval"][None]
-        cacc = ratio_ci(ccorrect.astype(float), np.ones(ccorrect.shape[1]), docs_of["eval"], s.n_boot, s.seed)
-        sel = ratio_ci(correct.astype(float) - ccorrect, np.ones(ccorrect.shape[1]), docs_of["eval"], s.n_boot, s.seed)
+        cacc = ratio_bootstrap(ccorrect.astype(float), None, docs_of["eval"], s.n_boot, s.seed)
+        sel = ratio_bootstrap(correct.astype(float) - ccorrect, None, docs_of["eval"], s.n_boot, s.seed)
         metrics.update({"control_accuracy": cacc[0], "selectivity": sel[0]})
         cis.update({"control_accuracy": cacc[1:], "selectivity": sel[1:]})
     extra = {"span": s.span, "pooling": s.pooling, "n_train": int(len(take)), "num_classes": c, "probe_seed": s.seed}
@@ -609,8 +570,7 @@ def _gap(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
                            return_boot=True)
     f1_boot = scores["f1"][3]
     scores = {k: v[:3] for k, v in scores.items()}
-    acc = ratio_ci((pred == lab[s.gap_eval_split][None]).astype(float), np.ones(len(ev)), np.arange(len(ev)),
-                   s.n_boot, s.seed)
+    acc = ratio_bootstrap((pred == lab[s.gap_eval_split][None]).astype(float), None, None, s.n_boot, s.seed)
     metrics = {k: v[0] for k, v in scores.items()}
     metrics.update({"accuracy": acc[0], "train_accuracy": res.train_accuracy})
     cis = {k: v[1:] for k, v in scores.items()}
@@ -652,64 +612,112 @@ def _per_layer_rows(unit, task, metrics, split, n, ci, extras) -> list[pd.DataFr
             for i, ex in enumerate(extras)]
 
 
+def gap_heads_select_split(settings: CorefSettings) -> str:
+    """The GAP split a best head is chosen on: never the one it is reported on."""
+    return "validation" if settings.gap_eval_split == "test" else "development"
+
+
+def choose_heads(select: np.ndarray) -> tuple[np.ndarray, tuple[int, int], np.ndarray]:
+    """Best heads on the selection data `select` (bool [N, L, heads], per item whether a head is
+    right): (best head per layer [L], best (layer, head) overall, accuracy [L, heads]). Ties go to
+    the lowest head."""
+    acc = select.mean(0) if len(select) else np.zeros(select.shape[1:])
+    layer, head = np.unravel_index(int(acc.argmax()), acc.shape)
+    return acc.argmax(1), (int(layer), int(head)), acc
+
+
+def best_head_rows(unit, metric: str, select: np.ndarray, report: np.ndarray, units: np.ndarray, settings, *,
+                   split: str, chosen_on: str, extra: dict, by_group: dict[str, np.ndarray] | None = None
+                   ) -> list[pd.DataFrame]:
+    """Held-out best heads: chosen on `select` ([N_sel, L, heads], the selection split `chosen_on`),
+    scored on `report` ([N, L, heads], `split`) with a bootstrap over `units` (documents/examples).
+    Rows: `metric` per layer 1..L (extra.best_head, chosen_on, chosen_value = its accuracy where it
+    was chosen), `metric`_<group> on the same heads for each mask of `by_group`, and `metric`_overall
+    (no layer: the best layer x head; extra.best_layer, best_head)."""
+    s = settings
+    per_layer, (bl, bh), sel_acc = choose_heads(select)
+    L = report.shape[1]
+    chosen = report[:, np.arange(L), per_layer].T.astype(float)  # [L, N]
+    pt, lo, hi = ratio_bootstrap(chosen, None, units, s.n_boot, s.seed)
+    metrics = {metric: pt}
+    for name, mask in (by_group or {}).items():
+        metrics[f"{metric}_{name}"] = chosen[:, mask].mean(1) if mask.any() else np.full(L, np.nan)
+    extras = [dict(extra, best_head=int(h), chosen_on=chosen_on, chosen_value=float(sel_acc[layer, h]))
+              for layer, h in enumerate(per_layer)]
+    out = _per_layer_rows(unit, "attention-heads", metrics, split, len(report), {metric: (lo, hi)}, extras)
+    o_pt, o_lo, o_hi = ratio_bootstrap(report[:, bl, bh][None].astype(float), None, units, s.n_boot, s.seed)
+    out.append(unit.rows("attention-heads", {f"{metric}_overall": o_pt}, split=split, layers=[0], n=len(report),
+                         ci={f"{metric}_overall": (o_lo, o_hi)},
+                         extra=dict(extra, best_layer=bl + 1, best_head=bh, chosen_on=chosen_on,
+                                    chosen_value=float(sel_acc[bl, bh]))).assign(layer=pd.NA))
+    return out
+
+
 def _attention_heads(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
+    """Coreference heads (Clark et al. 2019): per-head rows on the report split (GUM test, GAP test),
+    best heads chosen on the selection split (GUM dev, GAP validation) and reported on the report
+    split, so no held-out figure is chosen on the data it is scored on."""
     from probes.attention import gap_head_scores, gum_head_scores
 
     d: CorefData = prepared.data
     s = settings
     out = []
-    stats: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    gum = gum_head_scores(unit.handle, d.eval, unit.stack, s.attention_batch_size, s.progress, stats)
-    gum_s = time.perf_counter() - t0
-    words = sum(len(doc.words) for doc in d.eval)
-    unit.notes.setdefault("attention", {})[unit.key] = {
-        "gum_counts": gum.counts, "gum_documents": len(d.eval), "gum_words": words, "gum_seconds": round(gum_s, 3),
-        "gum_words_per_s": round(words / gum_s, 1) if gum_s else None, **{f"gum_{k}": v for k, v in stats.items()}}
-    L, H = gum.correct.shape[1:]
-    extra = {"data": f"gum-{s.eval_split}", "evaluated": gum.counts["evaluated"],
-             "out_of_window": gum.counts["out_of_window"]}
-    groups = {"heads_all": np.ones(len(gum.group), bool), **{f"heads_{t}": gum.group == t for t in MENTION_TYPES}}
+    notes = unit.notes.setdefault("attention", {}).setdefault(unit.key, {})
+    gum = {}
+    for split in (HEADS_SELECT_SPLIT, HEADS_REPORT_SPLIT):
+        stats: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        gum[split] = gum_head_scores(unit.handle, d.heads[split], unit.stack, s.attention_batch_size, s.progress, stats)
+        sec = time.perf_counter() - t0
+        words = sum(len(doc.words) for doc in d.heads[split])
+        notes[f"gum_{split}"] = {"counts": gum[split].counts, "documents": len(d.heads[split]), "words": words,
+                                 "seconds": round(sec, 3), "words_per_s": round(words / sec, 1) if sec else None,
+                                 **stats}
+    sel, rep = gum[HEADS_SELECT_SPLIT], gum[HEADS_REPORT_SPLIT]
+    L, H = rep.correct.shape[1:]
+    extra = {"data": f"gum-{HEADS_REPORT_SPLIT}", "evaluated": rep.counts["evaluated"],
+             "out_of_window": rep.counts["out_of_window"]}
+    groups = {"heads_all": np.ones(len(rep.group), bool), **{f"heads_{t}": rep.group == t for t in MENTION_TYPES}}
     for h in range(H):
-        metrics, ns = {}, []
-        for name, mask in groups.items():
-            metrics[name] = gum.correct[mask, :, h].mean(0) if mask.any() else np.full(L, np.nan)
-        metrics["heads_strict"] = gum.strict[:, :, h].mean(0)
-        out.append(unit.rows("attention-heads", metrics, split=s.eval_split, layers=range(1, L + 1),
-                             n=len(gum.group), extra=dict(extra, head=h)))
-    acc = gum.correct.mean(0)  # [L, H]
-    best = acc.argmax(1)
-    chosen = gum.correct[:, np.arange(L), best]  # [N, L]
-    pt, lo, hi = ratio_ci(chosen.T.astype(float), np.ones(len(gum.group)), gum.unit, s.n_boot, s.seed)
-    per_type = {f"best_head_{t}": gum.correct[gum.group == t][:, np.arange(L), best].mean(0)
-                if (gum.group == t).any() else np.full(L, np.nan) for t in MENTION_TYPES}
-    out += _per_layer_rows(unit, "attention-heads", {"best_head_accuracy": pt, **per_type}, s.eval_split,
-                           len(gum.group), {"best_head_accuracy": (lo, hi)}, [dict(extra, best_head=int(b)) for b in best])
+        metrics = {name: rep.correct[mask, :, h].mean(0) if mask.any() else np.full(L, np.nan)
+                   for name, mask in groups.items()}
+        metrics["heads_strict"] = rep.strict[:, :, h].mean(0) if len(rep.strict) else np.full(L, np.nan)
+        metrics["heads_head_word"] = rep.head_word[:, :, h].mean(0) if len(rep.head_word) else np.full(L, np.nan)
+        out.append(unit.rows("attention-heads", metrics, split=HEADS_REPORT_SPLIT, layers=range(1, L + 1),
+                             n=len(rep.group), extra=dict(extra, head=h)))
+    types = {t: rep.group == t for t in MENTION_TYPES}
+    out += best_head_rows(unit, "best_head_accuracy", sel.strict, rep.strict, rep.unit, s, split=HEADS_REPORT_SPLIT,
+                          chosen_on=f"gum-{HEADS_SELECT_SPLIT}", by_group=types,
+                          extra=dict(extra, criterion=HEAD_CRITERIA["best_head_accuracy"]))
+    for metric, chosen in (("best_head_accuracy_head_word", "head_word"), ("best_head_accuracy_lenient", "correct")):
+        out += best_head_rows(unit, metric, getattr(sel, chosen), getattr(rep, chosen), rep.unit, s,
+                              split=HEADS_REPORT_SPLIT, chosen_on=f"gum-{HEADS_SELECT_SPLIT}",
+                              extra=dict(extra, criterion=HEAD_CRITERIA[metric]))
     if "rules" in s.baselines and not unit.is_twin:
-        for name, v in gum.baselines.items():
-            b = ratio_ci(v[None].astype(float), np.ones(len(v)), gum.unit, s.n_boot, s.seed)
-            out.append(unit.rows("attention-heads", {name: np.repeat(b[0], L)}, split=s.eval_split,
+        for name, v in rep.baselines.items():
+            b = ratio_bootstrap(v[None].astype(float), None, rep.unit, s.n_boot, s.seed)
+            out.append(unit.rows("attention-heads", {name: np.repeat(b[0], L)}, split=HEADS_REPORT_SPLIT,
                                  layers=range(1, L + 1), n=len(v), ci={name: (np.repeat(b[1], L), np.repeat(b[2], L))},
                                  extra=dict(extra, baseline=name)))
     # GAP: which name the pronoun attends to more
-    frame = d.gap[s.gap_eval_split]
-    gstats: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    gap = gap_head_scores(unit.handle, frame, unit.stack, max(1, s.attention_batch_size * 2), s.progress, gstats)
-    unit.notes["attention"][unit.key].update({"gap_counts": gap.counts, "gap_seconds": round(time.perf_counter() - t0, 3)})
-    gextra = {"data": f"gap-{s.gap_eval_split}", "evaluated": gap.counts["evaluated"]}
+    gap = {}
+    gap_select = gap_heads_select_split(s)
+    for split in (gap_select, s.gap_eval_split):
+        gstats: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        gap[split] = gap_head_scores(unit.handle, d.gap[split], unit.stack, max(1, s.attention_batch_size * 2),
+                                     s.progress, gstats)
+        notes[f"gap_{split}"] = {"counts": gap[split].counts, "seconds": round(time.perf_counter() - t0, 3)}
+    grep = gap[s.gap_eval_split]
+    gextra = {"data": f"gap-{s.gap_eval_split}", "evaluated": grep.counts["evaluated"]}
     for h in range(H):
-        out.append(unit.rows("attention-heads", {"heads_gap": gap.correct[:, :, h].mean(0)}, split=s.gap_eval_split,
-                             layers=range(1, L + 1), n=len(gap.group), extra=dict(gextra, head=h)))
-    gacc = gap.correct.mean(0)
-    gbest = gacc.argmax(1)
-    gchosen = gap.correct[:, np.arange(L), gbest]
-    pt, lo, hi = ratio_ci(gchosen.T.astype(float), np.ones(len(gap.group)), gap.unit, s.n_boot, s.seed)
-    out += _per_layer_rows(unit, "attention-heads", {"best_head_gap": pt}, s.gap_eval_split, len(gap.group),
-                           {"best_head_gap": (lo, hi)}, [dict(gextra, best_head=int(b)) for b in gbest])
+        out.append(unit.rows("attention-heads", {"heads_gap": grep.correct[:, :, h].mean(0)}, split=s.gap_eval_split,
+                             layers=range(1, L + 1), n=len(grep.group), extra=dict(gextra, head=h)))
+    out += best_head_rows(unit, "best_head_gap", gap[gap_select].correct, grep.correct, grep.unit, s,
+                          split=s.gap_eval_split, chosen_on=f"gap-{gap_select}", extra=gextra)
     if "rules" in s.baselines and not unit.is_twin:
-        for name, v in gap.baselines.items():
-            b = ratio_ci(v[None].astype(float), np.ones(len(v)), gap.unit, s.n_boot, s.seed)
+        for name, v in grep.baselines.items():
+            b = ratio_bootstrap(v[None].astype(float), None, grep.unit, s.n_boot, s.seed)
             out.append(unit.rows("attention-heads", {f"gap_{name}": np.repeat(b[0], L)}, split=s.gap_eval_split,
                                  layers=range(1, L + 1), n=len(v),
                                  ci={f"gap_{name}": (np.repeat(b[1], L), np.repeat(b[2], L))},
@@ -754,12 +762,12 @@ def _gap_cloze(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
     for g in (MASCULINE, FEMININE):
         mask = genders == g
         prefers_f = (fem > masc)[mask].astype(float)
-        b = ratio_ci(prefers_f[None], np.ones(mask.sum()), np.arange(mask.sum()), s.n_boot, s.seed)
+        b = ratio_bootstrap(prefers_f[None], None, None, s.n_boot, s.seed)
         metrics[f"prefers_feminine_{g}"] = b[0]
         cis[f"prefers_feminine_{g}"] = b[1:]
         metrics[f"log_ratio_fm_{g}"] = np.array([float((fem - masc)[mask].mean())])
     correct = np.where(genders == FEMININE, fem > masc, masc > fem).astype(float)
-    b = ratio_ci(correct[None], np.ones(len(correct)), np.arange(len(correct)), s.n_boot, s.seed)
+    b = ratio_bootstrap(correct[None], None, None, s.n_boot, s.seed)
     metrics["gender_accuracy"], cis["gender_accuracy"] = b[0], b[1:]
     L = handle.num_layers[unit.stack]
     rows = unit.rows("gap-cloze", metrics, split=s.gap_eval_split, layers=[L], n=len(frame), ci=cis,
@@ -780,7 +788,7 @@ def run_task(unit, prepared: runner.Prepared, task: str, settings: CorefSettings
 # --------------------------------------------------------------------------- summary
 SUMMARY_METRICS = (("gum-pairs", "auc"), ("gum-pairs", "antecedent_accuracy"), ("gum-entity-type", "accuracy"),
                    ("gap", "f1"), ("gap", "bias"), ("attention-heads", "best_head_accuracy"),
-                   ("attention-heads", "best_head_gap"))
+                   ("attention-heads", "best_head_accuracy_lenient"), ("attention-heads", "best_head_gap"))
 
 
 def _peak_lines(rows: pd.DataFrame) -> list[str]:
@@ -788,6 +796,19 @@ def _peak_lines(rows: pd.DataFrame) -> list[str]:
     peaks = rows[rows["layer"].isna() & rows["metric"].astype(str).str.endswith("_peak_layer")]
     return [f"  {r['task']:<16} {r['metric'][: -len('_peak_layer')]:<20} peak layer {r['value']:.0f} "
             f"[{r['ci_low']:.0f}, {r['ci_high']:.0f}]" for _, r in peaks.iterrows()]
+
+
+def _overall_head_lines(rows: pd.DataFrame) -> list[str]:
+    """`metric: best head L-H value [low, high] (chosen on <split>)` from the `<metric>_overall` rows."""
+    best = rows[rows["layer"].isna() & (rows["task"] == "attention-heads")
+                & rows["metric"].astype(str).str.endswith("_overall")]
+    lines = []
+    for _, r in best.iterrows():
+        ex = decode_extra(r["extra"])
+        lines.append(f"  attention-heads  {r['metric']:<36} head {ex.get('best_layer')}-{ex.get('best_head')} "
+                     f"{r['value']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] on {r['split']}, "
+                     f"chosen on {ex.get('chosen_on')}")
+    return lines
 
 
 def format_summary(rows: pd.DataFrame) -> str:
@@ -820,7 +841,8 @@ def format_summary(rows: pd.DataFrame) -> str:
                     cell += f" [best {share['value'].iloc[0]:.0%}]"
                 cells.append(cell)
             table.append(cells)
-        peaks = _peak_lines(rows[(rows["model"] == model) & (rows["stack"] == stack)])
+        mine = rows[(rows["model"] == model) & (rows["stack"] == stack)]
+        peaks = _peak_lines(mine) + _overall_head_lines(mine)
         blocks.append(f"== {model} [{stack}]\n" + runner.aligned(table) + ("\n" + "\n".join(peaks) if peaks else ""))
     base = df[df["extra"].map(lambda e: decode_extra(e).get("baseline") not in (None, "random_init"))]
     if not base.empty:
@@ -834,4 +856,5 @@ PROBE = runner.ProbeSpec(
     name=NAME, tasks=TASKS, settings=CorefSettings, prepare=prepare, run_task=run_task,
     description="Coreference: GUM mention pairs and entity types, GAP, coreference heads, GAP gender cloze.",
     summary=format_summary, twin_once_per_run=True,
+    version=2,  # 2: held-out best heads (chosen on dev), Clark et al.'s criterion as the headline, AUC CIs on n_boot
 )

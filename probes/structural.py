@@ -30,6 +30,10 @@ from tqdm import tqdm
 
 PUNCT_UPOS = frozenset({"PUNCT"})
 SPEARMAN_LENGTHS = (5, 50)
+# Hewitt & Manning's learning-rate schedule (structural-probes/regimen.py): torch's ReduceLROnPlateau
+# with mode "min", factor 0.1, patience 0 and the default relative threshold 1e-4.
+PLATEAU_FACTOR = 0.1
+PLATEAU_THRESHOLD = 1e-4
 
 
 # --------------------------------------------------------------------------- gold trees
@@ -284,19 +288,46 @@ class StructuralFit:
     dev_loss: np.ndarray  # [L+1]
     epochs: int
     lr_decay: float
+    dev_loss_history: np.ndarray | None = None  # [epochs, L+1]: each epoch's dev loss
+    lr_history: np.ndarray | None = None  # [epochs, L+1]: the learning rate each epoch trained with
+
+
+class LayerwisePlateau:
+    """One learning-rate schedule per layer, as Hewitt & Manning train one probe per layer: torch's
+    `ReduceLROnPlateau` (mode "min", patience 0, relative `threshold`) on that layer's own dev loss,
+    multiplying its rate by `factor` after each epoch that did not beat the layer's best by the
+    threshold. `factor` 1.0 keeps the rates constant."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer], factor: float = PLATEAU_FACTOR,
+                 threshold: float = PLATEAU_THRESHOLD):
+        if not 0 < factor <= 1:
+            raise ValueError(f"lr_decay must lie in (0, 1], got {factor}")
+        self.optimizers = optimizers
+        self.schedulers = [] if factor == 1 else [
+            torch.optim.lr_scheduler.ReduceLROnPlateau(o, mode="min", factor=factor, patience=0, threshold=threshold)
+            for o in optimizers]
+
+    def lrs(self) -> np.ndarray:
+        return np.array([o.param_groups[0]["lr"] for o in self.optimizers])
+
+    def step(self, dev_loss) -> None:
+        for scheduler, loss in zip(self.schedulers, np.asarray(dev_loss, dtype=np.float64)):
+            scheduler.step(float(loss))
 
 
 def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", rank: int = 64,
                          epochs: int = 30, batch_size: int = 32, lr: float = 1e-3, patience: int = 4,
-                         lr_decay: float = 0.5, seed: int = 0, progress: bool = True) -> StructuralFit:
+                         lr_decay: float = PLATEAU_FACTOR, seed: int = 0, progress: bool = True) -> StructuralFit:
     """Fit distance or depth probes for all layers at once (Hewitt & Manning 2019).
 
-    The paper's regimen, per layer: Adam, and after every epoch whose dev loss is no better than
-    the layer's best so far, that layer's learning rate is multiplied by `lr_decay` (their
-    reduce-on-plateau with patience 0; 1.0 turns it off). Each layer keeps the projection of its
-    best dev-loss epoch; training stops when no layer has improved for `patience` epochs.
-    Without the decay a probe trained on a few thousand sentences stops within 3-4 epochs, still
-    oscillating, and its UUAS moves by ~0.05 with the model's seed (docs/training-plateau.md).
+    The paper's regimen (structural-probes/regimen.py), per layer: Adam at 1e-3 and torch's
+    ReduceLROnPlateau on the layer's dev loss with patience 0, factor `lr_decay` (theirs: 0.1) and
+    relative threshold 1e-4: after every epoch whose dev loss is not below (1 - 1e-4) x the best so
+    far, that layer's learning rate is multiplied by `lr_decay` (1.0 turns it off;
+    `LayerwisePlateau`). Each layer keeps the projection of its best dev-loss epoch; training stops
+    when no layer has improved for `patience` epochs. Without the decay a probe trained on a few
+    thousand sentences stops within 3-4 epochs, still oscillating, and its UUAS moves by ~0.05 with
+    the model's seed (docs/training-plateau.md, which also compares factor 0.1 with 0.5).
     """
     if kind not in ("distance", "depth"):
         raise ValueError(f"kind must be 'distance' or 'depth', not {kind!r}")
@@ -305,7 +336,11 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
     gen = torch.Generator().manual_seed(seed)
     n_layers, _, hidden = train.features.shape
     probe = LayerwiseStructuralProbe(n_layers, hidden, min(rank, hidden), gen)
-    opt = torch.optim.Adam([{"params": [p]} for p in probe.layers], lr=lr)  # one group per layer
+    # one Adam per layer (Adam's state is per parameter: the same updates as one optimizer over all
+    # layers), so that each layer's rate has its own plateau schedule
+    opts = [torch.optim.Adam([p], lr=lr) for p in probe.layers]
+    schedule = LayerwisePlateau(opts, lr_decay)
+    loss_history, lr_history = [], []
     best = torch.full((n_layers,), float("inf"))
     best_proj = probe.proj.detach().clone()
     stale = 0
@@ -316,9 +351,11 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
         for batch_idx in _length_buckets(train, batch_size, order_rng):
             x, mask, dist, depth = train.batch(batch_idx)
             loss = _probe_loss(probe, kind, x, mask, dist, depth).sum()  # layers are independent
-            opt.zero_grad()
+            for opt in opts:
+                opt.zero_grad()
             loss.backward()
-            opt.step()
+            for opt in opts:
+                opt.step()
         with torch.no_grad():
             dev_loss = torch.zeros(n_layers)
             for x, mask, dist, depth in dev_batches:
@@ -327,12 +364,14 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
         improved = dev_loss < best - 1e-6
         best = torch.where(improved, dev_loss, best)
         best_proj[improved] = probe.proj.detach()[improved]
-        for layer in torch.nonzero(~improved).flatten().tolist():
-            opt.param_groups[layer]["lr"] *= lr_decay
+        loss_history.append(dev_loss.numpy().copy())
+        lr_history.append(schedule.lrs())
+        schedule.step(dev_loss)
         stale = 0 if improved.any() else stale + 1
         if stale >= patience:
             break
-    return StructuralFit(kind=kind, proj=best_proj, dev_loss=best.numpy(), epochs=epoch, lr_decay=lr_decay)
+    return StructuralFit(kind=kind, proj=best_proj, dev_loss=best.numpy(), epochs=epoch, lr_decay=lr_decay,
+                         dev_loss_history=np.array(loss_history), lr_history=np.array(lr_history))
 
 
 @torch.no_grad()

@@ -752,7 +752,7 @@ def _cli_hook(parser):
 PROBE = runner.ProbeSpec(
     name=NAME, tasks=TASKS, settings=SyntaxSettings, prepare=prepare, run_task=run_task,
     description="Syntax probes (UPOS, XPOS, deprel, arc, structural) on every layer.",
-    summary=format_layer_table, cli_hook=_cli_hook, twin_once_per_run=True, version=2,
+    summary=format_layer_table, cli_hook=_cli_hook, twin_once_per_run=True, version=3,  # 3: structural lr_decay 0.1
 )
 
 

@@ -14,7 +14,9 @@ from workbench.data.gap import read_gap
 from workbench.models import ModelHandle
 from workbench.paths import data_path
 
-PLANT = (1, 1)  # (layer index into attentions, head)
+PLANT = (1, 1)  # (layer index into attentions, head): attends to the antecedent's head word
+PLANT_NON_HEAD = (1, 0)  # attends to a word of the antecedent that is not its head word
+PLANT_CLS = (0, 1)  # 0.6 to [CLS], 0.4 to the antecedent's head word
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +73,16 @@ def test_word_rows_sum_to_one_and_match_hand_computation(bert_tok):
         q = torch.tensor([3, 0, 3])
         rows = word_attention_rows(att[0], wids[0], 6, q)
         assert torch.allclose(rows, wa[0][:, q, :6], atol=1e-6)
+        # Clark et al.'s rows: special tokens kept as words of their own, nothing renormalised; the
+        # last column is the largest attention one special token gets
+        clark = word_attention_rows(att[0], wids[0], 6, q, keep_special=True)
+        raw = np.stack([a[:, w == j].sum(1) for j in range(6)], 1)  # [T, 6]
+        special = np.flatnonzero(w < 0)
+        for k, word in enumerate(q.tolist()):
+            pieces = w == word
+            np.testing.assert_allclose(clark[0, k, :6].numpy(), raw[pieces].mean(0), atol=1e-6)
+            assert clark[0, k, 6].item() == pytest.approx(a[np.ix_(pieces, special)].mean(0).max(), abs=1e-6)
+            assert clark[0, k].sum().item() <= 1 + 1e-5  # other special tokens and padding take the rest
 
 
 def test_document_windows_give_every_word_a_home(bert_tok, gum_docs):
@@ -95,8 +107,11 @@ def test_document_windows_give_every_word_a_home(bert_tok, gum_docs):
 
 
 class PlantedHandle(ModelHandle):
-    """A tiny random BERT whose head PLANT attends, from every piece of each anaphor's head word, to
-    the first piece of the head word of its nearest antecedent in the same window."""
+    """A tiny random BERT with planted heads. From every piece of each anaphor's head word: head
+    PLANT attends to the first piece of the head word of its nearest antecedent in the same window;
+    head PLANT_NON_HEAD to a non-head word of its nearest multi-word antecedent in the window (to
+    the anaphor itself when there is none); head PLANT_CLS 0.6 to [CLS] and 0.4 to what PLANT
+    attends to. `planted_non_head` counts the anaphors that got a non-head target."""
 
     docs: list = []
 
@@ -104,9 +119,7 @@ class PlantedHandle(ModelHandle):
         out = super().forward(sentences, stack=stack, attentions=attentions, truncate=truncate)
         if not attentions:
             return out
-        layer, head = PLANT
-        layers = list(out.attentions["encoder"])
-        att = layers[layer] = layers[layer].clone()
+        layers = [a.clone() for a in out.attentions["encoder"]]
         out.attentions["encoder"] = tuple(layers)
         wids = out.word_ids["encoder"]
         for b, words in enumerate(sentences):
@@ -119,10 +132,18 @@ class PlantedHandle(ModelHandle):
                     inside = [j for j in ante if o <= d.mentions[j].head < o + n]
                     if not inside or not o <= d.mentions[i].head < o + n:
                         continue
+                    first_piece = lambda word: (wids[b] == word - o).nonzero().flatten()[0]  # noqa: E731
                     src = (wids[b] == d.mentions[i].head - o).nonzero().flatten()
-                    dst = (wids[b] == d.mentions[inside[-1]].head - o).nonzero().flatten()[0]
-                    att[b, head, src] = 0.0
-                    att[b, head, src, dst] = 1.0
+                    dst = first_piece(d.mentions[inside[-1]].head)
+                    multi = [d.mentions[j] for j in ante if o <= d.mentions[j].start and d.mentions[j].end < o + n
+                             and d.mentions[j].end > d.mentions[j].start]
+                    non_head = (first_piece(next(w for w in range(multi[-1].start, multi[-1].end + 1)
+                                                 if w != multi[-1].head)) if multi else src[0])
+                    for (layer, head), targets in ((PLANT, {dst: 1.0}), (PLANT_NON_HEAD, {non_head: 1.0}),
+                                                   (PLANT_CLS, {0: 0.6, dst: 0.4})):
+                        layers[layer][b, head, src] = 0.0
+                        for t, v in targets.items():
+                            layers[layer][b, head, src, t] = v
                 break
         return out
 
@@ -133,12 +154,22 @@ def test_planted_coreference_head_is_found(bert_tok, gum_docs):
     stats = {}
     s = gum_head_scores(handle, gum_docs, batch_size=3, stats=stats)
     assert s.counts["evaluated"] >= 30 and s.counts["out_of_window"] > 0  # windows are short
-    acc = s.strict.mean(0)  # [L, heads]
+    acc = s.strict.mean(0)  # [L, heads]: Clark et al.'s criterion
+    lenient = s.correct.mean(0)
     assert np.unravel_index(acc.argmax(), acc.shape) == PLANT
     assert acc[PLANT] > 0.95
-    others = np.delete(acc.ravel(), np.ravel_multi_index(PLANT, acc.shape))
-    assert others.max() < 0.5
-    assert s.correct.mean(0)[PLANT] >= acc[PLANT]  # an antecedent's head word is a word of it
+    assert lenient[PLANT] >= acc[PLANT]  # an antecedent's head word is a word of it
+    # a head on non-head words of the antecedent: credited only by the lenient criterion
+    assert acc[PLANT_NON_HEAD] < 0.05
+    assert lenient[PLANT_NON_HEAD] > 0.3 and lenient[PLANT_NON_HEAD] > acc[PLANT_NON_HEAD] + 0.25
+    # a head whose largest share goes to [CLS]: wrong when special tokens stay in the row, right
+    # when they are dropped and the row renormalised
+    assert acc[PLANT_CLS] < 0.05 and lenient[PLANT_CLS] > 0.95
+    # the head-word criterion without special tokens separates the two: it credits the [CLS] head
+    # (its word-only row peaks on the antecedent's head word) and not the non-head head
+    head_word = s.head_word.mean(0)
+    assert head_word[PLANT] > 0.95 and head_word[PLANT_CLS] > 0.95 and head_word[PLANT_NON_HEAD] < 0.05
+    assert acc[0, 0] < 0.5  # the untouched random head
     assert set(s.group) <= {"pronoun", "proper", "nominal"} and len(s.unit) == s.counts["evaluated"]
     assert len(s.baselines["nearest_mention"]) == s.counts["evaluated"]
     assert stats["windows"] > len(gum_docs)

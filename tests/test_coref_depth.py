@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from probes import depth
-from probes.coref import auc_ci, ratio_ci
+from probes.core.statistics import auc_bootstrap, ratio_bootstrap
 from probes.engine import bootstrap_ci, layer_rows, sentence_bootstrap
 
 # task A peaks at layer 1, task B at layer 3
@@ -54,13 +54,13 @@ def test_bootstrap_replicates_are_paired_and_give_the_stored_ci():
     same = np.stack([correct[0], correct[0]])
     b = bootstrap_ci(same.reshape(2, 40, 10).sum(-1), np.full(40, 10.0), n_boot=50, seed=1, return_boot=True)[3]
     np.testing.assert_array_equal(b[:, 0], b[:, 1])
-    # the document bootstraps of the coref probe: ratio_ci and auc_ci replicates match their CIs
+    # the document bootstraps of the coref probe (probes.core.statistics): replicates match their CIs
     units = np.repeat(np.arange(20), 20)
-    _, rlo, rhi, rboot = ratio_ci(correct[:, :400].astype(float), np.ones(400), units, 200, 3, return_boot=True)
+    _, rlo, rhi, rboot = ratio_bootstrap(correct[:, :400].astype(float), None, units, 200, 3, return_boot=True)
     np.testing.assert_allclose(rlo, np.nanquantile(rboot, 0.025, axis=0))
     np.testing.assert_allclose(rhi, np.nanquantile(rboot, 0.975, axis=0))
     y = rng.random(400) < 0.3
-    _, alo, _, aboot = auc_ci(y + rng.normal(0, 1, 400), y, units, 50, 3, return_boot=True)
+    _, alo, _, aboot = auc_bootstrap(y + rng.normal(0, 1, 400), y, units, 50, 3, return_boot=True)
     assert aboot.shape == (50,) and alo == pytest.approx(np.nanquantile(aboot, 0.025))
 
 
@@ -73,13 +73,13 @@ def test_peak_layer_ci_finds_a_planted_peak():
     p = np.array([0.55, 0.6, 0.75, 0.5])
     correct = (rng.random((4, len(units))) < p[:, None]).astype(float)
     correct = np.vstack([correct, correct[3:4]])  # layer 4 = layer 3
-    point, _, _, boot = ratio_ci(correct, np.ones(len(units)), units, 400, 0, return_boot=True)
+    point, _, _, boot = ratio_bootstrap(correct, None, units, 400, 0, return_boot=True)
     s = depth.summarise(point, boot)
     assert s["peak_layer"] == (2.0, 2.0, 2.0)
     assert s["peak_share"][2] > 0.99 and s["peak_share"].sum() == pytest.approx(1.0)
     # a peak that is NOT planted: two equal-probability layers share it, and the CI spans both
     flat = (rng.random((2, len(units))) < 0.7).astype(float)
-    point2, _, _, boot2 = ratio_ci(flat, np.ones(len(units)), units, 400, 0, return_boot=True)
+    point2, _, _, boot2 = ratio_bootstrap(flat, None, units, 400, 0, return_boot=True)
     s2 = depth.summarise(point2, boot2)
     assert 0.05 < s2["peak_share"][0] < 0.95 and (s2["peak_layer"][1], s2["peak_layer"][2]) == (0.0, 1.0)
 

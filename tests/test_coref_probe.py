@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from sklearn.metrics import roc_auc_score
 
-from probes.coref import (CorefSettings, format_summary, SpanView, auc, gap_scores_ci, mention_pairs, pair_probe, sample_anaphors,
-                          _subset)
+from probes.core.statistics import auc, ratio_bootstrap
+from probes.coref import (CorefSettings, best_head_rows, choose_heads, format_summary, SpanView, gap_scores_ci,
+                          mention_pairs, pair_probe, sample_anaphors, _subset)
 from probes.coref_items import DocMention, Document
 from probes.gap_scorer import pronoun_gender, read_submission, score_gap
 from workbench.data.gap import read_gap
@@ -70,13 +70,90 @@ def test_planted_chain_layer_gives_peak_pair_auc(span):
     assert aucs[2] > 0.95 and np.delete(aucs, 2).max() < 0.7
 
 
-def test_auc_matches_sklearn_with_ties_and_weights():
+def _old_ratio_ci(num, den, units, n_boot, seed):
+    """The coref probe's own document bootstrap before probes/core/statistics.py, verbatim in substance
+    (one multinomial draw of n_boot rows, per-row unit sums, nanquantile): the reference that the
+    move to `ratio_bootstrap` kept every non-AUC CI identical."""
+    _, inv = np.unique(units, return_inverse=True)
+    s = int(inv.max()) + 1
+    counts = np.random.default_rng(seed).multinomial(s, np.full(s, 1.0 / s), size=n_boot).astype(np.float64)
+    out = []
+    for r in range(num.shape[0]):
+        pn, pd_ = np.bincount(inv, weights=num[r], minlength=s), np.bincount(inv, weights=den, minlength=s)
+        boot = (counts @ pn) / (counts @ pd_)
+        out.append((pn.sum() / pd_.sum(), np.nanquantile(boot, 0.025), np.nanquantile(boot, 0.975)))
+    return tuple(np.array(v) for v in zip(*out))
+
+
+def _old_gap_counts(n, n_boot, seed):
+    rng = np.random.default_rng(seed)
+    return np.vstack([np.ones(n), rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot)])
+
+
+def test_statistics_move_keeps_the_old_draws():
+    """ratio_bootstrap (documents, 300 resamples: more than one 256-block) gives the old ratio_ci's
+    numbers exactly, and gap_scores_ci draws the old GAP resamples (its CIs equal a percentile
+    interval of the F1 computed on them)."""
+    rng = np.random.default_rng(4)
+    units = rng.integers(0, 37, size=500)
+    num = (rng.random((3, 500)) < [[0.3], [0.5], [0.8]]).astype(float)
+    new = ratio_bootstrap(num, None, units, 300, 7)
+    old = _old_ratio_ci(num, np.ones(500), units, 300, 7)
+    for a, b in zip(new, old):
+        np.testing.assert_array_equal(a, b)
+    n = 120
+    ga, gb = rng.random(n) < 0.4, rng.random(n) < 0.4
+    pa, pb = rng.random(n) < 0.5, rng.random(n) < 0.5
+    genders = np.where(rng.random(n) < 0.5, "masculine", "feminine")
+    got = gap_scores_ci(pa[None], pb[None], ga, gb, genders, n_boot=300, seed=3, return_boot=True)
+    counts = _old_gap_counts(n, 300, 3)
+    tp = (pa & ga).astype(float) + (pb & gb)
+    den = tp * 2 + (pa & ~ga) + (pb & ~gb) + (~pa & ga) + (~pb & gb)
+    f1 = (counts @ (2 * tp)) / (counts @ den)
+    np.testing.assert_allclose(got["f1"][3][:, 0], f1[1:])
+    assert got["f1"][0][0] == pytest.approx(f1[0])
+    assert (got["f1"][1][0], got["f1"][2][0]) == pytest.approx((np.quantile(f1[1:], 0.025), np.quantile(f1[1:], 0.975)))
+
+
+class _RowsUnit:
+    """The part of a runner unit that `best_head_rows` uses."""
+
+    is_twin = False
+
+    def rows(self, task, metrics, **kw):
+        from probes.engine import layer_rows
+
+        return layer_rows(metrics, probe="coref", task=task, model="m", **kw)
+
+
+def test_best_head_is_chosen_on_the_selection_split_not_on_the_report_split():
+    """Planted: on dev head 2 of layer 1 is right 80% of the time and head 0 60%; on test head 0 is
+    right 90%, head 2 70%. The held-out best head of layer 1 is head 2 (dev), reported at its test
+    accuracy (~0.70), not the test maximum (~0.90); layer 0 (dev and test agree) picks head 1."""
     rng = np.random.default_rng(0)
-    s = rng.integers(0, 5, size=300).astype(float)  # many ties
-    y = rng.random(300) < 0.3
-    w = rng.integers(0, 4, size=300)
-    assert auc(s, y) == pytest.approx(roc_auc_score(y, s))
-    assert auc(s, y, w) == pytest.approx(roc_auc_score(y, s, sample_weight=w))
+    n_dev, n_test, L, H = 400, 500, 2, 3
+    dev_p = np.array([[0.2, 0.7, 0.1], [0.6, 0.1, 0.8]])
+    test_p = np.array([[0.2, 0.7, 0.1], [0.9, 0.1, 0.7]])
+    dev = rng.random((n_dev, L, H)) < dev_p
+    test = rng.random((n_test, L, H)) < test_p
+    per_layer, overall, acc = choose_heads(dev)
+    assert per_layer.tolist() == [1, 2] and overall == (1, 2)
+    np.testing.assert_allclose(acc, dev.mean(0))
+    units = np.arange(n_test) // 5
+    rows = pd.concat(best_head_rows(_RowsUnit(), "best_head_accuracy", dev, test, units,
+                                    CorefSettings(n_boot=50), split="test", chosen_on="gum-dev", extra={"x": 1}))
+    per = rows[rows["metric"] == "best_head_accuracy"].sort_values("layer")
+    assert per["value"].tolist() == pytest.approx([test[:, 0, 1].mean(), test[:, 1, 2].mean()])
+    assert per["value"].iloc[1] < test[:, 1].mean(0).max() - 0.1  # the test-best head was not chosen
+    extras = [json.loads(e) for e in per["extra"]]
+    assert [e["best_head"] for e in extras] == [1, 2] and {e["chosen_on"] for e in extras} == {"gum-dev"}
+    assert extras[1]["chosen_value"] == pytest.approx(dev[:, 1, 2].mean())
+    top = rows[rows["metric"] == "best_head_accuracy_overall"]
+    assert len(top) == 1 and top["layer"].isna().all()
+    ex = json.loads(top["extra"].iloc[0])
+    assert (ex["best_layer"], ex["best_head"]) == (2, 2)  # layers are numbered 1..L in head rows
+    assert top["value"].iloc[0] == pytest.approx(test[:, 1, 2].mean())
+    assert top["ci_low"].iloc[0] < top["value"].iloc[0] < top["ci_high"].iloc[0]
 
 
 def test_gap_bootstrap_point_equals_the_scorer():
@@ -134,7 +211,7 @@ def test_end_to_end_every_task(tiny_checkpoint, tmp_path):
     assert sorted(pairs["layer"]) == [0, 1, 2] and pairs["ci_low"].le(pairs["value"]).all()
     # where in depth: each headline curve keeps its paired replicates (the CI is their percentile
     # interval), the peak shares sum to 1 and the peak layer row is the curve's argmax
-    for task, metric, n_boot in [("gum-pairs", "auc", 4), ("gum-pairs", "antecedent_accuracy", 20),
+    for task, metric, n_boot in [("gum-pairs", "auc", 20), ("gum-pairs", "antecedent_accuracy", 20),
                                  ("gum-entity-type", "accuracy", 20), ("gap", "f1", 20)]:
         curve = real[(real["task"] == task) & (real["metric"] == metric)].sort_values("layer")
         boot = np.array([json.loads(e)["boot"] for e in curve["extra"]], dtype=float).T
@@ -159,8 +236,22 @@ def test_end_to_end_every_task(tiny_checkpoint, tmp_path):
     # heads: one row per (layer, head) for each metric; best head per layer names its head
     heads = real[(real["metric"] == "heads_all")]
     assert len(heads) == 2 * 2 and set(heads["extra"].map(lambda e: json.loads(e)["head"])) == {0, 1}
-    best = real[real["metric"] == "best_head_accuracy"].sort_values("layer")
-    for _, r in best.iterrows():
-        per_head = heads[heads["layer"] == r["layer"]]["value"].max()
-        assert r["value"] == pytest.approx(per_head)
-    assert "best_head_accuracy" in format_summary(rows)
+    # best heads are chosen on GUM dev and reported on GUM test: the row's value is the chosen
+    # head's own per-head row on test (Clark et al.'s criterion: heads_strict; lenient: heads_all)
+    criteria = (("best_head_accuracy", "heads_strict"), ("best_head_accuracy_head_word", "heads_head_word"),
+                ("best_head_accuracy_lenient", "heads_all"))
+    for best_metric, head_metric in criteria:
+        best = real[real["metric"] == best_metric].sort_values("layer")
+        assert len(best) == 2 and set(best["split"]) == {"test"}
+        per_head = real[real["metric"] == head_metric]
+        assert set(per_head["split"]) == {"test"}
+        for _, r in best.iterrows():
+            ex = json.loads(r["extra"])
+            assert ex["chosen_on"] == "gum-dev"
+            same = per_head[(per_head["layer"] == r["layer"])
+                            & (per_head["extra"].map(lambda e: json.loads(e)["head"]) == ex["best_head"])]
+            assert r["value"] == pytest.approx(same["value"].item())
+    gap_best = real[real["metric"] == "best_head_gap"]
+    assert {json.loads(e)["chosen_on"] for e in gap_best["extra"]} == {"gap-validation"}
+    summary = format_summary(rows)
+    assert "best_head_accuracy" in summary and "chosen on gum-dev" in summary

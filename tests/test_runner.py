@@ -387,7 +387,7 @@ def test_syntax_rows_identical_to_before_the_runner(tiny_checkpoint, tmp_path):
     # added since: structural rows record their learning-rate decay (Hewitt & Manning's regimen; with
     # these 2 epochs it never acts, so the values are unchanged)
     structural = rows[rows["task"].str.startswith("structural")]
-    assert len(structural) and all(json.loads(e)["lr_decay"] == 0.5 for e in structural["extra"].dropna())
+    assert len(structural) and all(json.loads(e)["lr_decay"] == 0.1 for e in structural["extra"].dropna())
 
     def strip(e):
         return e if pd.isna(e) else json.dumps({k: v for k, v in json.loads(e).items() if k not in ("boot", "lr_decay")},

@@ -29,7 +29,9 @@ CURVES = {
 DEPTH_METRICS = {"upos": "accuracy", "deprel": "accuracy", "gum-pairs": ["auc", "antecedent_accuracy"],
                  "gum-entity-type": "accuracy", "gap": "f1"}
 SYNTAX_TASKS = ("upos", "deprel")
-HEATMAPS = {"heads_all": "GUM: head word attends most to an antecedent", "heads_gap": "GAP: more attention to the right name"}
+HEATMAPS = {"heads_strict": "GUM: head word attends most to an antecedent's head word (Clark et al.)",
+            "heads_all": "GUM: head word attends most to a word of an antecedent (lenient)",
+            "heads_gap": "GAP: more attention to the right name"}
 
 
 def head_matrix(rows: pd.DataFrame, model: str, metric: str) -> pd.DataFrame:
