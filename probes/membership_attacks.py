@@ -9,7 +9,11 @@ score equals theirs computed with their convention (`roc_auc_score(is_member, -t
 Attacks (per example; `logprobs` = the scored tokens' natural-log probabilities):
 - LOSS (Yeom et al. 2018): -mean token NLL.                          MIMIR LOSSAttack = +NLL.
 - zlib (Carlini et al. 2021): -(NLL / zlib-compressed length in bytes). MIMIR ZLIBAttack = NLL / zlib.
-- reference (Carlini et al. 2021): reference NLL - target NLL.       MIMIR ReferenceAttack = target - ref.
+- reference_diff (Watson et al. 2022's difficulty calibration; MIMIR's "ref"): reference NLL - target NLL.
+                                                                     MIMIR ReferenceAttack = target - ref.
+- reference_ratio (Carlini et al. 2021, Sec. 6.2: the ratio of log-perplexities, target / reference):
+  -(target NLL / reference NLL) (a mean token NLL is a log-perplexity). `reference` is the old name
+  of reference_diff (what the probe computed before the two were told apart), kept as an alias.
 - Min-K% Prob (Shi et al. 2023): mean of the lowest k% token log-probs. MIMIR MinKProbAttack = -that.
 - Min-K%++ (Zhang et al. 2024): mean of the lowest k% of (log p(x_t) - mu_t) / sigma_t, where mu_t,
   sigma_t are the mean and deviation of log p(z) for z ~ p(. | x_<t).
@@ -36,7 +40,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats
-from sklearn.metrics import roc_auc_score, roc_curve
+from sklearn.metrics import roc_curve
+
+from probes.core.statistics import auc_bootstrap
 
 MINK_RATIOS = (0.05, 0.1, 0.2, 0.3, 0.5)
 DEFAULT_K = 0.2
@@ -66,8 +72,23 @@ def zlib_score(nll: np.ndarray, texts) -> np.ndarray:
     return -np.asarray(nll, dtype=np.float64) / lengths
 
 
-def reference_score(nll_target: np.ndarray, nll_reference: np.ndarray) -> np.ndarray:
+def reference_diff_score(nll_target: np.ndarray, nll_reference: np.ndarray) -> np.ndarray:
+    """Reference NLL - target NLL: the target's loss calibrated by how hard a reference model trained
+    on other data finds the text (Watson et al. 2022; MIMIR's ReferenceAttack = target - ref)."""
     return np.asarray(nll_reference, dtype=np.float64) - np.asarray(nll_target, dtype=np.float64)
+
+
+def reference_ratio_score(nll_target: np.ndarray, nll_reference: np.ndarray) -> np.ndarray:
+    """-(log ppl_target / log ppl_reference): Carlini et al. 2021's ratio of log-perplexities (Sec. 6.2,
+    "Comparing to Other Neural Language Models"), where a mean token NLL is the log-perplexity; a member
+    has a small ratio, so the membership score is its negative."""
+    ref = np.asarray(nll_reference, dtype=np.float64)
+    if (ref <= 0).any():
+        raise ValueError("reference_ratio needs a positive reference NLL (a log-perplexity) for every text")
+    return -np.asarray(nll_target, dtype=np.float64) / ref
+
+
+reference_score = reference_diff_score  # the old name (before reference_ratio existed): same function
 
 
 def _lowest_k_mean(values: np.ndarray, k: float) -> float:
@@ -200,10 +221,12 @@ class RocResult:
 
 
 def roc_metrics(scores: np.ndarray, is_member: np.ndarray, n_boot: int = 1000, seed: int = 0,
-                fprs=FPR_POINTS) -> RocResult:
-    """ROC metrics of membership scores (higher = member) against the ground truth, with scikit-learn.
+                fprs=FPR_POINTS, units=None) -> RocResult:
+    """ROC metrics of membership scores (higher = member) against the ground truth.
 
-    AUC CI: percentile bootstrap (2.5, 97.5) resampling members and non-members separately.
+    AUC and its CI: `probes.core.statistics.auc_bootstrap`, resampling `units` (the document of each
+    example: passages of one document are correlated, and membership is decided per document, so
+    resampling passages gives intervals that are too narrow); None: every example is its own unit.
     TPR at FPR x: the highest TPR of a threshold whose FPR <= x (Carlini et al. 2022's Table);
     it rests on floor(x * n_nonmembers) non-members. Balanced accuracy: at the best threshold,
     (1 + max(TPR - FPR)) / 2, optimistic like tf-privacy's attacker advantage (threshold seen)."""
@@ -214,26 +237,12 @@ def roc_metrics(scores: np.ndarray, is_member: np.ndarray, n_boot: int = 1000, s
     pos, neg = np.nonzero(y)[0], np.nonzero(~y)[0]
     if len(pos) == 0 or len(neg) == 0:
         raise ValueError("need both members and non-members")
-    auc = float(roc_auc_score(y, s))
+    auc, lo, hi = auc_bootstrap(s, y, units=units, n_boot=n_boot, seed=seed)
     fpr, tpr, _ = roc_curve(y, s)
     tpr_at = {x: float(tpr[fpr <= x].max()) for x in fprs}
     fp_allowed = {x: int(np.floor(x * len(neg) + 1e-9)) for x in fprs}
     bal = float((1 + np.max(tpr - fpr)) / 2)
-    rng = np.random.default_rng(seed)
-    boot = np.empty(n_boot)
-    for b in range(n_boot):
-        idx = np.concatenate([rng.choice(pos, len(pos)), rng.choice(neg, len(neg))])
-        boot[b] = _auc_ranks(s[idx], y[idx])
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return RocResult(auc, (float(lo), float(hi)), tpr_at, fp_allowed, bal, len(pos), len(neg), fpr, tpr)
-
-
-def _auc_ranks(s: np.ndarray, y: np.ndarray) -> float:
-    """AUC by the Mann-Whitney U statistic (ties count half), the same number as roc_auc_score."""
-    r = stats.rankdata(s)
-    n1 = int(y.sum())
-    n0 = len(y) - n1
-    return float((r[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+    return RocResult(float(auc), (float(lo), float(hi)), tpr_at, fp_allowed, bal, len(pos), len(neg), fpr, tpr)
 
 
 def roc_points(result: RocResult, max_points: int = 200) -> list[tuple[float, float]]:
@@ -243,26 +252,126 @@ def roc_points(result: RocResult, max_points: int = 200) -> list[tuple[float, fl
 
 
 # --------------------------------------------------------------------------- samples
-def length_matched(member_lengths, nonmember_lengths, n_max: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def length_matched(member_lengths, nonmember_lengths, n_max: int | None, seed: int,
+                   member_groups=None, nonmember_groups=None) -> tuple[np.ndarray, np.ndarray]:
     """Indices (members, non-members) of equal-size samples with identical length histograms:
     within each length, min(#members, #non-members) of each are drawn (seeded); then pairs are
     thinned to `n_max` per side. Lengths are integers (words of a passage) or any sortable keys
-    (e.g. "source|words" to match on both)."""
+    (e.g. "source|words" to match on both).
+
+    `member_groups`, `nonmember_groups` (the document of each item; both or neither): draw across
+    as many documents as possible, i.e. in `spread_order` (one passage of every document before a
+    second of any) instead of uniformly, within each length and when thinning (non-members first:
+    the held-out split has the fewer documents). Without them the draw is uniform (as before)."""
     ml, nl = np.asarray(member_lengths), np.asarray(nonmember_lengths)
     rng = np.random.default_rng(seed)
+    spread = member_groups is not None
+    if spread != (nonmember_groups is not None):
+        raise ValueError("length_matched: give the groups of both members and non-members, or neither")
+    if spread:
+        m_rank, n_rank = spread_order(member_groups, rng), spread_order(nonmember_groups, rng)
     pairs_m, pairs_n = [], []
     for length in np.intersect1d(ml, nl):
         a, b = np.nonzero(ml == length)[0], np.nonzero(nl == length)[0]
         k = min(len(a), len(b))
-        pairs_m.append(rng.choice(a, k, replace=False))
-        pairs_n.append(rng.choice(b, k, replace=False))
+        if spread:
+            pairs_m.append(a[np.argsort(m_rank[a], kind="stable")[:k]])
+            pairs_n.append(b[np.argsort(n_rank[b], kind="stable")[:k]])
+        else:
+            pairs_m.append(rng.choice(a, k, replace=False))
+            pairs_n.append(rng.choice(b, k, replace=False))
     if not pairs_m:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     pm, pn = np.concatenate(pairs_m), np.concatenate(pairs_n)
     if n_max is not None and len(pm) > n_max:
-        keep = rng.choice(len(pm), n_max, replace=False)
-        pm, pn = pm[keep], pn[keep]
+        if spread:  # how many pairs each length keeps: the earliest in the spread (non-members first, the
+            # scarcer documents); then each side keeps its own spread-first passages of that length
+            gm, gn = np.asarray(member_groups)[pm], np.asarray(nonmember_groups)[pn]
+            first = np.lexsort((n_rank[pn], _group_rank(gm, m_rank[pm]), _group_rank(gn, n_rank[pn])))[:n_max]
+            stratum = np.repeat(np.arange(len(pairs_m)), [len(p) for p in pairs_m])
+            kept = np.bincount(stratum[first], minlength=len(pairs_m))
+            pm = np.concatenate([p[:k] for p, k in zip(pairs_m, kept)])
+            pn = np.concatenate([p[:k] for p, k in zip(pairs_n, kept)])
+        else:
+            keep = rng.choice(len(pm), n_max, replace=False)
+            pm, pn = pm[keep], pn[keep]
     return np.sort(pm), np.sort(pn)
+
+
+def _group_rank(groups, order_rank: np.ndarray) -> np.ndarray:
+    """Per item, how many items of its group come before it in the order given by `order_rank`."""
+    groups = np.asarray(groups)
+    rank = np.empty(len(groups), np.int64)
+    seen: dict = {}
+    for i in np.argsort(order_rank, kind="stable"):
+        rank[i] = seen.get(groups[i], 0)
+        seen[groups[i]] = rank[i] + 1
+    return rank
+
+
+def spread_order(groups, rng: np.random.Generator) -> np.ndarray:
+    """A seeded priority per item (0 = first) in which every group's k-th item comes after every
+    group's (k-1)-th: taking the first n items draws from as many groups (documents) as possible.
+    Within a round the order is random, and so is the order of a group's items."""
+    groups = np.asarray(groups)
+    perm = rng.permutation(len(groups))
+    position = np.empty(len(groups), np.int64)
+    position[perm] = np.arange(len(groups))
+    order = np.lexsort((position, _group_rank(groups, position)))
+    priority = np.empty(len(groups), np.int64)
+    priority[order] = np.arange(len(groups))
+    return priority
+
+
+def grouped_split(groups, labels, seed: int, test_fraction: float = 0.5) -> np.ndarray:
+    """Train mask of a seeded train/test split that keeps every group (document) on one side and is
+    stratified by label: per label, the groups are permuted and taken into train until half of
+    that label's items are in (Scikit-learn's GroupShuffleSplit, stratified by hand, as membership
+    is a property of the group). Passages of one document share topic and style: split at random,
+    a probe can learn the documents of its test half from their other passages (issue 26's audit:
+    a model-free TF-IDF classifier read AUC 0.53 that way). A group whose items carry different
+    labels is an error."""
+    groups, labels = np.asarray(groups), np.asarray(labels)
+    if len(groups) != len(labels):
+        raise ValueError(f"grouped_split: {len(groups)} groups for {len(labels)} labels")
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"grouped_split: test_fraction must lie in (0, 1), got {test_fraction}")
+    names, index = np.unique(groups, return_inverse=True)
+    per_group_labels = [np.unique(labels[index == g]) for g in range(len(names))]
+    mixed = [names[g] for g, l in enumerate(per_group_labels) if len(l) > 1]
+    if mixed:
+        raise ValueError(f"grouped_split: group(s) with more than one label, e.g. {list(mixed[:3])}")
+    group_label = np.array([l[0] for l in per_group_labels])
+    sizes = np.bincount(index, minlength=len(names))
+    rng = np.random.default_rng(seed)
+    train_groups = np.zeros(len(names), bool)
+    for label in np.unique(group_label):
+        candidates = rng.permutation(np.nonzero(group_label == label)[0])
+        target = (1 - test_fraction) * sizes[candidates].sum()
+        taken = np.cumsum(sizes[candidates])
+        n_take = int(np.searchsorted(taken, target, side="left")) + 1  # until >= the target share
+        n_take = min(max(n_take, 1), len(candidates) - 1) if len(candidates) > 1 else len(candidates)
+        train_groups[candidates[:n_take]] = True
+    return train_groups[index]
+
+
+def tfidf_control_scores(texts, is_member, train, seed: int = 0) -> np.ndarray:
+    """A model-free membership classifier: TF-IDF word features + logistic regression, fitted on the
+    `train` items, membership scores (log-odds) of the others. It sees only the texts, so any AUC
+    above chance it reaches is the sample's composition (topic, style, source of the two groups),
+    not the model's memory: the control of the layer probe, which should sit at chance with a
+    split by document (issue 26's audit). Defaults of scikit-learn's TfidfVectorizer and
+    LogisticRegression (C = 1)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    texts = list(texts)
+    y = np.asarray(is_member, dtype=bool)
+    train = np.asarray(train, dtype=bool)
+    vec = TfidfVectorizer()
+    x_train = vec.fit_transform([t for t, k in zip(texts, train) if k])
+    clf = LogisticRegression(max_iter=1000, random_state=seed).fit(x_train, y[train])
+    return clf.decision_function(vec.transform([t for t, k in zip(texts, train) if not k]))
 
 
 def length_summary(lengths) -> dict:

@@ -498,7 +498,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
         _set_rng_state(state["rng"][d.rank])
     position = DataPosition(family, data.train, cfg, seed, d, epoch, batch_index)
 
-    from workbench.data.corpus import corpus_reference
+    from workbench.data.corpus import corpus_recipe, corpus_reference
 
     manifest = {
         "family": family.name,
@@ -510,6 +510,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
                    "sources": cfg.corpus.sources, "heldout_fraction": cfg.corpus.heldout_fraction,
                    "seed": cfg.corpus.seed, "max_documents": cfg.corpus.max_documents,
                    "train_tokens": data.train.num_tokens},
+        "corpus_recipe": corpus_recipe(data.corpus),  # rebuilds the split where the corpus folder is not found
         "tokenizer": {"kind": family.tokenizer_kind, "vocab_size": len(tok), "sha256": tokenizer_hash(tok)},
         "seed": seed,
         "total_steps": total,

@@ -239,6 +239,89 @@ def resolve_corpus_manifest(checkpoint_dir: str | Path, corpus: dict, runs_root:
                           f"folders above the checkpoint); copy the runs folder with its cache/corpus")
 
 
+# The split method text of `build_corpus` (recipe 1): a corpus manifest with it can be rebuilt from
+# the data root by its recipe; shadow-set corpora (workbench.shadows) record other methods.
+_RECIPE_1_METHOD = ("per source: permutation by numpy default_rng([seed, crc32(source)]); "
+                    "first round(fraction * n) held out")
+
+
+def corpus_recipe(corpus: "CorpusSplit") -> dict | None:
+    """What a checkpoint's manifest records to rebuild its training corpus without the corpus folder
+    (`rebuild_corpus`): the recipe version, sources, seed, split parameters, the sha256 of every data
+    file read and of the corpus manifest itself (the manifest has no timestamp, so a faithful rebuild
+    is byte-identical to it). Recipe 1 is `build_corpus`'s per-source document split; a corpus manifest
+    without a "recipe" key is recipe 1 (every manifest written before recipes were numbered). None
+    for a corpus `build_corpus` did not make (a shadow set's halves): those travel with their set."""
+    m = corpus.manifest
+    recipe = m.get("recipe", 1)
+    if recipe == 1 and m.get("split_method") != _RECIPE_1_METHOD:
+        return None
+    return {"recipe": recipe, "sources": list(m["sources"]), "seed": m["seed"],
+            "heldout_fraction": m["heldout_fraction"], "max_documents": m.get("max_documents"),
+            "source_files": m["source_files"], "manifest_sha256": sha256_file(corpus.dir / "manifest.json")}
+
+
+def verify_source_files(recipe: dict, where: str) -> None:
+    """Every data file the recipe read is in the data root with its recorded sha256 (and no file was
+    added to a source: it would add documents); else a DataFormatError naming the file."""
+    root = data_root()
+    for source, files in recipe["source_files"].items():
+        present = {str(p.relative_to(root)) for p in source_files(base_source(source))}
+        added = sorted(present - set(files))
+        if added:
+            raise DataFormatError(root / added[0], None, f"not in the corpus recipe of {where} (source {source!r} "
+                                  f"has {len(added)} file(s) more than when the model was trained)")
+        for rel, sha in sorted(files.items()):
+            path = root / rel
+            if not path.is_file():
+                raise DataFormatError(path, None, f"missing: the corpus recipe of {where} needs it (source {source!r})")
+            got = sha256_file(path)
+            if got != sha:
+                raise DataFormatError(path, None, f"sha256 {got[:12]}... differs from {sha[:12]}... recorded by {where}: "
+                                      f"not the data the model was trained on")
+
+
+def rebuild_corpus(recipe: dict, where: str, out_dir: str | Path | None = None) -> "CorpusSplit":
+    """The corpus split a recipe (`corpus_recipe`) describes, rebuilt from the data root into `out_dir`
+    (default: the cache, keyed by the recorded manifest's sha256; reused when already there) and
+    verified: every data file by its sha256 first, then the rebuilt manifest by the recorded one.
+    `where` names the recipe's owner (a checkpoint) in errors."""
+    from workbench.errors import CheckpointError
+    from workbench.paths import cache_root
+
+    if recipe.get("recipe") != 1:
+        raise CheckpointError(f"{where}: corpus recipe {recipe.get('recipe')!r} is unknown to this version "
+                              f"(known: 1)")
+    sha = recipe["manifest_sha256"]
+    out = Path(out_dir) if out_dir is not None else cache_root() / "corpus-rebuilt" / sha[:20]
+    if not (out / "manifest.json").is_file():
+        verify_source_files(recipe, where)
+        build_corpus(recipe["sources"], out, heldout_fraction=recipe["heldout_fraction"], seed=recipe["seed"],
+                     max_documents=recipe["max_documents"])
+    got = sha256_file(out / "manifest.json")
+    if got != sha:
+        raise CheckpointError(f"{where}: the corpus rebuilt from its recipe in {out} has manifest sha256 {got[:12]}..., "
+                              f"the checkpoint recorded {sha[:12]}...: the split differs")
+    return CorpusSplit.load(out)
+
+
+def checkpoint_corpus(checkpoint_dir: str | Path, manifest: dict, runs_root: str | Path | None = None) -> tuple["CorpusSplit", Path]:
+    """(CorpusSplit, its manifest path) of a checkpoint's training corpus: the folder its manifest
+    names (`resolve_corpus_manifest`), else, when that is not found (a checkpoint copied alone,
+    trained with --output-dir elsewhere), rebuilt from its `corpus_recipe` and verified."""
+    from workbench.errors import CheckpointError
+
+    try:
+        path = resolve_corpus_manifest(checkpoint_dir, manifest["corpus"], runs_root)
+        return CorpusSplit.load(path.parent), path
+    except CheckpointError as e:
+        recipe = manifest.get("corpus_recipe")
+        if "not found" not in str(e) or not recipe:
+            raise
+    corpus = rebuild_corpus(recipe, str(checkpoint_dir))
+    return corpus, corpus.dir / "manifest.json"
+
+
 def source_sizes(sources: list[str]) -> dict[str, dict[str, int]]:
     """Documents / lines / characters / words of each named source (no split)."""
     return {s: _counts(load_documents(s)) for s in sources}
