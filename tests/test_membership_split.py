@@ -220,3 +220,58 @@ def _data_root():
     from workbench.paths import data_root
 
     return data_root()
+
+
+# --------------------------------------------------------------------------- corpus recipes
+
+
+def test_recipe_1_manifest_is_unchanged_and_recipe_2_holds_out_blocks_of_every_webtext_file(tmp_path):
+    from workbench.data.corpus import build_corpus, corpus_recipe, rebuild_corpus
+    from workbench.data.raw import load_documents
+
+    v1 = build_corpus(["webtext", "inaugural"], tmp_path / "v1", heldout_fraction=0.1, seed=0)
+    assert "recipe" not in v1.manifest  # an old manifest and a new recipe-1 one are the same bytes
+    assert v1.manifest["split_method"] == ("per source: permutation by numpy default_rng([seed, crc32(source)]); "
+                                           "first round(fraction * n) held out")
+    held_files_v1 = {d.split("#")[0] for d in v1.doc_ids("heldout") if d.startswith("webtext/")}
+    assert len(held_files_v1) == 1  # the audit's finding: one whole file held out
+
+    v2 = build_corpus(["webtext", "inaugural"], tmp_path / "v2", heldout_fraction=0.1, seed=0, recipe=2)
+    assert v2.manifest["recipe"] == 2 and v2.manifest["block_lines"] == {"webtext": 20}
+    assert v2.doc_ids("heldout")[-5:] == v1.doc_ids("heldout")[-5:]  # inaugural: split as in recipe 1
+    files = [d.doc_id for d in load_documents("webtext")]
+    held = [d for d in v2.doc_ids("heldout") if d.startswith("webtext/")]
+    assert {d.split("#")[0] for d in held} == set(files)  # every file has held-out blocks
+    assert not set(v2.doc_ids("train")) & set(v2.doc_ids("heldout"))
+    for f in files:  # the blocks of a file are its text, in order, ~10% of them held out
+        blocks = sorted((d for d in v2.documents("train") + v2.documents("heldout") if d.doc_id.split("#")[0] == f),
+                        key=lambda d: d.doc_id)
+        original = next(d for d in load_documents("webtext") if d.doc_id == f)
+        assert "\n".join(b.text for b in blocks) == original.text
+        n_held = sum(d.split("#")[0] == f for d in held)
+        assert n_held == int(np.floor(0.1 * len(blocks) + 0.5))
+    again = rebuild_corpus(corpus_recipe(v2), "test", tmp_path / "rebuilt")
+    assert (again.dir / "manifest.json").read_bytes() == (v2.dir / "manifest.json").read_bytes()
+
+
+def test_checkpoint_from_before_the_recipe_rebuilds_from_its_corpus_record(tiny_gpt_run, tmp_path, monkeypatch):
+    """A manifest without `corpus_recipe` (trained before it was recorded): recipe 1 from its `corpus`
+    record, verified by the corpus manifest's sha256; a planted change of the split is refused."""
+    from workbench.checkpoints import read_manifest
+    from workbench.errors import CheckpointError
+
+    run, root = tiny_gpt_run
+    original, _ = mem.corpus_of(run.checkpoint)
+    alone = tmp_path / "old" / "ckpt"
+    shutil.copytree(run.checkpoint, alone)
+    m = read_manifest(alone)
+    del m["corpus_recipe"]
+    (alone / "manifest.json").write_text(json.dumps(m))
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs-a"))
+    corpus, _ = mem.corpus_of(alone)
+    assert corpus.doc_ids("heldout") == original.doc_ids("heldout")
+    m["corpus"]["seed"] = m["corpus"]["seed"] + 1  # a record that does not describe the recorded split
+    (alone / "manifest.json").write_text(json.dumps(m))
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs-b"))
+    with pytest.raises(CheckpointError, match="the split differs"):
+        mem.corpus_of(alone)
