@@ -17,9 +17,9 @@ Members and non-members are then drawn in equal numbers (`n_examples` each) with
 histograms of (source, length in words) (fine-tuning: (label, length)), so that neither the source
 mix nor length can separate them (`membership_attacks.length_matched`); both length
 distributions are reported in the run's notes.
-Pretraining: passages are drawn across as many documents as possible (one passage of every
-document of a (source, length) cell before a second of any: `membership_attacks.spread_order`), and
-the rows' extra and the summary give the distinct documents per group (`documents`). Passages of one
+Pretraining: passages are drawn across as many documents as possible and the same way in both
+groups: at most c passages of any document, c the smallest cap that fills the sample
+(`membership_attacks.capped_length_matched`; the notes say c), and the rows' extra and the summary give the distinct documents per group (`documents`). Passages of one
 document are not independent: every CI resamples documents (`probes.core.statistics.auc_bootstrap`
 with the documents as units; fine-tuning: an example is its own unit).
 
@@ -127,13 +127,18 @@ def _draw(mem: list, non: list, n: int, seed: int, where: str, extra: dict, leng
           spread_documents: bool = False) -> tuple[list, list, dict]:
     """Drop texts in both groups, then equal-size samples matched on (stratum, length); returns the
     chosen lists + info. mem/non: lists of (id, doc_id, text, n_words, payload, stratum).
-    `spread_documents`: draw passages across as many documents as possible (`ma.spread_order`)."""
+    `spread_documents`: at most c passages of any document in either group, c the smallest cap that
+    fills the sample (`ma.capped_length_matched`)."""
     shared = {r[2] for r in mem} & {r[2] for r in non}
     mem = [r for r in mem if r[2] not in shared]
     non = [r for r in non if r[2] not in shared]
     key = lambda r: f"{r[5]}|{r[3] // length_bin}"
-    groups = ([r[1] for r in mem], [r[1] for r in non]) if spread_documents else (None, None)
-    im, inn = ma.length_matched([key(r) for r in mem], [key(r) for r in non], n, seed, *groups)
+    cap = None
+    if spread_documents:
+        im, inn, cap = ma.capped_length_matched([key(r) for r in mem], [key(r) for r in non], [r[1] for r in mem],
+                                                [r[1] for r in non], n, seed)
+    else:
+        im, inn = ma.length_matched([key(r) for r in mem], [key(r) for r in non], n, seed)
     if len(im) < 10:
         raise ConfigError(f"{where}: only {len(im)} length-matched member/non-member pairs")
     chosen_m, chosen_n = [mem[i] for i in im], [non[i] for i in inn]
@@ -141,6 +146,7 @@ def _draw(mem: list, non: list, n: int, seed: int, where: str, extra: dict, leng
             "matched_on": f"stratum (pretrain: source; finetune: label) and words // {length_bin}",
             "candidates": {"members": len(mem), "nonmembers": len(non)},
             "dropped_shared_texts": len(shared), "n_per_group": len(im),
+            **({"passages_per_document_cap": cap} if spread_documents else {}),
             "documents_per_group": {"members": len({r[1] for r in chosen_m}),
                                     "nonmembers": len({r[1] for r in chosen_n})},
             "lengths": {"members": ma.length_summary([r[3] for r in chosen_m]),

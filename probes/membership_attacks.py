@@ -252,75 +252,59 @@ def roc_points(result: RocResult, max_points: int = 200) -> list[tuple[float, fl
 
 
 # --------------------------------------------------------------------------- samples
-def length_matched(member_lengths, nonmember_lengths, n_max: int | None, seed: int,
-                   member_groups=None, nonmember_groups=None) -> tuple[np.ndarray, np.ndarray]:
+def length_matched(member_lengths, nonmember_lengths, n_max: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices (members, non-members) of equal-size samples with identical length histograms:
     within each length, min(#members, #non-members) of each are drawn (seeded); then pairs are
     thinned to `n_max` per side. Lengths are integers (words of a passage) or any sortable keys
-    (e.g. "source|words" to match on both).
-
-    `member_groups`, `nonmember_groups` (the document of each item; both or neither): draw across
-    as many documents as possible, i.e. in `spread_order` (one passage of every document before a
-    second of any) instead of uniformly, within each length and when thinning (non-members first:
-    the held-out split has the fewer documents). Without them the draw is uniform (as before)."""
+    (e.g. "source|words" to match on both)."""
     ml, nl = np.asarray(member_lengths), np.asarray(nonmember_lengths)
     rng = np.random.default_rng(seed)
-    spread = member_groups is not None
-    if spread != (nonmember_groups is not None):
-        raise ValueError("length_matched: give the groups of both members and non-members, or neither")
-    if spread:
-        m_rank, n_rank = spread_order(member_groups, rng), spread_order(nonmember_groups, rng)
     pairs_m, pairs_n = [], []
     for length in np.intersect1d(ml, nl):
         a, b = np.nonzero(ml == length)[0], np.nonzero(nl == length)[0]
         k = min(len(a), len(b))
-        if spread:
-            pairs_m.append(a[np.argsort(m_rank[a], kind="stable")[:k]])
-            pairs_n.append(b[np.argsort(n_rank[b], kind="stable")[:k]])
-        else:
-            pairs_m.append(rng.choice(a, k, replace=False))
-            pairs_n.append(rng.choice(b, k, replace=False))
+        pairs_m.append(rng.choice(a, k, replace=False))
+        pairs_n.append(rng.choice(b, k, replace=False))
     if not pairs_m:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     pm, pn = np.concatenate(pairs_m), np.concatenate(pairs_n)
     if n_max is not None and len(pm) > n_max:
-        if spread:  # how many pairs each length keeps: the earliest in the spread (non-members first, the
-            # scarcer documents); then each side keeps its own spread-first passages of that length
-            gm, gn = np.asarray(member_groups)[pm], np.asarray(nonmember_groups)[pn]
-            first = np.lexsort((n_rank[pn], _group_rank(gm, m_rank[pm]), _group_rank(gn, n_rank[pn])))[:n_max]
-            stratum = np.repeat(np.arange(len(pairs_m)), [len(p) for p in pairs_m])
-            kept = np.bincount(stratum[first], minlength=len(pairs_m))
-            pm = np.concatenate([p[:k] for p, k in zip(pairs_m, kept)])
-            pn = np.concatenate([p[:k] for p, k in zip(pairs_n, kept)])
-        else:
-            keep = rng.choice(len(pm), n_max, replace=False)
-            pm, pn = pm[keep], pn[keep]
+        keep = rng.choice(len(pm), n_max, replace=False)
+        pm, pn = pm[keep], pn[keep]
     return np.sort(pm), np.sort(pn)
 
 
-def _group_rank(groups, order_rank: np.ndarray) -> np.ndarray:
-    """Per item, how many items of its group come before it in the order given by `order_rank`."""
+def rank_in_group(groups, seed: int) -> np.ndarray:
+    """Per item, its place (0, 1, ...) among its group's items in a seeded random order: keeping the
+    items of rank < c keeps a random c of every group (nested as c grows)."""
     groups = np.asarray(groups)
     rank = np.empty(len(groups), np.int64)
     seen: dict = {}
-    for i in np.argsort(order_rank, kind="stable"):
+    for i in np.random.default_rng(seed).permutation(len(groups)):
         rank[i] = seen.get(groups[i], 0)
         seen[groups[i]] = rank[i] + 1
     return rank
 
 
-def spread_order(groups, rng: np.random.Generator) -> np.ndarray:
-    """A seeded priority per item (0 = first) in which every group's k-th item comes after every
-    group's (k-1)-th: taking the first n items draws from as many groups (documents) as possible.
-    Within a round the order is random, and so is the order of a group's items."""
-    groups = np.asarray(groups)
-    perm = rng.permutation(len(groups))
-    position = np.empty(len(groups), np.int64)
-    position[perm] = np.arange(len(groups))
-    order = np.lexsort((position, _group_rank(groups, position)))
-    priority = np.empty(len(groups), np.int64)
-    priority[order] = np.arange(len(groups))
-    return priority
+def capped_length_matched(member_keys, nonmember_keys, member_groups, nonmember_groups, n: int | None,
+                          seed: int) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """`length_matched` on passages capped at c per document on BOTH sides, c the smallest cap that
+    still fills n pairs (None: no cap was needed or none suffices). Why: the held-out split has ~9x
+    fewer documents, so an uncapped draw takes several passages of each held-out document (1,000
+    non-members from ~230 documents); a cap spreads both groups over more documents, and applying
+    the same cap to both keeps them drawn the same way (each document contributes in proportion to
+    min(its passages, c) in either group; spreading only the non-members would let document length,
+    and the topics that go with it, tell the groups apart). Returns (members, non-members, c)."""
+    mk, nk = np.asarray(member_keys), np.asarray(nonmember_keys)
+    m_rank, n_rank = rank_in_group(member_groups, seed), rank_in_group(nonmember_groups, seed + 1)
+    top = int(max(m_rank.max(initial=0), n_rank.max(initial=0))) + 1
+    for cap in range(1, top + 1):
+        m_ok, n_ok = np.nonzero(m_rank < cap)[0], np.nonzero(n_rank < cap)[0]
+        im, inn = length_matched(mk[m_ok], nk[n_ok], n, seed)
+        if n is not None and len(im) >= n:
+            return m_ok[im], n_ok[inn], (cap if cap < top else None)
+    im, inn = length_matched(mk, nk, n, seed)
+    return im, inn, None
 
 
 def grouped_split(groups, labels, seed: int, test_fraction: float = 0.5) -> np.ndarray:

@@ -56,19 +56,22 @@ def test_grouped_split_keeps_documents_whole_and_halves_each_group():
         ma.grouped_split(["a", "a", "b"], [1, 0, 1], seed=0)
 
 
-def test_spread_sampling_takes_every_document_before_a_second_passage():
+def test_capped_sampling_spreads_both_groups_over_documents_the_same_way():
     # 20 non-member documents of 50 passages, 200 member documents of 5; all passages the same length
     non_groups = np.repeat([f"n{i}" for i in range(20)], 50)
     mem_groups = np.repeat([f"m{i}" for i in range(200)], 5)
-    lengths_m, lengths_n = np.full(len(mem_groups), 32), np.full(len(non_groups), 32)
-    im, inn = ma.length_matched(lengths_m, lengths_n, 40, seed=0, member_groups=mem_groups, nonmember_groups=non_groups)
-    assert len(im) == len(inn) == 40
+    keys_m, keys_n = np.full(len(mem_groups), 32), np.full(len(non_groups), 32)
+    im, inn, cap = ma.capped_length_matched(keys_m, keys_n, mem_groups, non_groups, 40, seed=0)
+    assert len(im) == len(inn) == 40 and cap == 2  # one per document gives 20 non-members: too few
     counts = np.unique(non_groups[inn], return_counts=True)[1]
-    assert len(counts) == 20 and counts.min() == counts.max() == 2  # two of each of the 20, not a random mix
-    assert len(set(mem_groups[im])) == 40
-    # the uniform draw (no groups) leaves some documents out and takes others several times
-    um, un = ma.length_matched(lengths_m, lengths_n, 40, seed=0)
-    assert np.unique(non_groups[un], return_counts=True)[1].max() > 2
+    assert len(counts) == 20 and (counts == 2).all()  # two of each of the 20, not a random mix
+    assert np.unique(mem_groups[im], return_counts=True)[1].max() <= 2  # the same cap for members
+    # the uncapped draw takes some documents many times and leaves others out
+    um, un = ma.length_matched(keys_m, keys_n, 40, seed=0)
+    assert np.unique(non_groups[un], return_counts=True)[1].max() > 2 and len(set(non_groups[un])) < 20
+    # nested caps: the passages kept at cap c are kept at c + 1
+    rank = ma.rank_in_group(non_groups, seed=0)
+    assert all(((rank == k).sum() == 20) for k in range(50))
 
 
 def test_document_ci_equals_the_statistics_bootstrap_and_is_wider_on_clustered_scores():
