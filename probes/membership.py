@@ -43,7 +43,8 @@ tested on the other half, split BY DOCUMENT (`membership_attacks.grouped_split`:
 document share topic, and a random split lets a probe recognise a test passage's document from its
 training passages): per-layer `auc` (CI over documents) and `accuracy`; the random-init twin is its
 baseline, and a model-free control on the same split (TF-IDF + logistic regression on the texts,
-`membership_attacks.tfidf_control_scores`; a whole-model row, extra `baseline: model_free_tfidf`)
+`membership_attacks.tfidf_control_scores`; a whole-model row of task `tfidf_control`, extra
+`baseline: model_free_tfidf`)
 shows what the sample's composition alone gives away.
 
 `reference_diff` (Watson et al. 2022) and `reference_ratio` (Carlini et al. 2021) need a reference
@@ -77,6 +78,7 @@ NAME = "membership"
 TASKS = ("attacks", "layers")
 SETTINGS_KINDS = ("pretrain", "finetune")
 ATTACKS = ("loss", "zlib", "reference_diff", "reference_ratio", "reference", "mink", "minkpp", "lira")
+CONTROL_TASK = "tfidf_control"  # the `layers` task's model-free control row (no layer)
 REFERENCE_ATTACKS = ("reference_diff", "reference_ratio", "reference")  # `reference`: old name of reference_diff
 LM_ONLY = ("zlib", "mink", "minkpp")
 
@@ -613,7 +615,7 @@ def layer_probe_rows(unit, sample: Sample, settings: Settings) -> list[pd.DataFr
     if not unit.is_twin:
         scores = ma.tfidf_control_scores(sample.texts, y == 1, train, seed=settings.seed)
         a, low, high = auc_bootstrap(scores, y[~train], units=test_docs, n_boot=settings.n_boot, seed=settings.seed)
-        frames.append(_model_rows(unit, "layer_probe", {"auc": [a]}, int((~train).sum()), ci={"auc": ([low], [high])},
+        frames.append(_model_rows(unit, CONTROL_TASK, {"auc": [a]}, int((~train).sum()), ci={"auc": ([low], [high])},
                                   extra={**extra, "baseline": "model_free_tfidf",
                                          "what": "TF-IDF + logistic regression on the texts alone (no model)"}))
     return frames
@@ -677,7 +679,7 @@ def summary(rows: pd.DataFrame) -> str:
     for model, sub in rows.groupby("model", sort=False):
         step = sub["step"].dropna()
         lines.append(f"== {model}" + (f" (step {int(step.iloc[0])})" if len(step) else ""))
-        att = sub[sub["layer"].isna() & (sub["task"] != "layer_probe")]
+        att = sub[sub["layer"].isna() & (sub["task"] != CONTROL_TASK)]
         docs = [_extra(r).get("documents") for _, r in att[att["metric"] == "auc"].iterrows()]
         if docs and docs[0]:
             lines.append(f"attack sample: members from {docs[0]['members']} documents, non-members from "
@@ -694,8 +696,8 @@ def summary(rows: pd.DataFrame) -> str:
                           f"{get('balanced_acc')['value'].iloc[0]:.3f}"])
         if len(table) > 1:
             lines.append(runner.aligned(table))
-        probe = sub[(sub["task"] == "layer_probe") & (sub["metric"] == "auc")]
-        lp, control = probe[probe["layer"].notna()], probe[probe["layer"].isna()]
+        lp = sub[(sub["task"] == "layer_probe") & (sub["metric"] == "auc")]
+        control = sub[(sub["task"] == CONTROL_TASK) & (sub["metric"] == "auc")]
         if not lp.empty:
             best = lp.loc[lp["value"].idxmax()]
             d = _extra(lp.iloc[0]).get("documents")

@@ -172,9 +172,11 @@ def test_probe_rows_report_documents_and_the_tfidf_control(tiny_gpt_run, tmp_pat
     info = next(iter(notes["membership_samples"].values()))
     assert extra(loss["extra"])["documents"] == info["documents_per_group"]
     probe = rows[(rows["task"] == "layer_probe") & (rows["metric"] == "auc")]
-    control = probe[probe["layer"].isna()]
-    assert len(control) == 1 and extra(control["extra"].iloc[0])["baseline"] == "model_free_tfidf"
-    layer_extra = extra(probe[probe["layer"].notna()]["extra"].iloc[0])
+    control = rows[(rows["task"] == "tfidf_control") & (rows["metric"] == "auc")]
+    assert len(control) == 1 and control["layer"].isna().all()
+    assert extra(control["extra"].iloc[0])["baseline"] == "model_free_tfidf"
+    assert probe["layer"].notna().all()
+    layer_extra = extra(probe["extra"].iloc[0])
     assert layer_extra["split"] == "by document"
     total = info["documents_per_group"]
     for group in ("members", "nonmembers"):  # no document on both sides of the split
