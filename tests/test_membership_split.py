@@ -193,15 +193,20 @@ def test_checkpoint_copied_alone_rebuilds_and_verifies_its_corpus(tiny_gpt_run, 
     run, root = tiny_gpt_run
     m = read_manifest(run.checkpoint)
     assert m["corpus_recipe"]["recipe"] == 1 and m["corpus_recipe"]["source_files"]
-    original = CorpusSplit.load(resolve_corpus_manifest(run.checkpoint, m["corpus"], root / "runs").parent)
+    cached = resolve_corpus_manifest(run.checkpoint, m["corpus"], root / "runs").parent
+    shutil.copytree(cached, tmp_path / "original-corpus")
+    original = CorpusSplit.load(tmp_path / "original-corpus")
+    shutil.rmtree(cached)  # the corpus folder is gone
     alone = tmp_path / "elsewhere" / "ckpt"
     shutil.copytree(run.checkpoint, alone)
-    empty_runs = tmp_path / "other-runs"  # a runs root without the cached corpus
+    empty_runs = tmp_path / "other-runs"
     monkeypatch.setenv("BERTOLOGY_RUNS", str(empty_runs))
     with pytest.raises(CheckpointError, match="not found"):
         resolve_corpus_manifest(alone, m["corpus"])
+    rows, notes = _probe(alone, tmp_path / "store", empty_runs, monkeypatch, tasks=("attacks",))
+    assert not rows.empty and "corpus-rebuilt" in next(iter(notes["membership_samples"].values()))["ground_truth"]
     corpus, path = mem.corpus_of(alone)
-    assert path.is_relative_to(empty_runs)
+    assert path.is_relative_to(empty_runs) and path.parent.parent.name == "corpus-rebuilt"
     for split in ("train", "heldout"):
         assert corpus.doc_ids(split) == original.doc_ids(split)
         assert [d.text for d in corpus.documents(split)] == [d.text for d in original.documents(split)]
