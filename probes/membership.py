@@ -19,8 +19,8 @@ mix nor length can separate them (`membership_attacks.length_matched`); both len
 distributions are reported in the run's notes.
 Pretraining: passages are drawn across as many documents as possible and the same way in both
 groups: at most c passages of any document, c the smallest cap that fills the sample
-(`membership_attacks.capped_length_matched`; the notes say c), and the rows' extra and the summary give the distinct documents per group (`documents`). Passages of one
-document are not independent: every CI resamples documents (`probes.core.statistics.auc_bootstrap`
+(`membership_attacks.capped_length_matched`; the notes say c); the rows' extra and the summary give
+the distinct documents per group (`documents`). Passages of one document are not independent: every CI resamples documents (`probes.core.statistics.auc_bootstrap`
 with the documents as units; fine-tuning: an example is its own unit).
 
 Per-example likelihood with each family's own head (`workbench.lm_scores`): causal NLL (GPT), forward +
@@ -44,8 +44,7 @@ document share topic, and a random split lets a probe recognise a test passage's
 training passages): per-layer `auc` (CI over documents) and `accuracy`; the random-init twin is its
 baseline, and a model-free control on the same split (TF-IDF + logistic regression on the texts,
 `membership_attacks.tfidf_control_scores`; a whole-model row of task `tfidf_control`, extra
-`baseline: model_free_tfidf`)
-shows what the sample's composition alone gives away.
+`baseline: model_free_tfidf`) shows what the sample's composition alone gives away.
 
 `reference_diff` (Watson et al. 2022) and `reference_ratio` (Carlini et al. 2021) need a reference
 checkpoint trained on disjoint data (`reference` is reference_diff's old name);
@@ -126,17 +125,17 @@ def passages(text: str, n_words: int, min_words: int) -> list[tuple[str, int]]:
 
 
 def _draw(mem: list, non: list, n: int, seed: int, where: str, extra: dict, length_bin: int = 1,
-          spread_documents: bool = False) -> tuple[list, list, dict]:
+          cap_per_document: bool = False) -> tuple[list, list, dict]:
     """Drop texts in both groups, then equal-size samples matched on (stratum, length); returns the
     chosen lists + info. mem/non: lists of (id, doc_id, text, n_words, payload, stratum).
-    `spread_documents`: at most c passages of any document in either group, c the smallest cap that
+    `cap_per_document`: at most c passages of any document in either group, c the smallest cap that
     fills the sample (`ma.capped_length_matched`)."""
     shared = {r[2] for r in mem} & {r[2] for r in non}
     mem = [r for r in mem if r[2] not in shared]
     non = [r for r in non if r[2] not in shared]
     key = lambda r: f"{r[5]}|{r[3] // length_bin}"
     cap = None
-    if spread_documents:
+    if cap_per_document:
         im, inn, cap = ma.capped_length_matched([key(r) for r in mem], [key(r) for r in non], [r[1] for r in mem],
                                                 [r[1] for r in non], n, seed)
     else:
@@ -148,7 +147,7 @@ def _draw(mem: list, non: list, n: int, seed: int, where: str, extra: dict, leng
             "matched_on": f"stratum (pretrain: source; finetune: label) and words // {length_bin}",
             "candidates": {"members": len(mem), "nonmembers": len(non)},
             "dropped_shared_texts": len(shared), "n_per_group": len(im),
-            **({"passages_per_document_cap": cap} if spread_documents else {}),
+            **({"passages_per_document_cap": cap} if cap_per_document else {}),
             "documents_per_group": {"members": len({r[1] for r in chosen_m}),
                                     "nonmembers": len({r[1] for r in chosen_n})},
             "lengths": {"members": ma.length_summary([r[3] for r in chosen_m]),
@@ -205,7 +204,7 @@ def pretrain_sample(checkpoint, passage_words: int = 32, min_words: int = 8, n_e
                        {"setting": "pretrain", "passage_words": passage_words, "corpus_override": corpus_dir is not None,
                         "documents": {"train": len(corpus.doc_ids("train")), "heldout": len(corpus.doc_ids("heldout"))},
                         "passages_too_long_for_the_model": too_long},
-                       length_bin, spread_documents=True)
+                       length_bin, cap_per_document=True)
     return _sample(m, n, info, labelled=False)
 
 
@@ -525,7 +524,7 @@ def attack_scores(sample: Sample, st: Stats, settings: Settings, ref: Stats | No
             out["loss"] = ma.loss_score(st.nll)
         elif attack == "zlib":
             out["zlib"] = ma.zlib_score(st.nll, sample.texts)
-        elif attack in ("reference_diff", "reference"):  # `reference`: the old name, same score and row name
+        elif attack in ("reference_diff", "reference"):  # `reference`: the old name (same score; rows reference_diff)
             out["reference_diff"] = ma.reference_diff_score(st.nll, ref.nll)
         elif attack == "reference_ratio":
             out["reference_ratio"] = ma.reference_ratio_score(st.nll, ref.nll)

@@ -297,14 +297,23 @@ def capped_length_matched(member_keys, nonmember_keys, member_groups, nonmember_
     and the topics that go with it, tell the groups apart). Returns (members, non-members, c)."""
     mk, nk = np.asarray(member_keys), np.asarray(nonmember_keys)
     m_rank, n_rank = rank_in_group(member_groups, seed), rank_in_group(nonmember_groups, seed + 1)
-    top = int(max(m_rank.max(initial=0), n_rank.max(initial=0))) + 1
-    for cap in range(1, top + 1):
+
+    def draw(cap):
         m_ok, n_ok = np.nonzero(m_rank < cap)[0], np.nonzero(n_rank < cap)[0]
         im, inn = length_matched(mk[m_ok], nk[n_ok], n, seed)
-        if n is not None and len(im) >= n:
-            return m_ok[im], n_ok[inn], (cap if cap < top else None)
-    im, inn = length_matched(mk, nk, n, seed)
-    return im, inn, None
+        return m_ok[im], n_ok[inn]
+
+    top = int(max(m_rank.max(initial=0), n_rank.max(initial=0))) + 1  # no cap at all
+    if n is None or len(draw(top)[0]) < n:
+        return (*length_matched(mk, nk, n, seed), None)
+    low, high = 1, top  # pairs grow with the cap: the smallest cap that fills n, by bisection
+    while low < high:
+        mid = (low + high) // 2
+        if len(draw(mid)[0]) >= n:
+            high = mid
+        else:
+            low = mid + 1
+    return (*draw(low), low if low < top else None)
 
 
 def grouped_split(groups, labels, seed: int, test_fraction: float = 0.5) -> np.ndarray:
