@@ -17,8 +17,11 @@ Members and non-members are then drawn in equal numbers (`n_examples` each) with
 histograms of (source, length in words) (fine-tuning: (label, length)), so that neither the source
 mix nor length can separate them (`membership_attacks.length_matched`); both length
 distributions are reported in the run's notes.
-Passages of one document are not independent: the bootstrap CIs resample passages, so they are
-narrower than a document-level resampling would give.
+Pretraining: passages are drawn across as many documents as possible and the same way in both
+groups: at most c passages of any document, c the smallest cap that fills the sample
+(`membership_attacks.capped_length_matched`; the notes say c); the rows' extra and the summary give
+the distinct documents per group (`documents`). Passages of one document are not independent: every CI resamples documents (`probes.core.statistics.auc_bootstrap`
+with the documents as units; fine-tuning: an example is its own unit).
 
 Per-example likelihood with each family's own head (`workbench.lm_scores`): causal NLL (GPT), forward +
 backward LM (ELMo), masked LMs by their full pseudo-log-likelihood (batched, Salazar et al. 2020),
@@ -33,12 +36,18 @@ Fine-tuned classifiers: cross-entropy on the true label and the logit-scaled con
 Attacks and their sign (higher = member): see `probes.membership_attacks`. Task `attacks` gives,
 per attack, `auc` (bootstrap CI), `tpr_fpr_1pct`, `tpr_fpr_0.1pct` (extra: how many non-members
 that FPR allows), `balanced_acc`, and the ROC points in the auc row's extra; the row's `task` is
-the attack (loss, zlib, reference, mink_K, minkpp_K, lira_online, lira_offline).
+the attack (loss, zlib, reference_diff, reference_ratio, mink_K, minkpp_K, lira_online, lira_offline).
 Task `layers`: a linear probe (`probes.engine.fit_probe`) on each layer's mean-pooled passage vector
 (mean over words of mean-pooled subwords), trained on half of the members and non-members and
-tested on the other half: per-layer `auc` (CI) and `accuracy`; the random-init twin is its baseline.
+tested on the other half, split BY DOCUMENT (`membership_attacks.grouped_split`: passages of one
+document share topic, and a random split lets a probe recognise a test passage's document from its
+training passages): per-layer `auc` (CI over documents) and `accuracy`; the random-init twin is its
+baseline, and a model-free control on the same split (TF-IDF + logistic regression on the texts,
+`membership_attacks.tfidf_control_scores`; a whole-model row of task `tfidf_control`, extra
+`baseline: model_free_tfidf`) shows what the sample's composition alone gives away.
 
-`reference` needs a reference checkpoint trained on disjoint data (Carlini et al. 2021);
+`reference_diff` (Watson et al. 2022) and `reference_ratio` (Carlini et al. 2021) need a reference
+checkpoint trained on disjoint data (`reference` is reference_diff's old name);
 `lira` needs a shadow set (`workbench.shadows`): the target's examples are looked up in each
 shadow model's own manifest (IN = its train split, OUT = its held-out split; fine-tuned shadows:
 IN = the examples it trained on, OUT = the rest of its splits.json); shadows from the target's own
@@ -67,7 +76,9 @@ from workbench.errors import CheckpointError, ConfigError
 NAME = "membership"
 TASKS = ("attacks", "layers")
 SETTINGS_KINDS = ("pretrain", "finetune")
-ATTACKS = ("loss", "zlib", "reference", "mink", "minkpp", "lira")
+ATTACKS = ("loss", "zlib", "reference_diff", "reference_ratio", "reference", "mink", "minkpp", "lira")
+CONTROL_TASK = "tfidf_control"  # the `layers` task's model-free control row (no layer)
+REFERENCE_ATTACKS = ("reference_diff", "reference_ratio", "reference")  # `reference`: old name of reference_diff
 LM_ONLY = ("zlib", "mink", "minkpp")
 
 
@@ -113,14 +124,22 @@ def passages(text: str, n_words: int, min_words: int) -> list[tuple[str, int]]:
     return out
 
 
-def _draw(mem: list, non: list, n: int, seed: int, where: str, extra: dict, length_bin: int = 1) -> tuple[list, list, dict]:
+def _draw(mem: list, non: list, n: int, seed: int, where: str, extra: dict, length_bin: int = 1,
+          cap_per_document: bool = False) -> tuple[list, list, dict]:
     """Drop texts in both groups, then equal-size samples matched on (stratum, length); returns the
-    chosen lists + info. mem/non: lists of (id, doc_id, text, n_words, payload, stratum)."""
+    chosen lists + info. mem/non: lists of (id, doc_id, text, n_words, payload, stratum).
+    `cap_per_document`: at most c passages of any document in either group, c the smallest cap that
+    fills the sample (`ma.capped_length_matched`)."""
     shared = {r[2] for r in mem} & {r[2] for r in non}
     mem = [r for r in mem if r[2] not in shared]
     non = [r for r in non if r[2] not in shared]
     key = lambda r: f"{r[5]}|{r[3] // length_bin}"
-    im, inn = ma.length_matched([key(r) for r in mem], [key(r) for r in non], n, seed)
+    cap = None
+    if cap_per_document:
+        im, inn, cap = ma.capped_length_matched([key(r) for r in mem], [key(r) for r in non], [r[1] for r in mem],
+                                                [r[1] for r in non], n, seed)
+    else:
+        im, inn = ma.length_matched([key(r) for r in mem], [key(r) for r in non], n, seed)
     if len(im) < 10:
         raise ConfigError(f"{where}: only {len(im)} length-matched member/non-member pairs")
     chosen_m, chosen_n = [mem[i] for i in im], [non[i] for i in inn]
@@ -128,6 +147,9 @@ def _draw(mem: list, non: list, n: int, seed: int, where: str, extra: dict, leng
             "matched_on": f"stratum (pretrain: source; finetune: label) and words // {length_bin}",
             "candidates": {"members": len(mem), "nonmembers": len(non)},
             "dropped_shared_texts": len(shared), "n_per_group": len(im),
+            **({"passages_per_document_cap": cap} if cap_per_document else {}),
+            "documents_per_group": {"members": len({r[1] for r in chosen_m}),
+                                    "nonmembers": len({r[1] for r in chosen_n})},
             "lengths": {"members": ma.length_summary([r[3] for r in chosen_m]),
                         "nonmembers": ma.length_summary([r[3] for r in chosen_n])}}
     return chosen_m, chosen_n, info
@@ -143,9 +165,10 @@ def _sample(chosen_m, chosen_n, info, labelled: bool) -> Sample:
 
 
 def corpus_of(checkpoint: str | Path):
-    """(CorpusSplit, manifest path) the checkpoint's manifest names as its training corpus."""
+    """(CorpusSplit, manifest path) the checkpoint's manifest names as its training corpus; rebuilt
+    from the data root by its recorded recipe when the folder is not found (`checkpoint_corpus`)."""
     from workbench.checkpoints import read_manifest
-    from workbench.data.corpus import CorpusSplit, resolve_corpus_manifest
+    from workbench.data.corpus import checkpoint_corpus
 
     m = read_manifest(checkpoint)
     if not m or not isinstance(m.get("corpus"), dict):
@@ -153,8 +176,7 @@ def corpus_of(checkpoint: str | Path):
                               f"backend?); pass corpus=<corpus folder> to evaluate against one")
     if m["corpus"].get("split", "train") != "train":
         raise CheckpointError(f"{checkpoint}: trained on split {m['corpus'].get('split')!r}, expected 'train'")
-    path = resolve_corpus_manifest(checkpoint, m["corpus"])
-    return CorpusSplit.load(path.parent), path
+    return checkpoint_corpus(checkpoint, m)
 
 
 def pretrain_sample(checkpoint, passage_words: int = 32, min_words: int = 8, n_examples: int | None = 1000,
@@ -182,7 +204,7 @@ def pretrain_sample(checkpoint, passage_words: int = 32, min_words: int = 8, n_e
                        {"setting": "pretrain", "passage_words": passage_words, "corpus_override": corpus_dir is not None,
                         "documents": {"train": len(corpus.doc_ids("train")), "heldout": len(corpus.doc_ids("heldout"))},
                         "passages_too_long_for_the_model": too_long},
-                       length_bin)
+                       length_bin, cap_per_document=True)
     return _sample(m, n, info, labelled=False)
 
 
@@ -283,7 +305,8 @@ def classifier_stats(checkpoint, handle, data, sample: Sample, batch_size: int) 
 class Settings(runner.Settings):
     setting: str = field(default="pretrain", metadata={"help": "pretrain | finetune (where membership comes from)"})
     attacks: tuple[str, ...] = field(default=("loss", "zlib", "mink", "minkpp"), metadata={
-        "help": "comma-separated: loss,zlib,reference,mink,minkpp,lira (reference needs --reference, lira --shadows)"})
+        "help": "comma-separated: loss,zlib,reference_diff,reference_ratio,mink,minkpp,lira (reference_* need "
+                "--reference, lira --shadows; `reference` is the old name of reference_diff)"})
     n_examples: int = field(default=1000, metadata={"help": "members and non-members each (length-matched)"})
     passage_words: int = field(default=32, metadata={"help": "pretrain: words per passage"})
     min_words: int = field(default=8, metadata={"help": "pretrain: shortest last passage of a document kept"})
@@ -315,8 +338,8 @@ class Settings(runner.Settings):
             raise ConfigError(f"membership: unknown attack(s) {bad}; known: {list(ATTACKS)}")
         if self.setting == "finetune" and set(self.attacks) & set(LM_ONLY):
             raise ConfigError(f"membership: {sorted(set(self.attacks) & set(LM_ONLY))} need a language model's "
-                              f"token log-probs; the finetune setting offers loss, reference, lira")
-        if "reference" in self.attacks and not self.reference:
+                              f"token log-probs; the finetune setting offers loss, reference_diff, reference_ratio, lira")
+        if set(self.attacks) & set(REFERENCE_ATTACKS) and not self.reference:
             raise ConfigError("membership: the reference attack needs --reference CHECKPOINT")
         if "lira" in self.attacks and not self.shadows:
             raise ConfigError("membership: the lira attack needs --shadows SHADOW_SET_FOLDER")
@@ -501,8 +524,10 @@ def attack_scores(sample: Sample, st: Stats, settings: Settings, ref: Stats | No
             out["loss"] = ma.loss_score(st.nll)
         elif attack == "zlib":
             out["zlib"] = ma.zlib_score(st.nll, sample.texts)
-        elif attack == "reference":
-            out["reference"] = ma.reference_score(st.nll, ref.nll)
+        elif attack in ("reference_diff", "reference"):  # `reference`: the old name (same score; rows reference_diff)
+            out["reference_diff"] = ma.reference_diff_score(st.nll, ref.nll)
+        elif attack == "reference_ratio":
+            out["reference_ratio"] = ma.reference_ratio_score(st.nll, ref.nll)
         elif attack == "mink":
             for k in settings.mink_ratios:
                 out[f"mink_{round(k * 100):d}"] = np.array([ma.mink_score(lp, k) for lp in st.logprobs])
@@ -534,9 +559,10 @@ def metric_rows(unit, scores: dict[str, np.ndarray], sample: Sample, settings: S
                 how: str | None = None) -> list[pd.DataFrame]:
     frames = []
     for attack, s in scores.items():
-        r = ma.roc_metrics(s, sample.is_member, n_boot=settings.n_boot, seed=settings.seed)
+        r = ma.roc_metrics(s, sample.is_member, n_boot=settings.n_boot, seed=settings.seed, units=sample.doc_ids)
         pts = ma.roc_points(r, settings.max_roc_points)
         base = {"attack": attack, "setting": settings.setting, "n_members": r.n_members, "n_nonmembers": r.n_nonmembers,
+                "documents": documents_per_group(sample.doc_ids, sample.is_member), "ci_units": "documents",
                 "scored_by": how}
         frames.append(_model_rows(unit, attack, {"auc": [r.auc]}, len(s), ci={"auc": ([r.auc_ci[0]], [r.auc_ci[1]])},
                                   extra={**base, "roc_fpr": [p[0] for p in pts], "roc_tpr": [p[1] for p in pts],
@@ -549,8 +575,18 @@ def metric_rows(unit, scores: dict[str, np.ndarray], sample: Sample, settings: S
     return frames
 
 
+def documents_per_group(doc_ids, is_member) -> dict[str, int]:
+    """Distinct documents among the members and among the non-members (what the CIs resample)."""
+    docs, y = np.asarray(doc_ids), np.asarray(is_member, dtype=bool)
+    return {"members": len(set(docs[y])), "nonmembers": len(set(docs[~y]))}
+
+
 def layer_probe_rows(unit, sample: Sample, settings: Settings) -> list[pd.DataFrame]:
-    """Linear probe per layer on mean-pooled passage vectors; half the examples train, half test."""
+    """Linear probe per layer on mean-pooled passage vectors, half the documents train, half test
+    (`ma.grouped_split`); AUC CIs resample the test documents, with the same resamples for every
+    layer (paired); plus the model-free TF-IDF control on the same split (not for the twin: it reads
+    no model, so it would repeat the checkpoint's row)."""
+    from probes.core.statistics import auc_bootstrap
     from probes.engine import fit_probe
 
     words = [t.split() for t in sample.texts]
@@ -559,23 +595,30 @@ def layer_probe_rows(unit, sample: Sample, settings: Settings) -> list[pd.DataFr
     X = np.stack([np.add.reduceat(np.asarray(acts.layers[li]), off[:-1], axis=0) / np.diff(off)[:, None]
                   for li in range(acts.layers.shape[0])]).astype(np.float32)
     y = sample.is_member.astype(np.int64)
-    rng = np.random.default_rng(settings.seed)
-    train = np.zeros(len(y), bool)
-    for cls in (0, 1):
-        idx = rng.permutation(np.nonzero(y == cls)[0])
-        train[idx[: len(idx) // 2]] = True
+    train = ma.grouped_split(sample.doc_ids, y, settings.seed)
+    test_docs = np.asarray(sample.doc_ids)[~train]
     res = fit_probe(X[:, train], y[train], num_classes=2, seed=settings.seed, early_stopping=False)
     logp = res.log_proba(X[:, ~train])  # [L, N_test, 2]
     aucs, lo, hi, acc = [], [], [], []
     for li in range(X.shape[0]):
-        r = ma.roc_metrics(logp[li, :, 1] - logp[li, :, 0], y[~train].astype(bool), n_boot=settings.n_boot,
-                           seed=settings.seed)
-        aucs.append(r.auc)
-        lo.append(r.auc_ci[0])
-        hi.append(r.auc_ci[1])
+        a, low, high = auc_bootstrap(logp[li, :, 1] - logp[li, :, 0], y[~train], units=test_docs,
+                                     n_boot=settings.n_boot, seed=settings.seed)
+        aucs.append(a)
+        lo.append(low)
+        hi.append(high)
         acc.append(float((logp[li].argmax(-1) == y[~train]).mean()))
-    return [unit.rows("layer_probe", {"auc": aucs, "accuracy": acc}, split="test", n=int((~train).sum()),
-                      ci={"auc": (lo, hi)}, extra={"n_train": int(train.sum()), "pooling": "mean of word means"})]
+    extra = {"n_train": int(train.sum()), "pooling": "mean of word means", "split": "by document",
+             "documents_train": documents_per_group(np.asarray(sample.doc_ids)[train], y[train] == 1),
+             "documents": documents_per_group(test_docs, y[~train] == 1), "ci_units": "documents"}
+    frames = [unit.rows("layer_probe", {"auc": aucs, "accuracy": acc}, split="test", n=int((~train).sum()),
+                        ci={"auc": (lo, hi)}, extra=extra)]
+    if not unit.is_twin:
+        scores = ma.tfidf_control_scores(sample.texts, y == 1, train, seed=settings.seed)
+        a, low, high = auc_bootstrap(scores, y[~train], units=test_docs, n_boot=settings.n_boot, seed=settings.seed)
+        frames.append(_model_rows(unit, CONTROL_TASK, {"auc": [a]}, int((~train).sum()), ci={"auc": ([low], [high])},
+                                  extra={**extra, "baseline": "model_free_tfidf",
+                                         "what": "TF-IDF + logistic regression on the texts alone (no model)"}))
+    return frames
 
 
 def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: Settings) -> list[pd.DataFrame]:
@@ -596,7 +639,7 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
         unit.notes.setdefault("no_lm_head", []).append({"model": unit.model, "why": str(e)})
         unit.log(f"no LM head, attacks skipped for the twin ({e})")
         return []
-    ref = _reference_stats(unit, sample, prepared, settings) if "reference" in settings.attacks else None
+    ref = _reference_stats(unit, sample, prepared, settings) if set(settings.attacks) & set(REFERENCE_ATTACKS) else None
     shadows = None
     if "lira" in settings.attacks:
         if unit.is_twin:
@@ -622,15 +665,25 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
     return metric_rows(unit, scores, sample, settings, how)
 
 
+def _extra(row) -> dict:
+    e = row.get("extra")
+    return json.loads(e) if isinstance(e, str) else (e if isinstance(e, dict) else {})
+
+
 def summary(rows: pd.DataFrame) -> str:
-    """Per model: each attack's AUC [CI] and TPR at 1% FPR; the layer probe's best layer."""
+    """Per model: the documents behind each group, each attack's AUC [CI over documents] and TPR at
+    1% FPR; the layer probe's best layer and the model-free TF-IDF control on the same split."""
     if rows is None or rows.empty:
         return "(no rows)"
     lines = []
     for model, sub in rows.groupby("model", sort=False):
         step = sub["step"].dropna()
         lines.append(f"== {model}" + (f" (step {int(step.iloc[0])})" if len(step) else ""))
-        att = sub[sub["layer"].isna()]
+        att = sub[sub["layer"].isna() & (sub["task"] != CONTROL_TASK)]
+        docs = [_extra(r).get("documents") for _, r in att[att["metric"] == "auc"].iterrows()]
+        if docs and docs[0]:
+            lines.append(f"attack sample: members from {docs[0]['members']} documents, non-members from "
+                         f"{docs[0]['nonmembers']} documents (CIs resample documents)")
         table = [["attack", "AUC", "95% CI", "TPR@1%FPR", "TPR@0.1%FPR", "bal.acc"]]
         for attack, a in att.groupby("task", sort=False):
             get = lambda m, a=a: a[a["metric"] == m]
@@ -644,10 +697,16 @@ def summary(rows: pd.DataFrame) -> str:
         if len(table) > 1:
             lines.append(runner.aligned(table))
         lp = sub[(sub["task"] == "layer_probe") & (sub["metric"] == "auc")]
+        control = sub[(sub["task"] == CONTROL_TASK) & (sub["metric"] == "auc")]
         if not lp.empty:
             best = lp.loc[lp["value"].idxmax()]
+            d = _extra(lp.iloc[0]).get("documents")
             lines.append("layer probe AUC by layer: " + " ".join(f"{v:.3f}" for v in lp.sort_values("layer")["value"])
-                         + f" (best layer {int(best['layer'])})")
+                         + f" (best layer {int(best['layer'])}; split by document"
+                         + (f", test: {d['members']} member / {d['nonmembers']} non-member documents)" if d else ")"))
+        for _, c in control.iterrows():
+            lines.append(f"model-free TF-IDF control (same split): AUC {c['value']:.3f} "
+                         f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}] (a leak of the sample's composition shows here first)")
     return "\n".join(lines)
 
 
@@ -661,4 +720,4 @@ PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prep
                          description="membership inference from manifests: LOSS, zlib, reference, Min-K%, Min-K%++, "
                                      "LiRA; layer-wise membership probe",
                          summary=summary, twin_once_per_run=_twin_same_for_every_step,
-                         roles={"reference": runner.Role("reference", used=lambda s: "reference" in s.attacks)})
+                         roles={"reference": runner.Role("reference", used=lambda s: bool(set(s.attacks) & set(REFERENCE_ATTACKS)))})

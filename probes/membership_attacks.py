@@ -9,7 +9,11 @@ score equals theirs computed with their convention (`roc_auc_score(is_member, -t
 Attacks (per example; `logprobs` = the scored tokens' natural-log probabilities):
 - LOSS (Yeom et al. 2018): -mean token NLL.                          MIMIR LOSSAttack = +NLL.
 - zlib (Carlini et al. 2021): -(NLL / zlib-compressed length in bytes). MIMIR ZLIBAttack = NLL / zlib.
-- reference (Carlini et al. 2021): reference NLL - target NLL.       MIMIR ReferenceAttack = target - ref.
+- reference_diff (Watson et al. 2022's difficulty calibration; MIMIR's "ref"): reference NLL - target NLL.
+                                                                     MIMIR ReferenceAttack = target - ref.
+- reference_ratio (Carlini et al. 2021, Sec. 6.2: the ratio of log-perplexities, target / reference):
+  -(target NLL / reference NLL) (a mean token NLL is a log-perplexity). `reference` is the old name
+  of reference_diff (what the probe computed before the two were told apart), kept as an alias.
 - Min-K% Prob (Shi et al. 2023): mean of the lowest k% token log-probs. MIMIR MinKProbAttack = -that.
 - Min-K%++ (Zhang et al. 2024): mean of the lowest k% of (log p(x_t) - mu_t) / sigma_t, where mu_t,
   sigma_t are the mean and deviation of log p(z) for z ~ p(. | x_<t).
@@ -36,7 +40,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats
-from sklearn.metrics import roc_auc_score, roc_curve
+from sklearn.metrics import roc_curve
+
+from probes.core.statistics import auc_bootstrap
 
 MINK_RATIOS = (0.05, 0.1, 0.2, 0.3, 0.5)
 DEFAULT_K = 0.2
@@ -66,8 +72,23 @@ def zlib_score(nll: np.ndarray, texts) -> np.ndarray:
     return -np.asarray(nll, dtype=np.float64) / lengths
 
 
-def reference_score(nll_target: np.ndarray, nll_reference: np.ndarray) -> np.ndarray:
+def reference_diff_score(nll_target: np.ndarray, nll_reference: np.ndarray) -> np.ndarray:
+    """Reference NLL - target NLL: the target's loss calibrated by how hard a reference model trained
+    on other data finds the text (Watson et al. 2022; MIMIR's ReferenceAttack = target - ref)."""
     return np.asarray(nll_reference, dtype=np.float64) - np.asarray(nll_target, dtype=np.float64)
+
+
+def reference_ratio_score(nll_target: np.ndarray, nll_reference: np.ndarray) -> np.ndarray:
+    """-(log ppl_target / log ppl_reference): Carlini et al. 2021's ratio of log-perplexities (Sec. 6.2,
+    "Comparing to Other Neural Language Models"), where a mean token NLL is the log-perplexity; a member
+    has a small ratio, so the membership score is its negative."""
+    ref = np.asarray(nll_reference, dtype=np.float64)
+    if (ref <= 0).any():
+        raise ValueError("reference_ratio needs a positive reference NLL (a log-perplexity) for every text")
+    return -np.asarray(nll_target, dtype=np.float64) / ref
+
+
+reference_score = reference_diff_score  # the old name (before reference_ratio existed): same function
 
 
 def _lowest_k_mean(values: np.ndarray, k: float) -> float:
@@ -200,10 +221,12 @@ class RocResult:
 
 
 def roc_metrics(scores: np.ndarray, is_member: np.ndarray, n_boot: int = 1000, seed: int = 0,
-                fprs=FPR_POINTS) -> RocResult:
-    """ROC metrics of membership scores (higher = member) against the ground truth, with scikit-learn.
+                fprs=FPR_POINTS, units=None) -> RocResult:
+    """ROC metrics of membership scores (higher = member) against the ground truth.
 
-    AUC CI: percentile bootstrap (2.5, 97.5) resampling members and non-members separately.
+    AUC and its CI: `probes.core.statistics.auc_bootstrap`, resampling `units` (the document of each
+    example: passages of one document are correlated, and membership is decided per document, so
+    resampling passages gives intervals that are too narrow); None: every example is its own unit.
     TPR at FPR x: the highest TPR of a threshold whose FPR <= x (Carlini et al. 2022's Table);
     it rests on floor(x * n_nonmembers) non-members. Balanced accuracy: at the best threshold,
     (1 + max(TPR - FPR)) / 2, optimistic like tf-privacy's attacker advantage (threshold seen)."""
@@ -214,26 +237,12 @@ def roc_metrics(scores: np.ndarray, is_member: np.ndarray, n_boot: int = 1000, s
     pos, neg = np.nonzero(y)[0], np.nonzero(~y)[0]
     if len(pos) == 0 or len(neg) == 0:
         raise ValueError("need both members and non-members")
-    auc = float(roc_auc_score(y, s))
+    auc, lo, hi = auc_bootstrap(s, y, units=units, n_boot=n_boot, seed=seed)
     fpr, tpr, _ = roc_curve(y, s)
     tpr_at = {x: float(tpr[fpr <= x].max()) for x in fprs}
     fp_allowed = {x: int(np.floor(x * len(neg) + 1e-9)) for x in fprs}
     bal = float((1 + np.max(tpr - fpr)) / 2)
-    rng = np.random.default_rng(seed)
-    boot = np.empty(n_boot)
-    for b in range(n_boot):
-        idx = np.concatenate([rng.choice(pos, len(pos)), rng.choice(neg, len(neg))])
-        boot[b] = _auc_ranks(s[idx], y[idx])
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return RocResult(auc, (float(lo), float(hi)), tpr_at, fp_allowed, bal, len(pos), len(neg), fpr, tpr)
-
-
-def _auc_ranks(s: np.ndarray, y: np.ndarray) -> float:
-    """AUC by the Mann-Whitney U statistic (ties count half), the same number as roc_auc_score."""
-    r = stats.rankdata(s)
-    n1 = int(y.sum())
-    n0 = len(y) - n1
-    return float((r[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+    return RocResult(float(auc), (float(lo), float(hi)), tpr_at, fp_allowed, bal, len(pos), len(neg), fpr, tpr)
 
 
 def roc_points(result: RocResult, max_points: int = 200) -> list[tuple[float, float]]:
@@ -263,6 +272,99 @@ def length_matched(member_lengths, nonmember_lengths, n_max: int | None, seed: i
         keep = rng.choice(len(pm), n_max, replace=False)
         pm, pn = pm[keep], pn[keep]
     return np.sort(pm), np.sort(pn)
+
+
+def rank_in_group(groups, seed: int) -> np.ndarray:
+    """Per item, its place (0, 1, ...) among its group's items in a seeded random order: keeping the
+    items of rank < c keeps a random c of every group (nested as c grows)."""
+    groups = np.asarray(groups)
+    rank = np.empty(len(groups), np.int64)
+    seen: dict = {}
+    for i in np.random.default_rng(seed).permutation(len(groups)):
+        rank[i] = seen.get(groups[i], 0)
+        seen[groups[i]] = rank[i] + 1
+    return rank
+
+
+def capped_length_matched(member_keys, nonmember_keys, member_groups, nonmember_groups, n: int | None,
+                          seed: int) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """`length_matched` on passages capped at c per document on BOTH sides, c the smallest cap that
+    still fills n pairs (None: no cap was needed or none suffices). Why: the held-out split has ~9x
+    fewer documents, so an uncapped draw takes several passages of each held-out document (1,000
+    non-members from ~230 documents); a cap spreads both groups over more documents, and applying
+    the same cap to both keeps them drawn the same way (each document contributes in proportion to
+    min(its passages, c) in either group; spreading only the non-members would let document length,
+    and the topics that go with it, tell the groups apart). Returns (members, non-members, c)."""
+    mk, nk = np.asarray(member_keys), np.asarray(nonmember_keys)
+    m_rank, n_rank = rank_in_group(member_groups, seed), rank_in_group(nonmember_groups, seed + 1)
+
+    def draw(cap):
+        m_ok, n_ok = np.nonzero(m_rank < cap)[0], np.nonzero(n_rank < cap)[0]
+        im, inn = length_matched(mk[m_ok], nk[n_ok], n, seed)
+        return m_ok[im], n_ok[inn]
+
+    top = int(max(m_rank.max(initial=0), n_rank.max(initial=0))) + 1  # no cap at all
+    if n is None or len(draw(top)[0]) < n:
+        return (*length_matched(mk, nk, n, seed), None)
+    low, high = 1, top  # pairs grow with the cap: the smallest cap that fills n, by bisection
+    while low < high:
+        mid = (low + high) // 2
+        if len(draw(mid)[0]) >= n:
+            high = mid
+        else:
+            low = mid + 1
+    return (*draw(low), low if low < top else None)
+
+
+def grouped_split(groups, labels, seed: int, test_fraction: float = 0.5) -> np.ndarray:
+    """Train mask of a seeded train/test split that keeps every group (document) on one side and is
+    stratified by label: per label, the groups are permuted and taken into train until half of
+    that label's items are in (Scikit-learn's GroupShuffleSplit, stratified by hand, as membership
+    is a property of the group). Passages of one document share topic and style: split at random,
+    a probe can learn the documents of its test half from their other passages (issue 26's audit:
+    a model-free TF-IDF classifier read AUC 0.53 that way). A group whose items carry different
+    labels is an error."""
+    groups, labels = np.asarray(groups), np.asarray(labels)
+    if len(groups) != len(labels):
+        raise ValueError(f"grouped_split: {len(groups)} groups for {len(labels)} labels")
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"grouped_split: test_fraction must lie in (0, 1), got {test_fraction}")
+    names, index = np.unique(groups, return_inverse=True)
+    per_group_labels = [np.unique(labels[index == g]) for g in range(len(names))]
+    mixed = [names[g] for g, l in enumerate(per_group_labels) if len(l) > 1]
+    if mixed:
+        raise ValueError(f"grouped_split: group(s) with more than one label, e.g. {list(mixed[:3])}")
+    group_label = np.array([l[0] for l in per_group_labels])
+    sizes = np.bincount(index, minlength=len(names))
+    rng = np.random.default_rng(seed)
+    train_groups = np.zeros(len(names), bool)
+    for label in np.unique(group_label):
+        candidates = rng.permutation(np.nonzero(group_label == label)[0])
+        target = (1 - test_fraction) * sizes[candidates].sum()
+        taken = np.cumsum(sizes[candidates])
+        n_take = int(np.searchsorted(taken, target, side="left")) + 1  # until >= the target share
+        n_take = min(max(n_take, 1), len(candidates) - 1) if len(candidates) > 1 else len(candidates)
+        train_groups[candidates[:n_take]] = True
+    return train_groups[index]
+
+
+def tfidf_control_scores(texts, is_member, train, seed: int = 0) -> np.ndarray:
+    """A model-free membership classifier: TF-IDF word features + logistic regression, fitted on the
+    `train` items, membership scores (log-odds) of the others. It sees only the texts, so any AUC
+    above chance it reaches is the sample's composition (topic, style, source of the two groups),
+    not the model's memory: the control of the layer probe, which should sit at chance with a
+    split by document (issue 26's audit). Defaults of scikit-learn's TfidfVectorizer and
+    LogisticRegression (C = 1)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    texts = list(texts)
+    y = np.asarray(is_member, dtype=bool)
+    train = np.asarray(train, dtype=bool)
+    vec = TfidfVectorizer()
+    x_train = vec.fit_transform([t for t, k in zip(texts, train) if k])
+    clf = LogisticRegression(max_iter=1000, random_state=seed).fit(x_train, y[train])
+    return clf.decision_function(vec.transform([t for t, k in zip(texts, train) if not k]))
 
 
 def length_summary(lengths) -> dict:

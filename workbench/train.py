@@ -467,7 +467,7 @@ def checkpoint_manifest(cfg: TrainConfig, family: FamilySpec, data: TrainingData
     """What every checkpoint's manifest.json says about its run (`save_checkpoint` adds the step's
     own numbers): family, model and objective, the corpus it read, tokenizer, seed, the config,
     which parameters trained (`workbench.loop.count_trainable`) and the hooks, if any."""
-    from workbench.data.corpus import corpus_reference
+    from workbench.data.corpus import corpus_recipe, corpus_reference
 
     manifest = {
         "family": family.name,
@@ -479,6 +479,7 @@ def checkpoint_manifest(cfg: TrainConfig, family: FamilySpec, data: TrainingData
                    "sources": cfg.corpus.sources, "heldout_fraction": cfg.corpus.heldout_fraction,
                    "seed": cfg.corpus.seed, "max_documents": cfg.corpus.max_documents,
                    "train_tokens": data.train.num_tokens},
+        "corpus_recipe": corpus_recipe(data.corpus),  # rebuilds the split where the corpus folder is not found
         "tokenizer": {"kind": family.tokenizer_kind, "vocab_size": len(data.tokenizer),
                       "sha256": tokenizer_hash(data.tokenizer)},
         "seed": seed,

@@ -9,6 +9,19 @@ with (seed, crc32(s)) and the first round(fraction * n_s) (half up) are held out
 both splits in proportion, and adding a source does not change the split of the others.
 The manifest has no timestamp: the same sources, seed and data give byte-identical files, so a
 tokenised-corpus cache can key on the manifest's hash.
+
+Recipes (how a manifest says which split it is; `corpus_recipe` records one in a checkpoint):
+- recipe 1 (manifests without a "recipe" key, every corpus built before 2026-11-26): documents as
+  `workbench.data.raw` defines them, split per source as above. A webtext document is a whole file
+  (6 files), so the held-out split holds one file out and every webtext non-member of a membership
+  sample comes from it (issue 26's audit).
+- recipe 2 ("recipe": 2 in the manifest): the same, except that sources whose documents are whole
+  files of independent lines (`BLOCK_LINES`: webtext's forum posts, personal ads, reviews, quotes,
+  scripts) are cut into blocks of consecutive lines, and those blocks are held out per file
+  (stratum `<source>/<file>`, generator seeded with (seed, crc32 of the file's document id)): every
+  file is in both splits, and a held-out webtext passage can come from any of them.
+Recipe 1 stays the default of `build_corpus` (existing configs keep their splits and weights);
+recipe 2 is asked for by name.
 """
 
 from __future__ import annotations
@@ -29,6 +42,8 @@ from workbench.paths import data_root
 
 SPLITS = ("train", "heldout")
 MANIFEST_FORMAT = 1
+RECIPES = (1, 2)
+BLOCK_LINES = {"webtext": 20}  # recipe 2: lines per document block of a whole-file source
 
 # English raw text for pretraining. EWT and GUM raw text (`ewt_raw`, `gum_raw`) are left out on
 # purpose: the syntax and coreference probes are scored on those treebanks, and probing a model
@@ -53,6 +68,15 @@ def _counts(docs: list[Document]) -> dict[str, int]:
     }
 
 
+# The split method texts of `build_corpus`: a corpus manifest with one can be rebuilt from the data
+# root by its recipe; shadow-set corpora (workbench.shadows) record other methods.
+_RECIPE_1_METHOD = ("per source: permutation by numpy default_rng([seed, crc32(source)]); "
+                    "first round(fraction * n) held out")
+_RECIPE_2_METHOD = ("per source, and per file of a source in block_lines (its files cut into blocks of that many "
+                    "lines, ids <file doc id>#k): permutation by numpy default_rng([seed, crc32(source or file doc id)]); "
+                    "first round(fraction * n) held out")
+
+
 def split_documents(
     source: str, docs: list[Document], heldout_fraction: float, seed: int, max_documents: int | None = None
 ) -> tuple[list[Document], list[Document]]:
@@ -69,19 +93,45 @@ def split_documents(
     return train, heldout
 
 
+def line_blocks(doc: Document, n_lines: int) -> list[Document]:
+    """A document cut into consecutive blocks of `n_lines` lines (recipe 2), ids `<doc id>#<k>` (k from 1)."""
+    lines = doc.text.split("\n")
+    return [Document(f"{doc.doc_id}#{k // n_lines + 1:04d}", doc.source, "\n".join(lines[k: k + n_lines]))
+            for k in range(0, len(lines), n_lines)]
+
+
+def split_source(source: str, docs: list[Document], heldout_fraction: float, seed: int,
+                 max_documents: int | None, recipe: int) -> tuple[list[Document], list[Document]]:
+    """(train, heldout) of one source by the recipe (module docstring); recipe 2 cuts the documents of a
+    `BLOCK_LINES` source into blocks and splits each file's blocks on their own (max_documents: per file)."""
+    n_lines = BLOCK_LINES.get(base_source(source)) if recipe == 2 else None
+    if n_lines is None:
+        return split_documents(source, docs, heldout_fraction, seed, max_documents)
+    train, held = [], []
+    for doc in docs:
+        t, h = split_documents(doc.doc_id, line_blocks(doc, n_lines), heldout_fraction, seed, max_documents)
+        train += t
+        held += h
+    return train, held
+
+
 def build_corpus(
     sources: list[str],
     out_dir: str | Path,
     heldout_fraction: float = 0.1,
     seed: int = 0,
     max_documents: int | None = None,
+    recipe: int = 1,
 ) -> "CorpusSplit":
     """Write out_dir/{train,heldout}.jsonl ({"doc_id", "source", "text"} per line) and
     out_dir/manifest.json, atomically (a crash leaves no half-built corpus).
 
     `max_documents` caps the documents taken from each source (a seeded sample, before the
-    split), for small experiments and tests.
+    split), for small experiments and tests. `recipe`: 1 (documents as the sources define them) or
+    2 (whole-file sources held out by blocks of lines, per file); see the module docstring.
     """
+    if recipe not in RECIPES:
+        raise ConfigError(f"unknown corpus recipe {recipe!r}; known: {list(RECIPES)}")
     if not sources:
         raise ConfigError("build_corpus needs at least one source")
     # `shifted:<name>`: the fake-language copy of a raw corpus (K et al. 2020; workbench.data.fake_language)
@@ -106,7 +156,7 @@ def build_corpus(
         if dup or len({d.doc_id for d in docs}) != len(docs):
             raise DataFormatError(source, None, f"duplicate document ids, e.g. {dup[:3]}")
         seen.update(d.doc_id for d in docs)
-        train, held = split_documents(source, docs, heldout_fraction, seed, max_documents)
+        train, held = split_source(source, docs, heldout_fraction, seed, max_documents, recipe)
         splits["train"] += train
         splits["heldout"] += held
         by_source[source] = {"train": _counts(train), "heldout": _counts(held), "language": LANGUAGE[base_source(source)] + ("-shifted" if is_shifted(source) else "")}
@@ -118,12 +168,14 @@ def build_corpus(
         "seed": seed,
         "heldout_fraction": heldout_fraction,
         "max_documents": max_documents,
-        "split_method": "per source: permutation by numpy default_rng([seed, crc32(source)]); "
-        "first round(fraction * n) held out",
+        "split_method": _RECIPE_1_METHOD if recipe == 1 else _RECIPE_2_METHOD,
         "doc_ids": {name: [d.doc_id for d in docs] for name, docs in splits.items()},
         "source_files": checksums,
         "counts": {name: _counts(docs) for name, docs in splits.items()} | {"by_source": by_source},
     }
+    if recipe != 1:  # recipe 1's manifest stays byte-identical to the one built before recipes were numbered
+        manifest["recipe"] = recipe
+        manifest["block_lines"] = {s: BLOCK_LINES[base_source(s)] for s in sources if base_source(s) in BLOCK_LINES}
     return write_corpus(out_dir, splits, manifest)
 
 
@@ -237,6 +289,90 @@ def resolve_corpus_manifest(checkpoint_dir: str | Path, corpus: dict, runs_root:
             return path
     raise CheckpointError(f"{checkpoint_dir}: corpus manifest {name} not found (looked under the runs root and the "
                           f"folders above the checkpoint); copy the runs folder with its cache/corpus")
+
+
+def corpus_recipe(corpus: "CorpusSplit") -> dict | None:
+    """What a checkpoint's manifest records to rebuild its training corpus without the corpus folder
+    (`rebuild_corpus`): the recipe version, sources, seed, split parameters, the sha256 of every data
+    file read and of the corpus manifest itself (the manifest has no timestamp, so a faithful rebuild
+    is byte-identical to it). Recipes 1 and 2 are `build_corpus`'s (module docstring); a
+    corpus manifest without a "recipe" key is recipe 1 (every manifest written before recipes were numbered). None
+    for a corpus `build_corpus` did not make (a shadow set's halves): those travel with their set."""
+    m = corpus.manifest
+    recipe = m.get("recipe", 1)
+    if recipe == 1 and m.get("split_method") != _RECIPE_1_METHOD:
+        return None
+    return {"recipe": recipe, "sources": list(m["sources"]), "seed": m["seed"],
+            "heldout_fraction": m["heldout_fraction"], "max_documents": m.get("max_documents"),
+            "source_files": m["source_files"], "manifest_sha256": sha256_file(corpus.dir / "manifest.json")}
+
+
+def verify_source_files(recipe: dict, where: str) -> None:
+    """Every data file the recipe read is in the data root with its recorded sha256 (and no file was
+    added to a source: it would add documents); else a DataFormatError naming the file."""
+    root = data_root()
+    for source, files in (recipe.get("source_files") or {}).items():
+        present = {str(p.relative_to(root)) for p in source_files(base_source(source))}
+        added = sorted(present - set(files))
+        if added:
+            raise DataFormatError(root / added[0], None, f"not in the corpus recipe of {where} (source {source!r} "
+                                  f"has {len(added)} file(s) more than when the model was trained)")
+        for rel, sha in sorted(files.items()):
+            path = root / rel
+            if not path.is_file():
+                raise DataFormatError(path, None, f"missing: the corpus recipe of {where} needs it (source {source!r})")
+            got = sha256_file(path)
+            if got != sha:
+                raise DataFormatError(path, None, f"sha256 {got[:12]}... differs from {sha[:12]}... recorded by {where}: "
+                                      f"not the data the model was trained on")
+
+
+def rebuild_corpus(recipe: dict, where: str, out_dir: str | Path | None = None) -> "CorpusSplit":
+    """The corpus split a recipe (`corpus_recipe`) describes, rebuilt from the data root into `out_dir`
+    (default: the cache, keyed by the recorded manifest's sha256; reused when already there) and
+    verified: every data file by its sha256 first, then the rebuilt manifest by the recorded one.
+    `where` names the recipe's owner (a checkpoint) in errors."""
+    from workbench.errors import CheckpointError
+    from workbench.paths import cache_root
+
+    if recipe.get("recipe") not in RECIPES:
+        raise CheckpointError(f"{where}: corpus recipe {recipe.get('recipe')!r} is unknown to this version "
+                              f"(known: {list(RECIPES)})")
+    sha = recipe["manifest_sha256"]
+    out = Path(out_dir) if out_dir is not None else cache_root() / "corpus-rebuilt" / sha[:20]
+    if not (out / "manifest.json").is_file():
+        verify_source_files(recipe, where)
+        build_corpus(recipe["sources"], out, heldout_fraction=recipe["heldout_fraction"], seed=recipe["seed"],
+                     max_documents=recipe["max_documents"], recipe=recipe["recipe"])
+    got = sha256_file(out / "manifest.json")
+    if got != sha:
+        raise CheckpointError(f"{where}: the corpus rebuilt from its recipe in {out} has manifest sha256 {got[:12]}..., "
+                              f"the checkpoint recorded {sha[:12]}...: the split differs")
+    return CorpusSplit.load(out)
+
+
+def checkpoint_corpus(checkpoint_dir: str | Path, manifest: dict, runs_root: str | Path | None = None) -> tuple["CorpusSplit", Path]:
+    """(CorpusSplit, its manifest path) of a checkpoint's training corpus: the folder its manifest
+    names (`resolve_corpus_manifest`), else, when that is not found (a checkpoint copied alone,
+    trained with --output-dir elsewhere), rebuilt from its `corpus_recipe` and verified. A checkpoint
+    trained before the recipe was recorded is rebuilt from its `corpus` record (sources, seed, split
+    parameters: recipe 1) and verified by the corpus manifest's sha256 alone (which covers the data
+    files' hashes too, but cannot name the file that differs)."""
+    from workbench.errors import CheckpointError
+
+    try:
+        path = resolve_corpus_manifest(checkpoint_dir, manifest["corpus"], runs_root)
+        return CorpusSplit.load(path.parent), path
+    except CheckpointError as e:
+        record = manifest["corpus"]
+        recipe = manifest.get("corpus_recipe") or (
+            {"recipe": 1, "sources": record["sources"], "seed": record["seed"], "heldout_fraction": record["heldout_fraction"],
+             "max_documents": record.get("max_documents"), "source_files": None, "manifest_sha256": record["manifest_sha256"]}
+            if all(k in record for k in ("sources", "seed", "heldout_fraction", "manifest_sha256")) else None)
+        if "not found" not in str(e) or not recipe:
+            raise
+    corpus = rebuild_corpus(recipe, str(checkpoint_dir))
+    return corpus, corpus.dir / "manifest.json"
 
 
 def source_sizes(sources: list[str]) -> dict[str, dict[str, int]]:
