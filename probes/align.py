@@ -244,15 +244,12 @@ def _layer_map(n_src: int, n_tgt: int) -> list[int]:
 
 
 def _ci(correct: np.ndarray, settings: Settings, offset: int = 0):
-    """95% bootstrap over test items of per-layer accuracies; correct: [L, n] bool."""
-    _, low, high = _bootstrap(correct.astype(np.float64), settings, offset)
+    """95% bootstrap over test items (each its own unit) of per-layer accuracies; correct: [L, n] bool."""
+    from probes.core import statistics  # imported here: this hunk stays apart from the module's imports
+
+    _, low, high = statistics.ratio_bootstrap(correct.astype(np.float64), None, None, n_boot=settings.n_boot,
+                                              seed=settings.seed + offset)
     return low, high
-
-
-def _bootstrap(values: np.ndarray, settings: Settings, offset: int = 0):
-    from probes.engine import bootstrap_ci
-
-    return bootstrap_ci(values, n_boot=settings.n_boot, seed=settings.seed + offset)
 
 
 # --------------------------------------------------------------------------- bli and fake-language

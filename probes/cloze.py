@@ -55,6 +55,7 @@ import torch
 
 from probes import cloze_tasks as ct
 from probes import engine, runner
+from probes.core import statistics
 from workbench.errors import CheckpointError, ConfigError
 from workbench.lm_scores import BLANK, LMScorer, filled_items, layer_head, lm_scorer, mlm_head
 
@@ -71,10 +72,10 @@ def contexts_of(items) -> tuple[list[str], list[list[str]], np.ndarray]:
     return [it.text for it in items], [list(it.choices) for it in items], np.array([it.answer for it in items])
 
 
-def accuracy_ci(correct, n_boot: int = 1000, seed: int = 0):
-    """Accuracy [...] with a percentile bootstrap CI over items (`correct`: [..., N] bool)."""
-    c = np.asarray(correct, dtype=np.float64)
-    return engine.bootstrap_ci(c, np.ones(c.shape[-1]), n_boot=n_boot, seed=seed)
+def accuracy_ci(correct, n_boot: int = statistics.N_BOOT, seed: int = 0):
+    """Accuracy [...] with a percentile bootstrap CI over items, each its own unit (`correct`: [..., N]
+    bool, or a paired difference of two correctness vectors)."""
+    return statistics.ratio_bootstrap(np.asarray(correct, dtype=np.float64), None, None, n_boot=n_boot, seed=seed)
 
 
 def zero_shot(scorer: LMScorer, items, batch_size: int = 32):
