@@ -482,8 +482,8 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
 
     if not unit.is_twin and head_stack and "majority" in settings.baselines:
         _, maj = engine.majority_baseline([it.answer for it in data["train"]], [it.answer for it in test])
-        out.append(unit.rows(task, {"majority_acc": [maj], "random_acc": [1.0 / K]}, split="test", layers=last,
-                             n=len(test)))
+        out.append(engine.mark_baselines(unit.rows(task, {"majority_acc": [maj], "random_acc": [1.0 / K]}, split="test", layers=last,
+                             n=len(test)), {"majority_acc": "majority", "random_acc": "chance"}))
 
     if scorer is not None and head_stack:
         correct, scores = zero_shot(scorer, test, settings.batch_size)
@@ -588,8 +588,8 @@ def _blank_probe(unit, data, task, settings) -> list[pd.DataFrame]:
         rc = engine.fit_probe(feats["train"], yc["train"], feats["dev"], yc["dev"], num_classes=K, seed=settings.seed)
         metrics["control_acc"] = rc.accuracy(feats["test"], yc["test"])
         metrics["selectivity"] = a - metrics["control_acc"]
-    return [unit.rows(task, metrics, split="test", n=len(data["test"]), ci=ci,
-                      extra={"position": "last word" if causal else "blank", "blank": blank_word(tok)})]
+    return [engine.mark_baselines(unit.rows(task, metrics, split="test", n=len(data["test"]), ci=ci,
+                      extra={"position": "last word" if causal else "blank", "blank": blank_word(tok)}), {"control_acc": ("control", "probe_acc")})]
 
 
 def summary(rows: pd.DataFrame) -> str:

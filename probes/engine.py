@@ -829,6 +829,34 @@ def _fit_group(x_train, y_tr, x_dev, y_dv, c, layers, cfg: ProbeConfig, stats=No
 
 
 # --------------------------------------------------------------------------- baselines
+BASELINE_KEY = "baseline"  # extra key: the baseline a row measures (the app draws such rows as baselines)
+BASELINE_FOR_KEY = "baseline_for"  # extra key: the metric whose panel a baseline line is drawn in
+
+
+def mark_baselines(rows, baselines: Mapping[str, str | tuple[str, str]]):
+    """Declare which rows are baselines, in their data: {metric: name} or {metric: (name, for_metric)}
+    sets `extra["baseline"] = name` (and `extra["baseline_for"] = for_metric`: the metric the line is a
+    reference for, e.g. majority for accuracy) on the rows of that metric. The app and the figures
+    draw a row by this marker (app/data.py `row_kinds`), so a new probe's baselines need no app
+    change. A row already marked keeps its marker (the runner marks every row of a random-init twin)."""
+    from workbench.results import decode_extra, to_json
+
+    rows = rows.copy()
+    for metric, spec in baselines.items():
+        name, of = (spec, None) if isinstance(spec, str) else spec
+        pick = (rows["metric"] == metric).to_numpy()
+        if not pick.any():
+            continue
+        marked = []
+        for i, e in zip(np.flatnonzero(pick), rows["extra"].to_numpy()[pick]):
+            ex = decode_extra(e)
+            if BASELINE_KEY not in ex:
+                ex[BASELINE_KEY] = name
+                if of is not None:
+                    ex[BASELINE_FOR_KEY] = of
+            marked.append(to_json(ex, f"column 'extra', row {i}"))
+        rows.loc[pick, "extra"] = marked
+    return rows
 
 
 def label_distribution(labels, num_classes: int) -> np.ndarray:

@@ -48,7 +48,8 @@ sentences. Metrics:
   centre_of_gravity, expected_layer, scalar_mix_accuracy;
 - structural-distance: uuas, dspr, right_branching_uuas; structural-depth: root_acc, nspr.
 Data-only baselines (majority, right_branching_uuas) are written for each real checkpoint, not for
-twins. `extra` holds treebank, train split, pooling, probe seed, n_train and the classifier kind;
+twins. Baseline rows say so in their data (`engine.mark_baselines`): extra.baseline = "majority",
+"control" or "right_branching" and extra.baseline_for = the metric they are a reference for. `extra` holds treebank, train split, pooling, probe seed, n_train and the classifier kind;
 accuracy rows also the accuracy on each bootstrap resample (`boot`, the same resamples for every
 layer), from which `probes.depth` gives CIs of the expected and peak layer.
 
@@ -78,8 +79,8 @@ import pandas as pd
 
 from probes import depth, engine, runner
 from probes import structural as st
-from workbench.errors import ConfigError
 from probes.core import statistics as stats
+from workbench.errors import ConfigError
 
 TASKS = ("upos", "xpos", "deprel", "arc", "structural-distance", "structural-depth")
 CLASSIFICATION_TASKS = ("upos", "xpos", "deprel", "arc")
@@ -561,10 +562,12 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
             metrics.update({f"{prefix}control_accuracy": cacc, f"{prefix}selectivity": sel})
             cis.update({f"{prefix}control_accuracy": (clo, chi), f"{prefix}selectivity": (slo, shi)})
         ctx.timings[f"{task}:{kind}"] = round(time.perf_counter() - t0, 3)
-        out.append(_rows(ctx, task, metrics, n=len(ev), ci=cis, extra=dict(extra, classifier=kind)))
+        out.append(engine.mark_baselines(_rows(ctx, task, metrics, n=len(ev), ci=cis, extra=dict(extra, classifier=kind)),
+                                         {f"{prefix}control_accuracy": ("control", f"{prefix}accuracy")}))
     if "majority" in ctx.baselines and not ctx.is_twin:
         _, maj = engine.majority_baseline(y_fit, y_ev)
-        out.append(_rows(ctx, task, {"majority": np.full(n_layers, maj)}, n=len(ev), extra=extra))
+        out.append(engine.mark_baselines(_rows(ctx, task, {"majority": np.full(n_layers, maj)}, n=len(ev), extra=extra),
+                                         {"majority": ("majority", "accuracy")}))
     if task in ctx.settings.mdl_tasks:
         t0 = time.perf_counter()
         idx = np.arange(len(fit))
@@ -631,7 +634,9 @@ def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
         out.append(_rows(ctx, task, {"dspr": dspr}, n=len(ev), ci={"dspr": (dlo, dhi)}, extra=extra))
         if "majority" in ctx.baselines and not ctx.is_twin:  # data-only baseline, written with the others
             rb = st.right_branching_uuas(ev)
-            out.append(_rows(ctx, task, {"right_branching_uuas": np.full(n_layers, rb)}, n=int(total.sum()), extra=extra))
+            out.append(engine.mark_baselines(
+                _rows(ctx, task, {"right_branching_uuas": np.full(n_layers, rb)}, n=int(total.sum()), extra=extra),
+                {"right_branching_uuas": ("right_branching", "uuas")}))
     else:
         hits = scores["root_hit"]
         counted = np.isfinite(hits[0])
