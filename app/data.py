@@ -291,7 +291,7 @@ def row_kinds(rows: pd.DataFrame) -> pd.DataFrame:
             kind, of = _legacy_kind(model, metric)
         elif name == TWIN:
             kind, of = TWIN, None
-        else:  # no `baseline_for`: the metric it ends with ("string_match_auc" -> auc), see `baseline_panels`
+        else:  # without `baseline_for`: resolved below from the metric its name ends with
             kind, of = f"baseline:{name}", ex.get(BASELINE_FOR_KEY)
         kinds.append(kind)
         fors.append(of)
@@ -349,12 +349,11 @@ def aggregate_seeds(rows: pd.DataFrame, series: list[str] | tuple[str, ...] = ()
     Rows of the same (model with its training-seed folder stripped, task, metric, split, stack, layer,
     step, kind) are the seeds of one point: training seeds in the model name and probe seeds in
     `seed` (or several runs of a sweep). A model keeps its full name where no other training seed
-    joins it; `training_seeds=False` merges probe seeds only (rows of the same model name). value = their mean; the band (ci_low, ci_high) = the min and
-    max over seeds, with n_seeds. Why min-max and not mean +/- sd: with the 2-5 seeds a probing study
-    has, an sd is itself too noisy to mean much (and +/- sd hides that some seed lies outside), while
-    the min-max band shows every seed (Dodge et al. 2020, "Fine-tuning pretrained language models:
-    weight initializations, data orders, and early stopping", report seed spread this way). A point
-    with one seed keeps its own 95% bootstrap CI. `series`: settings read from `extra` (e.g. pooling)
+    joins it; `training_seeds=False` merges probe seeds only (rows of the same model name).
+    value = their mean; the band (ci_low, ci_high) = the min and max over seeds, with n_seeds.
+    Why min-max and not mean +/- sd: with the 2-5 seeds a probing study has, an sd estimated from
+    them is itself very noisy, and mean +/- sd can leave a seed outside the band; the min-max band
+    contains every seed and claims nothing more. A point with one seed keeps its own 95% bootstrap CI. `series`: settings read from `extra` (e.g. pooling)
     that split one model into several curves, labelled "model | key=value". Idempotent: aggregated
     rows pass through unchanged."""
     rows = row_kinds(rows)
