@@ -134,8 +134,7 @@ def query_rows(store, query: dict) -> tuple[pd.DataFrame, list[str]]:
             raise ConfigError(f"run(s) {sorted(missing)} not in the store {store.root} (or without {probe}/{tasks})")
         runs = runs[runs["run_id"].isin(wanted)]
     if runs.empty:
-        raise MissingData(f"no run in {store.root} matches {query}; run an experiment first "
-                          f"(e.g. bertology run experiments/main.yaml)")
+        raise MissingData(f"no run in {store.root} matches {query}")  # figures_cli names the command that makes it
     frames = []
     for run_id in runs["run_id"]:
         df = store.read(run_id)
