@@ -26,13 +26,10 @@ from workbench.results import (
     ResultsError,
     ResultsStore,
     coerce_rows,
+    decode_extra,
     empty_rows,
 )
 
-TWIN_SUFFIX = " (random init)"
-# Reference lines drawn under a metric's curves (probe rows name them so; see probes/engine.py).
-BASELINES = {"majority": "accuracy", "control_accuracy": "accuracy", "right_branching_uuas": "uuas",
-             "chain_uuas": "uuas", "random_baseline": None, "random_rotation": None}
 SKIP_DIRS = {"results", "cache", "partials", "figures", ".writers"}
 
 
@@ -241,11 +238,97 @@ def query(store: ResultsStore, runs: pd.DataFrame, **filters) -> Loaded:
         return Loaded(rows.reset_index(drop=True), problems + got.problems)
 
 
+# --------------------------------------------------------------------------- baselines and twins
+# A row says what it is in its data: `extra["baseline"]` names the baseline it measures (a probe
+# declares it with `probes.engine.mark_baselines`; the runner marks every row of a random-init twin
+# "random_init") and `extra["baseline_for"]` the metric it is a reference line for. The app and the
+# exported figures read only that (`row_kinds`), so a new probe's baselines are drawn as baselines
+# without a change here.
+BASELINE_KEY, BASELINE_FOR_KEY = "baseline", "baseline_for"  # = probes.engine.BASELINE_KEY / BASELINE_FOR_KEY
+TWIN = "random_init"  # the runner's marker of a random-init twin's rows (probes/runner.py, `Unit.rows`)
+MODEL = "model"  # row kind of a model's own measurement
+KIND_COLUMNS = ("kind", "baseline_for")  # the columns `row_kinds` adds
+
+# The legacy path: rows written before probes declared their baselines (runs already in users'
+# stores) carry no marker; they are recognised as the app used to recognise them, by the twin's name
+# suffix and by these metric names (name -> the metric it was drawn under; None: any).
+LEGACY_TWIN_SUFFIX = " (random init)"
+LEGACY_BASELINE_METRICS = {"majority": "accuracy", "control_accuracy": "accuracy", "right_branching_uuas": "uuas",
+                           "chain_uuas": "uuas", "random_baseline": None, "random_rotation": None,
+                           # the alignment page's former panel table
+                           "p_at_1_rotation": "p_at_1", "p_at_1_unmapped": "p_at_1", "accuracy_rotation": "accuracy",
+                           "accuracy_unmapped": "accuracy", "word_alignment_chance": "word_alignment",
+                           "word_alignment_unmapped": "word_alignment", "noise_floor": "displacement"}
+LEGACY_BASELINE_PREFIXES = ("majority", "control_", "right_branching", "chain", "random_")
+
+
+def _legacy_kind(model, metric) -> tuple[str, str | None]:
+    """(kind, baseline_for) of a row without a marker: the legacy path (see LEGACY_BASELINE_METRICS)."""
+    if str(model).endswith(LEGACY_TWIN_SUFFIX):
+        return TWIN, None
+    metric = str(metric)
+    if metric in LEGACY_BASELINE_METRICS or metric.startswith(LEGACY_BASELINE_PREFIXES):
+        return f"baseline:{metric}", LEGACY_BASELINE_METRICS.get(metric)
+    return MODEL, None
+
+
+def row_kinds(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` with the columns `kind` ("model", "random_init" for a twin's rows, or "baseline:NAME")
+    and `baseline_for` (the metric whose panel a baseline line is drawn in; None: every panel of its
+    task), from each row's `extra` (legacy rows: `_legacy_kind`). A baseline that declares no
+    `baseline_for` belongs to the longest model metric of its task that its own metric name ends
+    with ("string_match_auc" -> auc, "majority_f1_masculine" -> f1_masculine), among `rows`. Rows
+    that already have the columns (aggregated rows, whose `extra` is gone) are returned as they are."""
+    if all(c in rows.columns for c in KIND_COLUMNS):
+        return rows
+    kinds, fors = [], []
+    extras = rows["extra"] if "extra" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
+    for model, metric, raw in zip(rows["model"], rows["metric"], extras):
+        # most rows carry no marker: decode only the ones whose JSON names one (replicate lists are long)
+        ex = decode_extra(raw) if isinstance(raw, dict) or (isinstance(raw, str) and f'"{BASELINE_KEY}"' in raw) else {}
+        name = ex.get(BASELINE_KEY)
+        if name is None:
+            kind, of = _legacy_kind(model, metric)
+        elif name == TWIN:
+            kind, of = TWIN, None
+        else:  # without `baseline_for`: resolved below from the metric its name ends with
+            kind, of = f"baseline:{name}", ex.get(BASELINE_FOR_KEY)
+        kinds.append(kind)
+        fors.append(of)
+    model_metrics: dict[str, set[str]] = {}
+    for task, metric, kind in zip(rows["task"], rows["metric"], kinds):
+        if kind == MODEL:
+            model_metrics.setdefault(task, set()).add(str(metric))
+    for i, (task, metric, kind) in enumerate(zip(rows["task"], rows["metric"], kinds)):
+        if kind.startswith("baseline:") and fors[i] is None:
+            ends = [m for m in model_metrics.get(task, ()) if str(metric).endswith("_" + m)]
+            fors[i] = max(ends, key=len) if ends else None
+    return rows.assign(kind=pd.Series(kinds, index=rows.index, dtype=object),
+                       baseline_for=pd.Series(fors, index=rows.index, dtype=object))
+
+
+def twin_mask(rows: pd.DataFrame) -> pd.Series:
+    """True for the rows of a random-init twin (`row_kinds`)."""
+    return row_kinds(rows)["kind"] == TWIN
+
+
+def baseline_mask(rows: pd.DataFrame) -> pd.Series:
+    """True for baseline rows drawn as reference lines (every marker but the twin's)."""
+    return row_kinds(rows)["kind"].str.startswith("baseline:")
+
+
+def twin_models(rows: pd.DataFrame) -> set[str]:
+    """Models whose rows are a random-init twin's."""
+    return set(rows.loc[twin_mask(rows).to_numpy(), "model"].astype(str))
+
+
+def parent_model(model) -> str:
+    """The model a twin was made from, for pairing its curve's colour (the runner names a twin
+    "<model> (random init)"); other names unchanged."""
+    return str(model).removesuffix(LEGACY_TWIN_SUFFIX)
+
+
 # --------------------------------------------------------------------------- layer curves
-def is_twin(model) -> bool:
-    return str(model).endswith(TWIN_SUFFIX)
-
-
 def strip_seed(model: str) -> str:
     """The model name without its training-seed folder (`run/seed-3/step-10` -> `run/step-10`), so
     runs of several seeds of one configuration aggregate."""
@@ -256,33 +339,58 @@ def strip_seed(model: str) -> str:
     return re.sub(rf"(^|/){SEED_PREFIX}\d+(?=/|$| )", "", str(model)).strip("/")
 
 
-def aggregate_seeds(rows: pd.DataFrame) -> pd.DataFrame:
-    """Mean and spread over seeds (training seeds in the model name and probe seeds in `seed`) of
-    each (model, task, metric, split, stack, layer): value = mean, ci_low/ci_high = mean -/+ one
-    standard deviation (population sd over seeds, 0 for one seed), n_seeds."""
+SEED_KEYS = ["model", "task", "metric", "split", "stack", "layer", "step", *KIND_COLUMNS]
+
+
+def aggregate_seeds(rows: pd.DataFrame, series: list[str] | tuple[str, ...] = (), training_seeds: bool = True) -> pd.DataFrame:
+    """Seeds of one configuration as one curve: the ONE aggregation behind the app's layer curves and
+    the exported figures (`app.figures.layer_curves`), so both draw the same band for the same rows.
+
+    Rows of the same (model with its training-seed folder stripped, task, metric, split, stack, layer,
+    step, kind) are the seeds of one point: training seeds in the model name and probe seeds in
+    `seed` (or several runs of a sweep). A model keeps its full name where no other training seed
+    joins it; `training_seeds=False` merges probe seeds only (rows of the same model name).
+    value = their mean; the band (ci_low, ci_high) = the min and max over seeds, with n_seeds.
+    Why min-max and not mean +/- sd: with the 2-5 seeds a probing study has, an sd estimated from
+    them is itself very noisy, and mean +/- sd can leave a seed outside the band; the min-max band
+    contains every seed and claims nothing more. A point with one seed keeps its own 95% bootstrap CI. `series`: settings read from `extra` (e.g. pooling)
+    that split one model into several curves, labelled "model | key=value". Idempotent: aggregated
+    rows pass through unchanged."""
+    rows = row_kinds(rows)
     if rows.empty:
         return rows.assign(n_seeds=pd.Series([], dtype="int64"))
-    df = rows.assign(model=rows["model"].map(strip_seed))
-    keys = ["model", "task", "metric", "split", "stack", "layer", "step"]
-    g = df.groupby(keys, dropna=False, sort=False)["value"]
-    out = g.agg(value="mean", sd=lambda v: float(v.std(ddof=0)), n_seeds="size").reset_index()
-    out["ci_low"] = out["value"] - out["sd"]
-    out["ci_high"] = out["value"] + out["sd"]
-    return out.drop(columns="sd")
+    if training_seeds:
+        stripped = rows["model"].map(strip_seed)
+        merged = rows.groupby(stripped)["model"].transform("nunique") > 1
+        rows = rows.assign(model=stripped.where(merged, rows["model"]))
+    if series:
+        extra = rows["extra"].map(decode_extra)
+        twin = rows["kind"] == TWIN
+        label = rows["model"].map(parent_model)
+        for key in series:
+            label = label + f" | {key}=" + extra.map(lambda e, key=key: str(e.get(key)))
+        rows["model"] = label.where(~twin, label + LEGACY_TWIN_SUFFIX)
+    if "n_seeds" not in rows.columns:
+        rows = rows.assign(n_seeds=1)
+    groups = rows.groupby([k for k in SEED_KEYS if k in rows.columns], dropna=False, sort=False)
+    if (groups["value"].transform("size") <= 1).all():
+        return rows.reset_index(drop=True)
+    spec = {"value": ("value", "mean"), "lo": ("value", "min"), "hi": ("value", "max"),
+            "n_seeds": ("n_seeds", "sum"), "ci_low": ("ci_low", "first"), "ci_high": ("ci_high", "first")}
+    spec.update({c: (c, "min") for c in ("run_id",) if c in rows.columns})
+    spec.update({c: (c, "first") for c in ("probe", "family", "n") if c in rows.columns})
+    out = groups.agg(**spec).reset_index()
+    several = out["n_seeds"] > 1
+    out["ci_low"] = out["ci_low"].astype("Float64").where(~several, out["lo"])
+    out["ci_high"] = out["ci_high"].astype("Float64").where(~several, out["hi"])
+    return out.drop(columns=["lo", "hi"])
 
 
-def baseline_metrics(metrics) -> list[str]:
-    return [m for m in metrics if m in BASELINES or m.startswith(("majority", "control_", "right_branching",
-                                                                   "chain", "random_"))]
-
-
-COMPANIONS = ("selectivity", "control_accuracy", "scalar_mix_weight", "centre_of_gravity")
-
-
-def metric_choices(runs: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """(metrics to pick from, metrics read along with any pick: baselines, selectivity, scalar mix),
-    from the catalog, so a layer-curve query reads only the rows it draws."""
-    in_catalog = facet_values(runs, "metrics")
-    companions = baseline_metrics(in_catalog) + [m for m in COMPANIONS if m in in_catalog]
-    companions = list(dict.fromkeys(companions))
-    return [m for m in in_catalog if m not in companions] or in_catalog, companions
+def metric_choices(rows: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(metrics to draw as curves, metrics of baseline lines) of one probe/task's per-layer rows,
+    from what the rows declare (`row_kinds`)."""
+    kinds = row_kinds(rows)
+    is_model = (kinds["kind"] == MODEL).to_numpy()
+    curves = list(dict.fromkeys(kinds.loc[is_model, "metric"]))
+    baselines = list(dict.fromkeys(kinds.loc[baseline_mask(kinds).to_numpy(), "metric"]))
+    return curves, baselines

@@ -5,7 +5,8 @@ A figure is a YAML file in `experiments/figures/`: a query on the results store 
     title: Syntax probes layer by layer
     query: {probe: syntax, tasks: [upos, deprel], metrics: [accuracy], run: latest}
     plot: layer_curves          # a function in PLOTS (probe companion pages may add more)
-    options: {baselines: [majority, control_accuracy]}
+    options: {baselines: [majority, control]}   # default: every baseline the rows declare
+    produced_by: bertology run experiments/main.yaml   # optional: the command that makes its runs
 
 Rendering writes, into `<runs root>/figures/<name>/` (or `--out`), the figure as PNG, SVG, PDF
 (plotly's static export through kaleido, which drives the system Chromium) and interactive HTML,
@@ -28,7 +29,12 @@ Queries: `run: latest` (the newest run holding the probe and tasks; with a list 
 newest run of the first probe and, for each other probe, the newest run sharing a model with it:
 one checkpoint's runs of several probes), `run: RUN_ID` or a list,
 `name: PREFIX` (every run whose name starts with it, e.g. a sweep `pooling-sweep:`); `models:` keeps
-only those models; `twins: false` drops random-init twins.
+only those models; `twins: false` drops random-init twins. Twins and baselines are what the rows
+declare (`app.data.row_kinds`); seeds are aggregated by `app.data.aggregate_seeds`, the function
+the app uses too.
+
+`--all` (or several names): a figure whose runs are not in the store (`MissingData`) is skipped and
+the rest drawn; the skipped ones are then listed with their `produced_by` command, exit status 2.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from app.data import MODEL, TWIN, aggregate_seeds, baseline_mask, parent_model, row_kinds, twin_mask
 from probes import depth
 from workbench.errors import ConfigError, WorkbenchError, yaml_problem
 from workbench.paths import REPO_ROOT
@@ -65,11 +72,15 @@ fig = pio.from_json(Path(sys.argv[1]).read_text(encoding="utf-8"))
 for fmt in sys.argv[3:]:
     Path(sys.argv[2], "figure." + fmt).write_bytes(pio.to_image(fig, format=fmt))
 """
-SPEC_KEYS = {"title", "query", "plot", "options", "description"}
+SPEC_KEYS = {"title", "query", "plot", "options", "description", "produced_by"}
 QUERY_KEYS = {"probe", "tasks", "metrics", "run", "name", "models", "twins", "split"}
-BASELINE_OF = {"majority": "accuracy", "control_accuracy": "accuracy", "right_branching_uuas": "uuas"}
-BASELINE_DASH = {"majority": "dash", "control_accuracy": "dashdot", "right_branching_uuas": "longdash"}
+BASELINE_DASHES = ("dash", "dashdot", "longdash", "longdashdot")  # one per baseline, in order of their names
 DATA_COLUMNS = ["run_id", "model", "step", "task", "metric", "stack", "layer", "value", "ci_low", "ci_high", "kind"]
+
+
+class MissingData(ConfigError):
+    """The store holds no rows a figure can draw (its runs were never made): `figures --all` skips
+    the figure and names the command that makes them."""
 
 
 # --------------------------------------------------------------------------- specs and queries
@@ -123,8 +134,7 @@ def query_rows(store, query: dict) -> tuple[pd.DataFrame, list[str]]:
             raise ConfigError(f"run(s) {sorted(missing)} not in the store {store.root} (or without {probe}/{tasks})")
         runs = runs[runs["run_id"].isin(wanted)]
     if runs.empty:
-        raise ConfigError(f"no run in {store.root} matches {query}; run an experiment first "
-                          f"(e.g. bertology run experiments/main.yaml)")
+        raise MissingData(f"no run in {store.root} matches {query}")  # figures_cli names the command that makes it
     frames = []
     for run_id in runs["run_id"]:
         df = store.read(run_id)
@@ -136,11 +146,11 @@ def query_rows(store, query: dict) -> tuple[pd.DataFrame, list[str]]:
     if tasks:
         rows = rows[rows["task"].isin(tasks)]
     if query.get("metrics"):
-        rows = rows[rows["metric"].isin(_as_list(query["metrics"]) + list(BASELINE_OF))]
+        rows = rows[rows["metric"].isin(_as_list(query["metrics"])) | baseline_mask(rows)]  # with their baselines
     if query.get("models"):
         rows = rows[rows["model"].isin(_as_list(query["models"]))]
     if query.get("twins") is False:
-        rows = rows[~rows["model"].astype(str).str.endswith(" (random init)")]
+        rows = rows[~twin_mask(rows)]
     if query.get("split"):
         rows = rows[rows["split"] == query["split"]]
     return rows.reset_index(drop=True), sorted(runs["run_id"].tolist())
@@ -148,7 +158,7 @@ def query_rows(store, query: dict) -> tuple[pd.DataFrame, list[str]]:
 
 def _latest_of_one_checkpoint(runs: pd.DataFrame, probes: list[str], models: list[str]) -> pd.DataFrame:
     """The newest run of probes[0] (holding one of `models` when given) and, for each other probe,
-    the newest run that shares a (non-twin) model with it."""
+    the newest run that shares a model with it (a run holding a twin holds its checkpoint too)."""
     def of(p: str, want: set[str] | None) -> pd.DataFrame:
         keep = [p in _catalog_list(pr) and (want is None or bool(want & set(_catalog_list(m))))
                 for pr, m in zip(runs["probes"], runs["models"])]
@@ -157,7 +167,7 @@ def _latest_of_one_checkpoint(runs: pd.DataFrame, probes: list[str], models: lis
     first = of(probes[0], set(models) if models else None)
     if first.empty:
         return first
-    anchor = {m for m in _catalog_list(first["models"].iloc[0]) if _kind(m) == "model"}
+    anchor = set(_catalog_list(first["models"].iloc[0]))
     return pd.concat([first] + [of(p, anchor) for p in probes[1:]])
 
 
@@ -172,10 +182,6 @@ def _as_list(value) -> list:
     return [value] if isinstance(value, (str, int)) else list(value)
 
 
-def _kind(model: str) -> str:
-    return "random_init" if str(model).endswith(" (random init)") else "model"
-
-
 # --------------------------------------------------------------------------- plots
 @dataclass
 class Drawn:
@@ -184,29 +190,46 @@ class Drawn:
 
 
 def layer_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
-    """One panel per task x metric: value by layer per model, 95% CI bands, twins dotted, baselines dashed."""
+    """One panel per task x metric: value by layer per model, 95% CI bands (several seeds: mean with
+    the min-max band, `app.data.aggregate_seeds`), twins dotted, baselines grey and dashed.
+
+    What is a twin or a baseline is read from the rows (`app.data.row_kinds`): a baseline line is
+    drawn in its task's panel of the metric it declares (`baseline_for`; every panel when it declares
+    none), one line per model. options: `baselines` (names or metrics of the baselines to draw;
+    default all), `series` (extra settings that split curves, e.g. [pooling]), `training_seeds`
+    (false: keep a curve per training seed; probe seeds are still averaged)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    baselines = set(options.get("baselines", BASELINE_OF))
-    per_layer = rows[rows["layer"].notna() & ~rows["split"].astype(str).str.contains(":")].copy()
-    per_layer = aggregate_seeds(per_layer, options.get("series", []))
-    main = per_layer[~per_layer["metric"].isin(baselines)]
+    per_layer = rows[rows["layer"].notna() & ~rows["split"].astype(str).str.contains(":")]
+    per_layer = aggregate_seeds(per_layer, options.get("series", []), options.get("training_seeds", True))
+    kind = per_layer["kind"].astype(str)
+    main = per_layer[(kind == MODEL).to_numpy()]
+    twins = per_layer[(kind == TWIN).to_numpy()]
+    refs = per_layer[kind.str.startswith("baseline:").to_numpy()]
+    refs = refs.assign(baseline=refs["kind"].str.removeprefix("baseline:"))
+    if options.get("baselines") is not None:
+        wanted = set(_as_list(options["baselines"]))
+        refs = refs[refs["baseline"].isin(wanted) | refs["metric"].isin(wanted)]
+    twin_models = set(twins["model"])
+    refs = refs[~refs["model"].isin(twin_models)]  # a twin's own baselines are not drawn
     panels = list(dict.fromkeys(zip(main["task"], main["metric"])))
     if not panels:
-        raise ConfigError(f"nothing to draw for {title!r}: no per-layer rows")
+        raise MissingData(f"nothing to draw for {title!r}: no per-layer rows")
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[f"{t}: {m}" for t, m in panels],
                         horizontal_spacing=0.06)
     palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
-    base_models = list(dict.fromkeys(m.replace(" (random init)", "") for m in main["model"]))
+    base_models = list(dict.fromkeys(parent_model(m) for m in pd.concat([main["model"], twins["model"]])))
     color = {m: palette[i % len(palette)] for i, m in enumerate(base_models)}
+    dash = {name: BASELINE_DASHES[i % len(BASELINE_DASHES)] for i, name in enumerate(sorted(set(refs["baseline"])))}
     drawn, shown = [], set()
     for col, (task, metric) in enumerate(panels, start=1):
-        sub = main[(main["task"] == task) & (main["metric"] == metric)]
-        for model, g in sub.groupby("model", sort=False):
+        curves = pd.concat([main[(main["task"] == task) & (main["metric"] == metric)],
+                            twins[(twins["task"] == task) & (twins["metric"] == metric)]])
+        for model, g in curves.groupby("model", sort=False):
             g = g.sort_values("layer")
-            base = str(model).replace(" (random init)", "")
-            twin = _kind(model) == "random_init"
+            base = parent_model(model)
+            twin = g["kind"].iloc[0] == TWIN
             x, y = g["layer"].astype(int).to_numpy(), g["value"].to_numpy(dtype=float)
             if g["ci_low"].notna().all() and not twin:
                 fig.add_trace(go.Scatter(x=np.r_[x, x[::-1]], y=np.r_[g["ci_high"].to_numpy(float), g["ci_low"].to_numpy(float)[::-1]],
@@ -215,48 +238,19 @@ def layer_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=str(model), legendgroup=str(model),
                                      showlegend=col == 1, line={"color": color[base], "dash": "dot" if twin else "solid"}),
                           row=1, col=col)
-            drawn.append(g.assign(kind=_kind(model)))
-        for bl in sorted(baselines):
-            ref = per_layer[(per_layer["task"] == task) & (per_layer["metric"] == bl) &
-                            (per_layer["model"].map(_kind) == "model")]
-            if BASELINE_OF.get(bl, metric) != metric:
-                continue
-            for model, one in ref.groupby("model", sort=False):  # each model's own baseline line
-                one = one.sort_values("layer")
-                fig.add_trace(go.Scatter(x=one["layer"].astype(int), y=one["value"], mode="lines", name=bl,
-                                         legendgroup=bl, showlegend=bl not in shown,
-                                         line={"color": "grey", "dash": BASELINE_DASH.get(bl, "dash")}),
-                              row=1, col=col)
-                shown.add(bl)
-                drawn.append(one.assign(kind=f"baseline:{bl}"))
+            drawn.append(g)
+        here = refs[(refs["task"] == task) & (refs["baseline_for"].isna() | (refs["baseline_for"] == metric))]
+        for (bl, model), one in here.groupby(["baseline", "model"], sort=True):  # each model's own baseline line
+            one = one.sort_values("layer")
+            fig.add_trace(go.Scatter(x=one["layer"].astype(int), y=one["value"], mode="lines", name=bl,
+                                     legendgroup=bl, showlegend=bl not in shown,
+                                     line={"color": "grey", "dash": dash[bl]}),
+                          row=1, col=col)
+            shown.add(bl)
+            drawn.append(one)
         fig.update_xaxes(title_text="layer", dtick=1, row=1, col=col)
     fig.update_layout(title=title, template="plotly_white", height=420, width=max(520, 430 * len(panels)))
     return Drawn(fig, _tidy(pd.concat(drawn, ignore_index=True)))
-
-
-def aggregate_seeds(rows: pd.DataFrame, series: list[str]) -> pd.DataFrame:
-    """One curve per model (and per value of each `series` setting read from `extra`, e.g. pooling):
-    where several runs give the same point (probe seeds of a sweep), the mean, with the min-max
-    spread over them as the band and `n_seeds` counted."""
-    rows = rows.copy()
-    if series:
-        extra = rows["extra"].map(decode_extra)
-        twin = rows["model"].astype(str).str.endswith(" (random init)")
-        label = rows["model"].astype(str).str.replace(" (random init)", "", regex=False)
-        for key in series:
-            label = label + f" | {key}=" + extra.map(lambda e: str(e.get(key)))
-        rows["model"] = label.where(~twin, label + " (random init)")
-    keys = ["model", "task", "metric", "stack", "layer", "step"]
-    counts = rows.groupby(keys, dropna=False)["value"].transform("size")
-    if (counts <= 1).all():
-        return rows.assign(n_seeds=1)
-    agg = rows.groupby(keys, dropna=False, sort=False).agg(
-        value=("value", "mean"), lo=("value", "min"), hi=("value", "max"), n_seeds=("value", "size"),
-        ci_low=("ci_low", "mean"), ci_high=("ci_high", "mean"), run_id=("run_id", "min"), split=("split", "first"))
-    agg = agg.reset_index()
-    several = agg["n_seeds"] > 1
-    agg.loc[several, "ci_low"], agg.loc[several, "ci_high"] = agg.loc[several, "lo"], agg.loc[several, "hi"]
-    return agg.drop(columns=["lo", "hi"])
 
 
 def expected_layers(rows: pd.DataFrame) -> pd.DataFrame:
@@ -285,9 +279,9 @@ def depth_summary(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     """Tenney-style "where in depth": expected layer (and scalar-mix centre of gravity) per task and model."""
     import plotly.express as px
 
-    summary = expected_layers(rows[~rows["model"].astype(str).str.endswith(" (random init)")])
+    summary = expected_layers(rows[~twin_mask(rows).to_numpy()])
     if summary.empty:
-        raise ConfigError(f"nothing to draw for {title!r}: need per-layer curves of at least two layers")
+        raise MissingData(f"nothing to draw for {title!r}: need per-layer curves of at least two layers")
     fig = px.scatter(summary, x="value", y="task", color="model", symbol="metric", title=title,
                      labels={"value": "layer"}, template="plotly_white", height=360, width=760)
     fig.update_traces(marker={"size": 12})
@@ -309,7 +303,7 @@ def depth_table(rows: pd.DataFrame, metrics: dict, alpha: float = 0.05, referenc
     (`depth.difference`). Tidy rows (DATA_COLUMNS): metric = the statistic, kind = the metric it was
     computed from."""
     per_layer = rows[rows["layer"].notna() & ~rows["split"].astype(str).str.contains(":")]
-    per_layer = per_layer[per_layer["model"].map(_kind) == "model"]
+    per_layer = per_layer[~twin_mask(per_layer).to_numpy()]
     out, curves = [], {}
     for task, wanted in metrics.items():
         for metric in _as_list(wanted):
@@ -406,10 +400,10 @@ def training_heatmap(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
 
     task = options.get("task", rows["task"].iloc[0] if len(rows) else None)
     metric = options.get("metric", "accuracy")
-    sub = rows[(rows["task"] == task) & (rows["metric"] == metric) & rows["layer"].notna() &
-               (rows["model"].map(_kind) == "model")]
+    rows = rows[~twin_mask(rows).to_numpy()]
+    sub = rows[(rows["task"] == task) & (rows["metric"] == metric) & rows["layer"].notna()]
     if sub.empty or sub["step"].isna().all():
-        raise ConfigError(f"nothing to draw for {title!r}: no {task}/{metric} rows with training steps")
+        raise MissingData(f"nothing to draw for {title!r}: no {task}/{metric} rows with training steps")
     sub = sub.assign(step=sub["step"].astype(int), layer=sub["layer"].astype(int))
     table = sub.pivot_table(index="step", columns="layer", values="value", aggfunc="mean").sort_index()
     fig = go.Figure(go.Heatmap(z=table.to_numpy(), x=[str(c) for c in table.columns], y=[str(i) for i in table.index],
@@ -425,13 +419,13 @@ def roc_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     extra (roc_fpr, roc_tpr). data.csv: metric roc_fpr / roc_tpr, `layer` = the point's index."""
     import plotly.graph_objects as go
 
-    sub = rows[(rows["metric"] == "auc") & rows["layer"].isna()]
+    sub = row_kinds(rows[(rows["metric"] == "auc") & rows["layer"].isna()])
     if options.get("model"):
         sub = sub[sub["model"] == options["model"]]
     if options.get("attacks"):
         sub = sub[sub["task"].isin(options["attacks"])]
     if sub.empty:
-        raise ConfigError(f"nothing to draw for {title!r}: no membership auc rows with ROC points")
+        raise MissingData(f"nothing to draw for {title!r}: no membership auc rows with ROC points")
     floor = float(options.get("min_fpr", 1e-3))
     fig, data = go.Figure(), []
     for _, r in sub.iterrows():
@@ -441,7 +435,7 @@ def roc_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
         fig.add_trace(go.Scatter(x=np.maximum(fpr, floor), y=tpr, mode="lines", name=label))
         for i, (f, t) in enumerate(zip(fpr, tpr)):
             data += [{"run_id": r.get("run_id"), "model": r["model"], "step": r["step"], "task": r["task"],
-                      "metric": m, "stack": r["stack"], "layer": i, "value": v, "kind": _kind(r["model"])}
+                      "metric": m, "stack": r["stack"], "layer": i, "value": v, "kind": r["kind"]}
                      for m, v in (("roc_fpr", f), ("roc_tpr", t))]
     fig.add_trace(go.Scatter(x=np.geomspace(floor, 1, 50), y=np.geomspace(floor, 1, 50), mode="lines",
                              name="chance", line={"dash": "dot", "color": "grey"}))
@@ -457,12 +451,12 @@ def auc_over_steps(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     import plotly.graph_objects as go
 
     metric = options.get("metric", "auc")
-    sub = rows[(rows["metric"] == metric) & rows["layer"].isna() & rows["step"].notna() &
-               (rows["model"].map(_kind) == "model")]
+    rows = rows[~twin_mask(rows).to_numpy()]
+    sub = rows[(rows["metric"] == metric) & rows["layer"].isna() & rows["step"].notna()]
     if options.get("attacks"):
         sub = sub[sub["task"].isin(options["attacks"])]
     if sub.empty:
-        raise ConfigError(f"nothing to draw for {title!r}: no {metric} rows with training steps")
+        raise MissingData(f"nothing to draw for {title!r}: no {metric} rows with training steps")
     sub = sub.assign(step=sub["step"].astype(int)).sort_values("step")
     fig = go.Figure()
     for task, g in sub.groupby("task", sort=False):
@@ -653,7 +647,21 @@ def render(name_or_path: str | Path, store=None, out: str | Path | None = None,
     return Rendered(name, folder, files, manifest)
 
 
+def produced_by(spec: dict) -> str:
+    """The command that makes a figure's runs: the spec's `produced_by`, else one read off its query."""
+    if spec.get("produced_by"):
+        return str(spec["produced_by"])
+    query = spec.get("query") or {}
+    tasks = ",".join(map(str, _as_list(query.get("tasks"))))
+    name = f" --name {query['name']}..." if query.get("name") else ""
+    return " and ".join(f"bertology probe {p} --checkpoint CKPT" + (f" --tasks {tasks}" if tasks else "") + name
+                        for p in _as_list(query.get("probe"))) or "a run of the probe the query names"
+
+
 def figures_cli(names: list[str], all_: bool, out: str | None, formats: str | None, runs_root: str | None) -> int:
+    """Render the named figures (or every shipped one with `all_`). A figure whose runs are not in
+    the store is skipped, not fatal: the others are still drawn, then the skipped ones are listed
+    each with the command that makes its data (`produced_by`), and the exit status is 2."""
     from workbench.results import ResultsStore
 
     todo = figure_names() if all_ else names
@@ -661,9 +669,20 @@ def figures_cli(names: list[str], all_: bool, out: str | None, formats: str | No
         raise ConfigError(f"name a figure or pass --all; shipped figures: {', '.join(figure_names())}")
     store = ResultsStore(runs_root)
     fmts = tuple(f.strip() for f in formats.split(",")) if formats else FORMATS
+    skipped: list[tuple[str, str, str]] = []  # (name, why, command)
     for name in todo:
-        r = render(name, store, Path(out) / name if out and len(todo) > 1 else out, fmts)
+        try:
+            r = render(name, store, Path(out) / name if out and len(todo) > 1 else out, fmts)
+        except MissingData as e:
+            spec = load_spec(name)[1]
+            skipped.append((Path(name).stem, str(e), produced_by(spec)))
+            continue
         print(f"{r.name}: {r.folder} ({', '.join(p.name for p in r.files)}; runs {', '.join(r.manifest['run_ids'])})")
+    if skipped:
+        print(f"{len(skipped)} of {len(todo)} figure(s) skipped: their runs are not in {store.root}", file=sys.stderr)
+        for name, why, command in skipped:
+            print(f"  {name}: {why}\n    make the data with: {command}", file=sys.stderr)
+        return 2
     return 0
 
 

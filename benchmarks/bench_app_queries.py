@@ -125,10 +125,11 @@ def bench(root: Path, n_runs: int) -> dict:
         facets = {c: data.facet_values(runs, c) for c in ("families", "probes", "tasks", "models", "seeds", "steps")}
         return data.filter_runs(runs, probes=["syntax"], steps=["3000"]), facets
 
-    def layer_curve():  # what the Layer curves page reads: one metric with its baselines and companions
+    def layer_curve():  # what the Layer curves page reads: the task's rows, whose extra says which are baselines
         runs = data.filter_runs(data.catalog(store), probes=["syntax"], tasks=["upos"])
-        _, companions = data.metric_choices(runs)
-        return data.query(store, runs, probe="syntax", task="upos", metric=["accuracy", *companions])
+        loaded = data.query(store, runs, probe="syntax", task="upos")
+        data.metric_choices(loaded.rows)
+        return loaded
 
     def all_metrics():  # every row of the probe/task (the generic probe page's read)
         runs = data.filter_runs(data.catalog(store), probes=["syntax"], tasks=["upos"])

@@ -18,7 +18,8 @@ import json
 import numpy as np
 import torch
 
-from probes.engine import fit_probe, sentence_bootstrap
+from probes.core.statistics import ratio_bootstrap
+from probes.engine import fit_probe
 from workbench.data.conllu import load_treebank
 from workbench.models import ModelHandle
 
@@ -73,7 +74,7 @@ def main(argv=None) -> dict:
     for i, layer in enumerate(probe.layers.tolist()):
         row = {}
         for name, sel in (("all", np.ones_like(oov)), ("oov", oov), ("in_vocab", ~oov)):
-            p, lo, hi = sentence_bootstrap(correct[i][sel], sid[sel], seed=args.seed)
+            p, lo, hi = ratio_bootstrap(correct[i][sel], None, sid[sel], seed=args.seed)  # over sentences
             row[name] = [round(float(p), 4), round(float(lo), 4), round(float(hi), 4)]
         result["layers"][layer] = row
     print(json.dumps({k: v for k, v in result.items() if k != "layers"}))

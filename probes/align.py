@@ -54,7 +54,7 @@ import pandas as pd
 
 from probes import alignment_core as ac
 from probes import align_reps as reps
-from probes import runner
+from probes import engine, runner
 from workbench.errors import ConfigError
 from workbench.results import decode_extra
 
@@ -239,15 +239,12 @@ def _layer_map(n_src: int, n_tgt: int) -> list[int]:
 
 
 def _ci(correct: np.ndarray, settings: Settings, offset: int = 0):
-    """95% bootstrap over test items of per-layer accuracies; correct: [L, n] bool."""
-    _, low, high = _bootstrap(correct.astype(np.float64), settings, offset)
+    """95% bootstrap over test items (each its own unit) of per-layer accuracies; correct: [L, n] bool."""
+    from probes.core import statistics  # imported here: this hunk stays apart from the module's imports
+
+    _, low, high = statistics.ratio_bootstrap(correct.astype(np.float64), None, None, n_boot=settings.n_boot,
+                                              seed=settings.seed + offset)
     return low, high
-
-
-def _bootstrap(values: np.ndarray, settings: Settings, offset: int = 0):
-    from probes.engine import bootstrap_ci
-
-    return bootstrap_ci(values, n_boot=settings.n_boot, seed=settings.seed + offset)
 
 
 # --------------------------------------------------------------------------- bli and fake-language
@@ -335,6 +332,7 @@ def _bli_rows(unit, task, settings, prepared, src_corpus, tgt_corpus, lexicon_pa
     extra = {"target_model": tgt_name, "target_layers": lmap, "dictionary_pairs": len(lex.pairs),
              "src_vocab": len(vs), "tgt_vocab": len(vt), "retrieval": settings.retrieval, **info}
     rows = [unit.rows(task, metrics, split="test", n=n, ci=ci, extra=extra)]
+    rows[0] = engine.mark_baselines(rows[0], {"p_at_1_rotation": ("random_rotation", "p_at_1"), "p_at_1_unmapped": ("unmapped", "p_at_1")})
     # static case: input-embedding rows (Mikolov et al. 2013 / Conneau et al. 2018 on word embeddings)
     smetrics, sci, _, _ = _bli_layers(Xs[None], Ys[None], lex, settings, seeds, same_space, off + 2)
     rows.append(unit.rows(task, {f"static_{m}": v for m, v in smetrics.items()}, split="test", layers=[0], n=n,
@@ -404,10 +402,11 @@ def _parallel(unit, prepared, settings) -> list[pd.DataFrame]:
              "retrieval": method}
     rows = [unit.rows("parallel", {m: np.array(v) for m, v in metrics.items()}, split="test", n=len(test), ci=ci,
                       extra=extra)]
+    rows[0] = engine.mark_baselines(rows[0], {"accuracy_unmapped": ("unmapped", "accuracy"), "accuracy_rotation": ("random_rotation", "accuracy")})
     word = _word_alignment(a, b, lmap, p, train, test, prepared.data.get("dictionary", []), settings)
     if word is not None:
         wm, wci, wn, winfo = word
-        rows.append(unit.rows("parallel", wm, split="test", n=wn, ci=wci, extra={**extra, **winfo}))
+        rows.append(engine.mark_baselines(unit.rows("parallel", wm, split="test", n=wn, ci=wci, extra={**extra, **winfo}), {"word_alignment_unmapped": ("unmapped", "word_alignment"), "word_alignment_chance": ("chance", "word_alignment")}))
     unit.log("parallel: accuracy by layer " + " ".join(f"{v:.2f}" for v in metrics["accuracy"]))
     return rows
 
@@ -604,8 +603,8 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
             "anchors": n_anchor, "split_half_words": int(both.sum())}
     top = layer_words[shown]
     unit.log("diachronic: most moved at layer %d: %s" % (shown, ", ".join(w["word"] for w in top[:10])))
-    return [unit.rows("diachronic", {m: np.array(v) for m, v in metrics.items()}, split="all", n=len(vocab),
-                      extra=base),
+    return [engine.mark_baselines(unit.rows("diachronic", {m: np.array(v) for m, v in metrics.items()}, split="all",
+                                            n=len(vocab), extra=base), {"noise_floor": ("noise_floor", "displacement")}),
             # one row carries the list: value = the mean excess displacement of the listed words
             unit.rows("diachronic", {"top_moved_excess": [np.mean([w["displacement"] - w["noise_floor"] for w in top])]},
                       split="all", layers=[shown], n=len(top), extra={**base, "top_moved": top})]

@@ -55,6 +55,7 @@ import torch
 
 from probes import cloze_tasks as ct
 from probes import engine, runner
+from probes.core import statistics
 from workbench import logit_lens
 from workbench.errors import CheckpointError, ConfigError
 from workbench.lm_scores import BLANK, LMScorer, filled_items, lm_scorer, mlm_head
@@ -82,10 +83,10 @@ def contexts_of(items) -> tuple[list[str], list[list[str]], np.ndarray]:
     return [it.text for it in items], [list(it.choices) for it in items], np.array([it.answer for it in items])
 
 
-def accuracy_ci(correct, n_boot: int = 1000, seed: int = 0):
-    """Accuracy [...] with a percentile bootstrap CI over items (`correct`: [..., N] bool)."""
-    c = np.asarray(correct, dtype=np.float64)
-    return engine.bootstrap_ci(c, np.ones(c.shape[-1]), n_boot=n_boot, seed=seed)
+def accuracy_ci(correct, n_boot: int = statistics.N_BOOT, seed: int = 0):
+    """Accuracy [...] with a percentile bootstrap CI over items, each its own unit (`correct`: [..., N]
+    bool, or a paired difference of two correctness vectors)."""
+    return statistics.ratio_bootstrap(np.asarray(correct, dtype=np.float64), None, None, n_boot=n_boot, seed=seed)
 
 
 def zero_shot(scorer: LMScorer, items, batch_size: int = 32):
@@ -318,8 +319,8 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
 
     if not unit.is_twin and head_stack and "majority" in settings.baselines:
         _, maj = engine.majority_baseline([it.answer for it in data["train"]], [it.answer for it in test])
-        out.append(unit.rows(task, {"majority_acc": [maj], "random_acc": [1.0 / K]}, split="test", layers=last,
-                             n=len(test)))
+        out.append(engine.mark_baselines(unit.rows(task, {"majority_acc": [maj], "random_acc": [1.0 / K]}, split="test", layers=last,
+                             n=len(test)), {"majority_acc": "majority", "random_acc": "chance"}))
 
     if scorer is not None and head_stack:
         correct, scores = zero_shot(scorer, test, settings.batch_size)
@@ -424,8 +425,8 @@ def _blank_probe(unit, data, task, settings) -> list[pd.DataFrame]:
         rc = engine.fit_probe(feats["train"], yc["train"], feats["dev"], yc["dev"], num_classes=K, seed=settings.seed)
         metrics["control_acc"] = rc.accuracy(feats["test"], yc["test"])
         metrics["selectivity"] = a - metrics["control_acc"]
-    return [unit.rows(task, metrics, split="test", n=len(data["test"]), ci=ci,
-                      extra={"position": "last word" if causal else "blank", "blank": blank_word(tok)})]
+    return [engine.mark_baselines(unit.rows(task, metrics, split="test", n=len(data["test"]), ci=ci,
+                      extra={"position": "last word" if causal else "blank", "blank": blank_word(tok)}), {"control_acc": ("control", "probe_acc")})]
 
 
 def summary(rows: pd.DataFrame) -> str:

@@ -462,9 +462,9 @@ def _gum_pairs(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
         _, clog = pair_probe(spans["fit"], fit, spans["stop"], stop, spans["eval"], ev, s, labels=ctrl)
         cacc = (clog.argmax(-1) == ctrl[2][None]).mean(1)
         cauc = np.array([auc(sc, ctrl[2]) for sc in binary_scores(clog)])
-        out.append(unit.rows("gum-pairs", {"control_accuracy": cacc, "control_auc": cauc,
+        out.append(engine.mark_baselines(unit.rows("gum-pairs", {"control_accuracy": cacc, "control_auc": cauc,
                                            "selectivity_auc": auc_point - cauc},
-                             split=s.eval_split, n=len(ev.label), extra=extra))
+                             split=s.eval_split, n=len(ev.label), extra=extra), {"control_accuracy": ("control", "accuracy"), "control_auc": ("control", "auc")}))
     if not unit.is_twin:
         base = {}
         if "rules" in s.baselines:
@@ -529,7 +529,7 @@ def _gum_entity_type(unit, prepared, settings: CorefSettings) -> list[pd.DataFra
     if "majority" in s.baselines and not unit.is_twin:
         _, maj = engine.majority_baseline(y["fit"][take], y["eval"])
         out.append(unit.rows("gum-entity-type", {"majority": np.full(len(res.train_accuracy), maj)},
-                             split=s.eval_split, n=len(y["eval"]), extra=extra))
+                             split=s.eval_split, n=len(y["eval"]), extra=dict(extra, baseline="majority", baseline_for="accuracy")))
     return out
 
 
@@ -698,7 +698,7 @@ def _attention_heads(unit, prepared, settings: CorefSettings) -> list[pd.DataFra
             b = ratio_bootstrap(v[None].astype(float), None, rep.unit, s.n_boot, s.seed)
             out.append(unit.rows("attention-heads", {name: np.repeat(b[0], L)}, split=HEADS_REPORT_SPLIT,
                                  layers=range(1, L + 1), n=len(v), ci={name: (np.repeat(b[1], L), np.repeat(b[2], L))},
-                                 extra=dict(extra, baseline=name)))
+                                 extra=dict(extra, baseline=name, baseline_for="best_head_accuracy")))
     # GAP: which name the pronoun attends to more
     gap = {}
     gap_select = gap_heads_select_split(s)
@@ -721,7 +721,7 @@ def _attention_heads(unit, prepared, settings: CorefSettings) -> list[pd.DataFra
             out.append(unit.rows("attention-heads", {f"gap_{name}": np.repeat(b[0], L)}, split=s.gap_eval_split,
                                  layers=range(1, L + 1), n=len(v),
                                  ci={f"gap_{name}": (np.repeat(b[1], L), np.repeat(b[2], L))},
-                                 extra=dict(gextra, baseline=name)))
+                                 extra=dict(gextra, baseline=name, baseline_for="best_head_gap")))
     return out
 
 

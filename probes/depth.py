@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from probes.core.statistics import ALPHA, percentile_interval
 from workbench.results import decode_extra
 
 BOOT_KEY = "boot"  # extra key of a per-layer row: the metric on each bootstrap resample
@@ -78,13 +79,13 @@ def peak_shares(boot) -> np.ndarray:
 
 
 def _ci(values: np.ndarray, alpha: float) -> tuple[float, float]:
-    v = values[np.isfinite(values)]
-    if not len(v):
-        return float("nan"), float("nan")
-    return float(np.quantile(v, alpha / 2)), float(np.quantile(v, 1 - alpha / 2))
+    """Percentile interval of one statistic's replicates (`statistics.percentile_interval`: NaN
+    replicates, e.g. a resample where no layer improves, left out)."""
+    low, high = percentile_interval(np.asarray(values, dtype=np.float64), alpha)
+    return float(low), float(high)
 
 
-def summarise(point, boot=None, layers: Sequence[int] | None = None, alpha: float = 0.05) -> dict[str, Any]:
+def summarise(point, boot=None, layers: Sequence[int] | None = None, alpha: float = ALPHA) -> dict[str, Any]:
     """Expected layer, gain centre and peak layer of one curve with percentile CIs from paired
     replicates `boot` [B, L] (None: no CIs), and the peak share per layer.
 
@@ -112,7 +113,7 @@ STATS = {"expected_layer": expected_layer, "gain_centre": gain_centre, "peak_lay
 
 
 def difference(point_a, boot_a, point_b, boot_b, layers: Sequence[int] | None = None,
-               alpha: float = 0.05) -> dict[str, tuple[float, float, float]]:
+               alpha: float = ALPHA) -> dict[str, tuple[float, float, float]]:
     """stat(curve a) - stat(curve b) for every statistic in STATS, with a percentile interval.
 
     Two tasks are scored on different units (documents vs sentences), so their resamples are
@@ -152,7 +153,7 @@ def curve_with_replicates(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, n
     return layers, values, boot
 
 
-def depth_rows(metric: str, point, boot, layers: Sequence[int], alpha: float = 0.05) -> tuple[dict, dict, dict]:
+def depth_rows(metric: str, point, boot, layers: Sequence[int], alpha: float = ALPHA) -> tuple[dict, dict, dict]:
     """Per-layer peak shares and the peak layer of one curve, in `layer_rows` form for a probe:
     ({f"{metric}_peak_share": [L]}, {f"{metric}_peak_layer": [1]}, its CI {...: ([lo], [hi])})."""
     s = summarise(point, boot, layers, alpha)

@@ -8,9 +8,8 @@ as `workbench.activations` stores them) and integer labels, and uses this module
   layers costs one pass over the data per step instead of 13 (`fit_probe`);
   a task and its control task, and several seeds, can share that program too (`fit_probe_tasks`);
 - compare against baselines: Hewitt & Liang (2019) control tasks (`control_labels`, selectivity =
-  task accuracy - control accuracy), the majority class (`majority_baseline`), and the
-  randomly initialised twin of a checkpoint (`random_init_twin`);
-- put confidence intervals on accuracies by resampling sentences, not words (`sentence_bootstrap`);
+  task accuracy - control accuracy) and the majority class (`majority_baseline`) (the randomly
+  initialised twin is a derived model: `ModelHandle.derive("random_init", ...)`);
 - measure the online code length of Voita & Titov (2020) (`mdl_online_code`);
 - learn a scalar mix over layers (Peters et al. 2018; Tenney et al. 2019) with its centre of gravity
   and Tenney's expected layer from cumulative scoring (`fit_scalar_mix`);
@@ -23,7 +22,6 @@ minimiser when C = 1 / (lambda * N_train) (`sklearn_C`).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
 import warnings
@@ -485,7 +483,7 @@ class ProbeResult:
         return (self.predict(x) == np.asarray(y)[None, :]).mean(1)
 
     def correct(self, x, y) -> np.ndarray:
-        """bool [L, N]: per-word correctness (the input of `sentence_bootstrap`)."""
+        """bool [L, N]: per-word correctness (the input of the sentence bootstrap, `statistics.ratio_bootstrap`)."""
         return self.predict(x) == np.asarray(y)[None, :]
 
 
@@ -830,6 +828,34 @@ def _fit_group(x_train, y_tr, x_dev, y_dv, c, layers, cfg: ProbeConfig, stats=No
 
 
 # --------------------------------------------------------------------------- baselines
+BASELINE_KEY = "baseline"  # extra key: the baseline a row measures (the app draws such rows as baselines)
+BASELINE_FOR_KEY = "baseline_for"  # extra key: the metric whose panel a baseline line is drawn in
+
+
+def mark_baselines(rows, baselines: Mapping[str, str | tuple[str, str]]):
+    """Declare which rows are baselines, in their data: {metric: name} or {metric: (name, for_metric)}
+    sets `extra["baseline"] = name` (and `extra["baseline_for"] = for_metric`: the metric the line is a
+    reference for, e.g. majority for accuracy) on the rows of that metric. The app and the figures
+    draw a row by this marker (app/data.py `row_kinds`), so a new probe's baselines need no app
+    change. A row already marked keeps its marker (the runner marks every row of a random-init twin)."""
+    from workbench.results import decode_extra, to_json
+
+    rows = rows.copy()
+    for metric, spec in baselines.items():
+        name, of = (spec, None) if isinstance(spec, str) else spec
+        pick = (rows["metric"] == metric).to_numpy()
+        if not pick.any():
+            continue
+        marked = []
+        for i, e in zip(np.flatnonzero(pick), rows["extra"].to_numpy()[pick]):
+            ex = decode_extra(e)
+            if BASELINE_KEY not in ex:
+                ex[BASELINE_KEY] = name
+                if of is not None:
+                    ex[BASELINE_FOR_KEY] = of
+            marked.append(to_json(ex, f"column 'extra', row {i}"))
+        rows.loc[pick, "extra"] = marked
+    return rows
 
 
 def label_distribution(labels, num_classes: int) -> np.ndarray:
@@ -862,81 +888,6 @@ def majority_baseline(y_train, y_eval) -> tuple[int, float]:
     y_train, y_eval = np.asarray(y_train), np.asarray(y_eval)
     label = int(np.bincount(y_train).argmax())
     return label, float((y_eval == label).mean()) if len(y_eval) else float("nan")
-
-
-def random_init_twin(handle, seed: int = 0):
-    """The randomly initialised twin of a checkpoint (same class and config, fresh weights, same
-    tokenizer): a derived model, `handle.derive("random_init", {"seed": seed})`, whose home is
-    `workbench.models` (Hewitt & Manning 2019's random BERT; Tenney et al. 2019). Kept here by name
-    for the probes that import it from the engine."""
-    from workbench.models import random_init_twin as twin  # workbench layer; imported lazily (torch-heavy)
-
-    return twin(handle, seed)
-
-
-# --------------------------------------------------------------------------- bootstrap
-
-
-def per_sentence_sums(values, sentence_ids, num_sentences: int | None = None) -> np.ndarray:
-    """Sum per-word values ([..., N]) within sentences -> [..., S]."""
-    values = np.asarray(values, dtype=np.float64)
-    sid = np.asarray(sentence_ids, dtype=np.int64)
-    s = int(num_sentences) if num_sentences is not None else (int(sid.max()) + 1 if len(sid) else 0)
-    flat = values.reshape(-1, values.shape[-1])
-    out = np.zeros((flat.shape[0], s))
-    for i in range(flat.shape[0]):
-        out[i] = np.bincount(sid, weights=flat[i], minlength=s)
-    return out.reshape(*values.shape[:-1], s)
-
-
-def bootstrap_ci(numerators, denominators=None, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0,
-                 return_boot: bool = False):
-    """Percentile bootstrap over sentences (Efron & Tibshirani 1993), vectorised.
-
-    numerators: [..., S] per-sentence sums (e.g. correct words); denominators: [S] (e.g. words per
-    sentence) for a ratio of sums such as accuracy, or None for a mean over sentences (e.g. a
-    per-sentence correlation). Each resample draws S sentences with replacement as a multinomial
-    count vector, so all resamples are one matrix product. Returns (point, low, high), each [...],
-    and with `return_boot` also the replicates [n_boot, ...] (the same resamples for every row, e.g.
-    every layer: what `probes.depth` needs for CIs of where in depth a task peaks).
-    """
-    num = np.asarray(numerators, dtype=np.float64)
-    s = num.shape[-1]
-    flat = num.reshape(-1, s)
-    den = np.ones(s) if denominators is None else np.asarray(denominators, dtype=np.float64)
-    if den.shape != (s,):
-        raise ConfigError(f"bootstrap_ci: denominators must have shape ({s},), got {den.shape}")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        point = flat.sum(1) / den.sum()
-    rng = np.random.default_rng(seed)
-    stats = []
-    for start in range(0, n_boot, 256):  # bounded memory: [256, S] counts at a time
-        counts = rng.multinomial(s, np.full(s, 1.0 / s), size=min(256, n_boot - start)).astype(np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            stats.append((counts @ flat.T) / (counts @ den)[:, None])
-    boot = np.concatenate(stats)  # [B, K]
-    low = np.nanquantile(boot, alpha / 2, axis=0)
-    high = np.nanquantile(boot, 1 - alpha / 2, axis=0)
-    shape = num.shape[:-1]
-    if return_boot:
-        return point.reshape(shape), low.reshape(shape), high.reshape(shape), boot.reshape(len(boot), *shape)
-    return point.reshape(shape), low.reshape(shape), high.reshape(shape)
-
-
-def sentence_bootstrap(correct, sentence_ids, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0,
-                       return_boot: bool = False):
-    """Accuracy with a bootstrap CI over sentences: correct [..., N] bool, sentence_ids [N].
-
-    Words of one sentence are not independent, so resampling words would give too narrow
-    intervals; sentences are the unit of resampling. Returns (point, low, high), each [...] (and the
-    replicates [n_boot, ...] with `return_boot`).
-    """
-    sid = np.asarray(sentence_ids, dtype=np.int64)
-    _, sid = np.unique(sid, return_inverse=True)  # only sentences that have evaluated words
-    s = int(sid.max()) + 1 if len(sid) else 0
-    num = per_sentence_sums(np.asarray(correct, dtype=np.float64), sid, s)
-    den = np.bincount(sid, minlength=s).astype(np.float64)
-    return bootstrap_ci(num, den, n_boot=n_boot, alpha=alpha, seed=seed, return_boot=return_boot)
 
 
 # --------------------------------------------------------------------------- MDL

@@ -26,7 +26,7 @@ Baselines (`baselines=`)
   binary control: a probe can pass it only by memorising type pairs). Selectivity = accuracy -
   control accuracy, with a paired sentence-bootstrap CI.
 - `majority`: the most frequent train label, scored on the eval items.
-- `random_init`: the same probes on `engine.random_init_twin(handle)` (same class and config, fresh
+- `random_init`: the same probes on `handle.derive("random_init", ...)` (same class and config, fresh
   weights, same tokenizer).
 
 Splits. Probes are fitted on `train_split` and scored on `eval_split`; early stopping uses a
@@ -48,7 +48,8 @@ sentences. Metrics:
   centre_of_gravity, expected_layer, scalar_mix_accuracy;
 - structural-distance: uuas, dspr, right_branching_uuas; structural-depth: root_acc, nspr.
 Data-only baselines (majority, right_branching_uuas) are written for each real checkpoint, not for
-twins. `extra` holds treebank, train split, pooling, probe seed, n_train and the classifier kind;
+twins. Baseline rows say so in their data (`engine.mark_baselines`): extra.baseline = "majority",
+"control" or "right_branching" and extra.baseline_for = the metric they are a reference for. `extra` holds treebank, train split, pooling, probe seed, n_train and the classifier kind;
 accuracy rows also the accuracy on each bootstrap resample (`boot`, the same resamples for every
 layer), from which `probes.depth` gives CIs of the expected and peak layer.
 
@@ -78,6 +79,7 @@ import pandas as pd
 
 from probes import depth, engine, runner
 from probes import structural as st
+from probes.core import statistics as stats
 from workbench.errors import ConfigError
 
 TASKS = ("upos", "xpos", "deprel", "arc", "structural-distance", "structural-depth")
@@ -305,7 +307,9 @@ def _layer_batch(n_layers: int, n_items: int, dim: int, budget_bytes: float) -> 
 
 def _length_averaged_ci(values: np.ndarray, lengths: np.ndarray, n_boot: int, seed: int):
     """Bootstrap CI of a statistic averaged within sentence lengths, then over lengths 5-50
-    (Hewitt & Manning's DSpr/NSpr). values [L, S] per-sentence scores (NaN = not counted)."""
+    (Hewitt & Manning's DSpr/NSpr). values [L, S] per-sentence scores (NaN = not counted).
+    Sentences are resampled with `statistics.resample_counts`: the same resamples as the sentence
+    bootstrap of the accuracies (same seed, same sentences)."""
     values = np.asarray(values, dtype=np.float64)
     lo, hi = st.SPEARMAN_LENGTHS
     ok = np.isfinite(values) & ((lengths >= lo) & (lengths <= hi))[None]
@@ -316,10 +320,8 @@ def _length_averaged_ci(values: np.ndarray, lengths: np.ndarray, n_boot: int, se
     uniq, group = np.unique(lengths, return_inverse=True)
     onehot = np.zeros((s, len(uniq)))
     onehot[np.arange(s), group] = 1.0
-    rng = np.random.default_rng(seed)
     boots = []
-    for start in range(0, n_boot, 256):
-        counts = rng.multinomial(s, np.full(s, 1.0 / s), size=min(256, n_boot - start)).astype(np.float64)  # [B, S]
+    for counts in stats.resample_counts(s, n_boot, seed):  # [B, S]
         per_layer = []
         for l in range(values.shape[0]):
             w = counts * ok[l][None]
@@ -331,8 +333,7 @@ def _length_averaged_ci(values: np.ndarray, lengths: np.ndarray, n_boot: int, se
                 warnings.simplefilter("ignore", RuntimeWarning)
                 per_layer.append(np.nanmean(np.where(den > 0, means, np.nan), axis=1))
         boots.append(np.stack(per_layer, axis=1))
-    boot = np.concatenate(boots)
-    return np.nanquantile(boot, 0.025, axis=0), np.nanquantile(boot, 0.975, axis=0)
+    return stats.percentile_interval(np.concatenate(boots))
 
 
 # --------------------------------------------------------------------------- settings
@@ -546,7 +547,7 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
         t0 = time.perf_counter()
         res = engine.fit_probe(x_fit, y_fit, x_stop, y_stop, num_classes=c + 1, config=cfg)
         correct = res.correct(x_ev, y_ev) & known[None]
-        acc, lo, hi, boot = engine.sentence_bootstrap(correct, ev.sentence, n_boot=ctx.n_boot, seed=seed, return_boot=True)
+        acc, lo, hi, boot = stats.ratio_bootstrap(correct, None, ev.sentence, n_boot=ctx.n_boot, seed=seed, return_boot=True)
         # accuracy rows keep their paired bootstrap replicates (extra.boot): CIs of where in depth (probes.depth)
         out.append(_rows(ctx, task, {f"{prefix}accuracy": acc}, n=len(ev), ci={f"{prefix}accuracy": (lo, hi)},
                          extra=depth.boot_extras(boot, dict(extra, classifier=kind))))
@@ -555,15 +556,18 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
         if want_control:
             cres = engine.fit_probe(x_fit, ctrl[0], x_stop, ctrl[1], num_classes=c, config=cfg)
             ccorrect = cres.correct(x_ev, ctrl[2])
-            cacc, clo, chi = engine.sentence_bootstrap(ccorrect, ev.sentence, n_boot=ctx.n_boot, seed=seed)
-            sel, slo, shi = engine.sentence_bootstrap(correct.astype(np.float64) - ccorrect, ev.sentence, n_boot=ctx.n_boot, seed=seed)
+            cacc, clo, chi = stats.ratio_bootstrap(ccorrect, None, ev.sentence, n_boot=ctx.n_boot, seed=seed)
+            sel, slo, shi = stats.ratio_bootstrap(correct.astype(np.float64) - ccorrect, None, ev.sentence,
+                                                  n_boot=ctx.n_boot, seed=seed)
             metrics.update({f"{prefix}control_accuracy": cacc, f"{prefix}selectivity": sel})
             cis.update({f"{prefix}control_accuracy": (clo, chi), f"{prefix}selectivity": (slo, shi)})
         ctx.timings[f"{task}:{kind}"] = round(time.perf_counter() - t0, 3)
-        out.append(_rows(ctx, task, metrics, n=len(ev), ci=cis, extra=dict(extra, classifier=kind)))
+        out.append(engine.mark_baselines(_rows(ctx, task, metrics, n=len(ev), ci=cis, extra=dict(extra, classifier=kind)),
+                                         {f"{prefix}control_accuracy": ("control", f"{prefix}accuracy")}))
     if "majority" in ctx.baselines and not ctx.is_twin:
         _, maj = engine.majority_baseline(y_fit, y_ev)
-        out.append(_rows(ctx, task, {"majority": np.full(n_layers, maj)}, n=len(ev), extra=extra))
+        out.append(engine.mark_baselines(_rows(ctx, task, {"majority": np.full(n_layers, maj)}, n=len(ev), extra=extra),
+                                         {"majority": ("majority", "accuracy")}))
     if task in ctx.settings.mdl_tasks:
         t0 = time.perf_counter()
         idx = np.arange(len(fit))
@@ -623,18 +627,20 @@ def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
     scores = st.sentence_scores(kind, preds, ev)
     if kind == "distance":
         correct, total = scores["uuas_correct"], scores["uuas_total"]
-        uuas, lo, hi = engine.bootstrap_ci(correct, total, n_boot=ctx.n_boot, seed=seed)
+        uuas, lo, hi = stats.ratio_bootstrap(correct, total, n_boot=ctx.n_boot, seed=seed)  # per-sentence sums
         dspr = st.length_averaged(scores["dspr"], lengths)
         dlo, dhi = _length_averaged_ci(scores["dspr"], lengths, ctx.n_boot, seed)
         out.append(_rows(ctx, task, {"uuas": uuas}, n=int(total.sum()), ci={"uuas": (lo, hi)}, extra=extra))
         out.append(_rows(ctx, task, {"dspr": dspr}, n=len(ev), ci={"dspr": (dlo, dhi)}, extra=extra))
         if "majority" in ctx.baselines and not ctx.is_twin:  # data-only baseline, written with the others
             rb = st.right_branching_uuas(ev)
-            out.append(_rows(ctx, task, {"right_branching_uuas": np.full(n_layers, rb)}, n=int(total.sum()), extra=extra))
+            out.append(engine.mark_baselines(
+                _rows(ctx, task, {"right_branching_uuas": np.full(n_layers, rb)}, n=int(total.sum()), extra=extra),
+                {"right_branching_uuas": ("right_branching", "uuas")}))
     else:
         hits = scores["root_hit"]
         counted = np.isfinite(hits[0])
-        acc, lo, hi = engine.bootstrap_ci(hits[:, counted], np.ones(int(counted.sum())), n_boot=ctx.n_boot, seed=seed)
+        acc, lo, hi = stats.ratio_bootstrap(hits[:, counted], None, n_boot=ctx.n_boot, seed=seed)  # one hit per sentence
         nspr = st.length_averaged(scores["nspr"], lengths)
         nlo, nhi = _length_averaged_ci(scores["nspr"], lengths, ctx.n_boot, seed)
         out.append(_rows(ctx, task, {"root_acc": acc}, n=int(counted.sum()), ci={"root_acc": (lo, hi)}, extra=extra))

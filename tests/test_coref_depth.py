@@ -9,7 +9,7 @@ import pytest
 
 from probes import depth
 from probes.core.statistics import auc_bootstrap, ratio_bootstrap
-from probes.engine import bootstrap_ci, layer_rows, sentence_bootstrap
+from probes.engine import layer_rows
 
 # task A peaks at layer 1, task B at layer 3
 CURVE_A = np.array([0.5, 0.9, 0.8, 0.7])
@@ -45,14 +45,14 @@ def test_bootstrap_replicates_are_paired_and_give_the_stored_ci():
     rng = np.random.default_rng(0)
     correct = rng.random((3, 400)) < np.array([[0.6], [0.7], [0.8]])
     sid = np.repeat(np.arange(40), 10)
-    acc, lo, hi, boot = sentence_bootstrap(correct, sid, n_boot=300, seed=5, return_boot=True)
+    acc, lo, hi, boot = ratio_bootstrap(correct, None, sid, n_boot=300, seed=5, return_boot=True)
     assert boot.shape == (300, 3)
     np.testing.assert_allclose(lo, np.nanquantile(boot, 0.025, axis=0))
     np.testing.assert_allclose(hi, np.nanquantile(boot, 0.975, axis=0))
-    np.testing.assert_allclose(np.stack([acc, lo, hi]), np.stack(sentence_bootstrap(correct, sid, n_boot=300, seed=5)))
+    np.testing.assert_allclose(np.stack([acc, lo, hi]), np.stack(ratio_bootstrap(correct, None, sid, n_boot=300, seed=5)))
     # paired: layer 1 = layer 0 on every resample when their per-sentence values are equal
     same = np.stack([correct[0], correct[0]])
-    b = bootstrap_ci(same.reshape(2, 40, 10).sum(-1), np.full(40, 10.0), n_boot=50, seed=1, return_boot=True)[3]
+    b = ratio_bootstrap(same.reshape(2, 40, 10).sum(-1), np.full(40, 10.0), n_boot=50, seed=1, return_boot=True)[3]
     np.testing.assert_array_equal(b[:, 0], b[:, 1])
     # the document bootstraps of the coref probe (probes.core.statistics): replicates match their CIs
     units = np.repeat(np.arange(20), 20)

@@ -144,7 +144,7 @@ def test_tfidf_control_is_at_chance_on_real_documents_split_at_random(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_gpt_run(tmp_path_factory):
-    from training_helpers import run_tiny_training
+    from tests.training_helpers import run_tiny_training
 
     root = tmp_path_factory.mktemp("mia-recipe")
     with pytest.MonkeyPatch.context() as mp:

@@ -18,7 +18,6 @@ import torch
 from probes.engine import (
     MDL_FRACTIONS,
     ProbeConfig,
-    bootstrap_ci,
     centre_of_gravity,
     control_labels,
     expected_layer,
@@ -29,7 +28,6 @@ from probes.engine import (
     majority_baseline,
     mdl_online_code,
     random_init_twin,
-    sentence_bootstrap,
     sklearn_C,
 )
 from workbench.data.conllu import load_treebank
@@ -244,44 +242,6 @@ def test_expected_layer_and_centre_of_gravity_formulas():
     np.testing.assert_allclose(deltas, [0, 0.1, 0.5, 0.1])
     assert e == pytest.approx((1 * 0.1 + 2 * 0.5 + 3 * 0.1) / 0.7)
     assert centre_of_gravity([0.1, 0.2, 0.7]) == pytest.approx(0.2 + 1.4)
-
-
-def test_sentence_bootstrap():
-    rng = np.random.default_rng(0)
-
-    def data(n_sent):
-        # correctness clustered by sentence: each sentence is mostly right or mostly wrong
-        lengths = rng.integers(5, 25, n_sent)
-        sid = np.repeat(np.arange(n_sent), lengths)
-        p_sent = rng.choice([0.95, 0.4], size=n_sent)
-        correct = rng.random(len(sid)) < p_sent[sid]
-        return np.stack([correct, rng.random(len(sid)) < 0.8]), sid
-
-    small, sid_s = data(100)
-    point, low, high = sentence_bootstrap(small, sid_s, n_boot=2000, seed=0)
-    np.testing.assert_allclose(point, small.mean(1))
-    assert np.all(low <= point) and np.all(point <= high)
-    big, sid_b = data(2000)
-    p2, l2, h2 = sentence_bootstrap(big, sid_b, n_boot=2000, seed=0)
-    assert np.all((h2 - l2) < 0.5 * (high - low))  # ~ 1/sqrt(20) narrower with 20x the sentences
-
-    # reference: explicit loop over resamples of sentence indices
-    loop = []
-    r = np.random.default_rng(1)
-    for _ in range(2000):
-        pick = r.integers(0, 100, 100)
-        mask = np.concatenate([np.nonzero(sid_s == s)[0] for s in pick])
-        loop.append(small[0, mask].mean())
-    assert low[0] == pytest.approx(np.quantile(loop, 0.025), abs=0.02)
-    assert high[0] == pytest.approx(np.quantile(loop, 0.975), abs=0.02)
-    # resampling words instead would ignore the clustering and give a too-narrow interval
-    words = np.arange(small.shape[1])
-    _, wl, wh = sentence_bootstrap(small[:1], words, n_boot=2000, seed=0)
-    assert (wh - wl)[0] < 0.75 * (high - low)[0]
-    # a mean over sentences (denominators=None)
-    per_sentence = rng.random(50)
-    pt, lo, hi = bootstrap_ci(per_sentence, None, n_boot=500, seed=0)
-    assert pt == pytest.approx(per_sentence.mean()) and lo < pt < hi
 
 
 def test_layer_rows_follow_the_results_schema():

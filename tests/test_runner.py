@@ -389,9 +389,14 @@ def test_syntax_rows_identical_to_before_the_runner(tiny_checkpoint, tmp_path):
     structural = rows[rows["task"].str.startswith("structural")]
     assert len(structural) and all(json.loads(e)["lr_decay"] == 0.1 for e in structural["extra"].dropna())
 
+    # added since: baseline rows declare themselves (extra.baseline / baseline_for, read by the app)
+    marked = rows[rows["metric"].isin(["majority", "control_accuracy", "right_branching_uuas"])]
+    assert len(marked) and all("baseline" in json.loads(e) for e in marked["extra"])
+
     def strip(e):
-        return e if pd.isna(e) else json.dumps({k: v for k, v in json.loads(e).items() if k not in ("boot", "lr_decay")},
-                                               sort_keys=True)
+        new = ("boot", "lr_decay", "baseline_for")  # and a probe's own baseline marker; the twin's was there before
+        return e if pd.isna(e) else json.dumps({k: v for k, v in json.loads(e).items()
+                                                if k not in new and (k != "baseline" or v == "random_init")}, sort_keys=True)
 
     rows = rows.assign(extra=rows["extra"].map(strip))
     after = rows[cols].sort_values(key, na_position="first").reset_index(drop=True)

@@ -165,10 +165,10 @@ def zero_shot_families(rows: pd.DataFrame, title: str, options: dict) -> figures
     import plotly.graph_objects as go
 
     metric = options.get("metric", "zero_shot_acc")
-    sub = newest(rows[~rows["model"].map(data.is_twin)], [metric, "random_acc"])
+    sub = newest(rows[~data.twin_mask(rows).to_numpy()], [metric, "random_acc"])
     main = sub[sub["metric"] == metric]
     if main.empty:
-        raise ConfigError(f"nothing to draw for {title!r}: no {metric} rows")
+        raise figures.MissingData(f"nothing to draw for {title!r}: no {metric} rows")
     tasks = [t for t in options.get("tasks", []) or sorted(main["task"].unique()) if t in set(main["task"])]
     main = _family_order(main[main["task"].isin(tasks)]).sort_values(["_f", "model"], kind="stable")
     fig = go.Figure()

@@ -15,16 +15,9 @@ from workbench.errors import ConfigError
 from workbench.results import decode_extra
 
 TITLE = "Coreference"
-# panel -> the data-only baselines drawn in it (metric names of the same task)
-CURVES = {
-    ("gum-pairs", "auc"): ["string_match_auc", "head_match_auc", "nearest_mention_auc", "control_auc"],
-    ("gum-pairs", "antecedent_accuracy"): ["string_match_antecedent_accuracy", "head_match_antecedent_accuracy",
-                                           "nearest_mention_antecedent_accuracy"],
-    ("gum-entity-type", "accuracy"): ["majority", "control_accuracy"],
-    ("gap", "f1"): ["nearest_name_f1", "subject_name_f1", "majority_f1"],
-    ("attention-heads", "best_head_accuracy"): ["nearest_mention", "head_match"],
-    ("attention-heads", "best_head_gap"): ["gap_nearest_name", "gap_subject_name"],
-}
+# (task, metric) panels; the data-only baselines drawn in each are the ones the rows declare for it
+CURVES = [("gum-pairs", "auc"), ("gum-pairs", "antecedent_accuracy"), ("gum-entity-type", "accuracy"), ("gap", "f1"),
+          ("attention-heads", "best_head_accuracy"), ("attention-heads", "best_head_gap")]
 # where in depth: task -> metric(s) (syntax rows come from the newest syntax run of the same model)
 DEPTH_METRICS = {"upos": "accuracy", "deprel": "accuracy", "gum-pairs": ["auc", "antecedent_accuracy"],
                  "gum-entity-type": "accuracy", "gap": "f1"}
@@ -49,7 +42,7 @@ def with_syntax(store, rows: pd.DataFrame) -> data.Loaded:
     run of that model (Tenney et al.'s comparison on one checkpoint), read through the app's cached
     query (a damaged syntax run becomes a problem line)."""
     frames, problems = [rows], []
-    for model in dict.fromkeys(rows.loc[~rows["model"].map(data.is_twin), "model"]):
+    for model in dict.fromkeys(rows.loc[~data.twin_mask(rows).to_numpy(), "model"]):
         runs = store.runs(probe="syntax", model=model, task=list(SYNTAX_TASKS))
         if runs.empty:
             continue

@@ -40,7 +40,7 @@ def render(store) -> None:
     rows = probe_rows(store, "membership", "Membership inference")
     if rows is None:
         return
-    models = [m for m in rows["model"].dropna().unique() if not data.is_twin(m)]
+    models = list(dict.fromkeys(rows.loc[~data.twin_mask(rows).to_numpy(), "model"].dropna()))
     model = ui.pick("Model", models, key="membership-model")
     mine = rows[rows["model"] == model]
     steps = sorted(mine["step"].dropna().unique())

@@ -22,19 +22,21 @@ def render(store) -> None:
     chosen = st.multiselect("Tasks", tasks, default=[t for t in ("upos", "deprel", "structural-distance") if t in tasks]
                             or tasks[:3], key="syntax-tasks")
     view = twin_toggle(rows, "syntax")
+    view = data.row_kinds(view)
     view = view[view["task"].isin(chosen) & (view["split"] == "dev") &
-                view["metric"].isin([MAIN_METRIC.get(t, "accuracy") for t in chosen] + list(figures.BASELINE_OF))]
+                (view["metric"].isin([MAIN_METRIC.get(t, "accuracy") for t in chosen]) | data.baseline_mask(view))]
     if not view.empty:
-        drawn = figures.layer_curves(view, "Syntax probes, layer by layer", {"baselines": list(figures.BASELINE_OF)})
+        drawn = figures.layer_curves(view, "Syntax probes, layer by layer", {})
         drawn.figure.update_layout(width=None)
         st.plotly_chart(drawn.figure, width="stretch", key="syntax-curves")
 
     st.subheader("Where in depth (Tenney et al. 2019)")
-    summary = figures.expected_layers(rows[~rows["model"].map(data.is_twin)])
+    models_only = rows[~data.twin_mask(rows).to_numpy()]
+    summary = figures.expected_layers(models_only)
     if summary.empty:
         st.info("Expected layers need per-layer curves of at least two layers.")
     else:
-        depth = figures.depth_summary(rows[~rows["model"].map(data.is_twin)], "Expected layer per task", {})
+        depth = figures.depth_summary(models_only, "Expected layer per task", {})
         depth.figure.update_layout(width=None)
         st.plotly_chart(depth.figure, width="stretch", key="syntax-depth")
         ui.table(summary, "syntax-depth-table")

@@ -26,15 +26,15 @@ def render() -> None:
     runs = data.filter_runs(runs, probes=[probe])
     task = ui.pick("Task", data.facet_values(runs, "tasks"), key="lc-task")
     runs = data.filter_runs(runs, tasks=[task])
-    # The metric is chosen from the catalog, so only its rows (and its baselines) are read.
-    metrics, companions = data.metric_choices(runs)
-    metric = ui.pick("Metric", metrics, key="lc-metric", default="accuracy")
-    loaded = ui.cached_query(s, runs, probe=probe, task=task, metric=list(dict.fromkeys([metric, *companions])))
+    # Every metric of the task is read: which rows are baselines is in the rows (`data.row_kinds`).
+    loaded = ui.cached_query(s, runs, probe=probe, task=task)
     ui.show_problems(loaded.problems)
     rows = loaded.rows
     if rows.empty:
         st.info(f"No readable {probe}/{task} rows.")
         return
+    metrics, _ = data.metric_choices(rows[rows["layer"].notna()])
+    metric = ui.pick("Metric", metrics or sorted(rows["metric"].dropna().unique()), key="lc-metric", default="accuracy")
     if metric not in set(rows["metric"]):
         st.info(f"No {metric} rows for {probe}/{task}; choose another metric.")
         return
@@ -49,10 +49,10 @@ def draw(rows: pd.DataFrame, probe: str, task: str, key: str, metric: str | None
         st.info(f"{probe}/{task} has no per-layer rows; its rows:")
         ui.table(rows, f"{key}-rows")
         return rows.iloc[:0]
-    metrics_all = sorted(per_layer["metric"].dropna().unique())
-    baselines = data.baseline_metrics(metrics_all)
+    per_layer = data.row_kinds(per_layer)
+    curve_metrics, _ = data.metric_choices(per_layer)
     mix = {"scalar_mix_weight", "cumulative_accuracy"}
-    metrics = [m for m in metrics_all if m not in baselines and m not in mix] or metrics_all
+    metrics = sorted(m for m in curve_metrics if m not in mix) or sorted(per_layer["metric"].dropna().unique())
     splits = sorted(per_layer.loc[~per_layer["split"].astype(str).str.contains(":"), "split"].dropna().unique())
     stacks = sorted(per_layer["stack"].dropna().unique())
     c = st.columns(4)
@@ -66,7 +66,7 @@ def draw(rows: pd.DataFrame, probe: str, task: str, key: str, metric: str | None
     seeds_present = per_layer["seed"].nunique() > 1 or per_layer["model"].map(data.strip_seed).nunique() < \
         per_layer["model"].nunique()
     with c[3]:
-        aggregate = st.checkbox("Aggregate seeds (mean ± sd)", value=seeds_present, key=f"{key}-aggregate")
+        aggregate = st.checkbox("Aggregate seeds (mean, min-max band)", value=seeds_present, key=f"{key}-aggregate")
     view = per_layer
     if split is not None:
         view = view[view["split"] == split]
@@ -74,21 +74,24 @@ def draw(rows: pd.DataFrame, probe: str, task: str, key: str, metric: str | None
         view = view[view["stack"] == stack]
     if aggregate:
         view = data.aggregate_seeds(view)
-    models = list(dict.fromkeys(view.loc[view["metric"] == metric, "model"]))
+    is_baseline = data.baseline_mask(view).to_numpy()
+    models = list(dict.fromkeys(view.loc[(view["metric"] == metric).to_numpy() & ~is_baseline, "model"]))
     chosen = st.multiselect("Models", models, default=models[:8], key=f"{key}-models")
-    curves = view[view["model"].isin(chosen) & (view["metric"] == metric)]
+    curves = view[view["model"].isin(chosen).to_numpy() & (view["metric"] == metric).to_numpy() & ~is_baseline]
     if curves.empty:
         st.info("Choose at least one model.")
         return curves
     # Baselines of one model (the first chosen): majority is the same for every model, control-task
     # and chain baselines nearly so, and one reference line per baseline keeps the chart readable.
-    ref_model = next((m.replace(data.TWIN_SUFFIX, "") for m in chosen), None)
-    refs = view[view["metric"].isin(baselines) & (view["model"] == ref_model)]
+    twins = data.twin_models(view)
+    ref_model = next((m for m in chosen if m not in twins), None)
+    refs = view[is_baseline & (view["model"] == ref_model).to_numpy()]
     drawn = figures.layer_curves(pd.concat([curves, refs], ignore_index=True), f"{probe} · {task}: {metric}",
-                                 {"baselines": baselines})
+                                 {"training_seeds": aggregate})
     drawn.figure.update_layout(width=None, height=430)
     st.plotly_chart(drawn.figure, width="stretch", key=f"{key}-curves")
-    st.caption("Bands: 95% CI of the run (bootstrap), or mean ± sd over seeds when aggregated; dotted: "
+    st.caption("Bands: 95% CI of the run (bootstrap), or the min-max over seeds (line: their mean) when "
+               "aggregated; dotted: "
                "random-init twins; dashed grey: baselines "
                f"(of {ref_model}).")
 
@@ -97,7 +100,7 @@ def draw(rows: pd.DataFrame, probe: str, task: str, key: str, metric: str | None
         st.subheader("Selectivity")
         st.caption("Task accuracy minus control-task accuracy per layer (Hewitt & Liang 2019): a probe that "
                    "only memorises word types scores high on both.")
-        st.plotly_chart(_line(sel, "selectivity"), width="stretch", key=f"{key}-selectivity")
+        st.plotly_chart(_line(sel, "selectivity", twins), width="stretch", key=f"{key}-selectivity")
 
     scalar_mix(rows[rows["model"].isin(chosen) | rows["model"].map(data.strip_seed).isin(chosen)], key)
 
@@ -148,12 +151,12 @@ def scalar_mix(rows: pd.DataFrame, key: str) -> None:
     ui.table(cog.rename("centre_of_gravity").reset_index(), f"{key}-cog")
 
 
-def _line(df: pd.DataFrame, ytitle: str):
+def _line(df: pd.DataFrame, ytitle: str, twins: set[str]):
     fig = go.Figure()
     for model, g in df.groupby("model", sort=False):
         g = g.sort_values("layer")
         fig.add_trace(go.Scatter(x=g["layer"].astype(int), y=g["value"], mode="lines+markers", name=str(model),
-                                 line={"dash": "dot" if data.is_twin(model) else "solid"}))
+                                 line={"dash": "dot" if model in twins else "solid"}))
     fig.add_hline(y=0, line_color="grey", line_width=1)
     fig.update_layout(xaxis_title="layer", yaxis_title=ytitle, template="plotly_white", height=340)
     return fig

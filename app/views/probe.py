@@ -40,17 +40,18 @@ def probe_rows(s, probe: str, title: str, key: str | None = None):
 def twin_toggle(rows, key: str, default: bool = True):
     """The "Show random-init twins" checkbox of a probe page and the rows it leaves."""
     twins = st.checkbox("Show random-init twins", value=default, key=f"{key}-twins")
-    return rows if twins else rows[~rows["model"].map(data.is_twin)]
+    return rows if twins else rows[~data.twin_mask(rows).to_numpy()]
 
 
 def panel_curves(rows, panels, key: str) -> None:
-    """One layer-curve chart per `(task, metric) -> [baseline metrics]` panel, the baselines drawn
-    as reference lines; a panel without rows of its metric is left out."""
-    for n, ((task, metric), baselines) in enumerate(panels.items()):
-        panel = rows[(rows["task"] == task) & rows["metric"].isin([metric] + baselines)]
+    """One layer-curve chart per `(task, metric)` panel with the baselines its rows declare for it
+    (`app.data.row_kinds`) as reference lines; a panel without rows of its metric is left out."""
+    rows = data.row_kinds(rows)
+    for n, (task, metric) in enumerate(panels):
+        panel = rows[(rows["task"] == task) & ((rows["metric"] == metric) | data.baseline_mask(rows))]
         if panel[panel["metric"] == metric].empty:
             continue
-        drawn = figures.layer_curves(panel, f"{task}: {metric}", {"baselines": baselines})
+        drawn = figures.layer_curves(panel, f"{task}: {metric}", {})
         drawn.figure.update_layout(width=None)
         st.plotly_chart(drawn.figure, width="stretch", key=f"{key}-curve-{n}")
 
