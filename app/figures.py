@@ -431,6 +431,8 @@ def roc_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     for _, r in sub.iterrows():
         ex = decode_extra(r["extra"])
         fpr, tpr = np.asarray(ex.get("roc_fpr", []), float), np.asarray(ex.get("roc_tpr", []), float)
+        if not len(fpr):  # an auc row without ROC points (the model-free TF-IDF control): no curve
+            continue
         label = f"{r['task']} (AUC {r['value']:.3f})" + (f" - {r['model']}" if sub["model"].nunique() > 1 else "")
         fig.add_trace(go.Scatter(x=np.maximum(fpr, floor), y=tpr, mode="lines", name=label))
         for i, (f, t) in enumerate(zip(fpr, tpr)):

@@ -414,6 +414,16 @@ def pair_probe(fit_spans: SpanView, fit_pairs: Pairs, stop_spans: SpanView, stop
     return res, _predict_chunked(res, x_ev)
 
 
+def _scalars(metrics) -> dict[str, float]:
+    """{name: [v]} -> {name: v}: whole-model metrics for `Unit.rows` (layer NA)."""
+    return {k: float(np.asarray(v, dtype=np.float64).ravel()[0]) for k, v in metrics.items()}
+
+
+def _scalar_cis(cis) -> dict[str, tuple[float, float]]:
+    """{name: ([lo], [hi])} -> {name: (lo, hi)}."""
+    return {k: (float(np.asarray(lo).ravel()[0]), float(np.asarray(hi).ravel()[0])) for k, (lo, hi) in cis.items()}
+
+
 def _depth_rows(unit, task: str, metric: str, point, ci, boot, *, split: str, n: int, extra: dict) -> list[pd.DataFrame]:
     """One headline metric's per-layer rows with their paired bootstrap replicates (`extra.boot`, read
     by the "where in depth" figure, `probes.depth`), the share of resamples in which each layer is
@@ -423,8 +433,8 @@ def _depth_rows(unit, task: str, metric: str, point, ci, boot, *, split: str, n:
     share, peak, peak_ci = depth.depth_rows(metric, point, boot, layers)
     return [unit.rows(task, {metric: point}, split=split, n=n, ci={metric: ci}, extra=depth.boot_extras(boot, extra)),
             unit.rows(task, share, split=split, n=n, extra=dict(extra, n_boot=len(boot))),
-            unit.rows(task, peak, split=split, layers=[0], n=n, ci=peak_ci,
-                      extra=dict(extra, n_boot=len(boot))).assign(layer=pd.NA)]
+            unit.rows(task, _scalars(peak), split=split, n=n, ci=_scalar_cis(peak_ci),
+                      extra=dict(extra, n_boot=len(boot)))]
 
 
 # --------------------------------------------------------------------------- tasks
@@ -646,10 +656,10 @@ def best_head_rows(unit, metric: str, select: np.ndarray, report: np.ndarray, un
               for layer, h in enumerate(per_layer)]
     out = _per_layer_rows(unit, "attention-heads", metrics, split, len(report), {metric: (lo, hi)}, extras)
     o_pt, o_lo, o_hi = ratio_bootstrap(report[:, bl, bh][None].astype(float), None, units, s.n_boot, s.seed)
-    out.append(unit.rows("attention-heads", {f"{metric}_overall": o_pt}, split=split, layers=[0], n=len(report),
-                         ci={f"{metric}_overall": (o_lo, o_hi)},
+    out.append(unit.rows("attention-heads", {f"{metric}_overall": float(o_pt[0])}, split=split, n=len(report),
+                         ci={f"{metric}_overall": (float(o_lo[0]), float(o_hi[0]))},
                          extra=dict(extra, best_layer=bl + 1, best_head=bh, chosen_on=chosen_on,
-                                    chosen_value=float(sel_acc[bl, bh]))).assign(layer=pd.NA))
+                                    chosen_value=float(sel_acc[bl, bh]))))
     return out
 
 
@@ -769,10 +779,8 @@ def _gap_cloze(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
     correct = np.where(genders == FEMININE, fem > masc, masc > fem).astype(float)
     b = ratio_bootstrap(correct[None], None, None, s.n_boot, s.seed)
     metrics["gender_accuracy"], cis["gender_accuracy"] = b[0], b[1:]
-    L = handle.num_layers[unit.stack]
-    rows = unit.rows("gap-cloze", metrics, split=s.gap_eval_split, layers=[L], n=len(frame), ci=cis,
-                     extra={"candidates": forms, "lm_kind": scorer.kind})
-    return [rows.assign(layer=pd.NA)]
+    return [unit.rows("gap-cloze", _scalars(metrics), split=s.gap_eval_split, n=len(frame), ci=_scalar_cis(cis),
+                      extra={"candidates": forms, "lm_kind": scorer.kind})]
 
 
 def run_task(unit, prepared: runner.Prepared, task: str, settings: CorefSettings) -> list[pd.DataFrame]:

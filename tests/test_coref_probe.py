@@ -115,15 +115,14 @@ def test_statistics_move_keeps_the_old_draws():
     assert (got["f1"][1][0], got["f1"][2][0]) == pytest.approx((np.quantile(f1[1:], 0.025), np.quantile(f1[1:], 0.975)))
 
 
-class _RowsUnit:
-    """The part of a runner unit that `best_head_rows` uses."""
+def _RowsUnit():
+    """A runner unit with only what `best_head_rows` uses: its `rows` (whole-model rows included)."""
+    from types import SimpleNamespace
 
-    is_twin = False
+    from probes.runner import Unit
 
-    def rows(self, task, metrics, **kw):
-        from probes.engine import layer_rows
-
-        return layer_rows(metrics, probe="coref", task=task, model="m", **kw)
+    checkpoint = SimpleNamespace(family="bert", seed=0, step=0)
+    return Unit("m", None, checkpoint, "encoder", False, "coref", None, {})
 
 
 def test_best_head_is_chosen_on_the_selection_split_not_on_the_report_split():
