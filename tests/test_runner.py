@@ -270,7 +270,7 @@ BAD_INPUTS = [
     (["probe", "syntax", "--stack", "decoder"], "has stack(s) ['encoder'], not 'decoder'"),
     (["probe", "syntax", "--n-boot", "0"], "n_boot must be >= 1"),
     (["probe", "syntax", "--seed", "-1"], "seed must be >= 0"),
-    (["probe", "syntax", "--seed", "one"], "seed: expected int"),
+    (["probe", "syntax", "--seed", "one"], "seed: expected an integer"),
     (["probe", "syntax", "--tasks", "pos"], "unknown task(s) ['pos']"),
     (["probe", "syntax", "--baselines", "magic"], "unknown baseline(s) ['magic']"),
     (["probe", "syntax", "--classifier", "svm"], "classifier must be one or more of"),
@@ -311,7 +311,7 @@ def test_missing_checkpoint_and_unknown_hub_name(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("argv,message", [
     (["-m", "app.cli", "train", "--family", "bert", "--preset", "tiny", "--set", "lr=["], "--set lr=[: not a YAML value"),
     (["-m", "workbench.train", "/no/such/config.yaml"], "config file does not exist"),
-    (["-m", "app.cli", "run", "/no/such/experiment.yaml"], "experiment file not found"),
+    (["-m", "app.cli", "run", "/no/such/experiment.yaml"], "experiment file does not exist"),
 ])
 def test_training_and_experiment_bad_input_one_line_exit_2(argv, message):
     result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
@@ -325,7 +325,7 @@ def test_settings_are_coerced_and_unknown_keys_rejected():
     assert s.tasks == ("dim0",) and s.seed == 3 and s.baselines == () and s.progress is False
     with pytest.raises(runner.ConfigError, match=r"unknown key\(s\) \['sentense'\]"):
         runner.make_settings(ToySettings, {"sentense": 3})
-    with pytest.raises(runner.ConfigError, match="expected int"):
+    with pytest.raises(runner.ConfigError, match="sentences: expected an integer"):
         runner.make_settings(ToySettings, {"sentences": 2.5})
     # execution-only settings do not change the resume key
     a = runner.make_settings(ToySettings, {"threads": 1, "name": "x"}).resume_key()

@@ -52,7 +52,7 @@ def test_schedule_by_hand():
     ({"start": 72, "steps": 10}, r"seq_len_warmup\.start: must be in \[8, max_len=64\], got 72"),
     ({"start": 16, "steps": 0}, r"seq_len_warmup\.steps: must be >= 1"),
     ({"start": 16}, r"seq_len_warmup\.steps: required key is missing"),
-    ({"start": 16, "steps": 5, "end": 3}, r"seq_len_warmup\.end: unknown key"),
+    ({"start": 16, "steps": 5, "end": 3}, r"unknown key\(s\) \['seq_len_warmup\.end'\]"),
 ])  # fmt: skip
 def test_config_errors(warmup, message):
     with pytest.raises(ConfigError, match=message):

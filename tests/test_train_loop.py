@@ -140,7 +140,7 @@ def test_contiguous_blocks_pack_documents_with_separators(tiny_run):
 
 @pytest.mark.parametrize("text, message", [
     ("family: gpt\nsteps: 10\ncorpus:\n  sources: [brown]\n  heldout_fractoin: 0.1\n",
-     r": corpus\.heldout_fractoin: unknown key"),
+     r": unknown key\(s\) \['corpus\.heldout_fractoin'\] \(did you mean 'heldout_fraction'\?\)"),
     ("family: gpt\nsteps: 10\nlr: fast\n", r": lr: expected a number"),
     ("family: gpt\nsteps: 10\ncorpus: {heldout_fraction: 2}\n", r": corpus\.heldout_fraction: must be in \(0, 1\)"),
     ("family: gpt\n", r": steps: give exactly one"),
@@ -187,7 +187,7 @@ def test_cli_shortcut_trains_and_prints_checkpoint(cache, tmp_path, capsys):
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed == [str(tmp_path / "seed-0" / "step-0000002")]
     assert (tmp_path / "seed-0" / "step-0000002" / "model.safetensors").exists()
-    with pytest.raises(ConfigError, match="corpus.bogus: unknown key"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['corpus\.bogus'\]"):
         train_cli_main(["--family", "gpt", "--steps", "1", "--set", "corpus.bogus=1"])
 
 
