@@ -67,7 +67,7 @@ def build_dataclass(cls, values: Mapping[str, Any] | None, source: str, prefix: 
 
 
 def _suggestion(unknown: list, known: Mapping[str, Any]) -> str:
-    """" (did you mean 'steps'?)" for each unknown key with a close known one (difflib)."""
+    """The hint " (did you mean 'steps'?)": for each unknown key, its closest known one (difflib)."""
     close = [(str(k), difflib.get_close_matches(str(k), list(known), n=1)) for k in unknown]
     hints = [f"{m[0]!r}" + (f" for {k!r}" if len(unknown) > 1 else "") for k, m in close if m]
     return f" (did you mean {', '.join(hints)}?)" if hints else ""
