@@ -90,6 +90,7 @@ def test_bad_sweeps_fail_before_any_work(tmp_path, two_checkpoints):
             load_experiment(path)
 
 
+@pytest.mark.slow
 def test_sweep_with_two_jobs_survives_kill_9(tmp_path, two_checkpoints):
     path = _sweep_file(tmp_path, two_checkpoints, name="sweep-syntax-pooling")  # the shipped figure's prefix
     runs_root = tmp_path / "runs"
@@ -126,6 +127,7 @@ def test_sweep_with_two_jobs_survives_kill_9(tmp_path, two_checkpoints):
     assert len(fig.manifest["run_ids"]) == 8 and len(data[data["kind"] == "model"]) == 4 * 3
 
 
+@pytest.mark.slow
 def test_submitit_local_executor_same_code_path(tmp_path, two_checkpoints, monkeypatch):
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "small.yaml"

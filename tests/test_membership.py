@@ -220,6 +220,7 @@ def shadow_set(tmp_path_factory):
         yield s
 
 
+@pytest.mark.slow
 def test_shadow_models_record_their_split(shadow_set):
     from workbench.shadows import ShadowSet
 
@@ -232,6 +233,7 @@ def test_shadow_models_record_their_split(shadow_set):
     assert all(sum(d in s for s in in_any) == 5 for d in pool)  # balanced: each document in 5 of 9
 
 
+@pytest.mark.slow
 def test_loss_memorised_and_lira_with_8_shadows(shadow_set, tmp_path):
     from probes import runner
     from workbench.results import ResultsStore
@@ -310,6 +312,7 @@ def _planted_lm_stats(delta: float, sigma: float, tau: float, calls: list):
     return lm_stats
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delta", [3.0, 0.0], ids=["planted", "chance-control"])
 def test_attacks_recover_a_planted_signal(shadow_set, tmp_path, monkeypatch, delta):
     """The tiny shadow set's real splits, with the models' NLLs replaced by a planted signal of
@@ -346,6 +349,7 @@ def test_attacks_recover_a_planted_signal(shadow_set, tmp_path, monkeypatch, del
         assert loss_expected + margin < auc.loc["lira_online", "value"] < oracle + lira_margin
 
 
+@pytest.mark.slow
 def test_model_trained_on_neither_split_is_at_chance(shadow_set, tmp_path):
     """A tiny GPT trained on sentence_polarity, scored on a subjectivity split it never saw: AUC ~ 0.5."""
     from workbench.data.corpus import build_corpus

@@ -90,6 +90,7 @@ def trained_electra(tmp_path_factory):
     return s.checkpoints[0]
 
 
+@pytest.mark.slow
 def test_discriminator_separates_members_on_real_text(trained_electra, tmp_path):
     from probes import runner
     from workbench.results import ResultsStore

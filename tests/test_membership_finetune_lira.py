@@ -42,6 +42,7 @@ def shadow_set(tokenizers, tmp_path_factory):
     return s
 
 
+@pytest.mark.slow
 def test_finetune_shadows_record_their_halves(shadow_set):
     from workbench.checkpoints import read_manifest, seed_dir, step_dir
     from workbench.finetune import load_finetune_config, load_task, members
@@ -63,6 +64,7 @@ def test_finetune_shadows_record_their_halves(shadow_set):
         assert saved["epoch"] == 12 and ck == step_dir(seed_dir(shadow_set.folder / f"model-{m:02d}", m), saved["step"])
 
 
+@pytest.mark.slow
 def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp_path, monkeypatch):
     from probes import get_probe, runner
     from workbench.finetune import load_classifier
@@ -134,6 +136,7 @@ def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp
     assert (auc.loc[["loss", "lira_online", "lira_offline"], "ci_low"] > 0.5).all(), auc["ci_low"]
 
 
+@pytest.mark.slow
 def test_finetune_lira_needs_a_finetune_shadow_set(shadow_set, tmp_path):
     from probes import runner
     from workbench.results import ResultsStore
@@ -150,6 +153,7 @@ def test_finetune_lira_needs_a_finetune_shadow_set(shadow_set, tmp_path):
         runner.run_probe("membership", [target], settings, store=ResultsStore(tmp_path / "runs"))
 
 
+@pytest.mark.slow
 def test_finetune_shadows_follow_the_target_epoch(shadow_set):
     """A target saved at epoch 3 is compared with every shadow's epoch-3 checkpoint, not its last."""
     from probes import get_probe

@@ -240,6 +240,7 @@ def fresh_syntax_rows(tiny_checkpoint, tmp_path_factory):
     return rows, root / "cache"
 
 
+@pytest.mark.slow
 def test_syntax_rows_identical_to_before_the_runner(fresh_syntax_rows):
     """The fixture was written by the pre-runner probes/syntax.py (commit 23ad0a3) with exactly these
     arguments on exactly this checkpoint. What a CPU cannot change must be identical: which rows
@@ -285,6 +286,7 @@ def test_syntax_rows_identical_to_before_the_runner(fresh_syntax_rows):
         np.testing.assert_allclose(a, b, rtol=0, atol=0.01, equal_nan=True, err_msg=c)
 
 
+@pytest.mark.slow
 def test_syntax_rows_same_fresh_cached_and_resumed(fresh_syntax_rows, tiny_checkpoint, tmp_path, monkeypatch):
     """The runner must not change a single value, on any machine: the rows of an uninterrupted run
     with fresh activations equal, bit for bit, the rows of a run interrupted after three units

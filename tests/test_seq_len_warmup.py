@@ -85,6 +85,7 @@ def _stream(cfg, family, data, n):
     return [pos.next() for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_bert_pairs_truncated_keep_specials_and_mask_inside(cache, tmp_path):
     cfg = tiny_config("bert", 4, tmp_path, max_len=64, batch_size=16, seq_len_warmup={"start": 16, "steps": 3})
     family = get_family("bert")
@@ -153,6 +154,7 @@ def test_bert_loop_batches_grow_from_start_to_max_len(cache, tmp_path, monkeypat
     assert [r["tokens"] for r in log] == list(np.cumsum([0] + tokens))
 
 
+@pytest.mark.slow
 def test_gpt_counts_trained_tokens_and_evaluates_at_max_len(cache, tmp_path):
     warm = tiny_config("gpt", 6, tmp_path / "warm", max_len=32, batch_size=4, seq_len_warmup={"start": 8, "steps": 4},
                        **{"eval.batches": 1})

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -99,6 +100,7 @@ def _assert_trained(log: list[dict], w0: dict, w: dict) -> None:
     assert log[-1]["loss"] < log[0]["loss"]
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_match_one_process(tmp_path, monkeypatch):
     (log1, w1), (log2, w2) = _one_and_two_ranks(tmp_path, monkeypatch, CONFIG)
     rel = [abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(log1, log2)]
@@ -109,6 +111,7 @@ def test_two_gloo_ranks_match_one_process(tmp_path, monkeypatch):
     assert diff < WEIGHT_TOLERANCE, diff
 
 
+@pytest.mark.slow
 def test_bert_without_nsp_under_ddp_matches_one_process(tmp_path, monkeypatch):
     """`objective.nsp: false` leaves BERT's pooler and NSP head without gradients; the loop freezes
     them, so DDP runs (it used to stop: parameters that did not receive gradients) and matches one

@@ -57,6 +57,7 @@ def setup(tmp_path):
 WARMUP = "seq_len_warmup: {start: 8, steps: 16}\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warmup", ["", WARMUP], ids=["plain", "seq_len_warmup"])
 def test_sigkill_then_resume_is_bit_identical(setup, warmup):
     cfg, env, tmp = setup

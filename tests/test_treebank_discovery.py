@@ -53,6 +53,7 @@ def test_treebanks_are_discovered_from_the_data_root(new_data_root):
         treebank_path("xx_new", "test")
 
 
+@pytest.mark.slow
 def test_syntax_probe_reads_a_new_treebank(new_data_root, tiny_checkpoint, tmp_path, capsys):
     from app.cli import main
     from workbench.results import ResultsStore
