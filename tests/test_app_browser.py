@@ -68,6 +68,7 @@ def server(probe_store, tokenizers, tmp_path):
     log.close()
 
 
+@pytest.mark.slow
 def test_every_page_renders_in_chromium(server):
     if not Path(CHROMIUM).is_file():
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium); the browser test needs it")

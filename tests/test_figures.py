@@ -13,6 +13,7 @@ from app.figures import figure_names, load_spec, render
 from workbench.errors import ConfigError
 
 
+@pytest.mark.slow
 def test_every_shipped_figure_renders_with_manifest(probe_store, tmp_path):
     assert set(figure_names()) >= {"syntax_layer_curves", "syntax_depth_summary", "training_time_heatmap"}
     for name in figure_names():
@@ -112,6 +113,7 @@ def test_sweep_curves_split_by_setting_and_average_seeds():
     assert out["ci_high"].round(6).tolist() == [0.52, 0.62, 0.62, 0.72] and set(out["n_seeds"]) == {2}
 
 
+@pytest.mark.slow
 def test_probe_a_training_folder_and_draw_its_heatmap_in_one_command(probe_store, tmp_path, capsys):
     train = probe_store.root.parent / "train" / "tinyrun" / "seed-0"
     runs = tmp_path / "runs"
@@ -180,6 +182,7 @@ def _kill_leftovers(pids: list[int]) -> list[int]:
     return alive
 
 
+@pytest.mark.slow
 def test_a_hung_static_export_is_killed_and_the_figure_falls_back_to_html(probe_store, tmp_path, monkeypatch, capsys):
     """The exporter swapped for one that starts writing a PNG and then sleeps forever: at the
     timeout it is killed, the figure folder holds data.csv, the HTML and the manifest (no image, no

@@ -358,6 +358,7 @@ def test_missing_checkpoint_and_unknown_hub_name(tmp_path, capsys, monkeypatch):
         assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv,message", [
     (["-m", "app.cli", "train", "--family", "bert", "--preset", "tiny", "--set", "lr=["], "--set lr=[: not a YAML value"),
     (["-m", "workbench.train", "/no/such/config.yaml"], "config file does not exist"),
