@@ -46,8 +46,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from workbench.checkpoints import Checkpoint, expand_checkpoints
-from workbench.errors import CheckpointError, ConfigError, yaml_problem
 from workbench.coerce import build_dataclass
+from workbench.errors import CheckpointError, ConfigError, yaml_problem
 from workbench.io import read_yaml
 
 TWIN_SEED_OFFSET = 7919  # random-init twins use probe seed + this (never a checkpoint's own step-0 init)
