@@ -38,6 +38,7 @@ import dataclasses
 import json
 import sys
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -46,7 +47,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from workbench.checkpoints import Checkpoint, expand_checkpoints
-from workbench.coerce import build_dataclass
+from workbench.coerce import build_dataclass, coerce_value
 from workbench.errors import CheckpointError, ConfigError, yaml_problem
 from workbench.io import read_yaml
 
@@ -531,16 +532,21 @@ def cli_main(name: str, argv: Sequence[str] | None = None,
     args = parser.parse_args(list(argv) if argv is not None else None)
     values: dict[str, Any] = {}
     if args.config:
-        values.update(read_yaml(args.config, "settings file"))
+        from_file = read_yaml(args.config, "settings file")
+        make_settings(spec.settings, from_file, str(args.config))  # a bad key or value is named with the file
+        values.update(from_file)
+    hints = typing.get_type_hints(spec.settings)
     for f in dataclasses.fields(spec.settings):
         got = getattr(args, f.name, None)
         if got is None:
             continue
+        option = "--" + f.name.replace("_", "-")
         if str(f.type).startswith(("dict", "Mapping")):
             try:
                 got = yaml.safe_load(got)
             except yaml.YAMLError as e:
-                raise ConfigError(f"--{f.name.replace('_', '-')}: not a YAML mapping ({yaml_problem(e)})") from None
+                raise ConfigError(f"{option}: not a YAML mapping ({yaml_problem(e)})") from None
+        coerce_value(got, hints[f.name], "command line", option)  # a bad value is named with its option
         values[f.name] = got
     if args.quiet:
         values["progress"] = False

@@ -139,3 +139,18 @@ def test_the_three_settings_kinds_share_the_coercion():
         load_config({"family": "gpt", "steps": 5, "lr": 1e-3}).training_hash()
     assert load_finetune_config({"checkpoint": "x", "epochs": "2", "freeze_body": "true"}).training_hash() == \
         load_finetune_config({"checkpoint": "x", "epochs": 2, "freeze_body": True}).training_hash()
+
+
+def test_probe_command_line_names_the_option_or_the_file(tmp_path, capsys):
+    """A bad value on the command line is named with its option; in a --config file, with the file."""
+    from app.cli import main
+
+    assert main(["probe", "syntax", "--n-boot", "many", "--checkpoint", str(tmp_path)]) == 2
+    assert "command line: --n-boot: expected an integer, got 'many'" in capsys.readouterr().err
+    path = tmp_path / "settings.yaml"
+    path.write_text("n_boot: many\nseeed: 1\n")
+    assert main(["probe", "syntax", "--config", str(path), "--checkpoint", str(tmp_path)]) == 2
+    assert f"{path}: unknown key(s) ['seeed'] (did you mean 'seed'?)" in capsys.readouterr().err
+    path.write_text("n_boot: many\n")
+    assert main(["probe", "syntax", "--config", str(path), "--checkpoint", str(tmp_path)]) == 2
+    assert f"{path}: n_boot: expected an integer, got 'many'" in capsys.readouterr().err
