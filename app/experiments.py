@@ -27,9 +27,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from workbench.errors import ConfigError, yaml_problem
+from workbench.errors import ConfigError
+from workbench.io import read_yaml
 
 KNOWN_KEYS = {"name", "train", "checkpoints", "probe", "quick", "sweep", "runs_per"}
 EXECUTORS = ("local", "submitit-local", "slurm")
@@ -37,14 +36,7 @@ EXECUTORS = ("local", "submitit-local", "slurm")
 
 def load_experiment(path: str | Path) -> dict:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: experiment file not found")
-    try:
-        spec = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(err)}") from None
-    if not isinstance(spec, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+    spec = read_yaml(path, "experiment file")
     if spec.get("kind") == "probe":  # one probe's settings file (e.g. experiments/probe_syntax.yaml)
         spec = _single_probe(spec, path)
     unknown = set(spec) - KNOWN_KEYS

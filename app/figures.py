@@ -21,7 +21,7 @@ The static export runs in a child process killed after `$BERTOLOGY_FIGURE_TIMEOU
 120), or when anything interrupts the wait: Chromium once hung for 21 minutes while another process
 rendered figures. Kaleido starts Chromium in a session of its own (choreographer's
 `start_new_session`), so killing the child's process group would orphan it: the child and all its
-descendants (found through /proc by parent pid) get SIGTERM, then SIGKILL. On a timeout the figure
+descendants (found by psutil) get SIGTERM, then SIGKILL. On a timeout the figure
 falls back to the HTML alone, the manifest's `warnings` say so and its `files` list only what was
 written (an earlier render's images of the figure are removed).
 
@@ -39,9 +39,9 @@ the rest drawn; the skipped ones are then listed with their `produced_by` comman
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -51,11 +51,12 @@ from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
-import yaml
+import psutil
 
 from app.data import MODEL, TWIN, aggregate_seeds, baseline_mask, parent_model, row_kinds, twin_mask
 from probes import depth
-from workbench.errors import ConfigError, WorkbenchError, yaml_problem
+from workbench.errors import ConfigError, WorkbenchError
+from workbench.io import read_yaml
 from workbench.paths import REPO_ROOT
 from workbench.results import decode_extra
 
@@ -94,12 +95,7 @@ def load_spec(name_or_path: str | Path) -> tuple[str, dict]:
         path = FIGURES_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         raise ConfigError(f"{path}: no such figure; shipped figures: {', '.join(figure_names()) or 'none'}")
-    try:
-        spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(err)}") from None
-    if not isinstance(spec, dict):
-        raise ConfigError(f"{path}: expected a mapping")
+    spec = read_yaml(path, "figure spec")
     unknown = set(spec) - SPEC_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; expected {sorted(SPEC_KEYS)}")
@@ -511,54 +507,28 @@ def _export_command(figure_json: Path, out_dir: Path, formats: list[str]) -> lis
     return [sys.executable, "-c", _EXPORT_CHILD, str(figure_json), str(out_dir), *formats]
 
 
-def _process_tree(roots: list[int]) -> list[int]:
-    """`roots` and all their descendants, parents first (parent pids read from /proc/<pid>/stat;
-    just `roots` where there is no /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # "pid (comm) state ppid ...": comm may hold ")"
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree = list(roots)
-    for pid in tree:  # breadth first: the list grows while it is walked
-        tree.extend(c for c in children.get(pid, []) if c not in tree)
-    return tree
-
-
-def _running(pid: int) -> bool:
-    """Whether `pid` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def _kill_tree(proc: subprocess.Popen, grace: float = 2.0) -> None:
-    """SIGTERM the child and all its descendants (Chromium in its own session included), SIGKILL
-    what still runs after `grace` seconds, and reap the child. The pids are collected before the
-    first signal: the children of a dead process are re-parented and no longer found under it."""
-    import time
-
-    tree = _process_tree([proc.pid])
-    _signal_all(tree, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        proc.poll()  # reap the child: a zombie does not count as running
-        if not any(_running(pid) for pid in tree):
-            break
-        time.sleep(0.05)
-    else:  # with whatever the survivors started meanwhile
-        _signal_all(_process_tree([pid for pid in tree if _running(pid)]), signal.SIGKILL)
+    """SIGTERM the child and all its descendants (Chromium in its own session included, found by
+    psutil as a descendant), SIGKILL what still runs after `grace` seconds, and reap the child.
+    The descendants are collected before the first signal: the children of a dead process are
+    re-parented and no longer found under it."""
+    try:
+        tree = [psutil.Process(proc.pid)]
+        tree += tree[0].children(recursive=True)
+    except psutil.NoSuchProcess:  # exited meanwhile: only the reaping is left
+        tree = []
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=grace)
+    survivors = list(alive)
+    for p in alive:  # with whatever they started meanwhile
+        with contextlib.suppress(psutil.NoSuchProcess):
+            survivors += p.children(recursive=True)
+    for p in survivors:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(survivors, timeout=grace)
     proc.wait()
 
 

@@ -49,6 +49,7 @@ import dataclasses
 import json
 import sys
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -58,7 +59,9 @@ import pandas as pd
 from tqdm import tqdm
 
 from workbench.checkpoints import Checkpoint, expand_checkpoints
+from workbench.coerce import build_dataclass, coerce_value
 from workbench.errors import CheckpointError, ConfigError, yaml_problem
+from workbench.io import read_yaml
 
 TWIN_SEED_OFFSET = 7919  # random-init twins use probe seed + this (never a checkpoint's own step-0 init)
 RANDOM_INIT_SUFFIX = " (random init)"
@@ -127,62 +130,13 @@ def _plain(value):
 
 
 def make_settings(cls: type[Settings], values: Mapping[str, Any] | None, where: str = "settings") -> Settings:
-    """`cls(**values)` with every value checked and coerced by its field's type; unknown keys are an error.
+    """`cls(**values)` with every value coerced by its field's type, unknown keys refused
+    (`workbench.coerce.build_dataclass`, the one coercion shared with the training configs).
 
     Accepts what YAML and the command line give: lists or comma-separated strings for tuple fields,
     "true"/"false" for booleans, numbers as strings.
     """
-    values = dict(values or {})
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields)}")
-    kwargs = {k: _coerce(fields[k], v, where) for k, v in values.items()}
-    return cls(**kwargs)
-
-
-def _coerce(f: dataclasses.Field, value, where: str):
-    ann = str(f.type)
-    what = f"{where}: {f.name}"
-    if value is None:
-        if "None" in ann:
-            return None
-        raise ConfigError(f"{what} cannot be empty")
-    if ann.startswith(("tuple", "list")):
-        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)):
-            raise ConfigError(f"{what}: expected a list or a comma-separated string, got {value!r}")
-        inner = ann[ann.index("[") + 1:].split(",")[0].strip().rstrip("]") if "[" in ann else "str"
-        conv = {"float": float, "int": int}.get(inner, str)
-        try:
-            return tuple(conv(v) for v in items)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{what}: expected a list of {inner}, got {value!r}") from None
-    if ann.startswith(("dict", "Mapping")):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{what}: expected a mapping, got {value!r}")
-        return dict(value)
-    for name, conv in (("bool", _to_bool), ("int", _to_int), ("float", float), ("str", str)):
-        if ann.startswith(name):
-            try:
-                return conv(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{what}: expected {name}, got {value!r}") from None
-    return value
-
-
-def _to_bool(value) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "yes", "1", "false", "no", "0"):
-        return value.lower() in ("true", "yes", "1")
-    raise ValueError(value)
-
-
-def _to_int(value) -> int:
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise ValueError(value)
-    return int(value)
+    return build_dataclass(cls, values, where)
 
 
 # --------------------------------------------------------------------------- probe spec and units
@@ -708,23 +662,21 @@ def cli_main(name: str, argv: Sequence[str] | None = None,
     args = parser.parse_args(list(argv) if argv is not None else None)
     values: dict[str, Any] = {}
     if args.config:
-        path = Path(args.config)
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"{path}: not a readable YAML file ({yaml_problem(e)})") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of settings")
-        values.update(loaded)
+        from_file = read_yaml(args.config, "settings file")
+        make_settings(spec.settings, from_file, str(args.config))  # a bad key or value is named with the file
+        values.update(from_file)
+    hints = typing.get_type_hints(spec.settings)
     for f in dataclasses.fields(spec.settings):
         got = getattr(args, f.name, None)
         if got is None:
             continue
+        option = "--" + f.name.replace("_", "-")
         if str(f.type).startswith(("dict", "Mapping")):
             try:
                 got = yaml.safe_load(got)
             except yaml.YAMLError as e:
-                raise ConfigError(f"--{f.name.replace('_', '-')}: not a YAML mapping ({yaml_problem(e)})") from None
+                raise ConfigError(f"{option}: not a YAML mapping ({yaml_problem(e)})") from None
+        coerce_value(got, hints[f.name], "command line", option)  # a bad value is named with its option
         values[f.name] = got
     if args.quiet:
         values["progress"] = False

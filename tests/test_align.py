@@ -96,6 +96,7 @@ def _values(rows, task, metric, model=None):
     return sub.sort_values("layer")["value"].to_numpy()
 
 
+@pytest.mark.slow
 def test_model_pair_identical_models_align_perfectly(tiny_folders, tmp_path):
     rows = _run([tiny_folders["a"], tiny_folders["a-copy"], tiny_folders["b"]],
                 {"tasks": "model-pair", "pair_words": 400, "baselines": "random_rotation", "retrieval": "cosine"},
@@ -117,6 +118,7 @@ def test_model_pair_identical_models_align_perfectly(tiny_folders, tmp_path):
     assert "cka: a (rows) x a-copy" in text and "retrieval_rotation: a (rows) x b" in text
 
 
+@pytest.mark.slow
 def test_fake_language_against_itself_and_parallel_and_dutch_pair(tiny_folders, tmp_path):
     a = str(tiny_folders["a"])
     same = tmp_path / "en-en.tsv"  # an English-English dictionary: word alignment on the same sentences
@@ -147,6 +149,7 @@ def test_fake_language_against_itself_and_parallel_and_dutch_pair(tiny_folders, 
     assert len(_values(nl, "bli", "static_p_at_1")) == 1
 
 
+@pytest.mark.slow
 def test_diachronic_same_corpus_does_not_move(tiny_folders, tmp_path):
     rows = _run([str(tiny_folders["a"])], {"tasks": "diachronic", "old_corpus": "ud:en_ewt:dev",
                                            "new_corpus": "ud:en_ewt:dev", "max_sentences": 0, "vocab_size": 200,

@@ -43,6 +43,7 @@ def _array(z):
     return np.array(z, dtype=float)
 
 
+@pytest.mark.slow
 def test_align_page_curves_matrices_and_words(tmp_path, monkeypatch):
     store = ResultsStore(tmp_path / "runs")
     frames, cka = _frames()

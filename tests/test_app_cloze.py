@@ -54,6 +54,7 @@ def _stored(store, metric):
     return rows[(rows["metric"] == metric) & ~rows["model"].str.endswith("(random init)")]
 
 
+@pytest.mark.slow
 def test_zero_shot_figure_draws_the_stored_numbers(cloze_store, tmp_path):
     store, _ = cloze_store
     r = render("cloze_zero_shot_families", store, tmp_path / "fig", formats=("png", "html"))
@@ -94,6 +95,7 @@ def test_results_table_vs_chance_by_hand():
     assert t2.loc[(t2["model"] == "b") & (t2["task"] == "age"), "zero_shot"].item() == pytest.approx(0.9)
 
 
+@pytest.mark.slow
 def test_cloze_page_shows_the_stored_values(cloze_store, monkeypatch):
     store, paths = cloze_store
     monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
@@ -158,6 +160,7 @@ def test_cloze_page_shows_the_stored_values(cloze_store, monkeypatch):
     assert not at.exception and any("exactly one blank" in e.value for e in at.error)
 
 
+@pytest.mark.slow
 def test_cloze_page_reads_manifests_once_per_change(cloze_store, monkeypatch):
     """The live box's checkpoint list comes from the runs' manifests, read once and again only when
     a manifest changes (cache keyed by run id and mtime), not on every rerun."""

@@ -46,6 +46,7 @@ def _store(tmp_path, seed: int = 0):
     return store, acc
 
 
+@pytest.mark.slow
 def test_coref_page_heatmap_and_best_heads(tmp_path, monkeypatch):
     store, acc = _store(tmp_path)
     monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
@@ -69,6 +70,7 @@ def test_coref_page_heatmap_and_best_heads(tmp_path, monkeypatch):
     assert expected.to_dict() == pytest.approx({"upos": 1.0, "gum-pairs": 1.5, "gap": 0.2 / 0.15})
 
 
+@pytest.mark.slow
 def test_coref_page_reads_the_syntax_run_through_the_cached_query(tmp_path, monkeypatch):
     """The same model's syntax run is read by `app.data.query` once (reruns hit the cache), and a
     damaged one becomes a warning naming it, not an error."""

@@ -95,6 +95,7 @@ def _mlm_reference(path, family: str) -> torch.Tensor:
         return torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, span[0]].float(), -1)
 
 
+@pytest.mark.slow
 def test_explorer_lens_covers_every_family(family_root, monkeypatch, tmp_path):
     root, paths = family_root
     at = _explorer(root, monkeypatch, tmp_path)

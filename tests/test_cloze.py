@@ -186,6 +186,7 @@ def test_weighted_score_by_hand():
     assert cloze.weighted_score([250, 62, 125], [0.9, 0.5, 0.6]) == pytest.approx((3 * 0.5 + 2 * 0.6 + 1 * 0.9) / 6)
 
 
+@pytest.mark.slow
 def test_finetuned_tiny_model_learns_age_comparison(tokenizers):
     """The learning-curve code can learn: a 2-layer BERT (hidden 32, random init) fine-tuned with the
     MC-MLM head on 500 age items answers > 90% of test items whose ages it never saw (numbers are
@@ -202,6 +203,7 @@ def test_finetuned_tiny_model_learns_age_comparison(tokenizers):
     assert cloze.zero_shot(scorer, ct.split(items, "test"))[0].mean() == before
 
 
+@pytest.mark.slow
 def test_probe_on_the_runner(handles, tmp_path, monkeypatch):
     from probes import runner
     from workbench.results import ResultsStore
@@ -298,6 +300,7 @@ def test_lens_nonsense_control_last_layer_equals_zero_shot_control(handles, smal
     np.testing.assert_array_equal(lc[-1], zs_correct)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "t5"])
 def test_lens_nonsense_rows_on_the_runner(handles, tmp_path, monkeypatch, family):
     """`lens_nonsense_acc` per layer (T5: the decoder's), scored against the same answers as the

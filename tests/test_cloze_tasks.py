@@ -80,6 +80,7 @@ def test_answers_by_hand():
         assert (b in antonyms(a, "a")) == (it.choices[it.answer] == "not")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ct.TASKS)
 def test_nonsense_control_keeps_answers(generated, task):
     items = generated[task]

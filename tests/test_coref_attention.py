@@ -48,6 +48,7 @@ def gum_docs():
     return out
 
 
+@pytest.mark.slow
 def test_word_rows_sum_to_one_and_match_hand_computation(bert_tok):
     handle = ModelHandle(_bert(bert_tok), bert_tok)
     sents = [["Unbelievably", ",", "the", "photosynthesis", "worked", "."], ["Hello", "there"]]

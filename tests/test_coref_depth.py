@@ -89,6 +89,7 @@ def _rows(probe, task, metric, model, curve, boot):
                       extra=depth.boot_extras(boot, {"probe_seed": 0}))
 
 
+@pytest.mark.slow
 def test_coref_depth_figure_on_a_planted_results_table(tmp_path):
     """Task A (upos, syntax run) peaks at layer 1, task B (gum-pairs auc, coref run) at layer 3: the
     figure's expected layers are the hand computation, ordered, with CIs from the stored replicates;

@@ -185,6 +185,7 @@ def tiny_checkpoint(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_end_to_end_every_task(tiny_checkpoint, tmp_path):
     from probes.runner import run_probe
     from workbench.results import ResultsStore

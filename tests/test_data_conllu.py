@@ -50,6 +50,7 @@ def test_ewt_documents_and_first_sentence(ewt_train):
         assert s.heads.count(0) == 1 and max(s.heads) <= len(s)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name,split,n_sents,n_words",
     [

@@ -40,6 +40,7 @@ def _raw_counts():
     return openings, len(entities)
 
 
+@pytest.mark.slow
 def test_gum_train_mention_and_chain_counts(gum_train):
     _, mentions, chains = gum_train
     assert len(mentions) == 48_348
@@ -92,6 +93,7 @@ def test_one_chain_checked_by_hand(gum_train):
     assert hajj[0] == ("GUM_news_stampede-1", "Hajj")
 
 
+@pytest.mark.slow
 def test_dev_and_test_parse():
     for split, (n_mentions, n_chains) in {"dev": (6_688, 3_296), "test": (6_773, 3_766)}.items():
         mentions, chains = read_gum_coref(load_treebank("en_gum", split))

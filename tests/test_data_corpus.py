@@ -64,6 +64,7 @@ def test_manifest_records_checksums_and_settings(small):
     assert not [p for p in small.dir.parent.iterdir() if p.name.startswith(".")]  # no temp folders left
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_other_seed_other_split(small, tmp_path):
     again = build_corpus(SMALL, tmp_path / "again", heldout_fraction=0.1, seed=0)
     for name in ("manifest.json", "train.jsonl", "heldout.jsonl"):
@@ -106,6 +107,7 @@ def test_bad_arguments_and_tampered_files(small, tmp_path):
         CorpusSplit.load(tmp_path / "missing")
 
 
+@pytest.mark.slow
 def test_default_pretraining_corpus(tmp_path):
     sources = default_pretraining_sources()
     assert sources == list(PRETRAINING_SOURCES) == ["brown", "abc", "webtext", "state_union", "inaugural", "wikitext2"]

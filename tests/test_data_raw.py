@@ -32,6 +32,7 @@ def _lines(docs):
     return sum(d.text.count("\n") + 1 for d in docs)
 
 
+@pytest.mark.slow
 def test_all_corpora_load_with_unique_ids_and_no_empty_lines():
     for name in RAW_CORPORA:
         docs = load_documents(name)
@@ -149,6 +150,7 @@ def wordnet_reader(tmp_path_factory):
             os.environ["BERTOLOGY_CACHE"] = old
 
 
+@pytest.mark.slow
 def test_wordnet_relations(wordnet_reader):
     assert wn.antonyms("hot") == ["cold"]
     assert "bad" in wn.antonyms("good") and "small" in wn.antonyms("big")

@@ -304,6 +304,7 @@ def test_sentence_examples_cover_every_word_in_shuffled_order():
     assert len(orders) > 1  # the order depends on the seed
 
 
+@pytest.mark.slow
 def test_workbench_loop_trains_tiny_elmo_and_checkpoint_opens(tmp_path, monkeypatch):
     """30 steps of the workbench's own loop (real inaugural + State of the Union documents, word
     tokenizer, sentence examples, this collator) lower the fixed held-out loss; the checkpoint opens
@@ -336,6 +337,7 @@ def _unigram_cross_entropy(train_batch: dict, heldout_batch: dict, key: str, voc
     return float(-logp[held].mean())
 
 
+@pytest.mark.slow
 def test_tiny_training_lowers_heldout_loss_below_unigram(tokenizer, corpus):
     """100 steps of biLM training on real WikiText-2 sentences lower the held-out loss from ~ln V to
     below a context-free unigram model's cross-entropy, in both directions (so context is used)."""

@@ -16,6 +16,7 @@ def test_main_experiment_yaml_is_valid():
                                                      "structural-depth"}
 
 
+@pytest.mark.slow
 def test_train_then_probe_prints_layer_table(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
     experiment = {

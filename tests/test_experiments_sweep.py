@@ -90,6 +90,7 @@ def test_bad_sweeps_fail_before_any_work(tmp_path, two_checkpoints):
             load_experiment(path)
 
 
+@pytest.mark.slow
 def test_sweep_with_two_jobs_survives_kill_9(tmp_path, two_checkpoints):
     path = _sweep_file(tmp_path, two_checkpoints, name="sweep-syntax-pooling")  # the shipped figure's prefix
     runs_root = tmp_path / "runs"
@@ -98,10 +99,10 @@ def test_sweep_with_two_jobs_survives_kill_9(tmp_path, two_checkpoints):
                              str(runs_root)], cwd=REPO, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     store = ResultsStore(runs_root)
-    deadline = time.time() + 600
-    while _experiment_runs(store, "sweep-syntax-pooling").empty:  # wait for the first finished run, then kill everything
+    # wait for the first finished run, then kill everything (no deadline: the wait ends when a run
+    # finishes or the sweep exits; pytest-timeout stops a hang)
+    while _experiment_runs(store, "sweep-syntax-pooling").empty:
         assert proc.poll() is None, "the sweep ended before it could be killed"
-        assert time.time() < deadline, "no run finished in time"
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -126,6 +127,7 @@ def test_sweep_with_two_jobs_survives_kill_9(tmp_path, two_checkpoints):
     assert len(fig.manifest["run_ids"]) == 8 and len(data[data["kind"] == "model"]) == 4 * 3
 
 
+@pytest.mark.slow
 def test_submitit_local_executor_same_code_path(tmp_path, two_checkpoints, monkeypatch):
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "small.yaml"

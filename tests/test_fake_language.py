@@ -62,6 +62,7 @@ def test_separate_positions_are_decided_per_segment():
     assert is_shifted_piece("##" + shift_text("ab")) and not is_shifted_piece("##ab")
 
 
+@pytest.mark.slow
 def test_separate_positions_train_and_are_read_back_by_the_handle(tmp_path, monkeypatch):
     """A tiny English + fake-English DeBERTa with absolute positions and `shifted_position_offset`:
     the training batches carry offset positions for fake segments, a relative-only model refuses the
@@ -106,6 +107,7 @@ def test_separate_positions_train_and_are_read_back_by_the_handle(tmp_path, monk
         assert torch.allclose(english[0, : en_ids.shape[1]], body(input_ids=en_ids).last_hidden_state[0], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_random_next_zero_keeps_every_sequence_in_one_language(tmp_path, monkeypatch):
     """DeBERTa's default (`random_next` 0.5, BERT's pipeline) pairs a quarter of the fake-English
     corpus's segments across languages; `random_next: 0` gives real continuations only, hence no

@@ -103,6 +103,7 @@ def examples_of(name: str, data, n: int | None = None, seed: int = 0) -> list:
 # ---- every family: tiny run on real text, checkpoint opens ----------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILIES)
 def test_tiny_run_lowers_heldout_loss_and_checkpoint_opens(name, runs):
     run = runs(name)
@@ -230,6 +231,7 @@ def test_bert_mlm_masks_15_percent_with_80_10_10(data):
     assert abs((chosen & ~masked & ~kept).sum() / total - 0.1) < 0.025
 
 
+@pytest.mark.slow
 def test_bert_static_masks_repeat_across_epochs_dynamic_do_not(data):
     d = data("bert")
     epoch0, epoch1 = examples_of("bert", d, seed=0), examples_of("bert", d, seed=1)

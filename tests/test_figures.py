@@ -13,6 +13,7 @@ from app.figures import figure_names, load_spec, render
 from workbench.errors import ConfigError
 
 
+@pytest.mark.slow
 def test_every_shipped_figure_renders_with_manifest(probe_store, tmp_path):
     assert set(figure_names()) >= {"syntax_layer_curves", "syntax_depth_summary", "training_time_heatmap"}
     for name in figure_names():
@@ -113,6 +114,7 @@ def test_sweep_curves_split_by_setting_and_average_seeds():
     assert out["ci_high"].round(6).tolist() == [0.52, 0.62, 0.62, 0.72] and set(out["n_seeds"]) == {2}
 
 
+@pytest.mark.slow
 def test_probe_a_training_folder_and_draw_its_heatmap_in_one_command(probe_store, tmp_path, capsys):
     train = probe_store.root.parent / "train" / "tinyrun" / "seed-0"
     runs = tmp_path / "runs"
@@ -129,13 +131,66 @@ def test_probe_a_training_folder_and_draw_its_heatmap_in_one_command(probe_store
     assert f"figure training_time_heatmap: {folder}" in out
 
 
+# Fake exporters that hang: nothing here waits on the clock. The real timeout runs only once the fake
+# child has written its ready file (`_wait_until_written`, which stops waiting when the child dies
+# instead), so it surely expires on a child that never finishes, however slow the machine; and the
+# assertions are about processes and files, never elapsed time.
+_SLEEP_FOREVER = "while True: time.sleep(3600)"
+
+
+def _wait_until_written(path, proc) -> None:
+    """Wait for the fake child `proc` to write `path`; fail (not hang) if it exits first."""
+    import time
+
+    while not path.exists():
+        assert proc.poll() is None, f"the fake exporter exited ({proc.returncode}) before writing {path}"
+        time.sleep(0.05)
+
+
+def _communicate_once_written(monkeypatch, path, then=None):
+    """Swap subprocess.Popen for one whose communicate() first waits until the child wrote `path`,
+    then calls `then(proc)` (e.g. raise an interrupt) or the real communicate with its timeout."""
+    import subprocess
+
+    class WaitsForTheChild(subprocess.Popen):
+        def communicate(self, input=None, timeout=None):
+            _wait_until_written(path, self)
+            if then is not None:
+                then(self)
+            return super().communicate(input, timeout)
+
+    monkeypatch.setattr(subprocess, "Popen", WaitsForTheChild)
+
+
+def _gone(pid: int) -> bool:
+    """Exited, or a zombie (dead, waiting for init to reap it: an orphan is not ours to reap)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _kill_leftovers(pids: list[int]) -> list[int]:
+    """The pids still running; SIGKILLed so that a failing test leaves nothing behind."""
+    import os
+    import signal
+
+    alive = [p for p in pids if not _gone(p)]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    return alive
+
+
+@pytest.mark.slow
 def test_a_hung_static_export_is_killed_and_the_figure_falls_back_to_html(probe_store, tmp_path, monkeypatch, capsys):
-    """The exporter swapped for one that starts writing a PNG and then sleeps: after the timeout it
-    is killed, the figure folder holds data.csv, the HTML and the manifest (no image, no part of
-    one, and not the earlier render's PNG), and the manifest lists exactly those files and says why."""
+    """The exporter swapped for one that starts writing a PNG and then sleeps forever: at the
+    timeout it is killed, the figure folder holds data.csv, the HTML and the manifest (no image, no
+    part of one, and not the earlier render's PNG), and the manifest lists exactly those files and
+    says why."""
     import os
     import sys
-    import time
 
     from app import figures
 
@@ -144,13 +199,13 @@ def test_a_hung_static_export_is_killed_and_the_figure_falls_back_to_html(probe_
     assert (folder / f"{name}.png").read_bytes().startswith(b"\x89PNG")
     seen = tmp_path / "child.txt"
     hang = ("import os, sys, time, pathlib; pathlib.Path(sys.argv[2], 'figure.png').write_bytes(b'half');"
-            f"pathlib.Path({str(seen)!r}).write_text(f'{{os.getpid()}} {{sys.argv[2]}}'); time.sleep(300)")
+            f"tmp = pathlib.Path({str(seen)!r} + '.tmp'); tmp.write_text(f'{{os.getpid()}} {{sys.argv[2]}}');"
+            f"tmp.rename({str(seen)!r})\n{_SLEEP_FOREVER}")
     monkeypatch.setattr(figures, "_export_command", lambda spec, out, fmts: [sys.executable, "-c", hang, str(spec),
                                                                              str(out), *fmts])
-    monkeypatch.setenv(figures.EXPORT_TIMEOUT_ENV, "3")
-    t0 = time.monotonic()
+    _communicate_once_written(monkeypatch, seen)
+    monkeypatch.setenv(figures.EXPORT_TIMEOUT_ENV, "0.5")
     r = render(name, probe_store, folder, formats=("png", "svg"))
-    assert time.monotonic() - t0 < 60
     pid, tmp = seen.read_text().split(" ", 1)
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid), 0)  # killed (and reaped)
@@ -158,101 +213,85 @@ def test_a_hung_static_export_is_killed_and_the_figure_falls_back_to_html(probe_
     assert sorted(p.name for p in folder.iterdir()) == ["data.csv", "manifest.json", f"{name}.html"]
     m = json.loads((folder / "manifest.json").read_text())
     assert m == r.manifest and m["files"] == ["data.csv", f"{name}.html"]
-    assert len(m["warnings"]) == 1 and "(png, svg) did not finish within 3 s" in m["warnings"][0]
+    assert len(m["warnings"]) == 1 and "(png, svg) did not finish within 0.5 s" in m["warnings"][0]
     assert f"warning: figure {name}: static export" in capsys.readouterr().err
     assert m["data_sha256"] == before.manifest["data_sha256"]
     with pytest.raises(ConfigError, match="positive number of seconds"):
         render(name, probe_store, folder, timeout=0)
 
 
-
 # A stand-in for kaleido: the child starts a "Chromium" in a session of its own (as choreographer
-# starts it), records both pids and hangs.
+# starts it), records both pids and hangs, as does its Chromium.
 _HANGS_WITH_CHROMIUM = (
-    "import os, pathlib, subprocess, sys, time;"
-    "chromium = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True);"
-    "tmp = pathlib.Path(sys.argv[1]).with_name('pids.tmp'); tmp.write_text(f'{os.getpid()} {chromium.pid}');"
-    "tmp.rename(tmp.with_suffix('.txt'));"
-    "time.sleep(300)")
+    "import os, pathlib, subprocess, sys, time\n"
+    f"chromium = subprocess.Popen([sys.executable, '-c', 'import time\\n{_SLEEP_FOREVER}'], start_new_session=True)\n"
+    "tmp = pathlib.Path(sys.argv[1]).with_name('pids.tmp'); tmp.write_text(f'{os.getpid()} {chromium.pid}')\n"
+    "tmp.rename(tmp.with_suffix('.txt'))\n"
+    f"{_SLEEP_FOREVER}")
 
 
-def _running(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _pids_of_hung_export(folder, monkeypatch):
-    """Swap the exporter for `_HANGS_WITH_CHROMIUM`; returns a function giving its two pids once written."""
+def _hung_export_with_chromium(folder, monkeypatch, then=None):
+    """Swap the exporter for `_HANGS_WITH_CHROMIUM`; returns the file its two pids are written to."""
     import sys
-    import time
 
     from app import figures
 
     monkeypatch.setattr(figures, "_export_command",
                         lambda spec, out, fmts: [sys.executable, "-c", _HANGS_WITH_CHROMIUM, str(folder / "x")])
-
-    def pids(wait: float = 60.0) -> list[int]:
-        deadline = time.monotonic() + wait
-        while not (folder / "pids.txt").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return [int(p) for p in (folder / "pids.txt").read_text().split()]
-
-    return pids
-
-
-def _assert_all_gone(pids: list[int]) -> None:
-    import os
-    import signal
-    import time
-
-    deadline = time.monotonic() + 10  # an orphan is reaped by init, not by us
-    while any(_running(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    alive = [p for p in pids if _running(p)]
-    for p in alive:  # do not leave them behind when the test fails
-        os.kill(p, signal.SIGKILL)
-    assert not alive
+    _communicate_once_written(monkeypatch, folder / "pids.txt", then)
+    return folder / "pids.txt"
 
 
 def test_a_timed_out_export_also_kills_the_chromium_in_its_own_session(tmp_path, monkeypatch):
     """Kaleido's Chromium runs in a session of its own, out of the child's process group: on a
-    timeout it is killed with the child all the same (found as the child's descendant)."""
-    import time
-
+    timeout it is killed with the child all the same (found as the child's descendant), and the
+    export returns instead of waiting for the orphan to close the pipes it inherited."""
     import plotly.graph_objects as go
 
     from app.figures import static_images
 
-    pids = _pids_of_hung_export(tmp_path, monkeypatch)
-    t0 = time.monotonic()
-    assert static_images(go.Figure(), ["png"], 8) is None
-    assert time.monotonic() - t0 < 60  # not waiting for the orphan to close the pipes it inherited
-    child, chromium = pids(wait=0)
-    _assert_all_gone([child, chromium])
+    pids_file = _hung_export_with_chromium(tmp_path, monkeypatch)
+    assert static_images(go.Figure(), ["png"], 0.5) is None
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert len(pids) == 2 and not _kill_leftovers(pids)
 
 
 def test_an_interrupted_export_kills_the_child_and_its_chromium(tmp_path, monkeypatch):
     """Ctrl-C (or any exception) while waiting for the export: the child and its Chromium go too."""
-    import subprocess
-
     import plotly.graph_objects as go
 
     from app.figures import static_images
 
-    pids = _pids_of_hung_export(tmp_path, monkeypatch)
-    Popen = subprocess.Popen
+    def interrupt(proc):
+        raise KeyboardInterrupt
 
-    class Interrupted(Popen):
-        def communicate(self, input=None, timeout=None):
-            pids()  # the child is up and has started its Chromium
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(subprocess, "Popen", Interrupted)
+    pids_file = _hung_export_with_chromium(tmp_path, monkeypatch, then=interrupt)
     with pytest.raises(KeyboardInterrupt):
-        static_images(go.Figure(), ["png"], 60)
-    _assert_all_gone(pids(wait=0))
+        static_images(go.Figure(), ["png"], 600)
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert len(pids) == 2 and not _kill_leftovers(pids)
+
+
+def test_kill_tree_kills_what_ignores_sigterm(tmp_path):
+    """A descendant that ignores SIGTERM is SIGKILLed after the grace period."""
+    import subprocess
+    import sys
+
+    from app.figures import _kill_tree
+
+    ready = tmp_path / "ready"
+    stubborn = ("import os, pathlib, signal, subprocess, sys, time\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                f"kid = subprocess.Popen([sys.executable, '-c', 'import signal, time\\n"
+                f"signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n{_SLEEP_FOREVER}'])\n"
+                f"pathlib.Path({str(ready)!r} + '.tmp').write_text(f'{{os.getpid()}} {{kid.pid}}')\n"
+                f"os.rename({str(ready)!r} + '.tmp', {str(ready)!r})\n{_SLEEP_FOREVER}")
+    proc = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)
+    _wait_until_written(ready, proc)
+    pids = [int(p) for p in ready.read_text().split()]
+    _kill_tree(proc, grace=0.2)
+    assert proc.returncode is not None
+    assert not _kill_leftovers(pids)
 
 
 def test_a_failed_static_export_leaves_the_earlier_render_as_it_was(probe_store, tmp_path, monkeypatch):

@@ -116,6 +116,7 @@ def _planted(word="and", n_train=800, n_eval=200):
     return TaskData("planted_and", "sentence", [i for i, _ in pairs], words, labels, ["without", "with"], sp, [], 0)
 
 
+@pytest.mark.slow
 def test_tiny_bert_learns_a_planted_task_from_real_sentences(checkpoints, tmp_path):
     data = _planted()
     cfg = _cfg(checkpoints["bert"], tmp_path / "run", epochs=4, lr=3e-3, batch_size=32, warmup=0.05, patience=4,
@@ -136,6 +137,7 @@ def test_tiny_bert_learns_a_planted_task_from_real_sentences(checkpoints, tmp_pa
 
 # -------------------------------------------------------------------------------- resume
 
+@pytest.mark.slow
 def test_resume_after_interruption_gives_identical_weights(checkpoints, tmp_path):
     kw = {"epochs": 2, "save_every": 3, "keep_epoch_checkpoints": True, "max_train_examples": 80}
     store = ResultsStore(tmp_path / "store")

@@ -96,6 +96,7 @@ def test_pll_head_at_masked_positions_equals_full_logits(handles, texts, monkeyp
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "roberta", "spanbert", "albert"])
 def test_every_masked_lm_family_checkpoint_gives_pll(name, tokenizers, ewt_train, texts, tmp_path):
     """Each family's tiny model, saved as its training loop saves it and opened by the handle:

@@ -90,11 +90,12 @@ def trained_electra(tmp_path_factory):
     return s.checkpoints[0]
 
 
+@pytest.mark.slow
 def test_discriminator_separates_members_on_real_text(trained_electra, tmp_path):
     from probes import runner
     from workbench.results import ResultsStore
 
-    aucs = {}
+    aucs, ci_low = {}, {}
     for head in ("discriminator", "generator"):
         # 16-word passages: the model trained on 32-token blocks scores only passages that fit them
         settings = {"tasks": ["attacks"], "attacks": ["loss", "mink", "minkpp"], "electra_head": head, "min_words": 1,
@@ -107,13 +108,15 @@ def test_discriminator_separates_members_on_real_text(trained_electra, tmp_path)
         assert extra["scored_by"] == ("rtd (discriminator)" if head == "discriminator" else "mlm (generator)")
         assert auc.loc["loss", "n"] >= 40
         aucs[head] = auc["value"].round(3).to_dict()
+        ci_low[head] = auc.loc["loss", "ci_low"]
         from app.pages.membership import attack_table
 
         table = attack_table(rows)
         assert set(table["scored_by"]) == {extra["scored_by"]} and len(table) == 3  # the page says which head
     print("tiny ELECTRA membership AUCs:", aucs)
-    assert aucs["discriminator"]["loss"] > 0.9
-    assert aucs["generator"]["loss"] > 0.85
+    # both heads detect membership: LOSS's own 95% bootstrap CI lies above chance (how well an attack
+    # recovers a signal of known size is tests/test_membership.py's planted-signal test)
+    assert ci_low["discriminator"] > 0.5 and ci_low["generator"] > 0.5, ci_low
     # the score by hand from the target's discriminator: mean log P(original) over content tokens
     h = ModelHandle.load(trained_electra)
     s = mem.pretrain_sample(trained_electra, passage_words=16, min_words=1, n_examples=1000, seed=0, length_bin=4,

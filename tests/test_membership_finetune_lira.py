@@ -42,6 +42,7 @@ def shadow_set(tokenizers, tmp_path_factory):
     return s
 
 
+@pytest.mark.slow
 def test_finetune_shadows_record_their_halves(shadow_set):
     from workbench.checkpoints import read_manifest, seed_dir, step_dir
     from workbench.finetune import load_finetune_config, load_task, members
@@ -63,6 +64,7 @@ def test_finetune_shadows_record_their_halves(shadow_set):
         assert saved["epoch"] == 12 and ck == step_dir(seed_dir(shadow_set.folder / f"model-{m:02d}", m), saved["step"])
 
 
+@pytest.mark.slow
 def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp_path, monkeypatch):
     from probes import get_probe, runner
     from workbench.finetune import load_classifier
@@ -129,10 +131,12 @@ def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp
     # measured (this fixture, targets model 0 / 1 / 2): LOSS 0.926 / 0.884 / 0.781, LiRA online
     # 0.710 / 0.625 / 0.650, offline 0.767 / 0.667 / 0.771, online with one global deviation
     # 0.786 / 0.716 / 0.810: 8 shadows are few for per-example deviations (docs/membership.md)
-    assert auc.loc["loss", "value"] > 0.75
-    assert auc.loc["lira_online", "value"] > 0.6 and auc.loc["lira_offline", "value"] > 0.6
+    # each attack detects membership: its own 95% bootstrap CI lies above chance (how well attacks
+    # recover a signal of known size is tests/test_membership.py's planted-signal test)
+    assert (auc.loc[["loss", "lira_online", "lira_offline"], "ci_low"] > 0.5).all(), auc["ci_low"]
 
 
+@pytest.mark.slow
 def test_finetune_lira_needs_a_finetune_shadow_set(shadow_set, tmp_path):
     from probes import runner
     from workbench.results import ResultsStore
@@ -149,6 +153,7 @@ def test_finetune_lira_needs_a_finetune_shadow_set(shadow_set, tmp_path):
         runner.run_probe("membership", [target], settings, store=ResultsStore(tmp_path / "runs"))
 
 
+@pytest.mark.slow
 def test_finetune_shadows_follow_the_target_epoch(shadow_set):
     """A target saved at epoch 3 is compared with every shadow's epoch-3 checkpoint, not its last."""
     from probes import get_probe
@@ -187,8 +192,10 @@ def test_equal_shadow_counts_removes_the_balanced_design_bias():
         assert not (ins2 & ~ins).any() and not (outs2 & ~outs).any()  # only drops shadows
         equal.append(roc_auc_score(keep[0], ma.lira_online(phi[0], phi[1:].T, ins2, outs2)))
     print(f"null LiRA online AUC: balanced {np.mean(raw):.3f}, equal counts {np.mean(equal):.3f}")
-    assert np.mean(raw) < 0.47  # measured 0.446 (sd 0.040 over draws)
-    assert abs(np.mean(equal) - 0.5) < 0.02  # measured 0.502 (sd 0.034)
+    # margins: 3 standard errors of the mean over these 40 draws (measured: 0.446, sd 0.040; 0.502, sd 0.034)
+    se_raw, se_equal = (np.std(x, ddof=1) / np.sqrt(len(x)) for x in (raw, equal))
+    assert np.mean(raw) < 0.5 - 3 * se_raw  # the bias is real
+    assert abs(np.mean(equal) - 0.5) < 3 * se_equal  # and thinning removes it
 
 
 def test_use_last_without_the_last_step_folder_is_a_config_error(tmp_path, monkeypatch):

@@ -491,6 +491,7 @@ class _Stream:
         return self._ids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("noise_density", [0.05, 0.15, 0.3, 0.5, 0.8])
 @pytest.mark.parametrize("mean_span", [1.0, 3.0, 8.0])
 def test_t5_examples_fit_max_len_at_any_noise_setting(corpus, noise_density, mean_span):

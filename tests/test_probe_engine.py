@@ -89,6 +89,7 @@ def planted(ewt):
     return _planted(ewt["train"][1], rng), _planted(ewt["dev"][1], rng)
 
 
+@pytest.mark.slow
 def test_linear_probe_peaks_at_planted_layer_and_control_selectivity(ewt, planted):
     xtr, xdv = planted
     (wtr, ytr, _), (wdv, ydv, _) = ewt["train"], ewt["dev"]
@@ -133,6 +134,7 @@ def test_control_labels_fixed_per_type_and_follow_the_distribution(ewt):
     assert (other != a[: len(wtr)]).mean() > 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
 def test_linear_probe_matches_sklearn_on_every_layer(ewt, optimizer):
     from sklearn.linear_model import LogisticRegression
@@ -222,6 +224,7 @@ def test_mdl_online_code(ewt, planted):
     assert np.all(np.abs(flat.compression - 1) < 0.05), flat.compression
 
 
+@pytest.mark.slow
 def test_scalar_mix_concentrates_on_planted_layer(ewt, planted):
     xtr, xdv = planted
     (_, ytr, _), (_, ydv, _) = ewt["train"], ewt["dev"]
@@ -274,6 +277,7 @@ def test_config_errors():
         fit_probe(np.zeros((2, 3, 3), np.float32), np.array([0, 1, 1]), config={"l3": 1})
 
 
+@pytest.mark.slow
 def test_random_init_twin_of_a_real_handle():
     from tests.conftest import TOKENIZER_SPECS, tiny_bert
     from workbench.models import ModelHandle

@@ -90,6 +90,7 @@ def _planted(heads_list, upos_list, n_layers=3, signal_layer=1, hidden=48, seed=
     return st.TreeSet(feats, np.array(offsets), heads_list, upos_list)
 
 
+@pytest.mark.slow
 def test_planted_tree_geometry_reaches_uuas_one():
     heads, upos = _ewt_trees(260)
     train = _planted(heads[:200], upos[:200], seed=1)

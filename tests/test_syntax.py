@@ -152,6 +152,7 @@ class PlantedHandle:
             yield x.astype(np.float32)
 
 
+@pytest.mark.slow
 def test_planted_upos_layer_peaks_with_high_selectivity(tmp_path, ewt_dev):
     k = 2
     handle = PlantedHandle(load_treebank("en_ewt", "train") + ewt_dev, k)
@@ -188,6 +189,7 @@ def test_planted_upos_layer_peaks_with_high_selectivity(tmp_path, ewt_dev):
 
 
 # --------------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_cli_end_to_end_all_tasks_tiny_bert(tmp_path, tiny_checkpoint, capsys, monkeypatch):
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     code = syntax_cli_main([
@@ -239,6 +241,7 @@ def test_cli_end_to_end_all_tasks_tiny_bert(tmp_path, tiny_checkpoint, capsys, m
     assert len([l for l in table.splitlines() if l.strip()[:1].isdigit()]) == 3
 
 
+@pytest.mark.slow
 def test_long_sentences_are_windowed_and_counted(tmp_path, tokenizers):
     from tests.conftest import tiny_bert
     from workbench.models import ModelHandle
@@ -269,6 +272,7 @@ def test_long_sentences_are_windowed_and_counted(tmp_path, tokenizers):
 
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_with_the_finished_units(tmp_path, tiny_checkpoint, monkeypatch):
     """A run killed in its second task publishes nothing; the rerun reuses the finished units and
     its rows equal those of a run that was never interrupted."""

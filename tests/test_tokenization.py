@@ -43,6 +43,7 @@ def tokdir(tmp_path_factory):
     return tmp_path_factory.mktemp("tok")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "spec, first, last, n_special",
     [(BERT, "[CLS]", "[SEP]", 2), (ROBERTA, "<s>", "</s>", 2), (T5, None, "</s>", 1), (ELMO, "<S>", "</S>", 2)],
@@ -134,6 +135,7 @@ def test_tokenized_corpus_matches_direct_encoding_and_is_cached(corpus, tokdir, 
     assert len(add_special_tokens(tok, blocks[0])) == 32
 
 
+@pytest.mark.slow
 def test_wordpiece_training_is_reproducible_and_matches_the_library_trainer():
     """tokenizers' WordPieceTrainer can give different vocabularies for the same text (ties broken
     in hash-map order, huggingface/tokenizers#1794); ours gives one, and nearly the same pieces."""
@@ -167,6 +169,7 @@ def test_wordpiece_private_use_characters_never_reach_training():
     assert tok.convert_ids_to_tokens(tok("odd words", add_special_tokens=False)["input_ids"])[0] == "odd"
 
 
+@pytest.mark.slow
 def test_unigram_training_is_reproducible_and_as_good_as_the_library_scores(tmp_path):
     """tokenizers' UnigramTrainer sums in hash-map order, so two trainings give other scores and
     ids; ours re-estimates the scores deterministically: identical tokenizer files, and held-out

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -78,21 +79,39 @@ def _one_and_two_ranks(tmp_path, monkeypatch, config: str):
     log2 = [json.loads(x) for x in (two.parent / "log.jsonl").read_text().splitlines()][1:]
     assert [r["step"] for r in log2] == list(range(1, STEPS + 1))
     assert [r["tokens"] for r in log1] == [r["tokens"] for r in log2]  # global token counts
+    w0 = load_file(one.parent / "step-0000000" / "model.safetensors")
+    _assert_trained(log1, w0, load_file(one / "model.safetensors"))
     return (log1, load_file(one / "model.safetensors")), (log2, load_file(two / "model.safetensors"))
 
 
+WEIGHT_TOLERANCE = 1e-4  # |Δw| allowed between the two runs (module docstring)
+
+
+def _assert_trained(log: list[dict], w0: dict, w: dict) -> None:
+    """The runs agreeing means something only if training moved the weights far beyond the
+    tolerance they must agree within. Adam moves a weight whose gradient keeps its sign by about the
+    learning rate per step (m / sqrt(v) ~ ±1: Kingma & Ba 2015, sec. 2.1), so the largest move over
+    the run is about the sum of the logged learning rates; half of that is asserted, and at least
+    100x the tolerance. The loss must go down too (by any amount)."""
+    moved = max(float((w[k] - w0[k]).abs().max()) for k in w0)
+    lr_sum = sum(r["lr"] for r in log)
+    print(f"largest weight move {moved:.3g}, sum of learning rates {lr_sum:.3g}")
+    assert moved > max(0.5 * lr_sum, 100 * WEIGHT_TOLERANCE), (moved, lr_sum)
+    assert log[-1]["loss"] < log[0]["loss"]
+
+
+@pytest.mark.slow
 def test_two_gloo_ranks_match_one_process(tmp_path, monkeypatch):
     (log1, w1), (log2, w2) = _one_and_two_ranks(tmp_path, monkeypatch, CONFIG)
     rel = [abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(log1, log2)]
     print(f"max relative loss difference per step: {max(rel):.2e}")
     assert max(rel) < 1e-5, rel
-    assert log1[-1]["loss"] < log1[0]["loss"] - 0.3  # it did train
-
     diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
     print(f"max absolute weight difference: {diff:.2e}")
-    assert diff < 1e-4, diff
+    assert diff < WEIGHT_TOLERANCE, diff
 
 
+@pytest.mark.slow
 def test_bert_without_nsp_under_ddp_matches_one_process(tmp_path, monkeypatch):
     """`objective.nsp: false` leaves BERT's pooler and NSP head without gradients; the loop freezes
     them, so DDP runs (it used to stop: parameters that did not receive gradients) and matches one
@@ -102,10 +121,9 @@ def test_bert_without_nsp_under_ddp_matches_one_process(tmp_path, monkeypatch):
     rel = [abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(log1, log2)]
     print(f"BERT without NSP: max relative loss difference per step: {max(rel):.2e}")
     assert max(rel) < 1e-5, rel
-    assert log1[-1]["loss"] < log1[0]["loss"] - 0.2  # it did train (measured: 6.68 -> 6.41)
     diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
     print(f"BERT without NSP: max absolute weight difference: {diff:.2e}")
-    assert diff < 1e-4, diff
+    assert diff < WEIGHT_TOLERANCE, diff
     frozen = [k for k in w1 if k.startswith(("bert.pooler.", "cls.seq_relationship."))]
     assert len(frozen) == 4
     for k in frozen:  # never trained: identical in both runs

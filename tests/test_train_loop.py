@@ -59,6 +59,7 @@ def test_lr_warmup_then_linear_decay():
     assert f(12) == 0.0
 
 
+@pytest.mark.slow
 def test_tiny_gpt_lowers_heldout_loss_on_real_corpus(tiny_run):
     before, after = tiny_run.heldout_before["loss"], tiny_run.heldout_after["loss"]
     # ln(1000) = 6.91 is the loss of a uniform guess over the 1,000-token vocabulary.
@@ -70,6 +71,7 @@ def test_tiny_gpt_lowers_heldout_loss_on_real_corpus(tiny_run):
     assert manifest["tokens_seen"] == STEPS * 8 * 64  # packed blocks: no padding at all
 
 
+@pytest.mark.slow
 def test_log_has_every_step_with_tokens_lr_and_terms(tiny_run):
     log = tiny_run.log
     assert [r["step"] for r in log] == list(range(STEPS + 1))
@@ -80,6 +82,7 @@ def test_log_has_every_step_with_tokens_lr_and_terms(tiny_run):
     assert max(lrs) == pytest.approx(3e-3) and lrs[0] < lrs[2] and lrs[-1] < lrs[5]
 
 
+@pytest.mark.slow
 def test_checkpoints_are_plain_transformers_folders(tiny_run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -99,6 +102,7 @@ def test_checkpoints_are_plain_transformers_folders(tiny_run):
     assert torch.isfinite(out.loss) and out.logits.shape[-1] == len(tok)
 
 
+@pytest.mark.slow
 def test_rerun_of_finished_config_returns_without_training(tiny_run):
     log_before = (tiny_run.run_folder / "log.jsonl").read_bytes()
     again = train_from_config(tiny_run.config)
@@ -117,6 +121,7 @@ def test_multi_seed_from_one_config(cache, tmp_path):
     assert [r["step"] for r in read_log(finals[1].parent)] == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_contiguous_blocks_pack_documents_with_separators(tiny_run):
     from workbench.data_cache import TokenizedCorpus
 
@@ -140,7 +145,7 @@ def test_contiguous_blocks_pack_documents_with_separators(tiny_run):
 
 @pytest.mark.parametrize("text, message", [
     ("family: gpt\nsteps: 10\ncorpus:\n  sources: [brown]\n  heldout_fractoin: 0.1\n",
-     r": corpus\.heldout_fractoin: unknown key"),
+     r": unknown key\(s\) \['corpus\.heldout_fractoin'\] \(did you mean 'heldout_fraction'\?\)"),
     ("family: gpt\nsteps: 10\nlr: fast\n", r": lr: expected a number"),
     ("family: gpt\nsteps: 10\ncorpus: {heldout_fraction: 2}\n", r": corpus\.heldout_fraction: must be in \(0, 1\)"),
     ("family: gpt\n", r": steps: give exactly one"),
@@ -187,7 +192,7 @@ def test_cli_shortcut_trains_and_prints_checkpoint(cache, tmp_path, capsys):
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed == [str(tmp_path / "seed-0" / "step-0000002")]
     assert (tmp_path / "seed-0" / "step-0000002" / "model.safetensors").exists()
-    with pytest.raises(ConfigError, match="corpus.bogus: unknown key"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['corpus\.bogus'\]"):
         train_cli_main(["--family", "gpt", "--steps", "1", "--set", "corpus.bogus=1"])
 
 
@@ -208,6 +213,7 @@ def test_cli_small_shortcut_uses_the_measured_cpu_recipe(monkeypatch):
     assert (cfg.total_steps, cfg.lr, cfg.objective) == (100, 5e-4, {})
 
 
+@pytest.mark.slow
 def test_cpu_bf16_autocast_trains_and_is_part_of_the_training_hash(cache, tiny_run, tmp_path):
     """`cpu_bf16: true` runs the forward under CPU bf16 autocast: the tiny GPT still learns (held-out
     loss within a few hundredths of the fp32 run's), the weights differ from fp32's (bf16 rounding,
@@ -226,6 +232,7 @@ def test_cpu_bf16_autocast_trains_and_is_part_of_the_training_hash(cache, tiny_r
     assert bf16.config.training_hash() != fp32.config.training_hash()
 
 
+@pytest.mark.slow
 def test_tokenizer_path_reuses_a_trained_tokenizer_on_other_data(cache, tiny_run, tmp_path):
     """`tokenizer.path` (membership reference models): a run on other documents reads text with the
     given tokenizer (same sha256 in the manifest, same ids), not one trained on its own corpus; a

@@ -57,6 +57,7 @@ def setup(tmp_path):
 WARMUP = "seq_len_warmup: {start: 8, steps: 16}\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warmup", ["", WARMUP], ids=["plain", "seq_len_warmup"])
 def test_sigkill_then_resume_is_bit_identical(setup, warmup):
     cfg, env, tmp = setup
@@ -69,10 +70,8 @@ def test_sigkill_then_resume_is_bit_identical(setup, warmup):
     # Interrupted: SIGKILL as soon as the step-8 checkpoint exists (mid-run), then start again.
     run = tmp / "run" / "seed-0"
     proc = _train(cfg, tmp / "run", env)
-    deadline = time.time() + 300
-    while not (run / "step-0000008" / "manifest.json").exists():
+    while not (run / "step-0000008" / "manifest.json").exists():  # no deadline: ends when the run does
         assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -54,16 +54,13 @@ import dataclasses
 import hashlib
 import json
 import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from workbench.errors import ConfigError, yaml_problem
-from workbench.io import sha256_file
+from workbench.coerce import NOT_A_KEY, build_dataclass
+from workbench.errors import ConfigError
+from workbench.io import read_yaml, sha256_file
 
 def _default_sources() -> list[str]:
     """The corpus builder's English pretraining sources (EWT/GUM raw text left out, see there)."""
@@ -137,7 +134,7 @@ class TrainConfig:
     deterministic: bool = True
     log_every: int = 1
     progress: bool = True
-    source: str = "<dict>"  # where the config came from (for error messages); not a YAML key
+    source: str = field(default="<dict>", metadata=NOT_A_KEY)  # where the config came from (for messages)
 
     # ---- derived values -------------------------------------------------------------------
     @property
@@ -192,67 +189,6 @@ def _file_identity(path: Path) -> str:
 
 def _fail(source: str, key: str, msg: str):
     raise ConfigError(f"{source}: {key}: {msg}")
-
-
-def _check_type(value: Any, hint: Any, source: str, key: str) -> Any:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        non_none = [a for a in args if a is not type(None)]
-        return _check_type(value, non_none[0], source, key)
-    if hint is float:
-        if isinstance(value, str):  # YAML 1.1 reads `5e-4` (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                _fail(source, key, f"expected a number, got {value!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _fail(source, key, f"expected a number, got {value!r}")
-        return float(value)
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            _fail(source, key, f"expected an integer, got {value!r}")
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            _fail(source, key, f"expected true/false, got {value!r}")
-        return value
-    if hint is str:
-        if not isinstance(value, str):
-            _fail(source, key, f"expected a string, got {value!r}")
-        return value
-    if origin is list or hint is list:
-        if not isinstance(value, (list, tuple)):
-            _fail(source, key, f"expected a list, got {value!r}")
-        (item,) = typing.get_args(hint) or (Any,)
-        return [v if item is Any else _check_type(v, item, source, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict or hint is dict:
-        if not isinstance(value, dict):
-            _fail(source, key, f"expected a mapping, got {value!r}")
-        return dict(value)
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            _fail(source, key, f"expected a mapping, got {value!r}")
-        return _build(hint, value, source, f"{key}.")
-    return value
-
-
-def _build(cls, data: dict, source: str, prefix: str = ""):
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
-    kwargs = {}
-    for k, v in data.items():
-        if k not in fields:
-            _fail(source, f"{prefix}{k}", f"unknown key (known: {', '.join(sorted(fields))})")
-        kwargs[k] = _check_type(v, hints[k], source, f"{prefix}{k}")
-    missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in kwargs]
-    if missing:
-        _fail(source, f"{prefix}{missing[0]}", "required key is missing")
-    return cls(**kwargs)
 
 
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:
@@ -330,16 +266,7 @@ def load_config(path_or_dict: str | Path | dict | TrainConfig, overrides: dict |
     else:
         path = Path(path_or_dict)
         source, stem = str(path), path.stem
-        if not path.exists():
-            raise ConfigError(f"{path}: config file does not exist")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            line = getattr(getattr(exc, "problem_mark", None), "line", None)
-            where = f"{path}:{line + 1}" if line is not None else str(path)
-            raise ConfigError(f"{where}: not valid YAML: {yaml_problem(exc)}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        data = read_yaml(path)
     for key, value in (overrides or {}).items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):
             data[key] = {**data[key], **value}
@@ -349,7 +276,7 @@ def load_config(path_or_dict: str | Path | dict | TrainConfig, overrides: dict |
         data["name"] = stem
     if "steps" in data and "tokens" in data and overrides and ("steps" in overrides) != ("tokens" in overrides):
         data.pop("tokens" if "steps" in overrides else "steps")  # an override of one replaces the other
-    cfg = _build(TrainConfig, data, source)
+    cfg = build_dataclass(TrainConfig, data, source)
     cfg.source = source
     _validate(cfg)
     return cfg

@@ -146,9 +146,8 @@ class FinetuneConfig:
 
 def load_finetune_config(source: str | Path | dict | FinetuneConfig, overrides: dict | None = None) -> FinetuneConfig:
     """A validated config from a YAML file or a dict, with `overrides` (None values ignored) on top."""
-    import yaml
-
-    from workbench.config import _build
+    from workbench.io import read_yaml
+    from workbench.coerce import build_dataclass
 
     if isinstance(source, FinetuneConfig):
         data, where = source.to_dict(), "<config>"
@@ -157,17 +156,9 @@ def load_finetune_config(source: str | Path | dict | FinetuneConfig, overrides: 
     else:
         path = Path(source)
         where = str(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file does not exist")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            raise ConfigError(f"{path}{':' + str(mark.line + 1) if mark else ''}: not valid YAML") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
+        data = read_yaml(path)
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    cfg = _build(FinetuneConfig, data, where)
+    cfg = build_dataclass(FinetuneConfig, data, where)
     _validate(cfg, where)
     return cfg
 

@@ -1,4 +1,5 @@
-"""Atomic writes and file hashing: the only way the workbench puts bytes on disk.
+"""Atomic writes and file hashing: the only way the workbench puts bytes on disk; and the one
+reader of YAML files (`read_yaml`).
 
 Every write goes to a temporary file in the destination folder and is renamed into place, so
 a reader (or a crash) never sees half a file.
@@ -13,7 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -99,3 +100,36 @@ def sha256_files(paths: list[str | Path], root: str | Path | None = None) -> str
         h.update(name.encode())
         h.update(sha256_file(p).encode())
     return h.hexdigest()
+
+
+def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
+    """The mapping at the top of the YAML file `path` (an empty file is `{}`).
+
+    Every YAML file the workbench reads (training, fine-tuning, probe, experiment, figure and
+    shadow-set configs) comes through here, so every one fails the same way: a ConfigError that
+    names the file, and for a syntax error the line (`path:LINE: not valid YAML: ... at line L,
+    column C`, from PyYAML's problem_mark); a list or a scalar at the top level is refused.
+    `what` names the kind of file in the message for a missing one ("config file does not exist").
+    """
+    import yaml
+
+    from workbench.errors import ConfigError, yaml_problem
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: {what} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the {what} ({err})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {yaml_problem(err)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data

@@ -252,9 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m workbench.shadows CONFIG.yaml [--out DIR]`: train the shadow set a config describes."""
     import argparse
 
-    import yaml
-
     from workbench.errors import cli_errors
+    from workbench.io import read_yaml
     from workbench.paths import runs_root
 
     p = argparse.ArgumentParser(prog="python -m workbench.shadows", description=main.__doc__)
@@ -264,10 +263,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         path = Path(args.config)
-        try:
-            spec = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("shadows")
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"{path}: not a readable YAML file ({e})") from None
+        spec = read_yaml(path).get("shadows")
         if not isinstance(spec, dict) or not ({"train", "finetune"} & set(spec)) or "pool" not in spec:
             raise ConfigError(f"{path}: needs a shadows: mapping with train (or finetune), pool, n_models")
         out = Path(args.out or spec.get("out") or runs_root() / "shadows" / path.stem)

@@ -14,19 +14,65 @@ first word of mention 4 and a one-word mention 5, `Entity=4)` on the last word o
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.errors import DataFormatError
 from workbench.paths import data_path
 
-TREEBANKS: dict[str, tuple[str, ...]] = {
+# The treebanks the data root ships (data README, checked by `bertology data verify`): their splits
+# are known even while a file is missing, so a missing file is a DataRootError naming it.
+SHIPPED_TREEBANKS: dict[str, tuple[str, ...]] = {
     "en_ewt": ("train", "dev", "test"),
     "en_gum": ("train", "dev", "test"),
     "en_pud": ("test",),
     "es_pud": ("test",),
     "es_gsd": ("dev", "test"),
 }
+SPLITS = ("train", "dev", "test")  # UD's split names, in this order
+
+
+def discover_treebanks() -> dict[str, tuple[str, ...]]:
+    """Every treebank under `<data root>/ud/`: the shipped ones, plus each folder `ud/NAME/` holding
+    UD's usual files `NAME-ud-SPLIT.conllu` (SPLIT one of train, dev, test), with the splits found.
+
+    So a new language or a new parallel pair (two folders whose test files share sent_ids, as PUD's
+    do) is one copy into the data root, no code change. Read afresh on each call: a treebank
+    copied in while the process runs (or a data root set later through $BERTOLOGY_DATA) is seen.
+    """
+    from workbench.paths import data_root
+
+    found = dict(SHIPPED_TREEBANKS)
+    ud = data_root(required=False) / "ud"
+    if ud.is_dir():
+        for folder in sorted(ud.iterdir()):
+            splits = tuple(s for s in SPLITS if (folder / f"{folder.name}-ud-{s}.conllu").is_file())
+            if splits and folder.name not in found:
+                found[folder.name] = splits
+    return found
+
+
+class _Treebanks(Mapping):
+    """`TREEBANKS`: name -> splits, a read-only view of `discover_treebanks()` (looked up afresh)."""
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        return discover_treebanks()[name]
+
+    def __iter__(self):
+        return iter(discover_treebanks())
+
+    def __len__(self) -> int:
+        return len(discover_treebanks())
+
+    def __contains__(self, name) -> bool:
+        return name in discover_treebanks()
+
+    def __repr__(self) -> str:
+        return f"TREEBANKS({discover_treebanks()!r})"
+
+
+TREEBANKS: Mapping[str, tuple[str, ...]] = _Treebanks()
 
 _INT_ID = re.compile(r"[1-9][0-9]*\Z")
 _RANGE_ID = re.compile(r"([1-9][0-9]*)-([1-9][0-9]*)\Z")
@@ -64,10 +110,11 @@ class Sentence:
 
 
 def treebank_path(name: str, split: str) -> Path:
-    if name not in TREEBANKS:
-        raise ValueError(f"unknown treebank {name!r}; known: {sorted(TREEBANKS)}")
-    if split not in TREEBANKS[name]:
-        raise ValueError(f"treebank {name} has no {split!r} split; it has {TREEBANKS[name]}")
+    treebanks = discover_treebanks()
+    if name not in treebanks:
+        raise ValueError(f"unknown treebank {name!r}; known: {sorted(treebanks)}")
+    if split not in treebanks[name]:
+        raise ValueError(f"treebank {name} has no {split!r} split; it has {treebanks[name]}")
     return data_path("ud", name, f"{name}-ud-{split}.conllu")
 
 
