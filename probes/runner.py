@@ -58,6 +58,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from probes.core.statistics import N_BOOT
 from workbench.checkpoints import Checkpoint, expand_checkpoints
 from workbench.coerce import build_dataclass, coerce_value
 from workbench.errors import CheckpointError, ConfigError, yaml_problem
@@ -79,7 +80,7 @@ class Settings:
         "help": "encoder | decoder | all (default: the model's first stack)"})
     baselines: tuple[str, ...] = field(default=("random_init",), metadata={
         "help": "comma-separated baselines ('' for none); random_init = the same architecture, fresh weights"})
-    n_boot: int = field(default=1000, metadata={"help": "bootstrap resamples for confidence intervals"})
+    n_boot: int = field(default=N_BOOT, metadata={"help": "bootstrap resamples for confidence intervals"})
     batch_size: int = field(default=32, metadata={"help": "sentences per forward pass"})
     cache_dir: str | None = field(default=None, metadata={"help": "activation cache (default: <runs root>/cache)"})
     threads: int | None = field(default=None, metadata={

@@ -125,3 +125,29 @@ def test_default_pretraining_corpus(tmp_path):
     with open(c.dir / "heldout.jsonl", encoding="utf-8") as f:
         assert sum(1 for _ in f) == counts["heldout"]["documents"]
     assert json.loads((c.dir / "manifest.json").read_text())["source_files"]["brown"]["nltk/brown/ca01"]
+
+
+def test_corpus_recipe_is_a_training_setting_that_leaves_recipe_1_hashes_alone(tmp_path, monkeypatch):
+    """`corpus.recipe: 2` selects the block hold-out (membership non-members from every webtext
+    file); recipe 1, the default, keeps the training hash and corpus cache folder every model
+    trained before it had."""
+    import hashlib
+
+    from workbench.config import load_config
+    from workbench.train import corpus_dir_for
+
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path))
+    base = {"family": "bert", "preset": "tiny", "steps": 3}
+    one, two = load_config(base), load_config({**base, "corpus": {"recipe": 2}})
+    assert one.corpus.recipe == 1 and two.corpus.recipe == 2
+    assert one.training_hash() != two.training_hash()
+    # the main job's config hashes as it did before the key existed (computed on commit eb2d399):
+    # its run folders keep resuming
+    assert load_config("experiments/train/deberta_small.yaml").training_hash() == "2c2bea118852b470"
+    c = one.corpus
+    old_key = json.dumps({"sources": c.sources, "heldout_fraction": c.heldout_fraction, "seed": c.seed,
+                          "max_documents": c.max_documents}, sort_keys=True)
+    assert corpus_dir_for(one).name == hashlib.sha256(old_key.encode()).hexdigest()[:20]  # as before the key existed
+    assert corpus_dir_for(two) != corpus_dir_for(one)
+    with pytest.raises(ConfigError):
+        load_config({**base, "corpus": {"recipe": "two"}})

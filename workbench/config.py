@@ -75,6 +75,10 @@ class CorpusConfig:
     heldout_fraction: float = 0.1
     seed: int = 0
     max_documents: int | None = None
+    # 1: documents as the sources define them (every model trained before 2026-11-26); 2: whole-file
+    # sources (webtext) held out by blocks of lines in every file, so membership non-members come
+    # from every file (workbench/data/corpus.py)
+    recipe: int = 1
 
 
 @dataclass
@@ -171,6 +175,8 @@ class TrainConfig:
             d.pop("seq_len_warmup")
         if not d["cpu_bf16"]:
             d.pop("cpu_bf16")
+        if d["corpus"]["recipe"] == 1:
+            d["corpus"].pop("recipe")
         if d["tokenizer"]["path"] is None:
             d["tokenizer"].pop("path")
         else:  # the tokenizer's content, not where it lies, changes the weights
