@@ -64,7 +64,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- probe
 def _cmd_probe(args: argparse.Namespace) -> int:
     from probes import describe
-    from probes.runner import cli_main
+    from probes.core.runner import cli_main
 
     if args.probe in (None, "-h", "--help"):
         usage = "usage: bertology probe NAME [options]   (bertology probe NAME --help for its options)\n\n" + describe()

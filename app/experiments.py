@@ -15,7 +15,7 @@ with their settings, and optionally a sweep:
 The runner expands it into runs (checkpoint group x probe x grid point), each keyed by a hash of its
 probe, checkpoints and settings and named `<experiment>:<key>` in the results store. A run whose
 key is already in the store is skipped; an interrupted one resumes from its finished units
-(`probes.runner`); so after a crash, a kill -9 or Ctrl-C the same command finishes the rest. Runs are
+(`probes.core.runner`); so after a crash, a kill -9 or Ctrl-C the same command finishes the rest. Runs are
 independent: `--jobs N` runs N at once in local processes, `--executor submitit-local` or
 `--executor slurm` hands each to submitit (one job per run, results written to the shared runs
 root; the store is safe for concurrent writers), through the same `execute_run` function.
@@ -86,7 +86,7 @@ def _single_probe(spec: dict, path: Path) -> dict:
 
 def _check_settings(probe_spec, settings: dict, where: str) -> None:
     """Name a misspelt key or a bad value in the YAML before anything is trained or loaded."""
-    from probes.runner import resolve_settings
+    from probes.core.runner import resolve_settings
 
     resolve_settings(probe_spec, {k: v for k, v in settings.items() if k != "checkpoints"}, where)
 
@@ -142,7 +142,7 @@ def plan_runs(spec: dict, quick: bool = False) -> list[dict]:
 def execute_run(job: dict, runs_root: str | None = None, progress: bool = True) -> str:
     """Run one planned run (in this process, a local worker or a submitit job) and return its run id."""
     from probes import get_probe
-    from probes.runner import run_probe
+    from probes.core.runner import run_probe
     from workbench.results import ResultsStore
 
     settings = dict(job["settings"], name=f"{job['experiment']}:{job['key']}")
@@ -163,7 +163,7 @@ def run_experiment(path: str | Path, quick: bool = False, jobs: int = 1, executo
     from tqdm import tqdm
 
     from probes import get_probe
-    from probes.runner import format_layer_table
+    from probes.core.runner import format_layer_table
     from workbench.results import ResultsStore
 
     if jobs < 1:

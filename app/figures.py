@@ -54,7 +54,7 @@ import pandas as pd
 import psutil
 
 from app.data import MODEL, TWIN, aggregate_seeds, baseline_mask, parent_model, row_kinds, twin_mask
-from probes import depth
+from probes.core import depth
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.io import read_yaml
 from workbench.paths import REPO_ROOT
@@ -291,7 +291,7 @@ _DEPTH_COLOURS = {"expected_layer": "#1f77b4", "gain_centre": "#d62728", "peak_l
 
 
 def depth_table(rows: pd.DataFrame, metrics: dict, alpha: float = 0.05, reference: str | None = None) -> pd.DataFrame:
-    """Where in depth, with CIs (`probes.depth`): per model (no twins) and (task, metric) of `metrics`
+    """Where in depth, with CIs (`probes.core.depth`): per model (no twins) and (task, metric) of `metrics`
     ({task: metric or [metrics]}), the expected layer, gain centre and peak layer with percentile
     CIs from the rows' paired bootstrap replicates (`extra.boot`; no CI where a run stored none),
     and the share of resamples in which each layer is the best. With `reference` (a task of
@@ -410,7 +410,7 @@ def training_heatmap(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
 
 
 def roc_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
-    """Membership ROC per attack (probes/membership.py), log-scale FPR (Carlini et al. 2022's view:
+    """Membership ROC per attack (probes/membership/), log-scale FPR (Carlini et al. 2022's view:
     what matters is the TPR at low FPR), one panel per model; the points come from each `auc` row's
     extra (roc_fpr, roc_tpr). data.csv: metric roc_fpr / roc_tpr, `layer` = the point's index."""
     import plotly.graph_objects as go
@@ -444,7 +444,7 @@ def roc_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
 
 
 def auc_over_steps(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
-    """Membership AUC (95% CI band) over training steps, one line per attack (probes/membership.py):
+    """Membership AUC (95% CI band) over training steps, one line per attack (probes/membership/):
     memorisation growing with training."""
     import plotly.graph_objects as go
 

@@ -1,10 +1,10 @@
 """Attention extraction for coreference heads vs plain hidden-state extraction, same GUM documents.
 
 Both read every document as one long word sequence in windows of the model's length (half a window
-apart; `probes.attention.document_windows` = `ModelHandle.word_states`' plan):
+apart; `probes.coref.attention.document_windows` = `ModelHandle.word_states`' plan):
 - hidden: `ModelHandle.word_states` (all layers, first-piece pooling; sdpa attention when the model
   was loaded that way, so no attention matrices are materialised);
-- attention: `probes.attention.attention_rows` with every coreferent mention's head word as query
+- attention: `probes.coref.attention.attention_rows` with every coreferent mention's head word as query
   (what the attention-heads task runs): eager attention for all heads of all layers, one forward per
   window, word-level rows of the query words (Clark et al. 2019's subword -> word conversion).
 Figures: words per second (document words / wall seconds) and CPU seconds, best of `--repeats`,
@@ -24,8 +24,8 @@ import torch
 
 
 def main(argv=None) -> int:
-    from probes.attention import attention_rows
-    from probes.coref_items import anaphoric_mentions, gum_documents
+    from probes.coref.attention import attention_rows
+    from probes.coref.items import anaphoric_mentions, gum_documents
     from workbench.checkpoints import expand_checkpoints
     from workbench.data.conllu import load_treebank, read_gum_coref
     from workbench.models import ModelHandle

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from probes.core.statistics import ratio_bootstrap
-from probes.engine import fit_probe
+from probes.core.engine import fit_probe
 from workbench.data.conllu import load_treebank
 from workbench.models import ModelHandle
 

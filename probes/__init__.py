@@ -1,4 +1,4 @@
-"""The probe registry: name -> the module that defines it (its `PROBE`, a `probes.runner.ProbeSpec`).
+"""The probe registry: name -> the module that defines it (its `PROBE`, a `probes.core.runner.ProbeSpec`).
 
 `bertology probe --help`, `bertology probe NAME`, `bertology run` configs and the app all read this
 one table, so adding a probe family is one line here plus its module. Modules are imported only

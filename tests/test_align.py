@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from probes import align_reps as reps
+from probes.align import reps
 from workbench.errors import ConfigError, DataFormatError
 
 
@@ -82,7 +82,7 @@ def tiny_folders(tmp_path_factory, tokenizers):
 
 
 def _run(folders, settings, tmp_path):
-    from probes.runner import run_probe
+    from probes.core.runner import run_probe
     from workbench.results import ResultsStore
 
     base = {"progress": False, "n_boot": 50, "cache_dir": str(tmp_path / "cache"), "threads": 1}

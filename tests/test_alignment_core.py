@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.linalg import orthogonal_procrustes
 
-from probes import alignment_core as ac
+from probes.core import geometry as ac
 from workbench.errors import ConfigError
 
 

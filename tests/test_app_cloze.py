@@ -14,7 +14,8 @@ from streamlit.testing.v1 import AppTest
 
 from app.figures import render
 from app.pages import cloze as page
-from probes import cloze, runner
+from probes import cloze
+from probes.core import runner
 from tests.test_app import charts
 from tests.conftest import tiny_bert, tiny_gpt2
 from workbench import logit_lens
@@ -78,7 +79,7 @@ def test_zero_shot_figure_draws_the_stored_numbers(cloze_store, tmp_path):
 
 
 def test_results_table_vs_chance_by_hand():
-    from probes.engine import layer_rows
+    from probes.core.engine import layer_rows
 
     frames = [layer_rows({"zero_shot_acc": [v], "random_acc": [0.5], "nonsense_acc": [0.5]}, probe="cloze", task=t,
                          split="test", layers=[2], n=100, ci={"zero_shot_acc": ([lo], [hi])}, model=m, family=f)

@@ -1,4 +1,4 @@
-"""Cloze probe (probes/cloze.py): zero-shot scoring, the logit lens, fine-tuning the MC head, the
+"""Cloze probe (probes/cloze/): zero-shot scoring, the logit lens, fine-tuning the MC head, the
 probe on the runner. Tiny random models on items generated from the real lexicon."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from probes import cloze
-from probes import cloze_tasks as ct
+from probes.cloze import tasks as ct
 from tests.conftest import tiny_bert
 from workbench.errors import ConfigError
 from workbench import logit_lens
@@ -150,7 +150,7 @@ def test_lens_equals_cut_model_by_hand_seq2seq_and_elmo(handles, small_items, fa
 def test_lens_rows_on_the_runner_for_seq2seq_and_elmo(handles, tmp_path, monkeypatch):
     """The probe writes lens rows for T5 (decoder stack, decoder layers 0..L) and ELMo; the last
     layer's accuracy equals the zero-shot accuracy."""
-    from probes import runner
+    from probes.core import runner
     from workbench.results import ResultsStore
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
@@ -205,7 +205,7 @@ def test_finetuned_tiny_model_learns_age_comparison(tokenizers):
 
 @pytest.mark.slow
 def test_probe_on_the_runner(handles, tmp_path, monkeypatch):
-    from probes import runner
+    from probes.core import runner
     from workbench.results import ResultsStore
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
@@ -239,7 +239,7 @@ def test_probe_on_the_runner(handles, tmp_path, monkeypatch):
 
 
 def test_bad_settings():
-    from probes import runner
+    from probes.core import runner
     from workbench.errors import ConfigError
 
     with pytest.raises(ConfigError, match="curve_sizes"):
@@ -307,7 +307,7 @@ def test_lens_nonsense_rows_on_the_runner(handles, tmp_path, monkeypatch, family
     real items (the control keeps the answer distribution, item by item), equal to the lens
     recomputed on the control; its last layer = `nonsense_acc`; the gap = lens_acc minus it, with a
     paired CI around it; the printed table carries the three per layer."""
-    from probes import runner
+    from probes.core import runner
     from workbench.results import ResultsStore
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))

@@ -1,4 +1,4 @@
-"""oLMpics-style cloze task generators (probes/cloze_tasks.py), on the real WordNet 3.0."""
+"""oLMpics-style cloze task generators (probes/cloze/tasks.py), on the real WordNet 3.0."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from probes import cloze_tasks as ct
+from probes.cloze import tasks as ct
 from workbench.lm_scores import BLANK
 
 

@@ -123,7 +123,8 @@ def test_bad_values_name_the_source_and_the_key(values, message):
 def test_the_three_settings_kinds_share_the_coercion():
     """Probe Settings, TrainConfig and FinetuneConfig refuse an unknown key with the same message,
     suggestion included, and accept the same strings."""
-    from probes import get_probe, runner
+    from probes import get_probe
+    from probes.core import runner
     from workbench.config import load_config
     from workbench.finetune import load_finetune_config
 

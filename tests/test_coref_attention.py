@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from probes.attention import (attention_rows, document_windows, gap_head_scores, gum_head_scores,
+from probes.coref.attention import (attention_rows, document_windows, gap_head_scores, gum_head_scores,
                               left_context_counts, word_attention, word_attention_rows)
-from probes.coref_items import Document, gum_documents
+from probes.coref.items import Document, gum_documents
 from workbench.data.conllu import load_treebank, read_gum_coref
 from workbench.data.gap import read_gap
 from workbench.models import ModelHandle

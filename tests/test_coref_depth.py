@@ -1,4 +1,4 @@
-"""Where in depth (Tenney et al. 2019) with bootstrap CIs: probes/depth.py, the replicates the
+"""Where in depth (Tenney et al. 2019) with bootstrap CIs: probes/core/depth.py, the replicates the
 probes store, and the coref_depth figure on a planted results table."""
 
 import json
@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes import depth
+from probes.core import depth
 from probes.core.statistics import auc_bootstrap, ratio_bootstrap
-from probes.engine import layer_rows
+from probes.core.engine import layer_rows
 
 # task A peaks at layer 1, task B at layer 3
 CURVE_A = np.array([0.5, 0.9, 0.8, 0.7])

@@ -4,7 +4,7 @@ on hand-read rows."""
 import numpy as np
 import pytest
 
-from probes.coref_items import (Pairs, antecedent_correct, anaphoric_mentions, baseline_pair_predictions,
+from probes.coref.items import (Pairs, antecedent_correct, anaphoric_mentions, baseline_pair_predictions,
                                 gap_nearest_name, gap_subject_name, gum_documents, mention_pairs, rule_antecedents,
                                 sentence_index)
 from workbench.data.conllu import load_treebank, read_gum_coref

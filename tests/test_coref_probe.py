@@ -10,8 +10,8 @@ import pytest
 from probes.core.statistics import auc, ratio_bootstrap
 from probes.coref import (CorefSettings, best_head_rows, choose_heads, format_summary, SpanView, gap_scores_ci,
                           mention_pairs, pair_probe, sample_anaphors, _subset)
-from probes.coref_items import DocMention, Document
-from probes.gap_scorer import pronoun_gender, read_submission, score_gap
+from probes.coref.items import DocMention, Document
+from probes.coref.gap_scorer import pronoun_gender, read_submission, score_gap
 from workbench.data.gap import read_gap
 
 
@@ -119,7 +119,7 @@ def _RowsUnit():
     """A runner unit with only what `best_head_rows` uses: its `rows` (whole-model rows included)."""
     from types import SimpleNamespace
 
-    from probes.runner import Unit
+    from probes.core.runner import Unit
 
     checkpoint = SimpleNamespace(family="bert", seed=0, step=0)
     return Unit("m", None, checkpoint, "encoder", False, "coref", None, {})
@@ -187,7 +187,7 @@ def tiny_checkpoint(tmp_path_factory):
 
 @pytest.mark.slow
 def test_end_to_end_every_task(tiny_checkpoint, tmp_path):
-    from probes.runner import run_probe
+    from probes.core.runner import run_probe
     from workbench.results import ResultsStore
 
     settings = {"max_train_documents": 6, "max_eval_documents": 3, "max_gap_examples": 60, "n_boot": 20,

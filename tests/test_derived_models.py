@@ -139,7 +139,7 @@ def test_saved_derived_model_loads_as_a_plain_checkpoint_with_its_lineage(tiny_c
 
 
 def _old_random_init_twin(handle, seed):
-    """The twin as probes/engine.py built it before derived handles (commit eb2d399)."""
+    """The twin as probes/core/engine.py built it before derived handles (commit eb2d399)."""
     model = handle.model
     config = copy.deepcopy(model.config)
     devices = [p.device for p in model.parameters()][:1] or [torch.device("cpu")]
@@ -151,7 +151,6 @@ def _old_random_init_twin(handle, seed):
 
 
 def test_random_init_twin_is_a_derivation_with_the_old_weights(tiny_checkpoint, sentences, tmp_path):
-    from probes.engine import random_init_twin as engine_twin
 
     parent = ModelHandle.load(tiny_checkpoint)
     old = _old_random_init_twin(parent, 7919)
@@ -159,7 +158,7 @@ def test_random_init_twin_is_a_derivation_with_the_old_weights(tiny_checkpoint, 
     for (name, a), (_, b) in zip(sorted(old.model.state_dict().items()), sorted(twin.model.state_dict().items())):
         assert torch.equal(a, b), name
     assert twin.checkpoint_hash == old.checkpoint_hash  # so its cache entries, unit keys and rows are as before
-    assert engine_twin(parent, seed=7919).checkpoint_hash == random_init_twin(parent, 7919).checkpoint_hash == old.checkpoint_hash
+    assert random_init_twin(parent, 7919).checkpoint_hash == old.checkpoint_hash
     assert twin.lineage.transform == "random_init" and twin.lineage.params == {"seed": 7919} and twin.lineage.fresh_weights
     np.testing.assert_array_equal(states(twin, sentences), states(old, sentences))
     # saved, a fresh-weights model keeps how it is read (family) but not its parent's training record
@@ -206,7 +205,7 @@ def test_derive_refuses_bad_transforms(tiny_checkpoint):
 def test_probe_run_records_the_lineage_of_a_derived_checkpoint(tiny_checkpoint, sentences, tmp_path):
     """A saved derived folder is probed like any checkpoint; the run manifest records its lineage and
     `bertology runs show` prints it. Its rows are its own values, not the parent's."""
-    from probes import runner
+    from probes.core import runner
     from workbench.results import ResultsStore, format_manifest
 
     def run_task(unit, prepared, task, s):

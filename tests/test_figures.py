@@ -42,7 +42,7 @@ def test_layer_curve_data_are_the_store_rows_and_reproducible(probe_store, tmp_p
     got = data[(data["task"] == "upos") & (data["metric"] == "accuracy")].sort_values(["model", "layer"])
     assert got["value"].round(8).tolist() == want["value"].round(8).tolist()
     assert set(got["kind"]) == {"model", "random_init"}
-    # baselines are drawn by the name their rows declare (extra.baseline, probes/syntax.py)
+    # baselines are drawn by the name their rows declare (extra.baseline, probes/syntax/)
     assert {"baseline:majority", "baseline:control", "baseline:right_branching"} <= set(data["kind"])
 
 

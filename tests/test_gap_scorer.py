@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import f1_score
 
-from probes.gap_scorer import (FEMININE, MASCULINE, UNKNOWN, pronoun_gender, read_submission, score_gap,
+from probes.coref.gap_scorer import (FEMININE, MASCULINE, UNKNOWN, pronoun_gender, read_submission, score_gap,
                                write_submission, gold_from_frame)
 from workbench.data.gap import read_gap
 from workbench.errors import DataFormatError

@@ -12,7 +12,7 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from probes import membership as mem
-from probes import membership_attacks as ma
+from probes.membership import attacks as ma
 from workbench.errors import ConfigError
 
 # --------------------------------------------------------------------------- pure math
@@ -185,7 +185,7 @@ def test_each_shadow_set_is_loaded_and_checked_under_its_own_folder(monkeypatch)
 
 def test_settings_are_checked_before_loading():
     from probes import get_probe
-    from probes.runner import build_parser
+    from probes.core.runner import build_parser
 
     spec = get_probe("membership")
     assert "--attacks" in build_parser(spec)[0].format_help()  # argparse formats every help text
@@ -234,7 +234,7 @@ def test_shadow_models_record_their_split(shadow_set):
 
 @pytest.mark.slow
 def test_loss_memorised_and_lira_with_8_shadows(shadow_set, tmp_path):
-    from probes import runner
+    from probes.core import runner
     from workbench.results import ResultsStore
 
     target = shadow_set.checkpoints[0]
@@ -319,7 +319,7 @@ def test_attacks_recover_a_planted_signal(shadow_set, tmp_path, monkeypatch, del
     passage's difficulty from the shadows, and with nothing planted (delta 0) every attack sits at
     chance. Margins: 3 standard errors of an AUC at this sample size (Hanley & McNeil). LiRA with one
     global deviation (fix_variance), which the planted noise has."""
-    from probes import runner
+    from probes.core import runner
     from workbench.results import ResultsStore
 
     sigma, tau, calls = 1.0, 6.0, []

@@ -92,7 +92,7 @@ def trained_electra(tmp_path_factory):
 
 @pytest.mark.slow
 def test_discriminator_separates_members_on_real_text(trained_electra, tmp_path):
-    from probes import runner
+    from probes.core import runner
     from workbench.results import ResultsStore
 
     aucs, ci_low = {}, {}

@@ -15,7 +15,7 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score
 
 from probes import membership as mem
-from probes import membership_attacks as ma
+from probes.membership import attacks as ma
 from tests.conftest import tiny_bert
 from workbench.errors import ConfigError
 
@@ -66,7 +66,8 @@ def test_finetune_shadows_record_their_halves(shadow_set):
 
 @pytest.mark.slow
 def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp_path, monkeypatch):
-    from probes import get_probe, runner
+    from probes import get_probe
+    from probes.core import runner
     from workbench.finetune import load_classifier
     from workbench.models import ModelHandle
     from workbench.results import ResultsStore
@@ -138,7 +139,7 @@ def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp
 
 @pytest.mark.slow
 def test_finetune_lira_needs_a_finetune_shadow_set(shadow_set, tmp_path):
-    from probes import runner
+    from probes.core import runner
     from workbench.results import ResultsStore
 
     target = shadow_set.checkpoints[0]

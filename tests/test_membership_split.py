@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from probes import membership as mem
-from probes import membership_attacks as ma
+from probes.membership import attacks as ma
 from probes.core.statistics import auc, auc_bootstrap
 
 # --------------------------------------------------------------------------- reference attacks
@@ -154,7 +154,7 @@ def tiny_gpt_run(tmp_path_factory):
 
 
 def _probe(checkpoint, store_root, runs_root, monkeypatch, tasks=("attacks", "layers")):
-    from probes import runner
+    from probes.core import runner
     from workbench.results import ResultsStore
 
     monkeypatch.setenv("BERTOLOGY_RUNS", str(runs_root))

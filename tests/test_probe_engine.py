@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from probes.engine import (
+from probes.core.engine import (
     MDL_FRACTIONS,
     ProbeConfig,
     centre_of_gravity,
@@ -27,10 +27,10 @@ from probes.engine import (
     layer_rows,
     majority_baseline,
     mdl_online_code,
-    random_init_twin,
     sklearn_C,
 )
 from workbench.data.conllu import load_treebank
+from workbench.models import random_init_twin
 from workbench.results import RESULT_COLUMNS
 
 K = 2  # planted layer
@@ -311,7 +311,7 @@ def test_task_and_control_heads_of_all_seeds_in_one_program(ewt, planted):
     only at the planted layer; early stopping keeps per-head best parameters."""
     from sklearn.linear_model import LogisticRegression
 
-    from probes.engine import fit_probe_tasks
+    from probes.core.engine import fit_probe_tasks
 
     xtr, xdv = planted
     (wtr, ytr, _), (wdv, ydv, _) = ewt["train"], ewt["dev"]
@@ -348,7 +348,7 @@ def test_task_and_control_heads_of_all_seeds_in_one_program(ewt, planted):
 def test_task_heads_start_at_their_task_log_prior():
     """fit_probe_tasks starts every (seed, task, layer) head where fit_probe does (`_prior_bias`):
     bias = the add-one smoothed log prior of its task's labels; with lr 0 the heads stay there."""
-    from probes.engine import fit_probe_tasks
+    from probes.core.engine import fit_probe_tasks
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3, 50, 4)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""The shared probe runner (probes/runner.py): a small probe module runs end to end through
+"""The shared probe runner (probes/core/runner.py): a small probe module runs end to end through
 `bertology probe` with twins, resume and the table; syntax as its client gives the rows it gave
 before the runner existed; bad settings fail before anything is loaded."""
 
@@ -17,7 +17,7 @@ import pytest
 
 import probes
 from app.cli import main
-from probes import runner
+from probes.core import runner
 from workbench.data.conllu import load_treebank, treebank_path
 from workbench.results import ResultsStore
 
@@ -390,14 +390,14 @@ def fresh_syntax_rows(tiny_checkpoint, tmp_path_factory):
 
 @pytest.mark.slow
 def test_syntax_rows_identical_to_before_the_runner(fresh_syntax_rows):
-    """The fixture was written by the pre-runner probes/syntax.py (commit 23ad0a3) with exactly these
+    """The fixture was written by the pre-runner probes/syntax/ (commit 23ad0a3) with exactly these
     arguments on exactly this checkpoint. What a CPU cannot change must be identical: which rows
     there are, their keys, extra, n. The values are only bounded here (see below); that the runner
     and its cache and resume leave the values untouched is the same-process test that follows."""
     rows, _ = fresh_syntax_rows
     before = pd.read_csv(GOLDEN)
     cols = list(before.columns)
-    # added since: accuracy rows carry their bootstrap replicates (extra.boot, for probes.depth),
+    # added since: accuracy rows carry their bootstrap replicates (extra.boot, for probes.core.depth),
     # whose percentile interval is the row's CI; the rest of extra is unchanged
     acc = rows[rows["metric"] == "accuracy"]
     boots = [json.loads(e).pop("boot") for e in acc["extra"]]

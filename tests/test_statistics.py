@@ -79,8 +79,8 @@ def test_ratio_bootstrap_rejects_mismatched_units():
 
 
 # --------------------------------------------------------------------------- the syntax rows stay identical
-# Verbatim copies of the bootstrap the syntax probe used before probes/core/statistics.py (probes/engine.py
-# `per_sentence_sums`, `bootstrap_ci`, `sentence_bootstrap` and the draws of probes/syntax.py
+# Verbatim copies of the bootstrap the syntax probe used before probes/core/statistics.py (probes/core/engine.py
+# `per_sentence_sums`, `bootstrap_ci`, `sentence_bootstrap` and the draws of probes/syntax/
 # `_length_averaged_ci`, at commit 20902e4), kept here as the reference: the probe now calls
 # `ratio_bootstrap` and `resample_counts`, and its rows must not change.
 def _old_per_sentence_sums(values, sentence_ids, num_sentences=None):
@@ -158,9 +158,9 @@ def test_ratio_bootstrap_is_bit_identical_to_the_old_sentence_bootstrap(n_boot):
 
 
 def test_length_averaged_ci_of_the_syntax_probe_is_unchanged():
-    """DSpr/NSpr intervals (probes/syntax.py `_length_averaged_ci`) now draw through `resample_counts`:
+    """DSpr/NSpr intervals (probes/syntax/ `_length_averaged_ci`) now draw through `resample_counts`:
     the same intervals as the old loop with its own generator (its statistic, copied verbatim)."""
-    from probes import structural
+    from probes.syntax import structural
     from probes.syntax import _length_averaged_ci
 
     rng = np.random.default_rng(5)
@@ -234,7 +234,8 @@ def test_every_probe_uses_the_one_n_boot_by_default():
     probes' own helpers default to it too (cloze's item bootstrap)."""
     import inspect
 
-    from probes import cloze, runner
+    from probes import cloze
+    from probes.core import runner
 
     assert runner.Settings.__dataclass_fields__["n_boot"].default == st.N_BOOT
     assert inspect.signature(cloze.accuracy_ci).parameters["n_boot"].default == st.N_BOOT

@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from probes import structural as st
+from probes.syntax import structural as st
 
 
 # Tree:  "the dog chased a cat ."   heads (1-based): the->dog, dog->chased, chased=root,

@@ -314,7 +314,7 @@ def test_finetuning_with_a_teacher_logs_every_term_and_pulls_toward_it(bert_chec
 
 def test_cloze_finetuning_takes_the_hooks(tokenizers):
     from probes import cloze
-    from probes import cloze_tasks as ct
+    from probes.cloze import tasks as ct
     from workbench.lm_scores import lm_scorer
     from workbench.models import ModelHandle
 

@@ -75,7 +75,7 @@ def test_syntax_probe_reads_a_new_treebank(new_data_root, tiny_checkpoint, tmp_p
 
 
 def test_align_parallel_task_reads_a_new_pair(new_data_root, tiny_checkpoint, tmp_path):
-    from probes.runner import run_probe
+    from probes.core.runner import run_probe
     from workbench.results import ResultsStore
 
     same = tmp_path / "en-en.tsv"

@@ -1,4 +1,4 @@
-"""One way to build a settings dataclass from a mapping: probe `Settings` (probes/runner.py),
+"""One way to build a settings dataclass from a mapping: probe `Settings` (probes/core/runner.py),
 `TrainConfig` (workbench/config.py) and `FinetuneConfig` (workbench/finetune.py) all come through
 `build_dataclass`.
 

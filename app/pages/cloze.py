@@ -1,4 +1,4 @@
-"""The cloze probe's page (probes/cloze.py; Talmor et al. 2020, oLMpics): the zero-shot table across
+"""The cloze probe's page (probes/cloze/; Talmor et al. 2020, oLMpics): the zero-shot table across
 families (accuracy with its CI next to the majority / random baselines and the nonsense-word
 control), layer curves (logit-lens accuracy by layer on the real items and on the nonsense-word
 control, linear-probe accuracy by layer), learning curves (mean and

@@ -1,4 +1,4 @@
-"""The membership-inference page (probes/membership.py): ROC curves per attack on log-scale FPR
+"""The membership-inference page (probes/membership/): ROC curves per attack on log-scale FPR
 (Carlini et al. 2022), the AUC / TPR-at-low-FPR table with how many non-members each FPR rests on,
 AUC over training steps (memorisation growing), and the layer-wise membership probe."""
 

@@ -3,7 +3,7 @@ corpus recipe 1 vs 2 on the default 6-source corpus, seed 0; webtext files among
 import sys
 import numpy as np
 from probes import membership as mem
-from probes import membership_attacks as ma
+from probes.membership import attacks as ma
 from probes.core.statistics import auc_bootstrap
 from workbench.data.corpus import build_corpus, default_pretraining_sources
 

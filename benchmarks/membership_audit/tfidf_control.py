@@ -2,7 +2,7 @@
 issue 26: half of each group's passages at random, seeded) vs the split by document (grouped_split)."""
 import json, sys
 import numpy as np
-from probes import membership_attacks as ma
+from probes.membership import attacks as ma
 from probes.core.statistics import auc_bootstrap
 
 for path in sys.argv[1:]:

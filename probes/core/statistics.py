@@ -9,7 +9,7 @@ One resampling scheme serves every metric (Efron & Tibshirani 1993, percentile i
 - A resample is a vector of multinomial counts over units (`resample_counts`), drawn from
   `numpy.random.default_rng(seed)`. The same seed and number of units give the same counts, so every
   row (layer, model, metric) evaluated on the same units with the same seed gets the *same*
-  resamples: replicates are paired, and differences between layers or models (`probes.depth`)
+  resamples: replicates are paired, and differences between layers or models (`probes.core.depth`)
   have honest intervals.
 - Every metric uses the same number of resamples (`N_BOOT`, the runner's `--n-boot`).
 

@@ -33,11 +33,11 @@ Min-K% reads the tokens it suspects most); seq2seq (T5/BART) as log p(text | sou
 denoising objective at zero noise; a documented choice, not either model's pretraining input).
 The head used per model is in the run's notes (`lm_score`) and each attack row's extra (`scored_by`).
 Fine-tuned classifiers: cross-entropy on the true label and the logit-scaled confidence.
-Attacks and their sign (higher = member): see `probes.membership_attacks`. Task `attacks` gives,
+Attacks and their sign (higher = member): see `probes.membership.attacks`. Task `attacks` gives,
 per attack, `auc` (bootstrap CI), `tpr_fpr_1pct`, `tpr_fpr_0.1pct` (extra: how many non-members
 that FPR allows), `balanced_acc`, and the ROC points in the auc row's extra; the row's `task` is
 the attack (loss, zlib, reference_diff, reference_ratio, mink_K, minkpp_K, lira_online, lira_offline).
-Task `layers`: a linear probe (`probes.engine.fit_probe`) on each layer's mean-pooled passage vector
+Task `layers`: a linear probe (`probes.core.engine.fit_probe`) on each layer's mean-pooled passage vector
 (mean over words of mean-pooled subwords), trained on half of the members and non-members and
 tested on the other half, split BY DOCUMENT (`membership_attacks.grouped_split`: passages of one
 document share topic, and a random split lets a probe recognise a test passage's document from its
@@ -69,8 +69,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probes import membership_attacks as ma
-from probes import runner
+from probes.membership import attacks as ma
+from probes.core import runner
 from workbench.errors import CheckpointError, ConfigError
 
 NAME = "membership"
@@ -587,7 +587,7 @@ def layer_probe_rows(unit, sample: Sample, settings: Settings) -> list[pd.DataFr
     layer (paired); plus the model-free TF-IDF control on the same split (not for the twin: it reads
     no model, so it would repeat the checkpoint's row)."""
     from probes.core.statistics import auc_bootstrap
-    from probes.engine import fit_probe
+    from probes.core.engine import fit_probe
 
     words = [t.split() for t in sample.texts]
     acts = unit.activations(words, dataset_key=f"membership-{sample.key}", pooling="mean")

@@ -1,7 +1,7 @@
 """oLMpics-style cloze probes (Talmor et al. 2020): what the pretraining objective teaches, zero-shot
 and layer by layer.
 
-For each task of `probes.cloze_tasks` (age, always-never, antonym, objects, taxonomy, multihop) and
+For each task of `probes.cloze.tasks` (age, always-never, antonym, objects, taxonomy, multihop) and
 each model, on the test split:
 
 - zero-shot multiple choice with the family's own head (`workbench.lm_scores`: MC-MLM at the mask
@@ -24,7 +24,7 @@ each model, on the test split:
   the lens on the nonsense items as well (`lens_nonsense_acc`) and the paired per-item gap
   (`lens_nonsense_gap`, CI over items), so a layer that reads the content can be told from one that
   prefers a candidate word;
-- a linear probe on the blank's vector at every layer (`probes.engine.fit_probe`, batched over
+- a linear probe on the blank's vector at every layer (`probes.core.engine.fit_probe`, batched over
   layers; the blank is written as the tokenizer's mask token, T5's first sentinel, or "_"; causal
   stacks read the last word, the only one that has seen the whole sentence): `probe_acc` with its
   CI, Hewitt & Liang (2019) `control_acc` (labels drawn per lexical item, `key`) and
@@ -33,7 +33,7 @@ each model, on the test split:
   125, ... training items with several seeds; per size the mean, standard deviation and maximum
   test accuracy, and the weighted score `weighted_score` (see `weighted_score`).
 
-Differences from the paper: see `probes.cloze_tasks` for the data; the paper's
+Differences from the paper: see `probes.cloze.tasks` for the data; the paper's
 MC-MLM fine-tunes RoBERTa/BERT-large for a fixed number of epochs with model selection on dev;
 here every size gets the same number of updates (`curve_steps`, batches sampled with replacement
 from the N items), evaluated at the end on test (no model selection), so curves of different
@@ -53,8 +53,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probes import cloze_tasks as ct
-from probes import engine, runner
+from probes.cloze import tasks as ct
+from probes.core import engine, runner
 from probes.core import statistics
 from workbench import logit_lens
 from workbench.errors import CheckpointError, ConfigError

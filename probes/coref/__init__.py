@@ -21,7 +21,7 @@ Tasks
   object, time, substance, plant, animal) from its span vector.
 - `gap` (Webster et al. 2018): pronoun -> A, B or neither from [p; a; b; p*a; p*b] (pronoun and
   the two name spans, mean over words); trained on gap-development, early-stopped on
-  gap-validation, scored on gap-test with the paper's scorer (`probes.gap_scorer`): f1, f1_masculine,
+  gap-validation, scored on gap-test with the paper's scorer (`probes.coref.gap_scorer`): f1, f1_masculine,
   f1_feminine, bias (F/M). Every layer's predictions are written in GAP's submission format under
   `gap_predictions_dir` (listed in `notes.gap_predictions`). The paper's best surface baseline,
   Parallelism, scored 66.9 overall F1 on the snippet-context test set (extra.paper_parallelism_f1).
@@ -44,7 +44,7 @@ Tasks
 
 Baselines (`baselines=`): majority, control (Hewitt & Liang 2019: labels drawn per type, the type
 being the head word(s)), rules (string match, head-word match, nearest mention; for GAP nearest
-name and a subject-name rule, see `probes.coref_items`), random_init (the runner's twin).
+name and a subject-name rule, see `probes.coref.items`), random_init (the runner's twin).
 Confidence intervals: 95% percentile bootstrap over documents (GUM) or examples (GAP), every metric
 (AUC included) on the same `n_boot` resamples (`probes.core.statistics`).
 """
@@ -59,11 +59,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from probes import depth, engine, runner
+from probes.core import depth, engine, runner
 from probes.core.statistics import auc, auc_bootstrap, percentile_interval, ratio_bootstrap, resample_counts
-from probes.coref_items import (Document, Pairs, antecedent_correct, baseline_pair_predictions, gap_decisions,
+from probes.coref.items import (Document, Pairs, antecedent_correct, baseline_pair_predictions, gap_decisions,
                                 gap_nearest_name, gap_subject_name, gum_documents, mention_pairs)
-from probes.gap_scorer import FEMININE, MASCULINE, pronoun_gender, write_submission
+from probes.coref.gap_scorer import FEMININE, MASCULINE, pronoun_gender, write_submission
 from workbench.errors import ConfigError
 from workbench.results import decode_extra
 
@@ -350,7 +350,7 @@ def _spans(acts, docs: Sequence[Document], span: str, cache: bool = False) -> Sp
 
 def _document_context(unit, prepared, settings: CorefSettings) -> None:
     """Left context per word in the windows the model reads (once per unit, noted)."""
-    from probes.attention import document_windows, left_context_counts
+    from probes.coref.attention import document_windows, left_context_counts
 
     if "context" in unit.state:
         return
@@ -426,7 +426,7 @@ def _scalar_cis(cis) -> dict[str, tuple[float, float]]:
 
 def _depth_rows(unit, task: str, metric: str, point, ci, boot, *, split: str, n: int, extra: dict) -> list[pd.DataFrame]:
     """One headline metric's per-layer rows with their paired bootstrap replicates (`extra.boot`, read
-    by the "where in depth" figure, `probes.depth`), the share of resamples in which each layer is
+    by the "where in depth" figure, `probes.core.depth`), the share of resamples in which each layer is
     the best (`<metric>_peak_share`) and the peak layer with its percentile CI (`<metric>_peak_layer`,
     no layer)."""
     layers = list(range(len(point)))
@@ -667,7 +667,7 @@ def _attention_heads(unit, prepared, settings: CorefSettings) -> list[pd.DataFra
     """Coreference heads (Clark et al. 2019): per-head rows on the report split (GUM test, GAP test),
     best heads chosen on the selection split (GUM dev, GAP validation) and reported on the report
     split, so no held-out figure is chosen on the data it is scored on."""
-    from probes.attention import gap_head_scores, gum_head_scores
+    from probes.coref.attention import gap_head_scores, gum_head_scores
 
     d: CorefData = prepared.data
     s = settings

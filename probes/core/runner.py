@@ -255,7 +255,7 @@ class Unit:
 
         Whole-model metrics (an attack's AUC, an accuracy at a sparsity): scalar values and no
         `layers` give one row per metric with layer NA."""
-        from probes.engine import layer_rows
+        from probes.core.engine import layer_rows
 
         whole_model = layers is None and bool(metrics) and all(np.ndim(v) == 0 for v in metrics.values())
         if whole_model:

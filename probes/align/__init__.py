@@ -3,8 +3,8 @@
 Mikolov et al. (2013) mapped one language's word vectors onto another's with a linear map; with an
 orthogonality constraint the map is orthogonal Procrustes (Xing et al. 2015), and Artetxe et al.
 (2017) bootstrapped it from shared numerals alone. This probe asks that of every layer of contextual
-models, and reuses the machinery to compare any two models. The maths is `probes.alignment_core`;
-where the vectors come from is `probes.align_reps`; corpora, dictionaries and seeds are data named
+models, and reuses the machinery to compare any two models. The maths is `probes.core.geometry`;
+where the vectors come from is `probes.align.reps`; corpora, dictionaries and seeds are data named
 in the settings, so a new language pair is a config (`--src-corpus columns:nltk/conll2002/ned.train
 --dictionary swadesh:en-nl` for English-Dutch).
 
@@ -52,9 +52,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from probes import alignment_core as ac
-from probes import align_reps as reps
-from probes import engine, runner
+from probes.core import geometry as ac
+from probes.align import reps
+from probes.core import engine, runner
 from workbench.errors import ConfigError
 from workbench.results import decode_extra
 

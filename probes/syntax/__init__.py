@@ -2,8 +2,8 @@
 
 `run_syntax_probes(checkpoints, tasks, treebank="en_ewt")` loads a UD treebank, extracts word
 vectors of every layer once per checkpoint (`workbench.activations`, cached), fits probes for all
-layers at once with the shared engine (`probes.engine`) and the structural probes
-(`probes.structural`), and writes one run of tidy rows to the results store.
+layers at once with the shared engine (`probes.core.engine`) and the structural probes
+(`probes.syntax.structural`), and writes one run of tidy rows to the results store.
 
 Tasks
 - `upos`, `xpos`: one label per word.
@@ -16,7 +16,7 @@ Tasks
   negatives are ordered pairs of the same sentence that are not linked in either direction, sampled
   1:1 per sentence without replacement (seeded); a sentence with fewer unlinked pairs than arcs
   gives what it has and the shortfall is counted.
-- `structural-distance`, `structural-depth`: Hewitt & Manning (2019) via `probes.structural`: UUAS,
+- `structural-distance`, `structural-depth`: Hewitt & Manning (2019) via `probes.syntax.structural`: UUAS,
   DSpr, root accuracy, NSpr, and the linear-chain (right-branching) UUAS baseline.
 
 Baselines (`baselines=`)
@@ -51,7 +51,7 @@ Data-only baselines (majority, right_branching_uuas) are written for each real c
 twins. Baseline rows say so in their data (`engine.mark_baselines`): extra.baseline = "majority",
 "control" or "right_branching" and extra.baseline_for = the metric they are a reference for. `extra` holds treebank, train split, pooling, probe seed, n_train and the classifier kind;
 accuracy rows also the accuracy on each bootstrap resample (`boot`, the same resamples for every
-layer), from which `probes.depth` gives CIs of the expected and peak layer.
+layer), from which `probes.core.depth` gives CIs of the expected and peak layer.
 
 The run manifest holds the config, seeds, the treebank files with checksums, the checkpoints with
 hashes (twins: `notes.random_init_twins`), the extraction counts per model and split
@@ -77,15 +77,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from probes import depth, engine, runner
-from probes import structural as st
+from probes.core import depth, engine, runner
+from probes.syntax import structural as st
 from probes.core import statistics as stats
 from workbench.errors import ConfigError
 
 TASKS = ("upos", "xpos", "deprel", "arc", "structural-distance", "structural-depth")
 CLASSIFICATION_TASKS = ("upos", "xpos", "deprel", "arc")
 STRUCTURAL_TASKS = ("structural-distance", "structural-depth")
-# `structural:` settings, passed through to `probes.structural.fit_structural_probe` (its defaults).
+# `structural:` settings, passed through to `probes.syntax.structural.fit_structural_probe` (its defaults).
 STRUCTURAL_SETTINGS = ("rank", "epochs", "batch_size", "lr", "patience", "lr_decay")
 BASELINES = ("majority", "control", "random_init")
 PROBE_KINDS = ("linear", "mlp")
@@ -548,7 +548,7 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
         res = engine.fit_probe(x_fit, y_fit, x_stop, y_stop, num_classes=c + 1, config=cfg)
         correct = res.correct(x_ev, y_ev) & known[None]
         acc, lo, hi, boot = stats.ratio_bootstrap(correct, None, ev.sentence, n_boot=ctx.n_boot, seed=seed, return_boot=True)
-        # accuracy rows keep their paired bootstrap replicates (extra.boot): CIs of where in depth (probes.depth)
+        # accuracy rows keep their paired bootstrap replicates (extra.boot): CIs of where in depth (probes.core.depth)
         out.append(_rows(ctx, task, {f"{prefix}accuracy": acc}, n=len(ev), ci={f"{prefix}accuracy": (lo, hi)},
                          extra=depth.boot_extras(boot, dict(extra, classifier=kind))))
         metrics = {f"{prefix}train_accuracy": res.train_accuracy}

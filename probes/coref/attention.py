@@ -243,7 +243,7 @@ class HeadScores:
 def gum_head_scores(handle, docs, stack: str | None = None, batch_size: int = 4, progress: bool = False,
                     stats: dict | None = None) -> HeadScores:
     """Clark et al. (2019) antecedent selection for every layer x head on GUM documents
-    (`probes.coref_items.Document`). An item is a mention with an earlier mention of its chain
+    (`probes.coref.items.Document`). An item is a mention with an earlier mention of its chain
     whose words lie in the window the mention's head word is read from (the others are counted as
     `out_of_window` and left out). Three criteria on the same forward pass:
     - `strict` (Clark et al. 2019, sec. 4.3: antecedent selection accuracy, "what percent of the
@@ -255,7 +255,7 @@ def gum_head_scores(handle, docs, stack: str | None = None, batch_size: int = 4,
       the argmax, which is `head_word` here.)
     - `head_word`: the same on the row without special tokens, renormalised;
     - `correct` (lenient): the argmax of the row without special tokens is any word of an antecedent."""
-    from probes.coref_items import anaphoric_mentions, rule_antecedents
+    from probes.coref.items import anaphoric_mentions, rule_antecedents
 
     words = [d.words for d in docs]
     ana = [anaphoric_mentions(d) for d in docs]
@@ -302,9 +302,9 @@ def gap_head_scores(handle, frame, stack: str | None = None, batch_size: int = 8
                     stats: dict | None = None) -> HeadScores:
     """GAP (Webster et al. 2018) by attention: for examples whose pronoun refers to A or B, does the
     pronoun give more attention (summed over the name's words) to the right one? Ties count as wrong.
-    Baselines on the same examples: nearest name and the subject-name rule (`probes.coref_items`)."""
-    from probes.coref_items import gap_nearest_name, gap_subject_name
-    from probes.gap_scorer import pronoun_gender
+    Baselines on the same examples: nearest name and the subject-name rule (`probes.coref.items`)."""
+    from probes.coref.items import gap_nearest_name, gap_subject_name
+    from probes.coref.gap_scorer import pronoun_gender
 
     ex = [r for r in frame.itertuples() if r.label in ("A", "B")]
     words = [r.words for r in ex]
