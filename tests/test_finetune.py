@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from scipy import stats
 
 from tests.conftest import tiny_bart, tiny_bert, tiny_gpt2, tiny_t5
+from tests.training_helpers import tiny_finetune_config
 from workbench.errors import CheckpointError, ConfigError
 from workbench.finetune import (
     TaskData,
@@ -64,10 +65,7 @@ def checkpoints(tokenizers, tmp_path_factory):
 
 
 def _cfg(checkpoint, out, **kw):
-    base = {"checkpoint": str(checkpoint), "task": "sentence_polarity", "seeds": [0], "epochs": 1, "lr": 1e-3,
-            "max_train_examples": 64, "max_eval_examples": 32, "batch_size": 16, "output_dir": str(out),
-            "progress": False, "baselines": False}
-    return load_finetune_config({**base, **kw})
+    return tiny_finetune_config(checkpoint, out, **kw)
 
 
 # ------------------------------------------------------------------------------------ splits

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import tiny_bert
-from tests.training_helpers import tiny_config
+from tests.training_helpers import tiny_config, tiny_finetune_config
 from workbench.errors import ConfigError
 from workbench.loop import ParamFilter, TrainingHooks, biases_only, kl_to_teacher, loss_terms
 from workbench.train import read_log, train_from_config
@@ -246,12 +246,7 @@ def bert_checkpoint(tokenizers, tmp_path_factory):
 
 
 def _finetune_cfg(checkpoint, out, **kw):
-    from workbench.finetune import load_finetune_config
-
-    base = {"checkpoint": str(checkpoint), "task": "sentence_polarity", "seeds": [0], "epochs": 1, "lr": 3e-3,
-            "max_train_examples": 64, "max_eval_examples": 32, "batch_size": 16, "output_dir": str(out),
-            "progress": False, "baselines": False}
-    return load_finetune_config({**base, **kw})
+    return tiny_finetune_config(checkpoint, out, **{"lr": 3e-3, **kw})
 
 
 def test_bitfit_finetuning_leaves_every_other_tensor_bit_identical(bert_checkpoint, tmp_path):

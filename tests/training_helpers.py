@@ -49,3 +49,15 @@ def run_tiny_training(family: str, steps: int, output_dir: str | Path, **overrid
     m0 = read_manifest(step_dir(final.parent, 0))
     m1 = read_manifest(final)
     return TinyRun(final, final.parent, log, m0["heldout"], m1["heldout"], cfg)
+
+
+def tiny_finetune_config(checkpoint, output_dir, **overrides):
+    """A seconds-long `bertology finetune` config: one seed, one epoch, 64 training examples of
+    sentence polarity, no baselines; `overrides` replace any key."""
+    from workbench.finetune import load_finetune_config
+
+    base = {"checkpoint": str(checkpoint), "task": "sentence_polarity", "seeds": [0], "epochs": 1, "lr": 1e-3,
+            "max_train_examples": 64, "max_eval_examples": 32, "batch_size": 16, "output_dir": str(output_dir),
+            "progress": False, "baselines": False}
+    return load_finetune_config({**base, **overrides})
+
