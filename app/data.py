@@ -240,11 +240,11 @@ def query(store: ResultsStore, runs: pd.DataFrame, **filters) -> Loaded:
 
 # --------------------------------------------------------------------------- baselines and twins
 # A row says what it is in its data: `extra["baseline"]` names the baseline it measures (a probe
-# declares it with `probes.core.engine.mark_baselines`; the runner marks every row of a random-init twin
+# declares it with `probes.core.baselines.mark_baselines`; the runner marks every row of a random-init twin
 # "random_init") and `extra["baseline_for"]` the metric it is a reference line for. The app and the
 # exported figures read only that (`row_kinds`), so a new probe's baselines are drawn as baselines
 # without a change here.
-BASELINE_KEY, BASELINE_FOR_KEY = "baseline", "baseline_for"  # = probes.core.engine.BASELINE_KEY / BASELINE_FOR_KEY
+BASELINE_KEY, BASELINE_FOR_KEY = "baseline", "baseline_for"  # = probes.core.baselines.BASELINE_KEY / BASELINE_FOR_KEY
 TWIN = "random_init"  # the runner's marker of a random-init twin's rows (probes/core/runner.py, `Unit.rows`)
 MODEL = "model"  # row kind of a model's own measurement
 KIND_COLUMNS = ("kind", "baseline_for")  # the columns `row_kinds` adds

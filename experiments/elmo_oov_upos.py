@@ -4,7 +4,7 @@ Evidence for open-vocabulary character input (Peters et al. 2018): one linear UP
 is fitted on all words of the first `--train` EWT train sentences (the last 10% of them stop the
 fit early), then its accuracy on EWT dev is reported separately for out-of-vocabulary words (a word
 whose word-level tokens include [UNK]) and in-vocabulary words, with a bootstrap CI over sentences.
-It uses only the model handle and the probe engine, so it runs on older code too (pass that code's
+It uses only the model handle and the probe fitter, so it runs on older code too (pass that code's
 folder on PYTHONPATH to evaluate a checkpoint trained before the change with the handle of then).
 
     python experiments/elmo_oov_upos.py CHECKPOINT [--train 3000] [--threads 1]
@@ -18,8 +18,8 @@ import json
 import numpy as np
 import torch
 
+from probes.core.fitting import fit_probe
 from probes.core.statistics import ratio_bootstrap
-from probes.core.engine import fit_probe
 from workbench.data.conllu import load_treebank
 from workbench.models import ModelHandle
 

@@ -153,7 +153,7 @@ def test_shipped_figures_name_the_command_that_makes_their_data():
 
 
 def test_mark_baselines_sets_the_marker_and_keeps_a_twins():
-    from probes.core.engine import mark_baselines
+    from probes.core.baselines import mark_baselines
 
     rows = pd.DataFrame(_rows("m", "majority", [0.3] * 4, {"a": 1}) + _rows("m", "accuracy", CURVE, {"a": 1})
                         + _rows("m (random init)", "majority", [0.3] * 4, {"baseline": "random_init"}))

@@ -79,7 +79,7 @@ def test_zero_shot_figure_draws_the_stored_numbers(cloze_store, tmp_path):
 
 
 def test_results_table_vs_chance_by_hand():
-    from probes.core.engine import layer_rows
+    from probes.core.rows import layer_rows
 
     frames = [layer_rows({"zero_shot_acc": [v], "random_acc": [0.5], "nonsense_acc": [0.5]}, probe="cloze", task=t,
                          split="test", layers=[2], n=100, ci={"zero_shot_acc": ([lo], [hi])}, model=m, family=f)

@@ -10,7 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.pages.coref import best_heads, head_matrix
-from probes.core.engine import layer_rows
+from probes.core.rows import layer_rows
 from workbench.paths import REPO_ROOT
 from workbench.results import ResultsStore
 

@@ -9,7 +9,7 @@ import pytest
 
 from probes.core import depth
 from probes.core.statistics import auc_bootstrap, ratio_bootstrap
-from probes.core.engine import layer_rows
+from probes.core.rows import layer_rows
 
 # task A peaks at layer 1, task B at layer 3
 CURVE_A = np.array([0.5, 0.9, 0.8, 0.7])

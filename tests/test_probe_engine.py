@@ -1,4 +1,5 @@
-"""Probe engine: planted signals on real UPOS labels, sklearn reference, MDL, scalar mix, bootstrap.
+"""probes/core's fitting, baselines, MDL, scalar mix and rows: planted signals on real UPOS labels,
+sklearn reference.
 
 Features are synthetic, labels and word types are real (EWT train/dev): a fake "model" whose layer
 K linearly encodes the UPOS tag and whose other layers are pure noise. At noise layers both the
@@ -15,20 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from probes.core.engine import (
-    MDL_FRACTIONS,
-    ProbeConfig,
-    centre_of_gravity,
-    control_labels,
-    expected_layer,
-    fit_probe,
-    fit_scalar_mix,
-    label_distribution,
-    layer_rows,
-    majority_baseline,
-    mdl_online_code,
-    sklearn_C,
-)
+from probes.core.baselines import control_labels, label_distribution, majority_baseline
+from probes.core.fitting import ProbeConfig, fit_probe, sklearn_C
+from probes.core.mdl import MDL_FRACTIONS, mdl_online_code
+from probes.core.rows import layer_rows
+from probes.core.scalar_mix import centre_of_gravity, expected_layer, fit_scalar_mix
 from workbench.data.conllu import load_treebank
 from workbench.models import random_init_twin
 from workbench.results import RESULT_COLUMNS
@@ -311,7 +303,7 @@ def test_task_and_control_heads_of_all_seeds_in_one_program(ewt, planted):
     only at the planted layer; early stopping keeps per-head best parameters."""
     from sklearn.linear_model import LogisticRegression
 
-    from probes.core.engine import fit_probe_tasks
+    from probes.core.fitting import fit_probe_tasks
 
     xtr, xdv = planted
     (wtr, ytr, _), (wdv, ydv, _) = ewt["train"], ewt["dev"]
@@ -346,9 +338,9 @@ def test_task_and_control_heads_of_all_seeds_in_one_program(ewt, planted):
 
 
 def test_task_heads_start_at_their_task_log_prior():
-    """fit_probe_tasks starts every (seed, task, layer) head where fit_probe does (`_prior_bias`):
+    """fit_probe_tasks starts every (seed, task, layer) head where fit_probe does (`prior_bias`):
     bias = the add-one smoothed log prior of its task's labels; with lr 0 the heads stay there."""
-    from probes.core.engine import fit_probe_tasks
+    from probes.core.fitting import fit_probe_tasks
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3, 50, 4)).astype(np.float32)

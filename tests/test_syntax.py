@@ -319,7 +319,7 @@ def test_cli_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 
 def test_layer_table_one_block_per_model_and_stack():
-    from probes.core.engine import layer_rows
+    from probes.core.rows import layer_rows
 
     def rows(model, stack, task, metric, values, extra=None):
         return layer_rows({metric: values}, probe="syntax", task=task, split="dev", stack=stack, model=model, extra=extra)
@@ -341,7 +341,7 @@ def test_layer_table_one_block_per_model_and_stack():
 
 
 def test_many_checkpoints_get_a_matrix_per_metric():
-    from probes.core.engine import layer_rows
+    from probes.core.rows import layer_rows
 
     steps = [0, 1, 2, 4, 8]
     df = pd.concat([

@@ -54,7 +54,7 @@ import pandas as pd
 
 from probes.core import geometry as ac
 from probes.align import reps
-from probes.core import engine, runner
+from probes.core import baselines, runner
 from workbench.errors import ConfigError
 from workbench.results import decode_extra
 
@@ -332,7 +332,7 @@ def _bli_rows(unit, task, settings, prepared, src_corpus, tgt_corpus, lexicon_pa
     extra = {"target_model": tgt_name, "target_layers": lmap, "dictionary_pairs": len(lex.pairs),
              "src_vocab": len(vs), "tgt_vocab": len(vt), "retrieval": settings.retrieval, **info}
     rows = [unit.rows(task, metrics, split="test", n=n, ci=ci, extra=extra)]
-    rows[0] = engine.mark_baselines(rows[0], {"p_at_1_rotation": ("random_rotation", "p_at_1"), "p_at_1_unmapped": ("unmapped", "p_at_1")})
+    rows[0] = baselines.mark_baselines(rows[0], {"p_at_1_rotation": ("random_rotation", "p_at_1"), "p_at_1_unmapped": ("unmapped", "p_at_1")})
     # static case: input-embedding rows (Mikolov et al. 2013 / Conneau et al. 2018 on word embeddings)
     smetrics, sci, _, _ = _bli_layers(Xs[None], Ys[None], lex, settings, seeds, same_space, off + 2)
     rows.append(unit.rows(task, {f"static_{m}": v for m, v in smetrics.items()}, split="test", layers=[0], n=n,
@@ -402,11 +402,11 @@ def _parallel(unit, prepared, settings) -> list[pd.DataFrame]:
              "retrieval": method}
     rows = [unit.rows("parallel", {m: np.array(v) for m, v in metrics.items()}, split="test", n=len(test), ci=ci,
                       extra=extra)]
-    rows[0] = engine.mark_baselines(rows[0], {"accuracy_unmapped": ("unmapped", "accuracy"), "accuracy_rotation": ("random_rotation", "accuracy")})
+    rows[0] = baselines.mark_baselines(rows[0], {"accuracy_unmapped": ("unmapped", "accuracy"), "accuracy_rotation": ("random_rotation", "accuracy")})
     word = _word_alignment(a, b, lmap, p, train, test, prepared.data.get("dictionary", []), settings)
     if word is not None:
         wm, wci, wn, winfo = word
-        rows.append(engine.mark_baselines(unit.rows("parallel", wm, split="test", n=wn, ci=wci, extra={**extra, **winfo}), {"word_alignment_unmapped": ("unmapped", "word_alignment"), "word_alignment_chance": ("chance", "word_alignment")}))
+        rows.append(baselines.mark_baselines(unit.rows("parallel", wm, split="test", n=wn, ci=wci, extra={**extra, **winfo}), {"word_alignment_unmapped": ("unmapped", "word_alignment"), "word_alignment_chance": ("chance", "word_alignment")}))
     unit.log("parallel: accuracy by layer " + " ".join(f"{v:.2f}" for v in metrics["accuracy"]))
     return rows
 
@@ -603,7 +603,7 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
             "anchors": n_anchor, "split_half_words": int(both.sum())}
     top = layer_words[shown]
     unit.log("diachronic: most moved at layer %d: %s" % (shown, ", ".join(w["word"] for w in top[:10])))
-    return [engine.mark_baselines(unit.rows("diachronic", {m: np.array(v) for m, v in metrics.items()}, split="all",
+    return [baselines.mark_baselines(unit.rows("diachronic", {m: np.array(v) for m, v in metrics.items()}, split="all",
                                             n=len(vocab), extra=base), {"noise_floor": ("noise_floor", "displacement")}),
             # one row carries the list: value = the mean excess displacement of the listed words
             unit.rows("diachronic", {"top_moved_excess": [np.mean([w["displacement"] - w["noise_floor"] for w in top])]},

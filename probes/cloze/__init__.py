@@ -24,7 +24,7 @@ each model, on the test split:
   the lens on the nonsense items as well (`lens_nonsense_acc`) and the paired per-item gap
   (`lens_nonsense_gap`, CI over items), so a layer that reads the content can be told from one that
   prefers a candidate word;
-- a linear probe on the blank's vector at every layer (`probes.core.engine.fit_probe`, batched over
+- a linear probe on the blank's vector at every layer (`probes.core.fitting.fit_probe`, batched over
   layers; the blank is written as the tokenizer's mask token, T5's first sentinel, or "_"; causal
   stacks read the last word, the only one that has seen the whole sentence): `probe_acc` with its
   CI, Hewitt & Liang (2019) `control_acc` (labels drawn per lexical item, `key`) and
@@ -54,7 +54,7 @@ import pandas as pd
 import torch
 
 from probes.cloze import tasks as ct
-from probes.core import engine, runner
+from probes.core import baselines, fitting, runner
 from probes.core import statistics
 from workbench import logit_lens
 from workbench.errors import CheckpointError, ConfigError
@@ -318,8 +318,8 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
     scorer = _scorer(unit) if head_stack else None
 
     if not unit.is_twin and head_stack and "majority" in settings.baselines:
-        _, maj = engine.majority_baseline([it.answer for it in data["train"]], [it.answer for it in test])
-        out.append(engine.mark_baselines(unit.rows(task, {"majority_acc": [maj], "random_acc": [1.0 / K]}, split="test", layers=last,
+        _, maj = baselines.majority_baseline([it.answer for it in data["train"]], [it.answer for it in test])
+        out.append(baselines.mark_baselines(unit.rows(task, {"majority_acc": [maj], "random_acc": [1.0 / K]}, split="test", layers=last,
                              n=len(test)), {"majority_acc": "majority", "random_acc": "chance"}))
 
     if scorer is not None and head_stack:
@@ -415,17 +415,17 @@ def _blank_probe(unit, data, task, settings) -> list[pd.DataFrame]:
         ys[s] = np.array([it.answer for it in data[s]])
         keys[s] = [it.key for it in data[s]]
     K = len(data["test"][0].choices)
-    res = engine.fit_probe(feats["train"], ys["train"], feats["dev"], ys["dev"], num_classes=K, seed=settings.seed)
+    res = fitting.fit_probe(feats["train"], ys["train"], feats["dev"], ys["dev"], num_classes=K, seed=settings.seed)
     correct = res.correct(feats["test"], ys["test"])
     a, lo, hi = accuracy_ci(correct, settings.n_boot, settings.seed)
     metrics, ci = {"probe_acc": a}, {"probe_acc": (lo, hi)}
     if "control" in settings.baselines:
-        dist = engine.label_distribution(ys["train"], K)
-        yc = {s: engine.control_labels(keys[s], dist, settings.seed) for s in ("train", "dev", "test")}
-        rc = engine.fit_probe(feats["train"], yc["train"], feats["dev"], yc["dev"], num_classes=K, seed=settings.seed)
+        dist = baselines.label_distribution(ys["train"], K)
+        yc = {s: baselines.control_labels(keys[s], dist, settings.seed) for s in ("train", "dev", "test")}
+        rc = fitting.fit_probe(feats["train"], yc["train"], feats["dev"], yc["dev"], num_classes=K, seed=settings.seed)
         metrics["control_acc"] = rc.accuracy(feats["test"], yc["test"])
         metrics["selectivity"] = a - metrics["control_acc"]
-    return [engine.mark_baselines(unit.rows(task, metrics, split="test", n=len(data["test"]), ci=ci,
+    return [baselines.mark_baselines(unit.rows(task, metrics, split="test", n=len(data["test"]), ci=ci,
                       extra={"position": "last word" if causal else "blank", "blank": blank_word(tok)}), {"control_acc": ("control", "probe_acc")})]
 
 

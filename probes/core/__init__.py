@@ -2,8 +2,12 @@
 
 - `runner`: the one runner (settings, checkpoint expansion and roles, twins, stacks, resumable
   units, one results-store run) and the registry's `ProbeSpec`;
-- `engine`: probes batched over layers (linear/MLP fitters), control tasks, majority baseline, MDL,
-  scalar mix, tidy rows;
+- `fitting`: linear and MLP probes fitted for all layers as one batched program (`fit_probe`,
+  `fit_probe_tasks`), their config and training loop, lazily built features;
+- `baselines`: Hewitt & Liang (2019) control tasks, the majority class, the rows' baseline markers;
+- `mdl`: the online code length of Voita & Titov (2020);
+- `scalar_mix`: scalar mixes over layers (Peters et al. 2018) and Tenney et al. (2019)'s expected layer;
+- `rows`: per-layer numbers as tidy rows of the results schema;
 - `statistics`: the one bootstrap (over the data's independent unit, paired across rows) and the
   one AUC;
 - `depth`: where in depth a task peaks (Tenney et al. 2019), with bootstrap CIs;

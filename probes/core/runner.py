@@ -250,12 +250,12 @@ class Unit:
 
     def rows(self, task: str, metrics: Mapping[str, Sequence[float]], *, split: str, layers=None, n=None, ci=None,
              extra: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> pd.DataFrame:
-        """Tidy result rows of this unit (`engine.layer_rows` with the model's name, family, seed, step, stack);
+        """Tidy result rows of this unit (`rows.layer_rows` with the model's name, family, seed, step, stack);
         `extra`: one dict for every row or one per layer.
 
         Whole-model metrics (an attack's AUC, an accuracy at a sparsity): scalar values and no
         `layers` give one row per metric with layer NA."""
-        from probes.core.engine import layer_rows
+        from probes.core.rows import layer_rows
 
         whole_model = layers is None and bool(metrics) and all(np.ndim(v) == 0 for v in metrics.values())
         if whole_model:

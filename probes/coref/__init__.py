@@ -13,7 +13,7 @@ Tasks
   models): GUM gold mentions and chains (train -> dev). A mention's vector at layer l is the mean
   of its words' vectors and its head word's vector (`span`: mean+head | mean | head); a pair is a
   mention and each of the `k` mentions before it in its document (default 20), label = same chain;
-  pair features [a; b; a*b]; the engine's linear probe for all layers at once. Metrics: accuracy,
+  pair features [a; b; a*b]; the shared linear probe for all layers at once. Metrics: accuracy,
   f1 (positive class), auc (ROC), antecedent_accuracy (the best-scoring earlier mention is in the
   chain, over mentions that have one in their window). Training pairs: all candidates of randomly
   drawn anaphors (seeded) up to `max_train_pairs`, so the label prior of train and dev agree.
@@ -59,7 +59,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from probes.core import depth, engine, runner
+from probes.core import baselines, depth, fitting, runner
 from probes.core.statistics import auc, auc_bootstrap, percentile_interval, ratio_bootstrap, resample_counts
 from probes.coref.items import (Document, Pairs, antecedent_correct, baseline_pair_predictions, gap_decisions,
                                 gap_nearest_name, gap_subject_name, gum_documents, mention_pairs)
@@ -83,7 +83,7 @@ HEAD_CRITERIA = {  # metric -> what a head must attend to most (per layer; `_ove
 
 
 # --------------------------------------------------------------------------- lazy feature views
-class SpanView(engine.LazyFeatures):
+class SpanView(fitting.LazyFeatures):
     """Mention vectors `[L, M, D]` from word vectors `[L, N, H]`: the mean over each span's words
     and/or its head word's vector (`span`). `cache=True` keeps computed layers (small eval sets)."""
 
@@ -128,7 +128,7 @@ def _span_means(words, starts: np.ndarray, ends: np.ndarray, chunk: int = 8192) 
     return out
 
 
-class PairView(engine.LazyFeatures):
+class PairView(fitting.LazyFeatures):
     """Pair features [a; b; a*b] `[L, P, 3D]` of mention pairs over a SpanView."""
 
     def __init__(self, spans: SpanView, left, right):
@@ -230,7 +230,7 @@ class CorefSettings(runner.Settings):
     context_thresholds: tuple[int, ...] = field(default=(16, 64, 128), metadata={
         "help": "document context: count words with fewer left-context words than each"})
     attention_batch_size: int = field(default=4, metadata={"help": "windows per forward pass with attentions"})
-    probe_config: dict = field(default_factory=dict, metadata={"help": "engine.ProbeConfig overrides"})
+    probe_config: dict = field(default_factory=dict, metadata={"help": "fitting.ProbeConfig overrides"})
     memory_budget_gb: float = field(default=1.0, metadata={"help": "features in memory per batched fit"})
 
     BASELINES = BASELINES
@@ -262,7 +262,7 @@ class CorefSettings(runner.Settings):
             raise ConfigError("context_thresholds must be >= 1")
         if self.attention_batch_size < 1 or self.memory_budget_gb <= 0:
             raise ConfigError("attention_batch_size must be >= 1 and memory_budget_gb > 0")
-        bad = set(self.probe_config) - set(engine.ProbeConfig.__dataclass_fields__)
+        bad = set(self.probe_config) - set(fitting.ProbeConfig.__dataclass_fields__)
         if bad:
             raise ConfigError(f"unknown probe_config key(s) {sorted(bad)}")
 
@@ -405,12 +405,12 @@ def pair_probe(fit_spans: SpanView, fit_pairs: Pairs, stop_spans: SpanView, stop
     # Early stopping on dev LOSS: with ~6% positives, dev accuracy rarely beats the all-negative
     # start, so stopping on accuracy keeps the prior-only initialisation. Minibatch Adam by default:
     # joint L-BFGS (200 iterations) over all layers of these pair features left most MiniLM layers at the
-    # prior; Adam at the engine's 3e-2 overfits these 2,304-wide features within the first epoch
+    # prior; Adam at the fitter's default 3e-2 overfits these 2,304-wide features within the first epoch
     # (dev loss above the prior's, best step 0); 1e-3 trains (MiniLM layer 2: AUC 0.87 on held-out train pairs).
     cfg = dict(_probe_cfg(settings, lb), **{"stop_on": settings.probe_config.get("stop_on", "loss"),
                                              "optimizer": settings.probe_config.get("optimizer", "adam"),
                                              "lr": settings.probe_config.get("lr", 1e-3)})
-    res = engine.fit_probe(x_fit, y[0], x_stop, y[1], num_classes=2, config=cfg)
+    res = fitting.fit_probe(x_fit, y[0], x_stop, y[1], num_classes=2, config=cfg)
     return res, _predict_chunked(res, x_ev)
 
 
@@ -467,12 +467,12 @@ def _gum_pairs(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
         ms = {k: [m for doc in getattr(d, k) for m in doc.mentions] for k in ("fit", "stop", "eval")}
         types = {k: [f"{ms[k][a].head_text.lower()}\x00{ms[k][c].head_text.lower()}" for a, c in zip(p.anaphor, p.candidate)]
                  for k, p in (("fit", fit), ("stop", stop), ("eval", ev))}
-        dist = engine.label_distribution(fit.label, 2)
-        ctrl = [engine.control_labels(types[k], dist, s.seed) for k in ("fit", "stop", "eval")]
+        dist = baselines.label_distribution(fit.label, 2)
+        ctrl = [baselines.control_labels(types[k], dist, s.seed) for k in ("fit", "stop", "eval")]
         _, clog = pair_probe(spans["fit"], fit, spans["stop"], stop, spans["eval"], ev, s, labels=ctrl)
         cacc = (clog.argmax(-1) == ctrl[2][None]).mean(1)
         cauc = np.array([auc(sc, ctrl[2]) for sc in binary_scores(clog)])
-        out.append(engine.mark_baselines(unit.rows("gum-pairs", {"control_accuracy": cacc, "control_auc": cauc,
+        out.append(baselines.mark_baselines(unit.rows("gum-pairs", {"control_accuracy": cacc, "control_auc": cauc,
                                            "selectivity_auc": auc_point - cauc},
                              split=s.eval_split, n=len(ev.label), extra=extra), {"control_accuracy": ("control", "accuracy"), "control_auc": ("control", "auc")}))
     if not unit.is_twin:
@@ -506,7 +506,7 @@ def _gum_entity_type(unit, prepared, settings: CorefSettings) -> list[pd.DataFra
     take = np.sort(rng.permutation(len(ms["fit"]))[: s.max_train_mentions])
     c = len(vocab)
 
-    class _Rows(engine.LazyFeatures):  # a subset of a SpanView's rows
+    class _Rows(fitting.LazyFeatures):  # a subset of a SpanView's rows
         def __init__(self, view, idx):
             self.view, self.idx = view, idx
             self.shape = (view.shape[0], len(idx), view.shape[2])
@@ -518,15 +518,15 @@ def _gum_entity_type(unit, prepared, settings: CorefSettings) -> list[pd.DataFra
     x_stop, x_ev = spans["stop"], spans["eval"]
     lb = _layer_batch(x_fit.shape[0], x_fit.shape[1], x_fit.shape[2], s.memory_budget_gb)
     cfg = _probe_cfg(s, lb)
-    res = engine.fit_probe(x_fit, y["fit"][take], x_stop, y["stop"], num_classes=c + 1, config=cfg)
+    res = fitting.fit_probe(x_fit, y["fit"][take], x_stop, y["stop"], num_classes=c + 1, config=cfg)
     correct = _predict_chunked(res, x_ev).argmax(-1) == y["eval"][None]
     acc = ratio_bootstrap(correct.astype(float), None, docs_of["eval"], s.n_boot, s.seed, return_boot=True)
     metrics = {"train_accuracy": res.train_accuracy}
     cis = {}
     if "control" in s.baselines:
         types = {k: [m.head_text.lower() for m in ms[k]] for k in acts}
-        ctrl = {k: engine.control_labels(types[k], engine.label_distribution(y["fit"][take], c), s.seed) for k in acts}
-        cres = engine.fit_probe(x_fit, ctrl["fit"][take], x_stop, ctrl["stop"], num_classes=c, config=cfg)
+        ctrl = {k: baselines.control_labels(types[k], baselines.label_distribution(y["fit"][take], c), s.seed) for k in acts}
+        cres = fitting.fit_probe(x_fit, ctrl["fit"][take], x_stop, ctrl["stop"], num_classes=c, config=cfg)
         ccorrect = _predict_chunked(cres, x_ev).argmax(-1) == ctrl["eval"][None]
         cacc = ratio_bootstrap(ccorrect.astype(float), None, docs_of["eval"], s.n_boot, s.seed)
         sel = ratio_bootstrap(correct.astype(float) - ccorrect, None, docs_of["eval"], s.n_boot, s.seed)
@@ -537,7 +537,7 @@ def _gum_entity_type(unit, prepared, settings: CorefSettings) -> list[pd.DataFra
                       n=len(y["eval"]), extra=extra)
     out.append(unit.rows("gum-entity-type", metrics, split=s.eval_split, n=len(y["eval"]), ci=cis, extra=extra))
     if "majority" in s.baselines and not unit.is_twin:
-        _, maj = engine.majority_baseline(y["fit"][take], y["eval"])
+        _, maj = baselines.majority_baseline(y["fit"][take], y["eval"])
         out.append(unit.rows("gum-entity-type", {"majority": np.full(len(res.train_accuracy), maj)},
                              split=s.eval_split, n=len(y["eval"]), extra=dict(extra, baseline="majority", baseline_for="accuracy")))
     return out
@@ -572,7 +572,7 @@ def _gap(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
     x = {k: _gap_features(unit, f, k, s) for k, f in frames.items()}
     lab = {k: np.array([GAP_LABELS.index(v) for v in f["label"]], dtype=np.int64) for k, f in frames.items()}
     ev = frames[s.gap_eval_split]
-    res = engine.fit_probe(x["development"], lab["development"], x["validation"], lab["validation"],
+    res = fitting.fit_probe(x["development"], lab["development"], x["validation"], lab["validation"],
                            num_classes=3, config=_probe_cfg(s, None))
     pred = res.predict(x[s.gap_eval_split])  # [L, N]
     genders = [pronoun_gender(p) for p in ev["pronoun"]]

@@ -37,7 +37,7 @@ Attacks and their sign (higher = member): see `probes.membership.attacks`. Task 
 per attack, `auc` (bootstrap CI), `tpr_fpr_1pct`, `tpr_fpr_0.1pct` (extra: how many non-members
 that FPR allows), `balanced_acc`, and the ROC points in the auc row's extra; the row's `task` is
 the attack (loss, zlib, reference_diff, reference_ratio, mink_K, minkpp_K, lira_online, lira_offline).
-Task `layers`: a linear probe (`probes.core.engine.fit_probe`) on each layer's mean-pooled passage vector
+Task `layers`: a linear probe (`probes.core.fitting.fit_probe`) on each layer's mean-pooled passage vector
 (mean over words of mean-pooled subwords), trained on half of the members and non-members and
 tested on the other half, split BY DOCUMENT (`membership_attacks.grouped_split`: passages of one
 document share topic, and a random split lets a probe recognise a test passage's document from its
@@ -587,7 +587,7 @@ def layer_probe_rows(unit, sample: Sample, settings: Settings) -> list[pd.DataFr
     layer (paired); plus the model-free TF-IDF control on the same split (not for the twin: it reads
     no model, so it would repeat the checkpoint's row)."""
     from probes.core.statistics import auc_bootstrap
-    from probes.core.engine import fit_probe
+    from probes.core.fitting import fit_probe
 
     words = [t.split() for t in sample.texts]
     acts = unit.activations(words, dataset_key=f"membership-{sample.key}", pooling="mean")

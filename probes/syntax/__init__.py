@@ -2,7 +2,7 @@
 
 `run_syntax_probes(checkpoints, tasks, treebank="en_ewt")` loads a UD treebank, extracts word
 vectors of every layer once per checkpoint (`workbench.activations`, cached), fits probes for all
-layers at once with the shared engine (`probes.core.engine`) and the structural probes
+layers at once with the shared fitters (`probes.core.fitting`) and the structural probes
 (`probes.syntax.structural`), and writes one run of tidy rows to the results store.
 
 Tasks
@@ -10,7 +10,7 @@ Tasks
 - `deprel`: edge probing (Tenney et al. 2019): the relation label of an arc from the head word's
   and the dependent word's vectors, [h_head; h_dep] (`pair_features="concat_product"` adds
   h_head * h_dep). Deliberate difference: Tenney et al. pool spans with learned attention and use an
-  MLP; our spans are single words and the probe is the engine's linear (or MLP) probe. The root arc
+  MLP; our spans are single words and the probe is the shared linear (or MLP) probe. The root arc
   has no head word: root arcs are counted (`notes.pairs`) and left out.
 - `arc`: "is (a, b) an arc?": positives are the gold (head, dependent) pairs (root arcs left out),
   negatives are ordered pairs of the same sentence that are not linked in either direction, sampled
@@ -20,7 +20,7 @@ Tasks
   DSpr, root accuracy, NSpr, and the linear-chain (right-branching) UUAS baseline.
 
 Baselines (`baselines=`)
-- `control`: Hewitt & Liang (2019) control task through `engine.control_labels`: each word type gets
+- `control`: Hewitt & Liang (2019) control task through `baselines.control_labels`: each word type gets
   a label drawn from the task's train label distribution; the type is the word form for upos/xpos,
   the DEPENDENT's form for deprel, and the ordered pair (head form, dependent form) for arc (a
   binary control: a probe can pass it only by memorising type pairs). Selectivity = accuracy -
@@ -48,7 +48,7 @@ sentences. Metrics:
   centre_of_gravity, expected_layer, scalar_mix_accuracy;
 - structural-distance: uuas, dspr, right_branching_uuas; structural-depth: root_acc, nspr.
 Data-only baselines (majority, right_branching_uuas) are written for each real checkpoint, not for
-twins. Baseline rows say so in their data (`engine.mark_baselines`): extra.baseline = "majority",
+twins. Baseline rows say so in their data (`baselines.mark_baselines`): extra.baseline = "majority",
 "control" or "right_branching" and extra.baseline_for = the metric they are a reference for. `extra` holds treebank, train split, pooling, probe seed, n_train and the classifier kind;
 accuracy rows also the accuracy on each bootstrap resample (`boot`, the same resamples for every
 layer), from which `probes.core.depth` gives CIs of the expected and peak layer.
@@ -77,7 +77,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from probes.core import depth, engine, runner
+from probes.core import baselines, depth, fitting, mdl, runner, scalar_mix
 from probes.syntax import structural as st
 from probes.core import statistics as stats
 from workbench.errors import ConfigError
@@ -97,13 +97,13 @@ EXTRACTION_COUNTS = ("sentences", "words", "windowed_sentences", "windows", "wor
 
 
 # --------------------------------------------------------------------------- feature views
-class FeatureView(engine.LazyFeatures):
+class FeatureView(fitting.LazyFeatures):
     """Rows of a `[L, N, H]` array (a memmap) gathered on demand, optionally as pairs.
 
     `cols` holds one or two int arrays of word positions into N; item p is the concatenation of
     `base[:, cols[k][p]]` over k (and, with `product`, the elementwise product of the two). Read one
-    layer at a time (`engine.LazyFeatures`), so pair features of a whole treebank are never all in
-    memory unless asked for, and the engine's one float32 copy per layer group is the only copy.
+    layer at a time (`fitting.LazyFeatures`), so pair features of a whole treebank are never all in
+    memory unless asked for, and the fitter's one float32 copy per layer group is the only copy.
     """
 
     def __init__(self, base, cols: Sequence[np.ndarray], product: bool = False):
@@ -365,7 +365,7 @@ class SyntaxSettings(runner.Settings):
         "help": "cap on the structural probes' training sentences (0 = no cap)"})
     structural: dict = field(default_factory=dict, metadata={
         "help": "structural probe settings: rank, epochs, batch_size, lr, patience, lr_decay"})
-    probe_config: dict = field(default_factory=dict, metadata={"help": "engine.ProbeConfig overrides"})
+    probe_config: dict = field(default_factory=dict, metadata={"help": "fitting.ProbeConfig overrides"})
     early_stopping_fraction: float = 0.1
     holdout_fraction: float = 0.2
     memory_budget_gb: float = field(default=1.0, metadata={"help": "features in memory per batched fit"})
@@ -403,7 +403,7 @@ class SyntaxSettings(runner.Settings):
         unknown = set(self.structural) - set(STRUCTURAL_SETTINGS)
         if unknown:
             raise ConfigError(f"unknown structural probe settings {sorted(unknown)}")
-        bad_keys = set(self.probe_config) - set(engine.ProbeConfig.__dataclass_fields__)
+        bad_keys = set(self.probe_config) - set(fitting.ProbeConfig.__dataclass_fields__)
         if bad_keys:
             raise ConfigError(f"unknown probe_config key(s) {sorted(bad_keys)}")
         if self.memory_budget_gb <= 0:
@@ -539,13 +539,13 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
     # Control labels: one draw per type from the train label distribution, same for every split.
     want_control = "control" in ctx.baselines
     if want_control:
-        dist = engine.label_distribution(y_fit, c)
-        ctrl = [engine.control_labels(items.types, dist, seed) for items in (fit, stop, ev)]
+        dist = baselines.label_distribution(y_fit, c)
+        ctrl = [baselines.control_labels(items.types, dist, seed) for items in (fit, stop, ev)]
     for kind in ctx.settings.classifier:
         prefix = "" if kind == "linear" else f"{kind}_"
         cfg = dict(ctx.settings.probe_config, kind=kind, seed=seed, layer_batch=layer_batch, progress=ctx.progress)
         t0 = time.perf_counter()
-        res = engine.fit_probe(x_fit, y_fit, x_stop, y_stop, num_classes=c + 1, config=cfg)
+        res = fitting.fit_probe(x_fit, y_fit, x_stop, y_stop, num_classes=c + 1, config=cfg)
         correct = res.correct(x_ev, y_ev) & known[None]
         acc, lo, hi, boot = stats.ratio_bootstrap(correct, None, ev.sentence, n_boot=ctx.n_boot, seed=seed, return_boot=True)
         # accuracy rows keep their paired bootstrap replicates (extra.boot): CIs of where in depth (probes.core.depth)
@@ -554,7 +554,7 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
         metrics = {f"{prefix}train_accuracy": res.train_accuracy}
         cis = {}
         if want_control:
-            cres = engine.fit_probe(x_fit, ctrl[0], x_stop, ctrl[1], num_classes=c, config=cfg)
+            cres = fitting.fit_probe(x_fit, ctrl[0], x_stop, ctrl[1], num_classes=c, config=cfg)
             ccorrect = cres.correct(x_ev, ctrl[2])
             cacc, clo, chi = stats.ratio_bootstrap(ccorrect, None, ev.sentence, n_boot=ctx.n_boot, seed=seed)
             sel, slo, shi = stats.ratio_bootstrap(correct.astype(np.float64) - ccorrect, None, ev.sentence,
@@ -562,11 +562,11 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
             metrics.update({f"{prefix}control_accuracy": cacc, f"{prefix}selectivity": sel})
             cis.update({f"{prefix}control_accuracy": (clo, chi), f"{prefix}selectivity": (slo, shi)})
         ctx.timings[f"{task}:{kind}"] = round(time.perf_counter() - t0, 3)
-        out.append(engine.mark_baselines(_rows(ctx, task, metrics, n=len(ev), ci=cis, extra=dict(extra, classifier=kind)),
+        out.append(baselines.mark_baselines(_rows(ctx, task, metrics, n=len(ev), ci=cis, extra=dict(extra, classifier=kind)),
                                          {f"{prefix}control_accuracy": ("control", f"{prefix}accuracy")}))
     if "majority" in ctx.baselines and not ctx.is_twin:
-        _, maj = engine.majority_baseline(y_fit, y_ev)
-        out.append(engine.mark_baselines(_rows(ctx, task, {"majority": np.full(n_layers, maj)}, n=len(ev), extra=extra),
+        _, maj = baselines.majority_baseline(y_fit, y_ev)
+        out.append(baselines.mark_baselines(_rows(ctx, task, {"majority": np.full(n_layers, maj)}, n=len(ev), extra=extra),
                                          {"majority": ("majority", "accuracy")}))
     if task in ctx.settings.mdl_tasks:
         t0 = time.perf_counter()
@@ -576,16 +576,16 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
         x_mdl = FeatureView(ctx.train_acts.layers, [c_[idx] for c_ in fit.cols], product)
         cfg = dict(ctx.settings.probe_config, kind="linear", seed=seed, layer_batch=layer_batch, progress=ctx.progress)
         kw = {"fractions": ctx.settings.mdl_fractions} if ctx.settings.mdl_fractions else {}
-        mdl = engine.mdl_online_code(x_mdl, y_fit[idx], num_classes=c, config=cfg, seed=seed, **kw)
-        out.append(_rows(ctx, task, {"mdl_codelength": mdl.online_codelength, "compression": mdl.compression},
-                         split=f"{plan.train_split}:fit", n=mdl.num_examples,
-                         extra=dict(extra, uniform_codelength=mdl.uniform_codelength)))
+        code = mdl.mdl_online_code(x_mdl, y_fit[idx], num_classes=c, config=cfg, seed=seed, **kw)
+        out.append(_rows(ctx, task, {"mdl_codelength": code.online_codelength, "compression": code.compression},
+                         split=f"{plan.train_split}:fit", n=code.num_examples,
+                         extra=dict(extra, uniform_codelength=code.uniform_codelength)))
         ctx.timings[f"{task}:mdl"] = round(time.perf_counter() - t0, 3)
     if task in ctx.settings.scalar_mix_tasks:
         t0 = time.perf_counter()
         cfg = dict(ctx.settings.probe_config, kind="linear", seed=seed, progress=ctx.progress)
         cfg.pop("layer_batch", None)
-        mix = engine.fit_scalar_mix(x_fit, y_fit, x_stop, y_stop, num_classes=c + 1, config=cfg)
+        mix = scalar_mix.fit_scalar_mix(x_fit, y_fit, x_stop, y_stop, num_classes=c + 1, config=cfg)
         split = f"{plan.train_split}:stop"
         out.append(_rows(ctx, task, {"scalar_mix_weight": mix.weights, "cumulative_accuracy": mix.cumulative_dev_accuracy},
                          split=split, n=len(stop), extra=extra))
@@ -634,7 +634,7 @@ def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
         out.append(_rows(ctx, task, {"dspr": dspr}, n=len(ev), ci={"dspr": (dlo, dhi)}, extra=extra))
         if "majority" in ctx.baselines and not ctx.is_twin:  # data-only baseline, written with the others
             rb = st.right_branching_uuas(ev)
-            out.append(engine.mark_baselines(
+            out.append(baselines.mark_baselines(
                 _rows(ctx, task, {"right_branching_uuas": np.full(n_layers, rb)}, n=int(total.sum()), extra=extra),
                 {"right_branching_uuas": ("right_branching", "uuas")}))
     else:

@@ -1,19 +1,15 @@
-"""Shared probe machinery: classifiers fitted for every layer at once, baselines, MDL, scalar mix.
+"""Probes fitted for every layer at once: linear and MLP classifiers as one batched tensor program.
 
-Every probe module (syntax, coreference, ...) gets word features of shape `[L, N, H]` (layer-major,
-as `workbench.activations` stores them) and integer labels, and uses this module to
+Every probe package (syntax, coreference, ...) gets word features of shape `[L, N, H]` (layer-major,
+as `workbench.activations` stores them) and integer labels. A linear probe (softmax regression with
+L2; the linear classifier probes of Alain & Bengio 2017) or an MLP probe (one hidden layer, Hewitt &
+Liang 2019) is fitted for ALL layers as one program: weights `[L, H, C]` and `torch.bmm`, one
+optimiser, so fitting 13 layers costs one pass over the data per step instead of 13 (`fit_probe`);
+a task and its control task, and several seeds, can share that program too (`fit_probe_tasks`).
+Features too large for memory come as `LazyFeatures`, built one layer at a time.
 
-- fit a linear probe (softmax regression with L2) or an MLP probe (one hidden layer) for ALL layers
-  as one batched tensor program: weights `[L, H, C]` and `torch.bmm`, one optimiser, so fitting 13
-  layers costs one pass over the data per step instead of 13 (`fit_probe`);
-  a task and its control task, and several seeds, can share that program too (`fit_probe_tasks`);
-- compare against baselines: Hewitt & Liang (2019) control tasks (`control_labels`, selectivity =
-  task accuracy - control accuracy) and the majority class (`majority_baseline`) (the randomly
-  initialised twin is a derived model: `ModelHandle.derive("random_init", ...)`);
-- measure the online code length of Voita & Titov (2020) (`mdl_online_code`);
-- learn a scalar mix over layers (Peters et al. 2018; Tenney et al. 2019) with its centre of gravity
-  and Tenney's expected layer from cumulative scoring (`fit_scalar_mix`);
-- turn per-layer numbers into rows of the results schema (`layer_rows`).
+The batched heads and their training loop (`Heads`, `train_heads`, `evaluate_heads`, per-head early
+stopping) are also what MDL (`probes.core.mdl`) and the scalar mix (`probes.core.scalar_mix`) fit.
 
 Objective of the linear probe (per layer): mean cross-entropy + lambda/2 * ||W||^2 (bias not
 penalised). scikit-learn's LogisticRegression minimises C * sum CE + 1/2 ||W||^2, the same
@@ -22,7 +18,6 @@ minimiser when C = 1 / (lambda * N_train) (`sklearn_C`).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import warnings
 from dataclasses import asdict, dataclass, replace
@@ -35,6 +30,7 @@ from torch import nn
 from tqdm import tqdm
 
 from workbench.errors import ConfigError
+
 
 # --------------------------------------------------------------------------- configuration
 
@@ -94,7 +90,7 @@ def sklearn_C(l2: float, n_train: int) -> float:
     return 1.0 / (l2 * n_train)
 
 
-def _config(config, overrides: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> ProbeConfig:
+def merge_config(config, overrides: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> ProbeConfig:
     """ProbeConfig from (in rising priority) a function's own `defaults`, `config` and keyword overrides.
 
     A ProbeConfig object is taken whole (its fields are all explicit); a dict only sets its keys."""
@@ -109,12 +105,21 @@ def _config(config, overrides: Mapping[str, Any], defaults: Mapping[str, Any] | 
     return replace(base, **overrides) if overrides else base
 
 
+def config_dict(config: ProbeConfig) -> dict[str, Any]:
+    """The probe config as a plain dict (for run manifests)."""
+    return asdict(config)
+
+
 # --------------------------------------------------------------------------- batched heads
 # A "head" is one classifier. Every parameter has the number of heads as its leading dimension,
 # so one optimiser step updates all of them and per-head early stopping is a masked copy.
 
 
-class _Heads(nn.Module):
+class Heads(nn.Module):
+    """M classifiers in one module (every parameter has M as its leading dimension); a subclass says
+    which weights the L2 term penalises. `train_heads` fits any such module: the linear and MLP heads
+    here, the scalar mixes of `probes.core.scalar_mix`."""
+
     def penalised(self) -> list[torch.Tensor]:
         raise NotImplementedError
 
@@ -130,7 +135,7 @@ def _fold(w: torch.Tensor, b: torch.Tensor, mu: torch.Tensor, sd: torch.Tensor):
     return w_raw, b_raw
 
 
-class _LinearHeads(_Heads):
+class _LinearHeads(Heads):
     """Head m = softmax regression on input layer m."""
 
     def __init__(self, m: int, h: int, c: int, mu: torch.Tensor, sd: torch.Tensor):
@@ -152,7 +157,7 @@ class _LinearHeads(_Heads):
         return {"w": w.detach().cpu().numpy(), "b": b.detach().cpu().numpy()}
 
 
-class _MLPHeads(_Heads):
+class _MLPHeads(Heads):
     """Head m = one hidden ReLU layer on input layer m (Hewitt & Liang 2019's MLP probe)."""
 
     def __init__(self, m, h, c, mu, sd, hidden: int, dropout: float, gen: torch.Generator):
@@ -183,38 +188,7 @@ class _MLPHeads(_Heads):
         return {k: v.detach().cpu().numpy() for k, v in {"w1": w1, "b1": b1, "w2": self.w2, "b2": self.b2}.items()}
 
 
-class _ScalarMixHeads(_Heads):
-    """Head m = softmax regression on gamma_m * sum_l s_ml * z_l, s_m = softmax over allowed layers.
-
-    Peters et al. (2018) mix; `allowed[m]` restricts head m to a subset of layers (Tenney et al.
-    2019's cumulative mixes of layers 0..l). Layers are standardised before mixing, as Peters et al.
-    found layer normalisation before weighting helpful.
-    """
-
-    def __init__(self, allowed: torch.Tensor, h: int, c: int, mu: torch.Tensor, sd: torch.Tensor):
-        super().__init__()
-        m = allowed.shape[0]
-        self.register_buffer("allowed", allowed)
-        self.register_buffer("mu", mu)  # [L, H]
-        self.register_buffer("sd", sd)
-        self.logits = nn.Parameter(torch.zeros(allowed.shape))
-        self.gamma = nn.Parameter(torch.ones(m))
-        self.w = nn.Parameter(torch.zeros(m, h, c))
-        self.b = nn.Parameter(torch.zeros(m, c))
-
-    def penalised(self):
-        return [self.w]
-
-    def mix_weights(self) -> torch.Tensor:
-        return torch.softmax(self.logits.masked_fill(~self.allowed, float("-inf")), dim=1)
-
-    def forward(self, x):  # x: [L, B, H] raw layers -> [M, B, C]
-        z = (x - self.mu.unsqueeze(1)) / self.sd.unsqueeze(1)
-        mixed = torch.einsum("ml,lbh->mbh", self.mix_weights() * self.gamma.unsqueeze(1), z)
-        return torch.baddbmm(self.b.unsqueeze(1), mixed, self.w)
-
-
-def _standardisation(x: torch.Tensor, enabled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def standardisation(x: torch.Tensor, enabled: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-layer, per-dimension mean and std of `x` [L, N, H] (identity when disabled)."""
     if not enabled:
         return torch.zeros(x.shape[0], x.shape[2]), torch.ones(x.shape[0], x.shape[2])
@@ -241,7 +215,7 @@ def _per_head_ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _evaluate(module: nn.Module, x: torch.Tensor, y: torch.Tensor | None, want_logp: bool = False, chunk: int = 8192):
+def evaluate_heads(module: nn.Module, x: torch.Tensor, y: torch.Tensor | None, want_logp: bool = False, chunk: int = 8192):
     """(log-probs [M, N, C] or None, predictions [M, N], accuracy [M] or None, mean NLL [M] or None)."""
     was = module.training
     module.eval()
@@ -335,7 +309,7 @@ def _epoch_bounds(n: int, batch_size: int, gen: torch.Generator) -> list[int]:
     return [0, *range(offset or batch_size, n, batch_size), n]
 
 
-def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Generator) -> dict[str, Any]:
+def train_heads(module: Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Generator) -> dict[str, Any]:
     """Fit all heads of `module` at once; returns training info (per-head arrays)."""
     m = module.penalty().shape[0]
     use_dev = cfg.early_stopping and x_dev is not None and y_dev is not None
@@ -343,7 +317,7 @@ def _train(module: _Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Gene
     n = x.shape[1]
 
     def dev_check(step: int) -> bool:
-        _, _, acc, nll = _evaluate(module, x_dev, y_dev)
+        _, _, acc, nll = evaluate_heads(module, x_dev, y_dev)
         return tracker.update(acc if cfg.stop_on == "accuracy" else -nll, step)
 
     if tracker is not None:
@@ -501,7 +475,7 @@ def _predict_logits(kind, weights, layers, x, device="cpu") -> np.ndarray:
     return np.stack(outs)
 
 
-def _tensor(x, layers, device) -> torch.Tensor:
+def layer_tensor(x, layers, device) -> torch.Tensor:
     """Selected layers of `x` ([L, N, H] numpy/memmap/tensor) as a float32 tensor [len(layers), N, H]."""
     layers = list(layers)
     if x.ndim != 3:
@@ -516,7 +490,7 @@ def _tensor(x, layers, device) -> torch.Tensor:
         return torch.from_numpy(arr).to(device)
 
 
-def _labels(y, n: int, num_classes: int | None, what: str) -> tuple[torch.Tensor, int]:
+def label_tensor(y, n: int, num_classes: int | None, what: str) -> tuple[torch.Tensor, int]:
     y = np.asarray(y)
     if y.ndim != 1 or len(y) != n:
         raise ConfigError(f"{what}: expected {n} integer labels, got shape {y.shape}")
@@ -548,17 +522,17 @@ def fit_probe(
     `layers` selects layer indices (default all); `config.layer_batch` bounds memory by fitting
     layers in groups (still batched within a group).
     """
-    cfg = _config(config, overrides)
+    cfg = merge_config(config, overrides)
     n_layers = x_train.shape[0]
     layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
-    y_tr, c = _labels(y_train, x_train.shape[1], num_classes, "y_train")
+    y_tr, c = label_tensor(y_train, x_train.shape[1], num_classes, "y_train")
     if num_classes is None and y_dev is not None and len(y_dev):
         c = max(c, int(np.max(y_dev)) + 1)
-    y_dv = _labels(y_dev, x_dev.shape[1], c, "y_dev")[0] if y_dev is not None else None
+    y_dv = label_tensor(y_dev, x_dev.shape[1], c, "y_dev")[0] if y_dev is not None else None
     group = cfg.layer_batch or len(layers)
     parts = []
     for g in range(0, len(layers), group):
-        parts.append(_fit_group(x_train, y_tr, x_dev, y_dv, c, layers[g : g + group], cfg))
+        parts.append(fit_layer_group(x_train, y_tr, x_dev, y_dv, c, layers[g : g + group], cfg))
     weights = {k: np.concatenate([p["weights"][k] for p in parts]) for k in parts[0]["weights"]}
     cat = lambda key: None if parts[0][key] is None else np.concatenate([p[key] for p in parts])  # noqa: E731
     return ProbeResult(
@@ -572,7 +546,7 @@ def fit_probe(
 # --------------------------------------------------------------------------- public: many probes at once
 
 
-class _TaskSeedHeads(_Heads):
+class _TaskSeedHeads(Heads):
     """Linear heads for every (seed, task, layer): head m = (s, t, l) in that order, M = S*T*L.
 
     The parameters act on standardised features and are stored grouped per (seed, layer): `w`
@@ -655,7 +629,7 @@ def fit_probe_tasks(
     Returns {(task, seed): ProbeResult}. Linear probes only; the optimiser must resolve to Adam
     ("auto" does above AUTO_LBFGS_MAX_WORDS words): full-batch L-BFGS has no seed to batch over.
     """
-    cfg = _config(config, overrides)
+    cfg = merge_config(config, overrides)
     if cfg.kind != "linear":
         raise ConfigError(f"fit_probe_tasks fits linear probes only, got kind {cfg.kind!r}")
     if not tasks:
@@ -668,17 +642,17 @@ def fit_probe_tasks(
     n = x_train.shape[1]
     c = int(num_classes) if num_classes is not None else 1 + max(
         int(np.max(y)) for yy in tasks.values() for y in yy if y is not None and len(y))
-    y_tr = torch.stack([_labels(tasks[k][0], n, c, f"{k}: y_train")[0] for k in names])  # [T, N]
+    y_tr = torch.stack([label_tensor(tasks[k][0], n, c, f"{k}: y_train")[0] for k in names])  # [T, N]
     with_dev = x_dev is not None and all(tasks[k][1] is not None for k in names)
-    y_dv = torch.stack([_labels(tasks[k][1], x_dev.shape[1], c, f"{k}: y_dev")[0] for k in names]) if with_dev else None
+    y_dv = torch.stack([label_tensor(tasks[k][1], x_dev.shape[1], c, f"{k}: y_dev")[0] for k in names]) if with_dev else None
     cfg = _resolve(cfg, n)
     if cfg.optimizer != "adam":
         raise ConfigError(f"fit_probe_tasks needs the Adam optimiser ({n} training words resolve to {cfg.optimizer}); "
                           f"use fit_probe for full-batch L-BFGS")
     dev = cfg.device
-    x = _tensor(x_train, layers, dev)
-    xd = _tensor(x_dev, layers, dev) if with_dev else None
-    mu, sd = _standardisation(x, cfg.standardize)
+    x = layer_tensor(x_train, layers, dev)
+    xd = layer_tensor(x_dev, layers, dev) if with_dev else None
+    mu, sd = standardisation(x, cfg.standardize)
     S, T, L, H = len(seeds), len(names), len(layers), x.shape[2]
     # One standardised copy of the training features in the first seed's shuffled order (fit_probe
     # keeps one shuffled copy too): the steps skip the per-step fold of mean and scale into the
@@ -702,7 +676,7 @@ def fit_probe_tasks(
     tracker = _BestTracker(module, S * T * L, cfg.patience) if (cfg.early_stopping and with_dev) else None
 
     def dev_check(step: int) -> bool:
-        _, _, acc, nll = _evaluate(module, xd, y_dev_heads)
+        _, _, acc, nll = evaluate_heads(module, xd, y_dev_heads)
         return tracker.update(acc if cfg.stop_on == "accuracy" else -nll, step)
 
     if tracker is not None:
@@ -764,10 +738,10 @@ def fit_probe_tasks(
     best_step = tracker.best_step.numpy() if tracker is not None else np.full(S * T * L, steps)
 
     weights = module.export()
-    _, _, tr_acc, tr_loss = _evaluate(module, x, per_head(y_tr))
+    _, _, tr_acc, tr_loss = evaluate_heads(module, x, per_head(y_tr))
     dv_pred = dv_acc = None
     if with_dev:
-        _, dv_pred, dv_acc, _ = _evaluate(module, xd, y_dev_heads)
+        _, dv_pred, dv_acc, _ = evaluate_heads(module, xd, y_dev_heads)
         dv_pred, dv_acc = dv_pred.cpu().numpy().reshape(S, T, L, -1), dv_acc.cpu().numpy().reshape(S, T, L)
     tr_acc, tr_loss = tr_acc.cpu().numpy().reshape(S, T, L), tr_loss.cpu().numpy().reshape(S, T, L)
     best_step = best_step.reshape(S, T, L)
@@ -793,319 +767,35 @@ def _log_prior(y: torch.Tensor, c: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _prior_bias(module: _Heads, y: torch.Tensor, c: int) -> None:
+def prior_bias(module: Heads, y: torch.Tensor, c: int) -> None:
     """Start the output bias at the (add-one smoothed) log label prior: the best input-free guess,
     so a probe on an uninformative layer starts where it should end (matters for MDL's early stops)."""
     bias = module.b2 if isinstance(module, _MLPHeads) else module.b
     bias.copy_(_log_prior(y, c).to(bias.device).expand_as(bias))
 
 
-def _fit_group(x_train, y_tr, x_dev, y_dv, c, layers, cfg: ProbeConfig, stats=None) -> dict[str, Any]:
+def fit_layer_group(x_train, y_tr, x_dev, y_dv, c, layers, cfg: ProbeConfig, stats=None) -> dict[str, Any]:
     dev = cfg.device
     gen = torch.Generator().manual_seed(cfg.seed)
-    x = _tensor(x_train, layers, dev)
+    x = layer_tensor(x_train, layers, dev)
     cfg = _resolve(cfg, x.shape[1])
-    xd = _tensor(x_dev, layers, dev) if x_dev is not None else None
-    mu, sd = stats if stats is not None else _standardisation(x, cfg.standardize)
+    xd = layer_tensor(x_dev, layers, dev) if x_dev is not None else None
+    mu, sd = stats if stats is not None else standardisation(x, cfg.standardize)
     m, h = x.shape[0], x.shape[2]
     if cfg.kind == "linear":
         module = _LinearHeads(m, h, c, mu, sd)
     else:
         module = _MLPHeads(m, h, c, mu, sd, cfg.hidden, cfg.dropout, gen)
-    _prior_bias(module, y_tr, c)
+    prior_bias(module, y_tr, c)
     module.to(dev)
     y_tr, y_dv = y_tr.to(dev), (y_dv.to(dev) if y_dv is not None else None)
-    info = _train(module, x, y_tr, xd, y_dv, cfg, gen)
-    _, _, train_acc, train_loss = _evaluate(module, x, y_tr)
+    info = train_heads(module, x, y_tr, xd, y_dv, cfg, gen)
+    _, _, train_acc, train_loss = evaluate_heads(module, x, y_tr)
     out = {"weights": module.export(), "train_accuracy": train_acc.cpu().numpy(), "steps": info["steps"],
            "train_loss": train_loss.cpu().numpy(), "best_step": info["best_step"], "module": module,
            "dev_accuracy": None, "dev_predictions": None, "config": cfg}  # fmt: skip
     if xd is not None:
-        _, pred, acc, _ = _evaluate(module, xd, y_dv)
+        _, pred, acc, _ = evaluate_heads(module, xd, y_dv)
         out["dev_predictions"] = pred.cpu().numpy()
         out["dev_accuracy"] = acc.cpu().numpy() if acc is not None else None
     return out
-
-
-# --------------------------------------------------------------------------- baselines
-BASELINE_KEY = "baseline"  # extra key: the baseline a row measures (the app draws such rows as baselines)
-BASELINE_FOR_KEY = "baseline_for"  # extra key: the metric whose panel a baseline line is drawn in
-
-
-def mark_baselines(rows, baselines: Mapping[str, str | tuple[str, str]]):
-    """Declare which rows are baselines, in their data: {metric: name} or {metric: (name, for_metric)}
-    sets `extra["baseline"] = name` (and `extra["baseline_for"] = for_metric`: the metric the line is a
-    reference for, e.g. majority for accuracy) on the rows of that metric. The app and the figures
-    draw a row by this marker (app/data.py `row_kinds`), so a new probe's baselines need no app
-    change. A row already marked keeps its marker (the runner marks every row of a random-init twin)."""
-    from workbench.results import decode_extra, to_json
-
-    rows = rows.copy()
-    for metric, spec in baselines.items():
-        name, of = (spec, None) if isinstance(spec, str) else spec
-        pick = (rows["metric"] == metric).to_numpy()
-        if not pick.any():
-            continue
-        marked = []
-        for i, e in zip(np.flatnonzero(pick), rows["extra"].to_numpy()[pick]):
-            ex = decode_extra(e)
-            if BASELINE_KEY not in ex:
-                ex[BASELINE_KEY] = name
-                if of is not None:
-                    ex[BASELINE_FOR_KEY] = of
-            marked.append(to_json(ex, f"column 'extra', row {i}"))
-        rows.loc[pick, "extra"] = marked
-    return rows
-
-
-def label_distribution(labels, num_classes: int) -> np.ndarray:
-    """Empirical class distribution [C] of integer labels."""
-    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=num_classes).astype(np.float64)
-    return counts / max(counts.sum(), 1.0)
-
-
-def control_labels(types: Sequence[str], distribution: np.ndarray, seed: int) -> np.ndarray:
-    """Hewitt & Liang (2019) control task: each word TYPE gets one label drawn from `distribution`.
-
-    The draw for a type depends only on (seed, type) - a hash mapped through the inverse CDF - so
-    a type keeps its control label across train/dev/test and across calls, whatever order or
-    subset of the data is passed. Use the task's empirical train distribution (`label_distribution`).
-    """
-    p = np.asarray(distribution, dtype=np.float64)
-    if p.ndim != 1 or (p < 0).any() or p.sum() <= 0:
-        raise ConfigError(f"control_labels: distribution must be non-negative with positive sum, got {p}")
-    cdf = np.cumsum(p / p.sum())
-    uniq, inverse = np.unique(np.asarray(list(types), dtype=object).astype(str), return_inverse=True)
-    u = np.array(
-        [int.from_bytes(hashlib.blake2b(f"{seed}\x00{t}".encode(), digest_size=8).digest(), "little") / 2**64 for t in uniq]
-    )
-    per_type = np.minimum(np.searchsorted(cdf, u, side="right"), len(p) - 1)
-    return per_type[inverse].astype(np.int64)
-
-
-def majority_baseline(y_train, y_eval) -> tuple[int, float]:
-    """(most frequent train label, its accuracy on y_eval)."""
-    y_train, y_eval = np.asarray(y_train), np.asarray(y_eval)
-    label = int(np.bincount(y_train).argmax())
-    return label, float((y_eval == label).mean()) if len(y_eval) else float("nan")
-
-
-# --------------------------------------------------------------------------- MDL
-
-MDL_FRACTIONS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.0625, 0.125, 0.25, 0.5, 1.0)
-
-
-@dataclass
-class MDLResult:
-    """Online code (Voita & Titov 2020), per layer. Code lengths in bits."""
-
-    layers: np.ndarray  # [L]
-    online_codelength: np.ndarray  # [L]
-    uniform_codelength: float  # N log2 C
-    compression: np.ndarray  # [L] uniform / online
-    block_ends: np.ndarray  # [T] cumulative example counts at the timestamps
-    block_codelengths: np.ndarray  # [L, T]: block 0 = uniform code, block i = cost under the model fitted on blocks < i
-    num_classes: int
-    num_examples: int
-
-
-def mdl_online_code(
-    x,
-    y,
-    num_classes: int | None = None,
-    layers: Sequence[int] | None = None,
-    fractions: Sequence[float] = MDL_FRACTIONS,
-    config: ProbeConfig | Mapping[str, Any] | None = None,
-    seed: int = 0,
-    holdout: float = 0.1,
-    **overrides,
-) -> MDLResult:
-    """Online code length of labels `y` given features `x` ([L, N, H]), all layers batched.
-
-    Voita & Titov (2020): shuffle the examples (seeded), cut at the timestamps t_1 < ... < t_T = N
-    (fractions of the data), send the first t_1 labels with the uniform code (log2 C bits each),
-    then for each i train a probe on the first t_i examples and pay -log2 p(y | x) for examples
-    t_i+1 .. t_{i+1}. Compression = N log2 C / online code length.
-
-    Choices of ours: each block's probe is our batched probe with `config`, early-stopped on the
-    held-out loss of the last `holdout` share of its own prefix (data already transmitted, so the
-    code stays decodable; without it a probe fitted on noise overfits and codes worse than
-    uniform), checked every 5 L-BFGS iterations; feature standardisation uses all x, which the
-    receiver knows (only labels are transmitted).
-    """
-    cfg = _config(config, overrides, defaults={"stop_on": "loss", "eval_every": 5})
-    n_layers = x.shape[0]
-    layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
-    y_all, c = _labels(y, x.shape[1], num_classes, "y")
-    n = len(y_all)
-    fr = np.asarray(fractions, dtype=np.float64)
-    if (np.diff(fr) <= 0).any() or fr[-1] != 1.0 or fr[0] <= 0:
-        raise ConfigError(f"MDL fractions must increase strictly to 1.0, got {fractions}")
-    ends = np.unique(np.clip(np.round(fr * n).astype(np.int64), 1, n))
-    perm = np.random.default_rng(seed).permutation(n)
-    group = cfg.layer_batch or len(layers)
-    codes = np.zeros((len(layers), len(ends)))
-    codes[:, 0] = ends[0] * math.log2(c)
-    for g in range(0, len(layers), group):
-        sel = layers[g : g + group]
-        xg = _tensor(x, sel, cfg.device)[:, torch.as_tensor(perm)]
-        yg = y_all[torch.as_tensor(perm)].to(cfg.device)
-        stats = _standardisation(xg, cfg.standardize)
-        for i in tqdm(range(len(ends) - 1), desc="MDL blocks", disable=not cfg.progress, leave=False):
-            a, b = int(ends[i]), int(ends[i + 1])
-            block_cfg = replace(cfg, seed=cfg.seed + i)
-            n_hold = int(round(holdout * a)) if cfg.early_stopping and a >= 10 else 0
-            fit_x, fit_y = xg[:, : a - n_hold], yg[: a - n_hold]
-            dev_x, dev_y = (xg[:, a - n_hold : a], yg[a - n_hold : a]) if n_hold else (None, None)
-            fitted = _fit_group(fit_x, fit_y, dev_x, dev_y, c, list(range(len(sel))), block_cfg, stats=stats)
-            logp, _, _, _ = _evaluate(fitted["module"], xg[:, a:b], None, want_logp=True)
-            nll = -logp.gather(-1, yg[a:b].view(1, -1, 1).expand(len(sel), -1, 1)).squeeze(-1)
-            codes[g : g + len(sel), i + 1] = (nll.sum(1) / math.log(2)).cpu().numpy()
-    online = codes.sum(1)
-    uniform = n * math.log2(c)
-    return MDLResult(
-        layers=np.asarray(layers), online_codelength=online, uniform_codelength=uniform,
-        compression=uniform / online, block_ends=ends, block_codelengths=codes, num_classes=c, num_examples=n,
-    )  # fmt: skip
-
-
-# --------------------------------------------------------------------------- scalar mix
-
-
-@dataclass
-class ScalarMixResult:
-    """Scalar mixes over layers (Peters et al. 2018; Tenney et al. 2019).
-
-    Head l mixes layers 0..l (the cumulative probes); the last head mixes all layers and gives the
-    mixing weights and centre of gravity.
-    """
-
-    weights: np.ndarray  # [L] softmax weights of the all-layer mix
-    gamma: float
-    centre_of_gravity: float  # sum_l l * s_l
-    cumulative_weights: np.ndarray  # [L, L] row l: weights of the mix of layers 0..l
-    cumulative_dev_accuracy: np.ndarray  # [L] score(l) of the probe on layers 0..l
-    deltas: np.ndarray  # [L] Delta_l = score(l) - score(l-1) (Delta_0 = 0)
-    expected_layer: float  # sum l Delta_l / sum Delta_l
-    dev_accuracy: float  # of the all-layer mix
-
-
-def centre_of_gravity(weights) -> float:
-    """Tenney et al. (2019): E_s[l] = sum_l l * s_l of the scalar-mix weights."""
-    w = np.asarray(weights, dtype=np.float64)
-    return float((np.arange(len(w)) * w).sum() / w.sum())
-
-
-def expected_layer(scores) -> tuple[np.ndarray, float]:
-    """Tenney et al. (2019) cumulative scoring: Delta_l = score(l) - score(l-1), E[l] = sum l Delta_l / sum Delta_l.
-
-    `scores[l]` is the score of a probe on the mix of layers 0..l. Returns (deltas with Delta_0 = 0,
-    expected layer); NaN when the deltas sum to zero.
-    """
-    s = np.asarray(scores, dtype=np.float64)
-    deltas = np.concatenate([[0.0], np.diff(s)])
-    total = deltas[1:].sum()
-    return deltas, float((np.arange(len(s)) * deltas).sum() / total) if total != 0 else float("nan")
-
-
-def fit_scalar_mix(
-    x_train,
-    y_train,
-    x_dev,
-    y_dev,
-    num_classes: int | None = None,
-    config: ProbeConfig | Mapping[str, Any] | None = None,
-    **overrides,
-) -> ScalarMixResult:
-    """Learn softmax layer weights jointly with a linear probe on the mix; all cumulative mixes at once.
-
-    One batched program with L+1 heads: head l is a linear probe on gamma * sum_{j<=l} s_j z_j (z_j =
-    standardised layer j). The all-layer head gives the weights and centre of gravity; the heads'
-    dev accuracies give Tenney et al.'s differential scores and expected layer. Trained with Adam
-    (the mix makes the problem non-convex), early stopping per head on dev loss by default (accuracy
-    saturates long before the mix weights settle).
-    """
-    cfg = _config(config, overrides, defaults={"stop_on": "loss", "batch_size": 512, "min_steps": 1000})
-    cfg = replace(cfg, optimizer="adam", lr=cfg.lr or 1e-2)
-    y_tr, c = _labels(y_train, x_train.shape[1], num_classes, "y_train")
-    c = max(c, int(np.max(y_dev)) + 1) if num_classes is None and len(y_dev) else c
-    y_dv = _labels(y_dev, x_dev.shape[1], c, "y_dev")[0].to(cfg.device)
-    n_layers = x_train.shape[0]
-    x = _tensor(x_train, range(n_layers), cfg.device)
-    xd = _tensor(x_dev, range(n_layers), cfg.device)
-    mu, sd = _standardisation(x, True)
-    allowed = torch.tril(torch.ones(n_layers, n_layers, dtype=torch.bool))
-    module = _ScalarMixHeads(allowed, x.shape[2], c, mu, sd)
-    _prior_bias(module, y_tr, c)
-    module.to(cfg.device)
-    _train(module, x, y_tr.to(cfg.device), xd, y_dv, cfg, torch.Generator().manual_seed(cfg.seed))
-    _, _, acc, _ = _evaluate(module, xd, y_dv)
-    acc = acc.cpu().numpy()
-    with torch.no_grad():
-        weights = module.mix_weights().cpu().numpy()
-    deltas, expected = expected_layer(acc)
-    return ScalarMixResult(
-        weights=weights[-1], gamma=float(module.gamma[-1].detach()), centre_of_gravity=centre_of_gravity(weights[-1]),
-        cumulative_weights=weights, cumulative_dev_accuracy=acc, deltas=deltas, expected_layer=expected,
-        dev_accuracy=float(acc[-1]),
-    )  # fmt: skip
-
-
-# --------------------------------------------------------------------------- tidy rows
-
-
-def layer_rows(
-    metrics: Mapping[str, Sequence[float]],
-    *,
-    probe: str,
-    task: str,
-    split: str,
-    layers: Sequence[int] | None = None,
-    stack: str | None = "encoder",
-    n: int | Sequence[int] | None = None,
-    ci: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
-    extra: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-    model: str | None = None,
-    family: str | None = None,
-    seed: int | None = None,
-    step: int | None = None,
-):
-    """Per-layer metrics -> a DataFrame in the results schema (`workbench.results.RESULT_COLUMNS`).
-
-    metrics: {"accuracy": [L], "selectivity": [L], ...}; ci: {"accuracy": (low [L], high [L])};
-    extra: one dict for all rows or one per layer. Rows are validated by the results store.
-    """
-    from workbench.results import validate_rows
-
-    lengths = {len(np.atleast_1d(v)) for v in metrics.values()}
-    if len(lengths) != 1:
-        raise ConfigError(f"layer_rows: metrics have different lengths {sorted(lengths)}")
-    n_layers = lengths.pop()
-    layers = list(range(n_layers)) if layers is None else [int(l) for l in layers]
-    if len(layers) != n_layers:
-        raise ConfigError(f"layer_rows: {len(layers)} layer indices for {n_layers} values")
-    ci = ci or {}
-    unknown = set(ci) - set(metrics)
-    if unknown:
-        raise ConfigError(f"layer_rows: confidence intervals for unknown metrics {sorted(unknown)}")
-    ns = [n] * n_layers if n is None or np.isscalar(n) else list(n)
-    extras = list(extra) if isinstance(extra, Sequence) and not isinstance(extra, (str, Mapping)) else [extra] * n_layers
-    rows = []
-    for name, values in metrics.items():
-        values = np.atleast_1d(np.asarray(values, dtype=np.float64))
-        low, high = ci.get(name, (None, None))
-        for i, layer in enumerate(layers):
-            rows.append({
-                "model": model, "family": family, "seed": seed, "step": step, "probe": probe, "task": task,
-                "split": split, "stack": stack, "layer": layer, "metric": name, "value": float(values[i]),
-                "n": None if ns[i] is None else int(ns[i]),
-                "ci_low": None if low is None else float(np.asarray(low)[i]),
-                "ci_high": None if high is None else float(np.asarray(high)[i]),
-                "extra": extras[i],
-            })  # fmt: skip
-    return validate_rows(rows)
-
-
-def config_dict(config: ProbeConfig) -> dict[str, Any]:
-    """The probe config as a plain dict (for run manifests)."""
-    return asdict(config)
