@@ -139,7 +139,7 @@ def test_saved_derived_model_loads_as_a_plain_checkpoint_with_its_lineage(tiny_c
 
 
 def _old_random_init_twin(handle, seed):
-    """The twin as probes/core/engine.py built it before derived handles (commit eb2d399)."""
+    """The twin as probes/engine.py built it before derived handles (commit eb2d399)."""
     model = handle.model
     config = copy.deepcopy(model.config)
     devices = [p.device for p in model.parameters()][:1] or [torch.device("cpu")]
