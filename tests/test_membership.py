@@ -166,6 +166,68 @@ def test_target_in_shadow_set_means_one_of_its_runs(tmp_path):
     assert not mem.target_in_shadow_set(tmp_path / "other" / "seed-0" / "step-0000100", sset)
 
 
+def _copied_shadow_set(root, tiny_checkpoint, kind: str, n: int = 4):
+    """A shadow-set folder of `n` copies of a tiny checkpoint: pretrain `model-II/seed-0/step-0000100`
+    (plus an earlier step-0000050 of each run); finetune `model-II/seed-0/best` beside step folders."""
+    import json
+    import shutil
+
+    models = []
+    for i in range(n):
+        run = root / f"model-{i:02d}" / "seed-0"
+        for step in ("step-0000050", "step-0000100"):
+            shutil.copytree(tiny_checkpoint, run / step)
+        if kind == "finetune":
+            shutil.copytree(tiny_checkpoint, run / "best")
+        models.append({"checkpoint": str((run / ("best" if kind == "finetune" else "step-0000100")).relative_to(root))})
+    (root / "shadows.json").write_text(json.dumps({"kind": kind, "models": models}))
+    return root
+
+
+def test_shadows_are_a_lazy_runner_role_and_the_target_run_is_never_a_shadow(tiny_checkpoint, tmp_path, monkeypatch):
+    """LiRA's shadows are the runner's lazy `shadows` role: resolved before any work (every checkpoint
+    LiRA may read: each model's recorded one; fine-tuned sets also every step folder, for the
+    per-epoch choice), hashed into the resume key, loaded by `shadow_matrix` one at a time; the
+    probed model's own training run is never among its shadows, for any step of it."""
+    from types import SimpleNamespace
+
+    from probes.core import runner
+    from workbench.checkpoints import weights_hash
+
+    folder = _copied_shadow_set(tmp_path / "pre", tiny_checkpoint, "pretrain")
+    settings = runner.make_settings(mem.Settings, {"tasks": ["attacks"], "attacks": ["loss", "lira"], "shadows": str(folder)})
+    resolved = runner.resolve_roles(mem.PROBE, settings)["shadows"]
+    assert [c.path for c in resolved] == [folder / f"model-{i:02d}" / "seed-0" / "step-0000100" for i in range(4)]
+    assert runner.resolve_roles(mem.PROBE, runner.make_settings(
+        mem.Settings, {"attacks": ["loss"], "shadows": str(folder)})) == {}  # no LiRA: neither loaded nor keyed
+    fine = _copied_shadow_set(tmp_path / "fine", tiny_checkpoint, "finetune", n=2)
+    fine_settings = runner.make_settings(mem.Settings, {"setting": "finetune", "attacks": ["loss", "lira"],
+                                                        "shadows": str(fine)})
+    assert sorted(str(c.path.relative_to(fine)) for c in runner.resolve_roles(mem.PROBE, fine_settings)["shadows"]) == [
+        f"model-{i:02d}/seed-0/{f}" for i in range(2) for f in ("best", "step-0000050", "step-0000100")]
+    with pytest.raises(ConfigError, match="shadows \\(shadows\\): .*a pretrain shadow set; the finetune setting"):
+        runner.resolve_roles(mem.PROBE, runner.make_settings(mem.Settings, {**fine_settings.as_config(), "shadows": str(folder)}))
+
+    role = runner.load_roles(mem.PROBE, {"shadows": resolved})["shadows"]
+    assert [r.checkpoint_hash for r in role] == [weights_hash(c.path) for c in resolved]
+    scored = []
+    monkeypatch.setattr(mem, "corpus_of", lambda ck: (SimpleNamespace(doc_ids=lambda split: ["a"] if split == "train" else ["b"]), None))
+    monkeypatch.setattr(mem, "lm_stats", lambda h, texts, *a, **k: scored.append(h.path.parent.parent.name)
+                        or mem.Stats(np.zeros(len(texts)), np.full(len(texts), float(len(scored)))))
+    sample = mem.Sample(ids=["a#0", "b#0"], doc_ids=["a", "b"], texts=["x y", "z w"], is_member=np.array([True, False]),
+                        lengths=np.array([2, 2]))
+    for target in (folder / "model-01" / "seed-0" / "step-0000100", folder / "model-02" / "seed-0" / "step-0000050",
+                   tmp_path / "elsewhere" / "seed-0" / "step-0000100"):
+        scored.clear()
+        phi, ins, outs, names = mem.shadow_matrix(sample, target, mem.prepare(settings), settings, shadows=role)
+        own = target.parent.parent.name
+        assert own not in scored and not any(n.startswith(own + "/") for n in names)
+        assert scored == [f"model-{i:02d}" for i in range(4) if f"model-{i:02d}" != own]
+        assert phi.shape == (2, len(scored)) and ins[0].all() and outs[1].all()
+    with pytest.raises(RuntimeError, match="did not resolve"):  # a shadow outside the role would be unkeyed
+        mem.shadow_matrix(sample, tmp_path / "t" / "seed-0" / "step-1", mem.prepare(settings), settings, shadows=role[:3])
+
+
 def test_each_shadow_set_is_loaded_and_checked_under_its_own_folder(monkeypatch):
     """Two settings naming different shadow sets get their own (not the first one loaded), and the
     kind check applies to every setting."""

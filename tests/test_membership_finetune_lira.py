@@ -80,7 +80,9 @@ def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp
     settings = {"setting": "finetune", "tasks": ["attacks"], "attacks": ["loss", "lira"], "shadows": str(shadow_set.folder),
                 "length_bin": 4, "n_boot": 200, "baselines": [], "progress": False}
     _, rows = runner.run_probe("membership", [target], settings, store=ResultsStore(tmp_path / "runs"))
-    assert loads == [str(shadow_set.folder)]  # read once: its pool bounds the sample, its models give phi
+    # read twice per run, never per unit: by the runner's shadows role (its checkpoints, hashed into the
+    # resume key) and once by the probe (its pool bounds the sample, its models give phi)
+    assert loads == [str(shadow_set.folder)] * 2
     auc = rows[rows["metric"] == "auc"].set_index("task")
     print("finetune LiRA AUCs:", auc["value"].round(3).to_dict(), "n:", auc["n"].to_dict())
 

@@ -331,11 +331,91 @@ def test_many_role_takes_every_step_and_loads_each_checkpoint_once(training_fold
     real_load = runner._load_handle
     monkeypatch.setattr(runner, "_load_handle", lambda ck: loads.append(ck.name) or real_load(ck))
     both = runner.make_settings(ManySettings, {"shadows": [str(step), str(tiny_checkpoint)], "teacher": str(step)})
-    handles = runner._load_roles(spec, runner.resolve_roles(spec, both))
+    handles = runner.load_roles(spec, runner.resolve_roles(spec, both))
     assert loads == ["toyrun/seed-1/step-0000010", "tiny-bert"]  # the step both roles name: loaded once
     assert isinstance(handles["shadows"], list) and handles["shadows"][0] is handles["teacher"]
     assert runner._role_key(handles) == (f"|shadows={weights_hash(step)[:16]},{weights_hash(tiny_checkpoint)[:16]}"
                                          f"|teacher={weights_hash(step)[:16]}")
+
+
+@dataclass
+class LazySettings(ToySettings):
+    shadows: tuple[str, ...] = ()
+
+
+def lazy_run_task(unit, prepared, task, s) -> list[pd.DataFrame]:
+    """One whole-model row: the sum of dimension 0 of every shadow's word embeddings, each shadow
+    loaded here (the runner loads none of a lazy role)."""
+    total = 0.0
+    for shadow in unit.roles["shadows"]:
+        h = shadow.load()
+        assert h.checkpoint_hash == shadow.checkpoint_hash
+        total += float(h.model.get_input_embeddings().weight[:, 0].detach().double().sum())
+    return [unit.rows(task, {"shadow_dim0": total}, split="dev", n=len(unit.roles["shadows"]))]
+
+
+LAZY = runner.ProbeSpec("toy-lazy", ("dim0",), LazySettings, toy_prepare, lazy_run_task,
+                        roles={"shadows": runner.Role("shadows", many=True, lazy=True)})
+
+
+def test_lazy_role_is_hashed_not_loaded_and_a_changed_shadow_reruns_the_unit(tiny_checkpoint, tmp_path, monkeypatch):
+    """A `lazy` many role (LiRA's shadows): the runner resolves every checkpoint and puts each one's
+    weight-file hash into every unit's resume key and the run's notes, but loads none (the probe
+    does). An interrupted run's finished unit is reused under the same shadows; once one shadow is
+    retrained (its weights change), nothing is reused."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from workbench.checkpoints import weights_hash
+
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    shadows = []
+    for i in range(3):
+        shadows.append(tmp_path / f"model-{i}" / "seed-0" / "step-0000010")
+        shutil.copytree(tiny_checkpoint, shadows[-1])
+    settings = {"shadows": [str(p) for p in shadows], "baselines": [], "progress": False}
+    loads = []
+    real_load = runner._load_handle
+    monkeypatch.setattr(runner, "_load_handle", lambda ck: loads.append(ck.name) or real_load(ck))
+    lazy = runner.load_roles(LAZY, runner.resolve_roles(LAZY, runner.make_settings(LazySettings, settings)))["shadows"]
+    assert loads == [] and [c.checkpoint_hash for c in lazy] == [weights_hash(p) for p in shadows]
+    assert [c.path for c in lazy] == shadows
+
+    probed = [tiny_checkpoint, shadows[0]]  # two units; the second one crashes in the first attempts
+    calls = []
+
+    def crash_on_second(unit, prepared, task, s):
+        calls.append(unit.model)
+        if unit.model != "tiny-bert":
+            raise KeyboardInterrupt
+        return lazy_run_task(unit, prepared, task, s)
+
+    store = ResultsStore(tmp_path / "runs")
+    monkeypatch.setattr(LAZY, "run_task", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_probe(LAZY, probed, settings, store=store)
+    assert calls == ["tiny-bert", "model-0/seed-0/step-0000010"]
+    assert loads == ["tiny-bert", *(f"model-{i}/seed-0/step-0000010" for i in range(3)), "model-0/seed-0/step-0000010"]
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):  # the same shadows: the finished unit is reused
+        runner.run_probe(LAZY, probed, settings, store=store)
+    assert calls == ["model-0/seed-0/step-0000010"]
+
+    weights = load_file(shadows[1] / "model.safetensors")  # shadow 1 retrained: other weights
+    name = next(k for k in weights if k.endswith("word_embeddings.weight"))
+    weights[name] = weights[name] + 1.0
+    save_file(weights, shadows[1] / "model.safetensors", metadata={"format": "pt"})
+    calls.clear()
+    monkeypatch.setattr(LAZY, "run_task", lambda *a: calls.append(a[0].model) or lazy_run_task(*a))
+    run_id, rows = runner.run_probe(LAZY, probed, settings, store=store)
+    assert calls == ["tiny-bert", "model-0/seed-0/step-0000010"]  # nothing reused
+    assert store.manifest(run_id)["notes"]["reused_units"] == []
+    want = sum(float(load_file(p / "model.safetensors")[name][:, 0].double().sum()) for p in shadows)
+    assert rows["value"].tolist() == pytest.approx([want, want], rel=1e-9)
+    assert rows["layer"].isna().all()
+    noted = store.manifest(run_id)["notes"]["roles"]["shadows"]
+    assert [r["sha256"] for r in noted] == [weights_hash(p) for p in shadows] and noted[1]["sha256"] != lazy[1].checkpoint_hash
 
 
 def test_align_target_and_membership_reference_are_roles(tiny_checkpoint):

@@ -12,7 +12,8 @@ specific to it (in the spirit of structural-probes' one-concern modules and nano
     run_task(unit, prepared, task, settings) -> rows   one (model, stack, task)
     PROBE = ProbeSpec(...)      registered in `probes/__init__.py`
     roles={"target": Role(...)} optional: extra checkpoints the probe reads beside the probed one
-                                (align's target model, membership's reference model, a teacher)
+                                (align's target model, membership's reference model and shadow
+                                models, a teacher)
 
 What the runner does, in order, so that bad input fails before any expensive work:
 1. settings are coerced and validated (`Settings.validate`), then every checkpoint is resolved
@@ -21,7 +22,8 @@ What the runner does, in order, so that bad input fails before any expensive wor
    role's setting names (`Role`);
 2. `prepare` loads the data once;
 3. each role's checkpoints are loaded once for the whole run (`unit.roles[name]`: a handle, or a
-   list for a `many` role); their hashes go into every unit's resume key and the run's notes
+   list for a `many` role; a `lazy` role's are hashed, not loaded: the probe loads what it reads,
+   e.g. LiRA's shadows one at a time); their hashes go into every unit's resume key and the run's notes
    (`roles`); one results-store run is opened (manifest: settings, seeds, data files with checksums,
    checkpoints with hashes and, for a derived model, its lineage); for each checkpoint the handle is
    loaded and, when "random_init" is among the baselines, its random-init twin is derived
@@ -59,9 +61,9 @@ import pandas as pd
 from tqdm import tqdm
 
 from probes.core.statistics import N_BOOT
-from workbench.checkpoints import Checkpoint, expand_checkpoints
+from workbench.checkpoints import Checkpoint, expand_checkpoints, weights_hash
 from workbench.coerce import build_dataclass, coerce_value
-from workbench.errors import CheckpointError, ConfigError, yaml_problem
+from workbench.errors import CheckpointError, ConfigError, DataFormatError, yaml_problem
 from workbench.io import read_yaml
 
 TWIN_SEED_OFFSET = 7919  # random-init twins use probe seed + this (never a checkpoint's own step-0 init)
@@ -153,19 +155,49 @@ class Prepared:
 @dataclass(frozen=True)
 class Role:
     """An extra checkpoint a probe reads beside the probed one: a target model (align), a reference
-    model (Carlini et al. 2021's reference attack), a teacher (distillation), shadow models.
+    model (Carlini et al. 2021's reference attack), a teacher (distillation), shadow models (LiRA).
 
     `setting` is the Settings field naming it: a checkpoint folder, a Hub name in the local cache or
     (`many`) a list or comma-separated string of them, where a training folder gives every saved
-    step; empty or None leaves the role out. The runner resolves it with the probed checkpoints
-    (before any work), loads it once per run and hands it to every unit (`unit.roles[name]`: a
-    handle, a list of handles for `many`); its hash joins each unit's resume key. `used(settings)`
-    says whether these settings read the role at all (e.g. only when the attack that needs it runs):
-    an unused role is neither loaded nor keyed."""
+    step; empty or None leaves the role out. `checkpoints(settings)`, when given, turns the setting
+    into the checkpoints instead (membership: a shadow-set folder -> its models' checkpoints). The
+    runner resolves the role with the probed checkpoints (before any work), loads it once per run
+    and hands it to every unit (`unit.roles[name]`: a handle, a list of handles for `many`); its
+    hash joins each unit's resume key. `used(settings)` says whether these settings read the role at
+    all (e.g. only when the attack that needs it runs): an unused role is neither loaded nor keyed.
+
+    `lazy`: the runner resolves and hashes the checkpoints (weight files only: their hashes join
+    the resume key and the run's notes) but loads none; `unit.roles[name]` holds `RoleCheckpoint`s
+    and the probe loads the ones it reads when it reads them (`.load()`). For a set a probe chooses
+    from per unit and would not hold in memory at once: LiRA's shadow models, where the probed
+    model's own training run is left out per unit and a fine-tuned target is compared with each
+    shadow's step at the target's epoch. The key then covers every checkpoint the probe may read."""
 
     setting: str
     many: bool = False
     used: Callable[[Settings], bool] | None = None
+    checkpoints: Callable[[Settings], Sequence[str | Path]] | None = None
+    lazy: bool = False
+
+
+@dataclass(frozen=True)
+class RoleCheckpoint:
+    """A checkpoint of a `lazy` role: resolved and hashed by the runner, loaded by the probe (`load`)."""
+
+    checkpoint: Checkpoint
+    checkpoint_hash: str  # `workbench.checkpoints.weights_hash`: what a loaded handle's hash would be
+
+    @property
+    def name(self) -> str:
+        return self.checkpoint.name
+
+    @property
+    def path(self) -> Path | None:
+        return self.checkpoint.path
+
+    def load(self):
+        """The model handle (a fresh load each call: the probe decides what stays in memory)."""
+        return self.checkpoint.handle if self.checkpoint.handle is not None else _load_handle(self.checkpoint)
 
 
 @dataclass
@@ -219,7 +251,7 @@ class Unit:
     notes: dict[str, Any]  # run-level notes (shared by every unit of the run)
     timings: dict[str, float] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict, repr=False)  # a probe's own per-unit memo
-    roles: dict[str, Any] = field(default_factory=dict)  # role -> handle (a list for a `many` role)
+    roles: dict[str, Any] = field(default_factory=dict)  # role -> handle (a list for `many`; RoleCheckpoints if lazy)
     _acts: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -325,14 +357,21 @@ def resolve_roles(spec: ProbeSpec, settings: Settings) -> dict[str, list[Checkpo
             continue
         if value is None or (isinstance(value, str) and not value.strip()) or (not isinstance(value, str) and not value):
             continue
-        if isinstance(value, str):
-            items = [v.strip() for v in value.split(",") if v.strip()] if r.many else [value.strip()]
-        else:
-            items = [str(v) for v in value]
         try:
-            cks = expand_checkpoints(items)
+            if r.checkpoints is not None:
+                items = [str(v) for v in r.checkpoints(settings)]
+            elif isinstance(value, str):
+                items = [v.strip() for v in value.split(",") if v.strip()] if r.many else [value.strip()]
+            else:
+                items = [str(v) for v in value]
+            # a lazy role's checkpoints never name rows: one at a time, so that folders of one name
+            # in different runs (a fine-tuned set's `best`) may sit side by side; each folder once
+            cks = (list({str(c.path.resolve()): c for item in items for c in expand_checkpoints([item])}.values())
+                   if r.lazy else expand_checkpoints(items))
         except (CheckpointError, ConfigError) as e:
             raise type(e)(f"{r.setting} ({role}): {e}") from None
+        except DataFormatError as e:  # a role's own listing file (a shadow set's shadows.json)
+            raise ConfigError(f"{r.setting} ({role}): {e}") from None
         if not r.many and len(cks) != 1:
             raise ConfigError(f"{r.setting} ({role}): {value!r} holds {len(cks)} checkpoints; the {role} role takes "
                               f"one (name a step folder)")
@@ -340,11 +379,16 @@ def resolve_roles(spec: ProbeSpec, settings: Settings) -> dict[str, list[Checkpo
     return out
 
 
-def _load_roles(spec: ProbeSpec, roles: Mapping[str, list[Checkpoint]]) -> dict[str, Any]:
-    """Every role's handles, each checkpoint loaded once (a folder named by two roles too)."""
+def load_roles(spec: ProbeSpec, roles: Mapping[str, list[Checkpoint]]) -> dict[str, Any]:
+    """Every role's handles, each checkpoint loaded once (a folder named by two roles too); a lazy
+    role's `RoleCheckpoint`s (hashed, not loaded)."""
     loaded: dict[str, Any] = {}
     out: dict[str, Any] = {}
     for role, cks in roles.items():
+        if spec.roles[role].lazy:
+            out[role] = [RoleCheckpoint(ck, ck.handle.checkpoint_hash if ck.handle is not None else weights_hash(ck.path))
+                         for ck in cks]
+            continue
         handles = []
         for ck in cks:
             key = str(Path(ck.path).resolve()) if ck.path is not None else id(ck.handle)
@@ -428,7 +472,7 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store,
     prepared = spec.prepare(settings)
     timings: dict[str, Any] = {"prepare": round(time.perf_counter() - t_start, 3)}
     t0 = time.perf_counter()
-    role_handles = _load_roles(spec, roles or {})
+    role_handles = load_roles(spec, roles or {})
     role_key = _role_key(role_handles)
     if role_handles:
         timings["roles|load"] = round(time.perf_counter() - t0, 3)

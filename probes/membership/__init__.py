@@ -51,7 +51,9 @@ checkpoint trained on disjoint data (`reference` is reference_diff's old name);
 `lira` needs a shadow set (`workbench.shadows`): the target's examples are looked up in each
 shadow model's own manifest (IN = its train split, OUT = its held-out split; fine-tuned shadows:
 IN = the examples it trained on, OUT = the rest of its splits.json); shadows from the target's own
-training run are left out; a fine-tuned target is compared with each shadow at the target's epoch
+training run are left out (per unit); the shadows are the runner's lazy `shadows` role
+(`shadow_checkpoints`: every checkpoint LiRA may read, hashed into each unit's resume key, so a
+retrained shadow re-runs the unit; loaded one at a time when read); a fine-tuned target is compared with each shadow at the target's epoch
 (its step folder of that epoch, where kept). Fine-tuning setting: members and non-members are drawn from the shadow
 set's pool only (dev/test and unsampled examples have no IN shadow); phi = Carlini et al.'s
 logit-scaled confidence on the true label, z_y - logsumexp(z_other).
@@ -407,11 +409,32 @@ def _shadow_set(prepared, settings: Settings):
     sets = prepared.data.setdefault("shadow_sets", {})
     if settings.shadows not in sets:
         sets[settings.shadows] = ShadowSet.load(settings.shadows)
-    sset = sets[settings.shadows]
+    return _of_the_setting(sets[settings.shadows], settings)
+
+
+def _of_the_setting(sset, settings: Settings):
+    """The shadow set, refused when its kind is not the setting's."""
     if sset.kind != settings.setting:
         raise ConfigError(f"{settings.shadows}: a {sset.kind} shadow set; the {settings.setting} setting needs a "
                           f"{settings.setting} one")
     return sset
+
+
+def shadow_checkpoints(settings: Settings) -> list[Path]:
+    """Every checkpoint LiRA may read from the shadow set (the runner's lazy `shadows` role: it
+    resolves and hashes them into each unit's resume key, `shadow_matrix` loads them one at a time):
+    each model's recorded checkpoint and, for fine-tuned shadows, every step folder of its run
+    (`_at_epoch` picks the one at the target's epoch, which depends on the unit)."""
+    from workbench.checkpoints import list_steps
+    from workbench.shadows import ShadowSet
+
+    sset = _of_the_setting(ShadowSet.load(settings.shadows), settings)
+    out = []
+    for ck in sset.checkpoints:
+        out.append(ck)
+        if sset.kind == "finetune":
+            out += [step for _, step in list_steps(ck.parent)]
+    return out
 
 
 def _epochs(manifest: dict) -> float | None:
@@ -444,16 +467,19 @@ def _reference_stats(unit, sample: Sample, prepared, settings: Settings) -> Stat
     return prepared.data["stats"][key]
 
 
-def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Settings, data=None):
+def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Settings, data=None, shadows=None):
     """[n, S] shadow statistics phi and IN/OUT masks from each shadow's own manifest (pretrain: its
     corpus split; finetune: its splits.json, `workbench.finetune.members`); shadows from the
-    target's training run are left out. `data`: the task (finetune). Returns (phi, in_mask,
-    out_mask, shadow names)."""
-    from workbench.models import ModelHandle
-
+    target's training run are left out. `data`: the task (finetune). `shadows`: the runner's
+    `shadows` role (`runner.RoleCheckpoint`s, hashed into the resume key), from which each shadow
+    is loaded when it is read and let go after (resolved here the runner's way when not given).
+    Returns (phi, in_mask, out_mask, shadow names)."""
     key = ("shadows", settings.shadows, sample.key, str(target_path))
     if key in prepared.data["stats"]:
         return prepared.data["stats"][key]
+    if shadows is None:
+        shadows = runner.load_roles(PROBE, {"shadows": runner.resolve_roles(PROBE, settings)["shadows"]})["shadows"]
+    resolved = {Path(c.path).resolve(): c for c in shadows}
     sset = _shadow_set(prepared, settings)
     target_run = Path(target_path).resolve().parent
     epoch = _finetune_epoch(target_path) if settings.setting == "finetune" else None
@@ -463,7 +489,9 @@ def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Setting
             continue
         if epoch is not None:
             ck = _at_epoch(ck, epoch)
-        h = ModelHandle.load(ck)
+        if ck.resolve() not in resolved:  # the role lists every checkpoint this loop may pick
+            raise RuntimeError(f"{ck}: a shadow the runner's shadows role did not resolve (so not in the resume key)")
+        h = resolved[ck.resolve()].load()
         if settings.setting == "finetune":
             from workbench.finetune import members
 
@@ -651,7 +679,7 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
         else:
             data = (prepared.data["samples"][_finetune_key(unit.checkpoint.path)][1]
                     if settings.setting == "finetune" else None)
-            shadows = shadow_matrix(sample, unit.checkpoint.path, prepared, settings, data)
+            shadows = shadow_matrix(sample, unit.checkpoint.path, prepared, settings, data, unit.roles["shadows"])
             unit.notes.setdefault("lira_shadows", {})[unit.checkpoint.name] = shadows[3]
             if settings.equal_counts is None:  # auto: thin the counts exactly when the design ties them
                 import dataclasses
@@ -720,4 +748,6 @@ PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prep
                          description="membership inference from manifests: LOSS, zlib, reference, Min-K%, Min-K%++, "
                                      "LiRA; layer-wise membership probe",
                          summary=summary, twin_once_per_run=_twin_same_for_every_step,
-                         roles={"reference": runner.Role("reference", used=lambda s: bool(set(s.attacks) & set(REFERENCE_ATTACKS)))})
+                         roles={"reference": runner.Role("reference", used=lambda s: bool(set(s.attacks) & set(REFERENCE_ATTACKS))),
+                                "shadows": runner.Role("shadows", many=True, lazy=True, checkpoints=shadow_checkpoints,
+                                                       used=lambda s: "lira" in s.attacks)})
