@@ -1,0 +1,99 @@
+"""Task items: per word (tags, relations) or per word pair (arcs and sampled non-arcs) of a treebank."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from workbench.errors import ConfigError
+
+
+# --------------------------------------------------------------------------- task items
+@dataclass
+class Items:
+    """The examples of one classification task on one set of sentences.
+
+    cols: word positions (one array per word; two for pairs) into the activations of the split;
+    labels/types: gold label and control-task type key per item; sentence: index of the item's
+    sentence within the set (for bootstrapping); counts: what was built or left out.
+    """
+
+    cols: list[np.ndarray]
+    labels: list[str]
+    types: list[str]
+    sentence: np.ndarray
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def arcs(heads: Sequence[int]) -> list[tuple[int, int]]:
+    """0-based (head, dependent) pairs of a sentence, the root arc left out."""
+    return [(h - 1, d) for d, h in enumerate(heads) if h > 0]
+
+
+def sample_non_arcs(heads: Sequence[int], k: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+    """Up to `k` ordered pairs (a, b), a != b, linked by no arc in either direction, without replacement."""
+    n = len(heads)
+    linked = np.zeros((n, n), dtype=bool)
+    for h, d in arcs(heads):
+        linked[h, d] = linked[d, h] = True
+    np.fill_diagonal(linked, True)
+    candidates = np.flatnonzero(~linked.ravel())
+    take = rng.choice(candidates, size=min(k, len(candidates)), replace=False) if k > 0 else candidates[:0]
+    return [(int(c // n), int(c % n)) for c in np.sort(take)]
+
+
+def build_items(task: str, sentences, offsets: np.ndarray, sentence_ids: Sequence[int] | None = None,
+                seed: int = 0, deprel_subtypes: bool = True) -> Items:
+    """Items of a classification task for `sentences[sentence_ids]`; offsets locate their words.
+
+    `offsets` are the activation offsets of the full list `sentences`. For `arc`, the negatives of
+    sentence i are drawn with a generator seeded by (seed, i), so they do not depend on which other
+    sentences are in the set.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
+    ids = range(len(sentences)) if sentence_ids is None else [int(i) for i in sentence_ids]
+    a_idx, b_idx, labels, types, sent = [], [], [], [], []
+    counts: Counter = Counter()
+    for j, i in enumerate(ids):
+        s, base = sentences[i], int(offsets[i])
+        if task in ("upos", "xpos"):
+            tags = s.upos if task == "upos" else s.xpos
+            for w, (form, tag) in enumerate(zip(s.words, tags)):
+                a_idx.append(base + w)
+                labels.append(tag)
+                types.append(form)
+                sent.append(j)
+            counts["words"] += len(s.words)
+            continue
+        pos = arcs(s.heads)
+        counts["root_arcs_left_out"] += len(s.heads) - len(pos)
+        if task == "deprel":
+            for h, d in pos:
+                rel = s.deprels[d] if deprel_subtypes else s.deprels[d].split(":")[0]
+                a_idx.append(base + h)
+                b_idx.append(base + d)
+                labels.append(rel)
+                types.append(s.words[d])
+                sent.append(j)
+            counts["arcs"] += len(pos)
+        elif task == "arc":
+            neg = sample_non_arcs(s.heads, len(pos), np.random.default_rng([seed, i]))
+            counts["positive_pairs"] += len(pos)
+            counts["negative_pairs"] += len(neg)
+            counts["negative_shortfall"] += len(pos) - len(neg)
+            for (h, d), label in [(p, "arc") for p in pos] + [(p, "none") for p in neg]:
+                a_idx.append(base + h)
+                b_idx.append(base + d)
+                labels.append(label)
+                types.append(f"{s.words[h]}\x00{s.words[d]}")
+                sent.append(j)
+        else:
+            raise ConfigError(f"not a classification task: {task!r}")
+    cols = [np.asarray(a_idx, dtype=np.int64)] + ([np.asarray(b_idx, dtype=np.int64)] if task in ("deprel", "arc") else [])
+    return Items(cols, labels, types, np.asarray(sent, dtype=np.int64), dict(counts))

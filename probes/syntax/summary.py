@@ -1,0 +1,81 @@
+"""The syntax run's summary table (`format_layer_table`)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from probes.core import runner
+from probes.syntax.settings import NAME
+
+
+RANDOM_INIT_SUFFIX = runner.RANDOM_INIT_SUFFIX
+
+
+# --------------------------------------------------------------------------- summary table
+def format_layer_table(rows: pd.DataFrame) -> str:
+    """Per-layer summary of a syntax run: one block per checkpoint and stack (twins folded into their checkpoint).
+
+    Columns: layer, UPOS accuracy [95% CI], UPOS selectivity, UUAS, and the baselines: UPOS majority,
+    random-init UPOS accuracy, random-init UUAS, linear-chain UUAS. "-" where a task was not run.
+    """
+    if rows is None or len(rows) == 0:
+        return "(no rows)"
+    df = rows[(rows["probe"] == NAME) & rows["layer"].notna()]
+    df = df[~df["split"].astype(str).str.contains(":")]
+    stacks = [s for s in dict.fromkeys(df["stack"].tolist()) if isinstance(s, str)]
+    if len(stacks) > 1:  # an encoder-decoder probed on both stacks: one block per stack
+        return "\n\n".join(_format_blocks(df[df["stack"] == s], f" [{s}]") for s in stacks)
+    return _format_blocks(df, "")
+
+
+def _format_blocks(df: pd.DataFrame, suffix: str) -> str:
+    def series(model, task, metric):
+        sub = df[(df["model"] == model) & (df["task"] == task) & (df["metric"] == metric)]
+        return {int(r.layer): r for r in sub.itertuples()}
+
+    def fmt(r, ci=False):
+        if r is None or r.value is None or (isinstance(r.value, float) and math.isnan(r.value)):
+            return "-"
+        s = f"{r.value:.3f}"
+        if ci and pd.notna(r.ci_low) and pd.notna(r.ci_high):
+            s += f" [{r.ci_low:.3f},{r.ci_high:.3f}]"
+        return s
+
+    models = [m for m in dict.fromkeys(df["model"].tolist()) if not str(m).endswith(RANDOM_INIT_SUFFIX)]
+    header = ["layer", "UPOS acc [95% CI]", "UPOS sel", "UUAS", "UPOS majority", "rand-init UPOS", "rand-init UUAS",
+              "chain UUAS"]  # fmt: skip
+    blocks = []
+    for model in models:
+        twin = model + RANDOM_INIT_SUFFIX
+        acc = series(model, "upos", "accuracy") or series(model, "upos", "mlp_accuracy")
+        sel = series(model, "upos", "selectivity") or series(model, "upos", "mlp_selectivity")
+        uuas, maj = series(model, "structural-distance", "uuas"), series(model, "upos", "majority")
+        racc = series(twin, "upos", "accuracy") or series(twin, "upos", "mlp_accuracy")
+        ruuas, chain = series(twin, "structural-distance", "uuas"), series(model, "structural-distance", "right_branching_uuas")
+        layers = sorted(set().union(acc, sel, uuas, maj, racc, ruuas, chain))
+        table = [header] + [[str(l), fmt(acc.get(l), True), fmt(sel.get(l)), fmt(uuas.get(l)), fmt(maj.get(l)),
+                             fmt(racc.get(l)), fmt(ruuas.get(l)), fmt(chain.get(l))] for l in layers]  # fmt: skip
+        blocks.append(f"== {model}{suffix}\n" + runner.aligned(table))
+    if not blocks:
+        return "(no per-layer syntax rows)"
+    if len(models) <= MAX_LAYER_BLOCKS:
+        return "\n\n".join(blocks)
+    # A sweep over many checkpoints: the last one in full, then one line per checkpoint and metric.
+    run_ids = df["run_id"].dropna().unique().tolist() if "run_id" in df else []
+    show = f"bertology runs show {run_ids[0]}" if len(run_ids) == 1 else "bertology runs show RUN_ID"
+    out = [f"(per-layer tables of the other {len(models) - 1} checkpoints: `{show}`)", blocks[-1]]
+    for task, metric, label in CHECKPOINT_MATRICES:
+        cells = {m: series(m, task, metric) for m in models}
+        layers = sorted(set().union(*cells.values()))
+        if layers:
+            table = [[label + " | layer"] + [str(l) for l in layers]]
+            table += [[m] + [fmt(cells[m].get(l)) for l in layers] for m in models]
+            out.append(f"== {label} by checkpoint and layer{suffix}\n" + runner.aligned(table))
+    return "\n\n".join(out)
+
+
+MAX_LAYER_BLOCKS = 3  # more checkpoints than this: one matrix per metric instead of a block each
+CHECKPOINT_MATRICES = (("upos", "accuracy", "UPOS acc"), ("upos", "selectivity", "UPOS sel"),
+                       ("structural-distance", "uuas", "UUAS"), ("structural-depth", "root_acc", "root acc"))
