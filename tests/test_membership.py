@@ -211,8 +211,10 @@ def test_shadows_are_a_lazy_runner_role_and_the_target_run_is_never_a_shadow(tin
     role = runner.load_roles(mem.PROBE, {"shadows": resolved})["shadows"]
     assert [r.checkpoint_hash for r in role] == [weights_hash(c.path) for c in resolved]
     scored = []
-    monkeypatch.setattr(mem, "corpus_of", lambda ck: (SimpleNamespace(doc_ids=lambda split: ["a"] if split == "train" else ["b"]), None))
-    monkeypatch.setattr(mem, "lm_stats", lambda h, texts, *a, **k: scored.append(h.path.parent.parent.name)
+    from probes.membership import tasks as mem_tasks  # where shadow_matrix looks them up
+
+    monkeypatch.setattr(mem_tasks, "corpus_of", lambda ck: (SimpleNamespace(doc_ids=lambda split: ["a"] if split == "train" else ["b"]), None))
+    monkeypatch.setattr(mem_tasks, "lm_stats", lambda h, texts, *a, **k: scored.append(h.path.parent.parent.name)
                         or mem.Stats(np.zeros(len(texts)), np.full(len(texts), float(len(scored)))))
     sample = mem.Sample(ids=["a#0", "b#0"], doc_ids=["a", "b"], texts=["x y", "z w"], is_member=np.array([True, False]),
                         lengths=np.array([2, 2]))
@@ -385,7 +387,9 @@ def test_attacks_recover_a_planted_signal(shadow_set, tmp_path, monkeypatch, del
     from workbench.results import ResultsStore
 
     sigma, tau, calls = 1.0, 6.0, []
-    monkeypatch.setattr(mem, "lm_stats", _planted_lm_stats(delta, sigma, tau, calls))
+    from probes.membership import tasks as mem_tasks  # the target's and the shadows' statistics are read there
+
+    monkeypatch.setattr(mem_tasks, "lm_stats", _planted_lm_stats(delta, sigma, tau, calls))
     target = shadow_set.checkpoints[0]
     settings = {"tasks": ["attacks"], "attacks": ["loss", "lira"], "shadows": str(shadow_set.folder), "min_words": 1,
                 "length_bin": 4, "n_boot": 200, "baselines": [], "progress": False, "fix_variance": True}
