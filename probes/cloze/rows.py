@@ -1,0 +1,146 @@
+"""One (model, stack, task): `run_task` and the rows of each of its parts."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+
+from probes.cloze.blank import blank_word, probe_words
+from probes.cloze.finetune import finetune_mc, weighted_score
+from probes.cloze.scoring import accuracy_ci, lens_correct, zero_shot
+from probes.cloze.settings import FIXED_CHOICE_TASKS, Settings
+from probes.core import baselines, fitting, runner
+from workbench.errors import CheckpointError
+from workbench.lm_scores import LMScorer, lm_scorer
+
+
+def _scorer(unit) -> LMScorer | None:
+    if "scorer" not in unit.state:
+        try:
+            unit.state["scorer"] = lm_scorer(unit.handle)
+        except CheckpointError as e:
+            unit.state["scorer"] = None
+            unit.notes.setdefault("no_lm_head", []).append({"model": unit.model, "why": str(e)})
+            unit.log(f"no LM head: zero-shot, lens and learning curves skipped ({e})")
+    return unit.state["scorer"]
+
+
+def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: Settings) -> list[pd.DataFrame]:
+    data = prepared.data[task]
+    test = data["test"]
+    K = len(test[0].choices)
+    L = unit.handle.num_layers[unit.stack]
+    last = [L]
+    seed, n_boot = settings.seed, settings.n_boot
+    out: list[pd.DataFrame] = []
+    # data-only and head-based rows once per model (with --stack all, on its first stack's unit)
+    head_stack = unit.stack == unit.handle.stacks[0]
+    scorer = _scorer(unit) if head_stack else None
+
+    if not unit.is_twin and head_stack and "majority" in settings.baselines:
+        _, maj = baselines.majority_baseline([it.answer for it in data["train"]], [it.answer for it in test])
+        out.append(baselines.mark_baselines(unit.rows(task, {"majority_acc": [maj], "random_acc": [1.0 / K]}, split="test", layers=last,
+                             n=len(test)), {"majority_acc": "majority", "random_acc": "chance"}))
+
+    if scorer is not None and head_stack:
+        correct, scores = zero_shot(scorer, test, settings.batch_size)
+        acc, lo, hi = accuracy_ci(correct, n_boot, seed)
+        methods = sorted({m for ms in scores.method for m in ms})
+        multi = int(sum(any(n > 1 for n in ns) for ns in scores.n_pieces))
+        metrics, ci = {"zero_shot_acc": [acc]}, {"zero_shot_acc": ([lo], [hi])}
+        if settings.nonsense:
+            c2, _ = zero_shot(scorer, data["nonsense"], settings.batch_size)
+            a2, l2, h2 = accuracy_ci(c2, n_boot, seed)
+            metrics["nonsense_acc"], ci["nonsense_acc"] = [a2], ([l2], [h2])
+        out.append(unit.rows(task, metrics, split="test", layers=last, n=len(test), ci=ci,
+                             extra={"methods": methods, "items_with_multipiece_candidates": multi,
+                                    "head": scorer.kind}))
+        if settings.lens:
+            out.append(_lens_rows(unit, scorer, data, task, settings))
+        if settings.curve_sizes:
+            out.append(_learning_curve(unit, scorer, data, task, settings))
+
+    if settings.probe and task in FIXED_CHOICE_TASKS:
+        out.extend(_blank_probe(unit, data, task, settings))
+    return out
+
+
+
+def _lens_rows(unit, scorer, data, task, settings) -> pd.DataFrame:
+    """Per layer: `lens_acc` on the test items and, with the language control, `lens_nonsense_acc`
+    (the same items, nonsense words for the content words, answers unchanged) and
+    `lens_nonsense_gap` = lens_acc - lens_nonsense_acc with a paired bootstrap CI over items (item i
+    of the control is item i of the test set). A layer whose lens is above chance on the real items
+    and at chance on the control reads the content; one that scores the same on both prefers a
+    candidate word (or a surface cue) whatever the sentence says. At the last layer the two
+    accuracies are zero_shot_acc and nonsense_acc (tested)."""
+    test, seed, n_boot = data["test"], settings.seed, settings.n_boot
+    lc = lens_correct(scorer, test, settings.batch_size)
+    a, lo, hi = accuracy_ci(lc, n_boot, seed)
+    metrics, ci = {"lens_acc": a}, {"lens_acc": (lo, hi)}
+    if settings.nonsense:
+        nc = lens_correct(scorer, data["nonsense"], settings.batch_size)
+        metrics["lens_nonsense_acc"], l2, h2 = accuracy_ci(nc, n_boot, seed)
+        ci["lens_nonsense_acc"] = (l2, h2)
+        metrics["lens_nonsense_gap"], l3, h3 = accuracy_ci(lc.astype(np.float64) - nc, n_boot, seed)
+        ci["lens_nonsense_gap"] = (l3, h3)
+    # ELECTRA: the generator's layers (its own head), which may differ in number from the
+    # discriminator's; T5/BART: the decoder's layers
+    rows = unit.rows(task, metrics, split="test", n=len(test), ci=ci,
+                     extra={"head_model": type(scorer.model).__name__})
+    return rows.assign(stack="decoder") if scorer.kind == "seq2seq" else rows
+
+
+def _learning_curve(unit, scorer, data, task, settings) -> pd.DataFrame:
+    train, test = data["train"], data["test"]
+    sizes = [n for n in settings.curve_sizes if n <= len(train)]
+    if len(sizes) < len(settings.curve_sizes):
+        unit.log(f"{task}: learning-curve sizes above {len(train)} train items skipped")
+    means, sds, maxs, per_seed = [], [], [], []
+    for n in sizes:
+        accs = []
+        for s in range(settings.curve_seeds):
+            rng = np.random.default_rng([settings.seed, n, s])
+            sub = [train[i] for i in sorted(rng.choice(len(train), size=n, replace=False))]
+            accs.append(finetune_mc(scorer, sub, test, steps=settings.curve_steps, lr=settings.curve_lr,
+                                    seed=settings.seed * 1000 + s)["accuracy"])
+            unit.log(f"{task}: fine-tuned on {n} items (seed {s}): test accuracy {accs[-1]:.3f}")
+        means.append(np.mean(accs)), sds.append(np.std(accs)), maxs.append(np.max(accs)), per_seed.append(accs)
+    ws = weighted_score(sizes, means)
+    L = unit.handle.num_layers[unit.stack]
+    frames = [unit.rows(task, {"curve_acc_mean": [m], "curve_acc_sd": [sd], "curve_acc_max": [mx]}, split="test",
+                        layers=[L], n=len(test), extra={"train_size": n, "seeds": settings.curve_seeds,
+                                                        "steps": settings.curve_steps, "accuracies": a})
+              for n, m, sd, mx, a in zip(sizes, means, sds, maxs, per_seed)]
+    frames.append(unit.rows(task, {"weighted_score": [ws]}, split="test", layers=[L], n=len(test),
+                            extra={"train_sizes": sizes}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _blank_probe(unit, data, task, settings) -> list[pd.DataFrame]:
+    causal = unit.stack == "decoder"
+    tok = unit.handle.tokenizer
+    feats, ys, keys = {}, {}, {}
+    for s in ("train", "dev", "test"):
+        sents, where = probe_words(data[s], tok, causal)
+        digest = hashlib.sha256("\n".join(" ".join(w) for w in sents).encode()).hexdigest()[:12]
+        acts = unit.activations(sents, dataset_key=f"cloze-{task}-{s}-{digest}")
+        offsets = np.asarray(acts.sentence_offsets)
+        feats[s] = np.asarray(acts.layers[:, offsets[:-1] + where], dtype=np.float32)
+        ys[s] = np.array([it.answer for it in data[s]])
+        keys[s] = [it.key for it in data[s]]
+    K = len(data["test"][0].choices)
+    res = fitting.fit_probe(feats["train"], ys["train"], feats["dev"], ys["dev"], num_classes=K, seed=settings.seed)
+    correct = res.correct(feats["test"], ys["test"])
+    a, lo, hi = accuracy_ci(correct, settings.n_boot, settings.seed)
+    metrics, ci = {"probe_acc": a}, {"probe_acc": (lo, hi)}
+    if "control" in settings.baselines:
+        dist = baselines.label_distribution(ys["train"], K)
+        yc = {s: baselines.control_labels(keys[s], dist, settings.seed) for s in ("train", "dev", "test")}
+        rc = fitting.fit_probe(feats["train"], yc["train"], feats["dev"], yc["dev"], num_classes=K, seed=settings.seed)
+        metrics["control_acc"] = rc.accuracy(feats["test"], yc["test"])
+        metrics["selectivity"] = a - metrics["control_acc"]
+    return [baselines.mark_baselines(unit.rows(task, metrics, split="test", n=len(data["test"]), ci=ci,
+                      extra={"position": "last word" if causal else "blank", "blank": blank_word(tok)}), {"control_acc": ("control", "probe_acc")})]
