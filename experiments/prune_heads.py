@@ -66,6 +66,8 @@ def prune_seed(model, run, args, seed: int) -> dict:
         rec = curve.record()
         best = curve.steps[curve.threshold_step].heads_kept
         rec["test_accuracy_at_threshold"] = accuracy(best, run.test, test_rows)
+        rec["rows"] = H.curve_rows(curve, model=args.checkpoint, family=run.family, seed=seed, task="sentence_polarity",
+                                   test_at_threshold=rec["test_accuracy_at_threshold"])
         rec["test_accuracy_full"] = accuracy(np.ones(shape, bool), run.test, test_rows)
         rec["seconds"] = round(time.time() - t0, 1)
         out[order] = rec
@@ -99,6 +101,30 @@ def refinetune(args, base_cfg: dict, curves: dict, seed: int, out: Path) -> dict
         print(f"seed {seed} re-fine-tuned {order:6s} ({int(kept.sum())} heads): dev {res[order]['dev']:.3f} "
               f"test {res[order]['test']:.3f}", flush=True)
     return res
+
+
+def write_rows(report: dict, cfg) -> str:
+    """Every curve's rows (`workbench.compress.heads.curve_rows`) and the re-fine-tuned accuracies
+    as one results-store run named prune-heads (the app's surviving-heads matrix reads it)."""
+    from workbench.results import ResultsStore
+
+    rows = []
+    for seed, entry in report["seeds"].items():
+        for order in H.ORDERS:
+            rows += entry["curves"][order].pop("rows")
+        for order in H.ORDERS if "refinetuned" in entry else ():
+            r = entry["refinetuned"][order]
+            for split in ("dev", "test"):
+                rows.append({"model": report["checkpoint"], "seed": int(seed), "probe": H.PROBE,
+                             "task": "sentence_polarity", "split": split, "metric": "accuracy_refinetuned",
+                             "value": r[split], "extra": {"method": H.METHOD, "order": order,
+                                                          "n_kept": r["n_kept"], "checkpoint": r["checkpoint"]}})
+    with ResultsStore().start_run("prune", {"method": H.METHOD, **report["args"]}, seeds=[int(s) for s in report["seeds"]],
+                                  checkpoints=[e["finetuned"] for e in report["seeds"].values()],
+                                  name="prune-heads") as writer:
+        writer.add(rows)
+        writer.note("summary", report["summary"])
+        return writer.run_id
 
 
 def main(argv=None) -> dict:
@@ -148,6 +174,7 @@ def main(argv=None) -> dict:
         report["summary"]["refinetuned_test"] = {o: _mean_sd([report["seeds"][s]["refinetuned"][o]["test"]
                                                               for s in report["seeds"]]) for o in H.ORDERS}
     report["seconds"] = round(time.time() - t0, 1)
+    report["run_id"] = write_rows(report, cfg)
     atomic_write_json(out / "prune_heads.json", report)
     print(json.dumps(report["summary"], indent=1))
     print(f"wrote {out / 'prune_heads.json'} in {report['seconds']} s")

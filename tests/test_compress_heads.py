@@ -335,3 +335,35 @@ def test_bad_settings_are_one_clear_error():
         H.iterative_pruning((3, 10), metric, None, order="random", fraction=1.2)
     with pytest.raises(ConfigError, match="needs an importance"):
         H.iterative_pruning((3, 10), metric, None, order="good")
+
+
+# ------------------------------------------------------------------------------ rows and the view
+
+
+def test_curve_rows_and_the_surviving_heads_matrix():
+    """Rows of two seeds' curves -> the app's matrix: each cell the share of seeds keeping the head."""
+    from app.views.prune_heads import PLOTS, matrix, surviving_heads, surviving_heads_plot
+
+    value, metric = _planted(shape=(2, 5))
+    rows = []
+    masks = {}
+    for seed in (0, 1):
+        for order in ("good", "random"):
+            curve = H.iterative_pruning(value.shape, metric, lambda k: value, order=order, seed=seed, threshold=0.8)
+            masks[seed, order] = curve.steps[curve.threshold_step].heads_kept
+            rows += H.curve_rows(curve, model="m", family="bert", seed=seed, task="t", test_at_threshold=0.5)
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    kept_rows = df[df["metric"] == "head_kept"]
+    assert len(kept_rows) == 2 * 2 * value.size and set(kept_rows["layer"]) == {1, 2}
+    prunable = df[df["metric"] == "heads_prunable"]
+    assert sorted(prunable["value"]) == sorted(float((~m).sum()) for m in masks.values())
+    table = surviving_heads(df)
+    for order in ("good", "random"):
+        expected = (masks[0, order].astype(float) + masks[1, order]) / 2
+        np.testing.assert_allclose(matrix(table, order), expected)
+    drawn = PLOTS["prune_heads_matrix"](df, "Surviving heads", {})
+    assert drawn is not None and len(drawn.figure.data) == 2
+    np.testing.assert_allclose(np.asarray(drawn.figure.data[0].z, float), (masks[0, "good"] + masks[1, "good"].astype(float)) / 2)
+    assert surviving_heads_plot(df, "x", {"model": "m", "task": "t"}).data["value"].between(0, 1).all()

@@ -549,3 +549,37 @@ def leave_one_out(shape: tuple[int, int], evaluate_loss: Callable[[np.ndarray], 
             kept[layer, head] = False
             out[layer, head] = float(evaluate_loss(kept)) - base
     return out
+
+
+# ------------------------------------------------------------------------------------------ rows
+
+PROBE = "prune"
+METHOD = "heads"
+
+
+def curve_rows(curve: PruningCurve, *, model: str, family: str | None, seed: int, task: str,
+               test_at_threshold: float | None = None) -> list[dict]:
+    """An order's curve as results-store rows (`workbench.results` schema), probe "prune":
+
+    - metric "accuracy", split "dev", one row per pruning step (`extra`: method, order,
+      pruning_step, n_removed, n_heads);
+    - metric "heads_prunable": heads removed at the threshold step (`extra`: threshold, full);
+    - metric "accuracy", split "test": the threshold subnetwork's test accuracy, when given;
+    - metric "head_kept", one row per (layer, head) of the threshold mask: value 1 kept, 0 removed,
+      `layer` = block index + 1 (the hidden-states convention: 0 is the embeddings), `extra.head`."""
+    base = {"model": model, "family": family, "seed": seed, "probe": PROBE, "task": task}
+    n_heads = int(curve.steps[0].heads_kept.size)
+    tag = {"method": METHOD, "order": curve.order, "n_heads": n_heads}
+    rows = [{**base, "split": "dev", "metric": "accuracy", "value": s.metric,
+             "extra": {**tag, "pruning_step": s.step, "n_removed": s.n_removed}} for s in curve.steps]
+    best = curve.steps[curve.threshold_step]
+    rows.append({**base, "split": "dev", "metric": "heads_prunable", "value": float(curve.prunable),
+                 "extra": {**tag, "threshold": curve.threshold, "full": curve.full}})
+    if test_at_threshold is not None:
+        rows.append({**base, "split": "test", "metric": "accuracy", "value": float(test_at_threshold),
+                     "extra": {**tag, "pruning_step": best.step, "n_removed": best.n_removed, "at": "threshold"}})
+    for layer, row in enumerate(best.heads_kept):
+        for head, kept in enumerate(row):
+            rows.append({**base, "split": "dev", "layer": layer + 1, "metric": "head_kept", "value": float(kept),
+                         "extra": {**tag, "head": head, "n_removed": best.n_removed}})
+    return rows
