@@ -13,8 +13,8 @@ kept through training (Prasanna et al.'s re-fine-tuned good / random / bad subne
 Writes `<out>/prune_heads.json` (every curve with each step's mask, prunable counts, test
 accuracy of each threshold subnetwork, re-fine-tuned accuracies) and prints a summary. CPU:
 
-    python experiments/prune_heads.py sentence-transformers/all-MiniLM-L6-v2 --seeds 0 \\
-        --train 400 --eval 200 --epochs 3 --importance-examples 128 --out /tmp/prune-heads
+    python experiments/prune_heads.py sentence-transformers/all-MiniLM-L6-v2 --seeds 0 --train 1000 \\
+        --eval 300 --epochs 2 --lr 1e-4 --importance-examples 128 --threads 1 --out /tmp/prune-heads
 
 GPU: see docs/pruning_heads.md (the whole task, 3 seeds, `--to-end --refinetune`).
 """
@@ -22,6 +22,7 @@ GPU: see docs/pruning_heads.md (the whole task, 3 seeds, `--to-end --refinetune`
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import time
@@ -35,6 +36,7 @@ from workbench.finetune import (collate, evaluate, load_classifier, load_finetun
                                 run_finetune)
 from workbench.io import atomic_write_json
 from workbench.loop import TrainingHooks
+from workbench.paths import runs_root
 
 
 def _mean_sd(values):
@@ -78,7 +80,7 @@ def prune_seed(model, run, args, seed: int) -> dict:
     return out
 
 
-def refinetune(args, base_cfg: dict, curves: dict, seed: int, out: Path) -> dict:
+def refinetune(args, base_cfg: dict, curves: dict, seed: int) -> dict:
     """Re-fine-tune the pretrained model under each order's mask of the size "good" reached."""
     from workbench.models import ModelHandle
 
@@ -90,10 +92,13 @@ def refinetune(args, base_cfg: dict, curves: dict, seed: int, out: Path) -> dict
         kept = np.asarray(steps[min(step, len(steps) - 1)]["heads_kept"], bool)
         if min(step, len(steps) - 1) != step:  # the order stopped early: its mask at the nearest step
             res[f"{order}_note"] = f"curve ended at step {len(steps) - 1}"
-        folder = out / "masked" / f"seed-{seed}-{order}"
+        # the masked pretrained model, a derived checkpoint named by what it holds (parent and mask)
+        key = hashlib.sha256(json.dumps([str(args.checkpoint), kept.tolist()]).encode()).hexdigest()[:12]
+        folder = runs_root() / "prune_heads" / "masked" / f"seed-{seed}-{order}-{key}"
         if not folder.is_dir():
             H.masked_handle(base, kept, method="heads", order=order, seed=seed, step=step).save(folder)
         cfg = load_finetune_config({**base_cfg, "checkpoint": str(folder), "seeds": [seed],
+                                    "epochs": args.refinetune_epochs or args.epochs,
                                     "name": f"refinetune-{order}-seed-{seed}", "baselines": False})
         r = run_finetune(cfg, hooks=TrainingHooks(after_step=H.mask_keeper(kept)))
         res[order] = {"dev": r.seeds[0].dev["accuracy"], "test": r.seeds[0].test["accuracy"],
@@ -103,7 +108,13 @@ def refinetune(args, base_cfg: dict, curves: dict, seed: int, out: Path) -> dict
     return res
 
 
-def write_rows(report: dict, cfg) -> str:
+def _without_rows(report: dict) -> dict:
+    return {**report, "seeds": {s: {**e, "curves": {o: {k: v for k, v in c.items() if k != "rows"}
+                                                    for o, c in e["curves"].items()}}
+                                for s, e in report["seeds"].items()}}
+
+
+def write_rows(report: dict, rows_by_seed: dict) -> str:
     """Every curve's rows (`workbench.compress.heads.curve_rows`) and the re-fine-tuned accuracies
     as one results-store run named prune-heads (the app's surviving-heads matrix reads it)."""
     from workbench.results import ResultsStore
@@ -111,7 +122,7 @@ def write_rows(report: dict, cfg) -> str:
     rows = []
     for seed, entry in report["seeds"].items():
         for order in H.ORDERS:
-            rows += entry["curves"][order].pop("rows")
+            rows += rows_by_seed[seed][order]
         for order in H.ORDERS if "refinetuned" in entry else ():
             r = entry["refinetuned"][order]
             for split in ("dev", "test"):
@@ -139,13 +150,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--importance-examples", type=int, default=512)
     ap.add_argument("--to-end", action="store_true", help="prune every order down to zero heads (full curves)")
     ap.add_argument("--refinetune", action="store_true")
+    ap.add_argument("--refinetune-epochs", type=int, default=None, help="epochs of each re-fine-tuning (default --epochs)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default=os.environ.get("OUT", "runs/prune_heads"))
+    ap.add_argument("--out", default=os.environ.get("OUT", "runs/prune_heads"),
+                    help="where prune_heads.json goes (checkpoints go under the runs root, $BERTOLOGY_RUNS)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("BERTOLOGY_RUNS", str(out / "runs"))
     t0 = time.time()
 
     base_cfg = {"checkpoint": args.checkpoint, "task": "sentence_polarity", "seeds": args.seeds, "epochs": args.epochs,
@@ -161,7 +173,7 @@ def main(argv=None) -> dict:
         curves = prune_seed(model, run, args, r.seed)
         entry = {"finetuned": r.checkpoint, "curves": curves}
         if args.refinetune:
-            entry["refinetuned"] = refinetune(args, base_cfg, curves, r.seed, out)
+            entry["refinetuned"] = refinetune(args, base_cfg, curves, r.seed)
         report["seeds"][str(r.seed)] = entry
     report["summary"] = {order: {"prunable": _mean_sd([report["seeds"][s]["curves"][order]["prunable"]
                                                         for s in report["seeds"]]),
@@ -174,8 +186,10 @@ def main(argv=None) -> dict:
         report["summary"]["refinetuned_test"] = {o: _mean_sd([report["seeds"][s]["refinetuned"][o]["test"]
                                                               for s in report["seeds"]]) for o in H.ORDERS}
     report["seconds"] = round(time.time() - t0, 1)
-    report["run_id"] = write_rows(report, cfg)
-    atomic_write_json(out / "prune_heads.json", report)
+    rows_by_seed = {s: {o: e["curves"][o]["rows"] for o in H.ORDERS} for s, e in report["seeds"].items()}
+    atomic_write_json(out / "prune_heads.json", _without_rows(report))  # first: the evidence, whatever follows
+    report["run_id"] = write_rows(report, rows_by_seed)
+    atomic_write_json(out / "prune_heads.json", _without_rows(report))
     print(json.dumps(report["summary"], indent=1))
     print(f"wrote {out / 'prune_heads.json'} in {report['seconds']} s")
     return report
