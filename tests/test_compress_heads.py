@@ -367,3 +367,20 @@ def test_curve_rows_and_the_surviving_heads_matrix():
     assert drawn is not None and len(drawn.figure.data) == 2
     np.testing.assert_allclose(np.asarray(drawn.figure.data[0].z, float), (masks[0, "good"] + masks[1, "good"].astype(float)) / 2)
     assert surviving_heads_plot(df, "x", {"model": "m", "task": "t"}).data["value"].between(0, 1).all()
+
+
+def test_settings_coerce_and_refuse_bad_values_naming_the_key():
+    s = H.load_settings({"orders": "good,bad", "fraction": "0.2", "threshold": 0.8, "remove": [[0, 1]]}, "prune.yaml")
+    assert s.orders == ["good", "bad"] and s.fraction == 0.2 and s.remove == [[0, 1]]
+    kept = s.check_removed(_tiny("bert"))
+    assert kept.sum() == L * NH - 1 and not kept[0, 1]
+    for values, message in [({"orders": ["best"]}, r"prune.yaml: orders: unknown order\(s\) \['best'\]"),
+                            ({"fraction": 1.2}, r"prune.yaml: fraction: 1.2 is not in \(0, 1\]"),
+                            ({"threshold": 0}, r"prune.yaml: threshold: 0.0 is not in \(0, 1\]"),
+                            ({"importance_examples": 0}, "prune.yaml: importance_examples"),
+                            ({"fractoin": 0.1}, r"prune.yaml: unknown key\(s\) \['fractoin'\] \(did you mean 'fraction'"),
+                            ({"remove": [[0, 1, 2]]}, "prune.yaml: remove: ")]:
+        with pytest.raises(ConfigError, match=message):
+            H.load_settings(values, "prune.yaml")
+    with pytest.raises(ConfigError, match=r"prune.yaml: remove: head \(0, 4\) is out of range"):
+        H.load_settings({"remove": [[0, 4]]}, "prune.yaml").check_removed(_tiny("bert"), "prune.yaml")

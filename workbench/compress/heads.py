@@ -440,6 +440,64 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# ------------------------------------------------------------------------------------ settings
+
+
+@dataclass
+class HeadPruningSettings:
+    """The head-pruning part of a pruning config (`load_settings`; unknown keys and bad values are
+    one `ConfigError` naming the source and the key, before any work).
+
+    `orders`: which of "good", "random", "bad" to run; `fraction`: share of the remaining heads
+    removed per step; `threshold`: stop below this share of the full model's metric;
+    `importance_examples`: training examples the importance is accumulated over; `run_to_end`:
+    prune to zero heads for full curves; `refinetune`: re-fine-tune each subnetwork (Prasanna et al.);
+    `remove`: explicit (layer, head) pairs to mask instead of the iterative procedure (checked
+    against the model by `check_removed`)."""
+
+    orders: list[str] = field(default_factory=lambda: list(ORDERS))
+    fraction: float = 0.1
+    threshold: float = 0.9
+    importance_examples: int = 512
+    run_to_end: bool = False
+    refinetune: bool = False
+    remove: list[list[int]] | None = None
+
+    def __post_init__(self):
+        self.validate("settings")
+
+    def validate(self, source: str) -> None:
+        bad = [o for o in self.orders if o not in ORDERS]
+        if bad or not self.orders:
+            raise ConfigError(f"{source}: orders: unknown order(s) {bad or '(none given)'}; expected some of "
+                              f"{', '.join(ORDERS)}")
+        if not 0 < self.fraction <= 1:
+            raise ConfigError(f"{source}: fraction: {self.fraction} is not in (0, 1]")
+        if not 0 < self.threshold <= 1:
+            raise ConfigError(f"{source}: threshold: {self.threshold} is not in (0, 1]")
+        if self.importance_examples < 1:
+            raise ConfigError(f"{source}: importance_examples: {self.importance_examples} must be at least 1")
+        for pair in self.remove or []:
+            if len(pair) != 2 or any(int(v) < 0 for v in pair):
+                raise ConfigError(f"{source}: remove: {pair!r} is not a (layer, head) pair of indices >= 0")
+
+    def check_removed(self, model: nn.Module, source: str = "settings") -> np.ndarray | None:
+        """The heads-kept matrix of `remove` for this model (None when not given); an index out
+        of range is one `ConfigError` naming `source`."""
+        return None if self.remove is None else mask_from_removed(model, self.remove, where=f"{source}: remove")
+
+
+def load_settings(values: dict | None, source: str = "settings") -> HeadPruningSettings:
+    """`HeadPruningSettings` from a mapping (a YAML section, `--set` values), coerced and checked."""
+    from workbench.coerce import build_dataclass
+
+    try:
+        return build_dataclass(HeadPruningSettings, values, source)
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg.removeprefix('settings: ')}") from None
+
+
 # ---------------------------------------------------------------------------- iterative pruning
 
 
