@@ -10,8 +10,9 @@ subnetworks of the size the "good" order reached are applied as masks to the *pr
 (a derived checkpoint whose manifest records the heads kept) and fine-tuned again with the mask
 kept through training (Prasanna et al.'s re-fine-tuned good / random / bad subnetworks).
 
-Writes `<out>/prune_heads.json` (every curve with each step's mask, prunable counts, test
-accuracy of each threshold subnetwork, re-fine-tuned accuracies) and prints a summary. CPU:
+Writes `<out>/prune_heads.json` (every curve with each step's mask, prunable counts, test accuracy
+of each threshold subnetwork, re-fine-tuned accuracies; `prune_heads.partial.json` after each
+seed, kept if a time limit cuts the run), results-store rows (run name prune-heads) and a summary. CPU:
 
     python experiments/prune_heads.py sentence-transformers/all-MiniLM-L6-v2 --seeds 0 --train 1000 \\
         --eval 300 --epochs 2 --lr 1e-4 --importance-examples 128 --threads 1 --out /tmp/prune-heads
@@ -175,6 +176,7 @@ def main(argv=None) -> dict:
         if args.refinetune:
             entry["refinetuned"] = refinetune(args, base_cfg, curves, r.seed)
         report["seeds"][str(r.seed)] = entry
+        atomic_write_json(out / "prune_heads.partial.json", _without_rows(report))  # kept if a time limit cuts the run
     report["summary"] = {order: {"prunable": _mean_sd([report["seeds"][s]["curves"][order]["prunable"]
                                                         for s in report["seeds"]]),
                                  "test_at_threshold": _mean_sd([report["seeds"][s]["curves"][order]["test_accuracy_at_threshold"]
