@@ -1,0 +1,92 @@
+"""The surviving-heads matrix of head pruning (Michel et al. 2019; Prasanna et al. 2020): layer x
+head, one panel per order ("good", "random", "bad"), for one model and task.
+
+Reads the rows `workbench.compress.heads.curve_rows` writes (probe "prune", metric "head_kept":
+value 1 where the head survives in the subnetwork at 90% of the full model's metric, `layer` =
+block + 1, `extra.head`). Over several seeds a cell is the share of seeds that keep the head, so
+heads every seed keeps stand out (Prasanna et al.'s observation: the surviving heads vary between
+seeds). `surviving_heads_plot` is also a plot kind for `experiments/figures/*.yaml`
+(`PLOTS`, to be listed by the pruning page's companion module).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from workbench.results import decode_extra
+
+ORDER_NAMES = ("good", "random", "bad")
+
+
+def surviving_heads(rows: pd.DataFrame) -> pd.DataFrame:
+    """Tidy table (model, task, order, layer, head, kept, seeds): `kept` = share of seeds keeping
+    the head. Rows other than metric "head_kept" are ignored."""
+    r = rows[rows["metric"] == "head_kept"].copy()
+    if r.empty:
+        return pd.DataFrame(columns=["model", "task", "order", "layer", "head", "kept", "seeds"])
+    extra = [decode_extra(e) for e in r["extra"]]
+    r["order"] = [e.get("order") for e in extra]
+    r["head"] = [int(e["head"]) for e in extra]
+    r["layer"] = r["layer"].astype(int)
+    out = (r.groupby(["model", "task", "order", "layer", "head"], as_index=False)
+           .agg(kept=("value", "mean"), seeds=("seed", "nunique")))
+    return out.sort_values(["model", "task", "order", "layer", "head"]).reset_index(drop=True)
+
+
+def matrix(table: pd.DataFrame, order: str) -> np.ndarray:
+    """The [layers, heads] matrix of one order (layers in block order, 1 first)."""
+    t = table[table["order"] == order]
+    layers, heads = sorted(t["layer"].unique()), sorted(t["head"].unique())
+    m = np.full((len(layers), len(heads)), np.nan)
+    for row in t.itertuples():
+        m[layers.index(row.layer), heads.index(row.head)] = row.kept
+    return m
+
+
+def surviving_heads_plot(rows: pd.DataFrame, title: str, options: dict):
+    """Heatmaps, one per order present, layer (rows) x head (columns), cell = share of seeds
+    keeping the head. options: `model` (default: the first), `task` (default: the first)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from app.figures import Drawn
+
+    table = surviving_heads(rows)
+    if table.empty:
+        raise ValueError("no head_kept rows to draw")
+    model = options.get("model") or sorted(table["model"].unique())[0]
+    task = options.get("task") or sorted(table["task"].unique())[0]
+    table = table[(table["model"] == model) & (table["task"] == task)]
+    orders = [o for o in ORDER_NAMES if o in set(table["order"])]
+    titles = [f"{o}: {np.nansum(1 - matrix(table, o)):.1f} heads removed (mean over seeds)" for o in orders]
+    fig = make_subplots(rows=1, cols=len(orders), subplot_titles=titles, shared_yaxes=True)
+    for i, order in enumerate(orders, start=1):
+        m = matrix(table, order)
+        fig.add_trace(go.Heatmap(z=m, x=list(range(m.shape[1])), y=list(range(1, m.shape[0] + 1)), zmin=0, zmax=1,
+                                 colorscale="Blues", showscale=i == len(orders), name=order,
+                                 hovertemplate="layer %{y} head %{x}: kept in %{z:.0%} of seeds<extra></extra>"),
+                      row=1, col=i)
+        fig.update_xaxes(title_text="head", row=1, col=i)
+    fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
+    fig.update_layout(title=f"{title} ({model}, {task})", height=320 + 20 * int(table["layer"].max()))
+    data = table.rename(columns={"kept": "value"})
+    return Drawn(fig, data.reset_index(drop=True))
+
+
+PLOTS = {"prune_heads_matrix": surviving_heads_plot}
+
+
+def render(rows: pd.DataFrame, key: str = "prune-heads") -> None:
+    """A section of the pruning page: pick model and task, draw the matrix and list the table."""
+    import streamlit as st
+
+    table = surviving_heads(rows)
+    if table.empty:
+        st.info("No head-pruning rows (metric head_kept) in these runs.")
+        return
+    model = st.selectbox("Model", sorted(table["model"].unique()), key=f"{key}-model")
+    task = st.selectbox("Task", sorted(table[table["model"] == model]["task"].unique()), key=f"{key}-task")
+    drawn = surviving_heads_plot(rows, "Surviving heads at 90% of the full model", {"model": model, "task": task})
+    st.plotly_chart(drawn.figure, key=f"{key}-chart")
+    st.dataframe(drawn.data, key=f"{key}-table")

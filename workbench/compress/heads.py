@@ -1,0 +1,643 @@
+"""Attention heads and MLPs: gates, gradient importance, iterative pruning and physical removal.
+
+Follows Michel, Levy & Neubig (2019), "Are Sixteen Heads Really Better than One?" and Prasanna,
+Rogers & Rumshisky (2020), "When BERT Plays the Lottery, All Tickets Are Winning".
+
+- **Gates** (`gates`): a scalar xi_h multiplies the context vector of head h (its slice of the
+  input of the attention output projection, i.e. before W_O mixes the heads), and xi_m multiplies
+  the output of layer m's MLP (its second projection, bias included, before the residual). They
+  are a forward pre-hook on the output projection and a forward hook on the MLP's last projection,
+  so they work whatever attention implementation (eager, sdpa) runs inside. transformers 5
+  ignores `head_mask`; these hooks are the workbench's own masking, and the tests check that the
+  outputs move.
+- **Importance** (`head_importance`): I_h = E_x |dL(x)/dxi_h| at xi = 1 (the current mask), summed
+  over task batches and divided by the number of tokens; then, as in the reference implementations
+  (Michel et al.'s code and transformers' `examples/research_projects/bertology/run_bertology.py`):
+  each layer's vector is divided by its L2 norm, then the whole matrix is min-max scaled to [0, 1].
+  As there, the absolute value is taken of each *batch's* gradient (a batch of one gives the
+  paper's per-example expectation exactly). MLP importance (Prasanna et al.) is the same
+  gradient on the MLP gates, L2-normalised over layers (one MLP per layer) and min-max scaled.
+- **Masks as weights** (`apply_mask`): a head is removed by zeroing its columns of the output
+  projection (exactly the same as gate 0 on its context vector), an MLP by zeroing its last
+  projection's weight and bias (gate 0 on its output). So a masked model is an ordinary
+  checkpoint that opens in plain transformers with the same outputs, and a masked *derived handle*
+  (`masked_handle`) gets its own content hash. During (re-)fine-tuning `mask_keeper` re-zeroes
+  those weights after every optimizer step (`TrainingHooks(after_step=...)`): the gradients of a
+  removed head's Q/K/V are zero anyway (its output meets zeroed columns), only the zeroed columns
+  themselves would move.
+- **Iterative pruning** (`iterative_pruning`): Michel et al.'s procedure: prune 10% of the heads
+  still present per step (at least one), ordered by importance recomputed on the masked model at
+  each step, until the task metric falls below 90% of the full model's. Orders: "good" (least
+  important first: the subnetwork the method finds), "bad" (most important first) and "random"
+  (a seeded permutation), Prasanna et al.'s three kinds of subnetwork.
+- **Physical removal** (`slice_heads`): Q/K/V rows and O columns of removed heads are cut out (and
+  a removed MLP keeps one unit whose output weights are zero), giving a smaller model with the same outputs as
+  the masked one. transformers' configs hold one head count for all layers and no per-layer MLP
+  width, so a sliced model cannot be saved as a plain checkpoint: slicing is the in-memory speed
+  path, and the checkpoint of a pruned model is the masked (zeroed) one. A layer that loses every
+  head keeps one head whose output columns are zero (a zero-width view cannot be reshaped by the
+  attention code): same outputs, one head's cost.
+
+Families: those whose layers are recognised by `attention_sites`: BERT (MiniLM), RoBERTa, ELECTRA,
+SpanBERT (BERT modules), the DeBERTa-style reference encoder (DebertaV2), GPT-2 and Llama-style
+decoders (SmolLM2; grouped K/V are expanded to one K/V per query head when slicing). ALBERT is
+refused: its layers share one set of weights, so a per-layer head mask is not a weight mask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from workbench.errors import ConfigError, WorkbenchError
+
+ORDERS = ("good", "random", "bad")
+
+
+# --------------------------------------------------------------------------------------- the sites
+
+
+@dataclass
+class LayerSites:
+    """Where one layer's heads and MLP live.
+
+    `kind` is "bert" (query/key/value Linears; DeBERTa's are query_proj/key_proj/value_proj),
+    "gpt2" (fused c_attn Conv1D) or "llama" (q/k/v/o_proj, grouped K/V). `out_proj` is the
+    attention output projection whose input holds the heads' context vectors, head h at
+    columns [h*head_dim, (h+1)*head_dim). `mlp_in` are the MLP's input projections, `mlp_out` its
+    last projection."""
+
+    kind: str
+    attention: nn.Module  # the module holding the Q/K/V projections and the head count
+    qkv: tuple[str, ...]  # attribute names on `attention` (one fused name for GPT-2)
+    out_parent: nn.Module
+    out_name: str
+    num_heads: int
+    head_dim: int
+    mlp_parents: tuple[tuple[nn.Module, str], ...]  # input projections (parent, attribute)
+    mlp_out_parent: nn.Module
+    mlp_out_name: str
+
+    @property
+    def out_proj(self) -> nn.Module:
+        return getattr(self.out_parent, self.out_name)
+
+    @property
+    def mlp_out(self) -> nn.Module:
+        return getattr(self.mlp_out_parent, self.mlp_out_name)
+
+
+def _is_conv1d(module) -> bool:
+    return type(module).__name__ == "Conv1D"  # transformers.pytorch_utils.Conv1D: weight [in, out]
+
+
+def attention_sites(model: nn.Module) -> list[LayerSites]:
+    """Every self-attention layer of `model` in depth order (a bare model or one under a task head).
+
+    Raises a `WorkbenchError` naming the model class when no layer is recognised, and for ALBERT."""
+    sites: list[LayerSites] = []
+    for _, m in model.named_modules():
+        cls = type(m).__name__
+        if cls.startswith("Albert") and cls.endswith("Layer"):
+            raise WorkbenchError(f"{type(model).__name__}: ALBERT shares one layer's weights across depth, so "
+                                 f"a per-layer head mask is not a weight mask; head pruning does not support it")
+        att = getattr(m, "attention", None)
+        if att is not None and hasattr(m, "intermediate") and hasattr(m, "output") and hasattr(att, "self"):
+            s = att.self  # BERT / RoBERTa / ELECTRA / DeBERTa-v2
+            names = ("query", "key", "value") if hasattr(s, "query") else ("query_proj", "key_proj", "value_proj")
+            sites.append(LayerSites("bert", s, names, att.output, "dense", int(s.num_attention_heads),
+                                    int(s.attention_head_size), ((m.intermediate, "dense"),), m.output, "dense"))
+        elif hasattr(m, "attn") and hasattr(getattr(m, "attn"), "c_attn") and hasattr(m, "mlp"):
+            a = m.attn  # GPT-2
+            if getattr(a, "is_cross_attention", False):
+                continue
+            sites.append(LayerSites("gpt2", a, ("c_attn",), a, "c_proj", int(a.num_heads), int(a.head_dim),
+                                    ((m.mlp, "c_fc"),), m.mlp, "c_proj"))
+        elif hasattr(m, "self_attn") and hasattr(getattr(m, "self_attn"), "o_proj") and hasattr(m, "mlp"):
+            a = m.self_attn  # Llama-style
+            n = int(a.config.num_attention_heads) if not hasattr(a, "workbench_num_heads") else int(a.workbench_num_heads)
+            sites.append(LayerSites("llama", a, ("q_proj", "k_proj", "v_proj"), a, "o_proj", n, int(a.head_dim),
+                                    ((m.mlp, "gate_proj"), (m.mlp, "up_proj")), m.mlp, "down_proj"))
+    if not sites:
+        raise WorkbenchError(f"{type(model).__name__}: no self-attention layer this module knows (BERT, RoBERTa, "
+                             f"ELECTRA, DeBERTa-v2, GPT-2, Llama)")
+    return sites
+
+
+def head_shape(model: nn.Module) -> tuple[int, int]:
+    """(layers, heads per layer) of a model (the largest head count where layers differ)."""
+    sites = attention_sites(model)
+    return len(sites), max(s.num_heads for s in sites)
+
+
+def check_mask(model: nn.Module, heads_kept, mlps_kept=None, where: str = "mask") -> tuple[np.ndarray, np.ndarray]:
+    """A head mask [layers, heads] and an MLP mask [layers] as bool arrays, checked against the
+    model: one clear `ConfigError` for a wrong shape, and for a head index out of range."""
+    sites = attention_sites(model)
+    L, H = len(sites), max(s.num_heads for s in sites)
+    heads = np.asarray(heads_kept, dtype=bool)
+    if heads.shape != (L, H):
+        raise ConfigError(f"{where}: heads_kept has shape {heads.shape}, the model has {L} layers x {H} heads")
+    mlps = np.ones(L, dtype=bool) if mlps_kept is None else np.asarray(mlps_kept, dtype=bool)
+    if mlps.shape != (L,):
+        raise ConfigError(f"{where}: mlps_kept has shape {mlps.shape}, the model has {L} layers")
+    return heads, mlps
+
+
+def mask_from_removed(model: nn.Module, removed: Iterable[tuple[int, int]], where: str = "heads") -> np.ndarray:
+    """A heads-kept matrix with the (layer, head) pairs in `removed` off; an index out of range is
+    one clear `ConfigError` naming it and the model's shape."""
+    L, H = head_shape(model)
+    kept = np.ones((L, H), dtype=bool)
+    for pair in removed:
+        try:
+            layer, head = (int(v) for v in pair)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: {pair!r} is not a (layer, head) pair") from None
+        if not (0 <= layer < L and 0 <= head < H):
+            raise ConfigError(f"{where}: head ({layer}, {head}) is out of range: the model has layers 0-{L - 1} "
+                              f"and heads 0-{H - 1}")
+        kept[layer, head] = False
+    return kept
+
+
+# ------------------------------------------------------------------------------------------ gates
+
+
+def _head_gate_hook(module, args):
+    gate = module.workbench_head_gate
+    x = args[0]
+    n = gate.shape[0]
+    shaped = x.view(*x.shape[:-1], n, x.shape[-1] // n) * gate.to(x.dtype).view(n, 1)
+    return (shaped.view(x.shape), *args[1:])
+
+
+def _mlp_gate_hook(module, args, output):
+    return output * module.workbench_mlp_gate.to(output.dtype)
+
+
+@contextlib.contextmanager
+def gates(model: nn.Module, head_gates: torch.Tensor, mlp_gates: torch.Tensor | None = None):
+    """Run `model` with head gates [layers, heads] on the context vectors and MLP gates [layers] on
+    the MLP outputs (module docstring). The gates may require grad (importance) or hold a 0/1 mask
+    (evaluation of a mask without copying the model). The hooks are removed on exit."""
+    sites = attention_sites(model)
+    handles = []
+    try:
+        for i, s in enumerate(sites):
+            out = s.out_proj
+            out.workbench_head_gate = head_gates[i, : s.num_heads]
+            handles.append(out.register_forward_pre_hook(_head_gate_hook))
+            if mlp_gates is not None:
+                s.mlp_out.workbench_mlp_gate = mlp_gates[i]
+                handles.append(s.mlp_out.register_forward_hook(_mlp_gate_hook))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for s in sites:
+            for mod, attr in ((s.out_proj, "workbench_head_gate"), (s.mlp_out, "workbench_mlp_gate")):
+                if attr in mod.__dict__:
+                    delattr(mod, attr)
+
+
+# ------------------------------------------------------------------------------------- importance
+
+
+@dataclass
+class Importance:
+    """Head importance [layers, heads] and MLP importance [layers]: `raw_*` = sum over batches of
+    |dL/dxi| divided by the number of tokens; `heads` / `mlps` normalised (module docstring)."""
+
+    raw_heads: np.ndarray
+    raw_mlps: np.ndarray
+    heads: np.ndarray
+    mlps: np.ndarray
+    tokens: int
+
+
+def normalise_importance(raw: np.ndarray) -> np.ndarray:
+    """Michel et al.'s reference normalisation: each row (a layer's heads; for a 1-D vector the
+    whole vector) divided by its L2 norm, then the whole array min-max scaled to [0, 1]."""
+    x = np.asarray(raw, dtype=np.float64)
+    rows = x if x.ndim == 2 else x[None, :]
+    norms = np.linalg.norm(rows, axis=-1, keepdims=True)
+    rows = rows / np.where(norms > 0, norms, 1.0)
+    lo, hi = rows.min(), rows.max()
+    rows = (rows - lo) / (hi - lo) if hi > lo else np.zeros_like(rows)
+    return rows if x.ndim == 2 else rows[0]
+
+
+def _loss_of(out) -> torch.Tensor:
+    loss = getattr(out, "loss", None)
+    if loss is None:
+        raise WorkbenchError("head importance: the model returned no loss (give batches with labels)")
+    return loss
+
+
+def head_importance(model: nn.Module, batches: Iterable[dict], heads_kept=None, mlps_kept=None,
+                    loss_fn: Callable[[object, dict], torch.Tensor] | None = None) -> Importance:
+    """E|dL/dxi| for every head gate and MLP gate, over `batches` (dicts of tensors the model takes,
+    labels included; `loss_fn(outputs, batch)` replaces `outputs.loss`). The gates sit at the
+    current mask (1 for kept, 0 for removed), as in the reference implementation that recomputes
+    importance on the pruned model. The model runs in eval mode (no dropout) and is not changed;
+    its parameters get no gradients (`torch.autograd.grad` on the gates only)."""
+    sites = attention_sites(model)
+    L, H = len(sites), max(s.num_heads for s in sites)
+    heads = np.ones((L, H), bool) if heads_kept is None else np.asarray(heads_kept, bool)
+    mlps = np.ones(L, bool) if mlps_kept is None else np.asarray(mlps_kept, bool)
+    device = next(model.parameters()).device
+    head_gates = torch.tensor(heads, dtype=torch.float32, device=device, requires_grad=True)
+    mlp_gates = torch.tensor(mlps, dtype=torch.float32, device=device, requires_grad=True)
+    raw_h = torch.zeros(L, H, dtype=torch.float64)
+    raw_m = torch.zeros(L, dtype=torch.float64)
+    tokens = 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.enable_grad(), gates(model, head_gates, mlp_gates):
+            for batch in batches:
+                batch = {k: v.to(device) for k, v in batch.items()}
+                out = model(**batch)
+                loss = loss_fn(out, batch) if loss_fn is not None else _loss_of(out)
+                g_h, g_m = torch.autograd.grad(loss, [head_gates, mlp_gates], allow_unused=True)
+                if g_h is not None:
+                    raw_h += g_h.detach().abs().double().cpu()
+                if g_m is not None:
+                    raw_m += g_m.detach().abs().double().cpu()
+                mask = batch.get("attention_mask")
+                tokens += int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
+    finally:
+        model.train(was_training)
+    raw_h, raw_m = (raw_h / max(tokens, 1)).numpy(), (raw_m / max(tokens, 1)).numpy()
+    return Importance(raw_h, raw_m, normalise_importance(raw_h), normalise_importance(raw_m), tokens)
+
+
+# ------------------------------------------------------------------------------ masks as weights
+
+
+def _head_columns(site: LayerSites, heads: Sequence[int]) -> torch.Tensor:
+    d = site.head_dim
+    return torch.cat([torch.arange(h * d, (h + 1) * d) for h in heads]) if len(heads) else torch.zeros(0, dtype=torch.long)
+
+
+@torch.no_grad()
+def apply_mask(model: nn.Module, heads_kept, mlps_kept=None) -> nn.Module:
+    """Zero, in place, the output-projection columns of every removed head and the last MLP
+    projection (weight and bias) of every removed MLP; returns the model (module docstring)."""
+    heads, mlps = check_mask(model, heads_kept, mlps_kept)
+    for i, s in enumerate(attention_sites(model)):
+        removed = [h for h in range(s.num_heads) if not heads[i, h]]
+        if removed:
+            cols = _head_columns(s, removed).to(s.out_proj.weight.device)
+            if _is_conv1d(s.out_proj):
+                s.out_proj.weight[cols, :] = 0
+            else:
+                s.out_proj.weight[:, cols] = 0
+        if not mlps[i]:
+            s.mlp_out.weight.zero_()
+            if getattr(s.mlp_out, "bias", None) is not None:
+                s.mlp_out.bias.zero_()
+    return model
+
+
+def mask_keeper(heads_kept, mlps_kept=None) -> Callable[[nn.Module, int], None]:
+    """An after-step hook (`workbench.loop.TrainingHooks(after_step=...)`) that keeps a mask
+    applied through training: it re-zeroes the removed heads' and MLPs' weights after every step."""
+    heads = np.asarray(heads_kept, bool)
+    mlps = None if mlps_kept is None else np.asarray(mlps_kept, bool)
+
+    def keep_head_mask(model: nn.Module, step: int) -> None:
+        apply_mask(model, heads, mlps)
+
+    return keep_head_mask
+
+
+def mask_record(heads_kept, mlps_kept=None) -> dict:
+    """The JSON parameters of a head-mask derivation: the kept matrix, MLPs kept and counts."""
+    heads = np.asarray(heads_kept, bool)
+    rec = {"heads_kept": heads.tolist(), "n_heads_kept": int(heads.sum()), "n_heads": int(heads.size)}
+    if mlps_kept is not None:
+        rec["mlps_kept"] = np.asarray(mlps_kept, bool).tolist()
+    return rec
+
+
+def _derive_mask(model, heads_kept, n_heads_kept=None, n_heads=None, mlps_kept=None, **_):
+    return apply_mask(model, heads_kept, mlps_kept)
+
+
+def masked_handle(handle, heads_kept, mlps_kept=None, **extra):
+    """A derived `ModelHandle` with the mask applied as weights (transform "head_mask"); its
+    lineage records the heads kept (layer x head bools), the MLPs kept and any `extra` JSON values
+    (method, step, seed), its `checkpoint_hash` is its own content hash, and `.save(folder)` writes
+    a plain checkpoint whose manifest carries all of it."""
+    heads, mlps = check_mask(handle.model, heads_kept, mlps_kept, where="masked_handle")
+    params = {**mask_record(heads, mlps if mlps_kept is not None else None), **extra}
+    return handle.derive("head_mask", params, apply=_derive_mask)
+
+
+# --------------------------------------------------------------------------------- physical removal
+
+
+def _rows(linear: nn.Linear, idx: torch.Tensor) -> nn.Linear:
+    new = nn.Linear(linear.in_features, len(idx), bias=linear.bias is not None,
+                    device=linear.weight.device, dtype=linear.weight.dtype)
+    new.weight.data = linear.weight.data[idx].clone()
+    if linear.bias is not None:
+        new.bias.data = linear.bias.data[idx].clone()
+    return new
+
+
+def _cols(linear: nn.Linear, idx: torch.Tensor, zero_bias: bool = False) -> nn.Linear:
+    new = nn.Linear(len(idx), linear.out_features, bias=linear.bias is not None,
+                    device=linear.weight.device, dtype=linear.weight.dtype)
+    new.weight.data = linear.weight.data[:, idx].clone()
+    if linear.bias is not None:
+        new.bias.data = torch.zeros_like(linear.bias.data) if zero_bias else linear.bias.data.clone()
+    return new
+
+
+def _conv1d(weight: torch.Tensor, bias: torch.Tensor):
+    from transformers.pytorch_utils import Conv1D
+
+    new = Conv1D(weight.shape[1], weight.shape[0])
+    new.weight.data = weight.clone()
+    new.bias.data = bias.clone()
+    return new.to(weight.device)
+
+
+def _slice_attention(s: LayerSites, kept: list[int]) -> None:
+    d, n = s.head_dim, s.num_heads
+    zero_out = not kept
+    kept = kept or [0]  # a layer with no head left keeps one whose output columns are zeroed
+    idx = _head_columns(s, kept).to(s.out_proj.weight.device)
+    a = s.attention
+    if s.kind == "bert":
+        for name in s.qkv + tuple(p for p in ("pos_key_proj", "pos_query_proj") if isinstance(getattr(a, p, None), nn.Linear)):
+            setattr(a, name, _rows(getattr(a, name), idx))
+        a.num_attention_heads, a.all_head_size = len(kept), len(kept) * d
+        out = _cols(s.out_proj, idx)
+    elif s.kind == "gpt2":
+        E = n * d
+        c = a.c_attn
+        qkv_idx = torch.cat([idx, idx + E, idx + 2 * E])
+        a.c_attn = _conv1d(c.weight.data[:, qkv_idx], c.bias.data[qkv_idx])
+        a.num_heads, a.split_size = len(kept), len(kept) * d
+        out = _conv1d(s.out_proj.weight.data[idx, :], s.out_proj.bias.data)
+    else:  # llama: one K/V per kept query head (grouped K/V expanded), then no grouping
+        groups = int(getattr(a, "num_key_value_groups", 1))
+        kv_idx = torch.cat([torch.arange((h // groups) * d, (h // groups + 1) * d) for h in kept]).to(idx.device)
+        a.q_proj = _rows(a.q_proj, idx)
+        a.k_proj, a.v_proj = _rows(a.k_proj, kv_idx), _rows(a.v_proj, kv_idx)
+        a.num_key_value_groups = 1
+        a.workbench_num_heads = len(kept)
+        out = _cols(s.out_proj, idx)
+    if zero_out:
+        out.weight.data.zero_()
+    setattr(s.out_parent, s.out_name, out)
+
+
+def _slice_mlp(s: LayerSites) -> None:
+    """A removed MLP keeps one intermediate unit whose output weights and output bias are zero
+    (zero-width projections cannot be reshaped by GPT-2's Conv1D): the MLP adds exactly zero."""
+    one = torch.zeros(1, dtype=torch.long)
+    for parent, name in s.mlp_parents:
+        lin = getattr(parent, name)
+        if _is_conv1d(lin):
+            setattr(parent, name, _conv1d(lin.weight.data[:, :1], lin.bias.data[:1]))
+        else:
+            setattr(parent, name, _rows(lin, one))
+    lin = s.mlp_out
+    if _is_conv1d(lin):
+        new = _conv1d(torch.zeros_like(lin.weight.data[:1, :]), torch.zeros_like(lin.bias.data))
+    else:
+        new = _cols(lin, one, zero_bias=True)
+        new.weight.data.zero_()
+    setattr(s.mlp_out_parent, s.mlp_out_name, new)
+
+
+@torch.no_grad()
+def slice_heads(model: nn.Module, heads_kept, mlps_kept=None) -> nn.Module:
+    """Physically remove, in place, the heads and MLPs the masks turn off (module docstring): the
+    result computes what `apply_mask` computes, with smaller matrices. In memory only (its
+    per-layer head counts are not a transformers config); returns the model."""
+    heads, mlps = check_mask(model, heads_kept, mlps_kept)
+    for i, s in enumerate(attention_sites(model)):
+        kept = [h for h in range(s.num_heads) if heads[i, h]]
+        if len(kept) < s.num_heads:
+            _slice_attention(s, kept)
+        if not mlps[i]:
+            _slice_mlp(s)
+    return model
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ------------------------------------------------------------------------------------ settings
+
+
+@dataclass
+class HeadPruningSettings:
+    """The head-pruning part of a pruning config (`load_settings`; unknown keys and bad values are
+    one `ConfigError` naming the source and the key, before any work).
+
+    `orders`: which of "good", "random", "bad" to run; `fraction`: share of the remaining heads
+    removed per step; `threshold`: stop below this share of the full model's metric;
+    `importance_examples`: training examples the importance is accumulated over; `run_to_end`:
+    prune to zero heads for full curves; `refinetune`: re-fine-tune each subnetwork (Prasanna et al.);
+    `remove`: explicit (layer, head) pairs to mask instead of the iterative procedure (checked
+    against the model by `check_removed`)."""
+
+    orders: list[str] = field(default_factory=lambda: list(ORDERS))
+    fraction: float = 0.1
+    threshold: float = 0.9
+    importance_examples: int = 512
+    run_to_end: bool = False
+    refinetune: bool = False
+    remove: list[list[int]] | None = None
+
+    def __post_init__(self):
+        self.validate("settings")
+
+    def validate(self, source: str) -> None:
+        bad = [o for o in self.orders if o not in ORDERS]
+        if bad or not self.orders:
+            raise ConfigError(f"{source}: orders: unknown order(s) {bad or '(none given)'}; expected some of "
+                              f"{', '.join(ORDERS)}")
+        if not 0 < self.fraction <= 1:
+            raise ConfigError(f"{source}: fraction: {self.fraction} is not in (0, 1]")
+        if not 0 < self.threshold <= 1:
+            raise ConfigError(f"{source}: threshold: {self.threshold} is not in (0, 1]")
+        if self.importance_examples < 1:
+            raise ConfigError(f"{source}: importance_examples: {self.importance_examples} must be at least 1")
+        for pair in self.remove or []:
+            if len(pair) != 2 or any(int(v) < 0 for v in pair):
+                raise ConfigError(f"{source}: remove: {pair!r} is not a (layer, head) pair of indices >= 0")
+
+    def check_removed(self, model: nn.Module, source: str = "settings") -> np.ndarray | None:
+        """The heads-kept matrix of `remove` for this model (None when not given); an index out
+        of range is one `ConfigError` naming `source`."""
+        return None if self.remove is None else mask_from_removed(model, self.remove, where=f"{source}: remove")
+
+
+def load_settings(values: dict | None, source: str = "settings") -> HeadPruningSettings:
+    """`HeadPruningSettings` from a mapping (a YAML section, `--set` values), coerced and checked."""
+    from workbench.coerce import build_dataclass
+
+    try:
+        return build_dataclass(HeadPruningSettings, values, source)
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg.removeprefix('settings: ')}") from None
+
+
+# ---------------------------------------------------------------------------- iterative pruning
+
+
+@dataclass
+class PruningStep:
+    """One point of a pruning curve: heads removed so far, the metric, and the mask it was measured on."""
+
+    step: int
+    n_removed: int
+    metric: float
+    heads_kept: np.ndarray
+
+
+@dataclass
+class PruningCurve:
+    """An order's curve. `threshold_step` is the last step whose metric is at least
+    `threshold * full` (0 = the full model): the subnetwork the procedure returns."""
+
+    order: str
+    full: float
+    threshold: float
+    steps: list[PruningStep] = field(default_factory=list)
+
+    @property
+    def threshold_step(self) -> int:
+        floor = self.threshold * self.full
+        last = 0
+        for s in self.steps:
+            if s.metric < floor:
+                break
+            last = s.step
+        return last
+
+    @property
+    def prunable(self) -> int:
+        """Heads removed at the threshold step: the number prunable at `threshold` x full metric."""
+        return self.steps[self.threshold_step].n_removed
+
+    def record(self) -> dict:
+        return {"order": self.order, "full": self.full, "threshold": self.threshold,
+                "threshold_step": self.threshold_step, "prunable": self.prunable,
+                "steps": [{"step": s.step, "n_removed": s.n_removed, "metric": s.metric,
+                           "heads_kept": s.heads_kept.astype(bool).tolist()} for s in self.steps]}
+
+
+def heads_to_remove(remaining: int, fraction: float) -> int:
+    """How many heads one step removes: `fraction` of those still present, at least one."""
+    return min(remaining, max(1, int(remaining * fraction)))
+
+
+def iterative_pruning(shape: tuple[int, int], evaluate: Callable[[np.ndarray], float],
+                      importance: Callable[[np.ndarray], np.ndarray] | None, order: str = "good",
+                      fraction: float = 0.1, threshold: float = 0.9, seed: int = 0,
+                      run_to_end: bool = False) -> PruningCurve:
+    """Michel et al.'s iterative head pruning (module docstring).
+
+    `evaluate(heads_kept)` -> the task metric of the model with that mask (higher is better);
+    `importance(heads_kept)` -> head importance [layers, heads] recomputed on the masked model
+    ("good"/"bad"; not called for "random"). Each step removes `heads_to_remove(remaining,
+    fraction)` heads. Stops after the first step below `threshold * full`, or at zero heads with
+    `run_to_end` (curves for a plot; the step sizes do not depend on the order, so the three
+    orders' steps line up)."""
+    if order not in ORDERS:
+        raise ConfigError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"fraction {fraction}: expected a value in (0, 1]")
+    if not 0 < threshold <= 1:
+        raise ConfigError(f"threshold {threshold}: expected a value in (0, 1]")
+    if order != "random" and importance is None:
+        raise ConfigError(f"order {order!r} needs an importance function")
+    kept = np.ones(shape, dtype=bool)
+    full = float(evaluate(kept))
+    curve = PruningCurve(order, full, threshold, [PruningStep(0, 0, full, kept.copy())])
+    rng = np.random.default_rng(seed)
+    random_rank = rng.permutation(kept.size)  # random order: a fixed permutation of all heads
+    step = 0
+    while kept.sum() > 0:
+        n = heads_to_remove(int(kept.sum()), fraction)
+        flat = kept.reshape(-1)
+        alive = np.flatnonzero(flat)
+        if order == "random":
+            ranked = alive[np.argsort(random_rank[alive], kind="stable")]
+        else:
+            scores = np.asarray(importance(kept.copy()), dtype=np.float64).reshape(-1)[alive]
+            ranked = alive[np.argsort(scores if order == "good" else -scores, kind="stable")]
+        flat = flat.copy()
+        flat[ranked[:n]] = False
+        kept = flat.reshape(shape)
+        step += 1
+        metric = float(evaluate(kept))
+        curve.steps.append(PruningStep(step, int(kept.size - kept.sum()), metric, kept.copy()))
+        if metric < threshold * full and not run_to_end:
+            break
+    return curve
+
+
+def leave_one_out(shape: tuple[int, int], evaluate_loss: Callable[[np.ndarray], float]) -> np.ndarray:
+    """Ablation importance: loss with head h alone removed minus the full model's loss, for every
+    head (Michel et al.'s section 3 experiment): L x H + 1 evaluations; the baseline the gradient
+    estimate replaces."""
+    full = np.ones(shape, dtype=bool)
+    base = float(evaluate_loss(full))
+    out = np.zeros(shape)
+    for layer in range(shape[0]):
+        for head in range(shape[1]):
+            kept = full.copy()
+            kept[layer, head] = False
+            out[layer, head] = float(evaluate_loss(kept)) - base
+    return out
+
+
+# ------------------------------------------------------------------------------------------ rows
+
+PROBE = "prune"
+METHOD = "heads"
+
+
+def curve_rows(curve: PruningCurve, *, model: str, family: str | None, seed: int, task: str,
+               test_at_threshold: float | None = None) -> list[dict]:
+    """An order's curve as results-store rows (`workbench.results` schema), probe "prune":
+
+    - metric "accuracy", split "dev", one row per pruning step (`extra`: method, order,
+      pruning_step, n_removed, n_heads);
+    - metric "heads_prunable": heads removed at the threshold step (`extra`: threshold, full);
+    - metric "accuracy", split "test": the threshold subnetwork's test accuracy, when given;
+    - metric "head_kept", one row per (layer, head) of the threshold mask: value 1 kept, 0 removed,
+      `layer` = block index + 1 (the hidden-states convention: 0 is the embeddings), `extra.head`."""
+    base = {"model": model, "family": family, "seed": seed, "probe": PROBE, "task": task}
+    n_heads = int(curve.steps[0].heads_kept.size)
+    tag = {"method": METHOD, "order": curve.order, "n_heads": n_heads}
+    rows = [{**base, "split": "dev", "metric": "accuracy", "value": s.metric,
+             "extra": {**tag, "pruning_step": s.step, "n_removed": s.n_removed}} for s in curve.steps]
+    best = curve.steps[curve.threshold_step]
+    rows.append({**base, "split": "dev", "metric": "heads_prunable", "value": float(curve.prunable),
+                 "extra": {**tag, "threshold": curve.threshold, "full": curve.full}})
+    if test_at_threshold is not None:
+        rows.append({**base, "split": "test", "metric": "accuracy", "value": float(test_at_threshold),
+                     "extra": {**tag, "pruning_step": best.step, "n_removed": best.n_removed, "at": "threshold"}})
+    for layer, row in enumerate(best.heads_kept):
+        for head, kept in enumerate(row):
+            rows.append({**base, "split": "dev", "layer": layer + 1, "metric": "head_kept", "value": float(kept),
+                         "extra": {**tag, "head": head, "n_removed": best.n_removed}})
+    return rows
