@@ -120,6 +120,18 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- distill
+def _cmd_distill(args: argparse.Namespace) -> int:
+    from workbench.distill import format_table, load_distill_config, run_distill
+
+    cfg = load_distill_config(args.config, {"name": args.name, "device": args.device, "threads": args.threads,
+                                            "output_dir": args.output_dir})
+    result = run_distill(cfg)
+    print(format_table(result.rows))
+    print(f"run {result.run_id}; students under {result.folder}")
+    return 0
+
+
 # --------------------------------------------------------------------------- runs
 def _store(args: argparse.Namespace):
     from workbench.results import ResultsStore
@@ -265,6 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
     p.add_argument("--keep-epoch-checkpoints", action="store_true", help="save a checkpoint at every epoch end")
     p.set_defaults(func=_cmd_finetune)
+
+    p = sub.add_parser("distill", help="distil a fine-tuned classifier into smaller students (a sweep)")
+    p.add_argument("config", help="distillation YAML (e.g. experiments/distill/polarity_minilm.yaml)")
+    p.add_argument("--name", help="sweep folder name under <runs root>/distill/")
+    p.add_argument("--output-dir", help="sweep folder (default <runs root>/distill/<name>)")
+    p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.set_defaults(func=_cmd_distill)
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")

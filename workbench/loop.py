@@ -94,7 +94,9 @@ class TrainingHooks:
         if self.trainable is not None:
             out["trainable"] = self.trainable.name
         if self.loss is not None:
-            out["loss"] = _callable_name(self.loss)
+            # a loss with parameters (a distillation loss: T, alpha, its teacher) describes itself
+            describe = getattr(self.loss, "describe", None)
+            out["loss"] = describe() if callable(describe) else _callable_name(self.loss)
         if self.teacher is not None:
             config = getattr(self.teacher, "config", None)
             out["teacher"] = {"class": type(self.teacher).__name__,
