@@ -122,10 +122,24 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- distill
 def _cmd_distill(args: argparse.Namespace) -> int:
+    from workbench.errors import ConfigError
     from workbench.distill import format_table, load_distill_config, run_distill
+    from workbench.io import read_yaml
 
-    cfg = load_distill_config(args.config, {"name": args.name, "device": args.device, "threads": args.threads,
-                                            "output_dir": args.output_dir})
+    data = read_yaml(Path(args.config))
+    if isinstance(data, dict) and data.get("kind") == "pretraining":  # DistilBERT-style, on the masked LM
+        from workbench.distill_pretraining import load_pretrain_distill_config, run_pretrain_distill
+
+        if args.threads is not None or args.output_dir is not None:
+            raise ConfigError("--threads and --output-dir apply to task distillation (kind: task) only")
+        cfg = load_pretrain_distill_config(args.config, {"teacher": args.teacher, "name": args.name,
+                                                         "device": args.device})
+        result = run_pretrain_distill(cfg)
+        print(result.rows[["model", "value"]].rename(columns={"value": "heldout_mlm_loss"}).to_string(index=False))
+        print(f"run {result.run_id}")
+        return 0
+    cfg = load_distill_config(args.config, {"teacher": args.teacher, "name": args.name, "device": args.device,
+                                            "threads": args.threads, "output_dir": args.output_dir})
     result = run_distill(cfg)
     print(format_table(result.rows))
     print(f"run {result.run_id}; students under {result.folder}")
@@ -280,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("distill", help="distil a fine-tuned classifier into smaller students (a sweep)")
     p.add_argument("config", help="distillation YAML (e.g. experiments/distill/polarity_minilm.yaml)")
+    p.add_argument("--teacher", help="fine-tuned classifier folder (overrides the config's teacher)")
     p.add_argument("--name", help="sweep folder name under <runs root>/distill/")
     p.add_argument("--output-dir", help="sweep folder (default <runs root>/distill/<name>)")
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from workbench.errors import CheckpointError, ConfigError
+from workbench.errors import ConfigError
 from workbench.io import atomic_write_json
 from workbench.loop import TrainingHooks, kl_to_teacher
 
@@ -233,6 +233,7 @@ class DistillConfig:
     """One task-distillation sweep. Unknown keys and bad values are `ConfigError`s (`load_distill_config`)."""
 
     teacher: str                                                  # a fine-tuned classifier folder (finetune/<name>/seed-S/best)
+    kind: str = "task"                                            # task | pretraining (workbench.distill_pretraining)
     name: str | None = None                                       # sweep folder name; default <teacher run name>
     depths: list[int] = field(default_factory=lambda: [3, 2])     # student layers (each <= the teacher's)
     inits: list[str] = field(default_factory=lambda: ["teacher", "random"])
@@ -288,6 +289,8 @@ def _validate(cfg: DistillConfig, where: str) -> None:
     def fail(key, msg):
         raise ConfigError(f"{where}: {key}: {msg}")
 
+    if cfg.kind != "task":
+        fail("kind", f"must be task here (pretraining: workbench.distill_pretraining), got {cfg.kind!r}")
     for key in ("depths", "inits", "temperatures", "alphas", "seeds"):
         values = getattr(cfg, key)
         if not values:
