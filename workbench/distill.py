@@ -432,7 +432,9 @@ def run_distill(cfg: DistillConfig, store=None) -> DistillResult:
         torch.set_num_threads(cfg.threads)
     teacher_folder = Path(cfg.teacher).expanduser().resolve()
     teacher_manifest = _teacher_manifest(teacher_folder)
-    teacher_name = checkpoint_name(teacher_folder)
+    # a fine-tuned checkpoint is named by its run: <run>/seed-S/best
+    teacher_name = ("/".join(teacher_folder.parts[-3:]) if teacher_folder.name == "best"
+                    else checkpoint_name(teacher_folder))
     name = cfg.name or re.sub(r"[^\w.+-]+", "_", teacher_name).strip("_")
     folder = Path(cfg.output_dir) if cfg.output_dir else runs_root() / "distill" / name
     folder.mkdir(parents=True, exist_ok=True)
