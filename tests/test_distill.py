@@ -29,7 +29,7 @@ from workbench.distill import (
     sweep_points,
 )
 from workbench.errors import ConfigError
-from workbench.finetune import collate, load_classifier, run_finetune
+from workbench.finetune import load_classifier, run_finetune
 from workbench.results import ResultsStore
 
 
