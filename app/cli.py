@@ -120,6 +120,41 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- distill
+def _cmd_distill(args: argparse.Namespace) -> int:
+    from workbench.errors import ConfigError
+    from workbench.distill import format_table, load_distill_config, run_distill
+    from workbench.io import read_yaml
+
+    data = read_yaml(Path(args.config))
+    if isinstance(data, dict) and data.get("kind") == "pretraining":  # DistilBERT-style, on the masked LM
+        from workbench.distill_pretraining import load_pretrain_distill_config, run_pretrain_distill
+
+        if any(v is not None for v in (args.threads, args.output_dir, args.depths, args.inits, args.seeds)):
+            raise ConfigError("--threads, --output-dir, --depths, --inits and --seeds apply to task distillation "
+                              "(kind: task) only; set them in the YAML")
+        cfg = load_pretrain_distill_config(args.config, {"teacher": args.teacher, "name": args.name,
+                                                         "device": args.device})
+        result = run_pretrain_distill(cfg)
+        print(result.rows[["model", "value"]].rename(columns={"value": "heldout_mlm_loss"}).to_string(index=False))
+        print(f"run {result.run_id}")
+        return 0
+    def ints(flag, text):
+        try:
+            return None if text is None else [int(x) for x in text.split(",")]
+        except ValueError:
+            raise ConfigError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+
+    cfg = load_distill_config(args.config, {"teacher": args.teacher, "name": args.name, "device": args.device,
+                                            "threads": args.threads, "output_dir": args.output_dir,
+                                            "depths": ints("--depths", args.depths), "seeds": ints("--seeds", args.seeds),
+                                            "inits": None if args.inits is None else args.inits.split(",")})
+    result = run_distill(cfg)
+    print(format_table(result.rows))
+    print(f"run {result.run_id}; students under {result.folder}")
+    return 0
+
+
 # --------------------------------------------------------------------------- runs
 def _store(args: argparse.Namespace):
     from workbench.results import ResultsStore
@@ -265,6 +300,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
     p.add_argument("--keep-epoch-checkpoints", action="store_true", help="save a checkpoint at every epoch end")
     p.set_defaults(func=_cmd_finetune)
+
+    p = sub.add_parser("distill", help="distil a fine-tuned classifier into smaller students (a sweep)")
+    p.add_argument("config", help="distillation YAML (e.g. experiments/distill/polarity_minilm.yaml)")
+    p.add_argument("--teacher", help="fine-tuned classifier folder (overrides the config's teacher)")
+    p.add_argument("--depths", help="student depths, comma-separated (overrides the config's)")
+    p.add_argument("--inits", help="teacher,random or one of them (overrides the config's)")
+    p.add_argument("--seeds", help="comma-separated, e.g. 0,1,2 (overrides the config's)")
+    p.add_argument("--name", help="sweep folder name under <runs root>/distill/")
+    p.add_argument("--output-dir", help="sweep folder (default <runs root>/distill/<name>)")
+    p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.set_defaults(func=_cmd_distill)
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")

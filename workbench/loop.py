@@ -24,6 +24,9 @@ did before they existed (tests pin the weights of every family, tests/weight_pin
   dict whose "loss" is the one backpropagated. Every term is logged separately, as in DistilBERT's
   distillation script (Sanh et al. 2019), so a sweep over the weights of a composite loss can be
   read afterwards. `kl_to_teacher` is the soft-target term of Hinton, Vinyals & Dean (2015).
+- `initial(model)`: sets the initial weights of the model the loop built, in place, before the
+  optimizer is made (a resumed run then loads its saved state over them): a distillation student
+  initialised from its teacher's layers (DistilBERT, Sanh et al. 2019; `workbench.distill_pretraining`).
 - `after_step(model, step)`: called after every optimizer step with the (unwrapped) model and
   the number of steps done, e.g. to re-apply pruning masks so that pruned weights stay exactly
   zero, or to rewind weights (Frankle & Carbin 2019).
@@ -80,6 +83,7 @@ class TrainingHooks:
     """What a training loop may be asked to do beyond its plain objective (module docstring)."""
 
     after_step: Callable[[torch.nn.Module, int], None] | None = None
+    initial: Callable[[torch.nn.Module], None] | None = None  # sets the built model's initial weights in place
     loss: LossFn | None = None  # (student outputs, batch, teacher outputs or None) -> {"loss": ..., ...}
     teacher: torch.nn.Module | None = None
     trainable: ParamFilter | None = None
@@ -94,13 +98,18 @@ class TrainingHooks:
         if self.trainable is not None:
             out["trainable"] = self.trainable.name
         if self.loss is not None:
-            out["loss"] = _callable_name(self.loss)
+            # a loss with parameters (a distillation loss: T, alpha, its teacher) describes itself
+            describe = getattr(self.loss, "describe", None)
+            out["loss"] = describe() if callable(describe) else _callable_name(self.loss)
         if self.teacher is not None:
             config = getattr(self.teacher, "config", None)
             out["teacher"] = {"class": type(self.teacher).__name__,
                               "name_or_path": str(getattr(config, "_name_or_path", "") or "")}
         if self.after_step is not None:
             out["after_step"] = _callable_name(self.after_step)
+        if self.initial is not None:
+            describe = getattr(self.initial, "describe", None)
+            out["initial"] = describe() if callable(describe) else _callable_name(self.initial)
         return out
 
 

@@ -525,6 +525,8 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
     model = build_model(cfg, family, tok, seed, device)
+    if hooks.initial is not None:
+        hooks.initial(model)  # e.g. a student's layers copied from its teacher (workbench.loop)
     apply_param_filter(model, hooks.trainable)  # frozen before the optimizer: it never holds them
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_factory(cfg.warmup_steps(), total))

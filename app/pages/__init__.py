@@ -36,10 +36,14 @@ def probe_pages() -> list[tuple[str, ModuleType | None]]:
     return [(name, page_module(name)) for name in probe_names()]
 
 
+# Pages of results that no probe makes (a command's own rows), shown under "Results" in the app.
+RESULT_PAGES = ("distill",)
+
+
 def extra_plots() -> dict:
     """Plot kinds contributed by companion modules (`PLOTS`), for `bertology figures`."""
     out: dict = {}
-    for name in probe_names():
+    for name in [*probe_names(), *RESULT_PAGES]:
         try:
             module = page_module(name)
         except Exception as e:  # noqa: BLE001 - one broken page must not take every figure down

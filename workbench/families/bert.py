@@ -285,11 +285,15 @@ def make_collator(objective: dict, tokenizer):
 # ---- model ----------------------------------------------------------------------------------------
 
 
+def masked_lm_logits(head, sequence_output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """`head` (hidden -> vocabulary logits) at the predicted positions only, in their row-major order."""
+    return head(sequence_output[labels != IGNORE_INDEX])
+
+
 def masked_lm_loss(head, sequence_output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of `head` (hidden -> vocabulary logits) at the predicted positions only."""
-    chosen = labels != IGNORE_INDEX
-    logits = head(sequence_output[chosen])
-    return F.cross_entropy(logits.float(), labels[chosen])
+    logits = masked_lm_logits(head, sequence_output, labels)
+    return F.cross_entropy(logits.float(), labels[labels != IGNORE_INDEX])
 
 
 class BertPretrainer(PretrainingWrapper):
@@ -301,7 +305,8 @@ class BertPretrainer(PretrainingWrapper):
 
     def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None, **_):
         out = self.model.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        mlm = masked_lm_loss(self.model.cls.predictions, out.last_hidden_state, labels)
+        logits = masked_lm_logits(self.model.cls.predictions, out.last_hidden_state, labels)
+        mlm = F.cross_entropy(logits.float(), labels[labels != IGNORE_INDEX])
         terms = {"mlm": mlm.detach()}
         loss = mlm
         if next_sentence_label is not None:
@@ -310,7 +315,9 @@ class BertPretrainer(PretrainingWrapper):
             terms["nsp"] = nsp.detach()
             terms["nsp_acc"] = (logits.argmax(-1) == next_sentence_label).float().mean().detach()
             loss = loss + nsp
-        return PretrainingOutput(loss=loss, loss_terms=terms)
+        # what a distillation loss reads (workbench.distill_pretraining): the logits at the masked
+        # positions and the last hidden states
+        return PretrainingOutput(loss=loss, loss_terms=terms, extra={"logits": logits, "hidden": out.last_hidden_state})
 
     def unused_parameters(self, objective: dict) -> list[torch.nn.Parameter]:
         """Parameters the objective never trains: without NSP, the pooler and the NSP classifier."""

@@ -22,6 +22,7 @@ before the MLM head; transformers has no class for it) and DeBERTa-v3's ELECTRA-
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers import DebertaV2Config, DebertaV2ForMaskedLM
 
 from workbench.data.fake_language import separate_position_ids, shifted_vocabulary_mask
@@ -33,13 +34,14 @@ from workbench.families.bert import (
     SPECIAL_TOKENS,
     apply_mlm,
     collate_pairs,
-    masked_lm_loss,
+    masked_lm_logits,
     mlm_options,
     nsp_examples,
     objective_options,
     truncate_pair_example,
 )
 from workbench.lm_scores import deberta_mlm_logits
+from workbench.objectives.mlm import IGNORE_INDEX
 
 # Relative attention as in DeBERTa-v3 (shared key projections, log buckets, layer-normed
 # relative embeddings), no absolute positions. 64 buckets: exact offsets within +-32 tokens,
@@ -94,8 +96,11 @@ class DebertaPretrainer(PretrainingWrapper):
             check_position_ids(self.model.config, position_ids)
         hidden = self.model.deberta(input_ids=input_ids, attention_mask=attention_mask,
                                     token_type_ids=token_type_ids, position_ids=position_ids).last_hidden_state
-        mlm = masked_lm_loss(lambda h: deberta_mlm_logits(self.model, h), hidden, labels)
-        return PretrainingOutput(loss=mlm, loss_terms={"mlm": mlm.detach()})
+        logits = masked_lm_logits(lambda h: deberta_mlm_logits(self.model, h), hidden, labels)
+        mlm = F.cross_entropy(logits.float(), labels[labels != IGNORE_INDEX])
+        # the logits at the masked positions and the last hidden states ride along for a
+        # distillation loss (workbench.distill_pretraining)
+        return PretrainingOutput(loss=mlm, loss_terms={"mlm": mlm.detach()}, extra={"logits": logits, "hidden": hidden})
 
 
 def check_position_ids(config, position_ids: torch.Tensor) -> None:

@@ -1,0 +1,162 @@
+"""The distillation page (`bertology distill`, workbench/distill.py): what each student keeps of its
+teacher at what size and speed (Hinton et al. 2015; Sanh et al. 2019), and where its layers sit in
+the teacher's: test accuracy against parameters and CPU latency (teacher included), the accuracy
+kept per point of the sweep, teacher and student probe curves overlaid (syntax runs over both), and
+the student x teacher layer CKA matrix (the alignment probe's model-pair rows, Kornblith et al.
+2019) with the layer map it implies (each student layer's most similar teacher layer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from app import figures
+from workbench.results import decode_extra
+
+TITLE = "Distillation"
+
+
+def tradeoff_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per model of a distill run: role, depth, init, T, alpha, test accuracy (mean over
+    seeds, min and max), accuracy kept (% of the teacher), parameters, file bytes, latency."""
+    out = []
+    for model, g in rows.groupby("model", sort=False):
+        extra = decode_extra(g["extra"].iloc[0])
+        acc = g[(g["metric"] == "accuracy") & (g["split"] == "test")]["value"]
+        kept = g[g["metric"] == "accuracy_kept"]["value"]
+        one = lambda m, g=g: float(g[g["metric"] == m]["value"].iloc[0]) if (g["metric"] == m).any() else np.nan  # noqa: E731
+        out.append({"model": model, "role": extra.get("role"), "depth": extra.get("depth"), "init": extra.get("init"),
+                    "temperature": extra.get("temperature"), "alpha": extra.get("alpha"),
+                    "accuracy": float(acc.mean()) if len(acc) else np.nan,
+                    "accuracy_min": float(acc.min()) if len(acc) else np.nan,
+                    "accuracy_max": float(acc.max()) if len(acc) else np.nan, "seeds": int(len(acc)),
+                    "kept_pct": 100 * float(kept.mean()) if len(kept) else (100.0 if extra.get("role") == "teacher" else np.nan),
+                    "parameters": one("parameters"), "file_bytes": one("file_bytes"), "latency_ms": one("latency_ms")})
+    return pd.DataFrame(out)
+
+
+def tradeoff_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
+    """`plot: distill_tradeoff`: test accuracy (mean over seeds, min-max bars) against `options.x`
+    (parameters | latency_ms | file_bytes), one marker per point of the sweep, the teacher a star."""
+    import plotly.graph_objects as go
+
+    x = options.get("x", "parameters")
+    if x not in ("parameters", "latency_ms", "file_bytes"):
+        raise figures.MissingData(f"distill_tradeoff: options.x must be parameters, latency_ms or file_bytes, got {x!r}")
+    table = tradeoff_table(rows[rows["probe"] == "distill"])
+    table = table[table["accuracy"].notna()]
+    if table.empty:
+        raise figures.MissingData(f"nothing to draw for {title!r}: no distill accuracy rows")
+    fig = go.Figure()
+    for (role, init), g in table.groupby(["role", "init"], dropna=False, sort=False):
+        label = "teacher" if role == "teacher" else f"students, init {init}"
+        fig.add_trace(go.Scatter(
+            x=g[x], y=g["accuracy"], mode="markers", name=label,
+            marker={"size": 14 if role == "teacher" else 9, "symbol": "star" if role == "teacher" else "circle"},
+            error_y={"type": "data", "symmetric": False, "array": g["accuracy_max"] - g["accuracy"],
+                     "arrayminus": g["accuracy"] - g["accuracy_min"]},
+            text=[f"L{d} T={t} alpha={a}" if r == "student" else "teacher"
+                  for d, t, a, r in zip(g["depth"], g["temperature"], g["alpha"], g["role"])],
+            hovertemplate="%{text}<br>%{x}<br>accuracy %{y:.4f}<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title=x.replace("_", " "), yaxis_title="test accuracy", template="plotly_white",
+                      height=440)
+    return figures.Drawn(fig, table[["model", "role", "depth", "init", "temperature", "alpha", x, "accuracy",
+                                     "accuracy_min", "accuracy_max", "seeds"]].rename(columns={x: "x"}))
+
+
+def implied_layer_map(M: pd.DataFrame) -> pd.Series:
+    """For each row layer (student) of a layer x layer similarity matrix, the column layer
+    (teacher) it is most similar to: the layer mapping the matrix implies."""
+    return M.idxmax(axis=1).astype(int)
+
+
+def layer_map_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
+    """`plot: distill_layer_map`: a student x teacher CKA matrix (model-pair rows of the alignment
+    probe; options model = student, other = teacher, default the first pair) with the implied
+    layer map marked (each student layer's most similar teacher layer)."""
+    import plotly.graph_objects as go
+
+    from app.pages.align import pair_matrices
+
+    mats = {}  # (student, teacher, metric) -> matrix, rows = the model with fewer layers (the student)
+    for (a, b, metric), M in pair_matrices(rows).items():
+        mats[(a, b, metric) if len(M.index) <= len(M.columns) else (b, a, metric)] = (
+            M if len(M.index) <= len(M.columns) else M.T.rename_axis(index="i", columns="j"))
+    wanted = {options[k] for k in ("model", "other") if k in options}  # either order
+    keys = [k for k in mats if k[2] == options.get("metric", "cka") and wanted <= {k[0], k[1]}]
+    if not keys:
+        raise figures.MissingData(f"nothing to draw for {title!r}: no model-pair CKA rows for {options}")
+    student, teacher, metric = keys[0]
+    M = mats[keys[0]]
+    mapping = implied_layer_map(M)
+    fig = go.Figure(go.Heatmap(z=M.to_numpy(), x=[str(j) for j in M.columns], y=[str(i) for i in M.index], zmin=0,
+                               zmax=1, colorscale="Viridis", colorbar={"title": metric},
+                               text=M.round(2).to_numpy(), texttemplate="%{text}"))
+    fig.add_trace(go.Scatter(x=[str(j) for j in mapping.to_numpy()], y=[str(i) for i in mapping.index], mode="markers",
+                             name="most similar teacher layer", marker={"symbol": "x", "size": 12, "color": "red"}))
+    fig.update_layout(title=f"{title}: {student} x {teacher}", xaxis_title=f"{teacher} layer (teacher)",
+                      yaxis_title=f"{student} layer (student)", template="plotly_white", height=440)
+    drawn = M.stack().rename("value").reset_index().rename(columns={"i": "student_layer", "j": "teacher_layer"})
+    drawn["implied"] = [mapping[i] == j for i, j in zip(drawn["student_layer"], drawn["teacher_layer"])]
+    return figures.Drawn(fig, drawn.assign(model=student, other=teacher, metric=metric))
+
+
+PLOTS = {"distill_tradeoff": tradeoff_plot, "distill_layer_map": layer_map_plot}
+
+
+def render(store) -> None:
+    import streamlit as st
+
+    from app import ui
+    from app.views.probe import probe_rows
+
+    rows = probe_rows(store, "distill", "Distillation: what a student keeps of its teacher")
+    if rows is None:
+        return
+    table = tradeoff_table(rows)
+    st.subheader("Accuracy against size and speed")
+    for x in ("parameters", "latency_ms"):
+        try:
+            drawn = tradeoff_plot(rows, f"test accuracy vs {x.replace('_', ' ')}", {"x": x})
+        except figures.MissingData as e:
+            st.info(str(e))
+            continue
+        drawn.figure.update_layout(width=None)
+        st.plotly_chart(drawn.figure, width="stretch", key=f"distill-{x}")
+    ui.table(table, "distill-table")
+
+    runs = ui.catalog_or_stop(store)
+    from app import data
+
+    models = set(rows["model"].dropna())
+    st.subheader("Teacher and student probe curves")
+    syntax_runs = data.filter_runs(runs, probes=["syntax"])
+    loaded = data.query(store, syntax_runs, probe="syntax") if not syntax_runs.empty else None
+    curves = loaded.rows[loaded.rows["model"].map(lambda m: any(str(m).startswith(x) or x.endswith(str(m))
+                                                                for x in models))] if loaded is not None else None
+    if curves is None or curves.empty:
+        st.info("No syntax rows of these models yet: `bertology run experiments/distill/probe_students.yaml`.")
+    else:
+        from app.views.probe import panel_curves
+
+        panel_curves(curves, [("upos", "accuracy"), ("structural-distance", "uuas")], "distill-syntax")
+    st.subheader("Student layers against teacher layers (linear CKA)")
+    align_runs = data.filter_runs(runs, probes=["align"])
+    pairs = data.query(store, align_runs, probe="align").rows if not align_runs.empty else pd.DataFrame()
+    if pairs.empty:
+        st.info("No model-pair rows yet: `bertology probe align --tasks model-pair --checkpoint TEACHER "
+                "--checkpoint STUDENT`.")
+        return
+    from app.pages.align import pair_matrices
+
+    keys = [k for k in pair_matrices(pairs) if k[2] == "cka"]
+    if not keys:
+        st.info("The alignment runs hold no CKA model-pair rows.")
+        return
+    a, b, _ = st.selectbox("Model pair", keys, format_func=lambda k: f"{k[0]}  x  {k[1]}", key="distill-pair")
+    drawn = layer_map_plot(pairs, "Linear CKA", {"model": a, "other": b})  # rows: the one with fewer layers
+    drawn.figure.update_layout(width=None)
+    st.plotly_chart(drawn.figure, width="stretch", key="distill-cka")
+    implied = drawn.data[drawn.data["implied"]].sort_values("student_layer")
+    st.caption("Implied layer map (student layer -> most similar teacher layer): "
+               + ", ".join(f"{i} -> {j}" for i, j in zip(implied["student_layer"], implied["teacher_layer"])))

@@ -1,0 +1,99 @@
+"""The distillation page and figures: the accuracy/size table and scatter draw exactly the stored
+rows (`workbench.distill.distill_rows`), the layer map is each student layer's most similar teacher
+layer whichever way the model-pair rows are oriented, and the page renders headless (AppTest)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from app.figures import render
+from app.pages.distill import implied_layer_map, layer_map_plot, tradeoff_plot, tradeoff_table
+from probes.core.rows import layer_rows
+from workbench.distill import distill_rows
+from workbench.paths import REPO_ROOT
+from workbench.results import ResultsStore
+
+APP = str(REPO_ROOT / "app" / "streamlit_app.py")
+TEACHER = {"test_accuracy": 0.80, "test_n": 100, "dev_accuracy": 0.8, "dev_n": 100, "parameters": 1000,
+           "file_bytes": 4000, "latency_ms": 10.0, "depth": 6, "sha256": "x", "path": "/t"}
+
+
+def _point(depth, init, t, a, accs, params, latency):
+    return {"point": {"depth": depth, "init": init, "temperature": t, "alpha": a},
+            "seeds": {str(s): {"test_accuracy": v, "dev_accuracy": v, "test_n": 100, "checkpoint": "c", "best_epoch": 1}
+                      for s, v in enumerate(accs)},
+            "parameters": params, "file_bytes": 4 * params, "latency_ms": latency}
+
+
+def _rows():
+    points = {"L3-teacher-T2-a0.5": _point(3, "teacher", 2.0, 0.5, [0.76, 0.78], 600, 5.0),
+              "L2-random-Tnone-a0": _point(2, "random", None, 0.0, [0.60, 0.64], 500, 3.5)}
+    return pd.DataFrame(distill_rows(points, TEACHER, "teacher", "bert", "sentence_polarity"))
+
+
+def _store(tmp_path, cka_rows=None):
+    store = ResultsStore(tmp_path / "runs")
+    with store.start_run("distill", {"k": 1}, name="d") as run:
+        run.add(_rows())
+    if cka_rows is not None:
+        with store.start_run("probe", {"probe": "align"}, name="a") as run:
+            for f in cka_rows:
+                run.add(f)
+    return store
+
+
+def test_tradeoff_table_and_plot_are_the_rows():
+    rows = _rows()
+    table = tradeoff_table(rows).set_index("model")
+    s = table.loc["teacher/distill/L3-teacher-T2-a0.5"]
+    assert s["accuracy"] == pytest.approx(0.77) and s["kept_pct"] == pytest.approx(100 * 0.77 / 0.80)
+    assert (s["accuracy_min"], s["accuracy_max"], s["seeds"]) == (0.76, 0.78, 2) and s["parameters"] == 600
+    assert table.loc["teacher", "kept_pct"] == 100.0 and table.loc["teacher", "latency_ms"] == 10.0
+    drawn = tradeoff_plot(rows, "t", {"x": "latency_ms"})
+    xs = sorted(x for tr in drawn.figure.data for x in tr.x)
+    assert xs == [3.5, 5.0, 10.0]
+
+
+def _cka_frames(M, a, b):
+    return [layer_rows({"cka": [M[i, j]]}, probe="align", task="model-pair", split="all", layers=[i], model=a,
+                       extra={"other_model": b, "other_layer": j}) for i in range(M.shape[0]) for j in range(M.shape[1])]
+
+
+def test_layer_map_is_the_row_argmax_in_either_orientation():
+    M = np.array([[0.9, 0.5, 0.2, 0.1], [0.3, 0.4, 0.8, 0.6]])  # student 2 layers x teacher 4 layers
+    want = [0, 2]
+    for frames in (_cka_frames(M, "student", "teacher"), _cka_frames(M.T, "teacher", "student")):
+        rows = pd.concat(frames, ignore_index=True)
+        drawn = layer_map_plot(rows, "CKA", {"metric": "cka"})
+        assert np.allclose(np.array(drawn.figure.data[0].z, dtype=float), M)
+        implied = drawn.data[drawn.data["implied"]].sort_values("student_layer")
+        assert implied["teacher_layer"].tolist() == want
+    assert implied_layer_map(pd.DataFrame(M)).tolist() == want
+
+
+def test_shipped_distill_figures_render(tmp_path):
+    M = np.array([[0.9, 0.5, 0.2], [0.3, 0.4, 0.8]])
+    store = _store(tmp_path, _cka_frames(M, "student", "teacher"))
+    for name in ("distill_tradeoff", "distill_latency", "distill_layer_map"):
+        r = render(name, store, tmp_path / name, formats=("html",))
+        assert json.loads((r.folder / "manifest.json").read_text())["n_points"] > 0
+
+
+@pytest.mark.slow
+def test_distill_page_renders_headless(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    M = np.array([[0.9, 0.5, 0.2], [0.3, 0.4, 0.8]])
+    store = _store(tmp_path, _cka_frames(M, "student", "teacher"))
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["page"] = "distill"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert len(specs) == 3  # accuracy vs parameters, vs latency, the CKA heatmap
+    assert any("0 -> 0, 1 -> 2" in c.value for c in at.caption)

@@ -1,0 +1,170 @@
+"""Pretraining distillation (workbench.distill_pretraining) and the DistilBERT checkpoint format
+(workbench.families.distilbert): the triple loss by hand, the student's initial weights, the BERT
+-> DistilBERT conversion (same logits in plain transformers), bad configs, a tiny run end to end.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.training_helpers import tiny_config
+from workbench.distill_pretraining import (
+    TeacherLayers,
+    TripleLoss,
+    load_pretrain_distill_config,
+    run_pretrain_distill,
+)
+from workbench.errors import ConfigError
+from workbench.families.distilbert import bert_to_distilbert
+from workbench.results import ResultsStore
+from workbench.train import train_from_config
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("BERTOLOGY_CACHE", str(tmp_path_factory.mktemp("cache")))
+    mp.setenv("BERTOLOGY_RUNS", str(tmp_path_factory.mktemp("runs")))
+    yield
+    mp.undo()
+
+
+def _teacher_cfg(family, out, steps=20):
+    return tiny_config(family, steps, out, model={"num_hidden_layers": 4}, objective={"nsp": False} if family == "bert" else {},
+                       corpus={"sources": ["inaugural"], "max_documents": 12, "heldout_fraction": 0.2, "seed": 0},
+                       tokenizer={"vocab_size": 400}, max_len=32, batch_size=4, eval={"batches": 1})
+
+
+@pytest.fixture(scope="module")
+def bert_teacher(env, tmp_path_factory):
+    (final,) = train_from_config(_teacher_cfg("bert", tmp_path_factory.mktemp("bert-teacher")))
+    return final
+
+
+def test_triple_loss_matches_distilberts_terms_by_hand():
+    g = torch.Generator().manual_seed(0)
+    s_logits, t_logits = torch.randn(6, 11, generator=g), torch.randn(6, 11, generator=g) * 2
+    s_hidden, t_hidden = torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    mlm = torch.tensor(3.0)
+    student = SimpleNamespace(loss=mlm, extra={"logits": s_logits, "hidden": s_hidden})
+    teacher = SimpleNamespace(extra={"logits": t_logits, "hidden": t_hidden})
+    terms = TripleLoss()(student, {"attention_mask": mask}, teacher)
+    T = 2.0
+    ce = F.kl_div(F.log_softmax(s_logits / T, -1), F.softmax(t_logits / T, -1), reduction="batchmean") * T**2
+    keep = mask.bool()
+    cos = F.cosine_embedding_loss(s_hidden[keep], t_hidden[keep], torch.ones(int(keep.sum())))  # DistilBERT's
+    assert terms["ce"].item() == pytest.approx(ce.item(), rel=1e-6)
+    assert terms["cos"].item() == pytest.approx(cos.item(), rel=1e-6)
+    assert terms["loss"].item() == pytest.approx((5.0 * ce + 2.0 * mlm + 1.0 * cos).item(), rel=1e-6)
+
+
+def test_distilbert_conversion_gives_the_berts_logits_in_plain_transformers(tmp_path):
+    from transformers import AutoModelForMaskedLM, BertConfig, BertForPreTraining
+
+    torch.manual_seed(0)
+    bert = BertForPreTraining(BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64, max_position_embeddings=64)).eval()
+    with torch.no_grad():  # a token-type embedding far from 0: the fold into positions must matter
+        bert.bert.embeddings.token_type_embeddings.weight.normal_(0, 1)
+    bert_to_distilbert(bert).save_pretrained(tmp_path / "d")
+    plain = AutoModelForMaskedLM.from_pretrained(tmp_path / "d").eval()
+    assert type(plain).__name__ == "DistilBertForMaskedLM"
+    ids = torch.randint(0, 60, (3, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, 6:] = 0
+    with torch.no_grad():
+        want = bert(input_ids=ids, attention_mask=mask).prediction_logits
+        got = plain(input_ids=ids, attention_mask=mask).logits
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-5, atol=1e-5)
+
+
+def test_teacher_layers_hook_sets_exactly_the_chosen_layers(bert_teacher):
+    from workbench.families.bert import build_model as build_bert, load_pretrainer
+
+    teacher = load_pretrainer(bert_teacher)
+    cfg = {k: getattr(teacher.model.config, k) for k in ("hidden_size", "num_attention_heads", "intermediate_size",
+                                                         "max_position_embeddings")}
+    student = build_bert({**cfg, "num_hidden_layers": 2}, _Tok(teacher))
+    TeacherLayers(teacher.model, [0, 3], {})(student)
+    ts, ss = teacher.model.state_dict(), student.model.state_dict()
+    for key, value in ss.items():
+        src = key.replace("encoder.layer.1.", "encoder.layer.3.")
+        assert torch.equal(value, ts[src]), key
+
+
+class _Tok:
+    """What `build_model` reads of a tokenizer: its length and pad id."""
+
+    def __init__(self, teacher):
+        self.n, self.pad_token_id = teacher.model.config.vocab_size, teacher.model.config.pad_token_id
+
+    def __len__(self):
+        return self.n
+
+
+def _dcfg(teacher, **kw):
+    return {"teacher": str(teacher), "kind": "pretraining", "steps": 6, "heldout_batches": 1, "progress": False, **kw}
+
+
+@pytest.mark.parametrize("override,match", [
+    ({"temperature": 0}, "temperature: must be > 0"),
+    ({"alpha_cos": -1}, "alpha_cos: must be >= 0"),
+    ({"depths": [5]}, r"depths: a student of 5 layers: must be in \[1, 4\]"),
+    ({"inits": ["copy"]}, "inits: unknown init"),
+])
+def test_bad_pretraining_config_is_one_config_error(bert_teacher, override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_pretrain_distill_config(_dcfg(bert_teacher, **override))
+
+
+def test_a_teacher_not_trained_here_is_refused(tmp_path):
+    (tmp_path / "x").mkdir()
+    with pytest.raises(ConfigError, match="teacher: .*not a checkpoint trained here"):
+        load_pretrain_distill_config(_dcfg(tmp_path / "x"))
+
+
+@pytest.mark.slow
+def test_bert_students_train_and_are_saved_as_distilbert(bert_teacher, tmp_path):
+    from transformers import AutoModelForMaskedLM
+
+    cfg = load_pretrain_distill_config(_dcfg(bert_teacher, seeds=[0]))
+    res = run_pretrain_distill(cfg, store=ResultsStore(tmp_path / "store"))
+    rows = res.rows
+    assert set(rows.extra.map(lambda e: e["role"])) == {"teacher", "student"}
+    students = rows[rows.extra.map(lambda e: e["role"] == "student")]
+    assert len(students) == 2 and set(students.extra.map(lambda e: e["depth"])) == {2}
+    assert all(v > 0 and v == v for v in rows["value"])
+    final = res.students["L2-teacher-seed0"]
+    manifest = json.loads((final / "manifest.json").read_text())
+    assert manifest["hooks"]["loss"]["name"] == "distilbert_triple" and manifest["hooks"]["loss"]["teacher_layers"] == [0, 3]
+    assert manifest["hooks"]["initial"]["teacher_layers"] == [0, 3] and manifest["model_config"]["num_hidden_layers"] == 2
+    from workbench.train import read_log
+
+    log = read_log(final.parent)
+    assert all({"ce", "mlm", "cos"} <= set(r) for r in log[1:]), log[1]
+    # the DistilBERT copy opens in plain transformers and computes the student's logits
+    from workbench.families.bert import load_pretrainer
+
+    student = load_pretrainer(final).model.eval()
+    plain = AutoModelForMaskedLM.from_pretrained(final.parent / "distilbert").eval()
+    ids = torch.tensor([[2, 40, 41, 42, 43, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(plain(input_ids=ids).logits, student(input_ids=ids).prediction_logits,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_cli_dispatches_on_kind_and_refuses_a_bad_pretraining_config(bert_teacher, tmp_path, capsys):
+    from app.cli import main
+
+    path = tmp_path / "p.yaml"
+    path.write_text(f"kind: pretraining\nteacher: {bert_teacher}\ntemperature: -2\n")
+    assert main(["distill", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "temperature: must be > 0" in err

@@ -1,0 +1,280 @@
+"""Pretraining distillation, DistilBERT-style (Sanh et al. 2019): a student with fewer layers learns
+the masked LM from a teacher trained here, through the one pretraining loop (`workbench.train`).
+
+The student is the teacher's family and shape with `depth` layers (default half the teacher's),
+initialised from the teacher's layers (`workbench.distill.student_layers`: evenly spread, first
+and last kept; DistilBERT's [0, 2, 4, 7, 9, 11] for 12 -> 6; embeddings and the MLM head copied)
+or randomly (the training loop's own initialisation under the seed). It trains on the teacher's
+corpus, tokenizer and masking (the teacher's training config, depth and length changed) with
+DistilBERT's triple loss (`TripleLoss`), the weights of its training script:
+
+    loss = alpha_ce * T^2 * KL(softmax(t / T) || softmax(s / T))    over the masked positions (batch mean), T = 2
+         + alpha_mlm * CE(masked tokens, s)                          the student's own MLM loss
+         + alpha_cos * mean(1 - cos(h_s, h_t))                       last hidden states, every non-pad token
+
+with alpha_ce 5.0, alpha_mlm 2.0, alpha_cos 1.0. The teacher runs on the same batch (same masks)
+as the student (`workbench.loop.TrainingHooks`: teacher, loss, and `initial` for the weights).
+
+Result: each student's held-out MLM loss on the fixed held-out batches of `train.evaluate_heldout`
+(the same batches for teacher and students), rows with probe "distill", task "mlm". A BERT student
+is also written as a `DistilBertForMaskedLM` checkpoint (`workbench.families.distilbert`,
+`<run>/distilbert/`); a student of another family (the DeBERTa-style reference encoder) stays in
+its family with fewer layers. Every student is a plain training run folder
+(`<runs>/train/<name>-L<depth>-<init>/seed-S/step-N`), so every probe reads it as any other model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from workbench.distill import INITS, cut_student, student_layers
+from workbench.errors import ConfigError
+from workbench.io import atomic_write_json
+from workbench.loop import TrainingHooks, kl_to_teacher
+
+PROBE = "distill"
+FAMILIES = ("bert", "deberta")  # pretrainers whose outputs carry the masked logits and hidden states
+
+
+class TripleLoss:
+    """DistilBERT's loss (module docstring) over the outputs of two pretrainers: `extra["logits"]`
+    (masked positions) and `extra["hidden"]` (last layer), the student's `loss` being its MLM CE."""
+
+    def __init__(self, temperature: float = 2.0, alpha_ce: float = 5.0, alpha_mlm: float = 2.0,
+                 alpha_cos: float = 1.0, record: dict | None = None):
+        if not temperature > 0:
+            raise ConfigError(f"distill: temperature must be > 0, got {temperature}")
+        if min(alpha_ce, alpha_mlm, alpha_cos) < 0 or alpha_ce + alpha_mlm + alpha_cos == 0:
+            raise ConfigError(f"distill: the loss weights must be >= 0 and not all 0, got "
+                              f"{alpha_ce}, {alpha_mlm}, {alpha_cos}")
+        self.temperature, self.alpha_ce, self.alpha_mlm, self.alpha_cos = (float(temperature), float(alpha_ce),
+                                                                           float(alpha_mlm), float(alpha_cos))
+        self.record = dict(record or {})
+
+    def __call__(self, student, batch, teacher) -> dict[str, torch.Tensor]:
+        ce = kl_to_teacher(student.extra["logits"], teacher.extra["logits"], self.temperature)
+        mlm = student.loss
+        keep = batch["attention_mask"].bool()
+        cos = (1 - F.cosine_similarity(student.extra["hidden"][keep].float(), teacher.extra["hidden"][keep].float(),
+                                       dim=-1)).mean()
+        loss = self.alpha_ce * ce + self.alpha_mlm * mlm + self.alpha_cos * cos
+        return {"loss": loss, "ce": ce.detach(), "mlm": mlm.detach(), "cos": cos.detach()}
+
+    def describe(self) -> dict:
+        return {"name": "distilbert_triple", "temperature": self.temperature, "alpha_ce": self.alpha_ce,
+                "alpha_mlm": self.alpha_mlm, "alpha_cos": self.alpha_cos, **self.record}
+
+
+class TeacherLayers:
+    """The `initial` hook: the built student's weights set to the teacher's chosen layers."""
+
+    def __init__(self, teacher_model, layers: list[int], record: dict):
+        self.teacher_model, self.layers, self.record = teacher_model, list(layers), record
+
+    def __call__(self, student_module) -> None:
+        inner = student_module.model  # the pretrainer's transformers model
+        cut = cut_student(self.teacher_model, self.layers)
+        inner.load_state_dict(cut.state_dict(), strict=True)
+
+    def describe(self) -> dict:
+        return {"name": "teacher_layers", "teacher_layers": self.layers, **self.record}
+
+
+@dataclass
+class PretrainDistillConfig:
+    """A pretraining-distillation sweep (`bertology distill CONFIG.yaml` with `kind: pretraining`)."""
+
+    teacher: str                                   # a checkpoint folder of a run trained here (train/<name>/seed-S/step-N)
+    kind: str = "pretraining"
+    name: str | None = None                        # student runs: <name>-L<depth>-<init>; default <teacher run>-distil
+    depths: list[int] | None = None                # default [half the teacher's layers]
+    inits: list[str] = field(default_factory=lambda: ["teacher", "random"])
+    seeds: list[int] = field(default_factory=lambda: [0])
+    steps: int = 256                               # optimizer steps of each student
+    lr: float | None = None                        # default: the teacher's
+    warmup: int | None = None                      # default: the teacher's, capped at steps // 4
+    temperature: float = 2.0
+    alpha_ce: float = 5.0
+    alpha_mlm: float = 2.0
+    alpha_cos: float = 1.0
+    heldout_batches: int = 32                      # fixed held-out batches for teacher and students
+    device: str = "auto"
+    progress: bool = True
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def load_pretrain_distill_config(source: str | Path | dict, overrides: dict | None = None) -> PretrainDistillConfig:
+    from workbench.coerce import build_dataclass
+    from workbench.io import read_yaml
+
+    data, where = (dict(source), "distill config") if isinstance(source, dict) else (read_yaml(Path(source)), str(source))
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    cfg = build_dataclass(PretrainDistillConfig, data, where)
+
+    def fail(key, msg):
+        raise ConfigError(f"{where}: {key}: {msg}")
+
+    if cfg.kind != "pretraining":
+        fail("kind", f"must be pretraining here, got {cfg.kind!r}")
+    if not (cfg.temperature > 0 and math.isfinite(cfg.temperature)):
+        fail("temperature", f"must be > 0, got {cfg.temperature}")
+    for key in ("alpha_ce", "alpha_mlm", "alpha_cos"):
+        if getattr(cfg, key) < 0:
+            fail(key, f"must be >= 0, got {getattr(cfg, key)}")
+    if cfg.alpha_ce + cfg.alpha_mlm + cfg.alpha_cos == 0:
+        fail("alpha_ce", "the three loss weights are all 0")
+    for i in cfg.inits:
+        if i not in INITS:
+            fail("inits", f"unknown init {i!r} (known: {', '.join(INITS)})")
+    for key in ("steps", "heldout_batches"):
+        if getattr(cfg, key) < 1:
+            fail(key, f"must be >= 1, got {getattr(cfg, key)}")
+    folder = Path(cfg.teacher).expanduser()
+    manifest = _read_manifest(folder)
+    if manifest is None or "config" not in manifest or manifest.get("family") is None:
+        fail("teacher", f"{folder}: not a checkpoint trained here (no manifest.json with its training config); "
+                        f"give a train/<name>/seed-S/step-N folder")
+    if manifest["family"] not in FAMILIES:
+        fail("teacher", f"{folder}: family {manifest['family']!r}: pretraining distillation reads the masked-LM "
+                        f"logits of {', '.join(FAMILIES)} only")
+    depth = int(manifest["model_config"]["num_hidden_layers"])
+    for d in cfg.depths or []:
+        if not 1 <= d <= depth:
+            fail("depths", f"a student of {d} layers: must be in [1, {depth}] (the teacher has {depth} layers)")
+    return cfg
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def student_train_config(cfg: PretrainDistillConfig, teacher_manifest: dict, depth: int, init: str, name: str):
+    """The teacher's training config with the student's name, depth, steps and seeds."""
+    from workbench.config import load_config
+
+    base = dict(teacher_manifest["config"])
+    for k in ("output_dir", "tokens", "steps", "name", "seeds", "checkpoints", "device", "progress"):
+        base.pop(k, None)
+    model = {**(base.pop("model", None) or {}), "num_hidden_layers": depth}
+    warmup = cfg.warmup if cfg.warmup is not None else min(int(base.get("warmup") or 0), cfg.steps // 4)
+    return load_config({**base, "model": model, "name": f"{name}-L{depth}-{init}", "steps": cfg.steps,
+                        "seeds": list(cfg.seeds), "warmup": warmup, "lr": cfg.lr or base["lr"],
+                        "checkpoints": {"log_spaced": False, "every": max(1, cfg.steps // 4)},
+                        "device": cfg.device, "progress": cfg.progress})
+
+
+@dataclass
+class PretrainDistillResult:
+    run_id: str
+    rows: Any
+    students: dict[str, Path]
+
+
+def run_pretrain_distill(cfg: PretrainDistillConfig, store=None) -> PretrainDistillResult:
+    """Train every (depth, init, seed) student (resuming finished ones for free), evaluate teacher and
+    students on the same held-out batches, convert BERT students to DistilBERT, write the rows."""
+    import pandas as pd
+
+    from workbench.checkpoints import checkpoint_name
+    from workbench.families import get_family
+    from workbench.models import _quiet_transformers
+    from workbench.results import ResultsStore
+    from workbench.train import evaluate_heldout, prepare_data, resolve_device, init_distributed, train_from_config
+    from workbench.tokenization import tokenizer_hash
+
+    teacher_folder = Path(cfg.teacher).expanduser().resolve()
+    tm = _read_manifest(teacher_folder)
+    family_name = tm["family"]
+    family = get_family(family_name)
+    module = importlib.import_module(f"workbench.families.{family_name}")
+    with _quiet_transformers():
+        teacher = module.load_pretrainer(teacher_folder).eval()
+    teacher_depth = int(teacher.model.config.num_hidden_layers)
+    depths = cfg.depths or [max(1, teacher_depth // 2)]
+    teacher_name = checkpoint_name(teacher_folder)
+    name = cfg.name or f"{tm['config'].get('name', 'teacher')}-distil"
+    from workbench.checkpoints import weights_hash
+
+    teacher_hash = weights_hash(teacher_folder)
+
+    rows, students = [], {}
+    common = {"family": family_name, "probe": PROBE, "task": "mlm", "split": "heldout", "metric": "heldout_mlm_loss"}
+    teacher_loss = None
+    for depth in depths:
+        for init in cfg.inits:
+            scfg = student_train_config(cfg, tm, depth, init, name)
+            data = prepare_data(scfg, family)
+            if tokenizer_hash(data.tokenizer) != tm["tokenizer"]["sha256"]:
+                raise ConfigError(f"{teacher_folder}: the student's corpus and tokenizer settings give another "
+                                  f"tokenizer than the teacher's (sha256 {tm['tokenizer']['sha256'][:12]}); "
+                                  f"is the teacher's corpus folder still there?")
+            layers = student_layers(teacher_depth, depth) if init == "teacher" else None
+            record = {"teacher": str(teacher_folder), "teacher_sha256": teacher_hash, "init": init,
+                      "teacher_layers": layers, "depth": depth}
+            hooks = TrainingHooks(loss=TripleLoss(cfg.temperature, cfg.alpha_ce, cfg.alpha_mlm, cfg.alpha_cos, record),
+                                  teacher=teacher,
+                                  initial=TeacherLayers(teacher.model, layers, record) if layers else None)
+            finals = train_from_config(scfg, hooks=hooks)
+            device = resolve_device(scfg.device, init_distributed(scfg.device))
+            if teacher_loss is None:
+                teacher_loss = evaluate_heldout(teacher.to(device), family, data.heldout, data.tokenizer, scfg,
+                                                cfg.heldout_batches, device)["loss"]
+                rows.append({**common, "model": teacher_name, "value": teacher_loss,
+                             "extra": {"role": "teacher", "depth": teacher_depth,
+                                       "parameters": sum(p.numel() for p in teacher.model.parameters())}})
+            for seed, final in zip(scfg.seeds, finals):
+                with _quiet_transformers():
+                    student = module.load_pretrainer(final).to(device).eval()
+                loss = evaluate_heldout(student, family, data.heldout, data.tokenizer, scfg, cfg.heldout_batches,
+                                        device)["loss"]
+                extra = {"role": "student", "depth": depth, "init": init, "teacher": teacher_name,
+                         "teacher_layers": layers, "temperature": cfg.temperature, "alpha_ce": cfg.alpha_ce,
+                         "alpha_mlm": cfg.alpha_mlm, "alpha_cos": cfg.alpha_cos, "checkpoint": str(final),
+                         "teacher_loss": teacher_loss,
+                         "parameters": sum(p.numel() for p in student.model.parameters())}
+                if family_name == "bert":
+                    extra["distilbert"] = str(save_distilbert(final, student.model))
+                rows.append({**common, "model": checkpoint_name(final), "seed": seed, "step": cfg.steps,
+                             "value": loss, "extra": extra})
+                students[f"L{depth}-{init}-seed{seed}"] = final
+    store = store or ResultsStore()
+    with store.start_run(PROBE, cfg.to_dict(), seeds=list(cfg.seeds), checkpoints=[teacher_folder], name=name) as w:
+        w.add(rows)
+        w.note("students", {k: str(v) for k, v in students.items()})
+        run_id = w.run_id
+    return PretrainDistillResult(run_id, pd.DataFrame(rows), students)
+
+
+def save_distilbert(final: Path, bert_model) -> Path:
+    """`<seed folder>/distilbert/`: the BERT student as `DistilBertForMaskedLM` with its tokenizer and
+    the checkpoint's manifest (plus the conversion), written atomically; kept if already there."""
+    from transformers import AutoTokenizer
+
+    from workbench.families.distilbert import bert_to_distilbert
+    from workbench.io import atomic_dir
+    from workbench.models import _quiet_transformers
+
+    out = Path(final).parent / "distilbert"
+    if (out / "config.json").is_file():
+        return out
+    manifest = _read_manifest(Path(final)) or {}
+    with atomic_dir(out) as tmp, _quiet_transformers():
+        bert_to_distilbert(bert_model).save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(final, local_files_only=True, trust_remote_code=False).save_pretrained(tmp)
+        atomic_write_json(tmp / "manifest.json", {**manifest, "family": "distilbert", "auto_class": "AutoModelForMaskedLM",
+                                                  "converted_from": {"checkpoint": str(final), "format": "bert"}})
+    return out
