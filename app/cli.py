@@ -106,8 +106,10 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     seeds = None if args.seeds is None else [number("--seeds", s, int) for s in args.seeds.split(",")]
     overrides = {"checkpoint": args.checkpoint, "task": args.task, "seeds": seeds, "name": args.name,
                  "pooling": args.pooling, "threads": args.threads, "output_dir": args.output_dir, "device": args.device}
+    overrides["method"] = args.method
     for flag, kind in (("epochs", int), ("lr", float), ("batch_size", int), ("max_train_examples", int),
-                       ("max_eval_examples", int), ("patience", int), ("max_len", int)):
+                       ("max_eval_examples", int), ("patience", int), ("max_len", int),
+                       ("lora_r", int), ("lora_alpha", float), ("adapter_size", int), ("prompt_tokens", int)):
         overrides[flag] = number(f"--{flag.replace('_', '-')}", getattr(args, flag), kind)
     if args.keep_epoch_checkpoints:
         overrides["keep_epoch_checkpoints"] = True
@@ -264,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
     p.add_argument("--keep-epoch-checkpoints", action="store_true", help="save a checkpoint at every epoch end")
+    p.add_argument("--method", help="what trains: full (default) | head | bitfit | adapter | prompt | lora (docs/peft.md)")
+    for flag in ("lora-r", "lora-alpha", "adapter-size", "prompt-tokens"):
+        p.add_argument(f"--{flag}")
     p.set_defaults(func=_cmd_finetune)
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")

@@ -1,0 +1,274 @@
+"""Parameter-efficient fine-tuning (workbench/peft_methods.py through workbench/finetune.py).
+
+- trainable-parameter counts equal the methods' formulas (LoRA r*(d_in+d_out) per adapted matrix,
+  a bottleneck adapter 2*d*m + m + d, a prompt n*d, plus the classifier head) in BERT, RoBERTa,
+  DeBERTa-v2 and GPT-2, counted from the configs, not from the modules;
+- BitFit and head-only training leave every other tensor bit-identical and move what they train;
+- the saved checkpoint of every method is plain transformers that gives the trained model's
+  outputs: LoRA merged (opens in AutoModel), adapters and prompts back in a probe's forward
+  through ModelHandle.load;
+- the method is part of the run's identity; a bad method or size is one line and exit 2 before
+  any work.
+
+Tiny random models (2 layers, hidden 32) on 64 sentences of sentence_polarity.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import tiny_bert, tiny_gpt2
+from tests.training_helpers import tiny_finetune_config
+from workbench.errors import ConfigError
+from workbench.finetune import build_classifier, load_classifier, load_finetune_config, run_finetune
+from workbench.loop import apply_param_filter
+from workbench.models import ModelHandle
+from workbench.peft_methods import METHODS, MethodOptions, attach
+from workbench.results import ResultsStore
+
+H, LAYERS, FFN = 32, 2, 64
+
+
+def _seeded(seed, make):
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return make().eval()
+
+
+def tiny_roberta(tokenizer):
+    from transformers import RobertaConfig, RobertaForMaskedLM
+
+    cfg = RobertaConfig(vocab_size=len(tokenizer), hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=2,
+                        intermediate_size=FFN, max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id)
+    return _seeded(0, lambda: RobertaForMaskedLM(cfg))
+
+
+def tiny_deberta(tokenizer):
+    from transformers import DebertaV2Config, DebertaV2ForMaskedLM
+
+    cfg = DebertaV2Config(vocab_size=len(tokenizer), hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=2,
+                          intermediate_size=FFN, max_position_embeddings=128, relative_attention=True,
+                          position_buckets=32, pos_att_type=["p2c", "c2p"], pad_token_id=tokenizer.pad_token_id)
+    return _seeded(0, lambda: DebertaV2ForMaskedLM(cfg))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tokenizers, tmp_path_factory):
+    """Saved tiny pretrained models (2 layers, hidden 32, FFN 64): bert, roberta, deberta-v2, gpt."""
+    root = tmp_path_factory.mktemp("pretrained")
+    builders = {"bert": lambda t: tiny_bert(t, hidden=H), "roberta": tiny_roberta, "deberta": tiny_deberta,
+                "gpt": tiny_gpt2}
+    out = {}
+    for name, build in builders.items():
+        tok = tokenizers["gpt" if name == "gpt" else "bert"]
+        path = root / name
+        build(tok).save_pretrained(path)
+        tok.save_pretrained(path)
+        out[name] = path
+    return out
+
+
+def _classifier(path):
+    handle = ModelHandle.load(path)
+    torch.manual_seed(0)
+    return build_classifier(path, handle.family, "sentence", "last" if handle.family == "gpt" else "first",
+                            ["neg", "pos"], handle.pad_id)
+
+
+def _head_size(model) -> int:
+    body = {id(p) for p in getattr(model, model.base_model_prefix).parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in body)
+
+
+# ---------------------------------------------------------------------------------- formulas
+
+# per family: (matrices LoRA adapts as (d_in, d_out), from the config)
+LORA_SHAPES = {"bert": [(H, H), (H, H)], "roberta": [(H, H), (H, H)], "deberta": [(H, H), (H, H)],
+               "gpt": [(H, 3 * H)]}  # BERT-likes: query and value; GPT-2: the fused c_attn (d -> 3d)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "deberta", "gpt"])
+def test_trainable_counts_equal_the_formulas(checkpoints, family):
+    r, m, n = 4, 8, 5
+    opts = MethodOptions(lora_r=r, adapter_size=m, prompt_tokens=n)
+    expected = {
+        "lora": LAYERS * sum(r * (d_in + d_out) for d_in, d_out in LORA_SHAPES[family]),
+        "adapter": LAYERS * 2 * (2 * H * m + m + H),  # one after attention, one after the FFN, per layer
+        "prompt": n * H,
+    }
+    for method, formula in expected.items():
+        model = _classifier(checkpoints[family])
+        head = _head_size(model)
+        total_before = sum(p.numel() for p in model.parameters())
+        record = apply_param_filter(model, attach(model, method, opts))
+        assert record["parameters"] == formula + head, method
+        assert record["total"] == total_before + formula, method  # the added modules are all that trains
+
+
+def test_bitfit_trains_biases_and_the_head_and_head_only_the_head(checkpoints):
+    model = _classifier(checkpoints["bert"])
+    bitfit = attach(model, "bitfit")
+    names = [n for n, p in model.named_parameters() if bitfit.keep(n, p)]
+    assert all(n.endswith(".bias") or n.startswith("classifier.") or ".pooler." in n for n in names)
+    assert {n for n in names if n.startswith("classifier.")} == {"classifier.weight", "classifier.bias"}
+    head = attach(model, "head")
+    assert all(n.startswith(("classifier.", "bert.pooler.")) for n, p in model.named_parameters() if head.keep(n, p))
+
+
+# ---------------------------------------------------------------------------------- training
+
+def _run(checkpoint, out, store, **kw):
+    cfg = tiny_finetune_config(checkpoint, out, **{"lr": 3e-3, **kw})
+    return cfg, run_finetune(cfg, store=ResultsStore(store))
+
+
+@pytest.mark.parametrize("method", ["bitfit", "head"])
+def test_bitfit_and_head_leave_every_other_tensor_bit_identical(checkpoints, tmp_path, method):
+    cfg, res = _run(checkpoints["bert"], tmp_path / "run", tmp_path / "s", method=method)
+    best = load_file(str(res.folder / "seed-0" / "best" / "model.safetensors"))
+    start = _classifier(checkpoints["bert"]).state_dict()
+    moved = {k for k in start if not torch.equal(best[k], start[k])}
+    body = {k for k in start if k.startswith("bert.") and ".pooler." not in k}
+    if method == "bitfit":
+        assert not {k for k in moved if not k.endswith(".bias") and k in body}  # non-bias body: bit-identical
+        assert len([k for k in moved if k in body]) >= 10  # the biases moved
+    else:
+        assert not (moved & body)
+    assert {"classifier.weight", "classifier.bias"} <= moved
+    manifest = json.loads((res.folder / "seed-0" / "best" / "manifest.json").read_text())
+    assert manifest["peft"]["method"] == method and manifest["finetune"]["method"] == method
+    rows = res.rows[res.rows["metric"] == "accuracy"]
+    seeded = rows[rows["seed"].notna()]
+    assert all(e["method"] == method for e in seeded["extra"])
+    assert all(e["trainable"] == manifest["trainable"]["parameters"] for e in seeded["extra"])
+
+
+def test_lora_checkpoint_is_merged_and_gives_the_trained_models_outputs(checkpoints, tmp_path):
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    from workbench.finetune import _save_checkpoint
+
+    handle = ModelHandle.load(checkpoints["bert"])
+    model = _classifier(checkpoints["bert"])
+    apply_param_filter(model, attach(model, "lora", MethodOptions(lora_r=4, lora_alpha=8)))
+    with torch.no_grad():  # a trained-looking update: B is zero at the start
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    model.eval()
+    ids = handle.tokenize_words([["a", "fine", "film"], ["dull"]])
+    batch = {"input_ids": ids.input_ids, "attention_mask": ids.attention_mask}
+    with torch.no_grad():
+        logits = model(**batch).logits
+        states = model.bert(**batch).last_hidden_state
+    _save_checkpoint(tmp_path / "ck", model, handle.tokenizer, {"kind": "test"},
+                     {"method": "lora", "lora_r": 4, "lora_alpha": 8})
+    saved = load_file(str(tmp_path / "ck" / "model.safetensors"))
+    assert not [k for k in saved if "lora" in k]  # merged: plain tensor names
+    plain = AutoModelForSequenceClassification.from_pretrained(tmp_path / "ck").eval()
+    body = AutoModel.from_pretrained(tmp_path / "ck").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(plain(**batch).logits, logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(body(**batch).last_hidden_state, states, atol=1e-5, rtol=1e-5)
+        base = handle.model.bert(**batch).last_hidden_state
+    assert (states - base).abs().max() > 1e-2  # the update mattered
+    manifest = json.loads((tmp_path / "ck" / "manifest.json").read_text())
+    assert manifest["peft"] == {"method": "lora", "lora_r": 4, "lora_alpha": 8, "merged_layers": 4}
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+@pytest.mark.parametrize("method", ["adapter", "prompt"])
+def test_adapter_and_prompt_checkpoints_run_in_a_probes_forward(checkpoints, tmp_path, family, method):
+    """A probe opens the run's best checkpoint with ModelHandle.load: its layers must be the
+    fine-tuned model's (adapters in the forward, the prompt after the prefix)."""
+    cfg, res = _run(checkpoints[family], tmp_path / "run", tmp_path / "s", method=method, adapter_size=8,
+                    prompt_tokens=3, epochs=1)
+    best = res.folder / "seed-0" / "best"
+    classifier = load_classifier(best)
+    probe = ModelHandle.load(best)
+    base = ModelHandle.load(checkpoints[family])
+    sentences = [["a", "fine", "film", "."], ["dull", "and", "long"]]
+    got = list(probe.word_states(sentences))
+    # the reference: the classifier's body on the ids the fine-tuning run fed it
+    wb = base.tokenize_words(sentences)
+    ids, mask = wb.input_ids, wb.attention_mask
+    if method == "prompt":
+        prompt = json.loads((best / "manifest.json").read_text())["peft"]["prompt_ids"]
+        assert len(prompt) == 3 and prompt[0] == base.model.get_input_embeddings().num_embeddings
+        at = len(base._prefix)
+        ids = torch.cat([ids[:, :at], torch.tensor([prompt] * len(sentences)), ids[:, at:]], 1)
+        mask = torch.cat([mask[:, :at], torch.ones(len(sentences), 3, dtype=mask.dtype), mask[:, at:]], 1)
+    with torch.no_grad():
+        hidden = getattr(classifier, classifier.base_model_prefix)(input_ids=ids, attention_mask=mask,
+                                                                    output_hidden_states=True).hidden_states
+    shift = len(probe._prefix)
+    for s, states in enumerate(got):
+        first = wb.word_ids[s].tolist()
+        firsts = [first.index(w) - len(base._prefix) + shift for w in range(len(sentences[s]))]
+        ref = np.stack([h[s, firsts].numpy() for h in hidden])
+        np.testing.assert_allclose(states, ref, atol=1e-4, rtol=1e-4)
+        plain = next(iter(base.word_states([sentences[s]])))
+        assert np.abs(states[-1] - plain[-1]).max() > 1e-4  # not the starting model's layers
+
+
+# ------------------------------------------------------------------------------- identity, input
+
+def test_method_is_part_of_the_run_identity():
+    def h(**kw):
+        return load_finetune_config({"checkpoint": "x", **kw}).training_hash()
+
+    assert h() == h(lora_r=2)  # full fine-tuning reads no method option
+    assert len({h(), h(method="bitfit"), h(method="lora"), h(method="lora", lora_r=2), h(method="adapter")}) == 5
+    assert h(method="bitfit") == h(method="bitfit", lora_r=2)  # only what the method reads... is recorded
+    cfg = load_finetune_config({"checkpoint": "x", "method": "lora"})
+    assert cfg.method == "lora"
+
+
+def test_full_hash_is_unchanged_by_the_method_fields():
+    """The hash of a config without a method is the one before methods existed (resumable runs)."""
+    import hashlib
+
+    from workbench.finetune import FinetuneConfig, METHOD_OPTIONS
+
+    d = FinetuneConfig(checkpoint="x").to_dict()
+    for k in ("seeds", "name", "output_dir", "progress", "threads", "baselines", "save_every", "device",
+              "method", *METHOD_OPTIONS):
+        d.pop(k)
+    assert load_finetune_config({"checkpoint": "x"}).training_hash() == \
+        hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("override,match", [
+    ({"method": "dora"}, r"method: unknown method 'dora' \(known: full, head, bitfit, adapter, prompt, lora\)"),
+    ({"method": "lora", "lora_r": 0}, r"lora_r: must be an integer >= 1, got 0"),
+    ({"method": "adapter", "adapter_size": -3}, r"adapter_size: must be an integer >= 1"),
+    ({"method": "prompt", "prompt_tokens": 126}, r"prompt_tokens: 126 prompt tokens leave fewer than 4"),
+    ({"method": "bitfit", "freeze_body": True}, r"freeze_body: trains the head only"),
+])
+def test_bad_method_settings_are_config_errors(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_finetune_config({"checkpoint": "x", **override})
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--method", "dora"], "method: unknown method 'dora'"),
+    (["--method", "lora", "--lora-r", "0"], "lora_r: must be an integer >= 1, got 0"),
+    (["--method", "lora", "--lora-r", "two"], "--lora-r: expected an integer, got 'two'"),
+])
+def test_cli_bad_method_is_one_line_and_exit_2_before_any_work(argv, match, capsys, tmp_path, monkeypatch):
+    from app.cli import main
+
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    code = main(["finetune", "--checkpoint", "sentence-transformers/all-MiniLM-L6-v2", *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and match in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_methods_list_is_the_issues():
+    assert METHODS == ("full", "head", "bitfit", "adapter", "prompt", "lora")
