@@ -122,6 +122,18 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- peft
+def _cmd_peft(args: argparse.Namespace) -> int:
+    from probes.peft_change import format_summary, load_sweep_config, run_sweep
+
+    overrides = {"checkpoint": args.checkpoint, "device": args.device, "output_dir": None}
+    cfg = load_sweep_config(args.config, overrides)
+    run_id, rows = run_sweep(cfg)
+    print(format_summary(rows))
+    print(f"run {run_id}")
+    return 0
+
+
 # --------------------------------------------------------------------------- runs
 def _store(args: argparse.Namespace):
     from workbench.results import ResultsStore
@@ -270,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in ("lora-r", "lora-alpha", "adapter-size", "prompt-tokens"):
         p.add_argument(f"--{flag}")
     p.set_defaults(func=_cmd_finetune)
+
+    p = sub.add_parser("peft", help="fine-tune with every method (full, head, bitfit, adapter, prompt, lora); CKA per layer")
+    p.add_argument("config", help="sweep YAML (e.g. experiments/peft/minilm_polarity_cpu.yaml)")
+    p.add_argument("--checkpoint", help="the starting checkpoint (overrides finetune.checkpoint)")
+    p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
+    p.set_defaults(func=_cmd_peft)
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")

@@ -272,3 +272,98 @@ def test_cli_bad_method_is_one_line_and_exit_2_before_any_work(argv, match, caps
 
 def test_methods_list_is_the_issues():
     assert METHODS == ("full", "head", "bitfit", "adapter", "prompt", "lora")
+
+
+# ------------------------------------------------------------------------------------ the sweep
+
+@pytest.fixture(scope="module")
+def sweep(checkpoints, tmp_path_factory):
+    """`bertology peft`'s sweep over head, full and LoRA (two seeds) on the tiny BERT: (store, run id, rows)."""
+    from probes.peft_change import load_sweep_config, run_sweep
+
+    root = tmp_path_factory.mktemp("sweep")
+    ft = {"checkpoint": str(checkpoints["bert"]), "seeds": [0, 1], "epochs": 1, "max_train_examples": 64,
+          "max_eval_examples": 32, "batch_size": 16, "baselines": False, "progress": False, "name": "sweep"}
+    cfg = load_sweep_config({"finetune": ft, "methods": ["head", "full", "lora"], "cka_sentences": 40,
+                             "lr": {"full": 1e-2, "head": 1e-2, "lora": 1e-2}})
+    store = ResultsStore(root / "store")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BERTOLOGY_RUNS", str(root / "runs"))
+        run_id, rows = run_sweep(cfg, store=store, progress=False)
+    return store, run_id, rows
+
+
+@pytest.mark.slow
+def test_sweep_rows_cka_is_one_where_nothing_changed(sweep):
+    """Head-only leaves every layer as it was: CKA exactly 1 at every layer; full fine-tuning at a
+    high rate moves the top layer; the embeddings (layer 0) of LoRA, which adapts attention only,
+    stay identical. CKA itself is checked against a hand computation."""
+    from probes.core.geometry import linear_cka
+    from probes.peft_change import cka_to_start
+
+    store, run_id, rows = sweep
+    rows = rows.copy()
+    rows["method"] = [e["method"] for e in rows["extra"]]
+    cka = rows[rows["metric"] == "cka_to_start"]
+    assert sorted(cka["layer"].unique()) == [0, 1, 2]
+    head = cka[cka["method"] == "head"]["value"].to_numpy()
+    np.testing.assert_allclose(head, 1.0, atol=1e-6)
+    full = cka[(cka["method"] == "full") & (cka["seed"] == 0)].set_index("layer")["value"]
+    assert full.loc[2] < 0.999
+    lora = cka[(cka["method"] == "lora") & (cka["seed"] == 0)].set_index("layer")["value"]
+    assert lora.loc[0] == pytest.approx(1.0, abs=1e-6) and lora.loc[2] < 1 - 1e-6  # exactly 1 where nothing changed
+    counts = rows[(rows["metric"] == "trainable_parameters") & (rows["seed"] == 0)].set_index("method")["value"]
+    assert counts["head"] < counts["lora"] < counts["full"]
+    assert counts["lora"] - counts["head"] == LAYERS * 2 * 8 * (H + H)  # default r = 8 on query and value
+    # the CKA is the hand formula on centred matrices
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(2, 50, 6)), rng.normal(size=(2, 50, 4))
+    ac, bc = a[1] - a[1].mean(0), b[1] - b[1].mean(0)
+    hand = np.linalg.norm(bc.T @ ac) ** 2 / (np.linalg.norm(ac.T @ ac) * np.linalg.norm(bc.T @ bc))
+    assert cka_to_start(a, b)[1] == pytest.approx(hand) == pytest.approx(linear_cka(a[1], b[1]))
+    assert len(store.read(run_id)) == len(rows)
+
+
+@pytest.mark.slow
+def test_peft_figures_draw_the_seed_means_of_the_store(sweep):
+    from app.figures import load_spec, query_rows
+    from app.pages.peft import PLOTS, method_table
+
+    store, run_id, rows = sweep
+    rows = rows.assign(method=[e["method"] for e in rows["extra"]])
+    for name, plot in (("peft_accuracy_vs_parameters", "peft_accuracy_vs_parameters"),
+                       ("peft_cka_to_start", "peft_cka_to_start")):
+        spec = load_spec(name)[1]
+        assert spec["plot"] == plot and spec["query"]["probe"] == "peft"
+        got, runs = query_rows(store, spec["query"])
+        assert runs == [run_id]
+        drawn = PLOTS[plot](got, spec["title"], spec.get("options") or {})
+        data = drawn.data
+        if plot == "peft_cka_to_start":
+            want = rows[rows["metric"] == "cka_to_start"].groupby(["method", "layer"])["value"].mean()
+            for (method, layer), v in want.items():
+                row = data[(data["model"].str.endswith("/ " + method)) & (data["layer"] == layer)]
+                assert row["value"].iloc[0] == pytest.approx(v, abs=1e-9)
+        else:
+            test = rows[(rows["metric"] == "accuracy") & (rows["split"] == "test")]
+            for method, g in test.groupby("method"):
+                row = data[data["model"].str.endswith("/ " + method) & (data["metric"] == "accuracy")]
+                assert row["value"].iloc[0] == pytest.approx(g["value"].mean())
+                assert row["ci_low"].iloc[0] == pytest.approx(g["value"].min())
+                n = data[data["model"].str.endswith("/ " + method) & (data["metric"] == "trainable_parameters")]
+                assert n["value"].iloc[0] == g["extra"].iloc[0]["trainable"]
+    table = method_table(store.read(run_id))
+    assert list(table["method"]) == ["full", "head", "lora"] and set(table["seeds"]) == {2}
+    assert table.set_index("method")["share_of_model"]["full"] == pytest.approx(1.0)
+
+
+def test_sweep_config_refuses_bad_methods_before_any_work(checkpoints):
+    from probes.peft_change import load_sweep_config
+
+    ft = {"checkpoint": str(checkpoints["bert"])}
+    with pytest.raises(ConfigError, match="methods: unknown method 'dora'"):
+        load_sweep_config({"finetune": ft, "methods": ["full", "dora"]})
+    with pytest.raises(ConfigError, match=r"finetune \(full\): lora_r: must be an integer >= 1"):
+        load_sweep_config({"finetune": {**ft, "lora_r": 0}, "methods": ["full", "lora"]})
+    with pytest.raises(ConfigError, match="lr: prompt: must be a number > 0"):
+        load_sweep_config({"finetune": ft, "lr": {"prompt": -1}})

@@ -36,10 +36,20 @@ def probe_pages() -> list[tuple[str, ModuleType | None]]:
     return [(name, page_module(name)) for name in probe_names()]
 
 
+# Pages of results that no registered probe writes (a sweep's own rows): app/pages/<NAME>.py with
+# TITLE, render(store) and optional PLOTS, exactly like a probe's companion module.
+RESULT_PAGES = ("peft",)  # fine-tuning methods (probes/peft_change.py)
+
+
+def result_pages() -> list[tuple[str, ModuleType]]:
+    """(name, module) of every page in RESULT_PAGES."""
+    return [(name, importlib.import_module(f"{__name__}.{name}")) for name in RESULT_PAGES]
+
+
 def extra_plots() -> dict:
     """Plot kinds contributed by companion modules (`PLOTS`), for `bertology figures`."""
     out: dict = {}
-    for name in probe_names():
+    for name in [*probe_names(), *RESULT_PAGES]:
         try:
             module = page_module(name)
         except Exception as e:  # noqa: BLE001 - one broken page must not take every figure down
