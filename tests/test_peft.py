@@ -367,3 +367,26 @@ def test_sweep_config_refuses_bad_methods_before_any_work(checkpoints):
         load_sweep_config({"finetune": {**ft, "lora_r": 0}, "methods": ["full", "lora"]})
     with pytest.raises(ConfigError, match="lr: prompt: must be a number > 0"):
         load_sweep_config({"finetune": ft, "lr": {"prompt": -1}})
+
+
+@pytest.mark.slow
+def test_peft_page_shows_the_stored_values(sweep, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from workbench.paths import REPO_ROOT
+
+    store, run_id, rows = sweep
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
+    at = AppTest.from_file(str(REPO_ROOT / "app" / "streamlit_app.py"), default_timeout=180)
+    at.query_params["page"] = "peft"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    table = at.container("peft-table").dataframe[0].value
+    test = rows[(rows["metric"] == "accuracy") & (rows["split"] == "test")]
+    for method in ("full", "head", "lora"):
+        want = [v for v, e in zip(test["value"], test["extra"]) if e["method"] == method]
+        assert table.set_index("method")["accuracy"][method] == pytest.approx(np.mean(want))
+    cka = at.container("peft-cka-table").dataframe[0].value
+    assert list(cka.columns) == ["layer", "full", "head", "lora"]
+    np.testing.assert_allclose(cka["head"], 1.0, atol=1e-6)
