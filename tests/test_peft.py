@@ -390,3 +390,33 @@ def test_peft_page_shows_the_stored_values(sweep, monkeypatch):
     cka = at.container("peft-cka-table").dataframe[0].value
     assert list(cka.columns) == ["layer", "full", "head", "lora"]
     np.testing.assert_allclose(cka["head"], 1.0, atol=1e-6)
+
+
+def test_peft_page_on_an_empty_store_says_what_to_run(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from workbench.paths import REPO_ROOT
+
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    at = AppTest.from_file(str(REPO_ROOT / "app" / "streamlit_app.py"), default_timeout=180)
+    at.query_params["page"] = "peft"
+    at.run()
+    assert not at.exception and not at.error
+    assert "bertology peft experiments/peft/" in at.info[0].value
+
+
+def test_prompt_ids_follow_embedding_rows_that_no_token_names(checkpoints, tmp_path):
+    """A model whose embedding has more rows than its tokenizer has tokens: the saved prompt tokens
+    still get the ids of their rows (the gap is named), and the probe reads the prompted model."""
+    from workbench.finetune import _save_checkpoint
+
+    handle = ModelHandle.load(checkpoints["bert"])
+    model = _classifier(checkpoints["bert"])
+    model.resize_token_embeddings(len(handle.tokenizer) + 5)
+    apply_param_filter(model, attach(model, "prompt", MethodOptions(prompt_tokens=2)))
+    _save_checkpoint(tmp_path / "ck", model, handle.tokenizer, {"kind": "test"}, {"method": "prompt", "prompt_tokens": 2})
+    manifest = json.loads((tmp_path / "ck" / "manifest.json").read_text())
+    V = len(handle.tokenizer) + 5
+    assert manifest["peft"]["prompt_ids"] == [V, V + 1]
+    probe = ModelHandle.load(tmp_path / "ck")
+    assert probe._prefix[-2:] == [V, V + 1] and len(probe.tokenizer) == V + 2

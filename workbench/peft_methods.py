@@ -348,6 +348,8 @@ def plain_copy(model: nn.Module, tokenizer, method: str):
         with torch.no_grad():
             model.get_input_embeddings().weight[emb.vocab: emb.vocab + len(ids)] = emb.prompt.detach()
         tokenizer = copy.deepcopy(tokenizer)
+        if len(tokenizer) < emb.vocab:  # embedding rows no token names (e.g. padded to a multiple): name them
+            tokenizer.add_tokens([f"<unused_row_{i}>" for i in range(len(tokenizer), emb.vocab)], special_tokens=True)
         tokens = [PROMPT_TOKEN.format(i) for i in range(len(ids))]
         tokenizer.add_special_tokens({"additional_special_tokens": tokens}, replace_extra_special_tokens=False)
         got = tokenizer.convert_tokens_to_ids(tokens)
