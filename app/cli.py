@@ -127,7 +127,8 @@ def _cmd_peft(args: argparse.Namespace) -> int:
     from probes.peft_change import format_summary, load_sweep_config, run_sweep
 
     overrides = {"checkpoint": args.checkpoint, "device": args.device, "output_dir": None}
-    cfg = load_sweep_config(args.config, overrides)
+    methods = None if args.methods is None else [m.strip() for m in args.methods.split(",")]
+    cfg = load_sweep_config(args.config, overrides, methods=methods)
     run_id, rows = run_sweep(cfg)
     print(format_summary(rows))
     print(f"run {run_id}")
@@ -287,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="sweep YAML (e.g. experiments/peft/minilm_polarity_cpu.yaml)")
     p.add_argument("--checkpoint", help="the starting checkpoint (overrides finetune.checkpoint)")
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
+    p.add_argument("--methods", help="comma-separated subset of the config's methods, e.g. full,lora")
     p.set_defaults(func=_cmd_peft)
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")

@@ -45,9 +45,10 @@ class PeftSweepConfig:
         return dataclasses.asdict(self)
 
 
-def load_sweep_config(source, overrides: dict | None = None) -> PeftSweepConfig:
+def load_sweep_config(source, overrides: dict | None = None, methods: list[str] | None = None) -> PeftSweepConfig:
     """A validated sweep config from YAML or a dict; `overrides` replace keys of `finetune`
-    (None values ignored). Every method's fine-tuning config is validated here, before any work."""
+    (None values ignored), `methods` the method list. Every method's fine-tuning config is
+    validated here, before any work."""
     from workbench.coerce import build_dataclass
     from workbench.finetune import load_finetune_config
     from workbench.io import read_yaml
@@ -55,6 +56,8 @@ def load_sweep_config(source, overrides: dict | None = None) -> PeftSweepConfig:
 
     where = "peft config" if isinstance(source, dict) else str(source)
     data = dict(source) if isinstance(source, dict) else read_yaml(Path(source))
+    if methods is not None:
+        data["methods"] = methods
     cfg = build_dataclass(PeftSweepConfig, data, where)
     cfg.finetune = {**(cfg.finetune or {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
     if not cfg.methods:

@@ -365,6 +365,8 @@ def test_sweep_config_refuses_bad_methods_before_any_work(checkpoints):
         load_sweep_config({"finetune": ft, "methods": ["full", "dora"]})
     with pytest.raises(ConfigError, match=r"finetune \(full\): lora_r: must be an integer >= 1"):
         load_sweep_config({"finetune": {**ft, "lora_r": 0}, "methods": ["full", "lora"]})
+    with pytest.raises(ConfigError, match="methods: unknown method .lorra."):
+        load_sweep_config({"finetune": ft}, methods=["lorra"])
     with pytest.raises(ConfigError, match="lr: prompt: must be a number > 0"):
         load_sweep_config({"finetune": ft, "lr": {"prompt": -1}})
 
