@@ -422,3 +422,27 @@ def test_prompt_ids_follow_embedding_rows_that_no_token_names(checkpoints, tmp_p
     assert manifest["peft"]["prompt_ids"] == [V, V + 1]
     probe = ModelHandle.load(tmp_path / "ck")
     assert probe._prefix[-2:] == [V, V + 1] and len(probe.tokenizer) == V + 2
+
+
+@pytest.mark.parametrize("method", ["lora", "adapter"])
+def test_an_interrupted_method_run_resumes_to_identical_weights(checkpoints, tmp_path, method):
+    """The added modules are in the resume state: an interrupted LoRA / adapter run ends with the
+    same saved checkpoint (merged LoRA weights, adapter file) as an uninterrupted one."""
+    kw = {"epochs": 2, "save_every": 3, "max_train_examples": 80, "method": method, "lora_r": 2, "adapter_size": 4}
+    store = ResultsStore(tmp_path / "store")
+    full = run_finetune(tiny_finetune_config(checkpoints["bert"], tmp_path / "full", **kw), store=store)
+
+    def interrupt(step):
+        if step == 7:  # mid-epoch 2 (5 steps per epoch); the last saved state is step 6
+            raise KeyboardInterrupt
+
+    cfg = tiny_finetune_config(checkpoints["bert"], tmp_path / "cut", **kw)
+    with pytest.raises(KeyboardInterrupt):
+        run_finetune(cfg, store=store, on_step=interrupt)
+    resumed = run_finetune(cfg, store=store)
+    files = ["model.safetensors"] + (["adapters.safetensors"] if method == "adapter" else [])
+    for name in files:
+        a = load_file(tmp_path / "full" / "seed-0" / "best" / name)
+        b = load_file(tmp_path / "cut" / "seed-0" / "best" / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.seeds[0].curve == full.seeds[0].curve
