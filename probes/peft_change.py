@@ -121,6 +121,8 @@ def run_sweep(cfg: PeftSweepConfig, store=None, progress: bool = True) -> tuple[
     store = store or ResultsStore()
     sentences = [list(s.words) for s in load_treebank(cfg.cka_treebank, cfg.cka_split)[: cfg.cka_sentences]]
     configs = {m: method_config(cfg, m) for m in cfg.methods}
+    # the baselines (majority, bag of words) are the same for every method: computed with the first only
+    configs = {m: c if i == 0 else dataclasses.replace(c, baselines=False) for i, (m, c) in enumerate(configs.items())}
     first = configs[cfg.methods[0]]
     start_path = resolve_checkpoint(first.checkpoint)
     start = layer_states(ModelHandle.load(start_path, device=_device(first)), sentences)
