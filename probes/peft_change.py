@@ -50,7 +50,6 @@ def load_sweep_config(source, overrides: dict | None = None, methods: list[str] 
     (None values ignored), `methods` the method list. Every method's fine-tuning config is
     validated here, before any work."""
     from workbench.coerce import build_dataclass
-    from workbench.finetune import load_finetune_config
     from workbench.io import read_yaml
     from workbench.peft_methods import METHODS
 
