@@ -106,8 +106,10 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     seeds = None if args.seeds is None else [number("--seeds", s, int) for s in args.seeds.split(",")]
     overrides = {"checkpoint": args.checkpoint, "task": args.task, "seeds": seeds, "name": args.name,
                  "pooling": args.pooling, "threads": args.threads, "output_dir": args.output_dir, "device": args.device}
+    overrides["method"] = args.method
     for flag, kind in (("epochs", int), ("lr", float), ("batch_size", int), ("max_train_examples", int),
-                       ("max_eval_examples", int), ("patience", int), ("max_len", int)):
+                       ("max_eval_examples", int), ("patience", int), ("max_len", int),
+                       ("lora_r", int), ("lora_alpha", float), ("adapter_size", int), ("prompt_tokens", int)):
         overrides[flag] = number(f"--{flag.replace('_', '-')}", getattr(args, flag), kind)
     if args.keep_epoch_checkpoints:
         overrides["keep_epoch_checkpoints"] = True
@@ -152,6 +154,19 @@ def _cmd_distill(args: argparse.Namespace) -> int:
     result = run_distill(cfg)
     print(format_table(result.rows))
     print(f"run {result.run_id}; students under {result.folder}")
+    return 0
+
+
+# --------------------------------------------------------------------------- peft
+def _cmd_peft(args: argparse.Namespace) -> int:
+    from probes.peft_change import format_summary, load_sweep_config, run_sweep
+
+    overrides = {"checkpoint": args.checkpoint, "device": args.device, "output_dir": None}
+    methods = None if args.methods is None else [m.strip() for m in args.methods.split(",")]
+    cfg = load_sweep_config(args.config, overrides, methods=methods)
+    run_id, rows = run_sweep(cfg)
+    print(format_summary(rows))
+    print(f"run {run_id}")
     return 0
 
 
@@ -299,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
     p.add_argument("--keep-epoch-checkpoints", action="store_true", help="save a checkpoint at every epoch end")
+    p.add_argument("--method", help="what trains: full (default) | head | bitfit | adapter | prompt | lora (docs/peft.md)")
+    for flag in ("lora-r", "lora-alpha", "adapter-size", "prompt-tokens"):
+        p.add_argument(f"--{flag}")
     p.set_defaults(func=_cmd_finetune)
 
     p = sub.add_parser("distill", help="distil a fine-tuned classifier into smaller students (a sweep)")
@@ -312,6 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.set_defaults(func=_cmd_distill)
+    p = sub.add_parser("peft", help="fine-tune with every method (full, head, bitfit, adapter, prompt, lora); CKA per layer")
+    p.add_argument("config", help="sweep YAML (e.g. experiments/peft/minilm_polarity_cpu.yaml)")
+    p.add_argument("--checkpoint", help="the starting checkpoint (overrides finetune.checkpoint)")
+    p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
+    p.add_argument("--methods", help="comma-separated subset of the config's methods, e.g. full,lora")
+    p.set_defaults(func=_cmd_peft)
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")

@@ -33,13 +33,12 @@ def build_pages(requested: str | None) -> dict[str, list]:
     specs = [("Runs", "runs", ui.guarded(runs.render)),
              ("Layer curves", "layer-curves", ui.guarded(layer_curves.render)),
              ("Model explorer", "explorer", ui.guarded(explorer.render))]
-    for name in pages.RESULT_PAGES:  # e.g. distillation: rows of a command, not of a probe
-        module = pages.page_module(name)
-        specs.append((getattr(module, "TITLE", name), name, _probe_page(name, module)))
     probe_specs = []
     for name, module in pages.probe_pages():
         title = getattr(module, "TITLE", None) or name
         probe_specs.append((f"Probe: {title}", f"probe-{name}", _probe_page(name, module)))
+    for name, module in pages.result_pages():  # rows of a command (distill, peft), not of a probe
+        specs.append((getattr(module, "TITLE", name), name, _probe_page(name, module)))
     urls = [url for _, url, _ in specs + probe_specs]
     default = requested if requested in urls else "runs"
 

@@ -97,6 +97,7 @@ FAMILY_POOLINGS = {
 }
 DEFAULT_POOLINGS = ("first", "encoder_mean")
 STATE_DIR = "resume"
+METHOD_OPTIONS = ("lora_r", "lora_alpha", "adapter_size", "prompt_tokens")
 BEST_DIR = "best"
 
 
@@ -119,7 +120,12 @@ class FinetuneConfig:
     clip: float = 1.0                     # gradient-norm clip, 0 = none
     patience: int = 2                     # epochs without a new best dev accuracy before stopping
     pooling: str = "auto"                 # see the module table
-    freeze_body: bool = False             # train only the head (ELMo's original setting)
+    freeze_body: bool = False             # train only the head (ELMo's original setting; = method head)
+    method: str = "full"                  # full | head | bitfit | adapter | prompt | lora (workbench.peft_methods)
+    lora_r: int = 8                       # lora: rank of each update
+    lora_alpha: float = 16.0              # lora: the update is scaled by alpha / r
+    adapter_size: int = 64                # adapter: bottleneck width m
+    prompt_tokens: int = 20               # prompt: number of trained input vectors
     split_seed: int = 0
     dev_fraction: float = 0.1             # sentence tasks: fractions of the whole set
     test_fraction: float = 0.1
@@ -141,6 +147,11 @@ class FinetuneConfig:
         d = self.to_dict()
         for k in ("seeds", "name", "output_dir", "progress", "threads", "baselines", "save_every", "device"):
             d.pop(k)
+        # the method and the options it reads (full fine-tuning reads none: its hash is the one from before methods)
+        read = method_record(self)
+        for k in ("method",) + METHOD_OPTIONS:
+            if k not in read or self.method == "full":
+                d.pop(k)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -209,6 +220,26 @@ def _validate(cfg: FinetuneConfig, where: str) -> None:
         fail("checkpoint", "give a checkpoint folder or a Hub model name")
     if cfg.name is not None and not re.fullmatch(r"[\w.+-]+", cfg.name):
         fail("name", f"use letters, digits and . _ + - only, got {cfg.name!r}")
+    from workbench.peft_methods import check_method
+
+    check_method(cfg.method, method_options(cfg), where)
+    if cfg.freeze_body and cfg.method not in ("full", "head"):
+        fail("freeze_body", f"trains the head only, which contradicts method {cfg.method}; give one")
+    if cfg.method == "prompt" and cfg.max_len - cfg.prompt_tokens < 4:
+        fail("prompt_tokens", f"{cfg.prompt_tokens} prompt tokens leave fewer than 4 of max_len {cfg.max_len}")
+
+
+def method_options(cfg: FinetuneConfig):
+    """The sizes of the config's fine-tuning method (`workbench.peft_methods.MethodOptions`)."""
+    from workbench.peft_methods import MethodOptions
+
+    return MethodOptions(**{k: getattr(cfg, k) for k in METHOD_OPTIONS})
+
+
+def method_record(cfg: FinetuneConfig) -> dict:
+    """The method and the options it reads, as manifests and rows record them."""
+    keys = {"lora": ("lora_r", "lora_alpha"), "adapter": ("adapter_size",), "prompt": ("prompt_tokens",)}
+    return {"method": cfg.method, **{k: getattr(cfg, k) for k in keys.get(cfg.method, ())}}
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -450,8 +481,12 @@ def load_classifier(path: str | Path):
     arch = (getattr(config, "architectures", None) or [""])[0]
     auto = AutoModelForTokenClassification if arch.endswith("ForTokenClassification") else AutoModelForSequenceClassification
     cls = heads.HEADS.get(arch, auto)
+    from workbench.checkpoints import read_manifest
+    from workbench.peft_methods import reattach_saved
+
     with _quiet_transformers():
-        return cls.from_pretrained(path, local_files_only=True, trust_remote_code=False).eval()
+        model = cls.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    return reattach_saved(model, path, read_manifest(path) or {}).eval()
 
 
 def members(checkpoint: str | Path) -> tuple[list[str], list[str]]:
@@ -530,9 +565,19 @@ def _load_state(folder: Path, model, optimizer, scheduler) -> dict:
     return json.loads(state["loop"])
 
 
-def _save_checkpoint(folder: Path, model, tokenizer, manifest: dict) -> None:
+def _save_checkpoint(folder: Path, model, tokenizer, manifest: dict, method: dict | None = None) -> None:
+    """A plain checkpoint of `model`; with a fine-tuning `method` record (`method_record`) other than
+    full, the plain architecture `workbench.peft_methods.plain_copy` makes of it (LoRA merged,
+    adapters in a file beside it, prompt rows in the vocabulary) and the record in the manifest."""
+    if method is None or method["method"] == "full":
+        with atomic_dir(folder) as tmp:
+            write_model_folder(tmp, model, tokenizer, manifest)
+        return
+    from workbench.peft_methods import plain_copy, save_extra
+
+    plain, tokenizer, record = plain_copy(model, tokenizer, method["method"])
     with atomic_dir(folder) as tmp:
-        write_model_folder(tmp, model, tokenizer, manifest)
+        write_model_folder(tmp, plain, tokenizer, {**manifest, "peft": {**method, **save_extra(tmp, record)}})
 
 
 def classification_loss(out, batch) -> dict[str, torch.Tensor]:
@@ -541,13 +586,20 @@ def classification_loss(out, batch) -> dict[str, torch.Tensor]:
 
 
 def trainable_filter(cfg: FinetuneConfig, model, hooks: TrainingHooks):
-    """The parameter filter of a run: `freeze_body` (train the head only) or the hooks' own."""
+    """The parameter filter of a run: `freeze_body` (train the head only), the fine-tuning method's
+    (`workbench.peft_methods.attach`, which adds the modules the method trains to `model`), or the
+    hooks' own."""
+    from workbench.peft_methods import attach
+
     if cfg.freeze_body and hooks.trainable is not None:
         raise ConfigError(f"freeze_body and a parameter filter ({hooks.trainable.name}) both choose what trains; "
                           f"give one")
     if cfg.freeze_body:
         return outside(getattr(model, model.base_model_prefix), "head_only")
-    return hooks.trainable
+    if cfg.method != "full" and hooks.trainable is not None:
+        raise ConfigError(f"method {cfg.method} and a parameter filter ({hooks.trainable.name}) both choose what "
+                          f"trains; give one")
+    return attach(model, cfg.method, method_options(cfg)) if cfg.method != "full" else hooks.trainable
 
 
 @dataclass
@@ -560,6 +612,7 @@ class SeedResult:
     test: dict
     checkpoint: str
     seconds: float
+    trainable: dict | None = None  # count_trainable's record (older result files lack it)
 
 
 def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
@@ -580,8 +633,10 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
     t0 = time.time()
     torch.manual_seed(seed)
     model = build_classifier(run.checkpoint, run.family, run.data.kind, run.pooling, run.data.label_names,
-                             run.pad_id).to(run.device)
+                             run.pad_id)
     trainable = apply_param_filter(model, trainable_filter(cfg, model, hooks))
+    model.to(run.device)
+    method = method_record(cfg)
     optimizer = adamw(model.named_parameters(), cfg.lr, cfg.weight_decay)
     prepare_teacher(hooks, run.device)
     train_rows = list(range(len(run.train.ids)))
@@ -638,10 +693,10 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
             loop["term_sums"] = {}
         ck_manifest = {**manifest, "epoch": epoch, "step": loop["step"], "dev_accuracy": acc}
         if cfg.keep_epoch_checkpoints:
-            _save_checkpoint(step_dir(out, loop["step"]), model, run.tokenizer, ck_manifest)
+            _save_checkpoint(step_dir(out, loop["step"]), model, run.tokenizer, ck_manifest, method)
         if acc > loop["best"]:
             loop.update(best=acc, best_epoch=epoch, best_step=loop["step"], bad_epochs=0)
-            _save_checkpoint(out / BEST_DIR, model, run.tokenizer, ck_manifest)
+            _save_checkpoint(out / BEST_DIR, model, run.tokenizer, ck_manifest, method)
         else:
             loop["bad_epochs"] += 1
             loop["stopped"] = loop["bad_epochs"] >= cfg.patience
@@ -656,7 +711,8 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
     dev_acc, dev_n = loop["best"], evaluate_count(run.dev)
     test_acc, test_n, _ = evaluate(best, run.test, list(range(len(run.test.ids))), run.pad_id, cfg.batch_size)
     res = SeedResult(seed, loop["curve"], loop["best_epoch"], loop["best_step"], {"accuracy": dev_acc, "n": dev_n},
-                     {"accuracy": test_acc, "n": test_n}, str(out / BEST_DIR), round(seconds_before + time.time() - t0, 2))
+                     {"accuracy": test_acc, "n": test_n}, str(out / BEST_DIR), round(seconds_before + time.time() - t0, 2),
+                     trainable)
     atomic_write_json(done, dataclasses.asdict(res))
     shutil.rmtree(out / STATE_DIR, ignore_errors=True)
     return res
@@ -759,7 +815,7 @@ def prepare(cfg: FinetuneConfig, data: TaskData | None = None, hooks: TrainingHo
     pooling = choose_pooling(family, "token" if cfg.task in TOKEN_TASKS else "sentence", cfg.pooling)
     # a folder is named as the workbench names checkpoints; a Hub name stays as it was given
     model_name = checkpoint_name(path) if Path(cfg.checkpoint).expanduser().exists() else cfg.checkpoint
-    name = cfg.name or f"{cfg.task}-{_slug(model_name)}"
+    name = cfg.name or f"{cfg.task}-{_slug(model_name)}" + ("" if cfg.method == "full" else f"-{cfg.method}")
     folder = Path(cfg.output_dir) if cfg.output_dir else runs_root() / "finetune" / name
     data = data or load_task(cfg)
     splits = used_splits(data, cfg)
@@ -787,12 +843,22 @@ def prepare(cfg: FinetuneConfig, data: TaskData | None = None, hooks: TrainingHo
         raise ConfigError(f"{split_file}: the split on disk differs from this run's (data changed?)")
 
     max_len = min(cfg.max_len, handle.max_length)
-    enc = {s: encode(handle, data, idx, max_len) for s, idx in splits.items()}
+    n_prompt = cfg.prompt_tokens if cfg.method == "prompt" else 0
+    enc = {s: encode(handle, data, idx, max_len - n_prompt) for s, idx in splits.items()}
+    if n_prompt:
+        # prompt tuning: n ids past the vocabulary, right after the tokenizer's prefix ([CLS], <s>)
+        from workbench.peft_methods import insert_prompt
+
+        first = handle.model.get_input_embeddings().num_embeddings
+        ids = list(range(first, first + n_prompt))
+        for e in enc.values():
+            for i in range(len(e.ids)):
+                e.ids[i], e.labels[i] = insert_prompt(e.ids[i], e.labels[i], ids, len(handle._prefix))
     manifest_base = {
         "kind": "finetune", "family": family, "task": cfg.task, "task_kind": data.kind, "pooling": pooling,
         "label_names": data.label_names, "base_checkpoint": str(path), "base_checkpoint_sha256": handle.checkpoint_hash,
         "finetune": {"splits": str(split_file), "splits_sha256": sha256_file(split_file),
-                     "n_train": len(splits["train"]), "config": cfg.to_dict()},
+                     "n_train": len(splits["train"]), "config": cfg.to_dict(), "method": cfg.method},
     }
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
@@ -831,7 +897,9 @@ def run_finetune(cfg: FinetuneConfig, store=None, on_step: Callable[[int], None]
         for s in ("dev", "test"):
             rows.append({**common, "seed": r.seed, "step": r.best_step, "split": s, "metric": "accuracy",
                          "value": getattr(r, s)["accuracy"], "n": getattr(r, s)["n"],
-                         "extra": {"best_epoch": r.best_epoch, "checkpoint": r.checkpoint, "pooling": run.pooling}})
+                         "extra": {"best_epoch": r.best_epoch, "checkpoint": r.checkpoint, "pooling": run.pooling,
+                                   **method_record(cfg), "trainable": (r.trainable or {}).get("parameters"),
+                                   "total_parameters": (r.trainable or {}).get("total")}})
         for c in r.curve:
             rows.append({**common, "seed": r.seed, "step": c["step"], "split": "dev", "metric": "accuracy_epoch",
                          "value": c["dev_accuracy"], "n": len(run.dev.ids), "extra": {"epoch": c["epoch"]}})
@@ -840,7 +908,7 @@ def run_finetune(cfg: FinetuneConfig, store=None, on_step: Callable[[int], None]
     for s in ("dev", "test"):
         mean, lo, hi = t_interval([getattr(r, s)["accuracy"] for r in results])
         rows.append({**common, "split": s, "metric": "accuracy", "value": mean, "n": len(results),
-                     "ci_low": lo, "ci_high": hi, "extra": {"over": "seeds", "interval": "t, 95%"}})
+                     "ci_low": lo, "ci_high": hi, "extra": {"over": "seeds", "interval": "t, 95%", **method_record(cfg)}})
     with store.start_run("finetune", cfg.to_dict(), seeds=cfg.seeds, data_files=run.data.files,
                          checkpoints=[run.checkpoint], name=run.name) as writer:
         writer.add(rows)

@@ -444,13 +444,32 @@ class ModelHandle:
         if n_emb is not None and len(tokenizer) > n_emb:
             raise CheckpointError(f"{path}: tokenizer has {len(tokenizer)} tokens but the model's embedding "
                                   f"matrix only {n_emb} rows (tokenizer does not belong to these weights)")
+        # parameter-efficient fine-tuning (workbench.peft_methods): adapters back into the forward,
+        # their file into the hash; a prompt-tuned model's prompt ids after the tokenizer's prefix
+        from workbench.peft_methods import ADAPTER_FILE, reattach_saved
+
+        model = reattach_saved(model, path, manifest)
+        if (path / ADAPTER_FILE).is_file():
+            weights = [*weights, path / ADAPTER_FILE]
         model.to(device)
         objective = (manifest.get("config") or {}).get("objective") or {}
-        return cls(model, tokenizer, path, family=family, max_length=max_length,
-                   head_trained=not head_missing, weight_files=weights,
-                   shifted_position_offset=int(objective.get("shifted_position_offset", 0) or 0),
-                   lineage=Lineage.from_record(manifest.get("derived_from"), str(path / MANIFEST_NAME)),
-                   manifest=manifest)
+        handle = cls(model, tokenizer, path, family=family, max_length=max_length,
+                     head_trained=not head_missing, weight_files=weights,
+                     shifted_position_offset=int(objective.get("shifted_position_offset", 0) or 0),
+                     lineage=Lineage.from_record(manifest.get("derived_from"), str(path / MANIFEST_NAME)),
+                     manifest=manifest)
+        handle.insert_prompt((manifest.get("peft") or {}).get("prompt_ids") or [])
+        return handle
+
+    def insert_prompt(self, ids: Sequence[int]) -> None:
+        """A prompt-tuned checkpoint (Lester et al. 2021, `workbench.peft_methods`): its trained
+        prompt ids follow the tokenizer's prefix in every sequence this handle runs, as in training;
+        like the prefix they belong to no word."""
+        if ids:
+            self._prefix = [*self._prefix, *(int(i) for i in ids)]
+            self.capacity -= len(ids)
+            if self.capacity < 2:
+                raise CheckpointError(f"{self.path}: max_length {self.max_length} leaves no room after the prompt")
 
     @property
     def checkpoint_hash(self) -> str:

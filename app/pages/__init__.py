@@ -36,8 +36,15 @@ def probe_pages() -> list[tuple[str, ModuleType | None]]:
     return [(name, page_module(name)) for name in probe_names()]
 
 
-# Pages of results that no probe makes (a command's own rows), shown under "Results" in the app.
-RESULT_PAGES = ("distill",)
+# Pages of results that no registered probe writes (a command's or sweep's own rows), shown under
+# "Results" in the app: app/pages/<NAME>.py with TITLE, render(store) and optional PLOTS, exactly
+# like a probe's companion module.
+RESULT_PAGES = ("distill", "peft")  # distillation sweeps; fine-tuning methods (probes/peft_change.py)
+
+
+def result_pages() -> list[tuple[str, ModuleType]]:
+    """(name, module) of every page in RESULT_PAGES."""
+    return [(name, importlib.import_module(f"{__name__}.{name}")) for name in RESULT_PAGES]
 
 
 def extra_plots() -> dict:

@@ -1,0 +1,127 @@
+"""The fine-tuning methods page (`bertology peft`, probes/peft_change.py): test accuracy against the
+number of trainable parameters per method (full, head, BitFit, adapters, prompt tuning, LoRA), and
+what each method changes layer by layer: the linear CKA of every layer of the fine-tuned model
+against the same layer of its starting checkpoint (1 = unchanged up to rotation and scale)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from app import figures, ui
+from workbench.results import decode_extra
+
+TITLE = "Fine-tuning methods"
+PROBE = "peft"
+METHOD_ORDER = ("full", "head", "bitfit", "adapter", "prompt", "lora")
+
+
+def _with_method(rows: pd.DataFrame) -> pd.DataFrame:
+    extra = [decode_extra(e) for e in rows["extra"]]
+    return rows.assign(method=[e.get("method") for e in extra], trainable=[e.get("trainable") for e in extra])
+
+
+def _order(methods) -> list[str]:
+    return sorted(set(methods), key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else 99, m))
+
+
+def method_table(rows: pd.DataFrame, split: str = "test") -> pd.DataFrame:
+    """Per (model, method): trainable parameters, their share of the model, accuracy mean, min and
+    max over seeds, and the number of seeds."""
+    df = _with_method(rows)
+    acc = df[(df["metric"] == "accuracy") & (df["split"] == split) & df["seed"].notna()]
+    total = [decode_extra(e).get("total_parameters") for e in acc["extra"]]
+    acc = acc.assign(total=total)
+    out = []
+    for (model, method), g in acc.groupby(["model", "method"], sort=False):
+        trainable = float(g["trainable"].astype(float).mean())
+        out.append({"model": model, "method": method, "trainable": int(trainable),
+                    "share_of_model": trainable / float(g["total"].astype(float).mean()),
+                    "accuracy": float(g["value"].mean()), "min": float(g["value"].min()),
+                    "max": float(g["value"].max()), "seeds": int(g["seed"].nunique())})
+    table = pd.DataFrame(out)
+    if table.empty:
+        return table
+    table["rank"] = table["method"].map(lambda m: _order(table["method"]).index(m))
+    return table.sort_values(["model", "rank"]).drop(columns="rank").reset_index(drop=True)
+
+
+def accuracy_vs_parameters(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
+    """One point per method: mean test accuracy over seeds (bars: min to max) against trainable
+    parameters on a log axis."""
+    import plotly.graph_objects as go
+
+    split = options.get("split", "test")
+    table = method_table(rows, split)
+    if table.empty:
+        raise figures.MissingData(f"nothing to draw for {title!r}: no per-seed {split} accuracy rows of probe peft")
+    fig = go.Figure()
+    data = []
+    for _, r in table.iterrows():
+        label = f"{r['method']}" if table["model"].nunique() == 1 else f"{r['model']} / {r['method']}"
+        fig.add_trace(go.Scatter(x=[r["trainable"]], y=[r["accuracy"]], mode="markers+text", text=[r["method"]],
+                                 textposition="top center", name=label, marker={"size": 11},
+                                 error_y={"type": "data", "symmetric": False, "array": [r["max"] - r["accuracy"]],
+                                          "arrayminus": [r["accuracy"] - r["min"]]}))
+        data.append({"model": f"{r['model']} / {r['method']}", "task": split, "metric": "accuracy",
+                     "value": r["accuracy"], "ci_low": r["min"], "ci_high": r["max"], "kind": "model"})
+        data.append({"model": f"{r['model']} / {r['method']}", "task": split, "metric": "trainable_parameters",
+                     "value": float(r["trainable"]), "kind": "model"})
+    fig.update_layout(title=title, xaxis_title="trainable parameters (log)", yaxis_title=f"{split} accuracy",
+                      xaxis_type="log", template="plotly_white", height=460, width=760, showlegend=False)
+    return figures.Drawn(fig, figures._tidy(pd.DataFrame(data)))
+
+
+def cka_lines(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
+    """One line per method: CKA of each layer to the same layer of the starting checkpoint, mean over
+    seeds (bars: min to max)."""
+    import plotly.graph_objects as go
+
+    df = _with_method(rows)
+    cka = df[(df["metric"] == "cka_to_start") & df["layer"].notna()]
+    if cka.empty:
+        raise figures.MissingData(f"nothing to draw for {title!r}: no cka_to_start rows of probe peft")
+    fig = go.Figure()
+    data = []
+    for method in _order(cka["method"]):
+        for model, g in cka[cka["method"] == method].groupby("model", sort=False):
+            agg = g.groupby("layer")["value"].agg(["mean", "min", "max"]).reset_index().sort_values("layer")
+            name = method if cka["model"].nunique() == 1 else f"{model} / {method}"
+            fig.add_trace(go.Scatter(x=agg["layer"].astype(int), y=agg["mean"], mode="lines+markers", name=name,
+                                     error_y={"type": "data", "symmetric": False, "array": agg["max"] - agg["mean"],
+                                              "arrayminus": agg["mean"] - agg["min"]}))
+            for _, r in agg.iterrows():
+                data.append({"model": f"{model} / {method}", "task": "cka_to_start", "metric": "cka_to_start",
+                             "layer": int(r["layer"]), "value": r["mean"], "ci_low": r["min"], "ci_high": r["max"],
+                             "kind": "model"})
+    fig.update_layout(title=title, xaxis_title="layer (0 = embeddings)", yaxis_title="linear CKA to the start",
+                      template="plotly_white", height=460, width=760, yaxis_range=options.get("y_range"))
+    return figures.Drawn(fig, figures._tidy(pd.DataFrame(data)))
+
+
+PLOTS = {"peft_accuracy_vs_parameters": accuracy_vs_parameters, "peft_cka_to_start": cka_lines}
+
+
+def render(store) -> None:
+    runs = store.runs(probe=[PROBE])
+    if runs.empty:
+        st.info("No fine-tuning method sweep yet: run `bertology peft experiments/peft/minilm_polarity_cpu.yaml`.")
+        return
+    labels = [f"{r} ({n})" for r, n in zip(runs["run_id"], runs["name"])][::-1]
+    chosen = ui.pick("Sweep run", labels, key="peft-run")
+    run_id = chosen.split(" ")[0]
+    rows = store.read(run_id)
+    split = ui.pick("Accuracy on", ["test", "dev"], key="peft-split")
+    for key, drawn in (("peft-acc", accuracy_vs_parameters(rows, "Accuracy vs trainable parameters", {"split": split})),
+                       ("peft-cka", cka_lines(rows, "What each method changes: CKA of each layer to the start", {}))):
+        drawn.figure.update_layout(width=None)
+        st.plotly_chart(drawn.figure, width="stretch", key=key)
+    st.subheader("Methods")
+    ui.table(method_table(rows, split), "peft-table")
+    cka = _with_method(rows)
+    cka = cka[cka["metric"] == "cka_to_start"]
+    if not cka.empty:
+        st.subheader("CKA to the start by layer (mean over seeds)")
+        pivot = cka.pivot_table(index="layer", columns="method", values="value", aggfunc=np.mean)
+        ui.table(pivot[_order(pivot.columns)].reset_index(), "peft-cka-table")
