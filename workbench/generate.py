@@ -113,7 +113,7 @@ def generator_head(handle):
     try:
         kind, model = _find_head(handle)
     except CheckpointError as e:
-        raise ConfigError(f"{where}: cannot generate: {e}") from None
+        raise ConfigError(f"{where}: cannot generate: {str(e).removeprefix(where + ': ')}") from None
     if kind not in GENERATING_KINDS:
         raise ConfigError(f"{where}: cannot generate: its LM head is {kind!r} (a masked LM predicts a blank from both "
                           f"sides, not the next token); generation needs a causal LM (GPT), a seq2seq model (T5, "
@@ -240,3 +240,41 @@ def _seq2seq(handle, model, rows, sampling, gen) -> list[np.ndarray]:
 
 
 _GENERATORS = {"causal": _causal, "bilm": _bilm, "seq2seq": _seq2seq}
+
+
+def cli_main(argv: Sequence[str]) -> int:
+    """`bertology generate CHECKPOINT [PROMPT ...]`: continuations printed one per line (JSON with
+    --json). Bad input (an encoder, a bad setting, an unknown checkpoint) fails before any work."""
+    import argparse
+    import json
+
+    from workbench.checkpoints import resolve_checkpoint
+    from workbench.models import ModelHandle
+
+    p = argparse.ArgumentParser(prog="bertology generate", description="generate text with a model's own LM head "
+                                "(GPT, T5, BART, ELMo's forward LM): greedy, temperature, top-k, nucleus; seeded")
+    p.add_argument("checkpoint", help="checkpoint folder or Hub name in the local cache")
+    p.add_argument("prompts", nargs="*", default=[""], help="prompts (default: one empty prompt)")
+    p.add_argument("--strategy", default="greedy", help="greedy | sample")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=50)
+    p.add_argument("--num", type=int, default=1, help="samples per prompt")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default="auto", help="auto (cuda when available) | cpu | cuda")
+    p.add_argument("--json", action="store_true", help="one JSON object per generation")
+    args = p.parse_args(list(argv))
+    sampling = Sampling(args.strategy, args.temperature, args.top_k, args.top_p, args.max_new_tokens, args.seed,
+                        args.batch_size).validate()
+    if args.num < 1:
+        raise ConfigError(f"--num must be >= 1, got {args.num}")
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    handle = ModelHandle.load(resolve_checkpoint(args.checkpoint), device=device)
+    generator_head(handle)  # an encoder fails here, before anything is generated
+    prompts = [q for q in args.prompts for _ in range(args.num)]
+    g = generate(handle, prompts, sampling)
+    for q, text, ids in zip(prompts, g.texts, g.new_ids):
+        print(json.dumps({"prompt": q, "text": text, "ids": [int(i) for i in ids]}) if args.json else f"{q}{text}")
+    return 0
