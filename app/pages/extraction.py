@@ -40,7 +40,9 @@ def exposure_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) -> Dr
     fig.add_hline(y=1 / np.log(2), line_dash="dot", line_color="grey", annotation_text="random candidate")
     fig.update_layout(title=title, xaxis_title="repetitions in the training split (log; unseen drawn at 0.5)",
                       yaxis_title="exposure (bits)", xaxis_type="log", template="plotly_white", height=440, width=720)
-    data = agg.rename(columns={"mean": "value"}).assign(metric="exposure", task="exposure", kind="model")
+    data = pd.DataFrame({"model": sub["model"].iloc[0], "step": agg["step"], "metric": "exposure (mean)",
+                         "task": [f"exposure, repetitions {r}" for r in agg["repetitions"]], "value": agg["mean"],
+                         "ci_low": agg["min"], "ci_high": agg["max"], "kind": "model"})  # ci: min-max over canaries
     return Drawn(fig, _tidy(data))
 
 
@@ -63,7 +65,7 @@ def precision_per_ranking(rows: pd.DataFrame, title: str, options: dict) -> Draw
     fig.update_layout(title=title, barmode="group", yaxis_title=f"fraction of the top {top_n} with a verbatim span",
                       xaxis_title="prompts (heldout_text: real unseen text, the control)", template="plotly_white",
                       height=420, width=720, yaxis_range=[0, 1])
-    return Drawn(fig, _tidy(sub.assign(kind="model")[["model", "step", "task", "split", "metric", "value", "kind"]]))
+    return Drawn(fig, _tidy(sub.assign(kind="model", task=[f"samples, prompts {x}" for x in sub["split"]])))
 
 
 def extractable_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
@@ -84,7 +86,7 @@ def extractable_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) ->
     fig.update_layout(title=title, xaxis_title="occurrences of the window in the training split",
                       yaxis_title="fraction extractable (greedy suffix exact)", template="plotly_white",
                       height=420, width=720)
-    return Drawn(fig, _tidy(sub.assign(kind="model")[["model", "step", "task", "split", "bucket", "metric", "value", "kind"]]))
+    return Drawn(fig, _tidy(sub.assign(kind="model", task=[f"k_extraction, repetitions {b}" for b in sub["bucket"]])))
 
 
 PLOTS = {"exposure_vs_repetitions": exposure_vs_repetitions, "precision_per_ranking": precision_per_ranking,

@@ -83,8 +83,11 @@ class Settings(runner.Settings):
     enumerate_max: int = field(default=100_000, metadata={
         "help": "exposure: enumerate the whole candidate space up to this size, else estimate by sampling"})
     n_candidates: int = field(default=5000, metadata={"help": "exposure: random candidates for the estimate"})
+    device: str = field(default="cpu", metadata={
+        "help": "where generation and scoring run: cpu | cuda | auto (cuda when available)"})
 
     BASELINES = ("random_init",)
+    EXECUTION_FIELDS = runner.Settings.EXECUTION_FIELDS + ("device",)
 
     def validate(self, spec) -> None:
         super().validate(spec)
@@ -106,6 +109,10 @@ class Settings(runner.Settings):
             raise ConfigError(f"extraction: verbatim_tokens ({self.verbatim_tokens}) exceeds max_new_tokens "
                               f"({self.max_new_tokens}): no generation could be memorised")
         self.sampling(0).validate()
+        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"extraction: device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"extraction: device {self.device!r} asked for, but torch sees no CUDA device")
 
     def sampling(self, seed: int, greedy: bool = False, max_new_tokens: int | None = None):
         from workbench.generate import Sampling
@@ -371,8 +378,22 @@ def exposure_rows(unit, prepared, settings: Settings) -> list[pd.DataFrame]:
 
 
 # --------------------------------------------------------------------------- the probe module
+def on_device(handle, device: str):
+    """The handle with its model on `device` ("auto": cuda when available). Execution only: the weights,
+    and so the checkpoint hash and the rows' identity, are unchanged; sampling draws on the CPU
+    generator (`workbench.generate`), so a seed picks the same tokens wherever the logits agree."""
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    if handle.device != dev:
+        handle.model.to(dev)
+        handle.device = dev
+    return handle
+
+
 def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: Settings) -> list[pd.DataFrame]:
     torch.manual_seed(settings.seed)
+    on_device(unit.handle, settings.device)
+    if unit.roles.get("reference") is not None:
+        on_device(unit.roles["reference"], settings.device)
     if task == "samples":
         return samples_rows(unit, prepared, settings)
     if task == "k_extraction":
