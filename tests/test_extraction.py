@@ -90,3 +90,30 @@ def test_a_tiny_gpt_memorises_its_repeated_canary_and_not_the_unseen_ones(tmp_pa
     assert unseen.mean() < 3.0
     ext = rows[(rows["metric"] == "extracted") & (rows["split"] == "seen")]["value"]
     assert ext.iloc[0] == 1.0  # greedy decoding from "my number is" writes the secret
+
+
+def test_cli_refuses_an_encoder_and_zero_repetitions_in_one_line(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    from app.cli import main
+
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    assert main(["generate", str(tiny_checkpoint), "hello"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot generate: its LM head is 'mlm'" in err[0] and str(tiny_checkpoint) in err[0]
+    cfg = tmp_path / "canary.yaml"
+    cfg.write_text("family: gpt\nsteps: 5\ncorpus: {canaries: {repetitions: [4, 0]}}\n")
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{cfg}: corpus.canaries.repetitions" in err[0]
+    assert not (tmp_path / "runs").exists()  # nothing written before the refusal
+
+
+def test_probe_settings_refuse_impossible_requests():
+    from probes.core.runner import make_settings
+    from probes.extraction import PROBE, Settings
+
+    for bad, match in (({"rankings": ["loudness"]}, "unknown ranking"), ({"rankings": ["reference"]}, "--reference"),
+                       ({"verbatim_tokens": 60, "max_new_tokens": 48}, "verbatim_tokens"),
+                       ({"top_n": 500, "n_samples": 100}, "top_n"), ({"top_p": 2.0}, "top_p")):
+        s = make_settings(Settings, {"tasks": ["samples"], **bad})
+        with pytest.raises(ConfigError, match=match):
+            s.validate(PROBE)
