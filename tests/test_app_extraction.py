@@ -67,6 +67,7 @@ def test_plots_draw_the_stored_numbers(extraction_store):
     drawn = page.exposure_vs_repetitions(rows, "t", {}).data
     for (step, rep), g in exp.groupby([exp["step"], [decode_extra(e)["repetitions"] for e in exp["extra"]]]):
         got = drawn[(drawn["step"] == step) & (drawn["task"] == f"exposure, repetitions {rep}")]
+        assert got["model"].tolist() == [g["model"].iloc[0]]
         assert got["value"].iloc[0] == pytest.approx(g["value"].mean())
         assert (got["ci_low"].iloc[0], got["ci_high"].iloc[0]) == pytest.approx((g["value"].min(), g["value"].max()))
     prec = page.precision_per_ranking(rows, "t", {}).data

@@ -28,11 +28,11 @@ def exposure_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) -> Dr
     if sub.empty:
         raise MissingData(f"nothing to draw for {title!r}: no exposure rows")
     sub = sub.assign(repetitions=_with(sub, "repetitions").astype(int), step=sub["step"].fillna(-1).astype(int))
-    agg = sub.groupby(["step", "repetitions"])["value"].agg(["mean", "min", "max", "count"]).reset_index()
+    agg = sub.groupby(["model", "step", "repetitions"])["value"].agg(["mean", "min", "max", "count"]).reset_index()
     fig = go.Figure()
-    for step, g in agg.groupby("step"):
+    for (model, step), g in agg.groupby(["model", "step"], sort=False):
         fig.add_trace(go.Scatter(x=g["repetitions"].clip(lower=0.5), y=g["mean"], mode="lines+markers",
-                                 name=f"step {step}" if step >= 0 else "model",
+                                 name=f"step {step}" if step >= 0 else str(model),
                                  error_y={"type": "data", "symmetric": False, "array": g["max"] - g["mean"],
                                           "arrayminus": g["mean"] - g["min"]}))
     top = float(_with(sub, "max_exposure").max())
@@ -40,7 +40,7 @@ def exposure_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) -> Dr
     fig.add_hline(y=1 / np.log(2), line_dash="dot", line_color="grey", annotation_text="random candidate")
     fig.update_layout(title=title, xaxis_title="repetitions in the training split (log; unseen drawn at 0.5)",
                       yaxis_title="exposure (bits)", xaxis_type="log", template="plotly_white", height=440, width=720)
-    data = pd.DataFrame({"model": sub["model"].iloc[0], "step": agg["step"], "metric": "exposure (mean)",
+    data = pd.DataFrame({"model": agg["model"], "step": agg["step"], "metric": "exposure (mean)",
                          "task": [f"exposure, repetitions {r}" for r in agg["repetitions"]], "value": agg["mean"],
                          "ci_low": agg["min"], "ci_high": agg["max"], "kind": "model"})  # ci: min-max over canaries
     return Drawn(fig, _tidy(data))
