@@ -8,7 +8,8 @@ are sorted once, and a query window is found by `np.searchsorted`. A hash hit is
 against the stream itself (the window at the hit's position is compared token by token), so a
 64-bit collision can never be reported as a match: the search has no false positives, and no
 false negatives (every window of the stream is in the index). 8 bytes per token for the hashes
-and 8 for their positions: a 3M-token corpus takes 48 MB and about a second to build.
+and 8 for their positions: a 3M-token corpus takes 48 MB and 6 s to build, 1,000 queries of 96 tokens
+take 1 s (measured on a busy 2-core machine).
 """
 
 from __future__ import annotations

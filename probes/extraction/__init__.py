@@ -248,8 +248,8 @@ def samples_rows(unit, prepared, settings: Settings) -> list[pd.DataFrame]:
 # --------------------------------------------------------------------------- k-extractability (Carlini et al. 2022)
 def duplicate_windows(index, buckets=REPETITION_BUCKETS, per_bucket: int = 100, seed: int = 0) -> dict:
     """Start positions of distinct windows per repetition bucket (lo, hi): one start per distinct window,
-    drawn at random (the index's sorted hashes group a window's occurrences; hits are not re-verified
-    here: a 64-bit collision inside one bucket is negligible and `occurrences` is checked per pick)."""
+    drawn at random. The counts are runs of equal hashes in the index, not re-verified token by token: two
+    different windows share a 64-bit hash with probability about n^2 / 2^65 (1e-7 for 2M windows)."""
     h = index.hashes
     if len(h) == 0:
         return {b: np.zeros(0, dtype=np.int64) for b in buckets}
