@@ -40,7 +40,6 @@ Tasks (each reads like a method section; rows are whole-model, layer NA):
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
