@@ -117,3 +117,25 @@ def test_probe_settings_refuse_impossible_requests():
         s = make_settings(Settings, {"tasks": ["samples"], **bad})
         with pytest.raises(ConfigError, match=match):
             s.validate(PROBE)
+
+
+def test_rankings_by_hand(tiny_models, tokenizers):
+    """Carlini et al. 2021's metrics from the model's own token log-probs: -log-ppl, zlib, lowercase, reference."""
+    import zlib
+
+    from probes.extraction import ranking_scores
+    from tests.conftest import tiny_gpt2
+    from workbench.lm_scores import lm_scorer
+    from workbench.models import ModelHandle
+
+    target = ModelHandle(*tiny_models["gpt"])
+    reference = ModelHandle(tiny_gpt2(tokenizers["gpt"], seed=5), tokenizers["gpt"])
+    texts = ["The City Council met on Monday .", "I like green tea", "WE THE PEOPLE of the United States"]
+    nll = lambda h, ts: np.array([-s.logprobs.mean() for s in lm_scorer(h).causal_logprobs(ts)])  # noqa: E731
+    got = ranking_scores(target, texts, ("perplexity", "zlib", "lowercase", "reference", "random"), 4, reference)
+    t = nll(target, texts)
+    np.testing.assert_allclose(got["perplexity"], -t, rtol=1e-5)
+    np.testing.assert_allclose(got["zlib"], -t / [len(zlib.compress(x.encode())) for x in texts], rtol=1e-5)
+    np.testing.assert_allclose(got["lowercase"], nll(target, [x.lower() for x in texts]) / t, rtol=1e-5)
+    np.testing.assert_allclose(got["reference"], -t / nll(reference, texts), rtol=1e-5)
+    assert got["random"].shape == (3,) and len(set(got["random"])) == 3
