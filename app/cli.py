@@ -301,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-root", default=None, help="runs root (default $BERTOLOGY_RUNS or ./runs)")
     p.set_defaults(func=_cmd_run)
 
+    sub.add_parser("generate", help="generate text from a checkpoint (GPT, T5, BART, ELMo): bertology generate --help")
+
     p = sub.add_parser("finetune", help="fine-tune a checkpoint on a classification task over seeds")
     p.add_argument("config", nargs="?", help="fine-tuning YAML (e.g. experiments/finetune_polarity.yaml); flags override it")
     p.add_argument("--checkpoint", help="checkpoint folder, training folder (last step) or Hub model name")
@@ -390,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["probe"] and len(argv) > 1:
         # every probe option goes to the probe's own parser, --help included
         args = argparse.Namespace(func=_cmd_probe, probe=argv[1], probe_args=argv[2:])
+    elif argv[:1] == ["generate"]:  # its own parser (workbench.generate.cli_main), --help included
+        from workbench.generate import cli_main as generate_main
+
+        args = argparse.Namespace(func=lambda a: generate_main(argv[1:]))
     elif argv[:1] == ["train"]:
         # argparse's REMAINDER does not pass on leading options (--family, --help): hand them over whole.
         args = argparse.Namespace(func=_cmd_train, train_args=argv[1:])

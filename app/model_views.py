@@ -129,3 +129,26 @@ def logit_lens(handle: ModelHandle, words: list[str], position: int, k: int = 5)
     if not 0 <= position < len(words):
         raise ConfigError(f"word position {position} outside the sentence of {len(words)} words")
     return blank_topk(scorer, " ".join(BLANK if i == position else w for i, w in enumerate(words)), k)
+
+
+def cannot_generate(handle: ModelHandle) -> str | None:
+    """Why this model cannot generate (`workbench.generate.generator_head`'s one line), or None."""
+    from workbench.generate import generator_head
+
+    try:
+        generator_head(handle)
+        return None
+    except ConfigError as e:
+        return str(e)
+
+
+def generations(handle: ModelHandle, prompt: str, strategy: str = "greedy", temperature: float = 1.0,
+                top_k: int | None = None, top_p: float | None = None, seed: int = 0, n: int = 1,
+                max_new_tokens: int = 30) -> pd.DataFrame:
+    """`n` continuations of one prompt (`workbench.generate.generate`, one seeded generator for the
+    batch): columns sample, prompt, continuation, tokens."""
+    from workbench.generate import Sampling, generate
+
+    g = generate(handle, [prompt] * n, Sampling(strategy, temperature, top_k, top_p, max_new_tokens, seed))
+    return pd.DataFrame({"sample": range(n), "prompt": [prompt] * n, "continuation": g.texts,
+                         "tokens": [len(x) for x in g.new_ids]})

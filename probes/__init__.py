@@ -17,6 +17,7 @@ PROBES: dict[str, tuple[str, str]] = {
     "align": ("probes.align", "cross-lingual/cross-model alignment per layer: Procrustes, CSLS, BLI, CKA"),
     "cloze": ("probes.cloze", "oLMpics cloze (Talmor et al. 2020): zero-shot with the own head, logit lens, blank probe, learning curves"),
     "coref": ("probes.coref", "coreference: GUM mention pairs/entity types, GAP, coreference heads, gender cloze"),
+    "extraction": ("probes.extraction", "training-data extraction: ranked samples (Carlini et al. 2021), k-extractability, canary exposure"),
     "membership": ("probes.membership", "membership inference from manifests: LOSS, zlib, reference, Min-K%(++), LiRA, layer probe"),
 }
 

@@ -7,6 +7,7 @@ preset: small               # tiny | small | base
 model: {}                   # overrides of the preset's hyper-parameters
 objective: {}               # overrides of the family's objective settings (mask rate, ...)
 corpus: {sources: [brown, ...], heldout_fraction: 0.1, seed: 0, max_documents: null}
+                            # canaries: {repetitions: [1, 4, 16, 64], digits: 6} plants secrets (data/canaries.py)
 tokenizer: {vocab_size: 8000}  # path: FOLDER reuses a trained tokenizer instead (membership reference models)
 max_len: 128
 batch_size: 32              # GLOBAL sequences per micro-step (split over DDP ranks)
@@ -79,6 +80,9 @@ class CorpusConfig:
     # sources (webtext) held out by blocks of lines in every file, so membership non-members come
     # from every file (workbench/data/corpus.py)
     recipe: int = 1
+    # Random secrets planted in the train split (Carlini et al. 2019), e.g. {repetitions: [1, 4, 16, 64],
+    # digits: 6}; see workbench/data/canaries.py. None (the default) plants none.
+    canaries: dict | None = None
 
 
 @dataclass
@@ -177,6 +181,8 @@ class TrainConfig:
             d.pop("cpu_bf16")
         if d["corpus"]["recipe"] == 1:
             d["corpus"].pop("recipe")
+        if d["corpus"]["canaries"] is None:
+            d["corpus"].pop("canaries")
         if d["tokenizer"]["path"] is None:
             d["tokenizer"].pop("path")
         else:  # the tokenizer's content, not where it lies, changes the weights
@@ -244,6 +250,12 @@ def _validate(cfg: TrainConfig) -> None:
         _fail(s, "corpus.heldout_fraction", f"must be in (0, 1), got {cfg.corpus.heldout_fraction}")
     if cfg.corpus.max_documents is not None and cfg.corpus.max_documents < 2:
         _fail(s, "corpus.max_documents", f"must be >= 2, got {cfg.corpus.max_documents}")
+    if cfg.corpus.canaries is not None:
+        from workbench.data.canaries import validate_spec
+
+        if not isinstance(cfg.corpus.canaries, dict):
+            _fail(s, "corpus.canaries", f"must be a mapping (repetitions, digits, ...), got {cfg.corpus.canaries!r}")
+        cfg.corpus.canaries = validate_spec(cfg.corpus.canaries, f"{s}: corpus.canaries")
     if cfg.tokenizer.vocab_size < 50:
         _fail(s, "tokenizer.vocab_size", f"must be >= 50, got {cfg.tokenizer.vocab_size}")
     if cfg.checkpoints.every is not None and cfg.checkpoints.every < 1:

@@ -174,6 +174,8 @@ def corpus_dir_for(cfg: TrainConfig) -> Path:
     key = {"sources": c.sources, "heldout_fraction": c.heldout_fraction, "seed": c.seed, "max_documents": c.max_documents}
     if c.recipe != 1:  # recipe 1 corpora keep the cache folders they always had
         key["recipe"] = c.recipe
+    if c.canaries is not None:  # so do corpora without canaries
+        key["canaries"] = c.canaries
     key = json.dumps(key, sort_keys=True)
     return cache_root() / "corpus" / hashlib.sha256(key.encode()).hexdigest()[:20]
 
@@ -195,7 +197,7 @@ def prepare_data(cfg: TrainConfig, family: FamilySpec, d: Dist | None = None) ->
         else:  # build_corpus writes atomically
             corpus = build_corpus(cfg.corpus.sources, out, heldout_fraction=cfg.corpus.heldout_fraction,
                                   seed=cfg.corpus.seed, max_documents=cfg.corpus.max_documents,
-                                  recipe=cfg.corpus.recipe)
+                                  recipe=cfg.corpus.recipe, canaries=cfg.corpus.canaries)
         if cfg.tokenizer.path:
             tok = reuse_tokenizer(family, cfg.tokenizer.path, cfg.tokenizer.vocab_size)
         else:

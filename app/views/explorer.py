@@ -1,7 +1,8 @@
 """Model explorer: pick a checkpoint (a folder under the runs root or a cached Hub model), type a
 sentence, and look inside: attention heatmaps per layer and head, how each word's vector moves
 across layers, and the logit lens (top-k predictions for a blanked-out word at every layer, for every
-family with an LM head: `workbench.logit_lens.blank_topk`; T5/BART read the decoder, the encoder has none)."""
+family with an LM head: `workbench.logit_lens.blank_topk`; T5/BART read the decoder, the encoder has none),
+and generation (`workbench.generate`: greedy, temperature, top-k, nucleus; seeded) for the families that generate."""
 
 from __future__ import annotations
 
@@ -50,13 +51,16 @@ def render() -> None:
     sentence = st.text_input("Sentence", DEFAULT_SENTENCE, key="ex-sentence")
     words = model_views.words_of(sentence)
 
-    tab_att, tab_vec, tab_lens = st.tabs(["Attention", "Word vectors across layers", "Logit lens"])
+    tab_att, tab_vec, tab_lens, tab_gen = st.tabs(["Attention", "Word vectors across layers", "Logit lens",
+                                                    "Generate"])
     with tab_att:
         attention(handle, words)
     with tab_vec:
         vectors(handle, words)
     with tab_lens:
         lens(handle, words)
+    with tab_gen:
+        generation(handle)
 
 
 def attention(handle, words) -> None:
@@ -124,3 +128,28 @@ def lens(handle, words) -> None:
     fig = px.line(top1, x="layer", y="prob", text="token", markers=True, title="top-1 probability by layer")
     fig.update_traces(textposition="top center")
     st.plotly_chart(fig, width="stretch", key="ex-lens-chart")
+
+
+def generation(handle) -> None:
+    """Continuations of a prompt (`app.model_views.generations`): greedy or sampled, seeded, or one line
+    saying why this model cannot generate (an encoder, a bare body)."""
+    why = model_views.cannot_generate(handle)
+    if why:
+        st.info(why)
+        return
+    prompt = st.text_input("Prompt (empty: from the start token)", "The", key="ex-gen-prompt")
+    cols = st.columns(5)
+    strategy = cols[0].selectbox("strategy", ["greedy", "sample"], key="ex-gen-strategy")
+    temperature = cols[1].number_input("temperature", 0.05, 5.0, 1.0, 0.05, key="ex-gen-temperature")
+    top_k = cols[2].number_input("top-k (0: off)", 0, 1000, 40, key="ex-gen-topk")
+    top_p = cols[3].number_input("top-p (1: off)", 0.01, 1.0, 1.0, 0.05, key="ex-gen-topp")
+    seed = cols[4].number_input("seed", 0, 10**6, 0, key="ex-gen-seed")
+    n = st.slider("samples", 1, 10, 3, key="ex-gen-n")
+    new = st.slider("new tokens", 1, 100, 30, key="ex-gen-len")
+    try:
+        table = model_views.generations(handle, prompt, strategy, temperature, int(top_k) or None,
+                                        None if top_p >= 1 else float(top_p), int(seed), n, new)
+    except ConfigError as e:  # e.g. prompt + new tokens beyond the model's window
+        st.warning(str(e))
+        return
+    ui.table(table, "ex-gen-table")

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from workbench.data.canaries import insert_canaries, spec_record, validate_spec
 from workbench.data.fake_language import base_source, is_shifted, shifted_documents
 from workbench.data.raw import LANGUAGE, RAW_CORPORA, Document, count_words, load_documents, source_files
 from workbench.errors import ConfigError, DataFormatError
@@ -122,6 +123,7 @@ def build_corpus(
     seed: int = 0,
     max_documents: int | None = None,
     recipe: int = 1,
+    canaries: dict | None = None,
 ) -> "CorpusSplit":
     """Write out_dir/{train,heldout}.jsonl ({"doc_id", "source", "text"} per line) and
     out_dir/manifest.json, atomically (a crash leaves no half-built corpus).
@@ -129,6 +131,8 @@ def build_corpus(
     `max_documents` caps the documents taken from each source (a seeded sample, before the
     split), for small experiments and tests. `recipe`: 1 (documents as the sources define them) or
     2 (whole-file sources held out by blocks of lines, per file); see the module docstring.
+    `canaries`: a canary spec (`workbench.data.canaries`): random secrets inserted into the train
+    split with chosen repetition counts, recorded under the manifest's "canaries" (absent otherwise).
     """
     if recipe not in RECIPES:
         raise ConfigError(f"unknown corpus recipe {recipe!r}; known: {list(RECIPES)}")
@@ -144,6 +148,8 @@ def build_corpus(
         raise ConfigError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
     if max_documents is not None and max_documents < 1:
         raise ConfigError(f"max_documents must be positive, got {max_documents}")
+    if canaries is not None:
+        validate_spec(canaries)
 
     root = data_root()
     splits: dict[str, list[Document]] = {"train": [], "heldout": []}
@@ -162,6 +168,9 @@ def build_corpus(
         by_source[source] = {"train": _counts(train), "heldout": _counts(held), "language": LANGUAGE[base_source(source)] + ("-shifted" if is_shifted(source) else "")}
         checksums[source] = {str(p.relative_to(root)): sha256_file(p) for p in source_files(base_source(source))}
 
+    planted = None
+    if canaries is not None:
+        splits["train"], planted = insert_canaries(splits["train"], canaries)
     manifest = {
         "format": MANIFEST_FORMAT,
         "sources": list(sources),
@@ -176,6 +185,8 @@ def build_corpus(
     if recipe != 1:  # recipe 1's manifest stays byte-identical to the one built before recipes were numbered
         manifest["recipe"] = recipe
         manifest["block_lines"] = {s: BLOCK_LINES[base_source(s)] for s in sources if base_source(s) in BLOCK_LINES}
+    if planted is not None:  # absent without canaries: every manifest built before them stays byte-identical
+        manifest["canaries"] = spec_record(canaries, planted)
     return write_corpus(out_dir, splits, manifest)
 
 
@@ -302,9 +313,18 @@ def corpus_recipe(corpus: "CorpusSplit") -> dict | None:
     recipe = m.get("recipe", 1)
     if recipe == 1 and m.get("split_method") != _RECIPE_1_METHOD:
         return None
-    return {"recipe": recipe, "sources": list(m["sources"]), "seed": m["seed"],
-            "heldout_fraction": m["heldout_fraction"], "max_documents": m.get("max_documents"),
-            "source_files": m["source_files"], "manifest_sha256": sha256_file(corpus.dir / "manifest.json")}
+    out = {"recipe": recipe, "sources": list(m["sources"]), "seed": m["seed"],
+           "heldout_fraction": m["heldout_fraction"], "max_documents": m.get("max_documents"),
+           "source_files": m["source_files"], "manifest_sha256": sha256_file(corpus.dir / "manifest.json")}
+    if m.get("canaries"):
+        out["canaries"] = canary_spec(m)
+    return out
+
+
+def canary_spec(manifest: dict) -> dict | None:
+    """The canary spec a corpus manifest was built with (its "canaries" record without the items), or None."""
+    rec = manifest.get("canaries")
+    return None if not rec else validate_spec({k: rec[k] for k in rec if k not in ("items", "candidate_space")})
 
 
 def verify_source_files(recipe: dict, where: str) -> None:
@@ -343,7 +363,7 @@ def rebuild_corpus(recipe: dict, where: str, out_dir: str | Path | None = None) 
     if not (out / "manifest.json").is_file():
         verify_source_files(recipe, where)
         build_corpus(recipe["sources"], out, heldout_fraction=recipe["heldout_fraction"], seed=recipe["seed"],
-                     max_documents=recipe["max_documents"], recipe=recipe["recipe"])
+                     max_documents=recipe["max_documents"], recipe=recipe["recipe"], canaries=recipe.get("canaries"))
     got = sha256_file(out / "manifest.json")
     if got != sha:
         raise CheckpointError(f"{where}: the corpus rebuilt from its recipe in {out} has manifest sha256 {got[:12]}..., "
