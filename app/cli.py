@@ -215,6 +215,10 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     if args.grid is not None and not args.grid > 0:
         raise ConfigError(f"--grid: must be > 0 gCO2/kWh, got {args.grid}")
     folders = cost_targets(args.paths)
+    if args.record:
+        from workbench.cost import record_costs
+
+        print(f"recorded run {record_costs(folders, name=args.name)} (probe cost) in the results store")
     if args.json:
         print(dumps({str(f): checkpoint_cost(f) for f in folders}))
     else:
@@ -322,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", help="checkpoint, training folder (last step per seed) or fine-tuning run folder")
     p.add_argument("--grid", type=float, help="re-express CO2e at this grid intensity (gCO2/kWh)")
     p.add_argument("--json", action="store_true", help="the full cost records as JSON")
+    p.add_argument("--record", action="store_true", help="also write them to the results store (figures, app)")
+    p.add_argument("--name", help="run name with --record (default: cost)")
     p.set_defaults(func=_cmd_cost)
 
     p = sub.add_parser("figures", help="render figures (experiments/figures/*.yaml) from the results store")

@@ -33,6 +33,7 @@ def build_pages(requested: str | None) -> dict[str, list]:
     specs = [("Runs", "runs", ui.guarded(runs.render)),
              ("Layer curves", "layer-curves", ui.guarded(layer_curves.render)),
              ("Model explorer", "explorer", ui.guarded(explorer.render))]
+    specs += [(module.TITLE, name, _probe_page(name, module)) for name, module in pages.result_pages()]
     probe_specs = []
     for name, module in pages.probe_pages():
         title = getattr(module, "TITLE", None) or name

@@ -513,5 +513,46 @@ def format_cost_table(folders: list[str], grid: float | None = None) -> str:
     return "\n".join(lines)
 
 
+def cost_rows(folders: list[str | Path]) -> list[dict]:
+    """The cost of each checkpoint as results-store rows (probe "cost", task "training_cost"):
+    one row per (own | total) x (flops, device_hours, energy_kwh, co2e_kg); an unknown value is
+    NaN with `known: false` in extra (never 0). Model names are the workbench's checkpoint names,
+    so the rows join with probe rows of the same checkpoints (score vs FLOPs)."""
+    from workbench.checkpoints import read_manifest, resolve_checkpoint
+
+    rows = []
+    for f in folders:
+        path = resolve_checkpoint(f)
+        manifest = read_manifest(path) or {}
+        cost = cost_of_manifest(manifest, path)
+        own, total = cost.get("own") or {}, cost["total"]
+        dev = own.get("device") or {}
+        extra = {"path": str(path), "hardware": f"{dev.get('kind')}: {dev.get('name')}" if dev else None,
+                 "energy_source": own.get("energy_source") or "unknown", "known": bool(total.get("known")),
+                 "lineage": [display_name(Path(p)) for p in lineage_chain(path)[1:]],
+                 "reconstructed": bool(cost.get("reconstructed")), "grid_gco2_per_kwh": own.get("grid_gco2_per_kwh"),
+                 "pue": own.get("pue")}
+        for split, part in (("own", own), ("total", total)):
+            for k in TOTAL_KEYS:
+                v = part.get(k)
+                rows.append({"model": display_name(path), "family": manifest.get("family"), "probe": "cost",
+                             "task": "training_cost", "split": split, "metric": k,
+                             "value": float("nan") if v is None else float(v),
+                             "step": manifest.get("step"), "seed": manifest.get("seed"), "extra": extra})
+    return rows
+
+
+def record_costs(folders: list[str | Path], store=None, name: str | None = None) -> str:
+    """Write `cost_rows` as one results-store run (kind "cost"); returns its run id."""
+    from workbench.results import ResultsStore
+
+    store = store or ResultsStore()
+    with store.start_run("cost", {"checkpoints": [str(f) for f in folders]}, checkpoints=[Path(f) for f in folders],
+                         name=name or "cost") as writer:
+        writer.add(cost_rows(folders))
+        run_id = writer.run_id
+    return run_id
+
+
 def dumps(record: Mapping) -> str:
     return json.dumps(record, indent=2, sort_keys=True)

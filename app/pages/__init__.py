@@ -31,6 +31,16 @@ def page_module(probe: str) -> ModuleType | None:
     return importlib.import_module(name)
 
 
+# Pages of results that are not probes' (rows of `bertology finetune`, checkpoint costs): same module
+# contract (TITLE, render(store), PLOTS), listed here since no probe registers them.
+RESULT_PAGES = ("finetune", "cost")
+
+
+def result_pages() -> list[tuple[str, ModuleType]]:
+    """(name, module) of the RESULT_PAGES."""
+    return [(name, importlib.import_module(f"{__name__}.{name}")) for name in RESULT_PAGES]
+
+
 def probe_pages() -> list[tuple[str, ModuleType | None]]:
     """(probe name, its companion module or None) for every registered probe."""
     return [(name, page_module(name)) for name in probe_names()]
@@ -39,7 +49,7 @@ def probe_pages() -> list[tuple[str, ModuleType | None]]:
 def extra_plots() -> dict:
     """Plot kinds contributed by companion modules (`PLOTS`), for `bertology figures`."""
     out: dict = {}
-    for name in probe_names():
+    for name in [*probe_names(), *RESULT_PAGES]:
         try:
             module = page_module(name)
         except Exception as e:  # noqa: BLE001 - one broken page must not take every figure down
