@@ -225,3 +225,24 @@ def test_cli_cost_table_and_json(tiny_checkpoint, capsys):
     assert main(["cost", str(tiny_checkpoint), "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)
     assert list(rec.values())[0]["total"]["known"] is False
+
+
+def _folder_with_cost(path: Path, flops: float) -> Path:
+    path.mkdir()
+    own = {"flops": flops, "device_hours": 1.0, "energy_kwh": 2.0, "co2e_kg": 0.5}
+    (path / "manifest.json").write_text(json.dumps({"cost": {"own": own, "parent": None, "total": totals(own, None)}}))
+    return path
+
+
+def test_a_distillation_teacher_adds_its_total(tmp_path, tiny_checkpoint):
+    parent = _folder_with_cost(tmp_path / "parent", 100.0)
+    teacher = _folder_with_cost(tmp_path / "teacher", 1000.0)
+    own = {"flops": 10.0, "device_hours": 0.1, "energy_kwh": 0.2, "co2e_kg": 0.05}
+    rec = cost_record(own, parent, teacher=teacher)
+    assert rec["teacher"]["checkpoint"] == str(teacher)
+    assert rec["total"]["flops"] == 1110.0 and rec["total"]["energy_kwh"] == pytest.approx(4.2)
+    assert rec["total"]["known"] is True
+    unknown_teacher = cost_record(own, parent, teacher=tiny_checkpoint)  # no record: unknown, not zero
+    assert unknown_teacher["total"]["flops"] is None and unknown_teacher["total"]["known"] is False
+    assert cost_mod.teacher_folder({"teacher": {"class": "BertForMaskedLM", "name_or_path": str(teacher)}}) == str(teacher)
+    assert cost_mod.teacher_folder({"trainable": "x"}) is None

@@ -344,7 +344,8 @@ def own_cost(*, flops: float | None, flops_per_token: float | None, tokens: int 
 def totals(own: Mapping, parent_total: Mapping | None) -> dict:
     """own + the parent's total per key; a None anywhere (unknown) makes that total None, and
     `known` says whether every ancestor's cost was known."""
-    known = own.get("flops") is not None and (parent_total is None or bool(parent_total.get("known")))
+    known = (bool(own.get("known", True)) and own.get("flops") is not None
+             and (parent_total is None or bool(parent_total.get("known"))))
     out: dict[str, Any] = {}
     for k in TOTAL_KEYS:
         a = own.get(k)
@@ -354,16 +355,30 @@ def totals(own: Mapping, parent_total: Mapping | None) -> dict:
     return out
 
 
-def cost_record(own: Mapping, parent: str | Path | None) -> dict:
+def cost_record(own: Mapping, parent: str | Path | None, teacher: str | Path | None = None) -> dict:
     """The manifest's `cost`: own, parent (folder + its total, read from its manifest or
-    reconstructed: `checkpoint_cost`), total."""
-    parent_block = None
-    parent_total = None
-    if parent is not None:
-        pc = checkpoint_cost(parent)
-        parent_total = pc["total"]
-        parent_block = {"checkpoint": str(parent), "total": parent_total}
-    return {"own": dict(own), "parent": parent_block, "total": totals(own, parent_total)}
+    reconstructed: `checkpoint_cost`), total = own + parent's total. A distillation teacher's total
+    is added too (`teacher`): the student could not exist without it (its forward passes during
+    distillation are in the run's time and energy, not in `own.flops`, which counts the student)."""
+    ancestors: dict | None = None
+    out: dict[str, Any] = {"own": dict(own), "parent": None}
+    for role, folder in (("parent", parent), ("teacher", teacher)):
+        if folder is None:
+            continue
+        try:
+            t = checkpoint_cost(folder)["total"]
+        except Exception:  # noqa: BLE001 - a folder that is gone: its cost is unknown, never zero
+            t = dict(UNKNOWN_TOTAL)
+        out[role] = {"checkpoint": str(folder), "total": t}
+        ancestors = t if ancestors is None else totals(t, ancestors)
+    out["total"] = totals(own, ancestors)
+    return out
+
+
+def teacher_folder(hooks_description: Mapping | None) -> str | None:
+    """The distillation teacher's checkpoint folder or Hub name from `TrainingHooks.describe()`, if any."""
+    name = ((hooks_description or {}).get("teacher") or {}).get("name_or_path")
+    return str(name) if name else None
 
 
 def derived_cost(parent_manifest: Mapping | None, parent_folder: str | None, transform: str,

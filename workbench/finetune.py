@@ -584,16 +584,16 @@ def finetune_cost_basis(handle, family: str, train: Encoded, num_labels: int) ->
     return {"flops_per_token": fpt, "mean_train_length": mean_len}
 
 
-def finetune_cost(run: Prepared, meter, tokens: int, seconds: float) -> dict:
+def finetune_cost(run: Prepared, meter, tokens: int, seconds: float, hooks: dict | None = None) -> dict:
     """The fine-tuned checkpoint's `cost` record: own (FLOPs x tokens trained, device, energy) plus
-    the base checkpoint's total (`workbench.cost.cost_record`)."""
-    from workbench.cost import cost_record, own_cost
+    the base checkpoint's total and a distillation teacher's (`workbench.cost.cost_record`)."""
+    from workbench.cost import cost_record, own_cost, teacher_folder
 
     fpt = run.manifest_base["cost_basis"]["flops_per_token"]
     joules, source = meter.reading()
     own = own_cost(flops=None if fpt is None else fpt * tokens, flops_per_token=fpt, tokens=tokens, seconds=seconds,
                    device=meter.info, energy_joules=joules, energy_source=source, what=f"fine-tuning ({run.data.task})")
-    return cost_record(own, run.checkpoint)
+    return cost_record(own, run.checkpoint, teacher=teacher_folder(hooks))
 
 
 def classification_loss(out, batch) -> dict[str, torch.Tensor]:
@@ -704,7 +704,8 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
             loop["curve"][-1]["train_terms"] = {k: v / max(1, loop["loss_n"]) for k, v in loop["term_sums"].items()}
             loop["term_sums"] = {}
         ck_manifest = {**manifest, "epoch": epoch, "step": loop["step"], f"dev_{metric}": acc,
-                       "cost": finetune_cost(run, meter, loop.get("tokens", 0), seconds_before + time.time() - t0)}
+                       "cost": finetune_cost(run, meter, loop.get("tokens", 0), seconds_before + time.time() - t0,
+                                             manifest.get("hooks"))}
         if cfg.keep_epoch_checkpoints:
             _save_checkpoint(step_dir(out, loop["step"]), model, run.tokenizer, ck_manifest)
         if acc > loop["best"]:

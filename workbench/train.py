@@ -502,7 +502,7 @@ def pretraining_cost_meter(manifest: dict, device, d: Dist, resume_from: Path | 
     FLOPs of the family x tokens seen, device-hours, energy (measured, or estimated from power x
     time) and CO2e. A resumed run carries the measured energy of the checkpoint it resumed from."""
     from workbench.checkpoints import read_manifest
-    from workbench.cost import EnergyMeter, cost_record, device_info, flops_per_token, own_cost
+    from workbench.cost import EnergyMeter, cost_record, device_info, flops_per_token, own_cost, teacher_folder
 
     fpt = flops_per_token(manifest["family"], manifest["model_config"], manifest["tokenizer"]["vocab_size"],
                           manifest["config"]["max_len"], manifest["objective"])["total"]
@@ -514,7 +514,8 @@ def pretraining_cost_meter(manifest: dict, device, d: Dist, resume_from: Path | 
         joules, source = meter.reading()
         return cost_record(own_cost(flops=fpt * tokens_seen, flops_per_token=fpt, tokens=tokens_seen, seconds=elapsed,
                                     device=info, energy_joules=joules, energy_source=source,
-                                    what=f"pretraining ({manifest['family']} {manifest['preset']})"), None)
+                                    what=f"pretraining ({manifest['family']} {manifest['preset']})"), None,
+                           teacher=teacher_folder(manifest.get("hooks")))
 
     return cost
 
