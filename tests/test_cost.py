@@ -246,3 +246,15 @@ def test_a_distillation_teacher_adds_its_total(tmp_path, tiny_checkpoint):
     assert unknown_teacher["total"]["flops"] is None and unknown_teacher["total"]["known"] is False
     assert cost_mod.teacher_folder({"teacher": {"class": "BertForMaskedLM", "name_or_path": str(teacher)}}) == str(teacher)
     assert cost_mod.teacher_folder({"trainable": "x"}) is None
+
+
+def test_cost_rows_of_an_untracked_model_are_nan_not_zero(tiny_checkpoint):
+    import math
+
+    from workbench.cost import cost_rows
+
+    rows = cost_rows([tiny_checkpoint])
+    assert len(rows) == 8 and {r["split"] for r in rows} == {"own", "total"}
+    assert all(math.isnan(r["value"]) for r in rows)
+    assert rows[0]["extra"]["untracked"] is True and rows[0]["extra"]["known"] is False
+    assert rows[0]["model"] == "tiny-bert" and rows[0]["probe"] == "cost"

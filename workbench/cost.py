@@ -542,7 +542,9 @@ def cost_rows(folders: list[str | Path]) -> list[dict]:
         cost = cost_of_manifest(manifest, path)
         own, total = cost.get("own") or {}, cost["total"]
         dev = own.get("device") or {}
-        extra = {"path": str(path), "hardware": f"{dev.get('kind')}: {dev.get('name')}" if dev else None,
+        hardware = (f"{dev.get('kind')}: {dev.get('name')}" if dev else
+                    "none (a transform, no training)" if str(own.get("what", "")).startswith("transform") else None)
+        extra = {"path": str(path), "hardware": hardware, "untracked": bool(cost.get("unknown")),
                  "energy_source": own.get("energy_source") or "unknown", "known": bool(total.get("known")),
                  "lineage": [display_name(Path(p)) for p in lineage_chain(path)[1:]],
                  "reconstructed": bool(cost.get("reconstructed")), "grid_gco2_per_kwh": own.get("grid_gco2_per_kwh"),

@@ -42,7 +42,8 @@ def cost_wide(rows: pd.DataFrame) -> pd.DataFrame:
         extra = decode_extra(g["extra"].iloc[0])
         line = {"model": model, "family": g["family"].iloc[0], "step": g["step"].iloc[0],
                 "hardware": extra.get("hardware") or "unknown", "energy": (extra.get("energy_source") or "unknown"),
-                "lineage": " <- ".join(extra.get("lineage") or []) or "(from scratch)"}
+                "lineage": " <- ".join(extra.get("lineage") or []) or
+                ("(trained elsewhere: no cost record)" if extra.get("untracked") else "(from scratch)")}
         for split in ("own", "total"):
             for m in COST_METRICS:
                 v = g[(g["split"] == split) & (g["metric"] == m)]["value"]
@@ -70,10 +71,14 @@ def cost_table(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
             "kWh·PUE": [_fmt(v, ".3g") for v in wide[f"{part}_energy_kwh"]],
             "CO2e (kg)": [_fmt(v, ".3g") for v in wide[f"{part}_co2e_kg"]],
             "Energy": [e.split(":")[0] for e in wide["energy"]], "Lineage": wide["lineage"]}
-    fig = go.Figure(go.Table(header={"values": list(cols), "align": "left", "fill_color": "lightgrey"},
-                             cells={"values": [list(v) for v in cols.values()], "align": "left"}))
+    fig = go.Figure(go.Table(
+        columnwidth=[3, 2, 1.2, 1.1, 1.1, 1.1, 1, 3],
+        header={"values": list(cols), "align": "left", "fill_color": "lightgrey", "line_color": "grey",
+                "font": {"color": "black", "size": 12}},
+        cells={"values": [list(v) for v in cols.values()], "align": "left", "fill_color": "white",
+               "line_color": "lightgrey", "font": {"color": "black", "size": 11}, "height": 26}))
     fig.update_layout(title=f"{title} ({part}: {'own + ancestors' if part == 'total' else 'own'})",
-                      height=160 + 32 * len(wide), width=1100, margin={"l": 10, "r": 10})
+                      height=200 + 46 * len(wide), width=1200, margin={"l": 10, "r": 10})
     return figures.Drawn(fig, wide)
 
 
