@@ -3,7 +3,10 @@
 Tasks (`TASKS`): sentence classification on `sentence_polarity` (Pang & Lee 2005, 10,662
 snippets, pos/neg) and `subjectivity` (Pang & Lee 2004, 10,000 sentences, subj/obj), and token
 classification `upos` (UD English EWT, its own train/dev/test; one label per word, read at the
-word's first subword as in Devlin et al. 2019, Sec. 5.3).
+word's first subword as in Devlin et al. 2019, Sec. 5.3), and the span tasks `conll2002_es` /
+`conll2002_nl` (named entities, Tjong Kim Sang 2002: BIO tags as word labels the same way, the
+shared task's train/testa/testb, scored by conlleval span F1, `workbench.conlleval`, in place of
+accuracy: rows `span_f1`, `span_f1_epoch`).
 
 The sentence sets come without a split, so one is drawn once per `split_seed` (a seeded
 permutation, cut into test/dev/train fractions) and shared by every training seed; the ids of each
