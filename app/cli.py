@@ -257,6 +257,25 @@ def _cmd_figures(args: argparse.Namespace) -> int:
     return figures_cli(args.names, args.all, args.out, args.formats, args.runs_root)
 
 
+# --------------------------------------------------------------------------- cost
+def _cmd_cost(args: argparse.Namespace) -> int:
+    from workbench.cost import checkpoint_cost, cost_targets, dumps, format_cost_table
+    from workbench.errors import ConfigError
+
+    if args.grid is not None and not args.grid > 0:
+        raise ConfigError(f"--grid: must be > 0 gCO2/kWh, got {args.grid}")
+    folders = cost_targets(args.paths)
+    if args.record:
+        from workbench.cost import record_costs
+
+        print(f"recorded run {record_costs(folders, name=args.name)} (probe cost) in the results store")
+    if args.json:
+        print(dumps({str(f): checkpoint_cost(f) for f in folders}))
+    else:
+        print(format_cost_table([str(f) for f in folders], grid=args.grid))
+    return 0
+
+
 # --------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bertology", description=__doc__.splitlines()[0])
@@ -306,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("finetune", help="fine-tune a checkpoint on a classification task over seeds")
     p.add_argument("config", nargs="?", help="fine-tuning YAML (e.g. experiments/finetune_polarity.yaml); flags override it")
     p.add_argument("--checkpoint", help="checkpoint folder, training folder (last step) or Hub model name")
-    p.add_argument("--task", help="sentence_polarity | subjectivity | upos")
+    p.add_argument("--task", help="sentence_polarity | subjectivity | upos | conll2002_es | conll2002_nl")
     p.add_argument("--seeds", help="comma-separated, e.g. 0,1,2")
     for flag in ("epochs", "lr", "batch-size", "max-train-examples", "max-eval-examples", "patience", "max-len"):
         p.add_argument(f"--{flag}")
@@ -375,6 +394,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("app", help="open the Streamlit app on the runs root")
     p.add_argument("--port", type=int, default=8501)
     p.set_defaults(func=_cmd_app)
+
+    p = sub.add_parser("cost", help="what checkpoints cost: FLOPs, device-hours, kWh, CO2e along the lineage")
+    p.add_argument("paths", nargs="+", help="checkpoint, training folder (last step per seed) or fine-tuning run folder")
+    p.add_argument("--grid", type=float, help="re-express CO2e at this grid intensity (gCO2/kWh)")
+    p.add_argument("--json", action="store_true", help="the full cost records as JSON")
+    p.add_argument("--record", action="store_true", help="also write them to the results store (figures, app)")
+    p.add_argument("--name", help="run name with --record (default: cost)")
+    p.set_defaults(func=_cmd_cost)
 
     p = sub.add_parser("figures", help="render figures (experiments/figures/*.yaml) from the results store")
     p.add_argument("names", nargs="*", help="figure names (experiments/figures/NAME.yaml) or YAML paths")

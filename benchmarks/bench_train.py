@@ -57,20 +57,13 @@ from results_io import has_cpu_bf16, matmul_peak, record_start, write_result  # 
 
 
 def flops_per_token(model_cfg: dict, vocab: int, seq_len: int, head_fraction: float) -> dict:
-    """Training FLOPs per token of a BERT encoder + MLM head (3 x forward matmul FLOPs), by part.
+    """Training FLOPs per token of a BERT encoder + MLM head (3 x forward matmul FLOPs), by part:
+    the workbench's one count (`workbench.cost.flops_per_token`, which every checkpoint's cost
+    record uses too). `head_fraction`: share of the tokens that go through the MLM head (0.15 when
+    only predicted positions are projected, 1.0 for BertForMaskedLM); `seq_len`: the attention span."""
+    from workbench.cost import flops_per_token as family_flops_per_token
 
-    `head_fraction`: share of the tokens that go through the MLM head (0.15 when only predicted
-    positions are projected, 1.0 for BertForMaskedLM); `seq_len`: the attention span."""
-    d, f, n = model_cfg["hidden_size"], model_cfg["intermediate_size"], model_cfg["num_hidden_layers"]
-    fwd = {
-        "attention_qkv_out": n * 8 * d * d,
-        "ffn": n * 4 * d * f,
-        "attention_scores_values": n * 4 * seq_len * d,
-        "mlm_head": head_fraction * (2 * d * d + 2 * d * vocab),
-    }
-    out = {k: 3 * v for k, v in fwd.items()}
-    out["total"] = sum(out.values())
-    return out
+    return family_flops_per_token("bert", model_cfg, vocab, seq_len, head_fraction=head_fraction)
 
 
 # ---- ours ---------------------------------------------------------------------------------------

@@ -208,6 +208,10 @@ def derived_manifest(parent: Mapping[str, Any] | None, derived_from: Mapping[str
         base.setdefault("family", family)
     if derived_from is not None:
         base["derived_from"] = {**derived_from, "content_sha256": content_sha256}
+        # its cost: the transform trains nothing; the parent's total carries over (`workbench.cost`)
+        from workbench.cost import derived_cost
+
+        base["cost"] = derived_cost(parent, derived_from.get("parent"), str(derived_from.get("transform")), fresh)
     return base
 
 

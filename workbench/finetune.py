@@ -3,7 +3,10 @@
 Tasks (`TASKS`): sentence classification on `sentence_polarity` (Pang & Lee 2005, 10,662
 snippets, pos/neg) and `subjectivity` (Pang & Lee 2004, 10,000 sentences, subj/obj), and token
 classification `upos` (UD English EWT, its own train/dev/test; one label per word, read at the
-word's first subword as in Devlin et al. 2019, Sec. 5.3).
+word's first subword as in Devlin et al. 2019, Sec. 5.3), and the span tasks `conll2002_es` /
+`conll2002_nl` (named entities, Tjong Kim Sang 2002: BIO tags as word labels the same way, the
+shared task's train/testa/testb, scored by conlleval span F1, `workbench.conlleval`, in place of
+accuracy: rows `span_f1`, `span_f1_epoch`).
 
 The sentence sets come without a split, so one is drawn once per `split_seed` (a seeded
 permutation, cut into test/dev/train fractions) and shared by every training seed; the ids of each
@@ -85,7 +88,9 @@ from workbench.loop import (
 PROBE = "finetune"
 SENTENCE_TASKS = {"sentence_polarity": "sentence_polarity", "subjectivity": "subjectivity"}
 TOKEN_TASKS = {"upos": "en_ewt"}
-TASKS = tuple(SENTENCE_TASKS) + tuple(TOKEN_TASKS)
+# span tasks: token classification over BIO tags, scored by span F1 (`workbench.conlleval`)
+SPAN_TASKS = {"conll2002_es": "es", "conll2002_nl": "nl"}
+TASKS = tuple(SENTENCE_TASKS) + tuple(TOKEN_TASKS) + tuple(SPAN_TASKS)
 POOLINGS = ("auto", "first", "last", "decoder_last", "encoder_mean", "scalar_mix")
 # family -> poolings it supports for sentence tasks, the first is "auto"
 FAMILY_POOLINGS = {
@@ -258,6 +263,7 @@ class TaskData:
     splits: dict[str, list[int]]  # split -> example indices (train in training order)
     files: list[Path]
     split_seed: int | None
+    metric: str = "accuracy"      # what dev selection and test report: accuracy, or span_f1 (span tasks)
 
     def split_ids(self) -> dict[str, list[str]]:
         return {s: [self.ids[i] for i in idx] for s, idx in self.splits.items()}
@@ -284,6 +290,8 @@ def load_task(cfg: FinetuneConfig) -> TaskData:
         splits = split_indices(len(pairs), cfg.split_seed, cfg.dev_fraction, cfg.test_fraction)
         return TaskData(cfg.task, "sentence", [i for i, _ in pairs], [ex.text.split() for _, ex in pairs],
                         [index[ex.label] for _, ex in pairs], names, splits, source_files(name), cfg.split_seed)
+    if cfg.task in SPAN_TASKS:
+        return load_span_task(cfg)
     from workbench.data.conllu import load_treebank, treebank_path
 
     bank = TOKEN_TASKS[cfg.task]
@@ -302,6 +310,29 @@ def load_task(cfg: FinetuneConfig) -> TaskData:
     rng = np.random.default_rng(cfg.split_seed)  # the train order (and so a max_train_examples sample)
     splits["train"] = [splits["train"][i] for i in rng.permutation(len(splits["train"]))]
     return TaskData(cfg.task, "token", ids, words, labels, names, splits, files, cfg.split_seed)
+
+
+def load_span_task(cfg: FinetuneConfig) -> TaskData:
+    """CoNLL-2002 named entities (`workbench.data.conll2002`): the shared task's train / testa (dev)
+    / testb (test), BIO tags as word labels, the train order shuffled by `split_seed`."""
+    from workbench.data.conll2002 import conll2002_path, load_conll2002
+
+    lang = SPAN_TASKS[cfg.task]
+    ids, words, tags, splits, files = [], [], [], {}, []
+    for split in ("train", "dev", "test"):
+        start = len(ids)
+        for s in load_conll2002(lang, split):
+            ids.append(s.sent_id)
+            words.append(list(s.words))
+            tags.append(list(s.tags))
+        splits[split] = list(range(start, len(ids)))
+        files.append(conll2002_path(lang, split))
+    names = sorted({t for ts in tags for t in ts})
+    index = {n: i for i, n in enumerate(names)}
+    rng = np.random.default_rng(cfg.split_seed)
+    splits["train"] = [splits["train"][i] for i in rng.permutation(len(splits["train"]))]
+    return TaskData(cfg.task, "token", ids, words, [[index[t] for t in ts] for ts in tags], names, splits, files,
+                    cfg.split_seed, metric="span_f1")
 
 
 def used_splits(data: TaskData, cfg: FinetuneConfig) -> dict[str, list[int]]:
@@ -326,12 +357,13 @@ class Encoded:
     labels: list  # int or np.ndarray per example
     truncated: int = 0
     unlabelled_words: int = 0  # token tasks: words with no subword of their own, or cut off
+    span_labels: list[str] | None = None  # span tasks: the BIO tag names, so `evaluate` scores span F1
 
 
 def encode(handle, data: TaskData, indices: list[int], max_len: int, chunk: int = 256) -> Encoded:
     """Tokenise examples with the model handle's word alignment (`ModelHandle.tokenize_words`),
     cutting content past `max_len` while keeping the closing special tokens."""
-    out = Encoded([], [])
+    out = Encoded([], [], span_labels=data.label_names if data.metric == "span_f1" else None)
     for c0 in range(0, len(indices), chunk):
         idx = indices[c0: c0 + chunk]
         batch = handle.tokenize_words([data.words[i] or ["."] for i in idx])
@@ -511,10 +543,12 @@ def members(checkpoint: str | Path) -> tuple[list[str], list[str]]:
 # -------------------------------------------------------------------------------------- training
 
 def evaluate(model, enc: Encoded, rows: list[int], pad_id: int, batch_size: int) -> tuple[float, int, float]:
-    """(accuracy, number of labelled items, mean loss) of `model` on examples `rows`."""
+    """(score, number of labelled items, mean loss) of `model` on examples `rows`: accuracy, or for
+    span tasks (`enc.span_labels`) conlleval's span F1 over the words' first-piece predictions."""
     order = sorted(rows, key=lambda r: len(enc.ids[r]))  # little padding
     correct = total = 0
     loss_sum = 0.0
+    gold_tags, pred_tags = [], []
     with evaluating(model):
         for b0 in range(0, len(order), batch_size):
             batch = _to(collate(enc, order[b0: b0 + batch_size], pad_id), model)
@@ -525,6 +559,14 @@ def evaluate(model, enc: Encoded, rows: list[int], pad_id: int, batch_size: int)
             k = int(keep.sum())
             total += k
             loss_sum += float(out.loss) * k
+            if enc.span_labels is not None:
+                for g, p, m in zip(batch["labels"].tolist(), pred.tolist(), keep.tolist()):
+                    gold_tags.append([enc.span_labels[x] for x, keep_x in zip(g, m) if keep_x])
+                    pred_tags.append([enc.span_labels[x] for x, keep_x in zip(p, m) if keep_x])
+    if enc.span_labels is not None:
+        from workbench.conlleval import span_f1
+
+        return span_f1(gold_tags, pred_tags).f1, total, (loss_sum / total if total else float("nan"))
     return (correct / total if total else float("nan")), total, (loss_sum / total if total else float("nan"))
 
 
@@ -580,6 +622,28 @@ def _save_checkpoint(folder: Path, model, tokenizer, manifest: dict, method: dic
         write_model_folder(tmp, plain, tokenizer, {**manifest, "peft": {**method, **save_extra(tmp, record)}})
 
 
+def finetune_cost_basis(handle, family: str, train: Encoded, num_labels: int) -> dict:
+    """Training FLOPs per token of this fine-tuning (`workbench.cost.finetune_flops_per_token`, at
+    the train examples' mean length as the attention span; None when the body is not counted)."""
+    from workbench.cost import finetune_flops_per_token
+
+    mean_len = float(np.mean([len(x) for x in train.ids])) if train.ids else 0.0
+    fpt = finetune_flops_per_token(family, handle.model.config.to_dict(), max(1, round(mean_len)), num_labels)
+    return {"flops_per_token": fpt, "mean_train_length": mean_len}
+
+
+def finetune_cost(run: Prepared, meter, tokens: int, seconds: float, hooks: dict | None = None) -> dict:
+    """The fine-tuned checkpoint's `cost` record: own (FLOPs x tokens trained, device, energy) plus
+    the base checkpoint's total and a distillation teacher's (`workbench.cost.cost_record`)."""
+    from workbench.cost import cost_record, own_cost, teacher_folder
+
+    fpt = run.manifest_base["cost_basis"]["flops_per_token"]
+    joules, source = meter.reading()
+    own = own_cost(flops=None if fpt is None else fpt * tokens, flops_per_token=fpt, tokens=tokens, seconds=seconds,
+                   device=meter.info, energy_joules=joules, energy_source=source, what=f"fine-tuning ({run.data.task})")
+    return cost_record(own, run.checkpoint, teacher=teacher_folder(hooks))
+
+
 def classification_loss(out, batch) -> dict[str, torch.Tensor]:
     """The classifier's own cross-entropy (transformers computes it from `labels`)."""
     return {"loss": out.loss}
@@ -631,6 +695,9 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
         return SeedResult(**json.loads(done.read_text(encoding="utf-8")))
     # ---- setup: model under a fresh head, what trains, optimizer, schedule, resume
     t0 = time.time()
+    from workbench.cost import EnergyMeter, device_info
+
+    metric = run.data.metric
     torch.manual_seed(seed)
     model = build_classifier(run.checkpoint, run.family, run.data.kind, run.pooling, run.data.label_names,
                              run.pad_id)
@@ -650,9 +717,11 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
     if (out / STATE_DIR).is_dir():
         loop = _load_state(out / STATE_DIR, model, optimizer, scheduler)
     seconds_before = loop.get("seconds", 0.0)
+    meter = EnergyMeter(device_info(run.device), already_joules=loop.get("energy_joules"))
 
     def save_state():
         loop["seconds"] = seconds_before + time.time() - t0
+        loop["energy_joules"] = meter.reading()[0]
         _save_state(out / STATE_DIR, model, optimizer, scheduler, loop)
 
     manifest = {**run.manifest_base, "seed": seed, "trainable": trainable}
@@ -667,6 +736,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
             b0 = loop["batch"] * cfg.batch_size
             batch = _to(collate(run.train, [train_rows[i] for i in order[b0: b0 + cfg.batch_size]], run.pad_id), model)
             terms = loss_terms(model, batch, hooks, classification_loss)
+            loop["tokens"] = loop.get("tokens", 0) + int(batch["attention_mask"].sum())  # for the cost record
             terms["loss"].backward()
             optimizer_step(model, optimizer, scheduler, cfg.clip, hooks, loop["step"] + 1)
             loop["batch"] += 1
@@ -686,12 +756,14 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
         # end of an epoch: dev accuracy, best checkpoint, early stopping
         acc, _, _ = evaluate(model, run.dev, list(range(len(run.dev.ids))), run.pad_id, cfg.batch_size)
         epoch = loop["epoch"] + 1
-        loop["curve"].append({"epoch": epoch, "step": loop["step"], "dev_accuracy": acc,
+        loop["curve"].append({"epoch": epoch, "step": loop["step"], f"dev_{metric}": acc,
                               "train_loss": loop["loss_sum"] / max(1, loop["loss_n"])})
         if "term_sums" in loop:
             loop["curve"][-1]["train_terms"] = {k: v / max(1, loop["loss_n"]) for k, v in loop["term_sums"].items()}
             loop["term_sums"] = {}
-        ck_manifest = {**manifest, "epoch": epoch, "step": loop["step"], "dev_accuracy": acc}
+        ck_manifest = {**manifest, "epoch": epoch, "step": loop["step"], f"dev_{metric}": acc,
+                       "cost": finetune_cost(run, meter, loop.get("tokens", 0), seconds_before + time.time() - t0,
+                                             manifest.get("hooks"))}
         if cfg.keep_epoch_checkpoints:
             _save_checkpoint(step_dir(out, loop["step"]), model, run.tokenizer, ck_manifest, method)
         if acc > loop["best"]:
@@ -701,7 +773,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
             loop["bad_epochs"] += 1
             loop["stopped"] = loop["bad_epochs"] >= cfg.patience
         if cfg.progress:
-            bar.write(f"{run.name} seed {seed} epoch {epoch}: dev accuracy {acc:.4f} "
+            bar.write(f"{run.name} seed {seed} epoch {epoch}: dev {metric} {acc:.4f} "
                       f"(best {loop['best']:.4f} at epoch {loop['best_epoch']})")
         loop.update(epoch=epoch, batch=0, loss_sum=0.0, loss_n=0)
         save_state()
@@ -710,8 +782,8 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
     best = load_classifier(out / BEST_DIR).to(run.device)
     dev_acc, dev_n = loop["best"], evaluate_count(run.dev)
     test_acc, test_n, _ = evaluate(best, run.test, list(range(len(run.test.ids))), run.pad_id, cfg.batch_size)
-    res = SeedResult(seed, loop["curve"], loop["best_epoch"], loop["best_step"], {"accuracy": dev_acc, "n": dev_n},
-                     {"accuracy": test_acc, "n": test_n}, str(out / BEST_DIR), round(seconds_before + time.time() - t0, 2),
+    res = SeedResult(seed, loop["curve"], loop["best_epoch"], loop["best_step"], {metric: dev_acc, "n": dev_n},
+                     {metric: test_acc, "n": test_n}, str(out / BEST_DIR), round(seconds_before + time.time() - t0, 2),
                      trainable)
     atomic_write_json(done, dataclasses.asdict(res))
     shutil.rmtree(out / STATE_DIR, ignore_errors=True)
@@ -751,6 +823,21 @@ def baselines(data: TaskData, splits: dict[str, list[int]]) -> list[dict]:
             for w, t in zip(data.words[i], data.labels[i]):
                 per_word[w][t] += 1
         word_tag = {w: c.most_common(1)[0][0] for w, c in per_word.items()}
+        if data.metric == "span_f1":  # the same two taggers, scored as spans (conlleval)
+            from workbench.conlleval import span_f1
+
+            names = data.label_names
+            for s in ("dev", "test"):
+                gold = [[names[t] for t in data.labels[i]] for i in splits[s]]
+                n_gold = sum(len(g) for g in gold)
+                tagged = {"majority": [[names[majority]] * len(g) for g in gold],
+                          "word_majority": [[names[word_tag.get(w, majority)] for w in data.words[i]] for i in splits[s]]}
+                for model_name, pred in tagged.items():
+                    sc = span_f1(gold, pred)
+                    rows.append((model_name, s, sc.f1, n_gold, {"precision": sc.precision, "recall": sc.recall,
+                                                                 "label": names[majority]}))
+            return [{"model": m, "family": "baseline", "probe": PROBE, "task": data.task, "split": s,
+                     "metric": "span_f1", "value": v, "n": n, "extra": extra} for m, s, v, n, extra in rows]
         for s in ("dev", "test"):
             gold = [(w, t) for i in splits[s] for w, t in zip(data.words[i], data.labels[i])]
             rows.append(("majority", s, float(np.mean([t == majority for _, t in gold])), len(gold),
@@ -812,7 +899,7 @@ def prepare(cfg: FinetuneConfig, data: TaskData | None = None, hooks: TrainingHo
     path = resolve_checkpoint(cfg.checkpoint)
     handle = ModelHandle.load(path)
     family = handle.family
-    pooling = choose_pooling(family, "token" if cfg.task in TOKEN_TASKS else "sentence", cfg.pooling)
+    pooling = choose_pooling(family, "sentence" if cfg.task in SENTENCE_TASKS else "token", cfg.pooling)
     # a folder is named as the workbench names checkpoints; a Hub name stays as it was given
     model_name = checkpoint_name(path) if Path(cfg.checkpoint).expanduser().exists() else cfg.checkpoint
     name = cfg.name or f"{cfg.task}-{_slug(model_name)}" + ("" if cfg.method == "full" else f"-{cfg.method}")
@@ -862,6 +949,7 @@ def prepare(cfg: FinetuneConfig, data: TaskData | None = None, hooks: TrainingHo
     }
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
+    manifest_base["cost_basis"] = finetune_cost_basis(handle, family, enc["train"], len(data.label_names))
     return Prepared(name, folder, path, model_name, device, family, pooling, handle.tokenizer, handle.pad_id, data, splits,
                     enc["train"], enc["dev"], enc["test"], manifest_base)
 
@@ -892,22 +980,23 @@ def run_finetune(cfg: FinetuneConfig, store=None, on_step: Callable[[int], None]
     results = [train_seed(cfg, s, run, on_step=on_step, hooks=hooks) for s in cfg.seeds]
 
     common = {"model": run.model_name, "family": run.family, "probe": PROBE, "task": cfg.task}
+    metric = run.data.metric
     rows = list(base_rows)
     for r in results:
         for s in ("dev", "test"):
-            rows.append({**common, "seed": r.seed, "step": r.best_step, "split": s, "metric": "accuracy",
-                         "value": getattr(r, s)["accuracy"], "n": getattr(r, s)["n"],
+            rows.append({**common, "seed": r.seed, "step": r.best_step, "split": s, "metric": metric,
+                         "value": getattr(r, s)[metric], "n": getattr(r, s)["n"],
                          "extra": {"best_epoch": r.best_epoch, "checkpoint": r.checkpoint, "pooling": run.pooling,
                                    **method_record(cfg), "trainable": (r.trainable or {}).get("parameters"),
                                    "total_parameters": (r.trainable or {}).get("total")}})
         for c in r.curve:
-            rows.append({**common, "seed": r.seed, "step": c["step"], "split": "dev", "metric": "accuracy_epoch",
-                         "value": c["dev_accuracy"], "n": len(run.dev.ids), "extra": {"epoch": c["epoch"]}})
+            rows.append({**common, "seed": r.seed, "step": c["step"], "split": "dev", "metric": f"{metric}_epoch",
+                         "value": c[f"dev_{metric}"], "n": len(run.dev.ids), "extra": {"epoch": c["epoch"]}})
             rows.append({**common, "seed": r.seed, "step": c["step"], "split": "train", "metric": "train_loss_epoch",
                          "value": c["train_loss"], "n": len(run.train.ids), "extra": {"epoch": c["epoch"]}})
     for s in ("dev", "test"):
-        mean, lo, hi = t_interval([getattr(r, s)["accuracy"] for r in results])
-        rows.append({**common, "split": s, "metric": "accuracy", "value": mean, "n": len(results),
+        mean, lo, hi = t_interval([getattr(r, s)[metric] for r in results])
+        rows.append({**common, "split": s, "metric": metric, "value": mean, "n": len(results),
                      "ci_low": lo, "ci_high": hi, "extra": {"over": "seeds", "interval": "t, 95%", **method_record(cfg)}})
     with store.start_run("finetune", cfg.to_dict(), seeds=cfg.seeds, data_files=run.data.files,
                          checkpoints=[run.checkpoint], name=run.name) as writer:
@@ -928,8 +1017,9 @@ def format_table(rows) -> str:
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    df = df[df["metric"] == "accuracy"]
-    lines = [f"{'model':<34} {'split':<5} {'accuracy':>9}  {'95% CI over seeds':<19} per seed"]
+    df = df[df["metric"].isin(("accuracy", "span_f1"))]  # span tasks report span F1
+    score = "span_f1" if (df["metric"] == "span_f1").any() else "accuracy"
+    lines = [f"{'model':<34} {'split':<5} {score:>9}  {'95% CI over seeds':<19} per seed"]
     for (model, split), g in df.groupby(["model", "split"], sort=False):
         seeded = g[g["seed"].notna()] if "seed" in g else g.iloc[0:0]
         agg = g[g["seed"].isna()] if "seed" in g else g

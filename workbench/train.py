@@ -499,6 +499,29 @@ def checkpoint_manifest(cfg: TrainConfig, family: FamilySpec, data: TrainingData
     return manifest
 
 
+def pretraining_cost_meter(manifest: dict, device, d: Dist, resume_from: Path | None):
+    """`cost(tokens_seen, elapsed)` -> the checkpoint's `cost` record (`workbench.cost`): analytic
+    FLOPs of the family x tokens seen, device-hours, energy (measured, or estimated from power x
+    time) and CO2e. A resumed run carries the measured energy of the checkpoint it resumed from."""
+    from workbench.checkpoints import read_manifest
+    from workbench.cost import EnergyMeter, cost_record, device_info, flops_per_token, own_cost, teacher_folder
+
+    fpt = flops_per_token(manifest["family"], manifest["model_config"], manifest["tokenizer"]["vocab_size"],
+                          manifest["config"]["max_len"], manifest["objective"])["total"]
+    info = {**device_info(device), "count": d.world}
+    before = ((read_manifest(resume_from) or {}).get("cost") or {}).get("own") if resume_from is not None else None
+    meter = EnergyMeter(info, already_joules=(before or {}).get("energy_joules_device"))
+
+    def cost(tokens_seen: int, elapsed: float) -> dict:
+        joules, source = meter.reading()
+        return cost_record(own_cost(flops=fpt * tokens_seen, flops_per_token=fpt, tokens=tokens_seen, seconds=elapsed,
+                                    device=info, energy_joules=joules, energy_source=source,
+                                    what=f"pretraining ({manifest['family']} {manifest['preset']})"), None,
+                           teacher=teacher_folder(manifest.get("hooks")))
+
+    return cost
+
+
 def pretraining_loss(out, batch) -> dict[str, torch.Tensor]:
     """A family's own objective: its loss, then its named parts (`PretrainingOutput`)."""
     return {"loss": out.loss, **out.loss_terms}
@@ -557,6 +580,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     for p in getattr(model, "unused_parameters", lambda objective: [])(objective_settings(cfg, family)):
         p.requires_grad_(False)
     manifest = checkpoint_manifest(cfg, family, data, seed, d, count_trainable(model, hooks.trainable), hooks)
+    cost = pretraining_cost_meter(manifest, device, d, resume_from)
     prepare_teacher(hooks, device)
     train_model = model
     if d.world > 1:
@@ -588,7 +612,8 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     if start_step == 0 and 0 in ckpts and not (resume_from is not None and resume_from == step_dir(out, 0)):
         heldout0 = heldout_eval()
         log({"step": 0, "tokens": 0, "lr": 0.0, "elapsed": 0.0, **{f"heldout_{k}": v for k, v in (heldout0 or {}).items()}})
-        save_checkpoint(out, 0, train_model, optimizer, scheduler, position, 0, 0.0, manifest, tok, d, heldout0)
+        save_checkpoint(out, 0, train_model, optimizer, scheduler, position, 0, 0.0, {**manifest, "cost": cost(0, 0.0)},
+                        tok, d, heldout0)
 
     # ---- the steps
     bar = tqdm(total=total, initial=start_step, desc=f"{cfg.name} seed {seed}", unit="step",
@@ -635,7 +660,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
                 log(rec)
             if done in ckpts:
                 save_checkpoint(out, done, train_model, optimizer, scheduler, position, tokens_seen, elapsed,
-                                manifest, tok, d, heldout)
+                                {**manifest, "cost": cost(tokens_seen, elapsed)}, tok, d, heldout)
             rate = (tokens_seen - tokens_at_start) / max(1e-9, time.perf_counter() - t0)
             bar.set_postfix(loss=f"{terms['loss']:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
             bar.update(1)

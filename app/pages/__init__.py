@@ -39,7 +39,8 @@ def probe_pages() -> list[tuple[str, ModuleType | None]]:
 # Pages of results that no registered probe writes (a command's or sweep's own rows), shown under
 # "Results" in the app: app/pages/<NAME>.py with TITLE, render(store) and optional PLOTS, exactly
 # like a probe's companion module.
-RESULT_PAGES = ("distill", "peft")  # distillation sweeps; fine-tuning methods (probes/peft_change.py)
+RESULT_PAGES = ("finetune", "distill", "peft", "cost")  # fine-tuning runs; distillation sweeps; fine-tuning
+# methods (probes/peft_change.py); checkpoint costs (workbench/cost.py)
 
 
 def result_pages() -> list[tuple[str, ModuleType]]:

@@ -1,0 +1,260 @@
+"""The cost of every checkpoint (workbench/cost.py): FLOPs hand counts per family, energy measured vs
+estimated, costs adding along a lineage, old checkpoints reconstructed or unknown, `bertology cost`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workbench import cost as cost_mod
+from workbench.cost import (EnergyMeter, checkpoint_cost, cost_of_manifest, cost_record, flops_per_token, own_cost,
+                            totals)
+from workbench.families import get_family
+
+V, S = 1000, 64  # vocabulary and attention span of every hand count below
+
+# Hand counts of the FORWARD matmul FLOPs per token of each family's tiny preset (2 multiply-adds
+# = 2 FLOPs per weight and token); training = 3 x forward. Per BERT-shaped layer of width d, FFN f
+# and span s: Q,K,V,O 4 x 2d^2 = 8d^2, scores QK^T and weights x V 2 x 2sd = 4sd, FFN 2 x 2df = 4df.
+BERT_LAYERS = 2 * (8 * 64 * 64 + 4 * S * 64 + 4 * 64 * 128)          # 163,840
+MLM_HEAD = 0.15 * (2 * 64 * 64 + 2 * 64 * V)                          # transform + decoder on 15% of tokens
+HAND_FORWARD = {
+    "bert": BERT_LAYERS + MLM_HEAD,                                   # 184,268.8
+    "roberta": BERT_LAYERS + MLM_HEAD,
+    # DeBERTa adds content->position and position->content scores: 2 x 2sd per layer
+    "deberta": BERT_LAYERS + 2 * 4 * S * 64 + MLM_HEAD,
+    # SpanBERT adds the span-boundary MLP (3d -> d -> d) and its decoder on the predicted tokens
+    "spanbert": BERT_LAYERS + MLM_HEAD + 0.15 * (2 * 3 * 64 * 64 + 2 * 64 * 64 + 2 * 64 * V),
+    # ALBERT: E=32 -> H=64 projection; head H -> E then E -> V
+    "albert": BERT_LAYERS + 2 * 32 * 64 + 0.15 * (2 * 64 * 32 + 2 * 32 * V),   # 178,150.4
+    # ELECTRA: discriminator (E 32 -> H 64, 2 layers, head H->H->1 on every token) + generator
+    # (E 32 -> 16, 2 layers of width 16 / FFN 64, MLM head 16 -> 32 -> V on 15%)
+    "electra": (BERT_LAYERS + 2 * 32 * 64 + (2 * 64 * 64 + 2 * 64)
+                + 2 * (8 * 16 * 16 + 4 * S * 16 + 4 * 16 * 64) + 2 * 32 * 16 + 0.15 * (2 * 16 * 32 + 2 * 32 * V)),
+    # GPT: FFN 4d = 256, LM head on every token
+    "gpt": 2 * (8 * 64 * 64 + 4 * S * 64 + 4 * 64 * 256) + 2 * 64 * V,  # 357,376
+    # T5 (d 64, 2 heads x d_kv 32 = 64, FFN 128): encoder; decoder on 0.15 x (1 + 1/3) = 0.2 target
+    # tokens per input token (span 12.8): self-attention + FFN, cross-attention Q/O and scores over
+    # the 64 inputs; cross K/V once per input token; LM head per target token
+    "t5": (BERT_LAYERS + 0.2 * 2 * (8 * 64 * 64 + 4 * 12.8 * 64 + 4 * 64 * 128) + 0.2 * 2 * 4 * 64 * 64
+           + 2 * 4 * 64 * 64 + 0.2 * 2 * 4 * S * 64 + 0.2 * 2 * 64 * V),          # 262,840.32
+    # BART: same shapes, the decoder reconstructs the whole input (1 target token per input token)
+    "bart": 2 * BERT_LAYERS + 2 * 4 * 64 * 64 + 2 * 4 * 64 * 64 + 2 * 4 * S * 64 + 2 * 64 * V,   # 553,984
+    # ELMo: char CNN widths 1,2,3 (16,16,32 filters, 16-d chars, 20 chars), highway 64 -> 128,
+    # projection 64 -> 32, 2 directions x 2 layers of LSTM(4 gates x 64 cells over [32 in, 32 rec])
+    # + projection 64 -> 32, the shared softmax 32 -> V for each direction
+    "elmo": ((2 * 1 * 16 * 16 * 20 + 2 * 2 * 16 * 16 * 19 + 2 * 3 * 16 * 32 * 18) + 2 * 64 * 128 + 2 * 64 * 32
+             + 2 * 2 * (2 * 4 * 64 * (32 + 32) + 2 * 64 * 32) + 2 * 2 * 32 * V),      # 380,928
+}
+
+
+@pytest.mark.parametrize("family", sorted(HAND_FORWARD))
+def test_flops_per_token_of_each_family_equal_a_hand_count(family):
+    spec = get_family(family)
+    got = flops_per_token(family, spec.model_config("tiny"), V, S, spec.objective)
+    assert got["total"] == pytest.approx(3 * HAND_FORWARD[family], rel=1e-12)
+    assert got["total"] == pytest.approx(sum(v for k, v in got.items() if k != "total"))
+
+
+def test_hand_counts_written_as_numbers():
+    """The arithmetic above, spelled out for three of them."""
+    assert HAND_FORWARD["bert"] == pytest.approx(184_268.8)
+    assert HAND_FORWARD["gpt"] == 357_376
+    assert HAND_FORWARD["elmo"] == 380_928
+
+
+def test_the_training_benchmark_uses_the_same_count():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_train import flops_per_token as bench_count
+
+    cfg = get_family("bert").model_config("tiny")
+    assert bench_count(cfg, V, S, 1.0) == flops_per_token("bert", cfg, V, S, head_fraction=1.0)
+    assert bench_count(cfg, V, S, 0.15)["total"] == pytest.approx(3 * HAND_FORWARD["bert"])
+
+
+# ---- energy: measured vs estimated -------------------------------------------------------------------
+
+def test_energy_is_measured_from_rapl_when_the_counter_exists(tmp_path, monkeypatch):
+    pkg = tmp_path / "intel-rapl:0"
+    pkg.mkdir()
+    counter = pkg / "energy_uj"
+    counter.write_text("5000000\n")
+    monkeypatch.setattr(cost_mod, "_rapl_files", lambda: [counter])
+    meter = EnergyMeter({"kind": "cpu", "name": "x", "count": 1, "threads": 1})
+    counter.write_text("7500000\n")  # 2.5 J later
+    joules, source = meter.reading()
+    assert source == "measured: rapl"
+    assert joules == pytest.approx(2.5)
+
+
+def test_energy_is_estimated_from_cpu_seconds_without_a_counter(monkeypatch):
+    monkeypatch.setattr(cost_mod, "_rapl_files", lambda: [])
+    monkeypatch.setenv("BERTOLOGY_CPU_WATTS_PER_CORE", "10")
+    meter = EnergyMeter({"kind": "cpu", "name": "x", "count": 1, "threads": 1})
+    c0 = time.process_time()
+    x = 0
+    while time.process_time() - c0 < 0.2:  # burn 0.2 CPU seconds
+        x += 1
+    joules, source = meter.reading()
+    used = time.process_time() - c0
+    assert source.startswith("estimated: 10 W per busy core")
+    assert 10 * 0.2 <= joules <= 10 * used + 0.5
+
+
+def test_bad_power_setting_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("BERTOLOGY_GRID_GCO2_PER_KWH", "lots")
+    with pytest.raises(ValueError, match="BERTOLOGY_GRID_GCO2_PER_KWH"):
+        own_cost(flops=1.0, flops_per_token=1.0, tokens=1, seconds=1.0, device={"count": 1}, energy_joules=1.0,
+                 energy_source="x", what="x")
+
+
+def test_kwh_and_co2_follow_pue_and_grid(monkeypatch):
+    monkeypatch.setenv("BERTOLOGY_PUE", "1.5")
+    monkeypatch.setenv("BERTOLOGY_GRID_GCO2_PER_KWH", "400")
+    own = own_cost(flops=2.0, flops_per_token=1.0, tokens=2, seconds=7200.0, device={"count": 2},
+                   energy_joules=3.6e6, energy_source="estimated: test", what="x")
+    assert own["energy_kwh"] == pytest.approx(1.5)          # 1 kWh at the device x PUE 1.5
+    assert own["co2e_kg"] == pytest.approx(0.6)             # 1.5 kWh x 400 g
+    assert own["device_hours"] == pytest.approx(4.0)        # 2 h x 2 devices
+
+
+# ---- totals along a lineage --------------------------------------------------------------------------
+
+def test_totals_add_and_unknown_is_never_zero():
+    own = {"flops": 10.0, "device_hours": 1.0, "energy_kwh": 2.0, "co2e_kg": 3.0}
+    parent = {"flops": 5.0, "device_hours": 0.5, "energy_kwh": 1.0, "co2e_kg": 1.0, "known": True}
+    t = totals(own, parent)
+    assert (t["flops"], t["device_hours"], t["energy_kwh"], t["co2e_kg"], t["known"]) == (15.0, 1.5, 3.0, 4.0, True)
+    unknown = totals(own, {"flops": None, "device_hours": None, "energy_kwh": None, "co2e_kg": None, "known": False})
+    assert unknown["flops"] is None and unknown["energy_kwh"] is None and unknown["known"] is False
+
+
+def test_old_manifest_without_cost_is_reconstructed_or_unknown():
+    spec = get_family("bert")
+    old = {"family": "bert", "model_config": spec.model_config("tiny"), "objective": spec.objective,
+           "tokenizer": {"vocab_size": V}, "config": {"max_len": S}, "tokens_seen": 1000, "elapsed_seconds": 36.0,
+           "world_size": 1}
+    rec = cost_of_manifest(old)
+    assert rec["reconstructed"] is True
+    assert rec["own"]["flops"] == pytest.approx(1000 * 3 * HAND_FORWARD["bert"])
+    assert rec["own"]["energy_source"].startswith("estimated")
+    hub = cost_of_manifest({})
+    assert hub["total"]["flops"] is None and hub["total"]["known"] is False and "unknown" in hub
+
+
+@pytest.mark.slow
+def test_costs_add_along_a_lineage(tmp_path, monkeypatch):
+    """Pretrain a tiny BERT -> fine-tune it -> derive (mask a head) and save: each checkpoint's
+    total = own + parent's total; the pretraining FLOPs = hand count x tokens seen."""
+    from tests.training_helpers import run_tiny_training, tiny_finetune_config
+    from workbench.checkpoints import read_manifest
+    from workbench.finetune import run_finetune
+    from workbench.models import ModelHandle
+    from workbench.results import ResultsStore
+
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    run = run_tiny_training("bert", 3, tmp_path / "train", max_len=S)
+    m = read_manifest(run.checkpoint)
+    pre = m["cost"]
+    vocab = m["tokenizer"]["vocab_size"]
+    fpt = flops_per_token("bert", get_family("bert").model_config("tiny"), vocab, S, m["objective"])["total"]
+    assert pre["own"]["flops"] == pytest.approx(fpt * m["tokens_seen"])
+    assert pre["parent"] is None and pre["total"]["flops"] == pre["own"]["flops"]
+    assert pre["own"]["energy_source"].split(":")[0] in ("measured", "estimated")
+    expect = "measured: rapl" if cost_mod._rapl_files() else "estimated"
+    assert pre["own"]["energy_source"].startswith(expect)
+    assert pre["own"]["device"]["kind"] == "cpu" and pre["own"]["device_hours"] > 0
+
+    cfg = tiny_finetune_config(run.checkpoint, tmp_path / "ft", max_train_examples=32, max_eval_examples=16)
+    res = run_finetune(cfg, store=ResultsStore(tmp_path / "store"))
+    ft = read_manifest(Path(res.seeds[0].checkpoint))["cost"]
+    assert ft["parent"]["checkpoint"] == str(run.checkpoint)
+    assert ft["own"]["flops"] > 0 and ft["own"]["tokens"] > 0
+    for k in ("flops", "device_hours", "energy_kwh", "co2e_kg"):
+        assert ft["total"][k] == pytest.approx(ft["own"][k] + pre["total"][k])
+
+    handle = ModelHandle.load(res.seeds[0].checkpoint)
+
+    def zero_bias(model):
+        for name, p in model.named_parameters():
+            if name.endswith("attention.output.dense.bias"):
+                p.data.zero_()
+                break
+
+    derived = handle.derive("zero_bias", {}, apply=zero_bias)
+    folder = derived.save(tmp_path / "derived")
+    dc = checkpoint_cost(folder)
+    assert dc["own"]["flops"] == 0.0
+    assert dc["total"]["flops"] == pytest.approx(ft["total"]["flops"])
+    assert dc["parent"]["checkpoint"] == res.seeds[0].checkpoint
+    assert cost_mod.lineage_chain(folder) == [str(folder), res.seeds[0].checkpoint, str(run.checkpoint)]
+
+    from app.cli import main
+
+    assert main(["cost", str(folder), str(run.checkpoint), "--grid", "100"]) == 0
+
+
+def test_cost_record_of_a_parent_without_record_is_unknown(tiny_checkpoint):
+    rec = cost_record({"flops": 1.0, "device_hours": 0.1, "energy_kwh": 0.1, "co2e_kg": 0.1}, tiny_checkpoint)
+    assert rec["parent"]["total"]["known"] is False
+    assert rec["total"]["flops"] is None  # never zero
+
+
+def test_cli_cost_bad_input_is_one_line_exit_2(tmp_path, capsys, tiny_checkpoint):
+    from app.cli import main
+
+    assert main(["cost", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing" in err[0]
+    assert main(["cost", str(tiny_checkpoint), "--grid", "-3"]) == 2
+    assert "--grid" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["cost", str(tmp_path / "empty")]) == 2
+
+
+def test_cli_cost_table_and_json(tiny_checkpoint, capsys):
+    from app.cli import main
+
+    assert main(["cost", str(tiny_checkpoint)]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-bert" in out and "unknown" in out
+    assert main(["cost", str(tiny_checkpoint), "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert list(rec.values())[0]["total"]["known"] is False
+
+
+def _folder_with_cost(path: Path, flops: float) -> Path:
+    path.mkdir()
+    own = {"flops": flops, "device_hours": 1.0, "energy_kwh": 2.0, "co2e_kg": 0.5}
+    (path / "manifest.json").write_text(json.dumps({"cost": {"own": own, "parent": None, "total": totals(own, None)}}))
+    return path
+
+
+def test_a_distillation_teacher_adds_its_total(tmp_path, tiny_checkpoint):
+    parent = _folder_with_cost(tmp_path / "parent", 100.0)
+    teacher = _folder_with_cost(tmp_path / "teacher", 1000.0)
+    own = {"flops": 10.0, "device_hours": 0.1, "energy_kwh": 0.2, "co2e_kg": 0.05}
+    rec = cost_record(own, parent, teacher=teacher)
+    assert rec["teacher"]["checkpoint"] == str(teacher)
+    assert rec["total"]["flops"] == 1110.0 and rec["total"]["energy_kwh"] == pytest.approx(4.2)
+    assert rec["total"]["known"] is True
+    unknown_teacher = cost_record(own, parent, teacher=tiny_checkpoint)  # no record: unknown, not zero
+    assert unknown_teacher["total"]["flops"] is None and unknown_teacher["total"]["known"] is False
+    assert cost_mod.teacher_folder({"teacher": {"class": "BertForMaskedLM", "name_or_path": str(teacher)}}) == str(teacher)
+    assert cost_mod.teacher_folder({"trainable": "x"}) is None
+
+
+def test_cost_rows_of_an_untracked_model_are_nan_not_zero(tiny_checkpoint):
+    import math
+
+    from workbench.cost import cost_rows
+
+    rows = cost_rows([tiny_checkpoint])
+    assert len(rows) == 8 and {r["split"] for r in rows} == {"own", "total"}
+    assert all(math.isnan(r["value"]) for r in rows)
+    assert rows[0]["extra"]["untracked"] is True and rows[0]["extra"]["known"] is False
+    assert rows[0]["model"] == "tiny-bert" and rows[0]["probe"] == "cost"

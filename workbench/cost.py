@@ -1,0 +1,575 @@
+"""What a checkpoint cost: training FLOPs, device-hours, energy and CO2e, along its lineage.
+
+Strubell et al. (2019, "Energy and Policy Considerations for Deep Learning in NLP", Table 3) put
+a price on every model: hours on which hardware, kWh, CO2e. Every checkpoint the workbench writes
+(pretraining steps, fine-tuned `best/` folders, derived models) carries a `cost` record in its
+manifest.json:
+
+    cost.own    what producing THIS checkpoint from its parent cost: training FLOPs (analytic,
+                below), tokens, device kind and name, device-hours, energy (kWh) and where the
+                energy figure comes from, CO2e under the recorded grid intensity;
+    cost.parent the parent's folder and its `total` (None for a model trained from scratch);
+    cost.total  own + parent's total (flops, device_hours, energy_kwh, co2e_kg); `known: false`
+                (and None values, never zero) when some ancestor's cost cannot be known (a Hub
+                model trained elsewhere).
+
+FLOPs are analytic, per family (`flops_per_token`): the forward's matmul FLOPs times 3 (the
+backward costs twice the forward; Kaplan et al. 2020, Sec. 2.1), counted per non-padding input
+token (the count the training loop logs as `tokens`): Q/K/V/output projections, attention scores
+and weighted values (over the full attention span `seq_len`, as computed), feed-forward, and the
+output head on the positions that go through it. Embedding lookups, LayerNorm, activations,
+softmax and per-sequence heads (NSP/SOP/pooler) are left out: they are a few percent at these
+widths. `benchmarks/bench_train.py` imports the same function for its MFU.
+
+Energy (`EnergyMeter`): measured where the machine exposes a counter: NVIDIA's NVML total energy
+(`pynvml`, GPU runs) or Intel/AMD RAPL (`/sys/class/powercap/intel-rapl:*/energy_uj`, the whole
+package, so shared with whatever else runs on it); otherwise ESTIMATED from a configurable power
+figure: on a CPU, watts per busy core times the process's CPU seconds (`time.process_time`, all
+its threads; on a machine shared with other jobs this counts our work, not the wall time we
+waited; `BERTOLOGY_CPU_WATTS_PER_CORE`, default 12.5 W, about a 200 W 16-core server CPU's TDP
+share), on a GPU watts times wall time (`BERTOLOGY_GPU_WATTS`, default 400 W). The record says which
+(`energy_source`: `measured: rapl`, `measured: nvml` or `estimated: ...`). As Strubell et al., the
+energy drawn at the wall is the device energy times a data-centre PUE (`BERTOLOGY_PUE`, default
+their 1.58), and CO2e is that energy times a grid intensity (`BERTOLOGY_GRID_GCO2_PER_KWH`,
+default their US average 0.954 lb/kWh = 433 g/kWh); `bertology cost --grid G` re-expresses it.
+
+codecarbon (3.3.2) was not used: it is not installed here, wants network for its cloud/region
+lookups unless put in offline mode with a country code, and reads the same RAPL files that do not
+exist on this machine (no /sys/class/powercap), so here it could only estimate too. This module
+does the same arithmetic in ~300 lines with nothing to install, and says which figure it used.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import platform
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CPU_WATTS_PER_CORE = 12.5
+DEFAULT_GPU_WATTS = 400.0
+DEFAULT_PUE = 1.58          # Strubell et al. 2019, Sec. 2 (the 2018 industry average)
+DEFAULT_GRID_G_PER_KWH = 433.0  # Strubell et al. 2019: 0.954 lbs CO2e / kWh (US EPA average)
+TOTAL_KEYS = ("flops", "device_hours", "energy_kwh", "co2e_kg")
+
+
+# ---------------------------------------------------------------------------------- FLOPs
+
+def _cfg(c: Mapping, *names, default=None):
+    for n in names:
+        if c.get(n) is not None:
+            return c[n]
+    if default is not None:
+        return default
+    raise KeyError(f"model config has none of {names}")
+
+
+def _attention_layer(d: int, f: int, s: int, inner: int | None = None) -> dict:
+    """Forward matmul FLOPs per token of one self-attention + feed-forward layer."""
+    a = inner or d
+    return {"attention_qkv_out": 8 * d * a, "attention_scores_values": 4 * s * a, "ffn": 4 * d * f}
+
+
+def _add(total: dict, part: dict, times: float = 1.0) -> dict:
+    for k, v in part.items():
+        total[k] = total.get(k, 0) + times * v
+    return total
+
+
+def _encoder_body(c: Mapping, s: int) -> tuple[dict, int]:
+    """BERT-shaped encoder stack (bert, roberta, spanbert, deberta, albert, electra discriminator,
+    and the Hub encoders: MiniLM, MPNet, DistilBERT): (forward FLOPs per token, hidden size)."""
+    d = _cfg(c, "hidden_size", "dim")
+    n = _cfg(c, "num_hidden_layers", "n_layers")
+    f = _cfg(c, "intermediate_size", "hidden_dim", default=4 * d)
+    out = _add({}, _attention_layer(d, f, s), n)
+    e = c.get("embedding_size")
+    if e and e != d:  # ALBERT / ELECTRA factorised embeddings: E -> H projection
+        out["embedding_projection"] = 2 * e * d
+    return out, d
+
+
+def _mlm_family(c, vocab, s, objective, *, deberta=False, sbo=False):
+    rate = float((objective or {}).get("mlm_rate", 0.15))
+    out, d = _encoder_body(c, s)
+    if deberta:  # disentangled attention: content-to-position and position-to-content scores
+        out["relative_position_scores"] = c["num_hidden_layers"] * 4 * s * d
+    e = c.get("embedding_size") or d
+    # transform (H -> E) then decoder (E -> V), only at the predicted positions
+    out["mlm_head"] = rate * (2 * d * e + 2 * e * vocab)
+    if sbo:  # SpanBERT's span-boundary head: MLP 3H -> H -> H, then the decoder, per predicted token
+        out["sbo_head"] = rate * (2 * 3 * d * d + 2 * d * d + 2 * d * vocab)
+    return out
+
+
+def _electra(c, vocab, s, objective):
+    rate = float((objective or {}).get("mlm_rate", 0.15))
+    disc, d = _encoder_body(c, s)
+    e = c.get("embedding_size") or d
+    g = {**c, **(c.get("generator") or {})}
+    gen, gd = _encoder_body({**g, "embedding_size": e}, s)
+    out = {f"discriminator_{k}": v for k, v in disc.items()}
+    out.update({f"generator_{k}": v for k, v in gen.items()})
+    out["generator_mlm_head"] = rate * (2 * gd * e + 2 * e * vocab)
+    out["discriminator_head"] = 2 * d * d + 2 * d  # dense H -> H, then H -> 1, every token
+    return out
+
+
+def _gpt(c, vocab, s, objective):
+    d, n = c["n_embd"], c["n_layer"]
+    f = c.get("n_inner") or 4 * d
+    out = _add({}, _attention_layer(d, f, s), n)
+    out["lm_head"] = 2 * d * vocab  # every position predicts the next token
+    return out
+
+
+def _encoder_decoder(d, f, a, n_enc, n_dec, s, vocab, target_ratio) -> dict:
+    """Per ENCODER input token: the encoder, plus the decoder on `target_ratio` target tokens per
+    input token (self-attention over the target, cross-attention over the input), the LM head on
+    every target token. Cross-attention keys/values are computed once per input token."""
+    t = target_ratio * s  # target length
+    out = {f"encoder_{k}": v for k, v in _add({}, _attention_layer(d, f, s, a), n_enc).items()}
+    dec = _add({}, _attention_layer(d, f, t, a), n_dec)
+    out.update({f"decoder_{k}": target_ratio * v for k, v in dec.items()})
+    out["decoder_cross_attention_q_out"] = target_ratio * n_dec * 4 * d * a
+    out["decoder_cross_attention_kv"] = n_dec * 4 * d * a
+    out["decoder_cross_attention_scores_values"] = target_ratio * n_dec * 4 * s * a
+    out["lm_head"] = target_ratio * 2 * d * vocab
+    return out
+
+
+def _t5(c, vocab, s, objective):
+    o = objective or {}
+    density, span = float(o.get("noise_density", 0.15)), float(o.get("mean_span_length", 3.0))
+    # span corruption: the target is the corrupted tokens plus one sentinel per span
+    ratio = density * (1 + 1 / span)
+    d, a = c["d_model"], c["num_heads"] * c["d_kv"]
+    return _encoder_decoder(d, c["d_ff"], a, c["num_layers"], c.get("num_decoder_layers") or c["num_layers"], s,
+                            vocab, ratio)
+
+
+def _bart(c, vocab, s, objective):
+    # text infilling: the decoder reconstructs the whole original sequence (target ~ input length)
+    return _encoder_decoder(c["d_model"], c["encoder_ffn_dim"], c["d_model"], c["encoder_layers"],
+                            c["decoder_layers"], s, vocab, 1.0)
+
+
+def _elmo(c, vocab, s, objective):
+    """Char-CNN (one Conv1d per width over `max_chars` positions), highway (F -> 2F per layer),
+    projection F -> P, then per direction and layer an LSTM (4 gates over [input, recurrent]) with
+    its projection L -> P (LSTMP when L > P), and the softmax over P for each direction."""
+    ce, chars = c["char_embed_dim"], c["max_chars"]
+    F = sum(n for _, n in c["char_filters"])
+    P, L, n = c["projection_dim"], c["lstm_dim"], c["num_hidden_layers"]
+    proj = P if L > P else 0
+    r = proj or L
+    out = {
+        "char_cnn": sum(2 * w * ce * nf * (chars - w + 1) for w, nf in c["char_filters"]),
+        "highway": c["num_highway"] * 2 * F * 2 * F,
+        "token_projection": 2 * F * P,
+        # two directions x n layers; every layer reads P (the token width), recurs over r
+        "lstm": 2 * n * (2 * 4 * L * (P + r) + 2 * L * proj),
+        "softmax": 2 * 2 * P * vocab,  # one shared softmax, applied to each direction's states
+    }
+    return out
+
+
+FAMILY_FLOPS = {
+    "bert": lambda c, v, s, o: _mlm_family(c, v, s, o),
+    "roberta": lambda c, v, s, o: _mlm_family(c, v, s, o),
+    "albert": lambda c, v, s, o: _mlm_family(c, v, s, o),
+    "deberta": lambda c, v, s, o: _mlm_family(c, v, s, o, deberta=True),
+    "spanbert": lambda c, v, s, o: _mlm_family(c, v, s, o, sbo=True),
+    "electra": _electra,
+    "gpt": _gpt,
+    "t5": _t5,
+    "bart": _bart,
+    "elmo": _elmo,
+}
+
+
+def flops_per_token(family: str, model_config: Mapping, vocab: int, seq_len: int,
+                    objective: Mapping | None = None, head_fraction: float | None = None) -> dict:
+    """Training FLOPs per non-padding input token of a family's pretraining (3 x forward matmul
+    FLOPs), by part, plus `total`. `head_fraction` overrides the share of tokens through an MLM
+    head (e.g. 1.0 for `BertForMaskedLM`, which projects every position)."""
+    if family not in FAMILY_FLOPS:
+        raise KeyError(f"no FLOPs count for family {family!r} (known: {', '.join(FAMILY_FLOPS)})")
+    objective = dict(objective or {})
+    if head_fraction is not None:
+        objective["mlm_rate"] = head_fraction
+    fwd = FAMILY_FLOPS[family](dict(model_config), int(vocab), int(seq_len), objective)
+    out = {k: 3 * v for k, v in fwd.items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+def finetune_flops_per_token(family: str, model_config: Mapping, seq_len: int, num_labels: int) -> float | None:
+    """Training FLOPs per token of fine-tuning a classifier: the body (no pretraining head) plus a
+    linear head on every token (an upper bound for sentence tasks), x 3. None when the body's shape
+    is not one this module counts (the caller then records the FLOPs as unknown)."""
+    c = dict(model_config)
+    try:
+        if family == "gpt":
+            body = _gpt(c, 0, seq_len, None)
+            d = c["n_embd"]
+        elif family in ("t5", "bart"):
+            enc = _t5 if family == "t5" else _bart
+            body = {k: v for k, v in enc(c, 0, seq_len, None).items()}
+            d = c["d_model"]
+        elif family == "elmo":
+            body = _elmo(c, 0, seq_len, None)
+            d = c["projection_dim"]
+        else:
+            body, d = _encoder_body(c, seq_len)
+    except (KeyError, TypeError):
+        return None
+    return 3 * (sum(body.values()) + 2 * d * num_labels)
+
+
+# ---------------------------------------------------------------------------------- device and energy
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}: not a number: {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"environment variable {name}: must be > 0, got {raw!r}")
+    return value
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_info(device) -> dict:
+    """{"kind": "cpu"|"cuda", "name": model name, "count": devices, "threads": torch threads}."""
+    import torch
+
+    kind = getattr(device, "type", str(device)).split(":")[0]
+    if kind == "cuda":
+        index = getattr(device, "index", None) or 0
+        return {"kind": "cuda", "name": torch.cuda.get_device_name(index), "count": 1}
+    return {"kind": "cpu", "name": cpu_name(), "count": 1, "threads": torch.get_num_threads()}
+
+
+def _rapl_files() -> list[Path]:
+    # package-level domains only (intel-rapl:0, intel-rapl:1): their sub-domains are inside them
+    return [Path(p) for p in sorted(glob.glob("/sys/class/powercap/intel-rapl:[0-9]*/energy_uj"))
+            if Path(p).parent.name.count(":") == 1]
+
+
+class EnergyMeter:
+    """Device energy since the meter was made (joules): NVML or RAPL counters when readable, else
+    estimated (module docstring). `already_joules`: what a resumed run had used before (carried
+    from the resumed checkpoint's record)."""
+
+    def __init__(self, device_info_: Mapping, already_joules: float | None = None):
+        self.info = dict(device_info_)
+        self.source: str | None = None
+        self._read = None
+        self.already = already_joules or 0.0
+        if self.info.get("kind") == "cuda":
+            try:  # pragma: no cover - needs an NVIDIA GPU
+                import pynvml
+
+                pynvml.nvmlInit()
+                h = pynvml.nvmlDeviceGetHandleByIndex(0)
+                pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+                self._read, self.source = (lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0), "measured: nvml"
+            except Exception:  # no pynvml, no permission, or an older GPU without the counter
+                self._read = None
+        else:
+            files = _rapl_files()
+            try:
+                if files:
+                    [int(f.read_text()) for f in files]
+                    self._read, self.source = (lambda: sum(int(f.read_text()) for f in files) / 1e6), "measured: rapl"
+            except (OSError, ValueError):
+                self._read = None
+        self._start = self._read() if self._read else None
+        self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
+
+    def reading(self) -> tuple[float, str]:
+        """(device energy in joules since the start, resumed part included; where it comes from)."""
+        carried = " (+ the resumed run's earlier energy)" if self.already else ""
+        if self._read is not None:
+            return self.already + (self._read() - self._start), self.source + carried
+        if self.info.get("kind") == "cuda":
+            w = _env_float("BERTOLOGY_GPU_WATTS", DEFAULT_GPU_WATTS) * self.info.get("count", 1)
+            return self.already + w * (time.perf_counter() - self._t0), f"estimated: {w:g} W (GPU) x wall time" + carried
+        w = _env_float("BERTOLOGY_CPU_WATTS_PER_CORE", DEFAULT_CPU_WATTS_PER_CORE)
+        return (self.already + w * (time.process_time() - self._cpu0),
+                f"estimated: {w:g} W per busy core x process CPU seconds" + carried)
+
+
+def own_cost(*, flops: float | None, flops_per_token: float | None, tokens: int | None, seconds: float,
+             device: Mapping, energy_joules: float, energy_source: str, what: str) -> dict:
+    """One checkpoint's own cost record (see the module docstring)."""
+    pue = _env_float("BERTOLOGY_PUE", DEFAULT_PUE)
+    grid = _env_float("BERTOLOGY_GRID_GCO2_PER_KWH", DEFAULT_GRID_G_PER_KWH)
+    kwh = energy_joules / 3.6e6 * pue
+    return {
+        "what": what,
+        "flops": None if flops is None else float(flops),
+        "flops_per_token": None if flops_per_token is None else float(flops_per_token),
+        "tokens": tokens,
+        "seconds": round(float(seconds), 3),
+        "device": dict(device),
+        "device_hours": float(seconds) * device.get("count", 1) / 3600.0,
+        "energy_joules_device": float(energy_joules),  # before PUE: what a resumed run carries on
+        "energy_kwh": kwh,
+        "energy_source": energy_source,
+        "pue": pue,
+        "grid_gco2_per_kwh": grid,
+        "co2e_kg": kwh * grid / 1000.0,
+    }
+
+
+def totals(own: Mapping, parent_total: Mapping | None) -> dict:
+    """own + the parent's total per key; a None anywhere (unknown) makes that total None, and
+    `known` says whether every ancestor's cost was known."""
+    known = (bool(own.get("known", True)) and own.get("flops") is not None
+             and (parent_total is None or bool(parent_total.get("known"))))
+    out: dict[str, Any] = {}
+    for k in TOTAL_KEYS:
+        a = own.get(k)
+        b = 0.0 if parent_total is None else parent_total.get(k)
+        out[k] = None if a is None or b is None else float(a) + float(b)
+    out["known"] = known
+    return out
+
+
+def cost_record(own: Mapping, parent: str | Path | None, teacher: str | Path | None = None) -> dict:
+    """The manifest's `cost`: own, parent (folder + its total, read from its manifest or
+    reconstructed: `checkpoint_cost`), total = own + parent's total. A distillation teacher's total
+    is added too (`teacher`): the student could not exist without it (its forward passes during
+    distillation are in the run's time and energy, not in `own.flops`, which counts the student)."""
+    ancestors: dict | None = None
+    out: dict[str, Any] = {"own": dict(own), "parent": None}
+    for role, folder in (("parent", parent), ("teacher", teacher)):
+        if folder is None:
+            continue
+        try:
+            t = checkpoint_cost(folder)["total"]
+        except Exception:  # noqa: BLE001 - a folder that is gone: its cost is unknown, never zero
+            t = dict(UNKNOWN_TOTAL)
+        out[role] = {"checkpoint": str(folder), "total": t}
+        ancestors = t if ancestors is None else totals(t, ancestors)
+    out["total"] = totals(own, ancestors)
+    return out
+
+
+def teacher_folder(hooks_description: Mapping | None) -> str | None:
+    """The distillation teacher's checkpoint folder or Hub name from `TrainingHooks.describe()`, if any."""
+    name = ((hooks_description or {}).get("teacher") or {}).get("name_or_path")
+    return str(name) if name else None
+
+
+def derived_cost(parent_manifest: Mapping | None, parent_folder: str | None, transform: str,
+                 fresh_weights: bool = False) -> dict:
+    """Cost of a model made by a transform (`ModelHandle.derive` + `save`): no training of its own
+    (zero FLOPs, a known zero), plus its parent's total unless the weights are fresh."""
+    own = {"what": f"transform {transform} (no training)", "flops": 0.0, "flops_per_token": None, "tokens": 0,
+           "seconds": 0.0, "device": None, "device_hours": 0.0, "energy_kwh": 0.0, "energy_source": "none",
+           "co2e_kg": 0.0}
+    if fresh_weights:
+        return {"own": own, "parent": None, "total": totals(own, None)}
+    parent_total = cost_of_manifest(parent_manifest or {}, parent_folder)["total"]
+    return {"own": own, "parent": {"checkpoint": parent_folder, "total": parent_total},
+            "total": totals(own, parent_total)}
+
+
+UNKNOWN_TOTAL = {**{k: None for k in TOTAL_KEYS}, "known": False}
+
+
+def cost_of_manifest(manifest: Mapping, folder: str | Path | None = None) -> dict:
+    """A checkpoint's cost record: the manifest's own `cost`, or, for checkpoints written before
+    costs were recorded, one reconstructed from the training record (FLOPs from family, model
+    config, vocabulary, max_len and tokens_seen; energy estimated from elapsed_seconds, the device
+    unknown), else unknown (None values, `known: false`; never zero)."""
+    if manifest.get("cost"):
+        return dict(manifest["cost"])
+    family, mc = manifest.get("family"), manifest.get("model_config")
+    tokens, seconds = manifest.get("tokens_seen"), manifest.get("elapsed_seconds")
+    vocab = (manifest.get("tokenizer") or {}).get("vocab_size")
+    max_len = (manifest.get("config") or {}).get("max_len")
+    if manifest.get("kind") != "finetune" and family in FAMILY_FLOPS and mc and tokens is not None and vocab and max_len:
+        fpt = flops_per_token(family, mc, vocab, max_len, manifest.get("objective"))["total"]
+        device = {"kind": "unknown", "name": "unknown (checkpoint written before costs were recorded)",
+                  "count": int(manifest.get("world_size") or 1), "threads": 1}
+        seconds = float(seconds or 0.0)
+        w = _env_float("BERTOLOGY_CPU_WATTS_PER_CORE", DEFAULT_CPU_WATTS_PER_CORE)
+        own = own_cost(flops=fpt * tokens, flops_per_token=fpt, tokens=int(tokens), seconds=seconds, device=device,
+                       energy_joules=w * seconds,
+                       energy_source=f"estimated after the fact: {w:g} W (one busy core assumed) x elapsed_seconds",
+                       what="pretraining (reconstructed from the manifest)")
+        return {"own": own, "parent": None, "total": totals(own, None), "reconstructed": True}
+    return {"own": None, "parent": None, "total": dict(UNKNOWN_TOTAL),
+            "unknown": "no cost record and no training record to compute one from (e.g. a Hub model trained elsewhere)"}
+
+
+def checkpoint_cost(folder: str | Path) -> dict:
+    """`cost_of_manifest` of a checkpoint folder (a Hub name resolves through the HF cache)."""
+    from workbench.checkpoints import read_manifest, resolve_checkpoint
+
+    path = resolve_checkpoint(folder)
+    return cost_of_manifest(read_manifest(path) or {}, path)
+
+
+def lineage_chain(folder: str | Path) -> list[str]:
+    """The checkpoint and its ancestors, newest first, as the cost records name them."""
+    chain, seen = [], set()
+    cur: str | None = str(folder)
+    while cur is not None and cur not in seen:
+        seen.add(cur)
+        chain.append(cur)
+        try:
+            cost = checkpoint_cost(cur)
+        except Exception:  # an ancestor that is gone: the chain ends there
+            break
+        cur = (cost.get("parent") or {}).get("checkpoint")
+    return chain
+
+
+def cost_targets(items: list[str]) -> list[Path]:
+    """Checkpoint folders to cost: a checkpoint itself; a training folder -> the last step of each
+    seed; a fine-tuning run folder -> each seed's `best/`. A CheckpointError names a path that is
+    none of these (before any work)."""
+    from workbench.checkpoints import list_steps, resolve_checkpoint
+    from workbench.errors import CheckpointError
+
+    out: list[Path] = []
+    for item in items:
+        path = resolve_checkpoint(item)
+        # a fine-tuning run folder holds a config.json of its own: look for its best/ folders first
+        best = sorted(p for p in path.glob("seed-*/best") if (p / "config.json").is_file())
+        if (path / "best" / "config.json").is_file():
+            best = [path / "best"]
+        if best:
+            out.extend(best)
+            continue
+        if (path / "config.json").is_file():
+            out.append(path)
+            continue
+        last: dict[Path, Path] = {}
+        for _, p in list_steps(path):
+            last[p.parent] = p  # steps come in order: the last one per seed folder stays
+        if not last:
+            raise CheckpointError(f"{path}: not a checkpoint, a training folder or a fine-tuning run folder")
+        out.extend(last.values())
+    return out
+
+
+def display_name(path: Path) -> str:
+    """A checkpoint's name in tables: `<run>/seed-S/best` for a fine-tuned best folder."""
+    from workbench.checkpoints import checkpoint_name
+
+    path = Path(path)
+    if path.name == "best" and path.parent.name.startswith("seed-"):
+        return f"{path.parent.parent.name}/{path.parent.name}/best"
+    return checkpoint_name(path) if path.exists() else str(path)
+
+
+def format_cost_table(folders: list[str], grid: float | None = None) -> str:
+    """Strubell et al. (2019) Table 3's shape: model, hardware, then own and lineage-total FLOPs,
+    device-hours, kWh (PUE included) and CO2e, where the energy comes from, and the parent chain.
+    `grid` (gCO2/kWh) re-expresses CO2e from the recorded kWh."""
+    from workbench.checkpoints import resolve_checkpoint
+
+    def num(x, fmt):
+        return "unknown" if x is None else format(x, fmt)
+
+    def co2(part):
+        if grid is not None and part.get("energy_kwh") is not None:
+            return part["energy_kwh"] * grid / 1000.0
+        return part.get("co2e_kg")
+
+    head = (f"{'model':<40} {'hardware':<22} {'FLOPs':>9} {'dev-h':>7} {'kWh':>9} {'CO2e kg':>9} | "
+            f"{'total FLOPs':>11} {'dev-h':>7} {'kWh':>9} {'CO2e kg':>9}  energy     lineage (parent first)")
+    lines = [head, "-" * len(head)]
+    for f in folders:
+        path = resolve_checkpoint(f)
+        cost = checkpoint_cost(path)
+        own, total = cost.get("own") or {}, cost["total"]
+        dev = own.get("device") or {}
+        hw = f"{dev.get('kind')}: {dev.get('name')}"[:22] if dev else "-"
+        source = (own.get("energy_source") or "unknown").split(":")[0].replace("estimated after the fact", "estimated")
+        if cost.get("reconstructed"):
+            source = "estimated*"
+        if cost.get("unknown"):
+            chain = "(cost unknown: trained elsewhere, no record)"
+        else:
+            chain = " <- ".join(display_name(Path(p)) for p in lineage_chain(path)[1:]) or "(trained here from scratch)"
+        lines.append(f"{display_name(path)[:40]:<40} {hw:<22} {num(own.get('flops'), '.3g'):>9} "
+                     f"{num(own.get('device_hours'), '.4f'):>7} {num(own.get('energy_kwh'), '.3g'):>9} "
+                     f"{num(co2(own), '.3g'):>9} | {num(total.get('flops'), '.3g'):>11} "
+                     f"{num(total.get('device_hours'), '.4f'):>7} {num(total.get('energy_kwh'), '.3g'):>9} "
+                     f"{num(co2(total), '.3g'):>9}  {source:<10} {chain}")
+    pue = _env_float("BERTOLOGY_PUE", DEFAULT_PUE)
+    g = f"{grid:g} gCO2/kWh" if grid is not None else "the recorded grid intensity"
+    lines.append(f"kWh include a PUE of {pue:g} (Strubell et al. 2019); CO2e at {g}; total = own + the parent's total; "
+                 f"'unknown' = not knowable (never counted as zero); estimated* = reconstructed from an old manifest.")
+    return "\n".join(lines)
+
+
+def cost_rows(folders: list[str | Path]) -> list[dict]:
+    """The cost of each checkpoint as results-store rows (probe "cost", task "training_cost"):
+    one row per (own | total) x (flops, device_hours, energy_kwh, co2e_kg); an unknown value is
+    NaN with `known: false` in extra (never 0). Model names are the workbench's checkpoint names,
+    so the rows join with probe rows of the same checkpoints (score vs FLOPs)."""
+    from workbench.checkpoints import read_manifest, resolve_checkpoint
+
+    rows = []
+    for f in folders:
+        path = resolve_checkpoint(f)
+        manifest = read_manifest(path) or {}
+        cost = cost_of_manifest(manifest, path)
+        own, total = cost.get("own") or {}, cost["total"]
+        dev = own.get("device") or {}
+        hardware = (f"{dev.get('kind')}: {dev.get('name')}" if dev else
+                    "none (a transform, no training)" if str(own.get("what", "")).startswith("transform") else None)
+        extra = {"path": str(path), "hardware": hardware, "untracked": bool(cost.get("unknown")),
+                 "energy_source": own.get("energy_source") or "unknown", "known": bool(total.get("known")),
+                 "lineage": [display_name(Path(p)) for p in lineage_chain(path)[1:]],
+                 "reconstructed": bool(cost.get("reconstructed")), "grid_gco2_per_kwh": own.get("grid_gco2_per_kwh"),
+                 "pue": own.get("pue")}
+        for split, part in (("own", own), ("total", total)):
+            for k in TOTAL_KEYS:
+                v = part.get(k)
+                rows.append({"model": display_name(path), "family": manifest.get("family"), "probe": "cost",
+                             "task": "training_cost", "split": split, "metric": k,
+                             "value": float("nan") if v is None else float(v),
+                             "step": manifest.get("step"), "seed": manifest.get("seed"), "extra": extra})
+    return rows
+
+
+def record_costs(folders: list[str | Path], store=None, name: str | None = None) -> str:
+    """Write `cost_rows` as one results-store run (kind "cost"); returns its run id."""
+    from workbench.results import ResultsStore
+
+    store = store or ResultsStore()
+    with store.start_run("cost", {"checkpoints": [str(f) for f in folders]}, checkpoints=[Path(f) for f in folders],
+                         name=name or "cost") as writer:
+        writer.add(cost_rows(folders))
+        run_id = writer.run_id
+    return run_id
+
+
+def dumps(record: Mapping) -> str:
+    return json.dumps(record, indent=2, sort_keys=True)
