@@ -42,7 +42,7 @@ job prune python3 -m app.cli prune experiments/prune/minilm_polarity_gpu.yaml --
   --output-dir "$EV/prune/prune" --device cuda
 job heads bash -c 'python3 experiments/prune_heads.py "$MINILM" --seeds 0 1 2 --epochs 3 --importance-examples 512 --to-end --out "$OUT/curves" && timeout 100 python3 experiments/prune_heads.py "$MINILM" --seeds 0 1 2 --epochs 3 --importance-examples 512 --to-end --refinetune --refinetune-epochs 2 --out "$OUT/refinetune"'
 job distill bash experiments/distill/gpu_grid.sh
-job peft bash experiments/peft/gpu_evidence.sh
+job peft env TMPDIR="$EV/peft" bash experiments/peft/gpu_evidence.sh  # its runs root is under TMPDIR: kept if capped
 job cost bash experiments/cost/gpu_evidence.sh
 job extraction bash -c 'python3 -m app.cli run "${EXTRACTION_RUN:-experiments/extraction/gpt_small_canaries_run.yaml}" 2>&1 | grep -av "it/s\]\|step/s\]\|prompt/s\]"'
 wait
