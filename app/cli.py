@@ -120,6 +120,13 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- prune
+def _cmd_prune(args: argparse.Namespace) -> int:
+    from workbench.compress.sweep import prune_cli_main
+
+    return prune_cli_main(args.config, {"output_dir": args.output_dir, "name": args.name})
+
+
 # --------------------------------------------------------------------------- runs
 def _store(args: argparse.Namespace):
     from workbench.results import ResultsStore
@@ -265,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
     p.add_argument("--keep-epoch-checkpoints", action="store_true", help="save a checkpoint at every epoch end")
     p.set_defaults(func=_cmd_finetune)
+
+    p = sub.add_parser("prune", help="compression sweep: lottery tickets, quantization, low rank (bertology prune CONFIG.yaml)")
+    p.add_argument("config", help="sweep YAML (e.g. experiments/prune/minilm_polarity_small.yaml)")
+    p.add_argument("--name", help="sweep folder name under <runs root>/prune/")
+    p.add_argument("--output-dir", help="sweep folder (default <runs root>/prune/<name>)")
+    p.set_defaults(func=_cmd_prune)
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
