@@ -11,6 +11,10 @@ the per-channel weight quantization of Jacob et al. (2018) and Q8BERT (Zafrir et
     k = 1:   w_q = sign(w) * mean|w_row|  (sign(0) taken as +1): two values per channel, the
              binarisation of XNOR-Net (Rastegari et al. 2016) / BinaryBERT's scaled sign.
 
+The max-based scale is what per-channel int8 uses; at 2 bits it rounds most weights of a Gaussian
+row to 0 (|w| < max/2), so 2-bit weights are further from the originals (mean squared error) than
+the 1-bit code, whose scale is the least-squares one for signs (tests/test_compress_units.py).
+
 Real int8 inference on CPU (`int8_dynamic`): torch's dynamic quantization
 (`torch.ao.quantization.quantize_dynamic`: int8 weights per tensor, activations quantized on the
 fly per batch) of every `nn.Linear`; it still works on torch 2.13 (it warns that quantized tensor
