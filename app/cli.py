@@ -124,7 +124,8 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
 def _cmd_prune(args: argparse.Namespace) -> int:
     from workbench.compress.sweep import prune_cli_main
 
-    return prune_cli_main(args.config, {"output_dir": args.output_dir, "name": args.name})
+    return prune_cli_main(args.config, {"output_dir": args.output_dir, "name": args.name},
+                          {"checkpoint": args.checkpoint, "device": args.device})
 
 
 # --------------------------------------------------------------------------- runs
@@ -277,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="sweep YAML (e.g. experiments/prune/minilm_polarity_small.yaml)")
     p.add_argument("--name", help="sweep folder name under <runs root>/prune/")
     p.add_argument("--output-dir", help="sweep folder (default <runs root>/prune/<name>)")
+    p.add_argument("--checkpoint", help="the pretrained checkpoint (replaces finetune.checkpoint)")
+    p.add_argument("--device", help="auto | cpu | cuda | cuda:N (replaces finetune.device)")
     p.set_defaults(func=_cmd_prune)
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")

@@ -37,6 +37,8 @@ def build_pages(requested: str | None) -> dict[str, list]:
     for name, module in pages.probe_pages():
         title = getattr(module, "TITLE", None) or name
         probe_specs.append((f"Probe: {title}", f"probe-{name}", _probe_page(name, module)))
+    for name, module in pages.command_pages():
+        probe_specs.append((module.TITLE, name, ui.guarded(lambda m=module: m.render(ui.store()))))
     urls = [url for _, url, _ in specs + probe_specs]
     default = requested if requested in urls else "runs"
 

@@ -22,6 +22,10 @@ from types import ModuleType
 
 from probes import probe_names
 
+# Pages of results that no probe writes but a command does (`bertology prune`: workbench/compress),
+# listed after the probes' pages; their PLOTS join the figure kinds the same way.
+COMMAND_PAGES = ("prune",)
+
 
 def page_module(probe: str) -> ModuleType | None:
     """`app.pages.<probe>` when that companion module exists, else None."""
@@ -36,10 +40,15 @@ def probe_pages() -> list[tuple[str, ModuleType | None]]:
     return [(name, page_module(name)) for name in probe_names()]
 
 
+def command_pages() -> list[tuple[str, ModuleType]]:
+    """(result kind, its page module) for the `COMMAND_PAGES`."""
+    return [(name, page_module(name)) for name in COMMAND_PAGES]
+
+
 def extra_plots() -> dict:
     """Plot kinds contributed by companion modules (`PLOTS`), for `bertology figures`."""
     out: dict = {}
-    for name in probe_names():
+    for name in [*probe_names(), *COMMAND_PAGES]:
         try:
             module = page_module(name)
         except Exception as e:  # noqa: BLE001 - one broken page must not take every figure down

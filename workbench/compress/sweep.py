@@ -28,7 +28,7 @@ Layout (resumable: a point whose `point.json` exists is read back, not recompute
 prune/<name>/config.json                          the sweep config (a different one is refused)
 prune/<name>/full/seed-S/best/                     the full fine-tuned model (parent of the seed's points)
 prune/<name>/full/seed-S/rewind/                   the rewind weights when rewind_step > 0
-prune/<name>/points/<method>/<amount>/seed-S/model/  the point: a derived checkpoint folder
+prune/<name>/points/<method>/<amount>/seed-S/<method>-<amount>-seedS/  the point: a derived checkpoint
           (ModelHandle.save: manifest derived_from = parent, transform prune_<method>, params with
           sparsity / bits / rank, mask_sha256, seed) + masks.safetensors; plain transformers opens it
 prune/<name>/points/<method>/<amount>/seed-S/point.json   its accuracies and counts
@@ -80,7 +80,7 @@ from workbench.compress.unstructured import (
     random_masks,
 )
 from workbench.errors import CheckpointError, ConfigError
-from workbench.io import atomic_dir, atomic_write_json
+from workbench.io import atomic_dir, atomic_path, atomic_write_json
 
 PROBE = "prune"
 RETRAINED = ("imp", "oneshot", "random", "reinit")
@@ -119,9 +119,11 @@ class PruneConfig:
         return dataclasses.asdict(self)
 
 
-def load_prune_config(source: str | Path | dict, overrides: dict | None = None) -> tuple[PruneConfig, Any]:
+def load_prune_config(source: str | Path | dict, overrides: dict | None = None,
+                      finetune_overrides: dict | None = None) -> tuple[PruneConfig, Any]:
     """(sweep config, its FinetuneConfig), validated before any work; every error names the file
-    and the key."""
+    and the key. `overrides` replace sweep keys, `finetune_overrides` keys of `finetune:` (None
+    values are ignored)."""
     from workbench.coerce import build_dataclass
     from workbench.finetune import load_finetune_config
     from workbench.io import read_yaml
@@ -133,7 +135,7 @@ def load_prune_config(source: str | Path | dict, overrides: dict | None = None) 
         data = read_yaml(Path(source))
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     cfg = build_dataclass(PruneConfig, data, where)
-    ft_cfg = load_finetune_config({"progress": cfg.progress, **cfg.finetune}, None)
+    ft_cfg = load_finetune_config({"progress": cfg.progress, **cfg.finetune}, finetune_overrides)
     _validate(cfg, ft_cfg, where)
     return cfg, ft_cfg
 
@@ -186,6 +188,12 @@ def rewound(template: torch.nn.Module, start: dict, masks: dict) -> torch.nn.Mod
     model = copy.deepcopy(template)
     model.load_state_dict(start)
     return apply_masks(model, masks)
+
+
+def point_name(method: str, amount, seed: int) -> str:
+    """A point's checkpoint folder name, unique in a sweep: what the probes' rows call the model
+    (`workbench.checkpoints.checkpoint_name` is the folder name), e.g. imp-0.7-seed0."""
+    return f"{method}-{amount_label(method, amount)}-seed{seed}"
 
 
 def amount_label(method: str, amount: float | int) -> str:
@@ -254,7 +262,7 @@ class Sweep:
         if masks is not None:
             full_params["mask_sha256"] = mask_hash(masks)
         derived = s.handle.derive(f"prune_{method}", full_params, apply=lambda _copy, **_params: model)
-        model_dir = target / "model"
+        model_dir = target / point_name(method, amount, s.seed)
         if model_dir.exists():
             shutil.rmtree(model_dir)
         derived.save(model_dir)
@@ -420,7 +428,7 @@ class Sweep:
                              {"rank": rank, "equal_parameters_to": f"lowrank r{rank}"}, masks=masks)
 
     def drop_weights(self, seed: int) -> None:
-        for point in (self.folder / "points").glob(f"*/*/seed-{seed}/model"):
+        for point in (self.folder / "points").glob(f"*/*/seed-{seed}/*-seed{seed}"):
             for f in point.iterdir():
                 if f.name not in ("manifest.json", MASKS_FILE):
                     f.unlink()
@@ -485,7 +493,6 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
 
     from workbench.finetune import _slug, prepare
     from workbench.paths import runs_root
-    from workbench.results import ResultsStore
 
     name = cfg.name or f"prune-{ft.task}-{_slug(Path(ft.checkpoint).name)}"
     folder = Path(cfg.output_dir) if cfg.output_dir else runs_root() / "prune" / name
@@ -505,6 +512,15 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
     for seed in ft.seeds:
         sweep.run_seed(seed)
     rows = build_rows(sweep.points, ft.task, run.family, name)
+    frame = pd.DataFrame(rows)
+    with atomic_path(folder / "rows.csv") as tmp:  # readable without the store (e.g. copied off a GPU machine)
+        frame.assign(extra=frame["extra"].map(lambda e: json.dumps(e, sort_keys=True, default=str))).to_csv(tmp, index=False)
+    atomic_write_json(folder / "points.json", sweep.points)
+    try:
+        from workbench.results import ResultsStore
+    except ImportError as e:  # a GPU machine without pyarrow: say so, the rows are in rows.csv
+        print(f"results store unavailable ({e}); the rows are in {folder / 'rows.csv'}", flush=True)
+        return PruneResult("", frame, sweep.points, folder)
     store = store or ResultsStore()
     with store.start_run("prune", cfg.to_dict(), seeds=ft.seeds, data_files=run.data.files,
                          checkpoints=[run.checkpoint], name=name) as writer:
@@ -513,17 +529,18 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
         writer.note("folder", str(folder))
         writer.note("base_model", run.model_name)
         run_id = writer.run_id
-    return PruneResult(run_id, pd.DataFrame(rows), sweep.points, folder)
+    return PruneResult(run_id, frame, sweep.points, folder)
 
 
 def format_table(rows) -> str:
     """Mean test accuracy by method and amount, with the sd over seeds and whether a ticket wins."""
     import pandas as pd
 
-    from workbench.results import decode_extra
+    def decode_extra(e):
+        return e if isinstance(e, dict) else json.loads(e)
 
     df = pd.DataFrame(rows)
-    agg = df[df["seed"].isna() & (df["split"] == "test")] if "seed" in df else df
+    agg = df[df["seed"].isna() & (df["split"] == "test")]
     lines = [f"{'method':<18} {'amount':>7} {'sparsity':>8} {'test acc':>9} {'sd':>7} {'wins':>5}"]
     acc = agg[agg["metric"] == "accuracy"]
     wins = {(r["model"], decode_extra(r["extra"])["amount"]): r["value"] for _, r in agg[agg["metric"] == "wins"].iterrows()}
@@ -535,9 +552,9 @@ def format_table(rows) -> str:
     return "\n".join(lines)
 
 
-def prune_cli_main(config: str, overrides: dict | None = None) -> int:
+def prune_cli_main(config: str, overrides: dict | None = None, finetune_overrides: dict | None = None) -> int:
     """`bertology prune CONFIG.yaml`."""
-    cfg, ft = load_prune_config(config, overrides)
+    cfg, ft = load_prune_config(config, overrides, finetune_overrides)
     result = run_prune(cfg, ft)
     print(format_table(result.rows))
     print(f"run {result.run_id}; points under {result.folder / 'points'}")
