@@ -219,3 +219,27 @@ def test_bad_configs_are_one_line_and_exit_2_before_any_work(tmp_path, change, m
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and str(path) in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_an_experiment_prunes_then_probes_every_point(sweep, pretrained, tmp_path, monkeypatch, capsys):
+    """`bertology run` with `prune:` runs the sweep (here resumed: the fixture's folder) and the syntax
+    probe on every point; the rows name each point by its folder (method-amount-seed)."""
+    from app.experiments import run_experiment
+
+    result, store, cfg, ft = sweep
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
+    prune_yaml = tmp_path / "prune.yaml"
+    prune_yaml.write_text(yaml.safe_dump({**cfg.to_dict(), "finetune": cfg.finetune}))
+    experiment = {"name": "prune-probe", "prune": "prune.yaml",
+                  "probe": {"syntax": {"tasks": ["upos"], "max_train_sentences": 60, "max_eval_sentences": 30,
+                                       "mdl_tasks": [], "scalar_mix_tasks": [], "n_boot": 20, "baselines": [],
+                                       "progress": False}}}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(experiment))
+    assert run_experiment(path) == 0
+    runs = store.runs(probe="syntax")
+    rows = store.read(runs["run_id"].iloc[-1])
+    models = set(rows.loc[(rows["task"] == "upos") & (rows["metric"] == "accuracy"), "model"])
+    assert models == {Path(p["checkpoint"]).name for p in result.points}
+    assert {"full-0-seed0", "imp-0.2-seed1", "quantize-1bit-seed0", "lowrank-r4-seed1"} <= models

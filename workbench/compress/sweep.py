@@ -261,7 +261,9 @@ class Sweep:
         full_params = {"method": method, "seed": s.seed, **params}
         if masks is not None:
             full_params["mask_sha256"] = mask_hash(masks)
+        # model None: the parent itself (the full model's point), a copy of it
         derived = s.handle.derive(f"prune_{method}", full_params, apply=lambda _copy, **_params: model)
+        model = derived.model
         model_dir = target / point_name(method, amount, s.seed)
         if model_dir.exists():
             shutil.rmtree(model_dir)
@@ -377,8 +379,9 @@ class Sweep:
         s = self.full_model(seed)
         self.log(f"seed {seed}: full model dev {s.full_result['dev']['accuracy']:.4f} "
                  f"test {s.full_result['test']['accuracy']:.4f}; {len(s.names)} prunable matrices")
-        self.points.append({"method": "full", "amount": 0.0, "seed": seed, **s.full_result,
-                            **self.counts(s.full, s.names), "checkpoint": str(s.full_dir / "best")})
+        # the full model as a point too: a folder named for the seed (probes name models by folder)
+        self.points.append(self.done("full", 0.0, seed) or self.save_point(
+            s, "full", 0.0, None, None, {"sparsity": 0.0}, s.full_result, 0.0))
         methods = self.cfg.methods
         imp_masks = self.imp(s) if "imp" in methods else {}
         for amount in imp_masks:
