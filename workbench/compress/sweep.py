@@ -494,9 +494,10 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
     `data` replaces the task's examples (tests plant a task, as `run_finetune` allows)."""
     import pandas as pd
 
-    from workbench.finetune import _slug, prepare
+    from workbench.finetune import _slug, prepare, resolve_checkpoint
     from workbench.paths import runs_root
 
+    resolve_checkpoint(ft.checkpoint)  # a missing checkpoint is refused before the sweep folder is made
     name = cfg.name or f"prune-{ft.task}-{_slug(Path(ft.checkpoint).name)}"
     folder = Path(cfg.output_dir) if cfg.output_dir else runs_root() / "prune" / name
     folder.mkdir(parents=True, exist_ok=True)
