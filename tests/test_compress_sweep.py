@@ -243,3 +243,32 @@ def test_an_experiment_prunes_then_probes_every_point(sweep, pretrained, tmp_pat
     models = set(rows.loc[(rows["task"] == "upos") & (rows["metric"] == "accuracy"), "model"])
     assert models == {Path(p["checkpoint"]).name for p in result.points}
     assert {"full-0-seed0", "imp-0.2-seed1", "quantize-1bit-seed0", "lowrank-r4-seed1"} <= models
+
+
+@pytest.mark.slow
+def test_rewinding_to_an_early_fine_tuning_step(pretrained, tmp_path):
+    """rewind_step 2 (Frankle et al. 2020): the rewind point is the full model's weights after its
+    second optimizer step, bit for bit (the same seed trained again, read by an after-step hook);
+    the ticket records its rewind step (the rewound start itself: test_rewinding_restores_...)."""
+    import dataclasses
+
+    from workbench.finetune import load_classifier, prepare, train_seed
+    from workbench.loop import TrainingHooks
+
+    cfg, ft = _config(pretrained, tmp_path / "sweep", methods=["imp"], sparsities=[0.1], rewind_step=2,
+                      finetune={**FT, "checkpoint": str(pretrained), "seeds": [0]})
+    result = run_prune(cfg, ft, store=ResultsStore(tmp_path / "runs"))
+    rewind = load_classifier(tmp_path / "sweep" / "full" / "seed-0" / "rewind").state_dict()
+    seen = {}
+
+    def capture(model, step):
+        if step == 2:
+            seen.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+
+    run = prepare(dataclasses.replace(ft, output_dir=str(tmp_path / "again")))
+    train_seed(ft, 0, run, hooks=TrainingHooks(after_step=capture))
+    assert seen and all(torch.equal(seen[k], rewind[k]) for k in rewind)
+    p = _point(result, "imp", 0.1, 0)
+    assert p["rewind_step"] == 2
+    manifest = json.loads((Path(p["checkpoint"]) / "manifest.json").read_text())
+    assert manifest["derived_from"]["params"]["rewind_step"] == 2
