@@ -22,7 +22,7 @@ def _points() -> list[dict]:
 
     def add(method, amount, seed, acc, **kw):
         out.append({"method": method, "amount": amount, "seed": seed, "dev": {"accuracy": acc + 0.01, "n": 100},
-                    "test": {"accuracy": acc, "n": 100}, "parameters": 1000, "nonzero_prunable": 800,
+                    "test": {"accuracy": acc, "n": 100}, "parameters": 1200, "prunable": 1000, "nonzero_prunable": 800,
                     "nonzero_parameters": 900, "sparsity_measured": kw.pop("measured", amount if method in (
                         "imp", "oneshot") else 0.0), **kw})
 
@@ -75,7 +75,8 @@ def test_bits_and_size_figures(store):
     q = bits[bits["model"] == "quantize"].sort_values("x")
     assert list(q["x"]) == [1.0, 8.0] and q["value"].iloc[0] == pytest.approx(0.5)
     size = page.prune_vs_size(rows, "size", {}).data
-    assert set(size[size["model"] == "quantize"]["x"]) == {800 * 8 / 32, 800 * 1 / 32}
+    assert set(size[size["model"] == "quantize"]["x"]) == {1000 * 8 / 32, 1000 * 1 / 32}  # zeros stored too
+    assert set(size[size["model"] == "imp"]["x"]) == {800.0}
     for spec in ("prune_bits", "prune_size"):
         assert load_spec(spec)[1]["plot"] in page.PLOTS
 

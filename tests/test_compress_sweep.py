@@ -204,6 +204,7 @@ def test_a_rerun_resumes_every_point_without_training(sweep, monkeypatch):
     ({"sparsities": [0.5, 1.2]}, "sparsities[1]: a sparsity is a fraction in (0, 1), got 1.2"),
     ({"bits": [0]}, "bits[0]: bits must be an integer from 1 to 8, got 0"),
     ({"methods": ["imp", "magic"]}, "methods[1]: unknown method 'magic'"),
+    ({"methods": ["lowrank_magnitude"]}, "methods[0]: unknown method 'lowrank_magnitude'"),
     ({"sparsities": [0.25]}, "sparsities[0]: 0.25 is not a multiple of imp_step 0.1"),
     ({"methods": ["reinit"]}, "methods: reinit uses IMP's masks"),
     ({"sparsity": [0.5]}, "unknown key(s) ['sparsity'] (did you mean 'sparsities'?)"),

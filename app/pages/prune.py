@@ -43,7 +43,8 @@ def _seeded(rows: pd.DataFrame, split: str) -> pd.DataFrame:
     return sub.assign(amount=[e.get("amount") for e in extras], bits=[e.get("bits") for e in extras],
                       nonzero=[e.get("nonzero_parameters") for e in extras],
                       parameters=[e.get("parameters") for e in extras],
-                      prunable=[e.get("nonzero_prunable") for e in extras]).reset_index(drop=True)
+                      prunable=[e.get("prunable") for e in extras],
+                      nonzero_prunable=[e.get("nonzero_prunable") for e in extras]).reset_index(drop=True)
 
 
 def _missing(title: str, what: str):
@@ -133,7 +134,7 @@ def prune_vs_bits(rows: pd.DataFrame, title: str, options: dict):
 
 def prune_vs_size(rows: pd.DataFrame, title: str, options: dict):
     """Accuracy vs the numbers a point stores in its block matrices (nonzero weights; for a
-    quantized point weights x bits / 32, in float32 equivalents), every seed a marker: low rank and
+    quantized point all its weights x bits / 32, in float32 equivalents), every seed a marker: low rank and
     magnitude pruning at equal parameter counts, tickets and quantization side by side."""
     import plotly.graph_objects as go
 
@@ -142,9 +143,9 @@ def prune_vs_size(rows: pd.DataFrame, title: str, options: dict):
         raise _missing(title, "no prune accuracy rows")
     fig, data = go.Figure(), []
     for method, g in seeded.groupby("model", sort=False):
-        size = g["prunable"].astype(float)
-        if method == "quantize":
-            size = size * g["bits"].astype(float) / 32.0
+        size = g["nonzero_prunable"].astype(float)
+        if method == "quantize":  # every weight is stored (zeros too), at `bits` bits
+            size = g["prunable"].astype(float) * g["bits"].astype(float) / 32.0
         fig.add_trace(go.Scatter(x=size, y=g["value"], mode="markers", name=method,
                                  marker={"color": COLORS.get(method, "black"), "size": 8},
                                  text=[f"{method} {a} seed {s}" for a, s in zip(g["amount"], g["seed"])]))

@@ -198,9 +198,9 @@ def point_name(method: str, amount, seed: int) -> str:
 
 def amount_label(method: str, amount: float | int) -> str:
     """The folder name of an amount: sparsities as 0.7, bits as 4bit, ranks as r16."""
-    if METHODS.get(method, "sparsities") == "bits":
+    if AMOUNT_OF[method] == "bits":
         return f"{int(amount)}bit"
-    if METHODS.get(method, "sparsities") == "ranks":
+    if AMOUNT_OF[method] == "ranks":
         return f"r{int(amount)}"
     return f"{float(amount):.4g}"
 
@@ -437,7 +437,9 @@ class Sweep:
                     f.unlink()
 
 
-METHODS["lowrank_magnitude"] = "ranks"  # written by lowrank; not a method of its own in a config
+# The amounts of every kind of point, for folder names: the config's methods plus the comparison
+# `lowrank` writes (not a method a config lists).
+AMOUNT_OF = {**METHODS, "lowrank_magnitude": "ranks", "full": "sparsities"}
 
 
 # ------------------------------------------------------------------------------------------ rows
@@ -449,7 +451,7 @@ def build_rows(points: list[dict], task: str, family: str, run_name: str) -> lis
     common = {"family": family, "probe": PROBE, "task": task}
     rows = []
     for p in points:
-        extra = {k: p.get(k) for k in ("amount", "sparsity", "bits", "rank", "round", "rewind_step", "parameters",
+        extra = {k: p.get(k) for k in ("amount", "sparsity", "bits", "rank", "round", "rewind_step", "parameters", "prunable",
                                         "nonzero_parameters", "nonzero_prunable", "sparsity_measured",
                                         "mask_sha256", "checkpoint") if p.get(k) is not None}
         extra["sweep"] = run_name
