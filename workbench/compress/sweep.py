@@ -111,7 +111,7 @@ class PruneConfig:
     include_embeddings: bool = False      # prune the input embedding matrix too
     include_head: bool = False            # prune the task head's matrices too
     keep_checkpoints: bool = True         # False: drop each point's weights when its seed is done
-    name: str | None = None               # default prune-<finetune run name>
+    name: str | None = None               # default prune-<task>-<checkpoint folder or Hub name>
     output_dir: str | None = None         # default <runs root>/prune/<name>
     progress: bool = True
 
