@@ -17,7 +17,6 @@ from tests.conftest import tiny_bert
 from workbench.compress.masks import load_masks, mask_hash
 from workbench.compress.sweep import load_prune_config, rewound, run_prune
 from workbench.compress.unstructured import prunable_weights
-from workbench.errors import ConfigError
 from workbench.results import ResultsStore, decode_extra
 
 FT = {"task": "sentence_polarity", "seeds": [0, 1], "epochs": 1, "lr": 1e-3, "max_train_examples": 64,

@@ -65,7 +65,6 @@ from workbench.compress.masks import (
     MASKS_FILE,
     apply_masks,
     keep_masked,
-    load_masks,
     mask_hash,
     mask_sparsity,
     save_masks,
