@@ -38,12 +38,14 @@ def svd_factors(weight: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Te
 
 
 def lowrank_product(model: torch.nn.Module, rank: int) -> torch.nn.Module:
-    """Each prunable weight replaced in place by its rank-`rank` product (same shapes); matrices
-    whose smaller side is at most `rank` are left as they are. Returns `model`."""
+    """Each prunable weight replaced in place by its rank-`rank` product (same shapes); a matrix
+    whose factors would not be smaller (r(m + n) >= mn, as `factorize` decides) is left as it is,
+    so the point matches its equal-parameter magnitude twin matrix by matrix. Returns `model`."""
     with torch.no_grad():
         for module in dense_layers(model).values():
             w = _as_out_in(module)
-            if rank >= min(w.shape):
+            m, n = w.shape
+            if rank * (m + n) >= m * n:
                 continue
             a, b = svd_factors(w, rank)
             approx = a @ b
