@@ -236,3 +236,9 @@ def test_layerwise_masks_prune_each_matrix_to_its_own_fraction():
     params = dict(model.named_parameters())
     for n in names:
         assert int((~masks[n]).sum()) == round(amounts[n] * params[n].numel())
+
+
+def test_ties_at_the_threshold_are_pruned_by_position_to_the_exact_count():
+    model = torch.nn.ParameterDict({"w": torch.nn.Parameter(torch.tensor([[0.5, 0.1, 0.1], [0.1, 0.9, 0.1]]))})
+    masks = magnitude_masks(model, ["w"], 0.5)  # 3 of 6: the four 0.1s tie, the first three by position go
+    assert masks["w"].tolist() == [[True, False, False], [False, True, True]]
