@@ -170,6 +170,14 @@ def _cmd_peft(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- prune
+def _cmd_prune(args: argparse.Namespace) -> int:
+    from workbench.compress.sweep import prune_cli_main
+
+    return prune_cli_main(args.config, {"output_dir": args.output_dir, "name": args.name},
+                          {"checkpoint": args.checkpoint, "device": args.device})
+
+
 # --------------------------------------------------------------------------- runs
 def _store(args: argparse.Namespace):
     from workbench.results import ResultsStore
@@ -357,6 +365,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
     p.add_argument("--methods", help="comma-separated subset of the config's methods, e.g. full,lora")
     p.set_defaults(func=_cmd_peft)
+    p = sub.add_parser("prune", help="compression sweep: lottery tickets, quantization, low rank (bertology prune CONFIG.yaml)")
+    p.add_argument("config", help="sweep YAML (e.g. experiments/prune/minilm_polarity_small.yaml)")
+    p.add_argument("--name", help="sweep folder name under <runs root>/prune/")
+    p.add_argument("--output-dir", help="sweep folder (default <runs root>/prune/<name>)")
+    p.add_argument("--checkpoint", help="the pretrained checkpoint (replaces finetune.checkpoint)")
+    p.add_argument("--device", help="auto | cpu | cuda | cuda:N (replaces finetune.device)")
+    p.set_defaults(func=_cmd_prune)
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")

@@ -30,7 +30,8 @@ from pathlib import Path
 from workbench.errors import ConfigError
 from workbench.io import read_yaml
 
-KNOWN_KEYS = {"name", "train", "checkpoints", "probe", "quick", "sweep", "runs_per"}
+KNOWN_KEYS = {"name", "train", "checkpoints", "prune", "probe", "quick", "sweep", "runs_per"}
+SOURCES = ("train", "checkpoints", "prune")  # where the probed checkpoints come from: exactly one
 EXECUTORS = ("local", "submitit-local", "slurm")
 
 
@@ -42,8 +43,13 @@ def load_experiment(path: str | Path) -> dict:
     unknown = set(spec) - KNOWN_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; expected {sorted(KNOWN_KEYS)}")
-    if ("train" in spec) == ("checkpoints" in spec):
-        raise ConfigError(f"{path}: give exactly one of 'train' (a training config) or 'checkpoints' (a list)")
+    if sum(k in spec for k in SOURCES) != 1:
+        raise ConfigError(f"{path}: give exactly one of 'train' (a training config), 'checkpoints' (a list) or "
+                          f"'prune' (a bertology prune config: every point is probed)")
+    if "prune" in spec:  # checked now, before anything is trained
+        from workbench.compress.sweep import load_prune_config
+
+        load_prune_config(path.resolve().parent / spec["prune"])
     from probes import get_probe, probe_names
 
     if not spec.get("probe"):
@@ -107,6 +113,20 @@ def _checkpoints_from_training(spec: dict, quick: bool, which: str) -> list[Path
     raise ConfigError(f"probe checkpoints must be 'last' or 'all', not {which!r}")
 
 
+def _checkpoints_from_pruning(spec: dict, quick: bool) -> list[Path]:
+    """Run the prune sweep (resuming its finished points) and return every point's checkpoint, the
+    full fine-tuned models first (the probe's rows then hold each sparsity / bits / rank)."""
+    from workbench.compress.sweep import load_prune_config, run_prune
+
+    overrides = dict(spec.get("quick", {}).get("prune", {})) if quick else {}
+    cfg, ft = load_prune_config(spec["_dir"] / spec["prune"], overrides)
+    if not cfg.keep_checkpoints:
+        raise ConfigError(f"{spec['_dir'] / spec['prune']}: keep_checkpoints: false drops the points' weights; "
+                          f"probing them needs keep_checkpoints: true")
+    points = run_prune(cfg, ft).points
+    return [Path(p["checkpoint"]) for p in sorted(points, key=lambda p: p["method"] != "full")]
+
+
 def plan_runs(spec: dict, quick: bool = False) -> list[dict]:
     """The experiment's runs: one dict per (checkpoint group, probe, grid point), with its key."""
     import hashlib
@@ -121,6 +141,8 @@ def plan_runs(spec: dict, quick: bool = False) -> list[dict]:
         which = settings.pop("checkpoints", "last")
         if "train" in spec:
             checkpoints = [str(p) for p in _checkpoints_from_training(spec, quick, which)]
+        elif "prune" in spec:
+            checkpoints = [str(p) for p in _checkpoints_from_pruning(spec, quick)]
         else:
             # relative to the YAML file when that exists, else as given (a path from here or a Hub name)
             checkpoints = [str(spec["_dir"] / c) if (spec["_dir"] / c).exists() else str(c) for c in spec["checkpoints"]]

@@ -37,7 +37,7 @@ def build_pages(requested: str | None) -> dict[str, list]:
     for name, module in pages.probe_pages():
         title = getattr(module, "TITLE", None) or name
         probe_specs.append((f"Probe: {title}", f"probe-{name}", _probe_page(name, module)))
-    for name, module in pages.result_pages():  # rows of a command (finetune, distill, peft, cost), not of a probe
+    for name, module in pages.result_pages():  # rows of a command (finetune, prune, distill, peft, cost), not of a probe
         specs.append((getattr(module, "TITLE", name), name, _probe_page(name, module)))
     urls = [url for _, url, _ in specs + probe_specs]
     default = requested if requested in urls else "runs"

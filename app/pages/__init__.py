@@ -22,7 +22,6 @@ from types import ModuleType
 
 from probes import probe_names
 
-
 def page_module(probe: str) -> ModuleType | None:
     """`app.pages.<probe>` when that companion module exists, else None."""
     name = f"{__name__}.{probe}"
@@ -39,8 +38,8 @@ def probe_pages() -> list[tuple[str, ModuleType | None]]:
 # Pages of results that no registered probe writes (a command's or sweep's own rows), shown under
 # "Results" in the app: app/pages/<NAME>.py with TITLE, render(store) and optional PLOTS, exactly
 # like a probe's companion module.
-RESULT_PAGES = ("finetune", "distill", "peft", "cost")  # fine-tuning runs; distillation sweeps; fine-tuning
-# methods (probes/peft_change.py); checkpoint costs (workbench/cost.py)
+RESULT_PAGES = ("finetune", "prune", "distill", "peft", "cost")  # fine-tuning runs; compression sweeps
+# (workbench/compress); distillation sweeps; fine-tuning methods (probes/peft_change.py); checkpoint costs
 
 
 def result_pages() -> list[tuple[str, ModuleType]]:

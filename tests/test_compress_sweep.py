@@ -1,0 +1,274 @@
+"""The compression sweep (workbench.compress.sweep, `bertology prune`): lottery-ticket rounds,
+kept masks, rewinding, derived checkpoints that plain transformers opens, rows, resume, bad configs.
+
+A tiny BERT (2 layers, hidden 32) fine-tuned for one epoch on 64 real sentence_polarity sentences:
+the numbers mean nothing, the invariants are exact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import tiny_bert
+from workbench.compress.masks import load_masks, mask_hash
+from workbench.compress.sweep import load_prune_config, rewound, run_prune
+from workbench.compress.unstructured import prunable_weights
+from workbench.results import ResultsStore, decode_extra
+
+FT = {"task": "sentence_polarity", "seeds": [0, 1], "epochs": 1, "lr": 1e-3, "max_train_examples": 64,
+      "max_eval_examples": 32, "batch_size": 16, "baselines": False, "device": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """A WordPiece tokenizer trained on 2,000 sentence_polarity sentences (a second, not the
+    session's four tokenizers)."""
+    from tests.conftest import TOKENIZER_SPECS
+    from workbench.data.raw import load_labelled
+    from workbench.tokenization import build_tokenizer
+
+    kind, special = TOKENIZER_SPECS["bert"]
+    return build_tokenizer(kind, special, [ex.text for ex in load_labelled("sentence_polarity")[:2000]], vocab_size=1000)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tokenizer, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pretrained") / "tiny-bert"
+    tiny_bert(tokenizer, hidden=32).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _config(pretrained, out, **kw):
+    base = {"finetune": {**FT, "checkpoint": str(pretrained)}, "methods": ["imp", "oneshot", "random", "reinit",
+            "quantize", "lowrank"], "sparsities": [0.1, 0.2], "bits": [8, 1], "ranks": [4],
+            "output_dir": str(out), "progress": False}
+    base.update(kw)
+    return load_prune_config(base)
+
+
+@pytest.fixture(scope="module")
+def sweep(pretrained, tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    cfg, ft = _config(pretrained, root / "sweep")
+    store = ResultsStore(root / "runs")
+    return run_prune(cfg, ft, store=store), store, cfg, ft
+
+
+def _point(result, method, amount, seed):
+    return next(p for p in result.points if p["method"] == method and p["amount"] == amount and p["seed"] == seed)
+
+
+@pytest.mark.slow
+def test_imp_rounds_prune_exactly_a_tenth_of_the_original_weights_each(sweep):
+    result = sweep[0]
+    for seed in (0, 1):
+        previous = None
+        for k, amount in enumerate((0.1, 0.2), start=1):
+            p = _point(result, "imp", amount, seed)
+            assert p["round"] == k
+            # counted as zeros in the saved weights, not read from the mask
+            assert p["sparsity_measured"] == pytest.approx(0.1 * k, abs=0.5 / p["prunable"])
+            masks = load_masks(p["checkpoint"])
+            pruned = sum(int((~m).sum()) for m in masks.values())
+            assert pruned == round(0.1 * k * p["prunable"])
+            if previous is not None:  # nested: what round k-1 pruned stays pruned
+                assert all(bool((~previous[n] <= ~masks[n]).all()) for n in masks)
+            previous = masks
+
+
+@pytest.mark.slow
+def test_points_are_derived_checkpoints_that_plain_transformers_opens(sweep, tokenizer):
+    from transformers import AutoModel
+
+    from workbench.models import ModelHandle
+
+    result = sweep[0]
+    p = _point(result, "imp", 0.2, 1)
+    folder = Path(p["checkpoint"])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    lineage = manifest["derived_from"]
+    assert lineage["transform"] == "prune_imp"
+    assert lineage["params"]["sparsity"] == 0.2 and lineage["params"]["seed"] == 1
+    assert lineage["params"]["mask_sha256"] == mask_hash(load_masks(folder))
+    assert lineage["parent"].endswith("full/seed-1/best")
+    plain = AutoModel.from_pretrained(folder).eval()
+    handle = ModelHandle.load(folder)
+    words = [["a", "fine", "film", "."], ["dull", "and", "long"]]
+    ours = handle.forward(words)
+    enc = tokenizer([" ".join(w) for w in words], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        theirs = plain(**enc, output_hidden_states=True).hidden_states
+    for b, w in enumerate(words):
+        n = int(enc["attention_mask"][b].sum())
+        assert torch.allclose(ours.hidden_states["encoder"][-1][b, :n], theirs[-1][b, :n], atol=1e-5)
+    # zeros where pruned, in the plain model's own weights
+    masks = load_masks(folder)
+    params = dict(plain.named_parameters())
+    for name, m in masks.items():
+        body_name = name.split(".", 1)[1]  # bert.encoder... -> encoder...
+        assert bool((params[body_name][~m] == 0).all())
+
+
+@pytest.mark.slow
+def test_masked_weights_stay_zero_and_kept_ones_train(sweep):
+    from workbench.finetune import load_classifier
+
+    result = sweep[0]
+    for method in ("oneshot", "random", "reinit"):
+        p = _point(result, method, 0.2, 0)
+        model = load_classifier(p["checkpoint"])
+        masks = load_masks(p["checkpoint"])
+        params = dict(model.named_parameters())
+        assert all(bool((params[n][~m] == 0).all()) for n, m in masks.items())
+        # the survivors did train: not all of them are still at their (masked) start values
+        assert sum(int((params[n][m] != 0).sum()) for n, m in masks.items()) == p["nonzero_prunable"]
+    # the prunable set: the six dense matrices of each of the 2 blocks, nothing else
+    names = list(load_masks(_point(result, "imp", 0.1, 0)["checkpoint"]))
+    assert len(names) == 12 and all(".encoder.layer." in n for n in names)
+
+
+def test_rewinding_restores_every_kept_weight_bit_exactly():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    start_model = BertForSequenceClassification(cfg)
+    start = {k: v.clone() for k, v in start_model.state_dict().items()}
+    trained = BertForSequenceClassification(cfg)  # other weights: "after fine-tuning"
+    names = prunable_weights(trained)
+    from workbench.compress.unstructured import magnitude_masks
+
+    masks = magnitude_masks(trained, names, 0.4)
+    model = rewound(trained, start, masks)
+    params = dict(model.named_parameters())
+    for n, p in params.items():
+        if n in masks:
+            assert torch.equal(p[masks[n]], start[n][masks[n]]) and bool((p[~masks[n]] == 0).all())
+        else:
+            assert torch.equal(p, start[n])
+    assert trained is not model and not torch.equal(dict(trained.named_parameters())[names[0]], params[names[0]])
+
+
+@pytest.mark.slow
+def test_rows_wins_and_post_hoc_points(sweep):
+    result, store, cfg, ft = sweep
+    rows = store.read(result.run_id)
+    seeded = rows[rows["seed"].notna() & (rows["metric"] == "accuracy")]
+    # full + 2 IMP rounds + oneshot/random/reinit at 2 sparsities + 2 bits + lowrank and its magnitude twin
+    assert len(seeded) == 2 * 2 * (1 + 2 + 3 * 2 + 2 + 2)
+    agg = rows[rows["seed"].isna() & (rows["metric"] == "accuracy") & (rows["split"] == "test")]
+    full = seeded[(seeded["model"] == "full") & (seeded["split"] == "test")]["value"]
+    for _, r in rows[rows["metric"] == "wins"].iterrows():
+        e = decode_extra(r["extra"])
+        mean = float(agg[(agg["model"] == r["model"]) & agg["extra"].map(lambda x: decode_extra(x)["amount"] == e["amount"])
+                         ]["value"].iloc[0]) if r["split"] == "test" else None
+        if mean is not None:
+            assert e["full_mean"] == pytest.approx(float(full.mean()))
+            assert r["value"] == float(mean >= full.mean() - full.std(ddof=1))
+    q1 = _point(result, "quantize", 1, 0)
+    assert q1["bits"] == 1 and q1["sparsity_measured"] == 0.0
+    lr = _point(result, "lowrank", 4, 0)
+    lm = _point(result, "lowrank_magnitude", 4, 0)
+    # equal parameter counts: each 32x32 matrix r(m+n)=256 of 1024, each 32x64 / 64x32 384 of 2048
+    assert lm["nonzero_prunable"] == 2 * (4 * 256 + 2 * 384)
+    assert lr["sparsity_measured"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_rerun_resumes_every_point_without_training(sweep, monkeypatch):
+    import workbench.finetune as finetune
+
+    result, store, cfg, ft = sweep
+    calls = []
+    real = finetune.train_seed
+
+    def counting(*a, **kw):
+        calls.append(a[1])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(finetune, "train_seed", counting)
+    again = run_prune(cfg, ft, store=store)
+    # only the full models are read back (their result.json), no point retrains
+    assert calls == [0, 1]
+    assert [(p["method"], p["amount"], p["seed"], p["test"]) for p in again.points] == \
+           [(p["method"], p["amount"], p["seed"], p["test"]) for p in result.points]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"sparsities": [0.5, 1.2]}, "sparsities[1]: a sparsity is a fraction in (0, 1), got 1.2"),
+    ({"bits": [0]}, "bits[0]: bits must be an integer from 1 to 8, got 0"),
+    ({"methods": ["imp", "magic"]}, "methods[1]: unknown method 'magic'"),
+    ({"methods": ["lowrank_magnitude"]}, "methods[0]: unknown method 'lowrank_magnitude'"),
+    ({"sparsities": [0.25]}, "sparsities[0]: 0.25 is not a multiple of imp_step 0.1"),
+    ({"methods": ["reinit"]}, "methods: reinit uses IMP's masks"),
+    ({"sparsity": [0.5]}, "unknown key(s) ['sparsity'] (did you mean 'sparsities'?)"),
+])
+def test_bad_configs_are_one_line_and_exit_2_before_any_work(tmp_path, change, message, capsys):
+    from app.cli import main
+
+    cfg = {"finetune": {**FT, "checkpoint": "sentence-transformers/all-MiniLM-L6-v2"},
+           "output_dir": str(tmp_path / "out"), **change}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["prune", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and str(path) in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_an_experiment_prunes_then_probes_every_point(sweep, pretrained, tmp_path, monkeypatch, capsys):
+    """`bertology run` with `prune:` runs the sweep (here resumed: the fixture's folder) and the syntax
+    probe on every point; the rows name each point by its folder (method-amount-seed)."""
+    from app.experiments import run_experiment
+
+    result, store, cfg, ft = sweep
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
+    prune_yaml = tmp_path / "prune.yaml"
+    prune_yaml.write_text(yaml.safe_dump({**cfg.to_dict(), "finetune": cfg.finetune}))
+    experiment = {"name": "prune-probe", "prune": "prune.yaml",
+                  "probe": {"syntax": {"tasks": ["upos"], "max_train_sentences": 60, "max_eval_sentences": 30,
+                                       "mdl_tasks": [], "scalar_mix_tasks": [], "n_boot": 20, "baselines": [],
+                                       "progress": False}}}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(experiment))
+    assert run_experiment(path) == 0
+    runs = store.runs(probe="syntax")
+    rows = store.read(runs["run_id"].iloc[-1])
+    models = set(rows.loc[(rows["task"] == "upos") & (rows["metric"] == "accuracy"), "model"])
+    assert models == {Path(p["checkpoint"]).name for p in result.points}
+    assert {"full-0-seed0", "imp-0.2-seed1", "quantize-1bit-seed0", "lowrank-r4-seed1"} <= models
+
+
+@pytest.mark.slow
+def test_rewinding_to_an_early_fine_tuning_step(pretrained, tmp_path):
+    """rewind_step 2 (Frankle et al. 2020): the rewind point is the full model's weights after its
+    second optimizer step, bit for bit (the same seed trained again, read by an after-step hook);
+    the ticket records its rewind step (the rewound start itself: test_rewinding_restores_...)."""
+    import dataclasses
+
+    from workbench.finetune import load_classifier, prepare, train_seed
+    from workbench.loop import TrainingHooks
+
+    cfg, ft = _config(pretrained, tmp_path / "sweep", methods=["imp"], sparsities=[0.1], rewind_step=2,
+                      finetune={**FT, "checkpoint": str(pretrained), "seeds": [0]})
+    result = run_prune(cfg, ft, store=ResultsStore(tmp_path / "runs"))
+    rewind = load_classifier(tmp_path / "sweep" / "full" / "seed-0" / "rewind").state_dict()
+    seen = {}
+
+    def capture(model, step):
+        if step == 2:
+            seen.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+
+    run = prepare(dataclasses.replace(ft, output_dir=str(tmp_path / "again")))
+    train_seed(ft, 0, run, hooks=TrainingHooks(after_step=capture))
+    assert seen and all(torch.equal(seen[k], rewind[k]) for k in rewind)
+    p = _point(result, "imp", 0.1, 0)
+    assert p["rewind_step"] == 2
+    manifest = json.loads((Path(p["checkpoint"]) / "manifest.json").read_text())
+    assert manifest["derived_from"]["params"]["rewind_step"] == 2

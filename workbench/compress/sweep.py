@@ -1,0 +1,566 @@
+"""`bertology prune CONFIG.yaml`: compression sweeps whose every point is a checkpoint.
+
+One sweep = one task fine-tuning (`finetune:`, a `workbench.finetune.FinetuneConfig` mapping: the
+pretrained checkpoint, the task, the seeds, the training recipe) and a grid of method x amount x
+seed. For each seed the full model is fine-tuned first (`workbench.finetune.train_seed`, the same
+data, split and loop as `bertology finetune`); it is the parent of every point of that seed and
+its accuracy over seeds is the band a compressed model is held against.
+
+Methods (`METHODS`; amounts in brackets):
+| method | what | trained after? |
+|---|---|---|
+| imp | lottery ticket, iterative magnitude pruning (Chen et al. 2020), rounds of `imp_step` of the original weights up to the largest sparsity [sparsities] | yes: rewound, fresh optimizer |
+| oneshot | global magnitude pruning of the fine-tuned weights to the sparsity at once [sparsities] | yes: rewound |
+| random | a random mask at the sparsity [sparsities] | yes: rewound |
+| reinit | IMP's mask at the sparsity on re-initialised weights [sparsities] | yes |
+| quantize | k-bit per-channel fake quantization of the fine-tuned weights [bits] | no |
+| lowrank | rank-r SVD of every block matrix, and magnitude pruning of each matrix to the same number of parameters (`lowrank_magnitude`) [ranks] | no |
+Rewinding (`rewind_step`): 0 = the pretrained body under the seed's initial head, the weights
+fine-tuning started from; N > 0 = the weights after N fine-tuning steps of the full model (Frankle
+et al. 2020). Retraining reruns `train_seed` from a classifier folder holding the rewound weights
+times the mask, with `workbench.compress.masks.keep_masked` as the after-step hook; the measured
+sparsity of the trained weights (zeros counted) must equal the mask's, or the point fails.
+The heads methods of `workbench.compress.heads` (heads_good, heads_random, heads_bad) are wired in
+`METHODS` at the marked place.
+
+Layout (resumable: a point whose `point.json` exists is read back, not recomputed):
+```
+prune/<name>/config.json                          the sweep config (a different one is refused)
+prune/<name>/full/seed-S/best/                     the full fine-tuned model (parent of the seed's points)
+prune/<name>/full/seed-S/rewind/                   the rewind weights when rewind_step > 0
+prune/<name>/points/<method>/<amount>/seed-S/<method>-<amount>-seedS/  the point: a derived checkpoint
+          (ModelHandle.save: manifest derived_from = parent, transform prune_<method>, params with
+          sparsity / bits / rank, mask_sha256, seed) + masks.safetensors; plain transformers opens it
+prune/<name>/points/<method>/<amount>/seed-S/point.json   its accuracies and counts
+```
+With `keep_checkpoints: false` a point keeps its manifest, masks and point.json and drops its
+weights once the seed is done (sweeps on a GPU whose output must stay small).
+
+Rows (probe "prune", task = the fine-tuning task, model = the method, `full` for the full model):
+per seed and split `accuracy` (extra: method, amount, sparsity measured, bits, rank, parameters,
+nonzero parameters, mask hash, checkpoint); per method, amount and split a seed-less `accuracy`
+row (mean, 95% t-interval, extra sd) and, for the retrained methods, `wins` = 1.0 when the mean
+is within one standard deviation over seeds of the full model's mean (Chen et al. 2020's
+criterion), else 0.0.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from workbench.compress.lowrank import equal_parameter_sparsity, lowrank_product
+from workbench.compress.masks import (
+    MASKS_FILE,
+    apply_masks,
+    keep_masked,
+    mask_hash,
+    mask_sparsity,
+    save_masks,
+    sparsity,
+)
+from workbench.compress.quantize import fake_quantize
+from workbench.compress.unstructured import (
+    dense_layers,
+    imp_schedule,
+    layerwise_magnitude_masks,
+    magnitude_masks,
+    random_masks,
+)
+from workbench.errors import CheckpointError, ConfigError
+from workbench.io import atomic_dir, atomic_path, atomic_write_json
+
+PROBE = "prune"
+RETRAINED = ("imp", "oneshot", "random", "reinit")
+POST_HOC = ("quantize", "lowrank")
+# method -> the config list its amounts come from. Head pruning (workbench.compress.heads) is wired
+# in here at merge: "heads_good" / "heads_random" / "heads_bad" -> "heads" (fractions of heads).
+METHODS: dict[str, str] = {
+    "imp": "sparsities",
+    "oneshot": "sparsities",
+    "random": "sparsities",
+    "reinit": "sparsities",
+    "quantize": "bits",
+    "lowrank": "ranks",
+}
+
+
+@dataclass
+class PruneConfig:
+    """One compression sweep (module docstring). Unknown keys and bad values are ConfigErrors."""
+
+    finetune: dict                        # a FinetuneConfig mapping: checkpoint, task, seeds, epochs, ...
+    methods: list[str] = field(default_factory=lambda: ["imp", "oneshot", "random", "reinit"])
+    sparsities: list[float] = field(default_factory=lambda: [0.3, 0.5, 0.7, 0.9])
+    imp_step: float = 0.1                 # fraction of the ORIGINAL prunable weights removed per IMP round
+    rewind_step: int = 0                  # 0: pretrained weights; N: fine-tuning step N (Frankle et al. 2020)
+    bits: list[int] = field(default_factory=lambda: [8, 4, 3, 2, 1])
+    ranks: list[int] = field(default_factory=list)
+    include_embeddings: bool = False      # prune the input embedding matrix too
+    include_head: bool = False            # prune the task head's matrices too
+    keep_checkpoints: bool = True         # False: drop each point's weights when its seed is done
+    name: str | None = None               # default prune-<task>-<checkpoint folder or Hub name>
+    output_dir: str | None = None         # default <runs root>/prune/<name>
+    progress: bool = True
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def load_prune_config(source: str | Path | dict, overrides: dict | None = None,
+                      finetune_overrides: dict | None = None) -> tuple[PruneConfig, Any]:
+    """(sweep config, its FinetuneConfig), validated before any work; every error names the file
+    and the key. `overrides` replace sweep keys, `finetune_overrides` keys of `finetune:` (None
+    values are ignored)."""
+    from workbench.coerce import build_dataclass
+    from workbench.finetune import load_finetune_config
+    from workbench.io import read_yaml
+
+    if isinstance(source, dict):
+        data, where = dict(source), "prune config"
+    else:
+        where = str(source)
+        data = read_yaml(Path(source))
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    cfg = build_dataclass(PruneConfig, data, where)
+    ft_cfg = load_finetune_config({"progress": cfg.progress, **cfg.finetune}, finetune_overrides)
+    _validate(cfg, ft_cfg, where)
+    return cfg, ft_cfg
+
+
+def _validate(cfg: PruneConfig, ft, where: str) -> None:
+    def fail(key, msg):
+        raise ConfigError(f"{where}: {key}: {msg}")
+
+    if not cfg.methods:
+        fail("methods", f"list at least one method (known: {', '.join(METHODS)})")
+    for i, m in enumerate(cfg.methods):
+        if m not in METHODS:
+            fail(f"methods[{i}]", f"unknown method {m!r} (known: {', '.join(METHODS)})")
+    if len(set(cfg.methods)) != len(cfg.methods):
+        fail("methods", f"methods repeat: {cfg.methods}")
+    if not 0 < cfg.imp_step < 1:
+        fail("imp_step", f"must be in (0, 1), got {cfg.imp_step}")
+    for i, s in enumerate(cfg.sparsities):
+        if not (math.isfinite(s) and 0 < s < 1):
+            fail(f"sparsities[{i}]", f"a sparsity is a fraction in (0, 1), got {s}")
+    for i, b in enumerate(cfg.bits):
+        if not 1 <= b <= 8:
+            fail(f"bits[{i}]", f"bits must be an integer from 1 to 8, got {b}")
+    for i, r in enumerate(cfg.ranks):
+        if r < 1:
+            fail(f"ranks[{i}]", f"a rank is an integer >= 1, got {r}")
+    for m in cfg.methods:
+        key = METHODS[m]
+        if not getattr(cfg, key):
+            fail(key, f"method {m} needs at least one value in {key}")
+    if any(m in cfg.methods for m in ("imp", "reinit")):
+        for i, s in enumerate(cfg.sparsities):
+            try:
+                imp_schedule(s, cfg.imp_step)
+            except ConfigError:
+                fail(f"sparsities[{i}]", f"{s} is not a multiple of imp_step {cfg.imp_step} (IMP reaches only those)")
+    if "reinit" in cfg.methods and "imp" not in cfg.methods:
+        fail("methods", "reinit uses IMP's masks: list imp too")
+    if cfg.rewind_step < 0:
+        fail("rewind_step", f"must be >= 0, got {cfg.rewind_step}")
+    if cfg.name is not None and not all(c.isalnum() or c in "._+-" for c in cfg.name):
+        fail("name", f"use letters, digits and . _ + - only, got {cfg.name!r}")
+
+
+# ------------------------------------------------------------------------------------------ points
+
+def rewound(template: torch.nn.Module, start: dict, masks: dict) -> torch.nn.Module:
+    """A copy of `template` holding the `start` weights (the rewind point) times `masks`: every kept
+    weight is the start weight bit for bit, every pruned one exactly zero."""
+    model = copy.deepcopy(template)
+    model.load_state_dict(start)
+    return apply_masks(model, masks)
+
+
+def point_name(method: str, amount, seed: int) -> str:
+    """A point's checkpoint folder name, unique in a sweep: what the probes' rows call the model
+    (`workbench.checkpoints.checkpoint_name` is the folder name), e.g. imp-0.7-seed0."""
+    return f"{method}-{amount_label(method, amount)}-seed{seed}"
+
+
+def amount_label(method: str, amount: float | int) -> str:
+    """The folder name of an amount: sparsities as 0.7, bits as 4bit, ranks as r16."""
+    if AMOUNT_OF[method] == "bits":
+        return f"{int(amount)}bit"
+    if AMOUNT_OF[method] == "ranks":
+        return f"r{int(amount)}"
+    return f"{float(amount):.4g}"
+
+
+@dataclass
+class Seeded:
+    """What every point of one seed shares: the full model and its handle, the rewind weights."""
+
+    seed: int
+    full_dir: Path
+    full: Any                     # the fine-tuned full classifier (CPU)
+    handle: Any                   # ModelHandle over `full`: the parent of every derived point
+    start: dict                   # state dict the retrained points rewind to
+    names: list[str]              # the prunable weights
+    full_result: dict
+
+
+class Sweep:
+    """Runs the grid of one config (see the module docstring)."""
+
+    def __init__(self, cfg: PruneConfig, ft, run, folder: Path):
+        self.cfg, self.ft, self.run, self.folder = cfg, ft, run, folder
+        self.points: list[dict] = []
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def log(self, text: str) -> None:
+        if self.cfg.progress:
+            print(text, flush=True)
+
+    def point_dir(self, method: str, amount, seed: int) -> Path:
+        return self.folder / "points" / method / amount_label(method, amount) / f"seed-{seed}"
+
+    def evaluate(self, model) -> dict:
+        from workbench.finetune import evaluate
+
+        model = model.to(self.run.device)
+        out = {}
+        for split in ("dev", "test"):
+            enc = getattr(self.run, split)
+            acc, n, _ = evaluate(model, enc, list(range(len(enc.ids))), self.run.pad_id, self.ft.batch_size)
+            out[split] = {"accuracy": acc, "n": n}
+        model.to("cpu")
+        return out
+
+    def counts(self, model, names: list[str]) -> dict:
+        params = dict(model.named_parameters())
+        prunable = sum(params[n].numel() for n in names)
+        zeros = sum(int((params[n] == 0).sum()) for n in names)
+        total = sum(p.numel() for p in model.parameters())
+        return {"parameters": total, "prunable": prunable, "nonzero_prunable": prunable - zeros,
+                "nonzero_parameters": total - zeros, "sparsity_measured": zeros / prunable if prunable else 0.0}
+
+    def save_point(self, s: Seeded, method: str, amount, model, masks: dict | None, params: dict,
+                   result: dict, seconds: float) -> dict:
+        """Write the point: the derived checkpoint (+ masks) and point.json, atomically each."""
+        target = self.point_dir(method, amount, s.seed)
+        full_params = {"method": method, "seed": s.seed, **params}
+        if masks is not None:
+            full_params["mask_sha256"] = mask_hash(masks)
+        # model None: the parent itself (the full model's point), a copy of it
+        derived = s.handle.derive(f"prune_{method}", full_params, apply=lambda _copy, **_params: model)
+        model = derived.model
+        model_dir = target / point_name(method, amount, s.seed)
+        if model_dir.exists():
+            shutil.rmtree(model_dir)
+        derived.save(model_dir)
+        if masks is not None:
+            save_masks(model_dir, masks)
+        record = {**full_params, "amount": amount, **result,
+                  **self.counts(model, s.names), "checkpoint": str(model_dir), "seconds": round(seconds, 2),
+                  "content_sha256": derived.checkpoint_hash}
+        atomic_write_json(target / "point.json", record)
+        self.log(f"  {method} {amount_label(method, amount)} seed {s.seed}: dev {result['dev']['accuracy']:.4f} "
+                 f"test {result['test']['accuracy']:.4f} (sparsity {record['sparsity_measured']:.3f})")
+        return record
+
+    def done(self, method: str, amount, seed: int) -> dict | None:
+        path = self.point_dir(method, amount, seed) / "point.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+    def trained_weights(self, record: dict):
+        from workbench.finetune import load_classifier
+
+        folder = Path(record["checkpoint"])
+        if not (folder / "config.json").is_file():
+            raise CheckpointError(f"{folder}: the point's weights were dropped (keep_checkpoints: false) but a "
+                                  f"later IMP round needs them; delete {folder.parent} to recompute it")
+        return load_classifier(folder)
+
+    # -- the full model --------------------------------------------------------------------------
+
+    def full_model(self, seed: int) -> Seeded:
+        from workbench.checkpoints import read_manifest, weight_files
+        from workbench.finetune import build_classifier, load_classifier, train_seed
+        from workbench.loop import TrainingHooks, write_model_folder
+        from workbench.models import ModelHandle
+
+        full_run = dataclasses.replace(self.run, folder=self.folder / "full")
+        seed_out = self.folder / "full" / f"seed-{seed}"
+        rewind_dir = seed_out / "rewind"
+        hooks = None
+        if self.cfg.rewind_step > 0:
+            def snapshot_rewind_weights(model, step):
+                if step == self.cfg.rewind_step and not rewind_dir.is_dir():
+                    with atomic_dir(rewind_dir) as tmp:
+                        write_model_folder(tmp, model, self.run.tokenizer, {"rewind_step": step, "seed": seed})
+            hooks = TrainingHooks(after_step=snapshot_rewind_weights)
+        res = train_seed(self.ft, seed, full_run, hooks=hooks)
+        best = Path(res.checkpoint)
+        full = load_classifier(best)
+        if self.cfg.rewind_step > 0:
+            if not rewind_dir.is_dir():
+                raise ConfigError(f"rewind_step {self.cfg.rewind_step}: the full model's training of seed {seed} "
+                                  f"made fewer steps (see {seed_out / 'result.json'})")
+            start = load_classifier(rewind_dir).state_dict()
+        else:  # the weights train_seed started from: the pretrained body under the seed's fresh head
+            torch.manual_seed(seed)
+            start = build_classifier(self.run.checkpoint, self.run.family, self.run.data.kind, self.run.pooling,
+                                     self.run.data.label_names, self.run.pad_id).state_dict()
+        handle = ModelHandle(full, self.run.tokenizer, path=best, family=self.run.family,
+                             weight_files=weight_files(best), manifest=read_manifest(best) or {})
+        names = list(dense_layers(full, self.cfg.include_embeddings, self.cfg.include_head))
+        result = {"dev": res.dev, "test": res.test}
+        return Seeded(seed, seed_out, full, handle, {k: v.clone() for k, v in start.items()}, names, result)
+
+    # -- retrained points -------------------------------------------------------------------------
+
+    def retrain(self, s: Seeded, method: str, amount: float, masks: dict, start: dict, params: dict) -> dict:
+        """Train the masked `start` weights with the full model's recipe, masks kept by the hook."""
+        from workbench.finetune import load_classifier, train_seed
+        from workbench.loop import TrainingHooks, write_model_folder
+
+        found = self.done(method, amount, s.seed)
+        if found is not None:
+            return found
+        t0 = time.time()
+        target = self.point_dir(method, amount, s.seed)
+        model = rewound(s.full, start, masks)
+        with atomic_dir(target / "start") as tmp:
+            write_model_folder(tmp, model, self.run.tokenizer, {"kind": "prune_start", "method": method})
+        sub = dataclasses.replace(self.run, checkpoint=target / "start", folder=target / "train")
+        res = train_seed(self.ft, s.seed, sub, hooks=TrainingHooks(after_step=keep_masked(masks)))
+        trained = load_classifier(res.checkpoint)
+        measured, wanted = sparsity(trained, masks), mask_sparsity(masks)
+        if measured < wanted - 1e-12:
+            raise CheckpointError(f"{res.checkpoint}: {measured:.6f} of the masked weights are zero, the mask "
+                                  f"prunes {wanted:.6f} (the masks were not kept through training)")
+        record = self.save_point(s, method, amount, trained, masks, params,
+                                 {"dev": res.dev, "test": res.test}, time.time() - t0)
+        shutil.rmtree(target / "start", ignore_errors=True)
+        shutil.rmtree(target / "train", ignore_errors=True)
+        return record
+
+    def imp(self, s: Seeded) -> dict[float, dict]:
+        """Iterative magnitude pruning: each round prunes from the previous round's trained weights,
+        rewinds and retrains; returns {sparsity: masks} for reinit."""
+        schedule = imp_schedule(max(self.cfg.sparsities), self.cfg.imp_step)
+        trained, current, out = s.full, None, {}
+        for r, amount in enumerate(schedule, start=1):
+            masks = magnitude_masks(trained, s.names, amount, current)
+            record = self.retrain(s, "imp", amount, masks, s.start,
+                                  {"sparsity": amount, "round": r, "rewind_step": self.cfg.rewind_step})
+            if record.get("mask_sha256") != mask_hash(masks):
+                raise CheckpointError(f"{record['checkpoint']}: a resumed IMP round has another mask than this "
+                                      f"run computes; delete the sweep folder's points/imp to recompute")
+            out[amount] = masks
+            if r < len(schedule):
+                trained = self.trained_weights(record)
+            current = masks
+        return out
+
+    def run_seed(self, seed: int) -> None:
+        from workbench.models import DERIVATIONS
+
+        s = self.full_model(seed)
+        self.log(f"seed {seed}: full model dev {s.full_result['dev']['accuracy']:.4f} "
+                 f"test {s.full_result['test']['accuracy']:.4f}; {len(s.names)} prunable matrices")
+        # the full model as a point too: a folder named for the seed (probes name models by folder)
+        self.points.append(self.done("full", 0.0, seed) or self.save_point(
+            s, "full", 0.0, None, None, {"sparsity": 0.0}, s.full_result, 0.0))
+        methods = self.cfg.methods
+        imp_masks = self.imp(s) if "imp" in methods else {}
+        for amount in imp_masks:
+            self.points.append(self.done("imp", amount, seed))
+        rewind = {"rewind_step": self.cfg.rewind_step}
+        for amount in self.cfg.sparsities:
+            if "oneshot" in methods:
+                masks = magnitude_masks(s.full, s.names, amount)
+                self.points.append(self.retrain(s, "oneshot", amount, masks, s.start, {"sparsity": amount, **rewind}))
+            if "random" in methods:
+                masks = random_masks(s.full, s.names, amount, seed=seed * 1000 + round(amount * 1000))
+                self.points.append(self.retrain(s, "random", amount, masks, s.start, {"sparsity": amount, **rewind}))
+            if "reinit" in methods:
+                fresh = DERIVATIONS["random_init"].apply(s.full, seed=seed).state_dict()
+                self.points.append(self.retrain(s, "reinit", amount, imp_masks[amount], fresh,
+                                                {"sparsity": amount, "init_seed": seed}))
+        if "quantize" in methods:
+            for bits in self.cfg.bits:
+                self.points.append(self.post_hoc(s, "quantize", bits, lambda m, b=bits: fake_quantize(
+                    m, b, self.cfg.include_embeddings, self.cfg.include_head), {"bits": bits}))
+        if "lowrank" in methods:
+            for rank in self.cfg.ranks:
+                self.points.append(self.post_hoc(s, "lowrank", rank, lambda m, r=rank: lowrank_product(m, r),
+                                                 {"rank": rank}))
+                self.points.append(self.lowrank_magnitude(s, rank))
+        if not self.cfg.keep_checkpoints:
+            self.drop_weights(seed)
+
+    # -- post-hoc points (no retraining) --------------------------------------------------------------
+
+    def post_hoc(self, s: Seeded, method: str, amount, transform: Callable, params: dict,
+                 masks: dict | None = None) -> dict:
+        found = self.done(method, amount, s.seed)
+        if found is not None:
+            return found
+        t0 = time.time()
+        model = transform(copy.deepcopy(s.full))
+        return self.save_point(s, method, amount, model, masks, params, self.evaluate(model), time.time() - t0)
+
+    def lowrank_magnitude(self, s: Seeded, rank: int) -> dict:
+        """Magnitude pruning of each block matrix (no retraining) to as many nonzero weights as its
+        rank-`rank` factorisation has (`equal_parameter_sparsity`)."""
+        params = dict(s.full.named_parameters())
+        amounts = {n: equal_parameter_sparsity(tuple(params[n].shape), rank) for n in s.names if params[n].ndim == 2}
+        masks = layerwise_magnitude_masks(s.full, amounts)
+        return self.post_hoc(s, "lowrank_magnitude", rank, lambda m: apply_masks(m, masks),
+                             {"rank": rank, "equal_parameters_to": f"lowrank r{rank}"}, masks=masks)
+
+    def drop_weights(self, seed: int) -> None:
+        for point in (self.folder / "points").glob(f"*/*/seed-{seed}/*-seed{seed}"):
+            for f in point.iterdir():
+                if f.name not in ("manifest.json", MASKS_FILE):
+                    f.unlink()
+
+
+# The amounts of every kind of point, for folder names: the config's methods plus the comparison
+# `lowrank` writes (not a method a config lists).
+AMOUNT_OF = {**METHODS, "lowrank_magnitude": "ranks", "full": "sparsities"}
+
+
+# ------------------------------------------------------------------------------------------ rows
+
+def build_rows(points: list[dict], task: str, family: str, run_name: str) -> list[dict]:
+    """The results rows of a sweep (module docstring)."""
+    from workbench.finetune import t_interval
+
+    common = {"family": family, "probe": PROBE, "task": task}
+    rows = []
+    for p in points:
+        extra = {k: p.get(k) for k in ("amount", "sparsity", "bits", "rank", "round", "rewind_step", "parameters", "prunable",
+                                        "nonzero_parameters", "nonzero_prunable", "sparsity_measured",
+                                        "mask_sha256", "checkpoint") if p.get(k) is not None}
+        extra["sweep"] = run_name
+        for split in ("dev", "test"):
+            rows.append({**common, "model": p["method"], "seed": p["seed"], "split": split, "metric": "accuracy",
+                         "value": p[split]["accuracy"], "n": p[split]["n"], "extra": extra})
+    full = {split: [p[split]["accuracy"] for p in points if p["method"] == "full"] for split in ("dev", "test")}
+    groups: dict[tuple, list[dict]] = {}
+    for p in points:
+        groups.setdefault((p["method"], float(p["amount"])), []).append(p)
+    for (method, amount), ps in groups.items():
+        for split in ("dev", "test"):
+            values = [p[split]["accuracy"] for p in ps]
+            mean, lo, hi = t_interval(values)
+            sd = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
+            extra = {"amount": amount, "over": "seeds", "interval": "t, 95%", "sd": sd, "seeds": len(values),
+                     "sparsity_measured": float(np.mean([p.get("sparsity_measured", 0.0) for p in ps])),
+                     "sweep": run_name}
+            rows.append({**common, "model": method, "split": split, "metric": "accuracy", "value": mean,
+                         "n": len(values), "ci_low": lo, "ci_high": hi, "extra": extra})
+            if method in RETRAINED and len(full[split]) > 1:
+                full_mean, full_sd = float(np.mean(full[split])), float(np.std(full[split], ddof=1))
+                rows.append({**common, "model": method, "split": split, "metric": "wins",
+                             "value": float(mean >= full_mean - full_sd), "n": len(values),
+                             "extra": {**extra, "full_mean": full_mean, "full_sd": full_sd,
+                                       "rule": "mean within one sd over seeds of the full model (Chen et al. 2020)"}})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+@dataclass
+class PruneResult:
+    run_id: str
+    rows: Any  # pandas DataFrame
+    points: list[dict]
+    folder: Path
+
+
+def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
+    """Run every point of the sweep (resuming finished ones) and write one results-store run.
+    `data` replaces the task's examples (tests plant a task, as `run_finetune` allows)."""
+    import pandas as pd
+
+    from workbench.finetune import _slug, prepare, resolve_checkpoint
+    from workbench.paths import runs_root
+
+    resolve_checkpoint(ft.checkpoint)  # a missing checkpoint is refused before the sweep folder is made
+    name = cfg.name or f"prune-{ft.task}-{_slug(Path(ft.checkpoint).name)}"
+    folder = Path(cfg.output_dir) if cfg.output_dir else runs_root() / "prune" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    key = {k: v for k, v in cfg.to_dict().items() if k not in ("progress", "output_dir", "keep_checkpoints")}
+    key["finetune"] = {"training_hash": ft.training_hash(), "checkpoint": ft.checkpoint, "seeds": ft.seeds}
+    cfg_file = folder / "config.json"
+    if cfg_file.is_file():
+        old = json.loads(cfg_file.read_text(encoding="utf-8"))
+        if old != json.loads(json.dumps(key)):
+            raise ConfigError(f"{folder}: holds a prune sweep with another config; choose another name or "
+                              f"output_dir, or delete the folder")
+    else:
+        atomic_write_json(cfg_file, key)
+    run = prepare(dataclasses.replace(ft, output_dir=str(folder / "full")), data)
+    sweep = Sweep(cfg, ft, run, folder)
+    for seed in ft.seeds:
+        sweep.run_seed(seed)
+    rows = build_rows(sweep.points, ft.task, run.family, name)
+    frame = pd.DataFrame(rows)
+    with atomic_path(folder / "rows.csv") as tmp:  # readable without the store (e.g. copied off a GPU machine)
+        frame.assign(extra=frame["extra"].map(lambda e: json.dumps(e, sort_keys=True, default=str))).to_csv(tmp, index=False)
+    atomic_write_json(folder / "points.json", sweep.points)
+    try:
+        from workbench.results import ResultsStore
+    except ImportError as e:  # a GPU machine without pyarrow: say so, the rows are in rows.csv
+        print(f"results store unavailable ({e}); the rows are in {folder / 'rows.csv'}", flush=True)
+        return PruneResult("", frame, sweep.points, folder)
+    store = store or ResultsStore()
+    with store.start_run("prune", cfg.to_dict(), seeds=ft.seeds, data_files=run.data.files,
+                         checkpoints=[run.checkpoint], name=name) as writer:
+        writer.add(rows)
+        writer.note("points", sweep.points)
+        writer.note("folder", str(folder))
+        writer.note("base_model", run.model_name)
+        run_id = writer.run_id
+    return PruneResult(run_id, frame, sweep.points, folder)
+
+
+def format_table(rows) -> str:
+    """Mean test accuracy by method and amount, with the sd over seeds and whether a ticket wins."""
+    import pandas as pd
+
+    def decode_extra(e):
+        return e if isinstance(e, dict) else json.loads(e)
+
+    df = pd.DataFrame(rows)
+    agg = df[df["seed"].isna() & (df["split"] == "test")]
+    lines = [f"{'method':<18} {'amount':>7} {'sparsity':>8} {'test acc':>9} {'sd':>7} {'wins':>5}"]
+    acc = agg[agg["metric"] == "accuracy"]
+    wins = {(r["model"], decode_extra(r["extra"])["amount"]): r["value"] for _, r in agg[agg["metric"] == "wins"].iterrows()}
+    for _, r in acc.iterrows():
+        e = decode_extra(r["extra"])
+        w = wins.get((r["model"], e["amount"]))
+        lines.append(f"{r['model']:<18} {e['amount']:>7.4g} {e['sparsity_measured']:>8.3f} {r['value']:>9.4f} "
+                     f"{e['sd']:>7.4f} {'' if w is None else ('yes' if w else 'no'):>5}")
+    return "\n".join(lines)
+
+
+def prune_cli_main(config: str, overrides: dict | None = None, finetune_overrides: dict | None = None) -> int:
+    """`bertology prune CONFIG.yaml`."""
+    cfg, ft = load_prune_config(config, overrides, finetune_overrides)
+    result = run_prune(cfg, ft)
+    print(format_table(result.rows))
+    print(f"run {result.run_id}; points under {result.folder / 'points'}")
+    return 0
