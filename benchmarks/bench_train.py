@@ -138,7 +138,8 @@ def _packed_examples(cfg, data, need: int) -> list[dict]:
     return [{"input_ids": stream[i * cfg.max_len : (i + 1) * cfg.max_len]} for i in range(need)]
 
 
-def _baseline(cfg, data, family_name: str, recipe: str) -> dict:
+def _baseline(cfg, data, family_name: str, recipe: str, bf16: bool = False) -> dict:
+    """HF `Trainer` on `recipe`'s examples (`bf16`: mixed precision, for the GPU record in bench_gpu.py)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     tok = data.tokenizer
@@ -169,7 +170,7 @@ def _baseline(cfg, data, family_name: str, recipe: str) -> dict:
             learning_rate=cfg.lr, warmup_steps=cfg.warmup_steps(), weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.clip, logging_strategy="no", save_strategy="no", report_to=[],
             dataloader_num_workers=0, use_cpu=not torch.cuda.is_available(), seed=0, disable_tqdm=True,
-            remove_unused_columns=False,
+            remove_unused_columns=False, bf16=bf16,
         )
         trainer = Trainer(model=model, args=args, train_dataset=examples, data_collator=collate, callbacks=[Clock()])
         trainer.train()
