@@ -732,6 +732,12 @@ def summary(rows: pd.DataFrame) -> str:
         out.append(runner.aligned(table))
     for e, (_, r) in zip(extra, rows.iterrows()):
         if "top_moved" in e:
+            if "permutations" in e:  # ranked by z against random document splits
+                words = ", ".join(f"{w['word']} (z {w['z']:.1f}, p {w['p_perm']:.3f}, n {w['count_old']}/{w['count_new']})"
+                                  for w in e["top_moved"])
+                out.append(f"most moved, {r['model']} layer {int(r['layer'])} (z against {e['permutations']} document "
+                           f"permutations, counts old/new): {words}")
+                continue
             words = ", ".join(f"{w['word']} ({w['displacement']:.2f}/{w['noise_floor']:.2f})" for w in e["top_moved"])
             out.append(f"most moved, {r['model']} layer {int(r['layer'])} (displacement/noise floor): {words}")
     return "\n\n".join(out)
