@@ -109,3 +109,32 @@ def test_mpnet_word_states_match_a_direct_forward(tokenizers):
         want = torch.stack(hs)[:, 0, first].numpy()
         assert got.shape == want.shape
         assert np.allclose(got, want, atol=1e-4)
+
+
+def test_standardised_structural_probe_ignores_per_dimension_scale():
+    """Massive activations (a few dimensions thousands of times larger, Sun et al. 2024): with
+    `standardize`, the structural probe fitted on features rescaled per dimension (and shifted) gives
+    the same predictions as on the original features; on raw features it does not."""
+    from probes.syntax import structural as st
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(4, 9, 24)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    heads = [np.arange(n) for n in lengths]  # chains: word i's head is word i - 1 (the first is the root)
+    pos = np.concatenate([np.arange(n) for n in lengths]).astype(np.float32)
+    X = rng.standard_normal((2, offsets[-1], 6)).astype(np.float32)
+    X[:, :, 0] += pos  # a planted position signal, so the distances are learnable
+    scale = np.array([1e-2, 1.0, 3e3, 0.5, 1e2, 1.0], dtype=np.float32)
+    X_big = X * scale + np.float32(50.0)
+    upos = [["NOUN"] * n for n in lengths]
+
+    def fit(features, standardize):
+        data = st.TreeSet(features, offsets, heads, upos)
+        f = st.fit_structural_probe(data, data, rank=4, epochs=4, batch_size=8, seed=0, progress=False,
+                                    standardize=standardize)
+        return np.concatenate([p.ravel() for p in st.predict(f, data)[1]])
+
+    a, b = fit(X, True), fit(X_big, True)
+    assert np.allclose(a, b, rtol=1e-3, atol=1e-3)
+    raw_a, raw_b = fit(X, False), fit(X_big, False)
+    assert not np.allclose(raw_a, raw_b, rtol=1e-2, atol=1e-2)
