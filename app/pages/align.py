@@ -80,7 +80,7 @@ def moved_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
                            customdata=w[["displacement"]].to_numpy(),
                            hovertemplate="%{y}: %{x:.2f} (1 - cos = %{customdata[0]:.3f})<extra></extra>"))
     what = "z against random document splits" if has_z else "displacement - noise floor"
-    fig.update_layout(title=f"{title}: {model}, layer {int(w['layer'].iloc[0])}", xaxis_title=what,
+    fig.update_layout(title=f"{title}<br><sup>{model}, layer {int(w['layer'].iloc[0])}</sup>", xaxis_title=what,
                       yaxis_title="word (count in corpus A / B)", template="plotly_white",
                       height=max(320, 22 * len(w) + 120))
     return figures.Drawn(fig, w.drop(columns=["score"]).reset_index(drop=True))
