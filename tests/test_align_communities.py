@@ -168,3 +168,24 @@ def test_party_split_end_to_end_on_a_tiny_model(tmp_path, tokenizers):
     zs = [w["z"] for w in listed]
     assert zs == sorted(zs, reverse=True) and top["value"].iloc[0] == pytest.approx(np.mean(zs), abs=1e-3)
     assert all(round(1 / 11, 4) <= w["p_perm"] <= 1 for w in listed)  # never below the +1-corrected minimum
+
+
+def test_moved_plot_draws_the_listed_z_with_both_counts():
+    import pandas as pd
+
+    from app.pages.align import moved_plot
+
+    listed = [{"word": "fellow", "displacement": 0.02, "noise_floor": 0.0, "z": 7.4, "p_perm": 0.01,
+               "count_old": 36, "count_new": 38},
+              {"word": "wage", "displacement": 0.06, "noise_floor": 0.02, "z": 5.2, "p_perm": 0.01,
+               "count_old": 10, "count_new": 30}]
+    rows = pd.DataFrame([{"model": "m", "layer": 6, "metric": "top_moved_z", "value": 6.3, "task": "diachronic",
+                          "extra": json.dumps({"permutations": 100, "top_moved": listed})}])
+    drawn = moved_plot(rows, "t", {})
+    bar = drawn.figure.data[0]
+    assert list(bar.x) == [5.2, 7.4] and list(bar.y) == ["wage (10/30)", "fellow (36/38)"]  # ascending: top at top
+    assert drawn.data["word"].tolist() == ["wage", "fellow"]
+    no_z = pd.DataFrame([{**rows.iloc[0], "extra": json.dumps({"top_moved": [{k: v for k, v in w.items()
+                                                                          if k not in ("z", "p_perm")}
+                                                                         for w in listed]})}])
+    assert list(moved_plot(no_z, "t", {}).figure.data[0].x) == pytest.approx([0.02, 0.04])  # excess over the floor
