@@ -12,8 +12,9 @@ Which head, per family (`LMScorer.kind`):
   token masked in turn, PLL = sum_t log p(w_t | w_\\t). All masked copies of a sentence go into ONE
   batch, several sentences per batch; the LM head is applied only at the masked position of each
   copy. Special tokens ([CLS], [SEP]) are context, not scored.
-- "causal" (GPT): log p(w_t | w_<t) of every token after the first; a bos/eos token is put in
-  front when the tokenizer adds no special token there, so the first word is scored too.
+- "causal" (GPT): log p(w_t | w_<t) of every token after the first; the token the model's
+  pretraining put between documents (`causal_start_id`) goes in front when the tokenizer adds no
+  special token there, so the first word is scored too.
 - "seq2seq" (T5, BART): log p(target | source), every target token (the tokenizer's closing
   token included) behind `decoder_start_token_id`, teacher-forced.
 - "bilm" (ELMo, Peters et al. 2018): the forward LM's log p(w_t | w_<t) and the backward LM's
@@ -182,6 +183,21 @@ def lm_scorer(handle: ModelHandle, electra_head: str = "generator") -> "LMScorer
 
 def is_electra(handle: ModelHandle) -> bool:
     return getattr(handle.config, "model_type", "") == "electra"
+
+
+DOCUMENT_SEPARATOR = "<|endoftext|>"
+
+
+def causal_start_id(tokenizer) -> int | None:
+    """The token a causal LM saw in front of a document's first word during pretraining.
+
+    GPT-2-lineage byte-level BPE vocabularies (GPT-2, Radford et al. 2019; Pythia; StarCoder;
+    SmolLM/SmolLM2, Allal et al. 2025) join pretraining documents with `<|endoftext|>`, so that token
+    starts a text. An instruction-tuned model may declare another `bos_token` (SmolLM2-Instruct's is
+    ChatML's `<|im_start|>`, which in training always opens a chat turn followed by a role name),
+    so the separator wins when the vocabulary has it; otherwise the declared bos, else the eos."""
+    sep = tokenizer.convert_tokens_to_ids(DOCUMENT_SEPARATOR) if DOCUMENT_SEPARATOR in tokenizer.get_vocab() else None
+    return _first_not_none(sep, tokenizer.bos_token_id, tokenizer.eos_token_id)
 
 
 class LMScorer:
@@ -423,8 +439,7 @@ class LMScorer:
         return ids, np.asarray(enc.special_tokens_mask, dtype=bool), np.asarray(pos, dtype=np.int64)
 
     def causal_row(self, ids: np.ndarray, special: np.ndarray, what: str) -> np.ndarray:
-        tok = self.handle.tokenizer
-        start = _first_not_none(tok.bos_token_id, tok.eos_token_id)
+        start = causal_start_id(self.handle.tokenizer)
         if start is not None and (len(ids) == 0 or not special[0]):
             ids = np.concatenate([[start], ids]).astype(np.int64)
             self._check_len(ids, f"{what} behind its start token")

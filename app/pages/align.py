@@ -1,7 +1,7 @@
 """The alignment probe's page (Conneau et al. 2018; Kornblith et al. 2019; Hamilton et al. 2016):
 P@1 and sentence retrieval by layer with their random-rotation / no-map baselines, the i x j CKA and
 Procrustes-retrieval matrices of every model pair, and the diachronic most-moved words against
-their noise floor."""
+their noise floor, or, for two communities (`split:` corpora), against a permutation baseline."""
 
 from __future__ import annotations
 
@@ -59,7 +59,34 @@ def matrix_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
     return figures.Drawn(fig, drawn)
 
 
-PLOTS = {"align_matrix": matrix_plot}
+def moved_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
+    """`plot: align_moved` for experiments/figures: the listed most-moved words of one model as bars
+    (their z against the permutation baseline when the run had permutations, else displacement minus
+    the noise floor), each word's count on both sides beside it. options: model (default the first)."""
+    import plotly.graph_objects as go
+
+    words = moved_words(rows)
+    if words.empty:
+        raise figures.MissingData(f"nothing to draw for {title!r}: no most-moved words in these rows")
+    model = options.get("model", words["model"].iloc[0])
+    w = words[words["model"] == model].copy()
+    if w.empty:
+        raise figures.MissingData(f"nothing to draw for {title!r}: no most-moved words of model {model!r}")
+    has_z = "z" in w and w["z"].notna().all()
+    w["score"] = w["z"] if has_z else w["displacement"] - w["noise_floor"]
+    w = w.sort_values("score")
+    labels = [f"{a} ({o}/{n})" for a, o, n in zip(w["word"], w["count_old"], w["count_new"])]
+    fig = go.Figure(go.Bar(x=w["score"], y=labels, orientation="h",
+                           customdata=w[["displacement"]].to_numpy(),
+                           hovertemplate="%{y}: %{x:.2f} (1 - cos = %{customdata[0]:.3f})<extra></extra>"))
+    what = "z against random document splits" if has_z else "displacement - noise floor"
+    fig.update_layout(title=f"{title}<br><sup>{model}, layer {int(w['layer'].iloc[0])}</sup>", xaxis_title=what,
+                      yaxis_title="word (count in corpus A / B)", template="plotly_white",
+                      height=max(320, 22 * len(w) + 120))
+    return figures.Drawn(fig, w.drop(columns=["score"]).reset_index(drop=True))
+
+
+PLOTS = {"align_matrix": matrix_plot, "align_moved": moved_plot}
 
 
 def render(store) -> None:
@@ -70,7 +97,7 @@ def render(store) -> None:
         return
     view = twin_toggle(rows, "align")
     is_pair = view["extra"].map(lambda e: "other_model" in decode_extra(e))
-    panel_curves(view[~is_pair & (view["metric"] != "top_moved_excess")], CURVES, "align")
+    panel_curves(view[~is_pair & ~view["metric"].isin(["top_moved_excess", "top_moved_z"])], CURVES, "align")
 
     mats = pair_matrices(rows)
     if mats:
@@ -89,5 +116,11 @@ def render(store) -> None:
 
     words = moved_words(rows)
     if not words.empty:
-        st.subheader("Diachronic: most-moved words (displacement against the noise floor)")
+        st.subheader("Diachronic and communities: most-moved words")
+        st.caption("Two periods or two communities (`split:` corpora). With permutations, z and p_perm compare each "
+                   "word's displacement with the same procedure on random splits of the same documents; "
+                   "count_old / count_new are its occurrences on each side.")
         ui.table(words, "align-moved-words")
+        for model in words["model"].unique():
+            st.plotly_chart(moved_plot(rows, "Most-moved words", {"model": model}).figure, width="stretch",
+                            key=f"align-moved-{model}")

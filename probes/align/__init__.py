@@ -100,6 +100,9 @@ class Settings(runner.Settings):
     anchors: int = field(default=1000, metadata={"help": "diachronic: frequent shared words the map is fitted on"})
     top_moved: int = field(default=20, metadata={"help": "diachronic: most-moved words listed"})
     moved_layer: int = field(default=-1, metadata={"help": "diachronic: layer whose most-moved words are listed"})
+    permutations: int = field(default=0, metadata={
+        "help": "diachronic: random re-splits of the two corpora's pooled documents (by document, the independent "
+                "unit) giving each word's displacement a null distribution (0 = none; needs raw:/split: corpora)"})
 
     def validate(self, spec) -> None:
         super().validate(spec)
@@ -111,22 +114,38 @@ class Settings(runner.Settings):
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_sentences < 0:
             raise ConfigError(f"max_sentences must be >= 0 (0 = all), got {self.max_sentences}")
+        if self.permutations < 0:
+            raise ConfigError(f"permutations must be >= 0 (0 = none), got {self.permutations}")
         for name in ("test_fraction", "parallel_train_fraction"):
             if not 0 < getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be in (0, 1), got {getattr(self, name)}")
         for name in ("src_corpus", "tgt_corpus", "fake_corpus", "parallel_src", "parallel_tgt", "pair_corpus",
                      "old_corpus", "new_corpus"):
             _check_spec(name, getattr(self, name))
+        if self.permutations and "diachronic" in self.tasks:
+            for name in ("old_corpus", "new_corpus"):
+                for part in getattr(self, name).split("+"):
+                    if part.strip().partition(":")[0] not in ("raw", "split"):
+                        raise ConfigError(f"{name}: permutations re-split documents, so every part must be raw:<name> "
+                                          f"or split:<corpus>:<rule>, got {part.strip()!r}")
         if self.seed_dictionary not in ("numerals", "identical") and ":" not in self.seed_dictionary:
             raise ConfigError(f"seed_dictionary must be numerals, identical or a dictionary spec, "
                               f"got {self.seed_dictionary!r}")
 
 
 def _check_spec(name: str, spec: str) -> None:
+    from probes.align import communities
+
     for part in spec.split("+"):
         kind, sep, arg = part.strip().partition(":")
-        if kind not in ("raw", "ud", "columns") or not sep or not arg:
-            raise ConfigError(f"{name}: corpus spec {part!r} must be raw:<name>, ud:<treebank>[:<split>] or columns:<path>")
+        if kind not in ("raw", "ud", "columns", "split") or not sep or not arg:
+            raise ConfigError(f"{name}: corpus spec {part!r} must be raw:<name>, ud:<treebank>[:<split>], "
+                              f"columns:<path> or split:<corpus>:<rule>")
+        if kind == "split":
+            try:
+                communities.parse(arg)
+            except ConfigError as e:
+                raise ConfigError(f"{name}: {e}") from None
 
 
 # --------------------------------------------------------------------------- data (once per run)
@@ -141,8 +160,7 @@ def prepare(settings: Settings) -> runner.Prepared:
         if spec not in data["corpora"]:
             c = reps.load_corpus(spec)
             if cap:
-                c = reps.Corpus(spec, reps.sample_sentences(c.sentences, settings.max_sentences, settings.seed,
-                                                            settings.max_words), c.files)
+                c = reps.sample_corpus(c, settings.max_sentences, settings.seed, settings.max_words)
             data["corpora"][spec] = c
             files.extend(c.files)
             notes["corpora"][spec] = {"sentences": len(c.sentences), "words": sum(map(len, c.sentences))}
@@ -538,15 +556,69 @@ def _rotation_matrix(A, B, test, settings) -> np.ndarray:
 # --------------------------------------------------------------------------- diachronic
 
 
+def _displacement(x: np.ndarray, y: np.ndarray, anchor: np.ndarray, center: bool) -> np.ndarray:
+    """1 - cos between each word's two vectors after a Procrustes map fitted on the anchor words
+    (Hamilton et al. 2016; a word absent on one side has a zero row and gets displacement 1)."""
+    x, y = _prep(x, center), _prep(y, center)
+    R = ac.procrustes(x[anchor], y[anchor])
+    return 1 - np.sum(ac.normalize(ac.apply_map(x, R)) * ac.normalize(y), axis=1)
+
+
+def _permutation_displacements(ao, an, old, new, vocab, anchor, settings) -> np.ndarray:
+    """[L, P, V] displacements of the same procedure on random splits of the pooled documents of both
+    corpora (each split gives side A as many documents as the old corpus has; whole documents move,
+    the independent unit, so a speech's repeated phrasing cannot pass for a community's). A word
+    missing from one side of a split gets NaN there."""
+    from scipy import sparse
+
+    lc = settings.lowercase
+    ids = [reps.word_index(c.sentences, vocab, lc) for c in (old, new)]
+    doc_names = list(dict.fromkeys([("old", d) for d in old.docs] + [("new", d) for d in new.docs]))
+    doc_of = {d: i for i, d in enumerate(doc_names)}
+    n_old_docs = len({d for d in old.docs})
+    word_doc = [np.repeat(np.array([doc_of[(side, d)] for d in c.docs], dtype=np.int64),
+                          [len(x) for x in c.sentences]) for side, c in (("old", old), ("new", new))]
+    V, L = len(vocab), ao.layers.shape[0]
+
+    def member(idx, keep):  # sparse [V, N] summing the kept positions of each vocabulary word
+        pos = np.flatnonzero((idx >= 0) & keep)
+        return sparse.csr_matrix((np.ones(len(pos), dtype=np.float32), (idx[pos], pos)), shape=(V, len(idx)))
+
+    totals = [member(i, np.ones(len(i), bool)) for i in ids]
+    total_counts = sum(np.asarray(t.sum(axis=1)).ravel() for t in totals)
+    layers = (ao.layers, an.layers)
+    total_sums = [sum(totals[k] @ np.asarray(layers[k][l], dtype=np.float32) for k in (0, 1)) for l in range(L)]
+    rng = np.random.default_rng(settings.seed + 1)
+    out = np.full((L, settings.permutations, V), np.nan)
+    for p in range(settings.permutations):
+        in_a = np.zeros(len(doc_names), dtype=bool)
+        in_a[rng.permutation(len(doc_names))[:n_old_docs]] = True
+        mats = [member(ids[k], in_a[word_doc[k]]) for k in (0, 1)]
+        counts_a = sum(np.asarray(m.sum(axis=1)).ravel() for m in mats)
+        counts_b = total_counts - counts_a
+        ok = (counts_a > 0) & (counts_b > 0)
+        for l in range(L):
+            sums_a = sum(mats[k] @ np.asarray(layers[k][l], dtype=np.float32) for k in (0, 1))
+            mean_a = sums_a / np.maximum(counts_a, 1)[:, None]
+            mean_b = (total_sums[l] - sums_a) / np.maximum(counts_b, 1)[:, None]
+            d = _displacement(mean_a.astype(np.float64), mean_b.astype(np.float64), anchor, settings.center)
+            out[l, p] = np.where(ok, d, np.nan)
+    return out
+
+
 def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
+    """Two corpora (two periods, or two communities: `split:` specs) through the same model; see the
+    module docstring. With `permutations`, each word's displacement also gets a z-score and a
+    permutation p-value against the same procedure on random document splits, and the most-moved
+    words rank by that z."""
     old = prepared.data["corpora"][settings.old_corpus]
     new = prepared.data["corpora"][settings.new_corpus]
     lc = settings.lowercase
     vo, co = reps.build_vocabulary(old.sentences, 10**9, settings.min_count, lc)
     vn, cn = reps.build_vocabulary(new.sentences, 10**9, settings.min_count, lc)
     fo, fn = dict(zip(vo, co)), dict(zip(vn, cn))
-    # shared words, most frequent first by the smaller of the two counts; at least 2 occurrences in
-    # each half of the old corpus for the split-half control
+    # shared words (min_count on each side: the both-side frequency control), most frequent first by
+    # the smaller of the two counts
     shared = sorted(set(fo) & set(fn), key=lambda w: (-min(fo[w], fn[w]), w))
     vocab = [w for w in shared if w.isalpha()][: settings.vocab_size]
     if len(vocab) < settings.anchors // 2 + 10:
@@ -563,6 +635,8 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
     both = (np.abs(T1).sum(axis=(0, 2)) > 0) & (np.abs(T2).sum(axis=(0, 2)) > 0)
     n_anchor = min(settings.anchors, len(vocab))
     anchor = np.arange(n_anchor)
+    perm = (_permutation_displacements(ao, an, old, new, vocab, anchor, settings)
+            if settings.permutations else None)
     freq = np.log(np.array([min(fo[w], fn[w]) for w in vocab], dtype=np.float64))
     n_old = np.array([fo[w] for w in vocab], dtype=np.float64)
     n_new = np.array([fn[w] for w in vocab], dtype=np.float64)
@@ -571,12 +645,8 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
     from scipy.stats import spearmanr
 
     for layer in range(len(Told)):
-        x, y = _prep(Told[layer], settings.center), _prep(Tnew[layer], settings.center)
-        R = ac.procrustes(x[anchor], y[anchor])
-        disp = 1 - np.sum(ac.normalize(ac.apply_map(x, R)) * ac.normalize(y), axis=1)
-        x1, x2 = _prep(T1[layer], settings.center), _prep(T2[layer], settings.center)
-        R12 = ac.procrustes(x1[anchor], x2[anchor])
-        split = 1 - np.sum(ac.normalize(ac.apply_map(x1, R12)) * ac.normalize(x2), axis=1)
+        disp = _displacement(Told[layer], Tnew[layer], anchor, settings.center)
+        split = _displacement(T1[layer], T2[layer], anchor, settings.center)
         # the halves average half the occurrences each; for averages of n iid draws the expected
         # 1 - cos grows like 1/n1 + 1/n2, so the noise floor of the old-vs-new comparison is
         # split * (1/n_old + 1/n_new) / (4/n_old) (a first-order correction)
@@ -591,23 +661,46 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
         metrics.setdefault("moved_fraction", []).append(float((excess[both] > 0).mean()))
         metrics.setdefault("freq_spearman", []).append(float(spearmanr(disp, freq).statistic))
         metrics.setdefault("freq_slope", []).append(float(coef[0]))
-        order = [i for i in np.argsort(-excess, kind="stable") if both[i]][: settings.top_moved]
+        word_stats: dict[str, np.ndarray] = {}
+        if perm is not None:
+            P = perm[layer]
+            valid = np.sum(~np.isnan(P), axis=0)
+            mu, sd = np.nanmean(P, axis=0), np.nanstd(P, axis=0, ddof=1)
+            z = (disp - mu) / np.where(sd > 0, sd, np.nan)
+            # permutation p-value with the +1 correction (Phipson & Smyth 2010): never 0
+            pval = (1 + np.sum(np.nan_to_num(P, nan=-np.inf) >= disp, axis=0)) / (1 + valid)
+            ranked = valid >= max(2, settings.permutations // 2)
+            word_stats = {"permutation_mean": mu, "z": z, "p_perm": pval}
+            metrics.setdefault("permutation_displacement", []).append(float(np.mean(mu[ranked])))
+            metrics.setdefault("moved_fraction_permutation", []).append(float((pval[ranked] < 0.05).mean()))
+            order = [i for i in np.argsort(-np.nan_to_num(z, nan=-np.inf), kind="stable") if ranked[i]]
+        else:
+            order = [i for i in np.argsort(-excess, kind="stable") if both[i]]
         layer_words.append([{"word": vocab[i], "displacement": round(float(disp[i]), 4),
                              "split_half": round(float(split[i]), 4), "noise_floor": round(float(floor[i]), 4),
                              "freq_residual": round(float(resid[i]), 4),
-                             "count_old": int(fo[vocab[i]]), "count_new": int(fn[vocab[i]])} for i in order])
+                             **{k: round(float(v[i]), 4) for k, v in word_stats.items()},
+                             "count_old": int(fo[vocab[i]]), "count_new": int(fn[vocab[i]])}
+                            for i in order[: settings.top_moved]])
     shown = settings.moved_layer if settings.moved_layer >= 0 else len(Told) + settings.moved_layer
     if not 0 <= shown < len(Told):
         raise ConfigError(f"moved_layer {settings.moved_layer} outside 0..{len(Told) - 1}")
     base = {"old_corpus": settings.old_corpus, "new_corpus": settings.new_corpus, "words": len(vocab),
             "anchors": n_anchor, "split_half_words": int(both.sum())}
+    if perm is not None:
+        base |= {"permutations": settings.permutations,
+                 "documents": [len(set(old.docs)), len(set(new.docs))]}
     top = layer_words[shown]
     unit.log("diachronic: most moved at layer %d: %s" % (shown, ", ".join(w["word"] for w in top[:10])))
+    baseline_of = {"noise_floor": ("noise_floor", "displacement")}
+    if perm is not None:
+        baseline_of["permutation_displacement"] = ("permutation", "displacement")
+    listed = ({"top_moved_z": [np.mean([w["z"] for w in top])]} if perm is not None else
+              {"top_moved_excess": [np.mean([w["displacement"] - w["noise_floor"] for w in top])]})
     return [baselines.mark_baselines(unit.rows("diachronic", {m: np.array(v) for m, v in metrics.items()}, split="all",
-                                            n=len(vocab), extra=base), {"noise_floor": ("noise_floor", "displacement")}),
-            # one row carries the list: value = the mean excess displacement of the listed words
-            unit.rows("diachronic", {"top_moved_excess": [np.mean([w["displacement"] - w["noise_floor"] for w in top])]},
-                      split="all", layers=[shown], n=len(top), extra={**base, "top_moved": top})]
+                                            n=len(vocab), extra=base), baseline_of),
+            # one row carries the list: value = the mean excess displacement (or mean z) of the listed words
+            unit.rows("diachronic", listed, split="all", layers=[shown], n=len(top), extra={**base, "top_moved": top})]
 
 
 # --------------------------------------------------------------------------- entry points
@@ -639,6 +732,12 @@ def summary(rows: pd.DataFrame) -> str:
         out.append(runner.aligned(table))
     for e, (_, r) in zip(extra, rows.iterrows()):
         if "top_moved" in e:
+            if "permutations" in e:  # ranked by z against random document splits
+                words = ", ".join(f"{w['word']} (z {w['z']:.1f}, p {w['p_perm']:.3f}, n {w['count_old']}/{w['count_new']})"
+                                  for w in e["top_moved"])
+                out.append(f"most moved, {r['model']} layer {int(r['layer'])} (z against {e['permutations']} document "
+                           f"permutations, counts old/new): {words}")
+                continue
             words = ", ".join(f"{w['word']} ({w['displacement']:.2f}/{w['noise_floor']:.2f})" for w in e["top_moved"])
             out.append(f"most moved, {r['model']} layer {int(r['layer'])} (displacement/noise floor): {words}")
     return "\n\n".join(out)

@@ -7,6 +7,7 @@ Corpora, dictionaries and seeds are strings in a config, so a new language pair 
 |---|---|
 | `raw:<name>` | a raw corpus of `workbench.data.raw` (brown, wikitext2, ewt_raw, cess_esp, conll2002_esp, ...), lines tokenised at word/punctuation boundaries |
 | `ud:<treebank>[:<split>]` | the words of a UD treebank split (all splits when none is given), e.g. `ud:en_pud`, `ud:es_gsd:dev` |
+| `split:<corpus>:<rule>` | the speeches of `state_union` or `inaugural` that a rule keeps: `party=<party>` or `years=<from>-<to>` (`probes.align.communities`), e.g. `split:state_union:party=Democratic` |
 | `columns:<path>` | a column file under the data root (CoNLL-2002/2003 style: the first column is the word, blank lines end sentences, `-DOCSTART-` lines skipped), e.g. `columns:nltk/conll2002/ned.train` |
 | `a+b` | the sentences of several specs, in order |
 
@@ -54,6 +55,7 @@ class Corpus:
     files: list[Path]
     sent_ids: list[str] | None = None  # UD sentence ids (for parallel treebanks)
     lemmas: list[list[str]] | None = None
+    docs: list[str] | None = None  # each sentence's document id (raw and split corpora: the independent unit)
 
 
 def _raw(name: str) -> Corpus:
@@ -61,13 +63,32 @@ def _raw(name: str) -> Corpus:
 
     if name not in raw.RAW_CORPORA:
         raise ConfigError(f"raw:{name}: unknown raw corpus; known: {sorted(raw.RAW_CORPORA)}")
-    sents = []
-    for doc in raw.load_documents(name):
+    return _documents(f"raw:{name}", raw.load_documents(name), list(raw.source_files(name)))
+
+
+def _documents(spec: str, documents, files: list[Path]) -> Corpus:
+    """Every non-empty line of the documents as a sentence, with its document id."""
+    sents, docs = [], []
+    for doc in documents:
         for line in doc.text.split("\n"):
             words = tokenize(line)
             if words:
                 sents.append(words)
-    return Corpus(f"raw:{name}", sents, list(raw.source_files(name)))
+                docs.append(doc.doc_id)
+    return Corpus(spec, sents, files, docs=docs)
+
+
+def _split(arg: str) -> Corpus:
+    """The documents of a raw corpus that a grouping rule keeps (`probes.align.communities`)."""
+    from probes.align import communities
+    from workbench.data import raw
+
+    name, key, value = communities.parse(arg)
+    kept = [d for d in raw.load_documents(name) if communities.keeps(d.doc_id, key, value)]
+    if not kept:
+        raise ConfigError(f"split:{arg}: no {name} speech matches {key}={value}")
+    names = {d.doc_id.rsplit("/", 1)[-1] for d in kept}
+    return _documents(f"split:{arg}", kept, [f for f in raw.source_files(name) if f.name in names])
 
 
 def _ud(arg: str) -> Corpus:
@@ -116,7 +137,7 @@ def _columns(rel: str) -> Corpus:
     return Corpus(f"columns:{rel}", sents, [path])
 
 
-_READERS = {"raw": _raw, "ud": _ud, "columns": _columns}
+_READERS = {"raw": _raw, "ud": _ud, "columns": _columns, "split": _split}
 
 
 def load_corpus(spec: str) -> Corpus:
@@ -133,19 +154,31 @@ def load_corpus(spec: str) -> Corpus:
     if len(out) == 1:
         return out[0]
     has_ids = all(c.sent_ids is not None for c in out)
+    has_docs = all(c.docs is not None for c in out)
     return Corpus(spec, [s for c in out for s in c.sentences], [f for c in out for f in c.files],
                   [i for c in out for i in c.sent_ids] if has_ids else None,
-                  [l for c in out for l in c.lemmas] if has_ids else None)
+                  [l for c in out for l in c.lemmas] if has_ids else None,
+                  [d for c in out for d in c.docs] if has_docs else None)
+
+
+def _sample_index(n: int, max_sentences: int, seed: int) -> np.ndarray:
+    if max_sentences and n > max_sentences:
+        return np.sort(np.random.default_rng(seed).choice(n, max_sentences, replace=False))
+    return np.arange(n)
 
 
 def sample_sentences(sentences: list[list[str]], max_sentences: int, seed: int,
                      max_words: int = 128) -> list[list[str]]:
     """At most `max_sentences` sentences (a seeded sample, original order kept), each cut to
     `max_words` words so one long line cannot dominate extraction time."""
-    idx = np.arange(len(sentences))
-    if max_sentences and len(sentences) > max_sentences:
-        idx = np.sort(np.random.default_rng(seed).choice(len(sentences), max_sentences, replace=False))
-    return [sentences[i][:max_words] for i in idx]
+    return [sentences[i][:max_words] for i in _sample_index(len(sentences), max_sentences, seed)]
+
+
+def sample_corpus(corpus: Corpus, max_sentences: int, seed: int, max_words: int = 128) -> Corpus:
+    """`sample_sentences` of a corpus, its document ids kept beside the sampled sentences."""
+    idx = _sample_index(len(corpus.sentences), max_sentences, seed)
+    docs = [corpus.docs[i] for i in idx] if corpus.docs is not None else None
+    return Corpus(corpus.spec, [corpus.sentences[i][:max_words] for i in idx], corpus.files, docs=docs)
 
 
 # --------------------------------------------------------------------------- dictionaries
@@ -218,6 +251,12 @@ def _averaging_matrix(groups: np.ndarray, n_groups: int) -> sparse.csr_matrix:
     return sparse.csr_matrix((weights, (g, keep)), shape=(n_groups, len(groups)))
 
 
+def word_index(sentences: Sequence[Sequence[str]], vocab: Sequence[str], lowercase: bool = True) -> np.ndarray:
+    """Each word position's vocabulary index (-1 when the word is not in `vocab`)."""
+    index = {w: i for i, w in enumerate(vocab)}
+    return np.fromiter((index.get(key(w, lowercase), -1) for s in sentences for w in s), dtype=np.int64)
+
+
 def type_vectors(layers: np.ndarray, sentences: Sequence[Sequence[str]], vocab: Sequence[str],
                  lowercase: bool = True, layer_ids: Sequence[int] | None = None,
                  mask: np.ndarray | None = None) -> np.ndarray:
@@ -225,8 +264,7 @@ def type_vectors(layers: np.ndarray, sentences: Sequence[Sequence[str]], vocab: 
     (Schuster et al. 2019's anchors). `layers` is `Activations.layers` for exactly `sentences`;
     `mask` (bool per word position) restricts the occurrences used (split-half controls).
     A word with no occurrence gets a zero row."""
-    index = {w: i for i, w in enumerate(vocab)}
-    ids = np.fromiter((index.get(key(w, lowercase), -1) for s in sentences for w in s), dtype=np.int64)
+    ids = word_index(sentences, vocab, lowercase)
     if len(ids) != layers.shape[1]:
         raise ConfigError(f"{len(ids)} words in the sentences but {layers.shape[1]} activation rows")
     if mask is not None:

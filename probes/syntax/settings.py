@@ -12,7 +12,7 @@ TASKS = ("upos", "xpos", "deprel", "arc", "structural-distance", "structural-dep
 CLASSIFICATION_TASKS = ("upos", "xpos", "deprel", "arc")
 STRUCTURAL_TASKS = ("structural-distance", "structural-depth")
 # `structural:` settings, passed through to `probes.syntax.structural.fit_structural_probe` (its defaults).
-STRUCTURAL_SETTINGS = ("rank", "epochs", "batch_size", "lr", "patience", "lr_decay")
+STRUCTURAL_SETTINGS = ("rank", "epochs", "batch_size", "lr", "patience", "lr_decay", "standardize")
 BASELINES = ("majority", "control", "random_init")
 PROBE_KINDS = ("linear", "mlp")
 PAIR_FEATURES = ("concat", "concat_product")
@@ -47,7 +47,7 @@ class SyntaxSettings(runner.Settings):
     structural_max_train_sentences: int | None = field(default=2000, metadata={
         "help": "cap on the structural probes' training sentences (0 = no cap)"})
     structural: dict = field(default_factory=dict, metadata={
-        "help": "structural probe settings: rank, epochs, batch_size, lr, patience, lr_decay"})
+        "help": "structural probe settings: rank, epochs, batch_size, lr, patience, lr_decay, standardize"})
     probe_config: dict = field(default_factory=dict, metadata={"help": "fitting.ProbeConfig overrides"})
     early_stopping_fraction: float = 0.1
     holdout_fraction: float = 0.2

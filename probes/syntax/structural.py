@@ -290,6 +290,32 @@ class StructuralFit:
     lr_decay: float
     dev_loss_history: np.ndarray | None = None  # [epochs, L+1]: each epoch's dev loss
     lr_history: np.ndarray | None = None  # [epochs, L+1]: the learning rate each epoch trained with
+    scaling: tuple[torch.Tensor, torch.Tensor] | None = None  # (mean, sd) [L+1, 1, 1, H] when standardised
+
+
+def feature_scaling(data: TreeSet, batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per layer and dimension, the mean and standard deviation of the training words' features
+    (shaped [L+1, 1, 1, H] to broadcast over padded batches; sd floored at 1e-6).
+
+    Why: a few dimensions of Llama-style models carry "massive activations" thousands of times the
+    others on a few tokens (Sun et al. 2024, "Massive Activations in Large Language Models"); on raw
+    features the squared distances of the structural probe are dominated by them and Adam at the
+    paper's rate cannot undo that scale. z-scoring each dimension (the linear probes' default,
+    `probes.core.fitting.ProbeConfig.standardize`) makes the fit independent of per-dimension scale."""
+    total, total_sq, count = None, None, 0
+    for start in range(0, len(data), batch_size):
+        x, mask, _, _ = data.batch(list(range(start, min(start + batch_size, len(data)))))
+        xs = x[:, mask].double()  # [L+1, words, H]
+        total = xs.sum(1) if total is None else total + xs.sum(1)
+        total_sq = (xs ** 2).sum(1) if total_sq is None else total_sq + (xs ** 2).sum(1)
+        count += xs.shape[1]
+    mean = total / count
+    sd = (total_sq / count - mean ** 2).clamp_min(0).sqrt().clamp_min(1e-6)
+    return mean.float()[:, None, None, :], sd.float()[:, None, None, :]
+
+
+def _scaled(x: torch.Tensor, scaling) -> torch.Tensor:
+    return x if scaling is None else (x - scaling[0]) / scaling[1]
 
 
 class LayerwisePlateau:
@@ -317,7 +343,8 @@ class LayerwisePlateau:
 
 def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", rank: int = 64,
                          epochs: int = 30, batch_size: int = 32, lr: float = 1e-3, patience: int = 4,
-                         lr_decay: float = PLATEAU_FACTOR, seed: int = 0, progress: bool = True) -> StructuralFit:
+                         lr_decay: float = PLATEAU_FACTOR, seed: int = 0, progress: bool = True,
+                         standardize: bool = False) -> StructuralFit:
     """Fit distance or depth probes for all layers at once (Hewitt & Manning 2019).
 
     The paper's regimen (structural-probes/regimen.py), per layer: Adam at 1e-3 and torch's
@@ -328,6 +355,8 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
     when no layer has improved for `patience` epochs. Without the decay a probe trained on a few
     thousand sentences stops within 3-4 epochs, still oscillating, and its UUAS moves by ~0.05 with
     the model's seed (docs/training-plateau.md, which also compares factor 0.1 with 0.5).
+    `standardize` z-scores every feature dimension with the training words' statistics first
+    (`feature_scaling`; off by default: Hewitt & Manning's probe reads raw features).
     """
     if kind not in ("distance", "depth"):
         raise ValueError(f"kind must be 'distance' or 'depth', not {kind!r}")
@@ -335,6 +364,7 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
         raise ValueError(f"lr_decay must lie in (0, 1], got {lr_decay}")
     gen = torch.Generator().manual_seed(seed)
     n_layers, _, hidden = train.features.shape
+    scaling = feature_scaling(train) if standardize else None
     probe = LayerwiseStructuralProbe(n_layers, hidden, min(rank, hidden), gen)
     # one Adam per layer (Adam's state is per parameter: the same updates as one optimizer over all
     # layers), so that each layer's rate has its own plateau schedule
@@ -346,10 +376,12 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
     stale = 0
     order_rng = np.random.default_rng(seed)
     dev_batches = [dev.batch(list(range(i, min(i + batch_size, len(dev))))) for i in range(0, len(dev), batch_size)]
+    dev_batches = [(_scaled(x, scaling), *rest) for x, *rest in dev_batches]
     epoch = 0
     for epoch in tqdm(range(1, epochs + 1), desc=f"{kind} probe", disable=not progress):
         for batch_idx in _length_buckets(train, batch_size, order_rng):
             x, mask, dist, depth = train.batch(batch_idx)
+            x = _scaled(x, scaling)
             loss = _probe_loss(probe, kind, x, mask, dist, depth).sum()  # layers are independent
             for opt in opts:
                 opt.zero_grad()
@@ -371,7 +403,7 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
         if stale >= patience:
             break
     return StructuralFit(kind=kind, proj=best_proj, dev_loss=best.numpy(), epochs=epoch, lr_decay=lr_decay,
-                         dev_loss_history=np.array(loss_history), lr_history=np.array(lr_history))
+                         dev_loss_history=np.array(loss_history), lr_history=np.array(lr_history), scaling=scaling)
 
 
 @torch.no_grad()
@@ -385,6 +417,7 @@ def predict(fit: StructuralFit, data: TreeSet, batch_size: int = 64) -> list[lis
     for start in range(0, len(data), batch_size):
         idx = list(range(start, min(start + batch_size, len(data))))
         x, mask, _, _ = data.batch(idx)
+        x = _scaled(x, fit.scaling)
         pred = probe.distances(x) if fit.kind == "distance" else probe.depths(x)
         for b in range(len(idx)):
             n = int(mask[b].sum())

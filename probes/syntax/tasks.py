@@ -256,6 +256,8 @@ def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
     lengths = np.array([len(h) for h in ev.heads])
     extra = {"n_train": len(train), "rank": int(fitted.proj.shape[-1]), "epochs": fitted.epochs,
              "lr_decay": fitted.lr_decay}
+    if fitted.scaling is not None:
+        extra["standardized"] = True
     out = []
     scores = st.sentence_scores(kind, preds, ev)
     if kind == "distance":
