@@ -38,9 +38,24 @@ def _rate(x: float) -> str:
     return f"{x:,.0f}"
 
 
+def device_of(r: dict) -> str:
+    """Where a record's figures were measured: "cpu", or the GPU's name (a GPU run is its own row, never
+    the newest CPU figure of the same kind)."""
+    if r.get("gpu"):
+        return r["gpu"]
+    return "cuda" if str(r.get("device", "cpu")).startswith("cuda") else "cpu"
+
+
 def _rows(r: dict) -> list[tuple[str, str, str, str, str]]:
     """(what, ours, baseline, ratio, target) rows of one record."""
     b = r["benchmark"]
+    if b == "bench_gpu":
+        peak = r["bf16_matmul_peak"]["flops_per_s"] / 1e12
+        shape = f"BERT {r['preset']}, {r['batch_size']}x{r['max_len']}, bf16"
+        return [(f"training tokens/s, {shape}, vs HF Trainer packed in bf16", _rate(r["ours_tokens_per_s"]),
+                 _rate(r["hf_packed_tokens_per_s"]), f"{r['ratio_vs_packed']:.2f}x", ""),
+                (f"training MFU (bf16 matmul peak {peak:.0f} TFLOP/s measured), HF packed as baseline",
+                 f"{100 * r['mfu_ours']:.1f}%", f"{100 * r['mfu_hf_packed']:.1f}%", "", "")]
     if b == "bench_train":
         shape = f"BERT {r['preset']}, {r['batch_size']}x{r['max_len']}"
         peak = r["matmul_peak_flops_per_s"] / 1e9
@@ -96,8 +111,11 @@ def table(records: list[dict], latest_only: bool = True) -> str:
     records = sorted(records, key=lambda r: (r["benchmark"], r.get("finished", "")))
     rows: dict = {}
     for n, r in enumerate(records):
+        device = device_of(r)
         for k, row in enumerate(_rows(r)):
-            kind = (r["benchmark"], row[0].split(",")[0].split("(")[0] if latest_only else n, k)
+            kind = (r["benchmark"], device, row[0].split(",")[0].split("(")[0] if latest_only else n, k)
+            if device != "cpu":
+                row = (f"[{device}] {row[0]}", *row[1:])
             rows[kind] = ("| " + " | ".join([*row, str(r.get("threads", "")), _load_text(r), r["_file"]]) + " |", r)
     lines = ["| figure | ours | baseline | ratio | target | threads | load avg start -> end | record |",
              "|---|---|---|---|---|---|---|---|", *(text for text, _ in rows.values())]
@@ -107,6 +125,8 @@ def table(records: list[dict], latest_only: bool = True) -> str:
         m = r.get("machine", {})
         label = (f"{m['model']}, {m['cpus']} cores ({', '.join(m.get('flags', []))})" if m.get("model")
                  else "not recorded (an older record)")
+        if device_of(r) != "cpu":
+            label = f"GPU {device_of(r)} (host CPU {label})"
         cpus.setdefault(label, [])
         if r["_file"] not in cpus[label]:
             cpus[label].append(r["_file"])
@@ -114,7 +134,7 @@ def table(records: list[dict], latest_only: bool = True) -> str:
         lines.append("")
         for label, files in cpus.items():
             which = "" if len(cpus) == 1 else f" for {', '.join(files)}"
-            lines.append(f"CPU{which}: {label}.")
+            lines.append(f"Machine{which}: {label}.")
     return "\n".join(lines)
 
 

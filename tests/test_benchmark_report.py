@@ -54,3 +54,21 @@ def test_report_table_comes_from_the_newest_record_and_fills_the_readme(tmp_path
     assert text in doc
     every = report.main(["--results", str(tmp_path), "--all"])
     assert "12.0x" in every and "25.6x" in every
+
+
+def test_a_gpu_record_is_its_own_row_and_never_replaces_the_cpu_figure(tmp_path):
+    """A newer GPU extraction record must not take the place of the CPU one (the README table is per
+    device): both rows stay, the GPU one labelled with its device and machine."""
+    import report
+
+    speed = lambda ours: {"tokens_per_s": {c: {"ours": ours, "bare": 1000.0, "naive": 10.0} for c in ("wall", "cpu")},  # noqa: E731
+                          "overhead_vs_bare": {"wall": ours / 1000.0 - 1, "cpu": ours / 1000.0 - 1},
+                          "speedup_vs_naive": {"wall": ours / 10.0, "cpu": ours / 10.0}}
+    machine = {"model": "Test CPU", "cpus": 2, "flags": [], "loadavg_at_start": [1, 1, 1], "loadavg_at_end": [1, 1, 1]}
+    (tmp_path / "cpu.json").write_text(json.dumps({"benchmark": "bench_extraction", "finished": "2026-11-25T10:00:00+0000",
+                                                   "device": "cpu", "speed": speed(960.0), "machine": machine}))
+    (tmp_path / "gpu.json").write_text(json.dumps({"benchmark": "bench_extraction", "finished": "2026-11-26T10:00:00+0000",
+                                                   "device": "cuda", "speed": speed(500.0), "machine": machine}))
+    text = report.main(["--results", str(tmp_path)])
+    assert "-4.0%" in text and "-50.0%" in text  # both overheads: the CPU row was not replaced
+    assert "[cuda] extraction overhead" in text and "GPU cuda (host CPU Test CPU" in text
