@@ -1,0 +1,452 @@
+"""The alignment tasks, one function each, and `_finish` (the model-pair matrices; see the package docstring)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from probes.align import reps
+from probes.align.settings import KS, NAME, Settings, _activations, _ci, _layer_map, _prep, _target_handle
+from probes.core import baselines, runner
+from probes.core import geometry as ac
+from workbench.errors import ConfigError
+
+
+# --------------------------------------------------------------------------- bli and fake-language
+
+
+def _bli_layers(X: np.ndarray, Y: np.ndarray, lex: ac.Lexicon, settings: Settings, seed_pairs, same_space: bool,
+                twin_offset: int) -> tuple[dict[str, np.ndarray], dict[str, tuple], int, dict[str, Any]]:
+    """BLI metrics for every layer. X: [L, Vs, H] source type vectors, Y: [L, Vt, H'] target ones."""
+    train, gold = lex.split(settings.test_fraction, settings.seed)
+    if not train:
+        raise ConfigError("the dictionary split leaves no training pairs")
+    ts, tt = (list(v) for v in zip(*train))
+    method, k = settings.retrieval, settings.csls_k
+    metrics: dict[str, list] = {}
+    correct1, correct1_seed = [], []
+    info: dict[str, Any] = {"train_pairs": len(train), "test_words": len(gold), "seed_pairs": len(seed_pairs)}
+    for layer in range(len(X)):
+        x, y = _prep(X[layer], settings.center), _prep(Y[layer], settings.center)
+        R = ac.procrustes(x[ts], y[tt])
+        res = ac.bli(x, y, gold, R, method, k, KS)
+        for kk in KS:
+            metrics.setdefault(f"p_at_{kk}", []).append(res.p_at(kk))
+        correct1.append(res.correct[1])
+        metrics.setdefault("p_at_1_cosine", []).append(ac.bli(x, y, gold, R, "cosine", k, (1,)).p_at(1))
+        if "random_rotation" in settings.baselines:
+            Rr = ac.random_rotation(R.shape[0], settings.seed + 1000 + layer)
+            metrics.setdefault("p_at_1_rotation", []).append(ac.bli(x, y, gold, Rr, method, k, (1,)).p_at(1))
+        if same_space:
+            metrics.setdefault("p_at_1_unmapped", []).append(ac.bli(x, y, gold, None, method, k, (1,)).p_at(1))
+        if seed_pairs:
+            sl = ac.self_learning(x, y, seed_pairs, settings.refine_iters, k)
+            r = ac.bli(x, y, gold, sl.R, method, k, (1,))
+            metrics.setdefault("p_at_1_seeded", []).append(r.p_at(1))
+            correct1_seed.append(r.correct[1])
+            info.setdefault("induced_pairs", []).append(len(sl.pairs))
+    ci = {"p_at_1": _ci(np.array(correct1), settings, twin_offset)}
+    if correct1_seed:
+        ci["p_at_1_seeded"] = _ci(np.array(correct1_seed), settings, twin_offset + 1)
+    return {m: np.array(v) for m, v in metrics.items()}, ci, len(gold), info
+
+
+def _seed_pairs(settings: Settings, prepared: runner.Prepared, src_vocab, tgt_vocab, test_sources: set[int]):
+    if settings.seed_dictionary == "numerals":
+        pairs = ac.identical_seed(src_vocab, tgt_vocab, numerals_only=True)
+    elif settings.seed_dictionary == "identical":
+        pairs = ac.identical_seed(src_vocab, tgt_vocab, numerals_only=False)
+    else:
+        pairs = ac.Lexicon.from_word_pairs(src_vocab, tgt_vocab, prepared.data["seed_pairs"]).pairs
+    return [(s, t) for s, t in pairs if s not in test_sources]  # never seed with a test word
+
+
+def _type_space(handle, unit, settings, corpus: reps.Corpus, keep: Sequence[str], key: str,
+                vocab: list[str] | None = None):
+    """(vocabulary, counts, [L+1, V, H] type vectors, static [V, E]) of a corpus through a handle."""
+    if vocab is None:
+        vocab, counts = reps.build_vocabulary(corpus.sentences, settings.vocab_size, settings.min_count,
+                                              settings.lowercase, keep)
+    else:
+        counts = None
+    acts = _activations(handle, unit, corpus.sentences, key, settings)
+    T = reps.type_vectors(acts.layers, corpus.sentences, vocab, settings.lowercase)
+    return vocab, counts, T, reps.static_vectors(handle, vocab)
+
+
+def _bli_rows(unit, task, settings, prepared, src_corpus, tgt_corpus, lexicon_pairs, tgt_handle, tgt_name,
+              same_space, seeds_allowed=True, tgt_vocab_fn=None) -> list[pd.DataFrame]:
+    src_keep = [a for a, _ in lexicon_pairs]
+    vs, cs, X, Xs = _type_space(unit.handle, unit, settings, src_corpus, src_keep, f"align:{task}:src")
+    if tgt_vocab_fn is not None:
+        vt = tgt_vocab_fn(vs)
+        _, _, Y, Ys = _type_space(tgt_handle, unit, settings, tgt_corpus, (), f"align:{task}:tgt", vocab=vt)
+    else:
+        vt, _, Y, Ys = _type_space(tgt_handle, unit, settings, tgt_corpus, [b for _, b in lexicon_pairs],
+                                   f"align:{task}:tgt")
+    lex = ac.Lexicon.from_word_pairs(vs, vt, lexicon_pairs)
+    if len(lex.sources()) < 4:
+        raise ConfigError(f"{task}: only {len(lex.sources())} dictionary words occur in both corpora "
+                          f"(>= {settings.min_count} times); use larger corpora or a lower min_count")
+    _, gold = lex.split(settings.test_fraction, settings.seed)
+    seeds = _seed_pairs(settings, prepared, vs, vt, set(gold)) if seeds_allowed else []
+    lmap = _layer_map(len(X), len(Y))
+    Y = Y[lmap]
+    off = 17 if unit.is_twin else 0
+    metrics, ci, n, info = _bli_layers(X, Y, lex, settings, seeds, same_space, off)
+    extra = {"target_model": tgt_name, "target_layers": lmap, "dictionary_pairs": len(lex.pairs),
+             "src_vocab": len(vs), "tgt_vocab": len(vt), "retrieval": settings.retrieval, **info}
+    rows = [unit.rows(task, metrics, split="test", n=n, ci=ci, extra=extra)]
+    rows[0] = baselines.mark_baselines(rows[0], {"p_at_1_rotation": ("random_rotation", "p_at_1"), "p_at_1_unmapped": ("unmapped", "p_at_1")})
+    # static case: input-embedding rows (Mikolov et al. 2013 / Conneau et al. 2018 on word embeddings)
+    smetrics, sci, _, _ = _bli_layers(Xs[None], Ys[None], lex, settings, seeds, same_space, off + 2)
+    rows.append(unit.rows(task, {f"static_{m}": v for m, v in smetrics.items()}, split="test", layers=[0], n=n,
+                          ci={f"static_{m}": c for m, c in sci.items()}, extra={**extra, "representation": "static"}))
+    unit.log(f"{task}: P@1 by layer " + " ".join(f"{v:.2f}" for v in metrics["p_at_1"]))
+    return rows
+
+
+def _bli(unit, prepared, settings) -> list[pd.DataFrame]:
+    d = prepared.data
+    tgt_handle, tgt_name = _target_handle(unit, settings)
+    return _bli_rows(unit, "bli", settings, prepared, d["corpora"][settings.src_corpus],
+                     d["corpora"][settings.tgt_corpus], d["dictionary"], tgt_handle, tgt_name,
+                     same_space=tgt_handle is unit.handle)
+
+
+def _fake_language(unit, prepared, settings) -> list[pd.DataFrame]:
+    from workbench.data.fake_language import shift_text
+
+    src = prepared.data["corpora"][settings.fake_corpus]
+    shift = shift_text if settings.shift_target else (lambda w: w)
+    tgt = reps.Corpus(src.spec + ("@shifted" if settings.shift_target else ""),
+                      [[shift(w) for w in s] for s in src.sentences], src.files)
+    vocab, _ = reps.build_vocabulary(src.sentences, settings.vocab_size, settings.min_count, settings.lowercase)
+    pairs = [(w, shift(w)) for w in vocab]  # the exact dictionary
+    tgt_handle, tgt_name = _target_handle(unit, settings)
+    return _bli_rows(unit, "fake-language", settings, prepared, src, tgt, pairs, tgt_handle, tgt_name,
+                     same_space=tgt_handle is unit.handle, seeds_allowed=False,
+                     tgt_vocab_fn=lambda vs: [shift(w) for w in vs])
+
+
+# --------------------------------------------------------------------------- parallel sentences
+
+
+def _parallel(unit, prepared, settings) -> list[pd.DataFrame]:
+    p = prepared.data["parallel"]
+    tgt_handle, tgt_name = _target_handle(unit, settings)
+    same = tgt_handle is unit.handle
+    a = _activations(unit.handle, unit, p["src"], "align:parallel:src", settings)
+    b = _activations(tgt_handle, unit, p["tgt"], "align:parallel:tgt", settings)
+    S = reps.sentence_vectors(a.layers, a.sentence_offsets)
+    T = reps.sentence_vectors(b.layers, b.sentence_offsets)
+    lmap = _layer_map(len(S), len(T))
+    T = T[lmap]
+    n = S.shape[1]
+    perm = np.random.default_rng(settings.seed).permutation(n)
+    n_train = int(round(settings.parallel_train_fraction * n))
+    train, test = np.sort(perm[:n_train]), np.sort(perm[n_train:])
+    method, k = settings.retrieval, settings.csls_k
+    metrics: dict[str, list] = {}
+    correct = []
+    for layer in range(len(S)):
+        x, y = _prep(S[layer], settings.center), _prep(T[layer], settings.center)
+        R = ac.procrustes(x[train], y[train])
+        c = ac.retrieval_accuracy(ac.apply_map(x[test], R), y[test], method, k)
+        correct.append(c)
+        metrics.setdefault("accuracy", []).append(c.mean())
+        if same:
+            metrics.setdefault("accuracy_unmapped", []).append(ac.retrieval_accuracy(x[test], y[test], method, k).mean())
+        if "random_rotation" in settings.baselines:
+            Rr = ac.random_rotation(R.shape[0], settings.seed + 1000 + layer)
+            metrics.setdefault("accuracy_rotation", []).append(
+                ac.retrieval_accuracy(ac.apply_map(x[test], Rr), y[test], method, k).mean())
+    off = 17 if unit.is_twin else 0
+    ci = {"accuracy": _ci(np.array(correct), settings, off)}
+    extra = {"target_model": tgt_name, "target_layers": lmap, "train_pairs": len(train), "chance": 1 / len(test),
+             "retrieval": method}
+    rows = [unit.rows("parallel", {m: np.array(v) for m, v in metrics.items()}, split="test", n=len(test), ci=ci,
+                      extra=extra)]
+    rows[0] = baselines.mark_baselines(rows[0], {"accuracy_unmapped": ("unmapped", "accuracy"), "accuracy_rotation": ("random_rotation", "accuracy")})
+    word = _word_alignment(a, b, lmap, p, train, test, prepared.data.get("dictionary", []), settings)
+    if word is not None:
+        wm, wci, wn, winfo = word
+        rows.append(baselines.mark_baselines(unit.rows("parallel", wm, split="test", n=wn, ci=wci, extra={**extra, **winfo}), {"word_alignment_unmapped": ("unmapped", "word_alignment"), "word_alignment_chance": ("chance", "word_alignment")}))
+    unit.log("parallel: accuracy by layer " + " ".join(f"{v:.2f}" for v in metrics["accuracy"]))
+    return rows
+
+
+def _word_alignment(a, b, lmap, p, train, test, dictionary, settings):
+    """Within each sentence pair, an English word whose lemma has a dictionary translation among the
+    Spanish lemmas is aligned to its nearest Spanish word (cosine after a word-level Procrustes map
+    fitted on the train sentences' matches); correct when that word's lemma is a gold translation."""
+    trans: dict[str, set[str]] = {}
+    for s, t in dictionary:
+        trans.setdefault(s, set()).add(t)
+
+    def matches(idx):
+        out = []  # (src word row, tgt word row, sentence, gold tgt rows, candidate tgt rows)
+        for si in idx:
+            sl = [w.lower() for w in p["src_lemmas"][si]]
+            tl = [w.lower() for w in p["tgt_lemmas"][si]]
+            a0, b0 = a.sentence_offsets[si], b.sentence_offsets[si]
+            for i, lem in enumerate(sl):
+                gold = [j for j, t in enumerate(tl) if t in trans.get(lem, ())]
+                if gold:
+                    out.append((a0 + i, b0 + gold[0], [b0 + j for j in gold], np.arange(b0, b0 + len(tl))))
+        return out
+
+    tr, te = matches(train), matches(test)
+    if len(tr) < 20 or len(te) < 20:
+        return None
+    src_rows = np.array([m[0] for m in tr])
+    tgt_rows = np.array([m[1] for m in tr])
+    metrics: dict[str, list] = {"word_alignment": [], "word_alignment_unmapped": [], "word_alignment_chance": []}
+    correct = []
+    for layer, tl in enumerate(lmap):
+        A = np.asarray(a.layers[layer], dtype=np.float64)
+        B = np.asarray(b.layers[tl], dtype=np.float64)
+        R = ac.procrustes(ac.normalize(A[src_rows]), ac.normalize(B[tgt_rows]))
+        c, cu = [], []
+        for srow, _, gold, cands in te:
+            sims = ac.cosine_matrix(ac.apply_map(A[srow][None], R), B[cands])[0]
+            c.append(cands[int(np.argmax(sims))] in gold)
+            if A.shape[1] == B.shape[1]:
+                cu.append(cands[int(np.argmax(ac.cosine_matrix(A[srow][None], B[cands])[0]))] in gold)
+        correct.append(np.array(c))
+        metrics["word_alignment"].append(np.mean(c))
+        metrics["word_alignment_unmapped"].append(np.mean(cu) if cu else float("nan"))
+        metrics["word_alignment_chance"].append(np.mean([len(g) / len(cands) for _, _, g, cands in te]))
+    ci = {"word_alignment": _ci(np.array(correct), settings, 5)}
+    return ({m: np.array(v) for m, v in metrics.items()}, ci, len(te), {"word_train_pairs": len(tr)})
+
+
+# --------------------------------------------------------------------------- model pairs
+
+
+def _pair_vectors(handle, unit_or_none, prepared, settings, stack=None) -> np.ndarray:
+    c = prepared.data["corpora"][settings.pair_corpus]
+    key = "align:model-pair"
+    if unit_or_none is not None:
+        acts = unit_or_none.activations(c.sentences, key)
+    else:
+        from workbench.activations import extract
+
+        acts = extract(handle, c.sentences, key, stack=stack, batch_size=settings.batch_size,
+                       cache_dir=settings.cache_dir, progress=settings.progress)
+    idx = prepared.data["pair_index"]
+    return np.stack([np.asarray(acts.layers[l][idx], dtype=np.float32) for l in range(acts.num_layers)])
+
+
+def _model_pair(unit, prepared, settings) -> list[pd.DataFrame]:
+    V = _pair_vectors(unit.handle, unit, prepared, settings)
+    prepared.data["pair_vectors"][(unit.model, unit.stack)] = V
+    cka0 = [ac.linear_cka(V[0], V[l]) for l in range(len(V))]
+    return [unit.rows("model-pair", {"cka_to_layer0": cka0}, split="all", n=V.shape[1],
+                      extra={"corpus": settings.pair_corpus})]
+
+
+def _finish(results: list[runner.UnitResult], prepared, settings) -> list[pd.DataFrame]:
+    """i x j CKA and Procrustes-retrieval matrices for every pair of models of the run."""
+    from workbench.results import validate_rows
+
+    if "model-pair" not in settings.tasks:
+        return []
+    units = [(r.model, r.stack, r.checkpoint, r.is_twin) for r in results if r.task == "model-pair"]
+    vecs = prepared.data["pair_vectors"]
+    for model, stack, ck, is_twin in units:
+        if (model, stack) not in vecs:  # a unit reused from an interrupted attempt: re-read its cached vectors
+            from workbench.models import ModelHandle
+
+            h = ck.handle if ck.handle is not None else ModelHandle.load(ck.path)
+            if is_twin:
+                h = h.derive("random_init", {"seed": settings.seed + runner.TWIN_SEED_OFFSET})
+            vecs[(model, stack)] = _pair_vectors(h, None, prepared, settings, stack)
+    n = len(prepared.data["pair_index"])
+    perm = np.random.default_rng(settings.seed + 1).permutation(n)
+    train, test = np.sort(perm[: n // 2]), np.sort(perm[n // 2:])
+    rows = []
+    for ia in range(len(units)):
+        for ib in range(ia + 1, len(units)):
+            (ma, sa, cka_a, _), (mb, sb, _, _) = units[ia], units[ib]
+            A, B = vecs[(ma, sa)], vecs[(mb, sb)]
+            cka = ac.cka_matrix(list(A), list(B))
+            ret = ac.procrustes_retrieval_matrix(list(A), list(B), train, test, settings.retrieval, settings.csls_k,
+                                                 settings.center)
+            mats = {"cka": cka, "retrieval": ret}
+            if "random_rotation" in settings.baselines:
+                mats["retrieval_rotation"] = _rotation_matrix(A, B, test, settings)
+            for metric, M in mats.items():
+                for i in range(M.shape[0]):
+                    for j in range(M.shape[1]):
+                        rows.append({"model": ma, "family": cka_a.family, "seed": cka_a.seed, "step": cka_a.step,
+                                     "probe": NAME, "task": "model-pair", "split": "test" if metric != "cka" else "all",
+                                     "stack": sa, "layer": i, "metric": metric, "value": float(M[i, j]),
+                                     "n": len(test) if metric != "cka" else n,
+                                     "extra": {"other_model": mb, "other_stack": sb, "other_layer": j,
+                                               "corpus": settings.pair_corpus}})
+    return [validate_rows(rows)] if rows else []
+
+
+def _rotation_matrix(A, B, test, settings) -> np.ndarray:
+    out = np.zeros((len(A), len(B)))
+    for i in range(len(A)):
+        x = _prep(A[i], settings.center)
+        for j in range(len(B)):
+            y = _prep(B[j], settings.center)
+            Rr = ac.random_rotation(max(x.shape[1], y.shape[1]), settings.seed + 1000 + 31 * i + j)
+            out[i, j] = ac.retrieval_accuracy(ac.apply_map(x[test], Rr), y[test], settings.retrieval,
+                                              settings.csls_k).mean()
+    return out
+
+
+# --------------------------------------------------------------------------- diachronic
+
+
+def _displacement(x: np.ndarray, y: np.ndarray, anchor: np.ndarray, center: bool) -> np.ndarray:
+    """1 - cos between each word's two vectors after a Procrustes map fitted on the anchor words
+    (Hamilton et al. 2016; a word absent on one side has a zero row and gets displacement 1)."""
+    x, y = _prep(x, center), _prep(y, center)
+    R = ac.procrustes(x[anchor], y[anchor])
+    return 1 - np.sum(ac.normalize(ac.apply_map(x, R)) * ac.normalize(y), axis=1)
+
+
+def _permutation_displacements(ao, an, old, new, vocab, anchor, settings) -> np.ndarray:
+    """[L, P, V] displacements of the same procedure on random splits of the pooled documents of both
+    corpora (each split gives side A as many documents as the old corpus has; whole documents move,
+    the independent unit, so a speech's repeated phrasing cannot pass for a community's). A word
+    missing from one side of a split gets NaN there."""
+    from scipy import sparse
+
+    lc = settings.lowercase
+    ids = [reps.word_index(c.sentences, vocab, lc) for c in (old, new)]
+    doc_names = list(dict.fromkeys([("old", d) for d in old.docs] + [("new", d) for d in new.docs]))
+    doc_of = {d: i for i, d in enumerate(doc_names)}
+    n_old_docs = len({d for d in old.docs})
+    word_doc = [np.repeat(np.array([doc_of[(side, d)] for d in c.docs], dtype=np.int64),
+                          [len(x) for x in c.sentences]) for side, c in (("old", old), ("new", new))]
+    V, L = len(vocab), ao.layers.shape[0]
+
+    def member(idx, keep):  # sparse [V, N] summing the kept positions of each vocabulary word
+        pos = np.flatnonzero((idx >= 0) & keep)
+        return sparse.csr_matrix((np.ones(len(pos), dtype=np.float32), (idx[pos], pos)), shape=(V, len(idx)))
+
+    totals = [member(i, np.ones(len(i), bool)) for i in ids]
+    total_counts = sum(np.asarray(t.sum(axis=1)).ravel() for t in totals)
+    layers = (ao.layers, an.layers)
+    total_sums = [sum(totals[k] @ np.asarray(layers[k][l], dtype=np.float32) for k in (0, 1)) for l in range(L)]
+    rng = np.random.default_rng(settings.seed + 1)
+    out = np.full((L, settings.permutations, V), np.nan)
+    for p in range(settings.permutations):
+        in_a = np.zeros(len(doc_names), dtype=bool)
+        in_a[rng.permutation(len(doc_names))[:n_old_docs]] = True
+        mats = [member(ids[k], in_a[word_doc[k]]) for k in (0, 1)]
+        counts_a = sum(np.asarray(m.sum(axis=1)).ravel() for m in mats)
+        counts_b = total_counts - counts_a
+        ok = (counts_a > 0) & (counts_b > 0)
+        for l in range(L):
+            sums_a = sum(mats[k] @ np.asarray(layers[k][l], dtype=np.float32) for k in (0, 1))
+            mean_a = sums_a / np.maximum(counts_a, 1)[:, None]
+            mean_b = (total_sums[l] - sums_a) / np.maximum(counts_b, 1)[:, None]
+            d = _displacement(mean_a.astype(np.float64), mean_b.astype(np.float64), anchor, settings.center)
+            out[l, p] = np.where(ok, d, np.nan)
+    return out
+
+
+def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
+    """Two corpora (two periods, or two communities: `split:` specs) through the same model; see the
+    module docstring. With `permutations`, each word's displacement also gets a z-score and a
+    permutation p-value against the same procedure on random document splits, and the most-moved
+    words rank by that z."""
+    old = prepared.data["corpora"][settings.old_corpus]
+    new = prepared.data["corpora"][settings.new_corpus]
+    lc = settings.lowercase
+    vo, co = reps.build_vocabulary(old.sentences, 10**9, settings.min_count, lc)
+    vn, cn = reps.build_vocabulary(new.sentences, 10**9, settings.min_count, lc)
+    fo, fn = dict(zip(vo, co)), dict(zip(vn, cn))
+    # shared words (min_count on each side: the both-side frequency control), most frequent first by
+    # the smaller of the two counts
+    shared = sorted(set(fo) & set(fn), key=lambda w: (-min(fo[w], fn[w]), w))
+    vocab = [w for w in shared if w.isalpha()][: settings.vocab_size]
+    if len(vocab) < settings.anchors // 2 + 10:
+        raise ConfigError(f"diachronic: only {len(vocab)} shared words; lower min_count or use larger corpora")
+    ao = unit.activations(old.sentences, "align:diachronic:old")
+    an = unit.activations(new.sentences, "align:diachronic:new")
+    Told = reps.type_vectors(ao.layers, old.sentences, vocab, lc)
+    Tnew = reps.type_vectors(an.layers, new.sentences, vocab, lc)
+    # split-half control: the old corpus's sentences in two seeded halves
+    half = np.random.default_rng(settings.seed).random(len(old.sentences)) < 0.5
+    ids = np.repeat(half, [len(s) for s in old.sentences])
+    T1 = reps.type_vectors(ao.layers, old.sentences, vocab, lc, mask=ids)
+    T2 = reps.type_vectors(ao.layers, old.sentences, vocab, lc, mask=~ids)
+    both = (np.abs(T1).sum(axis=(0, 2)) > 0) & (np.abs(T2).sum(axis=(0, 2)) > 0)
+    n_anchor = min(settings.anchors, len(vocab))
+    anchor = np.arange(n_anchor)
+    perm = (_permutation_displacements(ao, an, old, new, vocab, anchor, settings)
+            if settings.permutations else None)
+    freq = np.log(np.array([min(fo[w], fn[w]) for w in vocab], dtype=np.float64))
+    n_old = np.array([fo[w] for w in vocab], dtype=np.float64)
+    n_new = np.array([fn[w] for w in vocab], dtype=np.float64)
+    metrics: dict[str, list] = {}
+    layer_words: list[Any] = []
+    from scipy.stats import spearmanr
+
+    for layer in range(len(Told)):
+        disp = _displacement(Told[layer], Tnew[layer], anchor, settings.center)
+        split = _displacement(T1[layer], T2[layer], anchor, settings.center)
+        # the halves average half the occurrences each; for averages of n iid draws the expected
+        # 1 - cos grows like 1/n1 + 1/n2, so the noise floor of the old-vs-new comparison is
+        # split * (1/n_old + 1/n_new) / (4/n_old) (a first-order correction)
+        floor = split * (1 + n_old / n_new) / 4
+        excess = disp - floor
+        # frequency control: residual of displacement after a least-squares line on log frequency
+        coef = np.polyfit(freq, disp, 1)
+        resid = disp - np.polyval(coef, freq)
+        metrics.setdefault("displacement", []).append(float(disp.mean()))
+        metrics.setdefault("split_half_displacement", []).append(float(split[both].mean()))
+        metrics.setdefault("noise_floor", []).append(float(floor[both].mean()))
+        metrics.setdefault("moved_fraction", []).append(float((excess[both] > 0).mean()))
+        metrics.setdefault("freq_spearman", []).append(float(spearmanr(disp, freq).statistic))
+        metrics.setdefault("freq_slope", []).append(float(coef[0]))
+        word_stats: dict[str, np.ndarray] = {}
+        if perm is not None:
+            P = perm[layer]
+            valid = np.sum(~np.isnan(P), axis=0)
+            mu, sd = np.nanmean(P, axis=0), np.nanstd(P, axis=0, ddof=1)
+            z = (disp - mu) / np.where(sd > 0, sd, np.nan)
+            # permutation p-value with the +1 correction (Phipson & Smyth 2010): never 0
+            pval = (1 + np.sum(np.nan_to_num(P, nan=-np.inf) >= disp, axis=0)) / (1 + valid)
+            ranked = valid >= max(2, settings.permutations // 2)
+            word_stats = {"permutation_mean": mu, "z": z, "p_perm": pval}
+            metrics.setdefault("permutation_displacement", []).append(float(np.mean(mu[ranked])))
+            metrics.setdefault("moved_fraction_permutation", []).append(float((pval[ranked] < 0.05).mean()))
+            order = [i for i in np.argsort(-np.nan_to_num(z, nan=-np.inf), kind="stable") if ranked[i]]
+        else:
+            order = [i for i in np.argsort(-excess, kind="stable") if both[i]]
+        layer_words.append([{"word": vocab[i], "displacement": round(float(disp[i]), 4),
+                             "split_half": round(float(split[i]), 4), "noise_floor": round(float(floor[i]), 4),
+                             "freq_residual": round(float(resid[i]), 4),
+                             **{k: round(float(v[i]), 4) for k, v in word_stats.items()},
+                             "count_old": int(fo[vocab[i]]), "count_new": int(fn[vocab[i]])}
+                            for i in order[: settings.top_moved]])
+    shown = settings.moved_layer if settings.moved_layer >= 0 else len(Told) + settings.moved_layer
+    if not 0 <= shown < len(Told):
+        raise ConfigError(f"moved_layer {settings.moved_layer} outside 0..{len(Told) - 1}")
+    base = {"old_corpus": settings.old_corpus, "new_corpus": settings.new_corpus, "words": len(vocab),
+            "anchors": n_anchor, "split_half_words": int(both.sum())}
+    if perm is not None:
+        base |= {"permutations": settings.permutations,
+                 "documents": [len(set(old.docs)), len(set(new.docs))]}
+    top = layer_words[shown]
+    unit.log("diachronic: most moved at layer %d: %s" % (shown, ", ".join(w["word"] for w in top[:10])))
+    baseline_of = {"noise_floor": ("noise_floor", "displacement")}
+    if perm is not None:
+        baseline_of["permutation_displacement"] = ("permutation", "displacement")
+    listed = ({"top_moved_z": [np.mean([w["z"] for w in top])]} if perm is not None else
+              {"top_moved_excess": [np.mean([w["displacement"] - w["noise_floor"] for w in top])]})
+    return [baselines.mark_baselines(unit.rows("diachronic", {m: np.array(v) for m, v in metrics.items()}, split="all",
+                                            n=len(vocab), extra=base), baseline_of),
+            # one row carries the list: value = the mean excess displacement (or mean z) of the listed words
+            unit.rows("diachronic", listed, split="all", layers=[shown], n=len(top), extra={**base, "top_moved": top})]
