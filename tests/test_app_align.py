@@ -64,7 +64,9 @@ def test_align_page_curves_matrices_and_words(tmp_path, monkeypatch):
     assert not at.exception, [e.message for e in at.exception]
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     heat = [s for s in specs if s["data"] and s["data"][0].get("type") == "heatmap"]
-    assert len(heat) == 2 and len(specs) == 3  # bli P@1 curve, CKA and retrieval heatmaps
+    assert len(heat) == 2 and len(specs) == 4  # bli P@1 curve, CKA and retrieval heatmaps, most-moved words
+    bars = [s for s in specs if s["data"] and s["data"][0].get("type") == "bar"]
+    assert len(bars) == 1 and any("miss" in str(label) for label in bars[0]["data"][0]["y"])
     assert np.allclose(_array(heat[0]["data"][0]["z"]), cka)
     shown = at.container("align-moved-words").dataframe[0].value
     assert shown["word"].tolist() == ["miss"] and shown["displacement"].tolist() == pytest.approx([.3])
