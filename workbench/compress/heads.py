@@ -152,7 +152,13 @@ def check_mask(model: nn.Module, heads_kept, mlps_kept=None, where: str = "mask"
 def mask_from_removed(model: nn.Module, removed: Iterable[tuple[int, int]], where: str = "heads") -> np.ndarray:
     """A heads-kept matrix with the (layer, head) pairs in `removed` off; an index out of range is
     one clear `ConfigError` naming it and the model's shape."""
-    L, H = head_shape(model)
+    return kept_from_removed(head_shape(model), removed, where)
+
+
+def kept_from_removed(shape: tuple[int, int], removed: Iterable[tuple[int, int]], where: str = "heads") -> np.ndarray:
+    """`mask_from_removed` for a (layers, heads) shape known without the model (a checkpoint's
+    config.json: the sweep checks its config before any work)."""
+    L, H = shape
     kept = np.ones((L, H), dtype=bool)
     for pair in removed:
         try:
