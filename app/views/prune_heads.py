@@ -6,7 +6,7 @@ value 1 where the head survives in the subnetwork at 90% of the full model's met
 block + 1, `extra.head`). Over several seeds a cell is the share of seeds that keep the head, so
 heads every seed keeps stand out (Prasanna et al.'s observation: the surviving heads vary between
 seeds). `surviving_heads_plot` is also a plot kind for `experiments/figures/*.yaml`
-(`PLOTS`, to be listed by the pruning page's companion module).
+(`PLOTS`, listed in the Compression page's `PLOTS`, app/pages/prune.py).
 """
 
 from __future__ import annotations
@@ -52,9 +52,12 @@ def surviving_heads_plot(rows: pd.DataFrame, title: str, options: dict):
 
     from app.figures import Drawn
 
+    from app.figures import MissingData
+
     table = surviving_heads(rows)
     if table.empty:
-        raise ValueError("no head_kept rows to draw")
+        raise MissingData(f"nothing to draw for {title!r}: no head_kept rows (run bertology prune with the "
+                          f"heads_good / heads_random / heads_bad methods)")
     model = options.get("model") or sorted(table["model"].unique())[0]
     task = options.get("task") or sorted(table["task"].unique())[0]
     table = table[(table["model"] == model) & (table["task"] == task)]
