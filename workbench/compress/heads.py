@@ -600,6 +600,32 @@ def iterative_pruning(shape: tuple[int, int], evaluate: Callable[[np.ndarray], f
     return curve
 
 
+def masked_accuracy(model: nn.Module, enc, kept: np.ndarray, pad_id: int, batch_size: int) -> float:
+    """Accuracy of a `workbench.finetune` classifier on the encoded split `enc` with the heads of
+    `kept` gated (no copy of the model)."""
+    from workbench.finetune import evaluate
+
+    gate = torch.tensor(np.asarray(kept, bool), dtype=torch.float32, device=next(model.parameters()).device)
+    with gates(model, gate):
+        return evaluate(model, enc, list(range(len(enc.ids))), pad_id, batch_size)[0]
+
+
+def classifier_curve(model: nn.Module, run, order: str, settings: HeadPruningSettings, seed: int,
+                     batch_size: int) -> PruningCurve:
+    """`iterative_pruning` of a fine-tuned classifier of a `workbench.finetune.Prepared` run: dev
+    accuracy after each step, importance from the first `settings.importance_examples` training
+    sentences (the test split is not looked at). The one home of this wiring: the `bertology prune`
+    sweep's heads_* methods and experiments/prune_heads.py both call it."""
+    from workbench.finetune import collate
+
+    rows = list(range(min(settings.importance_examples, len(run.train.ids))))
+    batches = [collate(run.train, rows[i: i + batch_size], run.pad_id) for i in range(0, len(rows), batch_size)]
+    return iterative_pruning(head_shape(model), lambda kept: masked_accuracy(model, run.dev, kept, run.pad_id, batch_size),
+                             lambda kept: head_importance(model, batches, heads_kept=kept).heads, order=order,
+                             fraction=settings.fraction, threshold=settings.threshold, seed=seed,
+                             run_to_end=settings.run_to_end)
+
+
 def leave_one_out(shape: tuple[int, int], evaluate_loss: Callable[[np.ndarray], float]) -> np.ndarray:
     """Ablation importance: loss with head h alone removed minus the full model's loss, for every
     head (Michel et al.'s section 3 experiment): L x H + 1 evaluations; the baseline the gradient

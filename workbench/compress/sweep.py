@@ -478,28 +478,13 @@ class Sweep:
         """Every step of one order's iterative head pruning (or the `remove` mask) as a point; the
         curve's surviving-heads rows go to `self.head_rows`. Importance and the stopping rule use
         the train and dev splits only; the test accuracy of each point is measured afterwards."""
-        from workbench.finetune import collate, evaluate
-
         settings = head_settings(self.cfg)
         model = copy.deepcopy(s.full).to(self.run.device)
-        shape = H.head_shape(model)
-        bs = self.ft.batch_size
-
-        def dev_accuracy(kept: np.ndarray) -> float:
-            gate = torch.tensor(kept, dtype=torch.float32, device=self.run.device)
-            with H.gates(model, gate):
-                return evaluate(model, self.run.dev, list(range(len(self.run.dev.ids))), self.run.pad_id, bs)[0]
-
         order = HEAD_METHODS[method]
         if order is None:
             masks = [(1, H.mask_from_removed(model, settings.remove, where="heads: remove"))]
         else:
-            rows = list(range(min(settings.importance_examples, len(self.run.train.ids))))
-            batches = [collate(self.run.train, rows[i: i + bs], self.run.pad_id) for i in range(0, len(rows), bs)]
-            curve = H.iterative_pruning(shape, dev_accuracy,
-                                        lambda kept: H.head_importance(model, batches, heads_kept=kept).heads,
-                                        order=order, fraction=settings.fraction, threshold=settings.threshold,
-                                        seed=s.seed, run_to_end=settings.run_to_end)
+            curve = H.classifier_curve(model, self.run, order, settings, s.seed, self.ft.batch_size)
             masks = [(step.step, step.heads_kept) for step in curve.steps[1:]]
             self.head_rows += [r for r in H.curve_rows(curve, model=H.METHOD, family=self.run.family, seed=s.seed,
                                                        task=self.ft.task)
