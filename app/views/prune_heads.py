@@ -62,7 +62,7 @@ def surviving_heads_plot(rows: pd.DataFrame, title: str, options: dict):
     task = options.get("task") or sorted(table["task"].unique())[0]
     table = table[(table["model"] == model) & (table["task"] == task)]
     orders = [o for o in ORDER_NAMES if o in set(table["order"])]
-    titles = [f"{o}: {np.nansum(1 - matrix(table, o)):.1f} heads removed (mean over seeds)" for o in orders]
+    titles = [f"{o}: {np.nansum(1 - matrix(table, o)):.1f} removed" for o in orders]  # mean over seeds
     fig = make_subplots(rows=1, cols=len(orders), subplot_titles=titles, shared_yaxes=True)
     for i, order in enumerate(orders, start=1):
         m = matrix(table, order)
@@ -72,7 +72,8 @@ def surviving_heads_plot(rows: pd.DataFrame, title: str, options: dict):
                       row=1, col=i)
         fig.update_xaxes(title_text="head", row=1, col=i)
     fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
-    fig.update_layout(title=f"{title} ({model}, {task})", height=320 + 20 * int(table["layer"].max()))
+    fig.update_layout(title=f"{title} ({model}, {task}; heads removed: mean over seeds)",
+                      height=320 + 20 * int(table["layer"].max()), width=120 + 300 * len(orders))
     data = table.rename(columns={"kept": "value"})
     return Drawn(fig, data.reset_index(drop=True))
 
