@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from workbench.compress import heads as H
 from workbench.finetune import load_classifier, load_finetune_config, prepare, run_finetune

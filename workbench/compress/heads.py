@@ -620,7 +620,10 @@ def classifier_curve(model: nn.Module, run, order: str, settings: HeadPruningSet
 
     rows = list(range(min(settings.importance_examples, len(run.train.ids))))
     batches = [collate(run.train, rows[i: i + batch_size], run.pad_id) for i in range(0, len(rows), batch_size)]
-    return iterative_pruning(head_shape(model), lambda kept: masked_accuracy(model, run.dev, kept, run.pad_id, batch_size),
+    def dev_accuracy(kept: np.ndarray) -> float:
+        return masked_accuracy(model, run.dev, kept, run.pad_id, batch_size)
+
+    return iterative_pruning(head_shape(model), dev_accuracy,
                              lambda kept: head_importance(model, batches, heads_kept=kept).heads, order=order,
                              fraction=settings.fraction, threshold=settings.threshold, seed=seed,
                              run_to_end=settings.run_to_end)
