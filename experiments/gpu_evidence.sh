@@ -6,7 +6,7 @@
 #      packed in bf16) and benchmarks/bench_extraction.py --device cuda (12 x 768: batched extraction
 #      vs one sentence at a time);
 #   2. the evidence jobs side by side, each its own process, log and time cap (CAP seconds): compression
-#      sweep (docs/pruning.md), head pruning (docs/pruning_heads.md), distillation grid
+#      sweep (docs/pruning.md), head pruning (docs/pruning.md), distillation grid
 #      (docs/distillation.md), PEFT methods (docs/peft.md), NER + cost (docs/cost.md, docs/finetune.md),
 #      extraction with canaries (docs/extraction.md). Each job's own script is the documented command;
 #      this file only runs them together. A job cut by its cap leaves what it wrote (the sweeps are

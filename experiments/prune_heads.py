@@ -17,7 +17,13 @@ seed, kept if a time limit cuts the run), results-store rows (run name prune-hea
     python experiments/prune_heads.py sentence-transformers/all-MiniLM-L6-v2 --seeds 0 --train 1000 \\
         --eval 300 --epochs 2 --lr 1e-4 --importance-examples 128 --threads 1 --out /tmp/prune-heads
 
-GPU: see docs/pruning_heads.md (the whole task, 3 seeds, `--to-end --refinetune`).
+GPU: see docs/pruning.md (the whole task, 3 seeds, `--to-end --refinetune`).
+
+The `bertology prune` sweep runs the same curves (methods heads_good / heads_random / heads_bad,
+`workbench.compress.heads.classifier_curve`, every step a masked checkpoint); this script is kept
+for what the sweep does not do: Prasanna et al.'s re-fine-tuning of the good / random / bad
+subnetworks from the *pretrained* weights (`--refinetune`), and the three curves of one
+fine-tuning in one report (prune_heads.json).
 """
 
 from __future__ import annotations
@@ -30,11 +36,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from workbench.compress import heads as H
-from workbench.finetune import (collate, evaluate, load_classifier, load_finetune_config, prepare,
-                                run_finetune)
+from workbench.finetune import load_classifier, load_finetune_config, prepare, run_finetune
 from workbench.io import atomic_write_json
 from workbench.loop import TrainingHooks
 from workbench.paths import runs_root
@@ -48,30 +52,22 @@ def _mean_sd(values):
 def prune_seed(model, run, args, seed: int) -> dict:
     """The three orders' curves for one fine-tuned model, and the test accuracy at each threshold."""
     bs = args.batch_size
-    dev_rows = list(range(len(run.dev.ids)))
-    test_rows = list(range(len(run.test.ids)))
-    imp_rows = list(range(min(args.importance_examples, len(run.train.ids))))
-    imp_batches = [collate(run.train, imp_rows[i: i + bs], run.pad_id) for i in range(0, len(imp_rows), bs)]
+    settings = H.HeadPruningSettings(importance_examples=args.importance_examples, run_to_end=args.to_end)
     shape = H.head_shape(model)
 
-    def accuracy(kept, rows_enc=run.dev, rows=dev_rows) -> float:
-        gate = torch.tensor(kept, dtype=torch.float32, device=next(model.parameters()).device)
-        with H.gates(model, gate):
-            return evaluate(model, rows_enc, rows, run.pad_id, bs)[0]
-
-    def importance(kept):
-        return H.head_importance(model, imp_batches, heads_kept=kept).heads
+    def accuracy(kept, enc=run.dev) -> float:
+        return H.masked_accuracy(model, enc, kept, run.pad_id, bs)
 
     out = {}
     for order in H.ORDERS:
         t0 = time.time()
-        curve = H.iterative_pruning(shape, accuracy, importance, order=order, seed=seed, run_to_end=args.to_end)
+        curve = H.classifier_curve(model, run, order, settings, seed, bs)
         rec = curve.record()
         best = curve.steps[curve.threshold_step].heads_kept
-        rec["test_accuracy_at_threshold"] = accuracy(best, run.test, test_rows)
+        rec["test_accuracy_at_threshold"] = accuracy(best, run.test)
         rec["rows"] = H.curve_rows(curve, model=args.checkpoint, family=run.family, seed=seed, task="sentence_polarity",
                                    test_at_threshold=rec["test_accuracy_at_threshold"])
-        rec["test_accuracy_full"] = accuracy(np.ones(shape, bool), run.test, test_rows)
+        rec["test_accuracy_full"] = accuracy(np.ones(shape, bool), run.test)
         rec["seconds"] = round(time.time() - t0, 1)
         out[order] = rec
         print(f"seed {seed} {order:6s}: full dev {curve.full:.3f}; {curve.prunable}/{int(np.prod(shape))} heads "

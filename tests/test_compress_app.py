@@ -40,8 +40,38 @@ def _points() -> list[dict]:
 def store(tmp_path_factory):
     s = ResultsStore(tmp_path_factory.mktemp("prune-store"))
     with s.start_run("prune", {"planted": True}, seeds=[0, 1, 2], name="planted") as w:
-        w.add(build_rows(_points(), "sentence_polarity", "bert", "planted"))
+        w.add(build_rows(_points(), "sentence_polarity", "bert", "planted") + _head_rows())
     return s
+
+
+# a planted head-pruning subnetwork per seed (2 layers x 3 heads): (0, 1) removed by both seeds,
+# (1, 2) by seed 0 only
+HEADS_KEPT = {0: [[1, 0, 1], [1, 1, 0]], 1: [[1, 0, 1], [1, 1, 1]]}
+
+
+def _head_rows() -> list[dict]:
+    from workbench.compress.heads import PruningCurve, PruningStep, curve_rows
+
+    rows = []
+    for seed, kept in HEADS_KEPT.items():
+        kept = np.array(kept, dtype=bool)
+        curve = PruningCurve("good", 0.8, 0.9, [PruningStep(0, 0, 0.8, np.ones((2, 3), bool)),
+                                                PruningStep(1, int((~kept).sum()), 0.75, kept)])
+        rows += [r for r in curve_rows(curve, model="heads", family="bert", seed=seed, task="sentence_polarity")
+                 if r["metric"] in ("head_kept", "heads_prunable")]
+    return rows
+
+
+def test_the_surviving_heads_figure_draws_the_share_of_seeds_keeping_each_head(store, tmp_path):
+    import pandas as pd
+
+    assert load_spec("prune_heads_matrix")[1]["plot"] in page.PLOTS
+    result = render("prune_heads_matrix", store, tmp_path / "fig", formats=("html",))
+    data = pd.read_csv(result.folder / "data.csv")
+    share = data.set_index(["layer", "head"])["value"]
+    expected = np.mean([np.array(k, float) for k in HEADS_KEPT.values()], axis=0)  # layer = block + 1
+    assert [share[(layer + 1, head)] for layer in range(2) for head in range(3)] == pytest.approx(expected.ravel())
+    assert set(data["seeds"]) == {2}
 
 
 def test_wins_follow_one_sd_of_the_full_model(store):
@@ -93,3 +123,7 @@ def test_the_compression_page_renders_the_table(store, monkeypatch):
     table = at.container("prune-table").dataframe[0].value
     imp = table[(table["method"] == "imp") & (table["amount"] == 0.3)]
     assert imp["accuracy"].item() == pytest.approx(np.mean(list(FULL.values())) - 0.02)
+    # the surviving-heads section draws the stored matrix: (0, 1) kept by no seed, (1, 2) by one of two
+    heads = next(d.value for d in at.dataframe if "head" in d.value.columns)
+    share = heads.set_index(["layer", "head"])["value"]
+    assert share[(1, 1)] == 0.0 and share[(2, 2)] == 0.5 and share[(1, 0)] == 1.0

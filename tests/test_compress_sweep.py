@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -272,3 +273,101 @@ def test_rewinding_to_an_early_fine_tuning_step(pretrained, tmp_path):
     assert p["rewind_step"] == 2
     manifest = json.loads((Path(p["checkpoint"]) / "manifest.json").read_text())
     assert manifest["derived_from"]["params"]["rewind_step"] == 2
+
+
+# ------------------------------------------------------------------------------ head pruning points
+
+@pytest.fixture(scope="module")
+def head_sweep(pretrained, tmp_path_factory):
+    root = tmp_path_factory.mktemp("heads")
+    cfg, ft = _config(pretrained, root / "sweep", methods=["heads_good", "heads_remove"],
+                      heads={"fraction": 0.25, "threshold": 1.0, "run_to_end": True, "importance_examples": 32,
+                             "remove": [[0, 1], [1, 0]]},
+                      finetune={**FT, "checkpoint": str(pretrained), "seeds": [0]})
+    store = ResultsStore(root / "runs")
+    return run_prune(cfg, ft, store=store), store
+
+
+def test_head_points_are_masked_checkpoints_whose_outputs_equal_gating(head_sweep, tokenizer):
+    from transformers import AutoModelForSequenceClassification
+
+    from workbench.compress import heads as H
+    from workbench.finetune import load_classifier
+
+    result, store = head_sweep
+    full = load_classifier(Path(_point(result, "full", 0.0, 0)["checkpoint"])).eval()
+    good = sorted((p for p in result.points if p["method"] == "heads_good"), key=lambda p: p["amount"])
+    # tiny BERT: 2 layers x 2 heads; 25% of the remaining per step, at least one, run to the end
+    assert [p["n_heads"] - p["n_heads_kept"] for p in good] == [1, 2, 3, 4]
+    batch = tokenizer(["a good film", "not a good film at all"], return_tensors="pt", padding=True)
+    for p in good + [_point(result, "heads_remove", 0.5, 0)]:
+        folder = Path(p["checkpoint"])
+        manifest = json.loads((folder / "manifest.json").read_text())
+        kept = np.array(manifest["derived_from"]["params"]["heads_kept"], dtype=bool)
+        assert kept.tolist() == p["heads_kept"] and p["amount"] == pytest.approx(1 - kept.mean())
+        model = AutoModelForSequenceClassification.from_pretrained(folder).eval()  # plain transformers opens it
+        for layer, site in enumerate(H.attention_sites(model)):  # zeroed columns = removed heads, exactly
+            zero = (site.out_proj.weight.view(site.out_proj.weight.shape[0], site.num_heads, -1) == 0).all(0).all(-1)
+            assert zero.numpy().tolist() == (~kept[layer]).tolist()
+        with torch.no_grad(), H.gates(full, torch.tensor(kept, dtype=torch.float32)):
+            gated = full(**batch).logits
+        with torch.no_grad():
+            assert torch.allclose(model(**batch).logits, gated, atol=1e-5)
+    removed = _point(result, "heads_remove", 0.5, 0)["heads_kept"]
+    assert [(l, h) for l in range(2) for h in range(2) if not removed[l][h]] == [(0, 1), (1, 0)]
+
+
+def test_head_sweep_rows_hold_the_surviving_heads_matrix(head_sweep):
+
+    result, store = head_sweep
+    rows = store.query(probe="prune")
+    rows = rows[rows["run_id"] == result.run_id]
+    kept = rows[rows["metric"] == "head_kept"]
+    assert len(kept) == 4 and set(kept["model"]) == {"heads"}
+    prunable = rows[rows["metric"] == "heads_prunable"]["value"].item()
+    # threshold 1.0: the subnetwork is the last step whose dev accuracy is at least the full model's
+    assert float((kept["value"] == 0).sum()) == prunable
+    acc = rows[(rows["metric"] == "accuracy") & (rows["model"] == "heads_good") & rows["seed"].notna()
+               & (rows["split"] == "test")]
+    assert sorted(acc["value"]) == sorted(p["test"]["accuracy"] for p in result.points if p["method"] == "heads_good")
+
+
+def test_a_head_sweep_rerun_reads_its_points_back_and_finds_the_same_masks(head_sweep, pretrained):
+    result, store = head_sweep
+    cfg, ft = _config(pretrained, result.folder, methods=["heads_good", "heads_remove"],
+                      heads={"fraction": 0.25, "threshold": 1.0, "run_to_end": True, "importance_examples": 32,
+                             "remove": [[0, 1], [1, 0]]},
+                      finetune={**FT, "checkpoint": str(pretrained), "seeds": [0]})
+    written = {p["checkpoint"]: (Path(p["checkpoint"]).parent / "point.json").stat().st_mtime_ns for p in result.points}
+    again = run_prune(cfg, ft, store=store)
+    assert [(p["method"], p["amount"], p["heads_kept"] if "heads_kept" in p else None, p["test"]) for p in again.points] == \
+           [(p["method"], p["amount"], p["heads_kept"] if "heads_kept" in p else None, p["test"]) for p in result.points]
+    assert {p["checkpoint"]: (Path(p["checkpoint"]).parent / "point.json").stat().st_mtime_ns
+            for p in again.points} == written  # read back, not rewritten
+    # the recomputed curve (deterministic importance) gives the same surviving heads
+    kept = store.query(probe="prune")
+    kept = kept[kept["metric"] == "head_kept"]
+    kept = kept.assign(head=[decode_extra(e)["head"] for e in kept["extra"]]).sort_values(["layer", "head"])
+    by_run = {run: tuple(g["value"]) for run, g in kept.groupby("run_id")}
+    assert len(by_run) == 2 and len(set(by_run.values())) == 1
+
+
+@pytest.mark.parametrize("heads, message", [
+    ({"remove": [[0, 2]]}, "heads: remove: head (0, 2) is out of range: the model has layers 0-1 and heads 0-1"),
+    ({"remove": [[5, 0]]}, "heads: remove: head (5, 0) is out of range"),
+    ({"fraction": 1.5}, "heads: fraction: 1.5 is not in (0, 1]"),
+    ({"orders": ["good"]}, "heads: orders: not a sweep setting"),
+    ({"fractoin": 0.1}, "heads: unknown key(s) ['fractoin']"),
+    ({}, "heads: remove: method heads_remove needs (layer, head) pairs"),
+])
+def test_bad_head_settings_are_one_line_and_exit_2_before_any_work(pretrained, tmp_path, heads, message, capsys):
+    from app.cli import main
+
+    cfg = {"finetune": {**FT, "checkpoint": str(pretrained)}, "methods": ["heads_good", "heads_remove"],
+           "heads": heads, "output_dir": str(tmp_path / "out")}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["prune", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and str(path) in err, err
+    assert not (tmp_path / "out").exists()

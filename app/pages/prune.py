@@ -9,8 +9,11 @@ quantization and low rank.
 - probe curves per layer of the pruned checkpoints, when a probe ran on the points (the
   experiments/prune/*_probe.yaml experiment runs the syntax probe on every point).
 
-`PLOTS` (prune_vs_sparsity, prune_vs_bits, prune_vs_size) are the plot kinds of the shipped figure
-specs experiments/figures/prune_*.yaml.
+- the surviving-heads matrix of head pruning (app/views/prune_heads.py), when a sweep ran the
+  heads_* methods.
+
+`PLOTS` (prune_vs_sparsity, prune_vs_bits, prune_vs_size, prune_heads_matrix) are the plot kinds of
+the shipped figure specs experiments/figures/prune_*.yaml.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from app.views.prune_heads import PLOTS as HEAD_PLOTS
+from app.views.prune_heads import render as render_heads
 from workbench.results import decode_extra
 
 TITLE = "Compression"
@@ -159,7 +164,8 @@ def prune_vs_size(rows: pd.DataFrame, title: str, options: dict):
     return _drawn(fig, data)
 
 
-PLOTS = {"prune_vs_sparsity": prune_vs_sparsity, "prune_vs_bits": prune_vs_bits, "prune_vs_size": prune_vs_size}
+PLOTS = {"prune_vs_sparsity": prune_vs_sparsity, "prune_vs_bits": prune_vs_bits, "prune_vs_size": prune_vs_size,
+         **HEAD_PLOTS}
 
 
 def render(store) -> None:
@@ -190,6 +196,9 @@ def render(store) -> None:
                             on=["method", "amount"], how="left")
     st.subheader("Per method and amount (mean and sd over seeds)")
     ui.table(table, "prune-table")
+    if (rows["metric"] == "head_kept").any():  # the heads_* methods' subnetworks (Michel et al. 2019)
+        st.subheader("Surviving heads")
+        render_heads(rows, key="prune-heads")
     # probe curves of the points: rows of any probe whose model is a point checkpoint
     points = [p for p in (decode_extra(e).get("checkpoint") for e in rows["extra"]) if p]
     names = {str(p).rstrip("/") for p in points}

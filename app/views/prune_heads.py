@@ -6,7 +6,7 @@ value 1 where the head survives in the subnetwork at 90% of the full model's met
 block + 1, `extra.head`). Over several seeds a cell is the share of seeds that keep the head, so
 heads every seed keeps stand out (Prasanna et al.'s observation: the surviving heads vary between
 seeds). `surviving_heads_plot` is also a plot kind for `experiments/figures/*.yaml`
-(`PLOTS`, to be listed by the pruning page's companion module).
+(`PLOTS`, listed in the Compression page's `PLOTS`, app/pages/prune.py).
 """
 
 from __future__ import annotations
@@ -52,14 +52,17 @@ def surviving_heads_plot(rows: pd.DataFrame, title: str, options: dict):
 
     from app.figures import Drawn
 
+    from app.figures import MissingData
+
     table = surviving_heads(rows)
     if table.empty:
-        raise ValueError("no head_kept rows to draw")
+        raise MissingData(f"nothing to draw for {title!r}: no head_kept rows (run bertology prune with the "
+                          f"heads_good / heads_random / heads_bad methods)")
     model = options.get("model") or sorted(table["model"].unique())[0]
     task = options.get("task") or sorted(table["task"].unique())[0]
     table = table[(table["model"] == model) & (table["task"] == task)]
     orders = [o for o in ORDER_NAMES if o in set(table["order"])]
-    titles = [f"{o}: {np.nansum(1 - matrix(table, o)):.1f} heads removed (mean over seeds)" for o in orders]
+    titles = [f"{o}: {np.nansum(1 - matrix(table, o)):.1f} removed" for o in orders]  # mean over seeds
     fig = make_subplots(rows=1, cols=len(orders), subplot_titles=titles, shared_yaxes=True)
     for i, order in enumerate(orders, start=1):
         m = matrix(table, order)
@@ -69,7 +72,8 @@ def surviving_heads_plot(rows: pd.DataFrame, title: str, options: dict):
                       row=1, col=i)
         fig.update_xaxes(title_text="head", row=1, col=i)
     fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
-    fig.update_layout(title=f"{title} ({model}, {task})", height=320 + 20 * int(table["layer"].max()))
+    fig.update_layout(title=f"{title} ({model}, {task}; heads removed: mean over seeds)",
+                      height=320 + 20 * int(table["layer"].max()), width=120 + 300 * len(orders))
     data = table.rename(columns={"kept": "value"})
     return Drawn(fig, data.reset_index(drop=True))
 

@@ -152,7 +152,13 @@ def check_mask(model: nn.Module, heads_kept, mlps_kept=None, where: str = "mask"
 def mask_from_removed(model: nn.Module, removed: Iterable[tuple[int, int]], where: str = "heads") -> np.ndarray:
     """A heads-kept matrix with the (layer, head) pairs in `removed` off; an index out of range is
     one clear `ConfigError` naming it and the model's shape."""
-    L, H = head_shape(model)
+    return kept_from_removed(head_shape(model), removed, where)
+
+
+def kept_from_removed(shape: tuple[int, int], removed: Iterable[tuple[int, int]], where: str = "heads") -> np.ndarray:
+    """`mask_from_removed` for a (layers, heads) shape known without the model (a checkpoint's
+    config.json: the sweep checks its config before any work)."""
+    L, H = shape
     kept = np.ones((L, H), dtype=bool)
     for pair in removed:
         try:
@@ -592,6 +598,35 @@ def iterative_pruning(shape: tuple[int, int], evaluate: Callable[[np.ndarray], f
         if metric < threshold * full and not run_to_end:
             break
     return curve
+
+
+def masked_accuracy(model: nn.Module, enc, kept: np.ndarray, pad_id: int, batch_size: int) -> float:
+    """Accuracy of a `workbench.finetune` classifier on the encoded split `enc` with the heads of
+    `kept` gated (no copy of the model)."""
+    from workbench.finetune import evaluate
+
+    gate = torch.tensor(np.asarray(kept, bool), dtype=torch.float32, device=next(model.parameters()).device)
+    with gates(model, gate):
+        return evaluate(model, enc, list(range(len(enc.ids))), pad_id, batch_size)[0]
+
+
+def classifier_curve(model: nn.Module, run, order: str, settings: HeadPruningSettings, seed: int,
+                     batch_size: int) -> PruningCurve:
+    """`iterative_pruning` of a fine-tuned classifier of a `workbench.finetune.Prepared` run: dev
+    accuracy after each step, importance from the first `settings.importance_examples` training
+    sentences (the test split is not looked at). The one home of this wiring: the `bertology prune`
+    sweep's heads_* methods and experiments/prune_heads.py both call it."""
+    from workbench.finetune import collate
+
+    rows = list(range(min(settings.importance_examples, len(run.train.ids))))
+    batches = [collate(run.train, rows[i: i + batch_size], run.pad_id) for i in range(0, len(rows), batch_size)]
+    def dev_accuracy(kept: np.ndarray) -> float:
+        return masked_accuracy(model, run.dev, kept, run.pad_id, batch_size)
+
+    return iterative_pruning(head_shape(model), dev_accuracy,
+                             lambda kept: head_importance(model, batches, heads_kept=kept).heads, order=order,
+                             fraction=settings.fraction, threshold=settings.threshold, seed=seed,
+                             run_to_end=settings.run_to_end)
 
 
 def leave_one_out(shape: tuple[int, int], evaluate_loss: Callable[[np.ndarray], float]) -> np.ndarray:

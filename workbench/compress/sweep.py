@@ -15,13 +15,18 @@ Methods (`METHODS`; amounts in brackets):
 | reinit | IMP's mask at the sparsity on re-initialised weights [sparsities] | yes |
 | quantize | k-bit per-channel fake quantization of the fine-tuned weights [bits] | no |
 | lowrank | rank-r SVD of every block matrix, and magnitude pruning of each matrix to the same number of parameters (`lowrank_magnitude`) [ranks] | no |
+| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.compress.heads.iterative_pruning`): `heads.fraction` of the remaining heads per step, least important / random / most important first, until dev accuracy falls below `heads.threshold` x the full model's; every step is a point [fraction of heads removed] | no |
+| heads_remove | the heads listed in `heads.remove` ((layer, head) pairs, checked against the checkpoint's config before any work) masked at once [fraction of heads removed] | no |
 Rewinding (`rewind_step`): 0 = the pretrained body under the seed's initial head, the weights
 fine-tuning started from; N > 0 = the weights after N fine-tuning steps of the full model (Frankle
 et al. 2020). Retraining reruns `train_seed` from a classifier folder holding the rewound weights
 times the mask, with `workbench.compress.masks.keep_masked` as the after-step hook; the measured
 sparsity of the trained weights (zeros counted) must equal the mask's, or the point fails.
-The heads methods of `workbench.compress.heads` (heads_good, heads_random, heads_bad) are wired in
-`METHODS` at the marked place.
+A heads point is the fine-tuned model with the removed heads' columns of the attention output
+projection zeroed (`workbench.compress.heads.apply_mask`: the same outputs as gating their context
+vectors), saved like every point; its manifest params hold `heads_kept` (layer x head bools), the
+order and the pruning step. The `heads:` mapping is `workbench.compress.heads.HeadPruningSettings`
+less `orders` (the methods say which) and `refinetune` (experiments/prune_heads.py re-fine-tunes).
 
 Layout (resumable: a point whose `point.json` exists is read back, not recomputed):
 ```
@@ -38,7 +43,10 @@ weights once the seed is done (sweeps on a GPU whose output must stay small).
 
 Rows (probe "prune", task = the fine-tuning task, model = the method, `full` for the full model):
 per seed and split `accuracy` (extra: method, amount, sparsity measured, bits, rank, parameters,
-nonzero parameters, mask hash, checkpoint); per method, amount and split a seed-less `accuracy`
+nonzero parameters, mask hash, checkpoint; heads points: n_removed, n_heads, order, pruning_step);
+for each heads order and seed `heads_prunable` and one `head_kept` row per (layer, head) of the
+subnetwork at the threshold (`workbench.compress.heads.curve_rows`, model "heads": the Compression
+page's surviving-heads matrix); per method, amount and split a seed-less `accuracy`
 row (mean, 95% t-interval, extra sd) and, for the retrained methods, `wins` = 1.0 when the mean
 is within one standard deviation over seeds of the full model's mean (Chen et al. 2020's
 criterion), else 0.0.
@@ -60,6 +68,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.compress import heads as H
 from workbench.compress.lowrank import equal_parameter_sparsity, lowrank_product
 from workbench.compress.masks import (
     MASKS_FILE,
@@ -84,8 +93,9 @@ from workbench.io import atomic_dir, atomic_path, atomic_write_json
 PROBE = "prune"
 RETRAINED = ("imp", "oneshot", "random", "reinit")
 POST_HOC = ("quantize", "lowrank")
-# method -> the config list its amounts come from. Head pruning (workbench.compress.heads) is wired
-# in here at merge: "heads_good" / "heads_random" / "heads_bad" -> "heads" (fractions of heads).
+# method -> the config key its amounts come from ("heads": the fractions of heads removed that the
+# `heads:` settings reach).
+HEAD_METHODS = {"heads_good": "good", "heads_random": "random", "heads_bad": "bad", "heads_remove": None}
 METHODS: dict[str, str] = {
     "imp": "sparsities",
     "oneshot": "sparsities",
@@ -93,6 +103,7 @@ METHODS: dict[str, str] = {
     "reinit": "sparsities",
     "quantize": "bits",
     "lowrank": "ranks",
+    **{m: "heads" for m in HEAD_METHODS},
 }
 
 
@@ -107,6 +118,7 @@ class PruneConfig:
     rewind_step: int = 0                  # 0: pretrained weights; N: fine-tuning step N (Frankle et al. 2020)
     bits: list[int] = field(default_factory=lambda: [8, 4, 3, 2, 1])
     ranks: list[int] = field(default_factory=list)
+    heads: dict = field(default_factory=dict)  # HeadPruningSettings less orders and refinetune (module docstring)
     include_embeddings: bool = False      # prune the input embedding matrix too
     include_head: bool = False            # prune the task head's matrices too
     keep_checkpoints: bool = True         # False: drop each point's weights when its seed is done
@@ -136,7 +148,33 @@ def load_prune_config(source: str | Path | dict, overrides: dict | None = None,
     cfg = build_dataclass(PruneConfig, data, where)
     ft_cfg = load_finetune_config({"progress": cfg.progress, **cfg.finetune}, finetune_overrides)
     _validate(cfg, ft_cfg, where)
+    head_settings(cfg, where)
+    if "heads_remove" in cfg.methods:
+        H.kept_from_removed(checkpoint_head_shape(ft_cfg.checkpoint), head_settings(cfg, where).remove,
+                            where=f"{where}: heads: remove")
     return cfg, ft_cfg
+
+
+def head_settings(cfg: PruneConfig, where: str = "prune config") -> H.HeadPruningSettings:
+    """The `heads:` mapping as `HeadPruningSettings` (one ConfigError naming the file and key)."""
+    for key, why in (("orders", "list the methods heads_good / heads_random / heads_bad instead"),
+                     ("refinetune", "re-fine-tuning subnetworks is experiments/prune_heads.py --refinetune")):
+        if key in cfg.heads:
+            raise ConfigError(f"{where}: heads: {key}: not a sweep setting ({why})")
+    settings = H.load_settings(cfg.heads, f"{where}: heads")
+    if "heads_remove" in cfg.methods and not settings.remove:
+        raise ConfigError(f"{where}: heads: remove: method heads_remove needs (layer, head) pairs here")
+    return settings
+
+
+def checkpoint_head_shape(checkpoint: str) -> tuple[int, int]:
+    """(layers, heads per layer) from a checkpoint's config.json, without loading its weights."""
+    from transformers import AutoConfig
+
+    from workbench.finetune import resolve_checkpoint
+
+    config = AutoConfig.from_pretrained(resolve_checkpoint(checkpoint))
+    return int(config.num_hidden_layers), int(config.num_attention_heads)
 
 
 def _validate(cfg: PruneConfig, ft, where: str) -> None:
@@ -163,7 +201,7 @@ def _validate(cfg: PruneConfig, ft, where: str) -> None:
             fail(f"ranks[{i}]", f"a rank is an integer >= 1, got {r}")
     for m in cfg.methods:
         key = METHODS[m]
-        if not getattr(cfg, key):
+        if key != "heads" and not getattr(cfg, key):
             fail(key, f"method {m} needs at least one value in {key}")
     if any(m in cfg.methods for m in ("imp", "reinit")):
         for i, s in enumerate(cfg.sparsities):
@@ -201,6 +239,8 @@ def amount_label(method: str, amount: float | int) -> str:
         return f"{int(amount)}bit"
     if AMOUNT_OF[method] == "ranks":
         return f"r{int(amount)}"
+    if AMOUNT_OF[method] == "heads":
+        return f"{float(amount):.6g}"
     return f"{float(amount):.4g}"
 
 
@@ -223,6 +263,7 @@ class Sweep:
     def __init__(self, cfg: PruneConfig, ft, run, folder: Path):
         self.cfg, self.ft, self.run, self.folder = cfg, ft, run, folder
         self.points: list[dict] = []
+        self.head_rows: list[dict] = []  # surviving-heads rows of the heads orders (module docstring)
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -401,6 +442,8 @@ class Sweep:
             for bits in self.cfg.bits:
                 self.points.append(self.post_hoc(s, "quantize", bits, lambda m, b=bits: fake_quantize(
                     m, b, self.cfg.include_embeddings, self.cfg.include_head), {"bits": bits}))
+        for method in (m for m in methods if m in HEAD_METHODS):
+            self.points.extend(self.heads(s, method))
         if "lowrank" in methods:
             for rank in self.cfg.ranks:
                 self.points.append(self.post_hoc(s, "lowrank", rank, lambda m, r=rank: lowrank_product(m, r),
@@ -429,6 +472,41 @@ class Sweep:
         return self.post_hoc(s, "lowrank_magnitude", rank, lambda m: apply_masks(m, masks),
                              {"rank": rank, "equal_parameters_to": f"lowrank r{rank}"}, masks=masks)
 
+    # -- heads points (no retraining) ---------------------------------------------------------------
+
+    def heads(self, s: Seeded, method: str) -> list[dict]:
+        """Every step of one order's iterative head pruning (or the `remove` mask) as a point; the
+        curve's surviving-heads rows go to `self.head_rows`. Importance and the stopping rule use
+        the train and dev splits only; the test accuracy of each point is measured afterwards."""
+        settings = head_settings(self.cfg)
+        model = copy.deepcopy(s.full).to(self.run.device)
+        order = HEAD_METHODS[method]
+        if order is None:
+            masks = [(1, H.mask_from_removed(model, settings.remove, where="heads: remove"))]
+        else:
+            curve = H.classifier_curve(model, self.run, order, settings, s.seed, self.ft.batch_size)
+            masks = [(step.step, step.heads_kept) for step in curve.steps[1:]]
+            self.head_rows += [r for r in H.curve_rows(curve, model=H.METHOD, family=self.run.family, seed=s.seed,
+                                                       task=self.ft.task)
+                               if r["metric"] in ("head_kept", "heads_prunable")]
+            self.log(f"  {method} seed {s.seed}: {curve.prunable}/{curve.steps[0].heads_kept.size} heads prunable at "
+                     f"{curve.threshold:.0%} of the full model's dev accuracy")
+        model.to("cpu")
+        out = []
+        for step, kept in masks:
+            amount = float(1 - kept.mean())
+            found = self.done(method, amount, s.seed)
+            if found is not None:
+                out.append(found)
+                continue
+            t0 = time.time()
+            masked = H.apply_mask(copy.deepcopy(s.full), kept)
+            params = {**H.mask_record(kept), "order": order, "pruning_step": step,
+                      "fraction": settings.fraction, "threshold": settings.threshold}
+            out.append(self.save_point(s, method, amount, masked, None, params, self.evaluate(masked),
+                                       time.time() - t0))
+        return out
+
     def drop_weights(self, seed: int) -> None:
         for point in (self.folder / "points").glob(f"*/*/seed-{seed}/*-seed{seed}"):
             for f in point.iterdir():
@@ -452,7 +530,8 @@ def build_rows(points: list[dict], task: str, family: str, run_name: str) -> lis
     for p in points:
         extra = {k: p.get(k) for k in ("amount", "sparsity", "bits", "rank", "round", "rewind_step", "parameters", "prunable",
                                         "nonzero_parameters", "nonzero_prunable", "sparsity_measured",
-                                        "mask_sha256", "checkpoint") if p.get(k) is not None}
+                                        "mask_sha256", "checkpoint", "n_heads_kept", "n_heads", "order",
+                                        "pruning_step") if p.get(k) is not None}
         extra["sweep"] = run_name
         for split in ("dev", "test"):
             rows.append({**common, "model": p["method"], "seed": p["seed"], "split": split, "metric": "accuracy",
@@ -517,6 +596,7 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
     for seed in ft.seeds:
         sweep.run_seed(seed)
     rows = build_rows(sweep.points, ft.task, run.family, name)
+    rows += [{**r, "extra": {**r["extra"], "sweep": name}} for r in sweep.head_rows]
     frame = pd.DataFrame(rows)
     with atomic_path(folder / "rows.csv") as tmp:  # readable without the store (e.g. copied off a GPU machine)
         frame.assign(extra=frame["extra"].map(lambda e: json.dumps(e, sort_keys=True, default=str))).to_csv(tmp, index=False)
