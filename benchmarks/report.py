@@ -39,11 +39,18 @@ def _rate(x: float) -> str:
 
 
 def device_of(r: dict) -> str:
-    """Where a record's figures were measured: "cpu", or the GPU's name (a GPU run is its own row, never
-    the newest CPU figure of the same kind)."""
+    """Where a record's figures were measured: the GPU's name ("cuda" when a GPU record did not name
+    it), else the CPU model ("cpu" for older records without one). Targets hold per device kind, so
+    each kind keeps its own rows: a newer record never replaces another machine's figure."""
     if r.get("gpu"):
         return r["gpu"]
-    return "cuda" if str(r.get("device", "cpu")).startswith("cuda") else "cpu"
+    if str(r.get("device", "cpu")).startswith("cuda"):
+        return "cuda"
+    return (r.get("machine") or {}).get("model") or "cpu"
+
+
+def _is_gpu(r: dict) -> bool:
+    return bool(r.get("gpu")) or str(r.get("device", "cpu")).startswith("cuda")
 
 
 def _rows(r: dict) -> list[tuple[str, str, str, str, str]]:
@@ -114,9 +121,12 @@ def table(records: list[dict], latest_only: bool = True) -> str:
         device = device_of(r)
         for k, row in enumerate(_rows(r)):
             kind = (r["benchmark"], device, row[0].split(",")[0].split("(")[0] if latest_only else n, k)
-            if device != "cpu":
-                row = (f"[{device}] {row[0]}", *row[1:])
-            rows[kind] = ("| " + " | ".join([*row, str(r.get("threads", "")), _load_text(r), r["_file"]]) + " |", r)
+            rows[kind] = (row, r)
+    # with records of several devices, each row names its device
+    several = len({device_of(r) for _, r in rows.values()}) > 1
+    rows = {kind: ("| " + " | ".join([f"[{device_of(r)}] {row[0]}" if several else row[0], *row[1:],
+                                      str(r.get("threads", "")), _load_text(r), r["_file"]]) + " |", r)
+            for kind, (row, r) in rows.items()}
     lines = ["| figure | ours | baseline | ratio | target | threads | load avg start -> end | record |",
              "|---|---|---|---|---|---|---|---|", *(text for text, _ in rows.values())]
     # the machine of every record in the table (records from different machines are not comparable)
@@ -125,7 +135,7 @@ def table(records: list[dict], latest_only: bool = True) -> str:
         m = r.get("machine", {})
         label = (f"{m['model']}, {m['cpus']} cores ({', '.join(m.get('flags', []))})" if m.get("model")
                  else "not recorded (an older record)")
-        if device_of(r) != "cpu":
+        if _is_gpu(r):
             label = f"GPU {device_of(r)} (host CPU {label})"
         cpus.setdefault(label, [])
         if r["_file"] not in cpus[label]:
