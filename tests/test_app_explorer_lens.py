@@ -23,9 +23,9 @@ from workbench.lm_scores import BLANK, lm_scorer
 WORDS = "the cat sat on the mat".split()
 POSITION = 2  # "sat": a word with words on both sides (ELMo's and BART's reading need them)
 K = 5
-TOKENIZER_OF = {"bert": "bert", "spanbert": "bert", "electra": "bert", "deberta": "bert", "roberta": "bart",
+TOKENIZER_OF = {"bert": "bert", "spanbert": "bert", "electra": "bert", "deberta": "bert", "distilbert": "bert", "roberta": "bart",
                 "bart": "bart", "gpt": "gpt", "t5": "t5"}
-MLM_FAMILIES = ("bert", "roberta", "spanbert", "albert", "electra", "deberta")
+MLM_FAMILIES = ("bert", "roberta", "spanbert", "albert", "electra", "deberta", "distilbert")
 
 
 @pytest.fixture(scope="module")

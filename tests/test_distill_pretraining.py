@@ -131,8 +131,12 @@ def test_a_teacher_not_trained_here_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_bert_students_train_and_are_saved_as_distilbert(bert_teacher, tmp_path):
+def test_bert_students_train_as_distilbert(bert_teacher, tmp_path):
+    """A BERT teacher's students are trained as the distilbert family: every checkpoint is a plain
+    `DistilBertForMaskedLM`, and the pretrainer computes what transformers' own class computes."""
     from transformers import AutoModelForMaskedLM
+
+    from workbench.families.distilbert import load_pretrainer
 
     cfg = load_pretrain_distill_config(_dcfg(bert_teacher, seeds=[0]))
     res = run_pretrain_distill(cfg, store=ResultsStore(tmp_path / "store"))
@@ -140,24 +144,49 @@ def test_bert_students_train_and_are_saved_as_distilbert(bert_teacher, tmp_path)
     assert set(rows.extra.map(lambda e: e["role"])) == {"teacher", "student"}
     students = rows[rows.extra.map(lambda e: e["role"] == "student")]
     assert len(students) == 2 and set(students.extra.map(lambda e: e["depth"])) == {2}
+    assert set(students["family"]) == {"distilbert"} and set(rows[~rows.index.isin(students.index)]["family"]) == {"bert"}
     assert all(v > 0 and v == v for v in rows["value"])
     final = res.students["L2-teacher-seed0"]
     manifest = json.loads((final / "manifest.json").read_text())
+    assert manifest["family"] == "distilbert" and "nsp" not in manifest["objective"]
     assert manifest["hooks"]["loss"]["name"] == "distilbert_triple" and manifest["hooks"]["loss"]["teacher_layers"] == [0, 3]
     assert manifest["hooks"]["initial"]["teacher_layers"] == [0, 3] and manifest["model_config"]["num_hidden_layers"] == 2
     from workbench.train import read_log
 
     log = read_log(final.parent)
     assert all({"ce", "mlm", "cos"} <= set(r) for r in log[1:]), log[1]
-    # the DistilBERT copy opens in plain transformers and computes the student's logits
-    from workbench.families.bert import load_pretrainer
-
+    plain = AutoModelForMaskedLM.from_pretrained(final).eval()
+    assert type(plain).__name__ == "DistilBertForMaskedLM"
     student = load_pretrainer(final).model.eval()
-    plain = AutoModelForMaskedLM.from_pretrained(final.parent / "distilbert").eval()
     ids = torch.tensor([[2, 40, 41, 42, 43, 3]])
     with torch.no_grad():
-        torch.testing.assert_close(plain(input_ids=ids).logits, student(input_ids=ids).prediction_logits,
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(plain(input_ids=ids).logits, student(input_ids=ids).logits, rtol=0, atol=0)
+    assert not (final.parent / "distilbert").exists()  # no conversion after training any more
+
+
+def test_a_bert_teachers_distilbert_student_starts_as_the_cut_bert(bert_teacher):
+    """The DistilBERT student's initial weights are the teacher's layers [0, 3] (through the
+    conversion): on one-segment input it computes what the cut BERT computes, and its blocks are
+    bit-for-bit the teacher's blocks 0 and 3."""
+    from workbench.distill import cut_student
+    from workbench.families.bert import load_pretrainer
+    from workbench.families.distilbert import build_model
+
+    teacher = load_pretrainer(bert_teacher)
+    tc = teacher.model.config
+    student = build_model({"num_hidden_layers": 2, "hidden_size": tc.hidden_size, "num_attention_heads":
+                           tc.num_attention_heads, "intermediate_size": tc.intermediate_size,
+                           "max_position_embeddings": tc.max_position_embeddings}, _Tok(teacher))
+    TeacherLayers(teacher.model, [0, 3], {})(student)
+    ts, ss = teacher.model.state_dict(), student.model.state_dict()
+    assert torch.equal(ss["distilbert.transformer.layer.1.ffn.lin1.weight"], ts["bert.encoder.layer.3.intermediate.dense.weight"])
+    assert torch.equal(ss["distilbert.transformer.layer.0.attention.q_lin.bias"], ts["bert.encoder.layer.0.attention.self.query.bias"])
+    ids = torch.randint(5, tc.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    cut = cut_student(teacher.model, [0, 3]).eval()
+    with torch.no_grad():
+        want = cut(input_ids=ids, token_type_ids=torch.zeros_like(ids)).prediction_logits
+        got = student.model.eval()(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_cli_dispatches_on_kind_and_refuses_a_bad_pretraining_config(bert_teacher, tmp_path, capsys):

@@ -72,7 +72,7 @@ def test_training_hash_unchanged_without_the_key():
 
 def test_supported_families_and_refusals(cache, tmp_path):
     supported = {f for f in FAMILIES if get_family(f).truncate_example is not None}
-    assert supported == {"bert", "roberta", "spanbert", "albert", "electra", "deberta", "gpt"}
+    assert supported == {"bert", "roberta", "spanbert", "albert", "electra", "deberta", "gpt", "distilbert"}
     for family in ("t5", "bart", "elmo"):
         cfg = tiny_config(family, 2, tmp_path / family, seq_len_warmup={"start": 16, "steps": 1})
         with pytest.raises(ConfigError, match=f"seq_len_warmup: family {family} does not support it"):

@@ -184,6 +184,8 @@ FAMILY_FLOPS = {
     "albert": lambda c, v, s, o: _mlm_family(c, v, s, o),
     "deberta": lambda c, v, s, o: _mlm_family(c, v, s, o, deberta=True),
     "spanbert": lambda c, v, s, o: _mlm_family(c, v, s, o, sbo=True),
+    # BERT's block and MLM head (transform + decoder at the masked positions); no pooler, no NSP
+    "distilbert": lambda c, v, s, o: _mlm_family(c, v, s, o),
     "electra": _electra,
     "gpt": _gpt,
     "t5": _t5,

@@ -15,11 +15,16 @@ DistilBERT's triple loss (`TripleLoss`), the weights of its training script:
 with alpha_ce 5.0, alpha_mlm 2.0, alpha_cos 1.0. The teacher runs on the same batch (same masks)
 as the student (`workbench.loop.TrainingHooks`: teacher, loss, and `initial` for the weights).
 
+The student of a BERT teacher is trained as the `distilbert` family (`STUDENT_FAMILY`): a
+`DistilBertForMaskedLM` (no token types, no pooler, masked LM only on `[CLS] block [SEP]`
+sequences), initialised from the teacher's layers through `bert_to_distilbert` (exact on
+one-segment inputs), so its checkpoints are DistilBERT checkpoints from the first step; the BERT
+teacher reads the same batches as one segment (`OneSegmentTeacher`). A student of another family
+(the DeBERTa-style reference encoder) stays in its family with fewer layers.
+
 Result: each student's held-out MLM loss on the fixed held-out batches of `train.evaluate_heldout`
-(the same batches for teacher and students), rows with probe "distill", task "mlm". A BERT student
-is also written as a `DistilBertForMaskedLM` checkpoint (`workbench.families.distilbert`,
-`<run>/distilbert/`); a student of another family (the DeBERTa-style reference encoder) stays in
-its family with fewer layers. Every student is a plain training run folder
+(the same batches, built by the student's family, for teacher and students), rows with probe
+"distill", task "mlm". Every student is a plain training run folder
 (`<runs>/train/<name>-L<depth>-<init>/seed-S/step-N`), so every probe reads it as any other model.
 """
 
@@ -42,7 +47,8 @@ from workbench.io import atomic_write_json
 from workbench.loop import TrainingHooks, kl_to_teacher
 
 PROBE = "distill"
-FAMILIES = ("bert", "deberta")  # pretrainers whose outputs carry the masked logits and hidden states
+FAMILIES = ("bert", "deberta", "distilbert")  # pretrainers whose outputs carry the masked logits and hidden states
+STUDENT_FAMILY = {"bert": "distilbert"}  # the student's family where it is not the teacher's
 
 
 class TripleLoss:
@@ -75,7 +81,8 @@ class TripleLoss:
 
 
 class TeacherLayers:
-    """The `initial` hook: the built student's weights set to the teacher's chosen layers."""
+    """The `initial` hook: the built student's weights set to the teacher's chosen layers (through
+    `bert_to_distilbert` when a BERT teacher's student is a DistilBERT)."""
 
     def __init__(self, teacher_model, layers: list[int], record: dict):
         self.teacher_model, self.layers, self.record = teacher_model, list(layers), record
@@ -83,10 +90,27 @@ class TeacherLayers:
     def __call__(self, student_module) -> None:
         inner = student_module.model  # the pretrainer's transformers model
         cut = cut_student(self.teacher_model, self.layers)
+        if inner.config.model_type == "distilbert" and cut.config.model_type == "bert":
+            from workbench.families.distilbert import bert_to_distilbert
+
+            cut = bert_to_distilbert(cut)
         inner.load_state_dict(cut.state_dict(), strict=True)
 
     def describe(self) -> dict:
         return {"name": "teacher_layers", "teacher_layers": self.layers, **self.record}
+
+
+class OneSegmentTeacher(torch.nn.Module):
+    """A BERT pretrainer reading a DistilBERT student's batches (no `token_type_ids`) as one segment,
+    the input on which its DistilBERT conversion is exact; its loss is then the MLM loss alone."""
+
+    def __init__(self, teacher):
+        super().__init__()
+        self.teacher = teacher
+
+    def forward(self, input_ids, attention_mask, labels, **_):
+        return self.teacher(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+                            token_type_ids=torch.zeros_like(input_ids))
 
 
 @dataclass
@@ -163,13 +187,22 @@ def _read_manifest(folder: Path) -> dict | None:
 
 
 def student_train_config(cfg: PretrainDistillConfig, teacher_manifest: dict, depth: int, init: str, name: str):
-    """The teacher's training config with the student's name, depth, steps and seeds."""
+    """The teacher's training config with the student's name, depth, steps and seeds, and the
+    student's family (`STUDENT_FAMILY`: a BERT's student is a DistilBERT, which keeps BERT's
+    masked-LM settings and drops NSP and token types)."""
     from workbench.config import load_config
+    from workbench.families import get_family
 
     base = dict(teacher_manifest["config"])
     for k in ("output_dir", "tokens", "steps", "name", "seeds", "checkpoints", "device", "progress"):
         base.pop(k, None)
     model = {**(base.pop("model", None) or {}), "num_hidden_layers": depth}
+    student_family = STUDENT_FAMILY.get(base["family"], base["family"])
+    if student_family != base["family"]:
+        known = set(get_family(student_family).objective)
+        base["objective"] = {k: v for k, v in (base.get("objective") or {}).items() if k in known}
+        model.pop("type_vocab_size", None)
+        base["family"] = student_family
     warmup = cfg.warmup if cfg.warmup is not None else min(int(base.get("warmup") or 0), cfg.steps // 4)
     return load_config({**base, "model": model, "name": f"{name}-L{depth}-{init}", "steps": cfg.steps,
                         "seeds": list(cfg.seeds), "warmup": warmup, "lr": cfg.lr or base["lr"],
@@ -204,6 +237,11 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None) -> PretrainDist
     with _quiet_transformers():
         teacher = module.load_pretrainer(teacher_folder).eval()
     teacher_depth = int(teacher.model.config.num_hidden_layers)
+    student_family_name = STUDENT_FAMILY.get(family_name, family_name)
+    student_family = get_family(student_family_name)
+    student_module = importlib.import_module(f"workbench.families.{student_family_name}")
+    # the teacher as it reads the student's batches (a BERT: one segment, no token types)
+    teacher_reader = OneSegmentTeacher(teacher) if student_family_name != family_name else teacher
     depths = cfg.depths or [max(1, teacher_depth // 2)]
     teacher_name = checkpoint_name(teacher_folder)
     name = cfg.name or f"{tm['config'].get('name', 'teacher')}-distil"
@@ -217,7 +255,7 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None) -> PretrainDist
     for depth in depths:
         for init in cfg.inits:
             scfg = student_train_config(cfg, tm, depth, init, name)
-            data = prepare_data(scfg, family)
+            data = prepare_data(scfg, student_family)
             if tokenizer_hash(data.tokenizer) != tm["tokenizer"]["sha256"]:
                 raise ConfigError(f"{teacher_folder}: the student's corpus and tokenizer settings give another "
                                   f"tokenizer than the teacher's (sha256 {tm['tokenizer']['sha256'][:12]}); "
@@ -226,29 +264,27 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None) -> PretrainDist
             record = {"teacher": str(teacher_folder), "teacher_sha256": teacher_hash, "init": init,
                       "teacher_layers": layers, "depth": depth}
             hooks = TrainingHooks(loss=TripleLoss(cfg.temperature, cfg.alpha_ce, cfg.alpha_mlm, cfg.alpha_cos, record),
-                                  teacher=teacher,
+                                  teacher=teacher_reader,
                                   initial=TeacherLayers(teacher.model, layers, record) if layers else None)
             finals = train_from_config(scfg, hooks=hooks)
             device = resolve_device(scfg.device, init_distributed(scfg.device))
             if teacher_loss is None:
-                teacher_loss = evaluate_heldout(teacher.to(device), family, data.heldout, data.tokenizer, scfg,
-                                                cfg.heldout_batches, device)["loss"]
+                teacher_loss = evaluate_heldout(teacher_reader.to(device), student_family, data.heldout,
+                                                data.tokenizer, scfg, cfg.heldout_batches, device)["loss"]
                 rows.append({**common, "model": teacher_name, "value": teacher_loss,
                              "extra": {"role": "teacher", "depth": teacher_depth,
                                        "parameters": sum(p.numel() for p in teacher.model.parameters())}})
             for seed, final in zip(scfg.seeds, finals):
                 with _quiet_transformers():
-                    student = module.load_pretrainer(final).to(device).eval()
-                loss = evaluate_heldout(student, family, data.heldout, data.tokenizer, scfg, cfg.heldout_batches,
+                    student = student_module.load_pretrainer(final).to(device).eval()
+                loss = evaluate_heldout(student, student_family, data.heldout, data.tokenizer, scfg, cfg.heldout_batches,
                                         device)["loss"]
                 extra = {"role": "student", "depth": depth, "init": init, "teacher": teacher_name,
                          "teacher_layers": layers, "temperature": cfg.temperature, "alpha_ce": cfg.alpha_ce,
                          "alpha_mlm": cfg.alpha_mlm, "alpha_cos": cfg.alpha_cos, "checkpoint": str(final),
                          "teacher_loss": teacher_loss,
                          "parameters": sum(p.numel() for p in student.model.parameters())}
-                if family_name == "bert":
-                    extra["distilbert"] = str(save_distilbert(final, student.model))
-                rows.append({**common, "model": checkpoint_name(final), "seed": seed, "step": cfg.steps,
+                rows.append({**common, "family": student_family_name, "model": checkpoint_name(final), "seed": seed, "step": cfg.steps,
                              "value": loss, "extra": extra})
                 students[f"L{depth}-{init}-seed{seed}"] = final
     store = store or ResultsStore()
@@ -258,23 +294,3 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None) -> PretrainDist
         run_id = w.run_id
     return PretrainDistillResult(run_id, pd.DataFrame(rows), students)
 
-
-def save_distilbert(final: Path, bert_model) -> Path:
-    """`<seed folder>/distilbert/`: the BERT student as `DistilBertForMaskedLM` with its tokenizer and
-    the checkpoint's manifest (plus the conversion), written atomically; kept if already there."""
-    from transformers import AutoTokenizer
-
-    from workbench.families.distilbert import bert_to_distilbert
-    from workbench.io import atomic_dir
-    from workbench.models import _quiet_transformers
-
-    out = Path(final).parent / "distilbert"
-    if (out / "config.json").is_file():
-        return out
-    manifest = _read_manifest(Path(final)) or {}
-    with atomic_dir(out) as tmp, _quiet_transformers():
-        bert_to_distilbert(bert_model).save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(final, local_files_only=True, trust_remote_code=False).save_pretrained(tmp)
-        atomic_write_json(tmp / "manifest.json", {**manifest, "family": "distilbert", "auto_class": "AutoModelForMaskedLM",
-                                                  "converted_from": {"checkpoint": str(final), "format": "bert"}})
-    return out

@@ -15,7 +15,7 @@ import warnings
 
 from workbench.families.base import FamilySpec, PretrainingOutput
 
-FAMILIES = ("bert", "roberta", "spanbert", "albert", "electra", "deberta", "gpt", "t5", "bart", "elmo")
+FAMILIES = ("bert", "roberta", "spanbert", "albert", "electra", "deberta", "gpt", "t5", "bart", "elmo", "distilbert")
 
 __all__ = ["FAMILIES", "FamilySpec", "PretrainingOutput", "get_family", "available_families"]
 

@@ -1,9 +1,13 @@
-"""DistilBERT (Sanh et al. 2019) as a checkpoint format: a BERT-architecture student saved as
-`DistilBertForMaskedLM`, so that it opens in plain transformers as the model DistilBERT is.
+"""DistilBERT (Sanh et al. 2019): a trainable family (`FAMILY`: `DistilBertForMaskedLM`, masked LM
+only, no token types, no pooler; presets tiny/small/base of BERT's shapes) and the conversion of a
+BERT into it.
 
-The workbench trains such a student as a BERT of fewer layers (the family `bert`'s training module
-under the distillation loss, `workbench.distill_pretraining`) and converts the result here:
-DistilBERT is BERT's block without token-type embeddings, pooler or NSP head, so the conversion
+`bertology train --family distilbert` trains one from scratch like any family. Pretraining
+distillation (`workbench.distill_pretraining`) trains a BERT teacher's student AS this family: the
+student is built here and initialised with `bert_to_distilbert` of the teacher's chosen layers, so
+what it saves is a plain `DistilBertForMaskedLM` checkpoint with its manifest, no conversion after.
+
+The conversion: DistilBERT is BERT's block without token-type embeddings, pooler or NSP head, so the conversion
 is a renaming plus one fold: BERT adds the token-type-0 embedding to every position of a
 single-segment input, and DistilBERT has no such table, so that vector is added to every row of
 the position embeddings. For inputs of one segment (token_type_ids all 0, as DistilBERT reads
@@ -15,8 +19,12 @@ Reading a DistilBERT checkpoint (`ModelHandle`, `finetune` pooling "first") goes
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from workbench.errors import ConfigError
+from workbench.families import bert
+from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences, truncate_block
+from workbench.objectives.mlm import IGNORE_INDEX
 
 # BERT block names -> DistilBERT block names (inside layer i)
 _BLOCK = {
@@ -76,3 +84,108 @@ def bert_to_distilbert(bert) -> torch.nn.Module:
                 new[f"distilbert.transformer.layer.{i}.{dst}.{p}"] = sd[f"bert.encoder.layer.{i}.{src}.{p}"]
     out.load_state_dict({k: v.detach().clone() for k, v in new.items()}, strict=True)
     return out.eval()
+
+
+# ---- the trainable family: a DistilBERT masked LM trained from a config ---------------------------
+# (`bertology train --family distilbert`; `workbench.distill_pretraining` trains BERT teachers'
+# students as this family, initialised from the teacher's layers through `bert_to_distilbert`)
+
+SPECIAL_TOKENS = bert.SPECIAL_TOKENS  # the same WordPiece tokenizer as BERT (same cache key, same hash)
+OBJECTIVE = {"objective": "mlm", **bert.MLM_DEFAULTS}  # DistilBERT drops NSP: masked LM only
+
+# The presets are BERT's shapes, written with BERT's names, so a BERT's model config (a teacher's)
+# carries over; `build_model` renames them to DistilBertConfig's.
+PRESETS = {name: dict(shape) for name, shape in bert.BERT_SHAPES.items()}
+BERT_NAMES = {"num_hidden_layers": "n_layers", "hidden_size": "dim", "num_attention_heads": "n_heads",
+              "intermediate_size": "hidden_dim", "hidden_dropout_prob": "dropout",
+              "attention_probs_dropout_prob": "attention_dropout", "hidden_act": "activation"}
+NATIVE_KEYS = {"n_layers", "dim", "n_heads", "hidden_dim", "dropout", "attention_dropout", "activation",
+               "max_position_embeddings", "initializer_range", "sinusoidal_pos_embds", "qa_dropout",
+               "seq_classif_dropout"}
+
+
+def distilbert_model_config(model_config: dict) -> dict:
+    """`DistilBertConfig` keyword arguments of a model config written with BERT's or DistilBERT's
+    names. BERT settings DistilBERT has no place for are refused unless they hold the value
+    DistilBERT fixes (`type_vocab_size` and `layer_norm_eps` 1e-12, absolute positions), so a typo
+    or a BERT that DistilBERT cannot express never trains silently as something else."""
+    out, bad = {}, []
+    for key, value in model_config.items():
+        if key in BERT_NAMES:
+            out[BERT_NAMES[key]] = value
+        elif key in NATIVE_KEYS:
+            out[key] = value
+        elif key == "layer_norm_eps" and abs(float(value) - 1e-12) < 1e-15:
+            continue
+        elif key == "position_embedding_type" and value in (None, "absolute"):
+            continue
+        elif key == "type_vocab_size":  # no segment embeddings: folded away (bert_to_distilbert)
+            continue
+        else:
+            bad.append(key)
+    if bad:
+        raise ConfigError(f"model: setting(s) {sorted(bad)} do not exist in DistilBERT (known: "
+                          f"{sorted(set(BERT_NAMES) | NATIVE_KEYS)}; layer_norm_eps must be 1e-12)")
+    return out
+
+
+def make_collator(objective: dict, tokenizer):
+    """`[CLS] block [SEP]`, padded, masked 80/10/10 (BERT's MLM settings); no token types."""
+    opts = bert.mlm_options(bert.objective_options("distilbert", OBJECTIVE, objective))
+
+    def collate(examples: list[list[int]], generator: torch.Generator) -> dict[str, torch.Tensor]:
+        ids, mask = pad_sequences([add_special_tokens(tokenizer, ex) for ex in examples], tokenizer.pad_token_id)
+        masked, labels = bert.apply_mlm(ids, mask, tokenizer, opts, generator)
+        return {"input_ids": masked, "attention_mask": mask, "labels": labels}
+
+    return collate
+
+
+class DistilBertPretrainer(PretrainingWrapper):
+    """`DistilBertForMaskedLM`, the loss at the masked positions only (term mlm). Like
+    `BertPretrainer` it returns the masked logits and the last hidden states in `extra`, what
+    DistilBERT's triple loss reads (`workbench.distill_pretraining.TripleLoss`)."""
+
+    def __init__(self, model):
+        super().__init__(model, term="mlm")
+
+    def mlm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`DistilBertForMaskedLM`'s head (transform, activation, LayerNorm, projector)."""
+        m = self.model
+        return m.vocab_projector(m.vocab_layer_norm(m.activation(m.vocab_transform(hidden))))
+
+    def forward(self, input_ids, attention_mask, labels, **_):
+        hidden = self.model.distilbert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = bert.masked_lm_logits(self.mlm_head, hidden, labels)
+        mlm = F.cross_entropy(logits.float(), labels[labels != IGNORE_INDEX])
+        return PretrainingOutput(loss=mlm, loss_terms={"mlm": mlm.detach()}, extra={"logits": logits, "hidden": hidden})
+
+
+def build_model(model_config: dict, tokenizer) -> DistilBertPretrainer:
+    from transformers import DistilBertConfig, DistilBertForMaskedLM
+
+    config = DistilBertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+                              **distilbert_model_config(model_config))
+    return DistilBertPretrainer(DistilBertForMaskedLM(config))
+
+
+def load_pretrainer(path) -> DistilBertPretrainer:
+    """The training module back from a checkpoint folder (to evaluate it or train on)."""
+    from transformers import DistilBertForMaskedLM
+
+    return DistilBertPretrainer(DistilBertForMaskedLM.from_pretrained(str(path)))
+
+
+FAMILY = FamilySpec(
+    name="distilbert",
+    tokenizer_kind="wordpiece",
+    special_tokens=SPECIAL_TOKENS,
+    presets=PRESETS,
+    build_model=build_model,
+    make_collator=make_collator,
+    truncate_example=truncate_block,
+    objective=OBJECTIVE,
+    auto_class="AutoModelForMaskedLM",
+    description="DistilBERT: BERT's block without token types or pooler, masked LM only over contiguous "
+                "WordPiece blocks (Sanh et al. 2019); the student of pretraining distillation",
+)
