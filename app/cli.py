@@ -151,7 +151,7 @@ def _cmd_distill(args: argparse.Namespace) -> int:
                                             "threads": args.threads, "output_dir": args.output_dir,
                                             "depths": ints("--depths", args.depths), "seeds": ints("--seeds", args.seeds),
                                             "inits": None if args.inits is None else args.inits.split(",")})
-    result = run_distill(cfg)
+    result = run_distill(cfg, jobs=args.jobs, executor=args.executor)
     print(format_table(result.rows))
     print(f"run {result.run_id}; students under {result.folder}")
     return 0
@@ -358,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="sweep folder (default <runs root>/distill/<name>)")
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--jobs", type=int, default=1, help="grid points at once in local processes (default 1)")
+    p.add_argument("--executor", default="local", choices=("local", "submitit-local", "slurm"),
+                   help="where points execute: local processes, or one submitit job per point (default local)")
     p.set_defaults(func=_cmd_distill)
     p = sub.add_parser("peft", help="fine-tune with every method (full, head, bitfit, adapter, prompt, lora); CKA per layer")
     p.add_argument("config", help="sweep YAML (e.g. experiments/peft/minilm_polarity_cpu.yaml)")

@@ -259,3 +259,56 @@ def test_sweep_runs_every_point_rows_are_consistent_and_a_rerun_resumes(teacher,
     assert again.rows.drop(columns=[]).equals(res.rows)
     with pytest.raises(ConfigError, match="another config"):
         run_distill(load_distill_config(_cfg(teacher, tmp_path, alphas=[0.9])), store=store)
+
+
+def _comparable(rows):
+    """The rows without what is a timing (latency) or a path under the sweep folder."""
+    df = rows[rows.metric != "latency_ms"].reset_index(drop=True)
+    return df.assign(extra=df.extra.map(lambda e: {k: v for k, v in e.items() if k not in ("fraction_of_teacher", "teacher_value")}))
+
+
+@pytest.mark.slow
+def test_two_jobs_give_the_rows_of_a_sequential_run_and_resume(teacher, tmp_path, monkeypatch):
+    """A 2-point grid run with --jobs 2 (two spawned processes, one thread each) gives the same
+    accuracies, sizes and teacher calls as the same grid run point after point with one thread;
+    a second parallel run finds every point done and runs nothing."""
+    from app.cli import main
+
+    kw = dict(inits=["teacher"], alphas=[0.0, 0.5], threads=1)
+    seq = run_distill(load_distill_config(_cfg(teacher, tmp_path / "seq", **kw)), store=ResultsStore(tmp_path / "s1"))
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    path = tmp_path / "grid.yaml"
+    path.write_text(json.dumps(_cfg(teacher, tmp_path / "par", **{k: v for k, v in kw.items() if k != "threads"})))
+    assert main(["distill", str(path), "--jobs", "2"]) == 0
+    par_folder = tmp_path / "par" / "sweep"
+    docs = {p: json.loads((par_folder / "points" / p / "point.json").read_text())
+            for p in ("L2-teacher-Tnone-a0", "L2-teacher-T2-a0.5")}
+    for name, doc in docs.items():
+        want = json.loads((seq.folder / "points" / name / "point.json").read_text())
+        assert doc["seeds"]["0"]["test_accuracy"] == want["seeds"]["0"]["test_accuracy"], name
+        assert doc["seeds"]["0"]["dev_accuracy"] == want["seeds"]["0"]["dev_accuracy"], name
+        assert (doc["parameters"], doc["file_bytes"], doc["teacher_calls"]) == (
+            want["parameters"], want["file_bytes"], want["teacher_calls"]), name
+        # the trained students are the same weights, bit for bit
+        a = load_classifier(Path(doc["seeds"]["0"]["checkpoint"])).state_dict()
+        b = load_classifier(Path(want["seeds"]["0"]["checkpoint"])).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    from workbench.distill import run_distill as again
+
+    par = again(load_distill_config(path), store=ResultsStore(tmp_path / "runs"), jobs=2)
+    stamps = {p: (par_folder / "points" / p / "point.json").stat().st_mtime_ns for p in docs}
+    assert {p: (par_folder / "points" / p / "point.json").stat().st_mtime_ns for p in docs} == stamps
+    pd_testing = pytest.importorskip("pandas.testing")
+    pd_testing.assert_frame_equal(_comparable(par.rows), _comparable(seq.rows))
+
+
+def test_bad_jobs_and_executor_are_one_line_exit_2(teacher, tmp_path, capsys, monkeypatch):
+    from app.cli import main
+
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    path = tmp_path / "d.yaml"
+    path.write_text(json.dumps(_cfg(teacher, tmp_path)))
+    assert main(["distill", str(path), "--jobs", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--jobs must be >= 1" in err
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "runs").exists()

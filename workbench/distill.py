@@ -30,6 +30,13 @@ dev), `accuracy_kept` (student / teacher test accuracy), and per student archite
 `parameters`, `file_bytes`, `latency_ms` (CPU forward of a fixed batch, median of repeats, one
 thread), each with the teacher's value in `extra`. Rerunning the command skips finished points and
 resumes a point's unfinished seed where it stopped.
+
+Points are independent runs (`run_point`): `run_distill(..., jobs=N)` runs N at once in spawned
+local processes (one torch thread each unless `threads` is set) and `executor="submitit-local"` or
+`"slurm"` hands each point to submitit, as the experiment runner does (`app.experiments`). The
+parent prepares what the points share first (initial students, the teacher's evaluation, the
+latency batch), and writes the rows from the `point.json` files at the end, so a parallel sweep's
+rows equal a sequential one's (each point is seeded by its seeds alone; latencies are timings).
 """
 
 from __future__ import annotations
@@ -419,15 +426,103 @@ class DistillResult:
     folder: Path
 
 
-def run_distill(cfg: DistillConfig, store=None) -> DistillResult:
-    """Run (or resume) every point of the sweep, then write one results-store run (module docstring)."""
+EXECUTORS = ("local", "submitit-local", "slurm")
+
+
+def _finetune_cfg(cfg: DistillConfig, point: Point, seeds: list[int], folder: Path, student: Path,
+                  task_keys: dict):
+    """The fine-tuning config of one point: its student, the teacher's task and split, the sweep's
+    training settings, its own run folder."""
+    from workbench.finetune import load_finetune_config
+
+    return load_finetune_config({
+        "checkpoint": str(student), **task_keys, "name": point.name,
+        "seeds": seeds, "epochs": cfg.epochs, "lr": cfg.lr, "batch_size": cfg.batch_size,
+        "max_len": cfg.max_len, "warmup": cfg.warmup, "weight_decay": cfg.weight_decay,
+        "patience": cfg.patience, "max_train_examples": cfg.max_train_examples,
+        "max_eval_examples": cfg.max_eval_examples, "baselines": False, "device": cfg.device,
+        "output_dir": str(folder / "points" / point.name), "progress": cfg.progress})
+
+
+def run_point(cfg: DistillConfig, point: Point, shared: dict, store_root: str | None = None) -> dict:
+    """One point of the sweep (a fine-tuning run over the seeds with the teacher as a hook), in this
+    process, a local worker or a submitit job; writes and returns its `point.json` document.
+    `shared` is what the parent prepared (`run_distill`): the sweep folder, the teacher (folder,
+    hash, depth), the task keys, the initial students' folders and the latency batch."""
+    from workbench.finetune import load_classifier, run_finetune
+    from workbench.results import ResultsStore
+
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    folder = Path(shared["folder"])
+    teacher_folder = Path(shared["teacher_folder"])
+    teacher = classifier_handle(teacher_folder)
+    layers = student_layers(shared["teacher_depth"], point.depth) if point.init == "teacher" else None
+    loss = TaskKD(point.temperature or 1.0, point.alpha,
+                  record={"teacher": str(teacher_folder), "teacher_sha256": shared["teacher_hash"],
+                          "init": point.init, "teacher_layers": layers, "depth": point.depth,
+                          "temperature_used": point.temperature is not None})
+    teacher_module = CachedTeacher(teacher.model) if cfg.cache_teacher else teacher.model
+    hooks = TrainingHooks(loss=loss, teacher=teacher_module if point.alpha > 0 else None)
+    student = Path(shared["students"][f"L{point.depth}-{point.init}"])
+    result = run_finetune(_finetune_cfg(cfg, point, list(cfg.seeds), folder, student, shared["task_keys"]),
+                          store=ResultsStore(store_root), hooks=hooks)
+    student_folder = Path(result.seeds[0].checkpoint)
+    student_model = load_classifier(student_folder)
+    lat = shared["latency_batch"]
+    doc = {"point": dataclasses.asdict(point), "finetune_run": result.run_id,
+           "seeds": {str(r.seed): {"test_accuracy": r.test["accuracy"], "dev_accuracy": r.dev["accuracy"],
+                                    "test_n": r.test["n"], "checkpoint": r.checkpoint, "best_epoch": r.best_epoch}
+                     for r in result.seeds},
+           "parameters": count_parameters(student_model), "file_bytes": _file_bytes(student_folder),
+           "latency_ms": cpu_latency_ms(student_model, lat["input_ids"], lat["attention_mask"], cfg.latency_repeats),
+           "teacher_calls": ({"computed": teacher_module.computed, "served": teacher_module.served}
+                             if hooks.teacher is not None and isinstance(teacher_module, CachedTeacher) else None)}
+    atomic_write_json(folder / "points" / point.name / "point.json", doc)
+    return doc
+
+
+def _run_points_in_processes(cfg: DistillConfig, todo: list[Point], shared: dict, store_root: str,
+                             jobs: int) -> dict[str, dict]:
+    """The points in `jobs` spawned local processes (a clean torch in each)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    out = {}
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {point.name: pool.submit(run_point, cfg, point, shared, store_root) for point in todo}
+        for name, fut in futures.items():
+            out[name] = fut.result()
+    return out
+
+
+def _run_points_with_submitit(cfg: DistillConfig, todo: list[Point], shared: dict, store_root: str,
+                              executor: str) -> dict[str, dict]:
+    """One submitit job per point (Slurm, or submitit's local executor); logs under the sweep folder."""
+    import submitit
+
+    ex = submitit.AutoExecutor(folder=str(Path(shared["folder"]) / "submitit"),
+                               cluster="local" if executor == "submitit-local" else "slurm")
+    ex.update_parameters(timeout_min=240)
+    submitted = [(point.name, ex.submit(run_point, cfg, point, shared, store_root)) for point in todo]
+    return {name: job.result() for name, job in submitted}
+
+
+def run_distill(cfg: DistillConfig, store=None, jobs: int = 1, executor: str = "local") -> DistillResult:
+    """Run (or resume) every point of the sweep, then write one results-store run (module docstring).
+    `jobs` > 1 runs points in parallel local processes; `executor` submitit-local | slurm hands each
+    point to submitit."""
     import pandas as pd
 
     from workbench.checkpoints import checkpoint_name
-    from workbench.finetune import collate, evaluate, load_finetune_config, prepare, run_finetune
+    from workbench.finetune import collate, evaluate, prepare
     from workbench.paths import runs_root
     from workbench.results import ResultsStore
 
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    if executor not in EXECUTORS:
+        raise ConfigError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     teacher_folder = Path(cfg.teacher).expanduser().resolve()
@@ -466,20 +561,13 @@ def run_distill(cfg: DistillConfig, store=None) -> DistillResult:
             handle.save(path, overwrite=path.exists())
         students[(depth, init)] = path
 
-    def finetune_cfg(point: Point, seeds: list[int]):
-        return load_finetune_config({
-            "checkpoint": str(students[(point.depth, point.init)]), **task_keys, "name": point.name,
-            "seeds": seeds, "epochs": cfg.epochs, "lr": cfg.lr, "batch_size": cfg.batch_size,
-            "max_len": cfg.max_len, "warmup": cfg.warmup, "weight_decay": cfg.weight_decay,
-            "patience": cfg.patience, "max_train_examples": cfg.max_train_examples,
-            "max_eval_examples": cfg.max_eval_examples, "baselines": False, "device": cfg.device,
-            "output_dir": str(folder / "points" / point.name), "progress": cfg.progress})
-
     points = sweep_points(cfg)
     # ---- the teacher on the same test split (its own accuracy, size, latency)
     teacher_file = folder / "teacher.json"
     # (its own folder: a fine-tuning folder belongs to one config and one set of hooks)
-    eval_cfg = dataclasses.replace(finetune_cfg(points[0], list(cfg.seeds)), output_dir=str(folder / "teacher_eval"))
+    eval_cfg = dataclasses.replace(_finetune_cfg(cfg, points[0], list(cfg.seeds), folder,
+                                                 students[(points[0].depth, points[0].init)], task_keys),
+                                   output_dir=str(folder / "teacher_eval"))
     first_run = prepare(eval_cfg)
     latency_rows = sorted(range(len(first_run.test.ids)), key=lambda r: len(first_run.test.ids[r]))
     lat_batch = collate(first_run.test, latency_rows[len(latency_rows) // 2:][: cfg.latency_batch], first_run.pad_id)
@@ -499,39 +587,30 @@ def run_distill(cfg: DistillConfig, store=None) -> DistillResult:
                        "depth": teacher_depth, "sha256": teacher_hash, "path": str(teacher_folder)}
         atomic_write_json(teacher_file, teacher_doc)
 
-    # ---- every point, each a fine-tuning run with the teacher as a hook
+    # ---- every point, each a fine-tuning run with the teacher as a hook (in parallel if asked)
+    store = store or ResultsStore()
+    shared = {"folder": str(folder), "teacher_folder": str(teacher_folder), "teacher_hash": teacher_hash,
+              "teacher_depth": teacher_depth, "task_keys": task_keys,
+              "students": {f"L{d}-{i}": str(p) for (d, i), p in students.items()},
+              "latency_batch": {k: lat_batch[k] for k in ("input_ids", "attention_mask")}}
     done: dict[str, dict] = {}
+    todo = []
     for point in points:
         point_file = folder / "points" / point.name / "point.json"
         if point_file.is_file():
             done[point.name] = json.loads(point_file.read_text(encoding="utf-8"))
-            continue
-        layers = student_layers(teacher_depth, point.depth) if point.init == "teacher" else None
-        loss = TaskKD(point.temperature or 1.0, point.alpha,
-                      record={"teacher": str(teacher_folder), "teacher_sha256": teacher_hash,
-                              "init": point.init, "teacher_layers": layers, "depth": point.depth,
-                              "temperature_used": point.temperature is not None})
-        teacher_module = CachedTeacher(teacher.model) if cfg.cache_teacher else teacher.model
-        hooks = TrainingHooks(loss=loss, teacher=teacher_module if point.alpha > 0 else None)
-        result = run_finetune(finetune_cfg(point, list(cfg.seeds)), store=store, hooks=hooks)
-        student_folder = Path(result.seeds[0].checkpoint)
-        from workbench.finetune import load_classifier
-
-        student_model = load_classifier(student_folder)
-        doc = {"point": dataclasses.asdict(point), "finetune_run": result.run_id,
-               "seeds": {str(r.seed): {"test_accuracy": r.test["accuracy"], "dev_accuracy": r.dev["accuracy"],
-                                        "test_n": r.test["n"], "checkpoint": r.checkpoint, "best_epoch": r.best_epoch}
-                         for r in result.seeds},
-               "parameters": count_parameters(student_model), "file_bytes": _file_bytes(student_folder),
-               "latency_ms": cpu_latency_ms(student_model, lat_batch["input_ids"], lat_batch["attention_mask"],
-                                            cfg.latency_repeats),
-               "teacher_calls": ({"computed": teacher_module.computed, "served": teacher_module.served}
-                                 if hooks.teacher is not None and isinstance(teacher_module, CachedTeacher) else None)}
-        atomic_write_json(point_file, doc)
-        done[point.name] = doc
+        else:
+            todo.append(point)
+    if executor != "local":
+        done.update(_run_points_with_submitit(_one_thread(cfg), todo, shared, str(store.root), executor))
+    elif jobs > 1 and len(todo) > 1:
+        done.update(_run_points_in_processes(_one_thread(cfg), todo, shared, str(store.root), jobs))
+    else:
+        for point in todo:
+            done[point.name] = run_point(cfg, point, shared, str(store.root))
+    done = {p.name: done[p.name] for p in points}  # the sweep's order, whatever finished first
 
     rows = distill_rows(done, teacher_doc, teacher_name, teacher.family, task_keys["task"])
-    store = store or ResultsStore()
     with store.start_run(PROBE, cfg.to_dict(), seeds=list(cfg.seeds), checkpoints=[teacher_folder],
                          name=name) as writer:
         writer.add(rows)
@@ -540,6 +619,12 @@ def run_distill(cfg: DistillConfig, store=None) -> DistillResult:
         writer.note("folder", str(folder))
         run_id = writer.run_id
     return DistillResult(run_id, pd.DataFrame(rows), folder)
+
+
+def _one_thread(cfg: DistillConfig) -> DistillConfig:
+    """Parallel points share the cores: one torch thread each unless the config says otherwise, and
+    no progress bars (several would interleave)."""
+    return dataclasses.replace(cfg, threads=1 if cfg.threads is None else cfg.threads, progress=False)
 
 
 def distill_rows(points: dict[str, dict], teacher: dict, teacher_name: str, family: str, task: str) -> list[dict]:
