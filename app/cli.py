@@ -137,7 +137,7 @@ def _cmd_distill(args: argparse.Namespace) -> int:
                               "(kind: task) only; set them in the YAML")
         cfg = load_pretrain_distill_config(args.config, {"teacher": args.teacher, "name": args.name,
                                                          "device": args.device})
-        result = run_pretrain_distill(cfg)
+        result = run_pretrain_distill(cfg, jobs=args.jobs, executor=args.executor)
         print(result.rows[["model", "value"]].rename(columns={"value": "heldout_mlm_loss"}).to_string(index=False))
         print(f"run {result.run_id}")
         return 0

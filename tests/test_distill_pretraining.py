@@ -197,3 +197,24 @@ def test_cli_dispatches_on_kind_and_refuses_a_bad_pretraining_config(bert_teache
     assert main(["distill", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "temperature: must be > 0" in err
+
+
+@pytest.mark.slow
+def test_students_trained_with_two_jobs_equal_a_sequential_run(bert_teacher, tmp_path, monkeypatch):
+    """The two students (teacher-initialised and random) trained in two spawned processes, one
+    thread each, are the weights and held-out losses of the same sweep run in this process with
+    one thread; a rerun with --jobs 2 trains nothing (the finished runs are found)."""
+    from app.cli import main
+    from workbench.families.distilbert import load_pretrainer
+
+    torch.set_num_threads(1)
+    seq = run_pretrain_distill(load_pretrain_distill_config(_dcfg(bert_teacher, seeds=[0], name="seq")),
+                               store=ResultsStore(tmp_path / "s1"))
+    path = tmp_path / "p.yaml"
+    path.write_text(json.dumps(_dcfg(bert_teacher, seeds=[0], name="par")))
+    assert main(["distill", str(path), "--jobs", "2"]) == 0
+    par = run_pretrain_distill(load_pretrain_distill_config(path), store=ResultsStore(tmp_path / "s2"), jobs=2)
+    for key in ("L2-teacher-seed0", "L2-random-seed0"):
+        a, b = load_pretrainer(seq.students[key]).state_dict(), load_pretrainer(par.students[key]).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), key
+    assert list(par.rows["value"]) == list(seq.rows["value"])

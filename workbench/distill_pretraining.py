@@ -43,7 +43,6 @@ import torch.nn.functional as F
 
 from workbench.distill import INITS, cut_student, student_layers
 from workbench.errors import ConfigError
-from workbench.io import atomic_write_json
 from workbench.loop import TrainingHooks, kl_to_teacher
 
 PROBE = "distill"
@@ -217,78 +216,135 @@ class PretrainDistillResult:
     students: dict[str, Path]
 
 
-def run_pretrain_distill(cfg: PretrainDistillConfig, store=None) -> PretrainDistillResult:
-    """Train every (depth, init, seed) student (resuming finished ones for free), evaluate teacher and
-    students on the same held-out batches, convert BERT students to DistilBERT, write the rows."""
-    import pandas as pd
+def _setup(cfg: PretrainDistillConfig):
+    """What every student of the sweep shares: the teacher (loaded), its manifest, hash and depth, the
+    student family, the depths and the sweep name (built in the parent and again in each worker)."""
+    from types import SimpleNamespace
 
-    from workbench.checkpoints import checkpoint_name
+    from workbench.checkpoints import checkpoint_name, weights_hash
     from workbench.families import get_family
     from workbench.models import _quiet_transformers
-    from workbench.results import ResultsStore
-    from workbench.train import evaluate_heldout, prepare_data, resolve_device, init_distributed, train_from_config
-    from workbench.tokenization import tokenizer_hash
 
     teacher_folder = Path(cfg.teacher).expanduser().resolve()
     tm = _read_manifest(teacher_folder)
     family_name = tm["family"]
-    family = get_family(family_name)
     module = importlib.import_module(f"workbench.families.{family_name}")
     with _quiet_transformers():
         teacher = module.load_pretrainer(teacher_folder).eval()
     teacher_depth = int(teacher.model.config.num_hidden_layers)
     student_family_name = STUDENT_FAMILY.get(family_name, family_name)
-    student_family = get_family(student_family_name)
-    student_module = importlib.import_module(f"workbench.families.{student_family_name}")
-    # the teacher as it reads the student's batches (a BERT: one segment, no token types)
-    teacher_reader = OneSegmentTeacher(teacher) if student_family_name != family_name else teacher
-    depths = cfg.depths or [max(1, teacher_depth // 2)]
-    teacher_name = checkpoint_name(teacher_folder)
-    name = cfg.name or f"{tm['config'].get('name', 'teacher')}-distil"
-    from workbench.checkpoints import weights_hash
+    return SimpleNamespace(
+        teacher_folder=teacher_folder, manifest=tm, family_name=family_name, teacher=teacher,
+        teacher_depth=teacher_depth, teacher_name=checkpoint_name(teacher_folder),
+        teacher_hash=weights_hash(teacher_folder), student_family_name=student_family_name,
+        student_family=get_family(student_family_name),
+        student_module=importlib.import_module(f"workbench.families.{student_family_name}"),
+        # the teacher as it reads the student's batches (a BERT: one segment, no token types)
+        reader=OneSegmentTeacher(teacher) if student_family_name != family_name else teacher,
+        depths=cfg.depths or [max(1, teacher_depth // 2)],
+        name=cfg.name or f"{tm['config'].get('name', 'teacher')}-distil")
 
-    teacher_hash = weights_hash(teacher_folder)
 
-    rows, students = [], {}
-    common = {"family": family_name, "probe": PROBE, "task": "mlm", "split": "heldout", "metric": "heldout_mlm_loss"}
-    teacher_loss = None
-    for depth in depths:
-        for init in cfg.inits:
-            scfg = student_train_config(cfg, tm, depth, init, name)
-            data = prepare_data(scfg, student_family)
-            if tokenizer_hash(data.tokenizer) != tm["tokenizer"]["sha256"]:
-                raise ConfigError(f"{teacher_folder}: the student's corpus and tokenizer settings give another "
-                                  f"tokenizer than the teacher's (sha256 {tm['tokenizer']['sha256'][:12]}); "
-                                  f"is the teacher's corpus folder still there?")
-            layers = student_layers(teacher_depth, depth) if init == "teacher" else None
-            record = {"teacher": str(teacher_folder), "teacher_sha256": teacher_hash, "init": init,
-                      "teacher_layers": layers, "depth": depth}
-            hooks = TrainingHooks(loss=TripleLoss(cfg.temperature, cfg.alpha_ce, cfg.alpha_mlm, cfg.alpha_cos, record),
-                                  teacher=teacher_reader,
-                                  initial=TeacherLayers(teacher.model, layers, record) if layers else None)
-            finals = train_from_config(scfg, hooks=hooks)
-            device = resolve_device(scfg.device, init_distributed(scfg.device))
-            if teacher_loss is None:
-                teacher_loss = evaluate_heldout(teacher_reader.to(device), student_family, data.heldout,
-                                                data.tokenizer, scfg, cfg.heldout_batches, device)["loss"]
-                rows.append({**common, "model": teacher_name, "value": teacher_loss,
-                             "extra": {"role": "teacher", "depth": teacher_depth,
-                                       "parameters": sum(p.numel() for p in teacher.model.parameters())}})
-            for seed, final in zip(scfg.seeds, finals):
-                with _quiet_transformers():
-                    student = student_module.load_pretrainer(final).to(device).eval()
-                loss = evaluate_heldout(student, student_family, data.heldout, data.tokenizer, scfg, cfg.heldout_batches,
-                                        device)["loss"]
-                extra = {"role": "student", "depth": depth, "init": init, "teacher": teacher_name,
-                         "teacher_layers": layers, "temperature": cfg.temperature, "alpha_ce": cfg.alpha_ce,
-                         "alpha_mlm": cfg.alpha_mlm, "alpha_cos": cfg.alpha_cos, "checkpoint": str(final),
-                         "teacher_loss": teacher_loss,
-                         "parameters": sum(p.numel() for p in student.model.parameters())}
-                rows.append({**common, "family": student_family_name, "model": checkpoint_name(final), "seed": seed, "step": cfg.steps,
-                             "value": loss, "extra": extra})
-                students[f"L{depth}-{init}-seed{seed}"] = final
+def _student_data(cfg: PretrainDistillConfig, setup, depth: int, init: str):
+    """The student's training config and data (the teacher's corpus and tokenizer, checked)."""
+    from workbench.tokenization import tokenizer_hash
+    from workbench.train import prepare_data
+
+    scfg = student_train_config(cfg, setup.manifest, depth, init, setup.name)
+    data = prepare_data(scfg, setup.student_family)
+    if tokenizer_hash(data.tokenizer) != setup.manifest["tokenizer"]["sha256"]:
+        raise ConfigError(f"{setup.teacher_folder}: the student's corpus and tokenizer settings give another "
+                          f"tokenizer than the teacher's (sha256 {setup.manifest['tokenizer']['sha256'][:12]}); "
+                          f"is the teacher's corpus folder still there?")
+    return scfg, data
+
+
+def train_student(cfg: PretrainDistillConfig, depth: int, init: str, threads: int | None = None) -> list[str]:
+    """Train (or resume; a finished run is free) one student of the sweep over its seeds, in this
+    process, a local worker or a submitit job; the final checkpoint folder of each seed."""
+    from workbench.train import train_from_config
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    setup = _setup(cfg)
+    scfg, _ = _student_data(cfg, setup, depth, init)
+    layers = student_layers(setup.teacher_depth, depth) if init == "teacher" else None
+    record = {"teacher": str(setup.teacher_folder), "teacher_sha256": setup.teacher_hash, "init": init,
+              "teacher_layers": layers, "depth": depth}
+    hooks = TrainingHooks(loss=TripleLoss(cfg.temperature, cfg.alpha_ce, cfg.alpha_mlm, cfg.alpha_cos, record),
+                          teacher=setup.reader,
+                          initial=TeacherLayers(setup.teacher.model, layers, record) if layers else None)
+    return [str(f) for f in train_from_config(scfg, hooks=hooks)]
+
+
+def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int = 1,
+                         executor: str = "local") -> PretrainDistillResult:
+    """Train every (depth, init, seed) student (resuming finished ones for free; `jobs` > 1: the
+    (depth, init) students in parallel local processes, one thread each; `executor` submitit-local |
+    slurm: one submitit job each), then evaluate teacher and students on the same held-out batches
+    and write the rows."""
+    import pandas as pd
+
+    from workbench.checkpoints import checkpoint_name
+    from workbench.distill import EXECUTORS
+    from workbench.models import _quiet_transformers
+    from workbench.results import ResultsStore
+    from workbench.train import evaluate_heldout, init_distributed, resolve_device
+
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    if executor not in EXECUTORS:
+        raise ConfigError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    setup = _setup(cfg)
+    grid = [(depth, init) for depth in setup.depths for init in cfg.inits]
+    # the data (corpus, tokenizer, tokenised splits) is built once here, before any worker reads it
+    scfg, data = _student_data(cfg, setup, *grid[0])
+    device = resolve_device(scfg.device, init_distributed(scfg.device))
+    teacher_loss = evaluate_heldout(setup.reader.to(device), setup.student_family, data.heldout, data.tokenizer,
+                                    scfg, cfg.heldout_batches, device)["loss"]
+    setup.reader.to("cpu")
+    if executor != "local":
+        import submitit
+
+        ex = submitit.AutoExecutor(folder=str(ResultsStore(None if store is None else store.root).root / "submitit"
+                                              / setup.name), cluster="local" if executor == "submitit-local" else "slurm")
+        ex.update_parameters(timeout_min=240)
+        submitted = [ex.submit(train_student, cfg, d, i, 1) for d, i in grid]
+        finals = {point: job.result() for point, job in zip(grid, submitted)}
+    elif jobs > 1 and len(grid) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        quiet = dataclasses.replace(cfg, progress=False)
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {point: pool.submit(train_student, quiet, *point, 1) for point in grid}
+            finals = {point: fut.result() for point, fut in futures.items()}
+    else:
+        finals = {point: train_student(cfg, *point) for point in grid}
+
+    common = {"family": setup.family_name, "probe": PROBE, "task": "mlm", "split": "heldout",
+              "metric": "heldout_mlm_loss"}
+    rows = [{**common, "model": setup.teacher_name, "value": teacher_loss,
+             "extra": {"role": "teacher", "depth": setup.teacher_depth,
+                       "parameters": sum(p.numel() for p in setup.teacher.model.parameters())}}]
+    students = {}
+    for (depth, init), folders in finals.items():
+        layers = student_layers(setup.teacher_depth, depth) if init == "teacher" else None
+        for seed, final in zip(cfg.seeds, map(Path, folders)):
+            with _quiet_transformers():
+                student = setup.student_module.load_pretrainer(final).to(device).eval()
+            loss = evaluate_heldout(student, setup.student_family, data.heldout, data.tokenizer, scfg,
+                                    cfg.heldout_batches, device)["loss"]
+            extra = {"role": "student", "depth": depth, "init": init, "teacher": setup.teacher_name,
+                     "teacher_layers": layers, "temperature": cfg.temperature, "alpha_ce": cfg.alpha_ce,
+                     "alpha_mlm": cfg.alpha_mlm, "alpha_cos": cfg.alpha_cos, "checkpoint": str(final),
+                     "teacher_loss": teacher_loss, "parameters": sum(p.numel() for p in student.model.parameters())}
+            rows.append({**common, "family": setup.student_family_name, "model": checkpoint_name(final), "seed": seed,
+                         "step": cfg.steps, "value": loss, "extra": extra})
+            students[f"L{depth}-{init}-seed{seed}"] = final
     store = store or ResultsStore()
-    with store.start_run(PROBE, cfg.to_dict(), seeds=list(cfg.seeds), checkpoints=[teacher_folder], name=name) as w:
+    with store.start_run(PROBE, cfg.to_dict(), seeds=list(cfg.seeds), checkpoints=[setup.teacher_folder],
+                         name=setup.name) as w:
         w.add(rows)
         w.note("students", {k: str(v) for k, v in students.items()})
         run_id = w.run_id
