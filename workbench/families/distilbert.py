@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from workbench.errors import ConfigError
 from workbench.families import bert
-from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences, truncate_block
+from workbench.families.base import (FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens,
+                                     pad_sequences, truncate_block)
 from workbench.objectives.mlm import IGNORE_INDEX
 
 # BERT block names -> DistilBERT block names (inside layer i)
