@@ -32,7 +32,8 @@ bf16 / fp32 of our loop's tokens/s (`ratio_bf16_vs_fp32`), all from this one run
 
 `--variants` times the training step itself (forward, backward, clip, AdamW on the same batches)
 with CPU options the loop does not use by default (AdamW foreach/fused, bf16 autocast, torch.compile,
-`fast_dropout`: every nn.Dropout module swapped for workbench/dropout.py's)
+`fast_dropout`: every nn.Dropout module swapped for workbench/dropout.py's, which the loop does by
+default since 2026-11-26, `dropout_masks: pcg16`; the `default` step here keeps torch's bernoulli_)
 and says whether the weights after those steps are bit-identical to the default step's.
 `--profile N` runs torch.profiler over N steps of the loop's step and prints where the time goes.
 
@@ -361,14 +362,16 @@ def main(argv=None) -> dict:
                 print(f"step variant {r['variant']:>8}: {r['seconds_per_step']:.3f} s/step "
                       f"({r['speedup_vs_default_step']:.2f}x default), weights identical to default: "
                       f"{r['same_weights_as_default']}, loss {r['final_loss']:.4f}")
-    profile = None
-    if args.profile:
+    profile, profiles = None, {}
+    if args.profile:  # the default step, and the fast_dropout one when that variant was asked for
         fam, batches = _step_setup(cfg, data, args.profile + 1)
-        r = _run_steps(cfg, data, fam, batches[:1], "default")  # warm-up outside the profile
-        r = _run_steps(cfg, data, fam, batches[1 : args.profile + 1], "default", profile=True)
-        profile = _profile_summary(r.pop("profile"), args.profile)
-        print("profile (self CPU time share by kind):", json.dumps(profile["share_by_kind"]))
-        print("top operators, ms per step:", json.dumps(profile["top_ops_ms_per_step"], indent=1))
+        for v in ["default"] + (["fast_dropout"] if "fast_dropout" in args.variants else []):
+            r = _run_steps(cfg, data, fam, batches[:1], v)  # warm-up outside the profile
+            r = _run_steps(cfg, data, fam, batches[1 : args.profile + 1], v, profile=True)
+            profiles[v] = _profile_summary(r.pop("profile"), args.profile)
+            print(f"profile of the {v} step (self CPU time share by kind):", json.dumps(profiles[v]["share_by_kind"]))
+            print("top operators, ms per step:", json.dumps(profiles[v]["top_ops_ms_per_step"], indent=1))
+        profile = profiles["default"]
     peak_after = matmul_peak(seconds=args.peak_seconds)
     peak = max(peak_before["flops_per_s"], peak_after["flops_per_s"])
     if with_bf16:
@@ -402,6 +405,8 @@ def main(argv=None) -> dict:
         "mfu_hf_padded": round(mfu(f_hf_padded, r_pad), 4),
         "step_variants": [{k: v for k, v in r.items() if k != "profile"} for r in variants], "profile": profile,
     }  # fmt: skip
+    if "fast_dropout" in profiles:
+        result["profile_fast_dropout"] = profiles["fast_dropout"]
     if ours_bf16 is not None:
         r_bf16 = ours_bf16["tokens"] / ours_bf16["seconds"]
         result.update({

@@ -108,3 +108,28 @@ def test_swap_reaches_every_dropout_of_a_deberta_training_step(monkeypatch):
     calls.clear()
     model(input_ids=ids)
     assert calls == []
+
+
+
+def test_the_training_loop_builds_its_model_with_the_masks_the_config_names():
+    """`dropout_masks: pcg16` (the default) swaps every nn.Dropout of the training module (nested ones
+    too, p kept), `bernoulli` none; the two hash differently, `bernoulli` as configs before the key
+    did; a bad value is a ConfigError naming the key."""
+    from types import SimpleNamespace
+
+    from workbench.config import load_config
+    from workbench.errors import ConfigError
+    from workbench.train import build_model
+
+    family = SimpleNamespace(model_config=lambda preset, model: {},
+                             build_model=lambda cfg, tok: nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1),
+                                                                        nn.Sequential(nn.Dropout(0.2))))
+    base = {"family": "deberta", "preset": "tiny", "steps": 3}
+    fast, plain = load_config(base), load_config({**base, "dropout_masks": "bernoulli"})
+    model = build_model(fast, family, None, 0, torch.device("cpu"))
+    assert [(type(m), m.p) for m in model.modules() if isinstance(m, nn.Dropout)] == [(FastDropout, 0.1), (FastDropout, 0.2)]
+    model = build_model(plain, family, None, 0, torch.device("cpu"))
+    assert [type(m) for m in model.modules() if isinstance(m, nn.Dropout)] == [nn.Dropout, nn.Dropout]
+    assert fast.dropout_masks == "pcg16" and fast.training_hash() != plain.training_hash()
+    with pytest.raises(ConfigError, match="dropout_masks: must be pcg16 or bernoulli, got 'philox'"):
+        load_config({**base, "dropout_masks": "philox"})

@@ -58,6 +58,7 @@ from tqdm.auto import tqdm
 from workbench.checkpoints import STEP_PREFIX, list_steps, seed_dir, step_dir
 from workbench.config import TrainConfig, load_config
 from workbench.data_cache import TokenizedCorpus
+from workbench.dropout import use_fast_dropout
 from workbench.errors import CheckpointError, ConfigError, yaml_problem
 from workbench.families import get_family
 from workbench.families.base import FamilySpec
@@ -465,6 +466,8 @@ def build_model(cfg: TrainConfig, family: FamilySpec, tokenizer, seed: int, devi
     """The family's training module with the seed's initial weights (the same on every rank)."""
     torch.manual_seed(_mix_seed(seed, 0x1417))
     model = family.build_model(family.model_config(cfg.preset, cfg.model), tokenizer).to(device)
+    if cfg.dropout_masks == "pcg16":  # cheaper CPU masks, same dropout (workbench/dropout.py)
+        use_fast_dropout(model)
     max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if max_pos is not None and max_pos < cfg.max_len:
         raise ConfigError(f"{cfg.source}: max_len: {cfg.max_len} exceeds the model's {max_pos} positions")
