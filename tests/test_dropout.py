@@ -133,3 +133,25 @@ def test_the_training_loop_builds_its_model_with_the_masks_the_config_names():
     assert fast.dropout_masks == "pcg16" and fast.training_hash() != plain.training_hash()
     with pytest.raises(ConfigError, match="dropout_masks: must be pcg16 or bernoulli, got 'philox'"):
         load_config({**base, "dropout_masks": "philox"})
+
+
+def test_a_run_folder_of_the_old_masks_is_refused_with_the_way_to_reuse_it(tmp_path):
+    """A folder trained before `dropout_masks` existed (its run.json hash = today's `bernoulli` hash)
+    is not resumed with pcg16 masks: the error names the key that reuses it; with the key it is
+    claimed as before."""
+    import json
+
+    from workbench.config import load_config
+    from workbench.errors import ConfigError
+    from workbench.loop import NO_HOOKS
+    from workbench.train import Dist, claim_run_folder
+
+    base = {"family": "gpt", "steps": 3}
+    old = load_config({**base, "dropout_masks": "bernoulli"})
+    (tmp_path / "run.json").write_text(json.dumps({"training_hash": old.training_hash("cpu"), "seed": 0}))
+    with pytest.raises(ConfigError, match="bernoulli dropout masks.*add `dropout_masks: bernoulli`"):
+        claim_run_folder(load_config(base), 0, tmp_path, Dist(), NO_HOOKS, torch.device("cpu"))
+    claim_run_folder(old, 0, tmp_path, Dist(), NO_HOOKS, torch.device("cpu"))  # no error
+    other = load_config({**base, "lr": 1e-2})
+    with pytest.raises(ConfigError, match="holds a run of a different config"):
+        claim_run_folder(other, 0, tmp_path, Dist(), NO_HOOKS, torch.device("cpu"))

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -449,6 +450,11 @@ def claim_run_folder(cfg: TrainConfig, seed: int, out: Path, d: Dist, hooks: Tra
     if run_json.exists():
         prev = json.loads(run_json.read_text())
         if prev["training_hash"] != cfg.training_hash(where):
+            if cfg.dropout_masks == "pcg16" and prev["training_hash"] == dataclasses.replace(
+                    cfg, dropout_masks="bernoulli").training_hash(where):
+                raise ConfigError(f"{cfg.source}: output folder {out} holds a run trained with torch's bernoulli dropout "
+                                  f"masks (before dropout_masks: pcg16 became the default); add `dropout_masks: "
+                                  f"bernoulli` to the config to reuse or resume it, or choose another name/output_dir")
             raise ConfigError(f"{cfg.source}: output folder {out} holds a run of a different config "
                               f"(training settings differ); choose another name/output_dir or delete it")
         if prev.get("hooks", {}) != hooks.describe():
