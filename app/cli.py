@@ -89,7 +89,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from app.experiments import run_experiment
 
     return run_experiment(args.config, quick=args.quick, jobs=args.jobs, executor=args.executor,
-                          runs_root=args.runs_root) or 0
+                          runs_root=args.runs_root, precision=args.precision) or 0
 
 
 # --------------------------------------------------------------------------- finetune
@@ -326,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", default="local", choices=("local", "submitit-local", "slurm"),
                    help="where runs execute: local processes, or one submitit job per run (default local)")
     p.add_argument("--runs-root", default=None, help="runs root (default $BERTOLOGY_RUNS or ./runs)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default=None,
+                   help="training forward format (auto: bf16 on CUDA and on CPUs with amx_bf16/avx512_bf16)")
     p.set_defaults(func=_cmd_run)
 
     sub.add_parser("generate", help="generate text from a checkpoint (GPT, T5, BART, ELMo): bertology generate --help")

@@ -105,6 +105,9 @@ def _checkpoints_from_training(spec: dict, quick: bool, which: str) -> list[Path
     overrides = dict(spec.get("quick", {}).get("train", {})) if quick else {}
     if quick:
         overrides.setdefault("name", f"{spec.get('name', 'experiment')}-quick")
+    if spec.get("_precision"):  # `bertology run --precision`: its own run folder (a different training hash)
+        base = overrides.get("name") or (Path(source).stem if isinstance(source, str) else source.get("name", "run"))
+        overrides.update(precision=spec["_precision"], cpu_bf16=False, name=f"{base}_{spec['_precision']}")
     finals = train_from_config(source, overrides)
     if which == "last":
         return finals
@@ -179,9 +182,10 @@ def _done(store, job: dict) -> str | None:
 
 
 def run_experiment(path: str | Path, quick: bool = False, jobs: int = 1, executor: str = "local",
-                   runs_root: str | None = None, slurm: dict | None = None) -> int:
+                   runs_root: str | None = None, slurm: dict | None = None, precision: str | None = None) -> int:
     """Train (or take the listed checkpoints), run every planned probe run not already in the store,
-    print each run's table (one run) or where the results are (a sweep)."""
+    print each run's table (one run) or where the results are (a sweep). `precision` (auto | fp32 |
+    bf16) overrides the training config's, in a run folder named after it."""
     from tqdm import tqdm
 
     from probes import get_probe
@@ -193,6 +197,14 @@ def run_experiment(path: str | Path, quick: bool = False, jobs: int = 1, executo
     if executor not in EXECUTORS:
         raise ConfigError(f"--executor must be one of {EXECUTORS}, got {executor!r}")
     spec = load_experiment(path)
+    if precision is not None:
+        from workbench.precision import PRECISIONS
+
+        if precision not in PRECISIONS:
+            raise ConfigError(f"--precision must be one of {PRECISIONS}, got {precision!r}")
+        if "train" not in spec:
+            raise ConfigError(f"{path}: --precision applies to experiments that train (a `train:` key)")
+        spec["_precision"] = precision
     store = ResultsStore(runs_root)
     plan = plan_runs(spec, quick)
     done = {job["key"]: _done(store, job) for job in plan}

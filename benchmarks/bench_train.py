@@ -23,8 +23,17 @@ projections 8 d^2 and FFN 4 d f per layer, attention scores and weighted values 
 the MLM head (transform 2 d^2 + decoder 2 d V) on the predicted positions only (ours) or on every
 position (BertForMaskedLM); embeddings (lookups), LayerNorm, GELU and softmax are not counted.
 
+bf16 (on CPUs that multiply it natively, `amx_bf16` / `avx512_bf16`; `--no-bf16` skips it): the
+bf16 matmul peak is measured the same way as the fp32 one (2048 x 2048 bf16 products, before and
+after, best 1-second window), our loop runs again with `precision: bf16` (bf16 autocast) on the same
+data, and its MFU is reported against the bf16 peak (`mfu_ours_bf16`) and against the fp32 peak
+(`mfu_ours_bf16_vs_fp32_peak`, the speed a user gets relative to the fp32 machine), with the ratio
+bf16 / fp32 of our loop's tokens/s (`ratio_bf16_vs_fp32`), all from this one run.
+
 `--variants` times the training step itself (forward, backward, clip, AdamW on the same batches)
-with CPU options the loop does not use by default (AdamW foreach/fused, bf16 autocast, torch.compile)
+with CPU options the loop does not use by default (AdamW foreach/fused, bf16 autocast, torch.compile,
+`fast_dropout`: every nn.Dropout module swapped for workbench/dropout.py's, which the loop does by
+default since 2026-11-26, `dropout_masks: pcg16`; the `default` step here keeps torch's bernoulli_)
 and says whether the weights after those steps are bit-identical to the default step's.
 `--profile N` runs torch.profiler over N steps of the loop's step and prints where the time goes.
 
@@ -218,6 +227,10 @@ def _run_steps(cfg, data, family, batches, variant: str, profile: bool = False) 
                                       **{variant: True})
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_factory(cfg.warmup_steps(), cfg.total_steps))
     forward = torch.compile(model) if variant == "compile" else model
+    if variant == "fast_dropout":  # workbench/dropout.py: 16-bit PCG64 masks instead of bernoulli_
+        from workbench.dropout import use_fast_dropout
+
+        use_fast_dropout(model)
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if variant == "bf16" else contextlib.nullcontext
     model.train()
     torch.manual_seed(2)
@@ -281,11 +294,12 @@ def main(argv=None) -> dict:
     p.add_argument("--max-documents", type=int, default=None)
     p.add_argument("--baseline-padding", choices=("longest", "max_length"), default="longest")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--variants", nargs="*", default=[], choices=("foreach", "fused", "bf16", "compile"),
+    p.add_argument("--variants", nargs="*", default=[], choices=("foreach", "fused", "bf16", "compile", "fast_dropout"),
                    help="also time the loop's step with these CPU options (default: none)")
     p.add_argument("--variant-steps", type=int, default=8)
     p.add_argument("--profile", type=int, default=0, help="profile this many steps of the loop's step")
     p.add_argument("--peak-seconds", type=float, default=3.0)
+    p.add_argument("--no-bf16", action="store_true", help="skip the bf16 peak and bf16 loop (native-bf16 CPUs only)")
     p.add_argument("--json", type=Path, help="output file (default: benchmarks/results/bench_train-<host>-<time>.json)")
     args = p.parse_args(argv)
     if args.threads:
@@ -299,6 +313,10 @@ def main(argv=None) -> dict:
     family = args.family if args.family in available_families() else "gpt"
     peak_before = matmul_peak(seconds=args.peak_seconds)
     print(f"fp32 matmul peak ({torch.get_num_threads()} threads): {peak_before['flops_per_s'] / 1e9:.1f} GFLOP/s", flush=True)
+    with_bf16 = has_cpu_bf16() and not args.no_bf16
+    if with_bf16:
+        bf16_peak_before = matmul_peak(seconds=args.peak_seconds, dtype=torch.bfloat16)
+        print(f"bf16 matmul peak: {bf16_peak_before['flops_per_s'] / 1e9:.1f} GFLOP/s", flush=True)
     with tempfile.TemporaryDirectory() as out:
         raw = {"name": "bench", "family": family, "preset": args.preset, "steps": args.steps,
                "tokenizer": {"vocab_size": args.vocab_size}, "max_len": args.max_len, "batch_size": args.batch_size,
@@ -309,6 +327,13 @@ def main(argv=None) -> dict:
         torch.manual_seed(0)
         ours = _ours(cfg, data)
     print(f"ours: {ours['tokens'] / ours['seconds']:,.0f} tokens/s", flush=True)
+    ours_bf16 = None
+    if with_bf16:
+        with tempfile.TemporaryDirectory() as out:
+            cfg_bf16 = load_config({**raw, "output_dir": out, "precision": "bf16"})
+            torch.manual_seed(0)
+            ours_bf16 = _ours(cfg_bf16, data)
+        print(f"ours, precision bf16: {ours_bf16['tokens'] / ours_bf16['seconds']:,.0f} tokens/s", flush=True)
     padded = _baseline(cfg, data, family, args.baseline_padding)
     print(f"HF Trainer, one sentence per example: {padded['tokens'] / padded['seconds']:,.0f} tokens/s", flush=True)
     packed = _baseline(cfg, data, family, "packed")
@@ -337,16 +362,21 @@ def main(argv=None) -> dict:
                 print(f"step variant {r['variant']:>8}: {r['seconds_per_step']:.3f} s/step "
                       f"({r['speedup_vs_default_step']:.2f}x default), weights identical to default: "
                       f"{r['same_weights_as_default']}, loss {r['final_loss']:.4f}")
-    profile = None
-    if args.profile:
+    profile, profiles = None, {}
+    if args.profile:  # the default step, and the fast_dropout one when that variant was asked for
         fam, batches = _step_setup(cfg, data, args.profile + 1)
-        r = _run_steps(cfg, data, fam, batches[:1], "default")  # warm-up outside the profile
-        r = _run_steps(cfg, data, fam, batches[1 : args.profile + 1], "default", profile=True)
-        profile = _profile_summary(r.pop("profile"), args.profile)
-        print("profile (self CPU time share by kind):", json.dumps(profile["share_by_kind"]))
-        print("top operators, ms per step:", json.dumps(profile["top_ops_ms_per_step"], indent=1))
+        for v in ["default"] + (["fast_dropout"] if "fast_dropout" in args.variants else []):
+            r = _run_steps(cfg, data, fam, batches[:1], v)  # warm-up outside the profile
+            r = _run_steps(cfg, data, fam, batches[1 : args.profile + 1], v, profile=True)
+            profiles[v] = _profile_summary(r.pop("profile"), args.profile)
+            print(f"profile of the {v} step (self CPU time share by kind):", json.dumps(profiles[v]["share_by_kind"]))
+            print("top operators, ms per step:", json.dumps(profiles[v]["top_ops_ms_per_step"], indent=1))
+        profile = profiles["default"]
     peak_after = matmul_peak(seconds=args.peak_seconds)
     peak = max(peak_before["flops_per_s"], peak_after["flops_per_s"])
+    if with_bf16:
+        bf16_peak_after = matmul_peak(seconds=args.peak_seconds, dtype=torch.bfloat16)
+        bf16_peak = max(bf16_peak_before["flops_per_s"], bf16_peak_after["flops_per_s"])
 
     model_cfg = get_family(family).model_config(cfg.preset, cfg.model)
     vocab = len(data.tokenizer)
@@ -375,6 +405,19 @@ def main(argv=None) -> dict:
         "mfu_hf_padded": round(mfu(f_hf_padded, r_pad), 4),
         "step_variants": [{k: v for k, v in r.items() if k != "profile"} for r in variants], "profile": profile,
     }  # fmt: skip
+    if "fast_dropout" in profiles:
+        result["profile_fast_dropout"] = profiles["fast_dropout"]
+    if ours_bf16 is not None:
+        r_bf16 = ours_bf16["tokens"] / ours_bf16["seconds"]
+        result.update({
+            "ours_bf16_tokens_per_s": round(r_bf16, 1), "ours_bf16_seconds_per_step": ours_bf16["seconds"] / max(1, ours_bf16["steps"]),
+            "ours_bf16_final_loss": ours_bf16["final_loss"], "ours_final_loss": ours["final_loss"],
+            "ratio_bf16_vs_fp32": round(r_bf16 / r_ours, 3), "ratio_bf16_vs_packed": round(r_bf16 / r_pack, 3),
+            "bf16_matmul_peak_flops_per_s": bf16_peak, "bf16_matmul_peak_before": bf16_peak_before,
+            "bf16_matmul_peak_after": bf16_peak_after, "bf16_peak_vs_fp32_peak": round(bf16_peak / peak, 3),
+            "mfu_ours_bf16": round(f_ours["total"] * r_bf16 / bf16_peak, 4),
+            "mfu_ours_bf16_vs_fp32_peak": round(f_ours["total"] * r_bf16 / peak, 4),
+        })  # fmt: skip
     result["steps_in_10_minutes_ours"] = int(600 / result["ours_seconds_per_step"])
     result["tokens_in_10_minutes_ours"] = int(600 * r_ours)
 
@@ -387,6 +430,11 @@ def main(argv=None) -> dict:
           f"-> {r_ours / r_pad:.2f}x | HF Trainer packed (group_texts) {r_pack:,.0f} -> {r_ours / r_pack:.2f}x (target >= 1.3x)")
     print(f"MFU: ours {100 * result['mfu_ours']:.1f}% | HF packed {100 * result['mfu_hf_packed']:.1f}% "
           f"(its head on every position) | HF padded {100 * result['mfu_hf_padded']:.1f}%")
+    if ours_bf16 is not None:
+        print(f"bf16: matmul peak {bf16_peak / 1e9:.1f} GFLOP/s ({result['bf16_peak_vs_fp32_peak']:.2f}x fp32's); ours "
+              f"{result['ours_bf16_tokens_per_s']:,.0f} tokens/s = {result['ratio_bf16_vs_fp32']:.2f}x fp32, "
+              f"{result['ratio_bf16_vs_packed']:.2f}x HF packed (fp32); MFU {100 * result['mfu_ours_bf16']:.1f}% of the bf16 "
+              f"peak ({100 * result['mfu_ours_bf16_vs_fp32_peak']:.1f}% of the fp32 peak)")
     write_result("bench_train", result, start, args.json)
     return result
 

@@ -61,8 +61,9 @@ def test_config_errors(warmup, message):
 
 def test_training_hash_unchanged_without_the_key():
     base = {"family": "bert", "preset": "small", "steps": 1200, "batch_size": 16, "lr": 1e-3, "warmup": 100,
-            "objective": {"nsp": False}, "corpus": {"sources": ["brown"]}}
+            "objective": {"nsp": False}, "corpus": {"sources": ["brown"]}, "dropout_masks": "bernoulli"}
     # computed by the code before seq_len_warmup existed (git 8e3c76e): existing run folders stay valid
+    # (bernoulli: that code's dropout masks, workbench/config.py `dropout_masks`)
     assert load_config(base).training_hash() == "724a82e79148a605"
     assert load_config({**base, "seq_len_warmup": None}).training_hash() == "724a82e79148a605"
     on = load_config(base, {"seq_len_warmup.start": 16, "seq_len_warmup.steps": 500})

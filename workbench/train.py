@@ -11,7 +11,8 @@ final checkpoint folder of each. What a step does:
    examples into tensors with a `torch.Generator` seeded from (seed, micro-step, rank), so masks are
    dynamic (Liu et al. 2019) and reproducible. With `seq_len_warmup` the examples of step t are
    first cut to `cfg.seq_len_at(t)` tokens (`family.truncate_example`; Li, Zhang & He 2022).
-2. Step: forward under bf16 autocast on CUDA (on CPU with `cpu_bf16`), loss / grad_accum,
+2. Step: forward under bf16 autocast where `precision` resolves to bf16 (CUDA by default; CPUs with
+   native bf16 under `precision: auto`, workbench/precision.py), loss / grad_accum,
    backward (DDP all-reduces the gradients on the last micro-step), clip, AdamW (no weight decay
    on biases and LayerNorm weights; Loshchilov & Hutter 2019), linear warm-up then linear decay (Devlin et al. 2019).
 3. Log: one JSON line per step in `log.jsonl` (step, non-padding tokens seen, lr, each loss term,
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -57,6 +59,7 @@ from tqdm.auto import tqdm
 from workbench.checkpoints import STEP_PREFIX, list_steps, seed_dir, step_dir
 from workbench.config import TrainConfig, load_config
 from workbench.data_cache import TokenizedCorpus
+from workbench.dropout import use_fast_dropout
 from workbench.errors import CheckpointError, ConfigError, yaml_problem
 from workbench.families import get_family
 from workbench.families.base import FamilySpec
@@ -75,6 +78,8 @@ from workbench.loop import (
     write_model_folder,
 )
 from workbench.paths import cache_root, runs_root
+from workbench.precision import PRECISIONS
+from workbench.precision import autocast as precision_autocast
 from workbench.tokenization import reuse_tokenizer, tokenizer_hash, train_tokenizer
 
 STATE_DIR = "trainer_state"
@@ -309,11 +314,8 @@ def evaluate_heldout(model, family: FamilySpec, heldout: TokenizedCorpus, tokeni
 
 
 def _autocast(cfg: TrainConfig, device: torch.device):
-    if device.type == "cuda" and cfg.bf16:
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    if device.type == "cpu" and cfg.cpu_bf16:  # opt-in: fast only with native bf16 (see config doc)
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """bf16 autocast where the config's precision resolves to bf16 on `device` (workbench/precision.py)."""
+    return precision_autocast(cfg.resolved_precision(str(device))[0], device)
 
 
 def objective_settings(cfg: TrainConfig, family: FamilySpec) -> dict:
@@ -439,19 +441,28 @@ def train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None = None, d:
         torch.use_deterministic_algorithms(was_deterministic, warn_only=was_warn_only)
 
 
-def claim_run_folder(cfg: TrainConfig, seed: int, out: Path, d: Dist, hooks: TrainingHooks) -> None:
-    """A run folder belongs to one config and one set of hooks: refuse to mix runs (run.json)."""
+def claim_run_folder(cfg: TrainConfig, seed: int, out: Path, d: Dist, hooks: TrainingHooks,
+                     device: torch.device | None = None) -> None:
+    """A run folder belongs to one config and one set of hooks: refuse to mix runs (run.json). The
+    training hash counts the precision as resolved on `device` (default: the config's `device`)."""
     run_json = out / "run.json"
+    where = str(device) if device is not None else None
     if run_json.exists():
         prev = json.loads(run_json.read_text())
-        if prev["training_hash"] != cfg.training_hash():
+        if prev["training_hash"] != cfg.training_hash(where):
+            if cfg.dropout_masks == "pcg16" and prev["training_hash"] == dataclasses.replace(
+                    cfg, dropout_masks="bernoulli").training_hash(where):
+                raise ConfigError(f"{cfg.source}: output folder {out} holds a run trained with torch's bernoulli dropout "
+                                  f"masks (before dropout_masks: pcg16 became the default); add `dropout_masks: "
+                                  f"bernoulli` to the config to reuse or resume it, or choose another name/output_dir")
             raise ConfigError(f"{cfg.source}: output folder {out} holds a run of a different config "
                               f"(training settings differ); choose another name/output_dir or delete it")
         if prev.get("hooks", {}) != hooks.describe():
             raise ConfigError(f"{cfg.source}: output folder {out} holds a run trained with other hooks "
                               f"({prev.get('hooks', {})}, now {hooks.describe()}); choose another name/output_dir")
     elif d.main:
-        record = {"training_hash": cfg.training_hash(), "config": cfg.to_dict(), "seed": seed}
+        record = {"training_hash": cfg.training_hash(where), "config": cfg.to_dict(), "seed": seed,
+                  "precision": precision_record(cfg, where)}
         if hooks.describe():
             record["hooks"] = hooks.describe()
         atomic_write_json(run_json, record)
@@ -461,14 +472,22 @@ def build_model(cfg: TrainConfig, family: FamilySpec, tokenizer, seed: int, devi
     """The family's training module with the seed's initial weights (the same on every rank)."""
     torch.manual_seed(_mix_seed(seed, 0x1417))
     model = family.build_model(family.model_config(cfg.preset, cfg.model), tokenizer).to(device)
+    if cfg.dropout_masks == "pcg16":  # cheaper CPU masks, same dropout (workbench/dropout.py)
+        use_fast_dropout(model)
     max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if max_pos is not None and max_pos < cfg.max_len:
         raise ConfigError(f"{cfg.source}: max_len: {cfg.max_len} exceeds the model's {max_pos} positions")
     return model
 
 
+def precision_record(cfg: TrainConfig, device: str | None = None) -> dict:
+    """{"resolved": "fp32" | "bf16", "why": ...} for run.json and the manifests, e.g. "auto: amx_bf16 present"."""
+    resolved, why = cfg.resolved_precision(device)
+    return {"resolved": resolved, "why": why}
+
+
 def checkpoint_manifest(cfg: TrainConfig, family: FamilySpec, data: TrainingData, seed: int, d: Dist,
-                        trainable: dict, hooks: TrainingHooks) -> dict:
+                        trainable: dict, hooks: TrainingHooks, device: torch.device | None = None) -> dict:
     """What every checkpoint's manifest.json says about its run (`save_checkpoint` adds the step's
     own numbers): family, model and objective, the corpus it read, tokenizer, seed, the config,
     which parameters trained (`workbench.loop.count_trainable`) and the hooks, if any."""
@@ -491,6 +510,7 @@ def checkpoint_manifest(cfg: TrainConfig, family: FamilySpec, data: TrainingData
         "total_steps": cfg.total_steps,
         "world_size": d.world,
         "config": cfg.to_dict(),
+        "precision": precision_record(cfg, str(device) if device is not None else None),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "trainable": trainable,
     }
@@ -541,7 +561,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     total = cfg.total_steps
     ckpts = checkpoint_steps(total, cfg.checkpoints.every, cfg.checkpoints.log_spaced)
 
-    claim_run_folder(cfg, seed, out, d, hooks)
+    claim_run_folder(cfg, seed, out, d, hooks, device)
     existing = list_checkpoints(out)
     if existing and existing[-1][0] == total:
         return existing[-1][1]
@@ -579,7 +599,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     # would get no gradient anyway, and DDP must not wait for one.
     for p in getattr(model, "unused_parameters", lambda objective: [])(objective_settings(cfg, family)):
         p.requires_grad_(False)
-    manifest = checkpoint_manifest(cfg, family, data, seed, d, count_trainable(model, hooks.trainable), hooks)
+    manifest = checkpoint_manifest(cfg, family, data, seed, d, count_trainable(model, hooks.trainable), hooks, device)
     cost = pretraining_cost_meter(manifest, device, d, resume_from)
     prepare_teacher(hooks, device)
     train_model = model
@@ -707,6 +727,7 @@ def train_cli_main(argv: list[str] | None = None) -> int:
     """`bertology train CONFIG.yaml [--set key=value ...]` or `bertology train --family F --preset P`.
 
     Flags: --family, --preset, --steps, --tokens, --seeds S [S ...], --name, --output-dir, --device,
+    --precision auto|fp32|bf16,
     --set KEY=VALUE (dotted keys, YAML values; repeatable). Prints each seed's final checkpoint.
     """
     p = argparse.ArgumentParser(prog="bertology train", description="Pretrain a model family (one loop for all).")
@@ -719,6 +740,8 @@ def train_cli_main(argv: list[str] | None = None) -> int:
     p.add_argument("--name")
     p.add_argument("--output-dir")
     p.add_argument("--device")
+    p.add_argument("--precision", choices=PRECISIONS,
+                   help="forward number format: auto = bf16 on CUDA and on CPUs with amx_bf16/avx512_bf16 (config key `precision`)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     args = p.parse_args(argv)
     if args.config is None and args.family is None:
@@ -729,11 +752,13 @@ def train_cli_main(argv: list[str] | None = None) -> int:
             p.error(f"--set expects KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
         overrides[k.strip()] = _parse_value(v, k.strip())
-    for key in ("family", "preset", "steps", "tokens", "seeds", "name", "device"):
+    for key in ("family", "preset", "steps", "tokens", "seeds", "name", "device", "precision"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
     if args.output_dir:
         overrides["output_dir"] = args.output_dir
+    if args.precision is not None:  # the switch decides alone: an older `cpu_bf16: true` in the file yields to it
+        overrides["cpu_bf16"] = False
     if args.config is not None:
         source = args.config
     else:
