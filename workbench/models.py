@@ -71,6 +71,7 @@ from workbench.checkpoints import (MANIFEST_NAME, derived_manifest, read_manifes
 from workbench.data.fake_language import separate_position_ids, shifted_vocabulary_mask
 from workbench.errors import CheckpointError, WorkbenchError
 from workbench.io import atomic_dir, atomic_write_json
+from workbench.precision import autocast, resolve_compute_dtype
 
 # config.model_type -> workbench family name.
 FAMILY_OF_MODEL_TYPE = {
@@ -306,7 +307,7 @@ class ModelHandle:
     def __init__(self, model, tokenizer, path: str | Path | None = None, *, family: str | None = None,
                  max_length: int | None = None, head_trained: bool = True, weight_files: Sequence[Path] = (),
                  shifted_position_offset: int = 0, lineage: Lineage | None = None,
-                 manifest: Mapping[str, Any] | None = None):
+                 manifest: Mapping[str, Any] | None = None, dtype: str = "fp32"):
         if not getattr(tokenizer, "is_fast", False):
             raise CheckpointError(f"{path or 'in-memory model'}: needs a fast tokenizer (tokenizer.json); "
                                   f"got {type(tokenizer).__name__}")
@@ -315,6 +316,10 @@ class ModelHandle:
         self.path = Path(path) if path is not None else None
         self.config = model.config
         self.device = next(model.parameters()).device
+        # The precision the forward passes compute in ("fp32" | "bf16"; "auto" resolved here by
+        # `workbench.precision`): bf16 = autocast over the unchanged weights, so the checkpoint hash
+        # stays the weights' and the activation cache key adds it (`activations.model_fingerprint`).
+        self.compute_dtype = resolve_compute_dtype(dtype, self.device)
         self.stats: Counter = Counter()
         self._weight_files = [Path(p) for p in weight_files]
         self._hash: str | None = None  # `checkpoint_hash`, fixed with the stamp of the tensors it describes
@@ -368,13 +373,15 @@ class ModelHandle:
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu", attentions: bool = False,
-             max_length: int | None = None) -> "ModelHandle":
+             max_length: int | None = None, dtype: str = "fp32") -> "ModelHandle":
         """Open a checkpoint folder (config + weights + tokenizer; our `manifest.json` optional), or
         a Hub name from the local Hugging Face cache (`workbench.checkpoints.resolve_checkpoint`).
 
         Loads the LM head class the model was trained with (masked LM, causal LM or seq2seq LM) so
         that `workbench.lm_scores` can use it; families without one in the Auto registry (ELMo) fall
         back to the bare `AutoModel`. `attentions=True` loads eager attention (sdpa returns none).
+        `dtype` ("fp32" | "bf16" | "auto", `workbench.precision`) is the precision the handle's
+        forward passes compute in; the weights are loaded in fp32 either way.
         Every failure is a `CheckpointError` naming the folder. Never runs remote code.
         """
         import workbench.families  # noqa: F401  (registers custom families such as ELMo)
@@ -457,9 +464,21 @@ class ModelHandle:
                      head_trained=not head_missing, weight_files=weights,
                      shifted_position_offset=int(objective.get("shifted_position_offset", 0) or 0),
                      lineage=Lineage.from_record(manifest.get("derived_from"), str(path / MANIFEST_NAME)),
-                     manifest=manifest)
+                     manifest=manifest, dtype=dtype)
         handle.insert_prompt((manifest.get("peft") or {}).get("prompt_ids") or [])
         return handle
+
+    def with_dtype(self, dtype: str) -> "ModelHandle":
+        """This handle computing in another precision ("fp32" | "bf16" | "auto"): the same model,
+        tokenizer and identity (a shallow copy, nothing reloaded or changed), its own `stats`. Itself
+        when the precision is already that one."""
+        resolved = resolve_compute_dtype(dtype, self.device)
+        if resolved == self.compute_dtype:
+            return self
+        other = copy.copy(self)
+        other.compute_dtype = resolved
+        other.stats = Counter()
+        return other
 
     def insert_prompt(self, ids: Sequence[int]) -> None:
         """A prompt-tuned checkpoint (Lester et al. 2021, `workbench.peft_methods`): its trained
@@ -539,7 +558,7 @@ class ModelHandle:
         derived = type(self)(model, self.tokenizer, path=None, family=self.family, max_length=self.max_length,
                               head_trained=self.head_trained if keeps else True,
                               shifted_position_offset=self.shifted_position_offset if keeps else 0,
-                              lineage=lineage, manifest=self.manifest)
+                              lineage=lineage, manifest=self.manifest, dtype=self.compute_dtype)
         derived.checkpoint_hash  # noqa: B018  (identity fixed now, at creation)
         return derived
 
@@ -731,7 +750,7 @@ class ModelHandle:
             self._ensure_eager()
             kw["output_attentions"] = True
         out: dict = {}
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(self.compute_dtype, self.device):
             if "encoder" in self.stacks and "decoder" in self.stacks:
                 enc = self.model.get_encoder()(input_ids=ids, attention_mask=mask, **kw)
                 out["encoder"] = (enc.hidden_states, getattr(enc, "attentions", None))
@@ -750,6 +769,12 @@ class ModelHandle:
                                                                self.shifted_position_offset)
                 res = body(input_ids=ids, attention_mask=mask, **kw)
                 out[self.stacks[0]] = (res.hidden_states, getattr(res, "attentions", None))
+        if self.compute_dtype != "fp32":  # what leaves the handle is fp32 (a no-op for fp32 tensors)
+            for key in ("encoder", "decoder"):
+                if key in out:
+                    out[key] = tuple(None if x is None else tuple(t.float() for t in x) for x in out[key])
+            if out.get("cross") is not None:
+                out["cross"] = tuple(t.float() for t in out["cross"])
         return out
 
     def _ensure_eager(self) -> None:
@@ -930,7 +955,7 @@ class ModelHandle:
         flat = [h.reshape(B * T, -1) for h in hs]
         if pooling == "first" or pooling == "last":
             idx = torch.from_numpy(first if pooling == "first" else last).to(hs[0].device)
-            pooled = torch.empty(len(flat), len(idx), flat[0].shape[-1], dtype=flat[0].dtype, device=flat[0].device)
+            pooled = torch.empty(len(flat), len(idx), flat[0].shape[-1], dtype=torch.float32, device=flat[0].device)
             for layer, h in enumerate(flat):  # straight into place (no stack copy)
                 torch.index_select(h, 0, idx, out=pooled[layer])
         else:
