@@ -181,3 +181,15 @@ def test_probe_dtype_auto_is_resolved_and_recorded(tiny_checkpoint, tmp_path, mo
     a32 = ids["fp32"].sort_values(["layer", "metric"])["value"].to_numpy()
     a16 = ids["bf16"].sort_values(["layer", "metric"])["value"].to_numpy()
     assert len(a32) == len(a16) and np.nanmax(np.abs(a32 - a16)) < 0.1  # a tiny random model: same accuracies, roughly
+
+
+def test_shipped_bf16_experiment_config_loads_and_resolves():
+    from pathlib import Path
+
+    import probes
+    from app.experiments import load_experiment
+    from probes.core import runner
+
+    spec = load_experiment(Path(__file__).resolve().parents[1] / "experiments" / "probe_real_bf16.yaml")
+    settings = runner.resolve_settings(probes.get_probe("syntax"), spec["probe"]["syntax"], "probe_real_bf16.yaml")
+    assert settings.dtype == "bf16" and settings.tasks == ("upos",)
