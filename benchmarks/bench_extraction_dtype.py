@@ -11,7 +11,7 @@
    The issue's rule for making bf16 the default: |difference| <= 0.3 pt UPOS at every layer.
 
 Usage: python benchmarks/bench_extraction_dtype.py --models HuggingFaceTB/SmolLM2-135M-Instruct [--sentences 96]
-       python benchmarks/bench_extraction_dtype.py --compare RUN_FP32 RUN_BF16 [--runs-root DIR] [--task upos]
+       python benchmarks/bench_extraction_dtype.py --compare RUN_FP32 RUN_BF16 [--runs-root DIR [DIR_BF16]] [--task upos]
 Speed writes benchmarks/results/bench_extraction_dtype-<host>-<time>.json (see results_io.py).
 """
 
@@ -69,13 +69,15 @@ def speed(names: list[str], n_sentences: int, repeats: int, batch_size: int) -> 
     return out
 
 
-def compare(run_a: str, run_b: str, runs_root: str | None, task: str, metric: str = "accuracy") -> list[dict]:
-    """Per (model, layer): accuracy in run a and run b and b - a with a paired percentile CI."""
+def compare(run_a: str, run_b: str, runs_roots: list[str] | None, task: str, metric: str = "accuracy") -> list[dict]:
+    """Per (model, layer): accuracy in run a and run b and b - a with a paired percentile CI.
+    `runs_roots`: one results store for both runs, or one for each (None: the default store)."""
     from workbench.results import ResultsStore
 
-    store = ResultsStore(runs_root) if runs_root else ResultsStore()
+    roots = list(runs_roots or [None])
+    stores = [ResultsStore(r) if r else ResultsStore() for r in (roots * 2)[:2]]
     frames = {}
-    for run in (run_a, run_b):
+    for run, store in zip((run_a, run_b), stores):
         rows = store.read(run)
         rows = rows[(rows["task"] == task) & (rows["metric"] == metric) & rows["layer"].notna()]
         frames[run] = {(r.model, int(r.layer)): r for r in rows.itertuples()}
@@ -106,7 +108,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--compare", nargs=2, metavar=("RUN_FP32", "RUN_BF16"))
-    p.add_argument("--runs-root", default=None)
+    p.add_argument("--runs-root", nargs="+", default=None, help="the results store (or one per run)")
     p.add_argument("--task", default="upos")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
