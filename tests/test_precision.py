@@ -152,6 +152,7 @@ def test_probe_dtype_setting_is_validated(value, message):
         runner.resolve_settings(spec, {"tasks": "upos", "dtype": value}, "probe syntax")
 
 
+@pytest.mark.slow  # two syntax-probe runs of a tiny model (~20 s on a loaded 2-core machine)
 def test_probe_dtype_auto_is_resolved_and_recorded(tiny_checkpoint, tmp_path, monkeypatch):
     import workbench.precision as precision
     from probes.core import runner
