@@ -506,8 +506,8 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store,
                          checkpoints=records, name=settings.name or spec.name) as run:
         for ck in tqdm(ckpts, desc="checkpoints", disable=not settings.progress or len(ckpts) < 2):
             t0 = time.perf_counter()
-            handle = ck.handle if ck.handle is not None else _load_handle(ck, settings.dtype)
-            if getattr(handle, "compute_dtype", "fp32") != settings.dtype:  # an in-memory handle: a view in that precision
+            handle = ck.handle if ck.handle is not None else _load_handle(ck)
+            if getattr(handle, "compute_dtype", "fp32") != settings.dtype:  # the same model, run in that precision
                 handle = handle.with_dtype(settings.dtype)
             timings[f"{ck.name}|load"] = round(time.perf_counter() - t0, 3)
             variants = [(ck.name, handle, False)]
@@ -630,10 +630,10 @@ def _role_record(ck: Checkpoint, handle) -> dict[str, Any]:
             "sha256": handle.checkpoint_hash}
 
 
-def _load_handle(ck: Checkpoint, dtype: str = "fp32"):
+def _load_handle(ck: Checkpoint):
     from workbench.models import ModelHandle
 
-    return ModelHandle.load(ck.path, dtype=dtype)
+    return ModelHandle.load(ck.path)
 
 
 # --------------------------------------------------------------------------- summary table
