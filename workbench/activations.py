@@ -22,6 +22,8 @@ Cache key = checkpoint hash (what the handle runs: weight files, or the state di
 in-memory or derived model, `ModelHandle.checkpoint_hash`, so a model changed from its parent never
 reads the parent's entry) + tokenizer + dataset key + pooling + stack + dtype + a fingerprint of the words
 themselves (so a reused dataset key with different sentences can never return stale vectors).
+`dtype` is how the vectors are stored; the precision the forward computed in (fp32 or bf16,
+`ModelHandle.compute_dtype`) is part of the model fingerprint and recorded in meta.json.
 """
 
 from __future__ import annotations
@@ -146,16 +148,20 @@ def cache_key(checkpoint_hash: str, dataset_key: str, pooling: str, stack: str, 
 
 
 def model_fingerprint(handle) -> str:
-    """The checkpoint's weight hash plus its tokenizer's and its window length: the same weights
-    read through another tokenizer, or in other windows, give other vectors, so all belong in the
-    cache key."""
+    """The checkpoint's weight hash plus its tokenizer's, its window length and the precision its
+    forward computes in: the same weights read through another tokenizer, in other windows or in
+    bf16 (`ModelHandle.compute_dtype`) give other vectors, so all belong in the cache key. (fp32 adds
+    nothing, so the keys of caches extracted before the precision choice existed still hold.)"""
     backend = getattr(getattr(handle, "tokenizer", None), "backend_tokenizer", None)
     # ELMo read through its characters (open vocabulary) differs from the older [UNK] reading
     chars = "+chars" if getattr(handle, "reads_characters", False) else ""
     window = f"+window{handle.max_length}" if getattr(handle, "max_length", None) else ""
+    compute = getattr(handle, "compute_dtype", "fp32")
+    precision = "" if compute == "fp32" else f"+compute-{compute}"
     if backend is None:
-        return handle.checkpoint_hash + chars + window
-    return handle.checkpoint_hash + "+" + hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest() + chars + window
+        return handle.checkpoint_hash + chars + window + precision
+    return (handle.checkpoint_hash + "+" + hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest() + chars + window
+            + precision)
 
 
 def _activations_dir(cache_dir: str | Path | None) -> Path:
@@ -227,6 +233,7 @@ def extract(
             "pooling": pooling,
             "stack": stack,
             "dtype": dtype,
+            "compute_dtype": getattr(handle, "compute_dtype", "fp32"),  # the forward's precision (storage: dtype)
             "fingerprint": sentences_fingerprint(sentences),
             "shape": [n_layers, n_words, hidden],
             "num_sentences": len(sentences),

@@ -55,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import itertools
 import json
 import warnings
 from collections import Counter
@@ -71,6 +72,7 @@ from workbench.checkpoints import (MANIFEST_NAME, derived_manifest, read_manifes
 from workbench.data.fake_language import separate_position_ids, shifted_vocabulary_mask
 from workbench.errors import CheckpointError, WorkbenchError
 from workbench.io import atomic_dir, atomic_write_json
+from workbench.precision import autocast, resolve_compute_dtype
 
 # config.model_type -> workbench family name.
 FAMILY_OF_MODEL_TYPE = {
@@ -306,7 +308,7 @@ class ModelHandle:
     def __init__(self, model, tokenizer, path: str | Path | None = None, *, family: str | None = None,
                  max_length: int | None = None, head_trained: bool = True, weight_files: Sequence[Path] = (),
                  shifted_position_offset: int = 0, lineage: Lineage | None = None,
-                 manifest: Mapping[str, Any] | None = None):
+                 manifest: Mapping[str, Any] | None = None, dtype: str = "fp32"):
         if not getattr(tokenizer, "is_fast", False):
             raise CheckpointError(f"{path or 'in-memory model'}: needs a fast tokenizer (tokenizer.json); "
                                   f"got {type(tokenizer).__name__}")
@@ -315,6 +317,10 @@ class ModelHandle:
         self.path = Path(path) if path is not None else None
         self.config = model.config
         self.device = next(model.parameters()).device
+        # The precision the forward passes compute in ("fp32" | "bf16"; "auto" resolved here by
+        # `workbench.precision`): bf16 = autocast over the unchanged weights, so the checkpoint hash
+        # stays the weights' and the activation cache key adds it (`activations.model_fingerprint`).
+        self.compute_dtype = resolve_compute_dtype(dtype, self.device)
         self.stats: Counter = Counter()
         self._weight_files = [Path(p) for p in weight_files]
         self._hash: str | None = None  # `checkpoint_hash`, fixed with the stamp of the tensors it describes
@@ -368,13 +374,15 @@ class ModelHandle:
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu", attentions: bool = False,
-             max_length: int | None = None) -> "ModelHandle":
+             max_length: int | None = None, dtype: str = "fp32") -> "ModelHandle":
         """Open a checkpoint folder (config + weights + tokenizer; our `manifest.json` optional), or
         a Hub name from the local Hugging Face cache (`workbench.checkpoints.resolve_checkpoint`).
 
         Loads the LM head class the model was trained with (masked LM, causal LM or seq2seq LM) so
         that `workbench.lm_scores` can use it; families without one in the Auto registry (ELMo) fall
         back to the bare `AutoModel`. `attentions=True` loads eager attention (sdpa returns none).
+        `dtype` ("fp32" | "bf16" | "auto", `workbench.precision`) is the precision the handle's
+        forward passes compute in; the weights are loaded in fp32 either way.
         Every failure is a `CheckpointError` naming the folder. Never runs remote code.
         """
         import workbench.families  # noqa: F401  (registers custom families such as ELMo)
@@ -457,9 +465,21 @@ class ModelHandle:
                      head_trained=not head_missing, weight_files=weights,
                      shifted_position_offset=int(objective.get("shifted_position_offset", 0) or 0),
                      lineage=Lineage.from_record(manifest.get("derived_from"), str(path / MANIFEST_NAME)),
-                     manifest=manifest)
+                     manifest=manifest, dtype=dtype)
         handle.insert_prompt((manifest.get("peft") or {}).get("prompt_ids") or [])
         return handle
+
+    def with_dtype(self, dtype: str) -> "ModelHandle":
+        """This handle computing in another precision ("fp32" | "bf16" | "auto"): the same model,
+        tokenizer and identity (a shallow copy, nothing reloaded or changed), its own `stats`. Itself
+        when the precision is already that one."""
+        resolved = resolve_compute_dtype(dtype, self.device)
+        if resolved == self.compute_dtype:
+            return self
+        other = copy.copy(self)
+        other.compute_dtype = resolved
+        other.stats = Counter()
+        return other
 
     def insert_prompt(self, ids: Sequence[int]) -> None:
         """A prompt-tuned checkpoint (Lester et al. 2021, `workbench.peft_methods`): its trained
@@ -539,7 +559,7 @@ class ModelHandle:
         derived = type(self)(model, self.tokenizer, path=None, family=self.family, max_length=self.max_length,
                               head_trained=self.head_trained if keeps else True,
                               shifted_position_offset=self.shifted_position_offset if keeps else 0,
-                              lineage=lineage, manifest=self.manifest)
+                              lineage=lineage, manifest=self.manifest, dtype=self.compute_dtype)
         derived.checkpoint_hash  # noqa: B018  (identity fixed now, at creation)
         return derived
 
@@ -597,7 +617,9 @@ class ModelHandle:
         if self.reads_characters:
             ids_list = [self._spell_unknown(" " + " ".join(sentences[i]), e) if e.ids else ids
                         for i, e, ids in zip(nonempty.tolist(), encs, ids_list)]
-        starts_list = [[o[0] for o in e.offsets] or [0] for e in encs]
+        # character starts of the tokens: one flat array from the (start, end) pairs (C-level chaining:
+        # per-token Python loops here were a measurable part of extraction's CPU time)
+        offsets_list = [e.offsets or [(0, 0)] for e in encs]
         n_tok = np.fromiter((len(x) for x in ids_list), dtype=np.int64, count=len(encs))
         W = int(n_words.sum())
         lens = np.fromiter((len(w) for i in nonempty for w in sentences[i]), dtype=np.int64, count=W)
@@ -606,8 +628,9 @@ class ModelHandle:
         group = np.repeat(np.arange(W, dtype=np.int64), lens + 1)
         text_len = np.add.reduceat(lens + 1, np.cumsum(n_words[nonempty]) - n_words[nonempty]) if W else lens
         char_base = np.cumsum(text_len) - text_len
-        all_ids = np.fromiter((t for x in ids_list for t in x), dtype=np.int64, count=int(n_tok.sum()))
-        starts = np.fromiter((t for x in starts_list for t in x), dtype=np.int64, count=int(n_tok.sum()))
+        all_ids = np.fromiter(itertools.chain.from_iterable(ids_list), dtype=np.int64, count=int(n_tok.sum()))
+        starts = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(offsets_list)), dtype=np.int64,
+                             count=2 * int(n_tok.sum()))[0::2]
         starts = np.minimum(starts, np.repeat(text_len - 1, n_tok)) + np.repeat(char_base, n_tok)
         tok_word = group[starts]
         if np.any(np.diff(tok_word) < 0):
@@ -731,7 +754,7 @@ class ModelHandle:
             self._ensure_eager()
             kw["output_attentions"] = True
         out: dict = {}
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(self.compute_dtype, self.device):
             if "encoder" in self.stacks and "decoder" in self.stacks:
                 enc = self.model.get_encoder()(input_ids=ids, attention_mask=mask, **kw)
                 out["encoder"] = (enc.hidden_states, getattr(enc, "attentions", None))
@@ -750,6 +773,12 @@ class ModelHandle:
                                                                self.shifted_position_offset)
                 res = body(input_ids=ids, attention_mask=mask, **kw)
                 out[self.stacks[0]] = (res.hidden_states, getattr(res, "attentions", None))
+        if self.compute_dtype != "fp32":  # what leaves the handle is fp32 (a no-op for fp32 tensors)
+            for key in ("encoder", "decoder"):
+                if key in out:
+                    out[key] = tuple(None if x is None else tuple(t.float() for t in x) for x in out[key])
+            if out.get("cross") is not None:
+                out["cross"] = tuple(t.float() for t in out["cross"])
         return out
 
     def _ensure_eager(self) -> None:
@@ -930,7 +959,7 @@ class ModelHandle:
         flat = [h.reshape(B * T, -1) for h in hs]
         if pooling == "first" or pooling == "last":
             idx = torch.from_numpy(first if pooling == "first" else last).to(hs[0].device)
-            pooled = torch.empty(len(flat), len(idx), flat[0].shape[-1], dtype=flat[0].dtype, device=flat[0].device)
+            pooled = torch.empty(len(flat), len(idx), flat[0].shape[-1], dtype=torch.float32, device=flat[0].device)
             for layer, h in enumerate(flat):  # straight into place (no stack copy)
                 torch.index_select(h, 0, idx, out=pooled[layer])
         else:

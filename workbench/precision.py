@@ -1,18 +1,28 @@
-"""Which number format a training step's forward runs in: the one rule behind `precision:`.
+"""Which floating-point format a forward pass computes in: fp32, or bf16 where the hardware pays.
 
-`precision: auto | fp32 | bf16` (training configs, `bertology train --precision`, `bertology run
---precision`):
-- `fp32` and `bf16` force that format on every device (bf16 = the forward under
-  `torch.autocast(device, bfloat16)`, weights and optimizer state stay fp32);
-- `auto` picks bf16 where the hardware multiplies it natively: on CUDA as before (the `bf16` key,
-  default true), on a CPU when /proc/cpuinfo lists `amx_bf16` (Intel AMX) or `avx512_bf16`
-  (AVX-512 BF16, e.g. AMD Zen 4); elsewhere bf16 matmuls are emulated and slower than fp32, so fp32;
-- unset (the default, every config written before the key): the older keys decide, `bf16` on CUDA
-  (default true) and `cpu_bf16` on CPU (default false), so existing configs train exactly as before.
+bf16 (bfloat16: fp32's 8-bit exponent, 7-bit mantissa) is fast on a CPU only where the CPU
+multiplies it natively: Intel AMX (`amx_bf16`) or AVX-512 BF16 (`avx512_bf16`, e.g. AMD Zen 4);
+elsewhere its matmuls are emulated and slower than fp32. This module is the one place that reads
+those flags; both users ask it:
 
-The resolved format and the reason (e.g. "auto: amx_bf16 present") go into run.json and every
-checkpoint's manifest, and the resolved format enters the training hash (`TrainConfig.training_hash`):
-bf16 changes the weights (Kalamkar et al. 2019, "A Study of BFLOAT16 for Deep Learning Training").
+- **Training** (`precision: auto | fp32 | bf16` in a training config, `bertology train --precision`,
+  `bertology run --precision`; `resolve_precision`): `fp32`/`bf16` force that format; `auto` picks
+  bf16 on CUDA (the `bf16` key, default true) and on a CPU with native bf16, fp32 elsewhere; unset
+  (every config written before the key) lets the older keys decide (`bf16` on CUDA, `cpu_bf16` on
+  CPU, default false), so existing configs train exactly as before. The resolved format and the
+  reason ("auto: amx_bf16 present") go into run.json and every manifest, and the format enters the
+  training hash: bf16 changes the weights (Kalamkar et al. 2019, "A Study of BFLOAT16 for Deep
+  Learning Training").
+- **Extraction and probing** (`--dtype fp32 | bf16 | auto` on every probe; `resolve_compute_dtype`):
+  the same rule for `auto` (on CUDA: where the GPU supports bf16). The activation cache key adds the
+  compute dtype (`workbench.activations.model_fingerprint`), so a bf16 extraction is never read as
+  the fp32 one.
+
+A bf16 forward is `torch.autocast(device, bfloat16)` around fp32 weights (`autocast`): matmuls and
+attention run in bf16; normalisations, softmax and the residual stream stay fp32; the weights, and so
+a handle's checkpoint hash, never change. bf16 keeps fp32's range, so the massive activations of
+Llama-style models (Sun et al. 2024: single values in the thousands) cannot overflow as they could in
+fp16; they lose relative precision (2^-8) like every other value.
 """
 
 from __future__ import annotations
@@ -20,18 +30,22 @@ from __future__ import annotations
 import contextlib
 import functools
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
-PRECISIONS = ("auto", "fp32", "bf16")
+from workbench.errors import ConfigError
+
+PRECISIONS = ("auto", "fp32", "bf16")  # a training config's `precision:`
+COMPUTE_DTYPES = ("fp32", "bf16", "auto")  # a probe's `dtype:`
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # in the order the reason names them
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+@functools.lru_cache(maxsize=4)
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where it is unreadable, e.g. macOS)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path(cpuinfo).read_text(encoding="utf-8", errors="replace").splitlines():
             if line.startswith("flags") and ":" in line:
                 return frozenset(line.split(":", 1)[1].split())
     except OSError:
@@ -46,8 +60,15 @@ def native_bf16_flag(flags: frozenset[str] | set[str] | None = None) -> str | No
     return next((f for f in NATIVE_BF16_FLAGS if f in flags), None)
 
 
-def device_type(device: str) -> str:
-    """'cuda' or 'cpu' for a config's `device` value (auto = cuda when one is visible)."""
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """True when the CPU multiplies bf16 natively; False where /proc/cpuinfo is unreadable (fp32 is
+    the safe choice there)."""
+    return native_bf16_flag(cpu_flags(cpuinfo)) is not None
+
+
+def device_type(device) -> str:
+    """'cuda' or 'cpu' for a device or a config's `device` value (auto = cuda when one is visible)."""
+    device = getattr(device, "type", str(device))
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return "cuda" if device.startswith("cuda") else "cpu"
@@ -55,7 +76,7 @@ def device_type(device: str) -> str:
 
 def resolve_precision(precision: str | None, device: str, cuda_bf16: bool = True, cpu_bf16: bool = False,
                       flags: frozenset[str] | set[str] | None = None) -> tuple[str, str]:
-    """("fp32" | "bf16", why) for a run on `device` ('cpu', 'cuda', 'cuda:N' or 'auto').
+    """A training run's ("fp32" | "bf16", why) on `device` ('cpu', 'cuda', 'cuda:N' or 'auto').
 
     `cuda_bf16` and `cpu_bf16` are the config's older `bf16` and `cpu_bf16` keys (see the module
     doc); `flags` the CPU's flags (default: this machine's)."""
@@ -76,8 +97,27 @@ def resolve_precision(precision: str | None, device: str, cuda_bf16: bool = True
     return ("bf16", "precision unset: cpu_bf16: true") if cpu_bf16 else ("fp32", "precision unset: fp32 on CPU")
 
 
-def autocast(precision: str, device: torch.device):
-    """The forward's context: bf16 autocast on `device` for "bf16", nothing for "fp32"."""
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def resolve_compute_dtype(choice: str, device="cpu", where: str = "dtype") -> str:
+    """An extraction's 'fp32' | 'bf16' for a choice of 'fp32' | 'bf16' | 'auto': auto = bf16 on a CPU
+    with native bf16 or a CUDA device that supports bf16, else fp32. An unknown choice is a
+    ConfigError naming `where`."""
+    if choice not in COMPUTE_DTYPES:
+        raise ConfigError(f"{where}: must be one of {list(COMPUTE_DTYPES)}, got {choice!r}")
+    if choice != "auto":
+        return choice
+    if device_type(device) == "cuda":
+        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if cpu_has_native_bf16() else "fp32"
+
+
+@contextlib.contextmanager
+def autocast(precision: str, device) -> Iterator[None]:
+    """The forward pass' context: nothing for "fp32", `torch.autocast(device type, bfloat16)` for
+    "bf16" (resolve "auto" first)."""
+    if precision == "fp32":
+        yield
+        return
+    if precision != "bf16":
+        raise ConfigError(f"compute dtype must be 'fp32' or 'bf16' here (resolve 'auto' first), got {precision!r}")
+    with torch.autocast(getattr(device, "type", str(device)).split(":")[0], dtype=torch.bfloat16):
+        yield

@@ -260,7 +260,7 @@ def _finish(results: list[runner.UnitResult], prepared, settings) -> list[pd.Dat
         if (model, stack) not in vecs:  # a unit reused from an interrupted attempt: re-read its cached vectors
             from workbench.models import ModelHandle
 
-            h = ck.handle if ck.handle is not None else ModelHandle.load(ck.path)
+            h = ck.handle.with_dtype(settings.dtype) if ck.handle is not None else ModelHandle.load(ck.path, dtype=settings.dtype)
             if is_twin:
                 h = h.derive("random_init", {"seed": settings.seed + runner.TWIN_SEED_OFFSET})
             vecs[(model, stack)] = _pair_vectors(h, None, prepared, settings, stack)

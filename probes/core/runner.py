@@ -65,6 +65,7 @@ from workbench.checkpoints import Checkpoint, expand_checkpoints, weights_hash
 from workbench.coerce import build_dataclass, coerce_value
 from workbench.errors import CheckpointError, ConfigError, DataFormatError, yaml_problem
 from workbench.io import read_yaml
+from workbench.precision import COMPUTE_DTYPES, resolve_compute_dtype
 
 TWIN_SEED_OFFSET = 7919  # random-init twins use probe seed + this (never a checkpoint's own step-0 init)
 RANDOM_INIT_SUFFIX = " (random init)"
@@ -88,6 +89,9 @@ class Settings:
     threads: int | None = field(default=None, metadata={
         "help": "torch threads for this run (1 is often fastest on a busy 2-core machine)"})
     name: str | None = field(default=None, metadata={"help": "run name in the catalog"})
+    dtype: str = field(default="fp32", metadata={
+        "help": "precision of the model's forward: fp32 | bf16 | auto (bf16 on a CPU with amx_bf16/avx512_bf16, "
+                "workbench.precision); activations reach the probes in fp32 either way"})
     progress: bool = field(default=True, metadata={"help": "progress bars", "cli": False})
 
     # Fields that change how a run is executed, not what it computes: not part of the resume key.
@@ -112,6 +116,8 @@ class Settings:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        if self.dtype not in COMPUTE_DTYPES:
+            raise ConfigError(f"dtype must be one of {list(COMPUTE_DTYPES)}, got {self.dtype!r}")
         if self.stack is not None and self.stack not in STACK_NAMES:
             raise ConfigError(f"stack must be one of {list(STACK_NAMES)} (or unset), got {self.stack!r}")
 
@@ -415,6 +421,8 @@ def resolve_settings(spec: ProbeSpec, settings: Settings | Mapping[str, Any] | N
     if not settings.tasks:
         settings = dataclasses.replace(settings, tasks=tuple(spec.default_tasks or spec.tasks))
     settings.validate(spec)
+    if settings.dtype == "auto":  # resolved here, so manifests and resume keys name what ran
+        settings = dataclasses.replace(settings, dtype=resolve_compute_dtype("auto", "cpu"))
     return settings
 
 
@@ -482,6 +490,7 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store,
     notes: dict[str, Any] = dict(prepared.notes)
     notes.setdefault("random_init_twins", [])
     notes["torch_threads"] = torch.get_num_threads()
+    notes["compute_dtype"] = settings.dtype  # the forward's precision (settings' dtype, auto resolved)
     if role_handles:
         notes["roles"] = {role: [_role_record(ck, h) for ck, h in zip(roles[role], hs if isinstance(hs, list) else [hs])]
                           for role, hs in role_handles.items()}
@@ -498,6 +507,8 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store,
         for ck in tqdm(ckpts, desc="checkpoints", disable=not settings.progress or len(ckpts) < 2):
             t0 = time.perf_counter()
             handle = ck.handle if ck.handle is not None else _load_handle(ck)
+            if getattr(handle, "compute_dtype", "fp32") != settings.dtype:  # the same model, run in that precision
+                handle = handle.with_dtype(settings.dtype)
             timings[f"{ck.name}|load"] = round(time.perf_counter() - t0, 3)
             variants = [(ck.name, handle, False)]
             if twin_wanted:
