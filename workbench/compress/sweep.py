@@ -16,7 +16,7 @@ Methods (`METHODS`; amounts in brackets):
 | imp_mlm | pretraining ticket (Chen et al. 2020, Sec. 5): IMP for the masked-LM loss on the checkpoint's own pretraining corpus (`mlm:` settings, `workbench.compress.pretraining_ticket`), then the task fine-tuning of the pretrained weights times that mask [sparsities] | yes: pretrained weights, fresh optimizer |
 | quantize | k-bit per-channel fake quantization of the fine-tuned weights [bits] | no |
 | lowrank | rank-r SVD of every block matrix, and magnitude pruning of each matrix to the same number of parameters (`lowrank_magnitude`) [ranks] | no |
-| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.compress.heads.iterative_pruning`): `heads.fraction` of the remaining heads per step, least important / random / most important first, until dev accuracy falls below `heads.threshold` x the full model's; every step is a point [fraction of heads removed] | no |
+| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.compress.heads.iterative_pruning`): `heads.fraction` of the remaining heads per step, least important / random / most important first, until dev accuracy falls below `heads.threshold` x the full model's; with `heads.units: mlps` or `both` the MLPs too (Prasanna et al. 2020); every step is a point [fraction of the pruned units removed] | no |
 | heads_remove | the heads listed in `heads.remove` ((layer, head) pairs, checked against the checkpoint's config before any work) masked at once [fraction of heads removed] | no |
 Rewinding (`rewind_step`): 0 = the pretrained body under the seed's initial head, the weights
 fine-tuning started from; N > 0 = the weights after N fine-tuning steps of the full model (Frankle
@@ -520,27 +520,32 @@ class Sweep:
         model = copy.deepcopy(s.full).to(self.run.device)
         order = HEAD_METHODS[method]
         if order is None:
-            masks = [(1, H.mask_from_removed(model, settings.remove, where="heads: remove"))]
+            kept = H.mask_from_removed(model, settings.remove, where="heads: remove")
+            steps = [H.PruningStep(1, int(kept.size - kept.sum()), float("nan"), kept)]
+            units = "heads"
         else:
             curve = H.classifier_curve(model, self.run, order, settings, s.seed, self.ft.batch_size)
-            masks = [(step.step, step.heads_kept) for step in curve.steps[1:]]
+            steps, units = curve.steps[1:], curve.units
             self.head_rows += [r for r in H.curve_rows(curve, model=H.METHOD, family=self.run.family, seed=s.seed,
                                                        task=self.ft.task)
-                               if r["metric"] in ("head_kept", "heads_prunable")]
-            self.log(f"  {method} seed {s.seed}: {curve.prunable}/{curve.steps[0].heads_kept.size} heads prunable at "
-                     f"{curve.threshold:.0%} of the full model's dev accuracy")
+                               if r["metric"] in ("head_kept", "heads_prunable", "mlp_kept", "mlps_prunable")]
+            mlps_note = f", {curve.mlps_prunable}/{len(curve.steps[0].heads_kept)} MLPs" if units != "heads" else ""
+            self.log(f"  {method} seed {s.seed}: {curve.prunable}/{curve.steps[0].heads_kept.size} heads{mlps_note} "
+                     f"prunable at {curve.threshold:.0%} of the full model's dev accuracy")
         model.to("cpu")
         out = []
-        for step, kept in masks:
-            amount = float(1 - kept.mean())
+        for step in steps:
+            # the share of the pruned units removed (heads; MLPs; or both counted together)
+            amount = float(step.fraction_removed(units))
             found = self.done(method, amount, s.seed)
             if found is not None:
                 out.append(found)
                 continue
             t0 = time.time()
-            masked = H.apply_mask(copy.deepcopy(s.full), kept)
-            params = {**H.mask_record(kept), "order": order, "pruning_step": step,
-                      "fraction": settings.fraction, "threshold": settings.threshold}
+            masked = H.apply_mask(copy.deepcopy(s.full), step.heads_kept, step.mlps_kept)
+            params = {**H.mask_record(step.heads_kept, step.mlps_kept), "order": order, "pruning_step": step.step,
+                      **({"units": units} if units != "heads" else {}), "fraction": settings.fraction,
+                      "threshold": settings.threshold}
             out.append(self.save_point(s, method, amount, masked, None, params, self.evaluate(masked),
                                        time.time() - t0))
         return out
