@@ -55,6 +55,7 @@ refused: its layers share one set of weights, so a per-layer head mask is not a 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -361,8 +362,10 @@ def masked_handle(handle, heads_kept, mlps_kept=None, **extra):
 
 
 def _rows(linear: nn.Linear, idx: torch.Tensor) -> nn.Linear:
-    new = nn.Linear(linear.in_features, len(idx), bias=linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype)
+    with warnings.catch_warnings():  # a zero-width slice (a removed MLP): its init is a no-op, and says so
+        warnings.simplefilter("ignore", UserWarning)
+        new = nn.Linear(linear.in_features, len(idx), bias=linear.bias is not None,
+                        device=linear.weight.device, dtype=linear.weight.dtype)
     new.weight.data = linear.weight.data[idx].clone()
     if linear.bias is not None:
         new.bias.data = linear.bias.data[idx].clone()
@@ -370,8 +373,10 @@ def _rows(linear: nn.Linear, idx: torch.Tensor) -> nn.Linear:
 
 
 def _cols(linear: nn.Linear, idx: torch.Tensor, zero_bias: bool = False) -> nn.Linear:
-    new = nn.Linear(len(idx), linear.out_features, bias=linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        new = nn.Linear(len(idx), linear.out_features, bias=linear.bias is not None,
+                        device=linear.weight.device, dtype=linear.weight.dtype)
     new.weight.data = linear.weight.data[:, idx].clone()
     if linear.bias is not None:
         new.bias.data = torch.zeros_like(linear.bias.data) if zero_bias else linear.bias.data.clone()

@@ -41,13 +41,16 @@ class MlmTicketSettings:
     """The `mlm:` section of a prune config (method `imp_mlm`): the masked-LM training of each IMP
     round. `steps`: optimizer steps per round; `lr` / `warmup` / `batch_size`: default the
     checkpoint's own pretraining values (warm-up capped at a quarter of the steps); `seed`: the
-    pretraining seed of the rounds (the ticket is found once and fine-tuned under every task seed)."""
+    pretraining seed of the rounds (the ticket is found once and fine-tuned under every task seed);
+    `output_dir`: where the rounds' MLM runs go (default `<sweep folder>/mlm`); sweeps of one
+    checkpoint run as one process per seed can share it (a finished round is found, not retrained)."""
 
     steps: int = 100
     lr: float | None = None
     warmup: int | None = None
     batch_size: int | None = None
     seed: int = 0
+    output_dir: str | None = None
 
     def __post_init__(self):
         if self.steps < 1:

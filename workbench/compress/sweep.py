@@ -642,7 +642,8 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
         from workbench.compress.pretraining_ticket import load_mlm_settings, mlm_tickets
 
         settings = load_mlm_settings(cfg.mlm, "prune config")
-        masks, pretrainer = mlm_tickets(run.checkpoint, max(cfg.sparsities), cfg.imp_step, settings, folder / "mlm",
+        mlm_folder = Path(settings.output_dir) if settings.output_dir else folder / "mlm"
+        masks, pretrainer = mlm_tickets(run.checkpoint, max(cfg.sparsities), cfg.imp_step, settings, mlm_folder,
                                         device=ft.device, progress=cfg.progress, log=sweep.log)
         sweep.mlm = (masks, pretrainer, settings)
     for seed in ft.seeds:
