@@ -121,6 +121,8 @@ def test_bad_imp_mlm_configs_are_one_line(pretrained, tmp_path):
         load_prune_config({**base, "methods": ["imp"], "mlm": {"steps": 3}})
     with pytest.raises(ConfigError, match=r"not a multiple of imp_step"):
         load_prune_config({**base, "sparsities": [0.15]})
+    with pytest.raises(ConfigError, match=r"mlm: sparsities\[0\]: 0.25 is not a multiple of imp_step"):
+        load_prune_config({**base, "mlm": {"sparsities": [0.25]}})
     bare = tmp_path / "bare"
     bare.mkdir()
     for f in pretrained.iterdir():

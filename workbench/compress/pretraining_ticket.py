@@ -42,7 +42,8 @@ class MlmTicketSettings:
     round. `steps`: optimizer steps per round; `lr` / `warmup` / `batch_size`: default the
     checkpoint's own pretraining values (warm-up capped at a quarter of the steps); `seed`: the
     pretraining seed of the rounds (the ticket is found once and fine-tuned under every task seed);
-    `output_dir`: where the rounds' MLM runs go (default `<sweep folder>/mlm`); sweeps of one
+    `sparsities`: the tickets fine-tuned on the task (default: the sweep's `sparsities`; each a
+    multiple of `imp_step`, the rounds go up to the largest); `output_dir`: where the rounds' MLM runs go (default `<sweep folder>/mlm`); sweeps of one
     checkpoint run as one process per seed can share it (a finished round is found, not retrained)."""
 
     steps: int = 100
@@ -50,6 +51,7 @@ class MlmTicketSettings:
     warmup: int | None = None
     batch_size: int | None = None
     seed: int = 0
+    sparsities: list[float] | None = None
     output_dir: str | None = None
 
     def __post_init__(self):
@@ -61,6 +63,9 @@ class MlmTicketSettings:
             raise ConfigError(f"mlm: warmup: must be >= 0, got {self.warmup}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"mlm: batch_size: must be >= 1, got {self.batch_size}")
+        for i, x in enumerate(self.sparsities or []):
+            if not 0 < x < 1:
+                raise ConfigError(f"mlm: sparsities[{i}]: a sparsity is a fraction in (0, 1), got {x}")
 
 
 def load_mlm_settings(values: dict | None, where: str) -> MlmTicketSettings:

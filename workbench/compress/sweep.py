@@ -156,7 +156,13 @@ def load_prune_config(source: str | Path | dict, overrides: dict | None = None,
         from workbench.compress.pretraining_ticket import load_mlm_settings, pretraining_manifest
         from workbench.finetune import resolve_checkpoint
 
-        load_mlm_settings(cfg.mlm, where)
+        mlm = load_mlm_settings(cfg.mlm, where)
+        for i, x in enumerate(mlm.sparsities or []):
+            try:
+                imp_schedule(x, cfg.imp_step)
+            except ConfigError:
+                raise ConfigError(f"{where}: mlm: sparsities[{i}]: {x} is not a multiple of imp_step "
+                                  f"{cfg.imp_step} (IMP reaches only those)") from None
         pretraining_manifest(resolve_checkpoint(ft_cfg.checkpoint), where=f"{where}: methods: imp_mlm")
     elif cfg.mlm:
         raise ConfigError(f"{where}: mlm: settings for method imp_mlm, which methods does not list")
@@ -176,6 +182,11 @@ def head_settings(cfg: PruneConfig, where: str = "prune config") -> H.HeadPrunin
     if "heads_remove" in cfg.methods and not settings.remove:
         raise ConfigError(f"{where}: heads: remove: method heads_remove needs (layer, head) pairs here")
     return settings
+
+
+def mlm_sparsities(cfg: PruneConfig) -> list[float]:
+    """The sparsities of the imp_mlm points: `mlm.sparsities`, else the sweep's `sparsities`."""
+    return list((cfg.mlm or {}).get("sparsities") or cfg.sparsities)
 
 
 def checkpoint_head_shape(checkpoint: str) -> tuple[int, int]:
@@ -456,7 +467,8 @@ class Sweep:
                 fresh = DERIVATIONS["random_init"].apply(s.full, seed=seed).state_dict()
                 self.points.append(self.retrain(s, "reinit", amount, imp_masks[amount], fresh,
                                                 {"sparsity": amount, "init_seed": seed}))
-            if "imp_mlm" in methods:
+        if "imp_mlm" in methods:
+            for amount in mlm_sparsities(self.cfg):
                 self.points.append(self.pretraining_ticket(s, amount))
         if "quantize" in methods:
             for bits in self.cfg.bits:
@@ -480,7 +492,7 @@ class Sweep:
         found = self.done("imp_mlm", amount, s.seed)
         if found is not None:
             return found
-        masks_by_amount, pretrainer, settings = self.mlm
+        masks_by_amount, pretrainer, settings = self.mlm_tickets()
         masks = transfer_masks(masks_by_amount[amount], pretrainer, s.full)
         if set(masks) != set(s.names):
             raise CheckpointError(f"imp_mlm: the masked-LM masks cover {len(masks)} matrices, the classifier's "
@@ -489,6 +501,20 @@ class Sweep:
         return self.retrain(s, "imp_mlm", amount, masks, start,
                             {"sparsity": amount, "round": round(amount / self.cfg.imp_step),
                              "mlm_steps": settings.steps, "mlm_seed": settings.seed, "rewind_step": 0})
+
+    def mlm_tickets(self):
+        """The masked-LM IMP rounds (`workbench.compress.pretraining_ticket.mlm_tickets`), run once
+        per sweep, when the first imp_mlm point needs them (after the first seed's other methods;
+        a finished round is found, so sweeps sharing `mlm.output_dir` train each round once)."""
+        if self.mlm is None:
+            from workbench.compress.pretraining_ticket import load_mlm_settings, mlm_tickets
+
+            settings = load_mlm_settings(self.cfg.mlm, "prune config")
+            folder = Path(settings.output_dir) if settings.output_dir else self.folder / "mlm"
+            masks, pretrainer = mlm_tickets(self.run.checkpoint, max(mlm_sparsities(self.cfg)), self.cfg.imp_step, settings,
+                                            folder, device=self.ft.device, progress=self.cfg.progress, log=self.log)
+            self.mlm = (masks, pretrainer, settings)
+        return self.mlm
 
     # -- post-hoc points (no retraining) --------------------------------------------------------------
 
@@ -638,14 +664,6 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
         atomic_write_json(cfg_file, key)
     run = prepare(dataclasses.replace(ft, output_dir=str(folder / "full")), data)
     sweep = Sweep(cfg, ft, run, folder)
-    if "imp_mlm" in cfg.methods:  # the pretraining ticket is found once, before any task seed
-        from workbench.compress.pretraining_ticket import load_mlm_settings, mlm_tickets
-
-        settings = load_mlm_settings(cfg.mlm, "prune config")
-        mlm_folder = Path(settings.output_dir) if settings.output_dir else folder / "mlm"
-        masks, pretrainer = mlm_tickets(run.checkpoint, max(cfg.sparsities), cfg.imp_step, settings, mlm_folder,
-                                        device=ft.device, progress=cfg.progress, log=sweep.log)
-        sweep.mlm = (masks, pretrainer, settings)
     for seed in ft.seeds:
         sweep.run_seed(seed)
     rows = build_rows(sweep.points, ft.task, run.family, name)
