@@ -110,6 +110,7 @@ def test_ticket_fine_tuned_with_the_mask_kept_and_the_sparsity_counted(sweep):
     assert not any(r["model"] == "imp_mlm" and r["metric"] == "wins" for _, r in result.rows.iterrows())  # 1 seed: no sd
 
 
+@pytest.mark.slow  # the pretrained fixture trains a tiny model
 def test_bad_imp_mlm_configs_are_one_line(pretrained, tmp_path):
     base = {"finetune": {**FT, "checkpoint": str(pretrained)}, "methods": ["imp_mlm"], "sparsities": [0.1],
             "output_dir": str(tmp_path / "s")}
@@ -130,3 +131,11 @@ def test_bad_imp_mlm_configs_are_one_line(pretrained, tmp_path):
             (bare / f.name).write_bytes(f.read_bytes())
     with pytest.raises(ConfigError, match=r"methods: imp_mlm: .* not a checkpoint pretrained by `bertology train`"):
         load_prune_config({**base, "finetune": {**FT, "checkpoint": str(bare)}})
+
+
+@pytest.mark.slow  # the pretrained fixture trains a tiny model
+def test_prune_seeds_override_takes_a_comma_list(pretrained):
+    """`bertology prune CONFIG --seeds 1,2` (one process per seed) replaces finetune.seeds."""
+    base = {"finetune": {**FT, "checkpoint": str(pretrained)}, "methods": ["imp"], "sparsities": [0.1]}
+    assert load_prune_config(base, None, {"seeds": "1,2"})[1].seeds == [1, 2]
+    assert load_prune_config(base, None, {"seeds": None})[1].seeds == [0]
