@@ -175,7 +175,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     from workbench.compress.sweep import prune_cli_main
 
     return prune_cli_main(args.config, {"output_dir": args.output_dir, "name": args.name},
-                          {"checkpoint": args.checkpoint, "device": args.device})
+                          {"checkpoint": args.checkpoint, "device": args.device, "seeds": args.seeds})
 
 
 # --------------------------------------------------------------------------- runs
@@ -376,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="sweep folder (default <runs root>/prune/<name>)")
     p.add_argument("--checkpoint", help="the pretrained checkpoint (replaces finetune.checkpoint)")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N (replaces finetune.device)")
+    p.add_argument("--seeds", help="comma-separated seeds (replaces finetune.seeds; one process per seed)")
     p.set_defaults(func=_cmd_prune)
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")

@@ -1,7 +1,8 @@
 """The compression page (`bertology prune`, workbench/compress/sweep.py): what survives pruning,
 quantization and low rank.
 
-- task metric vs sparsity per method (IMP tickets, one-shot, random, reinit) with the band of
+- task metric vs sparsity per method (IMP tickets, one-shot, random, reinit, and the pretraining
+  tickets imp_mlm: IMP for the masked-LM loss, then fine-tuned; Chen et al. 2020) with the band of
   one standard deviation over seeds, and the full model's mean and band: a method "wins" where its
   mean lies inside the full model's band (Chen et al. 2020);
 - accuracy vs bits (fake quantization) and low rank vs magnitude pruning at equal parameter counts;
@@ -10,7 +11,7 @@ quantization and low rank.
   experiments/prune/*_probe.yaml experiment runs the syntax probe on every point).
 
 - the surviving-heads matrix of head pruning (app/views/prune_heads.py), when a sweep ran the
-  heads_* methods.
+  heads_* methods; with `heads.units: mlps | both` one more column per order, the layers' MLPs.
 
 `PLOTS` (prune_vs_sparsity, prune_vs_bits, prune_vs_size, prune_heads_matrix) are the plot kinds of
 the shipped figure specs experiments/figures/prune_*.yaml.
@@ -27,8 +28,8 @@ from workbench.results import decode_extra
 
 TITLE = "Compression"
 PROBE = "prune"
-SPARSITY_METHODS = ("imp", "oneshot", "random", "reinit")
-COLORS = {"imp": "#1f77b4", "oneshot": "#ff7f0e", "random": "#7f7f7f", "reinit": "#9467bd",
+SPARSITY_METHODS = ("imp", "oneshot", "random", "reinit", "imp_mlm")
+COLORS = {"imp": "#1f77b4", "oneshot": "#ff7f0e", "random": "#7f7f7f", "reinit": "#9467bd", "imp_mlm": "#17becf",
           "quantize": "#2ca02c", "lowrank": "#d62728", "lowrank_magnitude": "#8c564b"}
 DATA_COLUMNS = ["run_id", "model", "task", "split", "metric", "x_name", "x", "value", "low", "high", "seeds"]
 

@@ -5,7 +5,9 @@ Reads the rows `workbench.compress.heads.curve_rows` writes (probe "prune", metr
 value 1 where the head survives in the subnetwork at 90% of the full model's metric, `layer` =
 block + 1, `extra.head`). Over several seeds a cell is the share of seeds that keep the head, so
 heads every seed keeps stand out (Prasanna et al.'s observation: the surviving heads vary between
-seeds). `surviving_heads_plot` is also a plot kind for `experiments/figures/*.yaml`
+seeds). When the procedure pruned MLPs too (`heads.units: mlps | both`, Prasanna et al. 2020),
+the "mlp_kept" rows add one column, "MLP", to the right of the heads: the share of seeds keeping
+that layer's MLP. `surviving_heads_plot` is also a plot kind for `experiments/figures/*.yaml`
 (`PLOTS`, listed in the Compression page's `PLOTS`, app/pages/prune.py).
 """
 
@@ -20,23 +22,38 @@ ORDER_NAMES = ("good", "random", "bad")
 
 
 def surviving_heads(rows: pd.DataFrame) -> pd.DataFrame:
-    """Tidy table (model, task, order, layer, head, kept, seeds): `kept` = share of seeds keeping
-    the head. Rows other than metric "head_kept" are ignored."""
-    r = rows[rows["metric"] == "head_kept"].copy()
-    if r.empty:
-        return pd.DataFrame(columns=["model", "task", "order", "layer", "head", "kept", "seeds"])
+    """Tidy table (model, task, order, unit, layer, head, kept, seeds): `kept` = share of seeds
+    keeping the head (unit "head") or the layer's MLP (unit "mlp", head -1). Rows other than
+    metrics "head_kept" and "mlp_kept" are ignored."""
+    r = rows[rows["metric"].isin(["head_kept", "mlp_kept"])].copy()
+    if r.empty or not (r["metric"] == "head_kept").any():
+        return pd.DataFrame(columns=["model", "task", "order", "unit", "layer", "head", "kept", "seeds"])
     extra = [decode_extra(e) for e in r["extra"]]
     r["order"] = [e.get("order") for e in extra]
-    r["head"] = [int(e["head"]) for e in extra]
+    r["unit"] = ["head" if m == "head_kept" else "mlp" for m in r["metric"]]
+    r["head"] = [int(e["head"]) if m == "head_kept" else -1 for e, m in zip(extra, r["metric"])]
     r["layer"] = r["layer"].astype(int)
-    out = (r.groupby(["model", "task", "order", "layer", "head"], as_index=False)
+    out = (r.groupby(["model", "task", "order", "unit", "layer", "head"], as_index=False)
            .agg(kept=("value", "mean"), seeds=("seed", "nunique")))
-    return out.sort_values(["model", "task", "order", "layer", "head"]).reset_index(drop=True)
+    return out.sort_values(["model", "task", "order", "unit", "layer", "head"]).reset_index(drop=True)
+
+
+def mlp_column(table: pd.DataFrame, order: str) -> np.ndarray | None:
+    """The [layers] share of seeds keeping each layer's MLP for one order; None when the MLPs were
+    not pruned."""
+    t = table[(table["order"] == order) & (table["unit"] == "mlp")]
+    if t.empty:
+        return None
+    layers = sorted(table[(table["order"] == order) & (table["unit"] == "head")]["layer"].unique())
+    col = np.full(len(layers), np.nan)
+    for row in t.itertuples():
+        col[layers.index(row.layer)] = row.kept
+    return col
 
 
 def matrix(table: pd.DataFrame, order: str) -> np.ndarray:
     """The [layers, heads] matrix of one order (layers in block order, 1 first)."""
-    t = table[table["order"] == order]
+    t = table[(table["order"] == order) & (table["unit"] == "head")]
     layers, heads = sorted(t["layer"].unique()), sorted(t["head"].unique())
     m = np.full((len(layers), len(heads)), np.nan)
     for row in t.itertuples():
@@ -62,15 +79,24 @@ def surviving_heads_plot(rows: pd.DataFrame, title: str, options: dict):
     task = options.get("task") or sorted(table["task"].unique())[0]
     table = table[(table["model"] == model) & (table["task"] == task)]
     orders = [o for o in ORDER_NAMES if o in set(table["order"])]
-    titles = [f"{o}: {np.nansum(1 - matrix(table, o)):.1f} removed" for o in orders]  # mean over seeds
+    def title_of(o):  # removed counts: means over seeds
+        mlps = mlp_column(table, o)
+        return (f"{o}: {np.nansum(1 - matrix(table, o)):.1f} heads"
+                + ("" if mlps is None else f", {np.nansum(1 - mlps):.1f} MLPs") + " removed")
+
+    titles = [title_of(o) for o in orders]
     fig = make_subplots(rows=1, cols=len(orders), subplot_titles=titles, shared_yaxes=True)
     for i, order in enumerate(orders, start=1):
         m = matrix(table, order)
-        fig.add_trace(go.Heatmap(z=m, x=list(range(m.shape[1])), y=list(range(1, m.shape[0] + 1)), zmin=0, zmax=1,
+        x = list(range(m.shape[1]))
+        mlps = mlp_column(table, order)
+        if mlps is not None:  # one more column: the layer's MLP
+            m, x = np.hstack([m, mlps[:, None]]), [str(h) for h in x] + ["MLP"]
+        fig.add_trace(go.Heatmap(z=m, x=x, y=list(range(1, m.shape[0] + 1)), zmin=0, zmax=1,
                                  colorscale="Blues", showscale=i == len(orders), name=order,
-                                 hovertemplate="layer %{y} head %{x}: kept in %{z:.0%} of seeds<extra></extra>"),
+                                 hovertemplate="layer %{y} unit %{x}: kept in %{z:.0%} of seeds<extra></extra>"),
                       row=1, col=i)
-        fig.update_xaxes(title_text="head", row=1, col=i)
+        fig.update_xaxes(title_text="head" if mlps is None else "head | MLP", row=1, col=i)
     fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
     fig.update_layout(title=f"{title} ({model}, {task}; heads removed: mean over seeds)",
                       height=320 + 20 * int(table["layer"].max()), width=120 + 300 * len(orders))

@@ -29,10 +29,18 @@ Rogers & Rumshisky (2020), "When BERT Plays the Lottery, All Tickets Are Winning
   still present per step (at least one), ordered by importance recomputed on the masked model at
   each step, until the task metric falls below 90% of the full model's. Orders: "good" (least
   important first: the subnetwork the method finds), "bad" (most important first) and "random"
-  (a seeded permutation), Prasanna et al.'s three kinds of subnetwork.
-- **Physical removal** (`slice_heads`): Q/K/V rows and O columns of removed heads are cut out (and
-  a removed MLP keeps one unit whose output weights are zero), giving a smaller model with the same outputs as
-  the masked one. transformers' configs hold one head count for all layers and no per-layer MLP
+  (a seeded permutation), Prasanna et al.'s three kinds of subnetwork. `units` says what is pruned:
+  "heads" (Michel et al.), "mlps" or "both" (Prasanna et al. 2020, Sec. 3: heads and MLPs pruned
+  by their importance scores, 10% of those remaining per step, until the score falls below 90% of
+  the full model's). With "both" each step removes 10% of the remaining heads *and* 10% of the
+  remaining MLPs (at least one of each while any is left), each pool ranked by its own score: the
+  two are normalised separately (per-layer L2 for heads, over layers for MLPs), so a head's score
+  is not compared with an MLP's.
+- **Physical removal** (`slice_heads`): Q/K/V rows and O columns of removed heads are cut out, and
+  a removed MLP's input projections are sliced to zero output rows and its last projection to zero
+  input columns with a zero bias (the MLP computes nothing and adds exactly zero; GPT-2's Conv1D
+  keeps one unit with zero output weights), giving a
+  smaller model with the same outputs as the masked one. transformers' configs hold one head count for all layers and no per-layer MLP
   width, so a sliced model cannot be saved as a plain checkpoint: slicing is the in-memory speed
   path, and the checkpoint of a pruned model is the masked (zeroed) one. A layer that loses every
   head keeps one head whose output columns are zero (a zero-width view cannot be reshaped by the
@@ -47,6 +55,7 @@ refused: its layers share one set of weights, so a per-layer head mask is not a 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -57,6 +66,7 @@ from torch import nn
 from workbench.errors import ConfigError, WorkbenchError
 
 ORDERS = ("good", "random", "bad")
+UNITS = ("heads", "mlps", "both")  # what the iterative procedure prunes (module docstring)
 
 
 # --------------------------------------------------------------------------------------- the sites
@@ -329,7 +339,8 @@ def mask_record(heads_kept, mlps_kept=None) -> dict:
     heads = np.asarray(heads_kept, bool)
     rec = {"heads_kept": heads.tolist(), "n_heads_kept": int(heads.sum()), "n_heads": int(heads.size)}
     if mlps_kept is not None:
-        rec["mlps_kept"] = np.asarray(mlps_kept, bool).tolist()
+        mlps = np.asarray(mlps_kept, bool)
+        rec.update(mlps_kept=mlps.tolist(), n_mlps_kept=int(mlps.sum()), n_mlps=int(mlps.size))
     return rec
 
 
@@ -351,8 +362,10 @@ def masked_handle(handle, heads_kept, mlps_kept=None, **extra):
 
 
 def _rows(linear: nn.Linear, idx: torch.Tensor) -> nn.Linear:
-    new = nn.Linear(linear.in_features, len(idx), bias=linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype)
+    with warnings.catch_warnings():  # a zero-width slice (a removed MLP): its init is a no-op, and says so
+        warnings.simplefilter("ignore", UserWarning)
+        new = nn.Linear(linear.in_features, len(idx), bias=linear.bias is not None,
+                        device=linear.weight.device, dtype=linear.weight.dtype)
     new.weight.data = linear.weight.data[idx].clone()
     if linear.bias is not None:
         new.bias.data = linear.bias.data[idx].clone()
@@ -360,8 +373,10 @@ def _rows(linear: nn.Linear, idx: torch.Tensor) -> nn.Linear:
 
 
 def _cols(linear: nn.Linear, idx: torch.Tensor, zero_bias: bool = False) -> nn.Linear:
-    new = nn.Linear(len(idx), linear.out_features, bias=linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        new = nn.Linear(len(idx), linear.out_features, bias=linear.bias is not None,
+                        device=linear.weight.device, dtype=linear.weight.dtype)
     new.weight.data = linear.weight.data[:, idx].clone()
     if linear.bias is not None:
         new.bias.data = torch.zeros_like(linear.bias.data) if zero_bias else linear.bias.data.clone()
@@ -409,21 +424,23 @@ def _slice_attention(s: LayerSites, kept: list[int]) -> None:
 
 
 def _slice_mlp(s: LayerSites) -> None:
-    """A removed MLP keeps one intermediate unit whose output weights and output bias are zero
-    (zero-width projections cannot be reshaped by GPT-2's Conv1D): the MLP adds exactly zero."""
-    one = torch.zeros(1, dtype=torch.long)
+    """A removed MLP is sliced to zero width: its input projections keep no output rows, its last
+    projection no input columns and a zero bias, so it costs no multiply-adds and adds exactly
+    zero (the masked model's zeroed last projection, weight and bias). GPT-2's `Conv1D` cannot
+    reshape a zero-width input, so there one unit is kept, with zero output weights and bias."""
+    width = 1 if _is_conv1d(s.mlp_out) else 0
+    keep = torch.arange(width)
     for parent, name in s.mlp_parents:
         lin = getattr(parent, name)
         if _is_conv1d(lin):
-            setattr(parent, name, _conv1d(lin.weight.data[:, :1], lin.bias.data[:1]))
+            setattr(parent, name, _conv1d(lin.weight.data[:, keep], lin.bias.data[keep]))
         else:
-            setattr(parent, name, _rows(lin, one))
+            setattr(parent, name, _rows(lin, keep))
     lin = s.mlp_out
     if _is_conv1d(lin):
-        new = _conv1d(torch.zeros_like(lin.weight.data[:1, :]), torch.zeros_like(lin.bias.data))
+        new = _conv1d(torch.zeros_like(lin.weight.data[keep, :]), torch.zeros_like(lin.bias.data))
     else:
-        new = _cols(lin, one, zero_bias=True)
-        new.weight.data.zero_()
+        new = _cols(lin, keep, zero_bias=True)
     setattr(s.mlp_out_parent, s.mlp_out_name, new)
 
 
@@ -456,6 +473,7 @@ class HeadPruningSettings:
 
     `orders`: which of "good", "random", "bad" to run; `fraction`: share of the remaining heads
     removed per step; `threshold`: stop below this share of the full model's metric;
+    `units`: "heads" (Michel et al.), "mlps" or "both" (Prasanna et al.);
     `importance_examples`: training examples the importance is accumulated over; `run_to_end`:
     prune to zero heads for full curves; `refinetune`: re-fine-tune each subnetwork (Prasanna et al.);
     `remove`: explicit (layer, head) pairs to mask instead of the iterative procedure (checked
@@ -464,6 +482,7 @@ class HeadPruningSettings:
     orders: list[str] = field(default_factory=lambda: list(ORDERS))
     fraction: float = 0.1
     threshold: float = 0.9
+    units: str = "heads"
     importance_examples: int = 512
     run_to_end: bool = False
     refinetune: bool = False
@@ -481,6 +500,8 @@ class HeadPruningSettings:
             raise ConfigError(f"{source}: fraction: {self.fraction} is not in (0, 1]")
         if not 0 < self.threshold <= 1:
             raise ConfigError(f"{source}: threshold: {self.threshold} is not in (0, 1]")
+        if self.units not in UNITS:
+            raise ConfigError(f"{source}: units: {self.units!r} is not one of {', '.join(UNITS)}")
         if self.importance_examples < 1:
             raise ConfigError(f"{source}: importance_examples: {self.importance_examples} must be at least 1")
         for pair in self.remove or []:
@@ -509,12 +530,27 @@ def load_settings(values: dict | None, source: str = "settings") -> HeadPruningS
 
 @dataclass
 class PruningStep:
-    """One point of a pruning curve: heads removed so far, the metric, and the mask it was measured on."""
+    """One point of a pruning curve: heads removed so far, the metric, and the mask it was measured
+    on; `mlps_kept` [layers] when the procedure prunes MLPs too (None: units "heads")."""
 
     step: int
     n_removed: int
     metric: float
     heads_kept: np.ndarray
+    mlps_kept: np.ndarray | None = None
+
+    @property
+    def n_mlps_removed(self) -> int:
+        return 0 if self.mlps_kept is None else int(self.mlps_kept.size - self.mlps_kept.sum())
+
+    def fraction_removed(self, units: str) -> float:
+        """The share of the pruned units removed: of the heads, of the MLPs, or of heads and MLPs
+        counted together ("both"); the amount the sweep files a step under."""
+        if units == "heads" or self.mlps_kept is None:
+            return self.n_removed / self.heads_kept.size
+        if units == "mlps":
+            return self.n_mlps_removed / self.mlps_kept.size
+        return (self.n_removed + self.n_mlps_removed) / (self.heads_kept.size + self.mlps_kept.size)
 
 
 @dataclass
@@ -526,6 +562,7 @@ class PruningCurve:
     full: float
     threshold: float
     steps: list[PruningStep] = field(default_factory=list)
+    units: str = "heads"
 
     @property
     def threshold_step(self) -> int:
@@ -542,71 +579,111 @@ class PruningCurve:
         """Heads removed at the threshold step: the number prunable at `threshold` x full metric."""
         return self.steps[self.threshold_step].n_removed
 
+    @property
+    def mlps_prunable(self) -> int:
+        """MLPs removed at the threshold step (0 when the procedure prunes heads only)."""
+        return self.steps[self.threshold_step].n_mlps_removed
+
     def record(self) -> dict:
-        return {"order": self.order, "full": self.full, "threshold": self.threshold,
+        return {"order": self.order, "full": self.full, "threshold": self.threshold, "units": self.units,
                 "threshold_step": self.threshold_step, "prunable": self.prunable,
+                "mlps_prunable": self.mlps_prunable,
                 "steps": [{"step": s.step, "n_removed": s.n_removed, "metric": s.metric,
-                           "heads_kept": s.heads_kept.astype(bool).tolist()} for s in self.steps]}
+                           "heads_kept": s.heads_kept.astype(bool).tolist(),
+                           **({} if s.mlps_kept is None else {"mlps_kept": s.mlps_kept.astype(bool).tolist()})}
+                          for s in self.steps]}
 
 
 def heads_to_remove(remaining: int, fraction: float) -> int:
-    """How many heads one step removes: `fraction` of those still present, at least one."""
+    """How many heads (or MLPs) one step removes: `fraction` of those still present, at least one."""
     return min(remaining, max(1, int(remaining * fraction)))
 
 
-def iterative_pruning(shape: tuple[int, int], evaluate: Callable[[np.ndarray], float],
-                      importance: Callable[[np.ndarray], np.ndarray] | None, order: str = "good",
-                      fraction: float = 0.1, threshold: float = 0.9, seed: int = 0,
-                      run_to_end: bool = False) -> PruningCurve:
-    """Michel et al.'s iterative head pruning (module docstring).
+def _remove_step(kept: np.ndarray, fraction: float, order: str, scores, random_rank: np.ndarray) -> np.ndarray:
+    """`kept` with `heads_to_remove` of its remaining units off: by `scores` (good: lowest first,
+    bad: highest first) or by the fixed permutation `random_rank` (random)."""
+    flat = kept.reshape(-1).copy()
+    alive = np.flatnonzero(flat)
+    n = heads_to_remove(len(alive), fraction)
+    if order == "random":
+        ranked = alive[np.argsort(random_rank[alive], kind="stable")]
+    else:
+        values = np.asarray(scores, dtype=np.float64).reshape(-1)[alive]
+        ranked = alive[np.argsort(values if order == "good" else -values, kind="stable")]
+    flat[ranked[:n]] = False
+    return flat.reshape(kept.shape)
 
-    `evaluate(heads_kept)` -> the task metric of the model with that mask (higher is better);
-    `importance(heads_kept)` -> head importance [layers, heads] recomputed on the masked model
-    ("good"/"bad"; not called for "random"). Each step removes `heads_to_remove(remaining,
-    fraction)` heads. Stops after the first step below `threshold * full`, or at zero heads with
-    `run_to_end` (curves for a plot; the step sizes do not depend on the order, so the three
-    orders' steps line up)."""
+
+def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
+                      importance: Callable[..., object] | None, order: str = "good",
+                      fraction: float = 0.1, threshold: float = 0.9, seed: int = 0,
+                      run_to_end: bool = False, units: str = "heads") -> PruningCurve:
+    """Michel et al.'s iterative head pruning, and Prasanna et al.'s over heads and MLPs (module
+    docstring).
+
+    units "heads": `evaluate(heads_kept)` -> the task metric of the model with that mask (higher
+    is better); `importance(heads_kept)` -> head importance [layers, heads] recomputed on the masked
+    model ("good"/"bad"; not called for "random").
+    units "mlps" / "both": `evaluate(heads_kept, mlps_kept)` and `importance(heads_kept, mlps_kept)`
+    -> (head importance [layers, heads], MLP importance [layers]).
+    Each step removes `heads_to_remove(remaining, fraction)` of each pruned kind (both: of the heads
+    and of the MLPs, each ranked by its own scores). Stops after the first step below
+    `threshold * full`, or when nothing is left with `run_to_end` (curves for a plot; the step
+    sizes do not depend on the order, so the three orders' steps line up)."""
     if order not in ORDERS:
         raise ConfigError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
+    if units not in UNITS:
+        raise ConfigError(f"units {units!r}: expected one of {', '.join(UNITS)}")
     if not 0 < fraction <= 1:
         raise ConfigError(f"fraction {fraction}: expected a value in (0, 1]")
     if not 0 < threshold <= 1:
         raise ConfigError(f"threshold {threshold}: expected a value in (0, 1]")
     if order != "random" and importance is None:
         raise ConfigError(f"order {order!r} needs an importance function")
+    prune_heads, prune_mlps = units in ("heads", "both"), units in ("mlps", "both")
     kept = np.ones(shape, dtype=bool)
-    full = float(evaluate(kept))
-    curve = PruningCurve(order, full, threshold, [PruningStep(0, 0, full, kept.copy())])
+    mlps = np.ones(shape[0], dtype=bool) if prune_mlps else None
+
+    def measure(heads_kept, mlps_kept) -> float:
+        return float(evaluate(heads_kept.copy()) if mlps_kept is None else evaluate(heads_kept.copy(), mlps_kept.copy()))
+
+    full = measure(kept, mlps)
+    curve = PruningCurve(order, full, threshold, [PruningStep(0, 0, full, kept.copy(),
+                                                              None if mlps is None else mlps.copy())], units)
     rng = np.random.default_rng(seed)
     random_rank = rng.permutation(kept.size)  # random order: a fixed permutation of all heads
+    mlp_rank = rng.permutation(shape[0])      # ... and of the MLPs
     step = 0
-    while kept.sum() > 0:
-        n = heads_to_remove(int(kept.sum()), fraction)
-        flat = kept.reshape(-1)
-        alive = np.flatnonzero(flat)
-        if order == "random":
-            ranked = alive[np.argsort(random_rank[alive], kind="stable")]
-        else:
-            scores = np.asarray(importance(kept.copy()), dtype=np.float64).reshape(-1)[alive]
-            ranked = alive[np.argsort(scores if order == "good" else -scores, kind="stable")]
-        flat = flat.copy()
-        flat[ranked[:n]] = False
-        kept = flat.reshape(shape)
+    while (prune_heads and kept.any()) or (prune_mlps and mlps.any()):
+        head_scores = mlp_scores = None
+        if order != "random":
+            if mlps is None:
+                head_scores = importance(kept.copy())
+            else:
+                head_scores, mlp_scores = importance(kept.copy(), mlps.copy())
+        if prune_heads and kept.any():
+            kept = _remove_step(kept, fraction, order, head_scores, random_rank)
+        if prune_mlps and mlps.any():
+            mlps = _remove_step(mlps, fraction, order, mlp_scores, mlp_rank)
         step += 1
-        metric = float(evaluate(kept))
-        curve.steps.append(PruningStep(step, int(kept.size - kept.sum()), metric, kept.copy()))
+        metric = measure(kept, mlps)
+        curve.steps.append(PruningStep(step, int(kept.size - kept.sum()), metric, kept.copy(),
+                                       None if mlps is None else mlps.copy()))
         if metric < threshold * full and not run_to_end:
             break
     return curve
 
 
-def masked_accuracy(model: nn.Module, enc, kept: np.ndarray, pad_id: int, batch_size: int) -> float:
+def masked_accuracy(model: nn.Module, enc, kept: np.ndarray, pad_id: int, batch_size: int,
+                    mlps_kept: np.ndarray | None = None) -> float:
     """Accuracy of a `workbench.finetune` classifier on the encoded split `enc` with the heads of
-    `kept` gated (no copy of the model)."""
+    `kept` (and the MLPs of `mlps_kept`) gated (no copy of the model)."""
     from workbench.finetune import evaluate
 
-    gate = torch.tensor(np.asarray(kept, bool), dtype=torch.float32, device=next(model.parameters()).device)
-    with gates(model, gate):
+    device = next(model.parameters()).device
+    gate = torch.tensor(np.asarray(kept, bool), dtype=torch.float32, device=device)
+    mlp_gate = None if mlps_kept is None else torch.tensor(np.asarray(mlps_kept, bool), dtype=torch.float32, device=device)
+    with gates(model, gate, mlp_gate):
         return evaluate(model, enc, list(range(len(enc.ids))), pad_id, batch_size)[0]
 
 
@@ -620,13 +697,16 @@ def classifier_curve(model: nn.Module, run, order: str, settings: HeadPruningSet
 
     rows = list(range(min(settings.importance_examples, len(run.train.ids))))
     batches = [collate(run.train, rows[i: i + batch_size], run.pad_id) for i in range(0, len(rows), batch_size)]
-    def dev_accuracy(kept: np.ndarray) -> float:
-        return masked_accuracy(model, run.dev, kept, run.pad_id, batch_size)
+    def dev_accuracy(kept: np.ndarray, mlps_kept: np.ndarray | None = None) -> float:
+        return masked_accuracy(model, run.dev, kept, run.pad_id, batch_size, mlps_kept)
 
-    return iterative_pruning(head_shape(model), dev_accuracy,
-                             lambda kept: head_importance(model, batches, heads_kept=kept).heads, order=order,
+    def importance(kept: np.ndarray, mlps_kept: np.ndarray | None = None):
+        imp = head_importance(model, batches, heads_kept=kept, mlps_kept=mlps_kept)
+        return imp.heads if mlps_kept is None else (imp.heads, imp.mlps)
+
+    return iterative_pruning(head_shape(model), dev_accuracy, importance, order=order,
                              fraction=settings.fraction, threshold=settings.threshold, seed=seed,
-                             run_to_end=settings.run_to_end)
+                             run_to_end=settings.run_to_end, units=settings.units)
 
 
 def leave_one_out(shape: tuple[int, int], evaluate_loss: Callable[[np.ndarray], float]) -> np.ndarray:
@@ -659,12 +739,18 @@ def curve_rows(curve: PruningCurve, *, model: str, family: str | None, seed: int
     - metric "heads_prunable": heads removed at the threshold step (`extra`: threshold, full);
     - metric "accuracy", split "test": the threshold subnetwork's test accuracy, when given;
     - metric "head_kept", one row per (layer, head) of the threshold mask: value 1 kept, 0 removed,
-      `layer` = block index + 1 (the hidden-states convention: 0 is the embeddings), `extra.head`."""
+      `layer` = block index + 1 (the hidden-states convention: 0 is the embeddings), `extra.head`;
+    - when the curve pruned MLPs (units "mlps" / "both"): metric "mlps_prunable" and one "mlp_kept"
+      row per layer of the threshold mask; `extra.units` on every row."""
     base = {"model": model, "family": family, "seed": seed, "probe": PROBE, "task": task}
     n_heads = int(curve.steps[0].heads_kept.size)
     tag = {"method": METHOD, "order": curve.order, "n_heads": n_heads}
+    with_mlps = curve.steps[0].mlps_kept is not None
+    if with_mlps:
+        tag["units"] = curve.units
     rows = [{**base, "split": "dev", "metric": "accuracy", "value": s.metric,
-             "extra": {**tag, "pruning_step": s.step, "n_removed": s.n_removed}} for s in curve.steps]
+             "extra": {**tag, "pruning_step": s.step, "n_removed": s.n_removed,
+                       **({"n_mlps_removed": s.n_mlps_removed} if with_mlps else {})}} for s in curve.steps]
     best = curve.steps[curve.threshold_step]
     rows.append({**base, "split": "dev", "metric": "heads_prunable", "value": float(curve.prunable),
                  "extra": {**tag, "threshold": curve.threshold, "full": curve.full}})
@@ -675,4 +761,10 @@ def curve_rows(curve: PruningCurve, *, model: str, family: str | None, seed: int
         for head, kept in enumerate(row):
             rows.append({**base, "split": "dev", "layer": layer + 1, "metric": "head_kept", "value": float(kept),
                          "extra": {**tag, "head": head, "n_removed": best.n_removed}})
+    if with_mlps:
+        rows.append({**base, "split": "dev", "metric": "mlps_prunable", "value": float(curve.mlps_prunable),
+                     "extra": {**tag, "threshold": curve.threshold, "full": curve.full}})
+        for layer, kept in enumerate(best.mlps_kept):
+            rows.append({**base, "split": "dev", "layer": layer + 1, "metric": "mlp_kept", "value": float(kept),
+                         "extra": {**tag, "n_mlps_removed": best.n_mlps_removed}})
     return rows

@@ -13,9 +13,10 @@ Methods (`METHODS`; amounts in brackets):
 | oneshot | global magnitude pruning of the fine-tuned weights to the sparsity at once [sparsities] | yes: rewound |
 | random | a random mask at the sparsity [sparsities] | yes: rewound |
 | reinit | IMP's mask at the sparsity on re-initialised weights [sparsities] | yes |
+| imp_mlm | pretraining ticket (Chen et al. 2020, Sec. 5): IMP for the masked-LM loss on the checkpoint's own pretraining corpus (`mlm:` settings, `workbench.compress.pretraining_ticket`), then the task fine-tuning of the pretrained weights times that mask [sparsities] | yes: pretrained weights, fresh optimizer |
 | quantize | k-bit per-channel fake quantization of the fine-tuned weights [bits] | no |
 | lowrank | rank-r SVD of every block matrix, and magnitude pruning of each matrix to the same number of parameters (`lowrank_magnitude`) [ranks] | no |
-| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.compress.heads.iterative_pruning`): `heads.fraction` of the remaining heads per step, least important / random / most important first, until dev accuracy falls below `heads.threshold` x the full model's; every step is a point [fraction of heads removed] | no |
+| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.compress.heads.iterative_pruning`): `heads.fraction` of the remaining heads per step, least important / random / most important first, until dev accuracy falls below `heads.threshold` x the full model's; with `heads.units: mlps` or `both` the MLPs too (Prasanna et al. 2020); every step is a point [fraction of the pruned units removed] | no |
 | heads_remove | the heads listed in `heads.remove` ((layer, head) pairs, checked against the checkpoint's config before any work) masked at once [fraction of heads removed] | no |
 Rewinding (`rewind_step`): 0 = the pretrained body under the seed's initial head, the weights
 fine-tuning started from; N > 0 = the weights after N fine-tuning steps of the full model (Frankle
@@ -91,7 +92,7 @@ from workbench.errors import CheckpointError, ConfigError
 from workbench.io import atomic_dir, atomic_path, atomic_write_json
 
 PROBE = "prune"
-RETRAINED = ("imp", "oneshot", "random", "reinit")
+RETRAINED = ("imp", "oneshot", "random", "reinit", "imp_mlm")
 POST_HOC = ("quantize", "lowrank")
 # method -> the config key its amounts come from ("heads": the fractions of heads removed that the
 # `heads:` settings reach).
@@ -101,6 +102,7 @@ METHODS: dict[str, str] = {
     "oneshot": "sparsities",
     "random": "sparsities",
     "reinit": "sparsities",
+    "imp_mlm": "sparsities",
     "quantize": "bits",
     "lowrank": "ranks",
     **{m: "heads" for m in HEAD_METHODS},
@@ -119,6 +121,7 @@ class PruneConfig:
     bits: list[int] = field(default_factory=lambda: [8, 4, 3, 2, 1])
     ranks: list[int] = field(default_factory=list)
     heads: dict = field(default_factory=dict)  # HeadPruningSettings less orders and refinetune (module docstring)
+    mlm: dict = field(default_factory=dict)    # imp_mlm: MlmTicketSettings (MLM steps per round, lr, seed)
     include_embeddings: bool = False      # prune the input embedding matrix too
     include_head: bool = False            # prune the task head's matrices too
     keep_checkpoints: bool = True         # False: drop each point's weights when its seed is done
@@ -149,6 +152,20 @@ def load_prune_config(source: str | Path | dict, overrides: dict | None = None,
     ft_cfg = load_finetune_config({"progress": cfg.progress, **cfg.finetune}, finetune_overrides)
     _validate(cfg, ft_cfg, where)
     head_settings(cfg, where)
+    if "imp_mlm" in cfg.methods:
+        from workbench.compress.pretraining_ticket import load_mlm_settings, pretraining_manifest
+        from workbench.finetune import resolve_checkpoint
+
+        mlm = load_mlm_settings(cfg.mlm, where)
+        for i, x in enumerate(mlm.sparsities or []):
+            try:
+                imp_schedule(x, cfg.imp_step)
+            except ConfigError:
+                raise ConfigError(f"{where}: mlm: sparsities[{i}]: {x} is not a multiple of imp_step "
+                                  f"{cfg.imp_step} (IMP reaches only those)") from None
+        pretraining_manifest(resolve_checkpoint(ft_cfg.checkpoint), where=f"{where}: methods: imp_mlm")
+    elif cfg.mlm:
+        raise ConfigError(f"{where}: mlm: settings for method imp_mlm, which methods does not list")
     if "heads_remove" in cfg.methods:
         H.kept_from_removed(checkpoint_head_shape(ft_cfg.checkpoint), head_settings(cfg, where).remove,
                             where=f"{where}: heads: remove")
@@ -165,6 +182,11 @@ def head_settings(cfg: PruneConfig, where: str = "prune config") -> H.HeadPrunin
     if "heads_remove" in cfg.methods and not settings.remove:
         raise ConfigError(f"{where}: heads: remove: method heads_remove needs (layer, head) pairs here")
     return settings
+
+
+def mlm_sparsities(cfg: PruneConfig) -> list[float]:
+    """The sparsities of the imp_mlm points: `mlm.sparsities`, else the sweep's `sparsities`."""
+    return list((cfg.mlm or {}).get("sparsities") or cfg.sparsities)
 
 
 def checkpoint_head_shape(checkpoint: str) -> tuple[int, int]:
@@ -203,7 +225,7 @@ def _validate(cfg: PruneConfig, ft, where: str) -> None:
         key = METHODS[m]
         if key != "heads" and not getattr(cfg, key):
             fail(key, f"method {m} needs at least one value in {key}")
-    if any(m in cfg.methods for m in ("imp", "reinit")):
+    if any(m in cfg.methods for m in ("imp", "reinit", "imp_mlm")):
         for i, s in enumerate(cfg.sparsities):
             try:
                 imp_schedule(s, cfg.imp_step)
@@ -264,6 +286,7 @@ class Sweep:
         self.cfg, self.ft, self.run, self.folder = cfg, ft, run, folder
         self.points: list[dict] = []
         self.head_rows: list[dict] = []  # surviving-heads rows of the heads orders (module docstring)
+        self.mlm = None  # imp_mlm: ({sparsity: masks of the pretraining module}, that module, settings)
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -335,7 +358,7 @@ class Sweep:
 
     def full_model(self, seed: int) -> Seeded:
         from workbench.checkpoints import read_manifest, weight_files
-        from workbench.finetune import build_classifier, load_classifier, train_seed
+        from workbench.finetune import load_classifier, train_seed
         from workbench.loop import TrainingHooks, write_model_folder
         from workbench.models import ModelHandle
 
@@ -357,15 +380,21 @@ class Sweep:
                 raise ConfigError(f"rewind_step {self.cfg.rewind_step}: the full model's training of seed {seed} "
                                   f"made fewer steps (see {seed_out / 'result.json'})")
             start = load_classifier(rewind_dir).state_dict()
-        else:  # the weights train_seed started from: the pretrained body under the seed's fresh head
-            torch.manual_seed(seed)
-            start = build_classifier(self.run.checkpoint, self.run.family, self.run.data.kind, self.run.pooling,
-                                     self.run.data.label_names, self.run.pad_id).state_dict()
+        else:
+            start = self.pretrained_start(seed)
         handle = ModelHandle(full, self.run.tokenizer, path=best, family=self.run.family,
                              weight_files=weight_files(best), manifest=read_manifest(best) or {})
         names = list(dense_layers(full, self.cfg.include_embeddings, self.cfg.include_head))
         result = {"dev": res.dev, "test": res.test}
         return Seeded(seed, seed_out, full, handle, {k: v.clone() for k, v in start.items()}, names, result)
+
+    def pretrained_start(self, seed: int) -> dict:
+        """The weights train_seed started from: the pretrained body under the seed's fresh head."""
+        from workbench.finetune import build_classifier
+
+        torch.manual_seed(seed)
+        return build_classifier(self.run.checkpoint, self.run.family, self.run.data.kind, self.run.pooling,
+                                self.run.data.label_names, self.run.pad_id).state_dict()
 
     # -- retrained points -------------------------------------------------------------------------
 
@@ -438,6 +467,9 @@ class Sweep:
                 fresh = DERIVATIONS["random_init"].apply(s.full, seed=seed).state_dict()
                 self.points.append(self.retrain(s, "reinit", amount, imp_masks[amount], fresh,
                                                 {"sparsity": amount, "init_seed": seed}))
+        if "imp_mlm" in methods:
+            for amount in mlm_sparsities(self.cfg):
+                self.points.append(self.pretraining_ticket(s, amount))
         if "quantize" in methods:
             for bits in self.cfg.bits:
                 self.points.append(self.post_hoc(s, "quantize", bits, lambda m, b=bits: fake_quantize(
@@ -451,6 +483,38 @@ class Sweep:
                 self.points.append(self.lowrank_magnitude(s, rank))
         if not self.cfg.keep_checkpoints:
             self.drop_weights(seed)
+
+    def pretraining_ticket(self, s: Seeded, amount: float) -> dict:
+        """Chen et al.'s pretraining ticket at `amount`: the MLM-IMP mask (found once per sweep,
+        `self.mlm`) on the pretrained weights under the seed's fresh head, fine-tuned with it kept."""
+        from workbench.compress.pretraining_ticket import transfer_masks
+
+        found = self.done("imp_mlm", amount, s.seed)
+        if found is not None:
+            return found
+        masks_by_amount, pretrainer, settings = self.mlm_tickets()
+        masks = transfer_masks(masks_by_amount[amount], pretrainer, s.full)
+        if set(masks) != set(s.names):
+            raise CheckpointError(f"imp_mlm: the masked-LM masks cover {len(masks)} matrices, the classifier's "
+                                  f"prunable set {len(s.names)}")
+        start = s.start if self.cfg.rewind_step == 0 else self.pretrained_start(s.seed)
+        return self.retrain(s, "imp_mlm", amount, masks, start,
+                            {"sparsity": amount, "round": round(amount / self.cfg.imp_step),
+                             "mlm_steps": settings.steps, "mlm_seed": settings.seed, "rewind_step": 0})
+
+    def mlm_tickets(self):
+        """The masked-LM IMP rounds (`workbench.compress.pretraining_ticket.mlm_tickets`), run once
+        per sweep, when the first imp_mlm point needs them (after the first seed's other methods;
+        a finished round is found, so sweeps sharing `mlm.output_dir` train each round once)."""
+        if self.mlm is None:
+            from workbench.compress.pretraining_ticket import load_mlm_settings, mlm_tickets
+
+            settings = load_mlm_settings(self.cfg.mlm, "prune config")
+            folder = Path(settings.output_dir) if settings.output_dir else self.folder / "mlm"
+            masks, pretrainer = mlm_tickets(self.run.checkpoint, max(mlm_sparsities(self.cfg)), self.cfg.imp_step, settings,
+                                            folder, device=self.ft.device, progress=self.cfg.progress, log=self.log)
+            self.mlm = (masks, pretrainer, settings)
+        return self.mlm
 
     # -- post-hoc points (no retraining) --------------------------------------------------------------
 
@@ -482,27 +546,32 @@ class Sweep:
         model = copy.deepcopy(s.full).to(self.run.device)
         order = HEAD_METHODS[method]
         if order is None:
-            masks = [(1, H.mask_from_removed(model, settings.remove, where="heads: remove"))]
+            kept = H.mask_from_removed(model, settings.remove, where="heads: remove")
+            steps = [H.PruningStep(1, int(kept.size - kept.sum()), float("nan"), kept)]
+            units = "heads"
         else:
             curve = H.classifier_curve(model, self.run, order, settings, s.seed, self.ft.batch_size)
-            masks = [(step.step, step.heads_kept) for step in curve.steps[1:]]
+            steps, units = curve.steps[1:], curve.units
             self.head_rows += [r for r in H.curve_rows(curve, model=H.METHOD, family=self.run.family, seed=s.seed,
                                                        task=self.ft.task)
-                               if r["metric"] in ("head_kept", "heads_prunable")]
-            self.log(f"  {method} seed {s.seed}: {curve.prunable}/{curve.steps[0].heads_kept.size} heads prunable at "
-                     f"{curve.threshold:.0%} of the full model's dev accuracy")
+                               if r["metric"] in ("head_kept", "heads_prunable", "mlp_kept", "mlps_prunable")]
+            mlps_note = f", {curve.mlps_prunable}/{len(curve.steps[0].heads_kept)} MLPs" if units != "heads" else ""
+            self.log(f"  {method} seed {s.seed}: {curve.prunable}/{curve.steps[0].heads_kept.size} heads{mlps_note} "
+                     f"prunable at {curve.threshold:.0%} of the full model's dev accuracy")
         model.to("cpu")
         out = []
-        for step, kept in masks:
-            amount = float(1 - kept.mean())
+        for step in steps:
+            # the share of the pruned units removed (heads; MLPs; or both counted together)
+            amount = float(step.fraction_removed(units))
             found = self.done(method, amount, s.seed)
             if found is not None:
                 out.append(found)
                 continue
             t0 = time.time()
-            masked = H.apply_mask(copy.deepcopy(s.full), kept)
-            params = {**H.mask_record(kept), "order": order, "pruning_step": step,
-                      "fraction": settings.fraction, "threshold": settings.threshold}
+            masked = H.apply_mask(copy.deepcopy(s.full), step.heads_kept, step.mlps_kept)
+            params = {**H.mask_record(step.heads_kept, step.mlps_kept), "order": order, "pruning_step": step.step,
+                      **({"units": units} if units != "heads" else {}), "fraction": settings.fraction,
+                      "threshold": settings.threshold}
             out.append(self.save_point(s, method, amount, masked, None, params, self.evaluate(masked),
                                        time.time() - t0))
         return out
@@ -531,7 +600,7 @@ def build_rows(points: list[dict], task: str, family: str, run_name: str) -> lis
         extra = {k: p.get(k) for k in ("amount", "sparsity", "bits", "rank", "round", "rewind_step", "parameters", "prunable",
                                         "nonzero_parameters", "nonzero_prunable", "sparsity_measured",
                                         "mask_sha256", "checkpoint", "n_heads_kept", "n_heads", "order",
-                                        "pruning_step") if p.get(k) is not None}
+                                        "pruning_step", "mlm_steps", "n_mlps_kept", "n_mlps", "units") if p.get(k) is not None}
         extra["sweep"] = run_name
         for split in ("dev", "test"):
             rows.append({**common, "model": p["method"], "seed": p["seed"], "split": split, "metric": "accuracy",
@@ -582,6 +651,8 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
     folder = Path(cfg.output_dir) if cfg.output_dir else runs_root() / "prune" / name
     folder.mkdir(parents=True, exist_ok=True)
     key = {k: v for k, v in cfg.to_dict().items() if k not in ("progress", "output_dir", "keep_checkpoints")}
+    if not key["mlm"]:  # sweeps written before `mlm:` existed resume unchanged
+        del key["mlm"]
     key["finetune"] = {"training_hash": ft.training_hash(), "checkpoint": ft.checkpoint, "seeds": ft.seeds}
     cfg_file = folder / "config.json"
     if cfg_file.is_file():
