@@ -153,6 +153,10 @@ def model_fingerprint(handle) -> str:
     # ELMo read through its characters (open vocabulary) differs from the older [UNK] reading
     chars = "+chars" if getattr(handle, "reads_characters", False) else ""
     window = f"+window{handle.max_length}" if getattr(handle, "max_length", None) else ""
+    # a causal LM read behind its start token (`ModelHandle.causal_start`) gives other vectors than
+    # the older reading without one (entries made before it existed have no such part)
+    start = getattr(handle, "causal_start", None)
+    window += f"+start{start}" if start is not None else ""
     if backend is None:
         return handle.checkpoint_hash + chars + window
     return handle.checkpoint_hash + "+" + hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest() + chars + window
