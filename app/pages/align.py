@@ -63,7 +63,8 @@ def matrix_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
     if options.get("mark_best"):
         best = M.idxmax(axis=1).astype(int)
         fig.add_trace(go.Scatter(x=[str(j) for j in best.to_numpy()], y=[str(i) for i in best.index], mode="markers",
-                                 name=f"most similar {b} layer", marker={"symbol": "x", "size": 11, "color": "red"}))
+                                 name=f"most similar {b} layer",
+                                 marker={"symbol": "square-open", "size": 30, "color": "red", "line": {"width": 2}}))
         fig.update_layout(height=max(420, 24 * len(M.index) + 160))
         drawn["best"] = [int(best[i]) == int(j) for i, j in zip(drawn["i"], drawn["j"])]
     return figures.Drawn(fig, drawn)
