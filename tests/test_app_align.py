@@ -70,3 +70,25 @@ def test_align_page_curves_matrices_and_words(tmp_path, monkeypatch):
     assert np.allclose(_array(heat[0]["data"][0]["z"]), cka)
     shown = at.container("align-moved-words").dataframe[0].value
     assert shown["word"].tolist() == ["miss"] and shown["displacement"].tolist() == pytest.approx([.3])
+
+
+def test_matrix_plot_marks_each_rows_most_similar_layer():
+    """`mark_best`: the marked column of every row is that row's maximum (checked against numpy's
+    argmax on a planted matrix), and the drawn data flag exactly those cells."""
+    import pandas as pd
+
+    rng = np.random.default_rng(1)
+    cka = rng.random((3, 5))
+    rows = pd.concat([layer_rows({"cka": [cka[i, j]]}, probe="align", task="model-pair", split="all", layers=[i],
+                                 model="small", extra={"other_model": "big", "other_layer": j})
+                      for i in range(3) for j in range(5)], ignore_index=True)
+    drawn = matrix_plot(rows, "CKA", {"metric": "cka", "model": "small", "other": "big", "mark_best": True})
+    marks = drawn.figure.data[1]
+    assert [int(x) for x in marks.x] == cka.argmax(1).tolist() and [int(y) for y in marks.y] == [0, 1, 2]
+    flagged = drawn.data[drawn.data["best"]]
+    assert sorted(zip(flagged["i"], flagged["j"])) == list(enumerate(cka.argmax(1).tolist()))
+    plain = matrix_plot(rows, "CKA", {"metric": "cka"})
+    assert len(plain.figure.data) == 1 and "best" not in plain.data
+    flipped = matrix_plot(rows, "CKA", {"metric": "cka", "model": "big", "other": "small", "mark_best": True})
+    assert np.allclose(np.array(flipped.figure.data[0].z, dtype=float), cka.T)  # the pair asked the other way round
+    assert [int(x) for x in flipped.figure.data[1].x] == cka.T.argmax(1).tolist()

@@ -332,12 +332,13 @@ def test_overlong_sentence_is_windowed(tokenizers, ewt_train, name, builder):
     assert h.stats["windowed_sentences"] == 1 and h.stats["windows"] == len(starts)
     assert h.stats["empty_sentences"] == 1 and states[1].shape == (3, 0, 32)
 
-    # reference: a bare forward of each window (with the tokenizer's special tokens)
+    # reference: a bare forward of each window (with the tokenizer's special tokens; a causal LM
+    # behind its start token, `ModelHandle.causal_start`)
     spans = [((wid == k).nonzero().flatten() - P).tolist() for k in range(len(words))]
     windows = []
     with torch.no_grad():
         for s in starts:
-            win = torch.tensor([h._prefix + content[s: s + C].tolist() + h._suffix])
+            win = torch.tensor([h._read_prefix + content[s: s + C].tolist() + h._suffix])
             windows.append(torch.stack(model.base_model(input_ids=win, output_hidden_states=True).hidden_states)[:, 0])
     checked = 0
     for k, span in enumerate(spans):
@@ -350,14 +351,14 @@ def test_overlong_sentence_is_windowed(tokenizers, ewt_train, name, builder):
             j = central[0]
         else:  # causal: the window with most left context
             j = max(inside, key=lambda j: t - starts[j])
-        np.testing.assert_allclose(st[:, k], windows[j][:, P + t - starts[j]].numpy(), atol=1e-5)
+        np.testing.assert_allclose(st[:, k], windows[j][:, len(h._read_prefix) + t - starts[j]].numpy(), atol=1e-5)
         checked += 1
     assert checked >= len(words) // 2
 
     h.stats.clear()
     out = h.forward([words], truncate=True)
     assert out.hidden_states[h.stacks[0]][0].shape[1] == 32
-    assert h.stats["truncated_tokens"] == n + len(h._prefix) + len(h._suffix) - 32
+    assert h.stats["truncated_tokens"] == n + len(h._read_prefix) + len(h._suffix) - 32
 
 
 # ---------------------------------------------------------------------- loading

@@ -71,16 +71,18 @@ def test_llama_logit_lens_last_layer_is_the_model_output(llama):
 
 def test_llama_word_states_match_a_direct_forward(llama):
     """Rotary positions: the handle's word vectors (last subword, padded batches) equal a plain
-    forward of each sentence alone."""
+    forward of each sentence alone behind the causal start token (`<|endoftext|>`, not the chat bos)."""
     model, tok = llama
     handle = ModelHandle(model, tok)
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    assert handle.causal_start == eot
     sents = [["the", "cat", "sat"], ["a", "much", "longer", "sentence", "with", "more", "words"]]
     states = list(handle.word_states(sents, pooling="last", batch_size=2))
     for words, got in zip(sents, states):
         enc = tok(" " + " ".join(words), return_offsets_mapping=True)
         with torch.no_grad():
-            hs = model.model(input_ids=torch.tensor([enc["input_ids"]]), output_hidden_states=True).hidden_states
-        last = [max(i for i, (a, b) in enumerate(enc["offset_mapping"]) if a < end)
+            hs = model.model(input_ids=torch.tensor([[eot] + enc["input_ids"]]), output_hidden_states=True).hidden_states
+        last = [1 + max(i for i, (a, b) in enumerate(enc["offset_mapping"]) if a < end)
                 for end in np.cumsum([len(w) + 1 for w in words])]
         want = torch.stack(hs)[:, 0, last].numpy()
         assert got.shape == want.shape
@@ -138,3 +140,35 @@ def test_standardised_structural_probe_ignores_per_dimension_scale():
     assert np.allclose(a, b, rtol=1e-3, atol=1e-3)
     raw_a, raw_b = fit(X, False), fit(X_big, False)
     assert not np.allclose(raw_a, raw_b, rtol=1e-2, atol=1e-2)
+
+
+def test_causal_start_token_is_read_by_every_causal_path_and_keys_the_cache(llama, tokenizers):
+    """The start token goes in front of a decoder-only model's text in `forward` (no word owns it)
+    as in `word_states`, not in `tokenize_words` (fine-tuning's encoding, unchanged), changes the first word's vector (the reason it is there: without it the first
+    word is the attention sink), and is part of the activation-cache fingerprint; encoders keep their
+    own template ([CLS] ... [SEP]) and no start token."""
+    from transformers import BertConfig, BertModel
+
+    from workbench.activations import model_fingerprint
+
+    model, tok = llama
+    handle = ModelHandle(model, tok)
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    out = handle.forward([["the", "cat", "sat"]])
+    plain = tok(" the cat sat")["input_ids"]
+    assert out.batch.input_ids[0].tolist() == [eot] + plain and int(out.batch.word_ids[0, 0]) == -1
+    assert handle.tokenize_words([["the", "cat", "sat"]]).input_ids[0].tolist() == plain  # fine-tuning's encoding
+    with_start = next(handle.word_states([["the", "cat", "sat"]], pooling="first"))
+    bare = ModelHandle(model, tok)
+    bare.causal_start = None  # the older reading, for comparison only
+    without = next(bare.word_states([["the", "cat", "sat"]], pooling="first"))
+    assert not np.allclose(with_start[1:, 0], without[1:, 0], atol=1e-3)  # the first word changes...
+    assert np.allclose(with_start[0], without[0])  # ...but not its input embedding
+    assert model_fingerprint(handle).endswith(f"+start{eot}") and "+start" not in model_fingerprint(bare)
+    assert ModelHandle(model, tok, manifest={"kind": "finetune"}).causal_start is None  # read as it was tuned
+
+    bert_tok = tokenizers["bert"]
+    bert = BertModel(BertConfig(vocab_size=bert_tok.vocab_size, hidden_size=32, num_hidden_layers=1,
+                                num_attention_heads=4, intermediate_size=64)).eval()
+    enc_handle = ModelHandle(bert, bert_tok)
+    assert enc_handle.causal_start is None and enc_handle._prefix == [bert_tok.cls_token_id]

@@ -158,6 +158,10 @@ def model_fingerprint(handle) -> str:
     window = f"+window{handle.max_length}" if getattr(handle, "max_length", None) else ""
     compute = getattr(handle, "compute_dtype", "fp32")
     precision = "" if compute == "fp32" else f"+compute-{compute}"
+    # a causal LM read behind its start token (`ModelHandle.causal_start`) gives other vectors than
+    # the older reading without one (entries made before it existed have no such part)
+    start = getattr(handle, "causal_start", None)
+    window += f"+start{start}" if start is not None else ""
     if backend is None:
         return handle.checkpoint_hash + chars + window + precision
     return (handle.checkpoint_hash + "+" + hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest() + chars + window

@@ -68,6 +68,7 @@ import torch
 
 from workbench.errors import CheckpointError, ConfigError, WorkbenchError
 from workbench.models import ModelHandle, _first_not_none, _quiet_transformers
+from workbench.models import DOCUMENT_SEPARATOR, causal_start_id  # noqa: F401 (their home moved there; re-exported)
 
 BLANK = "<blank>"
 KINDS = ("mlm", "causal", "seq2seq", "bilm", "rtd")
@@ -183,21 +184,6 @@ def lm_scorer(handle: ModelHandle, electra_head: str = "generator") -> "LMScorer
 
 def is_electra(handle: ModelHandle) -> bool:
     return getattr(handle.config, "model_type", "") == "electra"
-
-
-DOCUMENT_SEPARATOR = "<|endoftext|>"
-
-
-def causal_start_id(tokenizer) -> int | None:
-    """The token a causal LM saw in front of a document's first word during pretraining.
-
-    GPT-2-lineage byte-level BPE vocabularies (GPT-2, Radford et al. 2019; Pythia; StarCoder;
-    SmolLM/SmolLM2, Allal et al. 2025) join pretraining documents with `<|endoftext|>`, so that token
-    starts a text. An instruction-tuned model may declare another `bos_token` (SmolLM2-Instruct's is
-    ChatML's `<|im_start|>`, which in training always opens a chat turn followed by a role name),
-    so the separator wins when the vocabulary has it; otherwise the declared bos, else the eos."""
-    sep = tokenizer.convert_tokens_to_ids(DOCUMENT_SEPARATOR) if DOCUMENT_SEPARATOR in tokenizer.get_vocab() else None
-    return _first_not_none(sep, tokenizer.bos_token_id, tokenizer.eos_token_id)
 
 
 class LMScorer:

@@ -100,6 +100,20 @@ _NO_LIMIT = 1_000_000
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 POOLINGS = ("first", "mean", "last")
 
+DOCUMENT_SEPARATOR = "<|endoftext|>"
+
+
+def causal_start_id(tokenizer) -> int | None:
+    """The token a causal LM saw in front of a document's first word during pretraining.
+
+    GPT-2-lineage byte-level BPE vocabularies (GPT-2, Radford et al. 2019; Pythia; StarCoder;
+    SmolLM/SmolLM2, Allal et al. 2025) join pretraining documents with `<|endoftext|>`, so that token
+    starts a text. An instruction-tuned model may declare another `bos_token` (SmolLM2-Instruct's is
+    ChatML's `<|im_start|>`, which in training always opens a chat turn followed by a role name),
+    so the separator wins when the vocabulary has it; otherwise the declared bos, else the eos."""
+    sep = tokenizer.convert_tokens_to_ids(DOCUMENT_SEPARATOR) if DOCUMENT_SEPARATOR in tokenizer.get_vocab() else None
+    return _first_not_none(sep, tokenizer.bos_token_id, tokenizer.eos_token_id)
+
 
 @dataclass
 class WordBatch:
@@ -351,6 +365,16 @@ class ModelHandle:
         self._backend.no_truncation()
         self._backend.no_padding()
         self._prefix, self._suffix = self._special_template()
+        # A decoder-only LM whose tokenizer adds nothing in front is read (`forward`, `word_states`)
+        # behind the token its pretraining put before a document (`causal_start_id`), as
+        # `workbench.lm_scores` scores it; the token belongs to no word, like [CLS]. Without it the
+        # first word is the attention sink (Xiao et al. 2024) and carries the massive activations
+        # (Sun et al. 2024): in SmolLM2's middle layers a max |x| of ~23,000 against ~100-300 for the
+        # other words (docs/real-models.md). `tokenize_words` (fine-tuning's encoding) is unchanged,
+        # and a checkpoint fine-tuned here is read as it was tuned (no start token).
+        reads_as_tuned = self.manifest.get("kind") == "finetune"
+        self.causal_start = (causal_start_id(tokenizer) if self.stacks == ("decoder",) and not self._prefix
+                             and not reads_as_tuned else None)
         # ELMo's character CNN: spellings of the unknown words seen so far, named by ids from
         # _open_base on (see the module docstring); None for models that read ids only.
         self.reads_characters = model_type == "elmo" and getattr(self.config, "token_encoder", "") == "char_cnn"
@@ -359,7 +383,7 @@ class ModelHandle:
         self._open_base = max(int(getattr(self.config, "vocab_size", 0) or 0), len(tokenizer))
         self.pad_id = _first_not_none(tokenizer.pad_token_id, getattr(self.config, "pad_token_id", None), 0)
         self.max_length = int(max_length) if max_length is not None else self._max_length()
-        self.capacity = self.max_length - len(self._prefix) - len(self._suffix)
+        self.capacity = self.max_length - len(self._read_prefix) - len(self._suffix)
         if self.capacity < 2:
             raise CheckpointError(f"{self.path}: max_length {self.max_length} leaves no room for tokens")
 
@@ -490,6 +514,12 @@ class ModelHandle:
             self.capacity -= len(ids)
             if self.capacity < 2:
                 raise CheckpointError(f"{self.path}: max_length {self.max_length} leaves no room after the prompt")
+
+    @property
+    def _read_prefix(self) -> list[int]:
+        """The ids in front of every text `forward` and `word_states` run: the tokenizer's prefix,
+        behind the causal start token where there is one (see `__init__`)."""
+        return [self.causal_start, *self._prefix] if self.causal_start is not None else self._prefix
 
     @property
     def checkpoint_hash(self) -> str:
@@ -691,13 +721,13 @@ class ModelHandle:
         """Pre-split words -> padded subword batch with word alignment (special tokens added).
 
         Rows keep every token, also past `max_length`; `forward` checks the length."""
-        batch = self._word_batch(sentences)
+        batch = self._word_batch(sentences, self._prefix)
         if self.reads_characters:
             batch.input_ids = self._characters(batch.input_ids)[0]
         return batch
 
-    def _word_batch(self, sentences: Sequence[Sequence[str]]) -> WordBatch:
-        """`tokenize_words`, but ELMo's unknown words keep their spelling ids (for `_run`)."""
+    def _word_batch(self, sentences: Sequence[Sequence[str]], prefix: Sequence[int]) -> WordBatch:
+        """`tokenize_words` behind `prefix`, but ELMo's unknown words keep their spelling ids (for `_run`)."""
         encs = self._encode(sentences, count=False)
         rows, wids = [], []
         for e in encs:
@@ -705,8 +735,8 @@ class ModelHandle:
             w = np.nonzero(e.own)[0]  # substitutes keep the word id of the piece they borrow
             counts = e.last[w] - e.first[w] + 1
             tok_word[_ranges(e.first[w], counts)] = np.repeat(w, counts)
-            rows.append(np.concatenate([self._prefix, e.ids, self._suffix]).astype(np.int64))
-            wids.append(np.concatenate([np.full(len(self._prefix), -1), tok_word,
+            rows.append(np.concatenate([prefix, e.ids, self._suffix]).astype(np.int64))
+            wids.append(np.concatenate([np.full(len(prefix), -1), tok_word,
                                         np.full(len(self._suffix), -1)]).astype(np.int64))
         ids, mask, word_ids = self._pad(rows, wids)
         return WordBatch(ids, mask, word_ids, [e.n_words for e in encs])
@@ -800,7 +830,7 @@ class ModelHandle:
             raise ValueError("forward needs at least one sentence")
         stacks = self._stacks(stack) if stack is not None else self.stacks
         self.model.eval()
-        batch = self._word_batch(sentences)
+        batch = self._word_batch(sentences, self._read_prefix)
         lengths = batch.attention_mask.sum(1)
         too_long = (lengths > self.max_length).nonzero().flatten().tolist()
         if too_long:
@@ -946,13 +976,13 @@ class ModelHandle:
 
     def _pool_batch(self, batch: list[_Segment], stack: str, pooling: str) -> np.ndarray:
         """Run one batch and pool subwords to words for all layers at once -> [L+1, n_words, H]."""
-        rows = [np.concatenate([self._prefix, s.ids, self._suffix]).astype(np.int64) for s in batch]
+        rows = [np.concatenate([self._read_prefix, s.ids, self._suffix]).astype(np.int64) for s in batch]
         ids, mask = self._pad(rows)
         out = self._run(ids, mask, (stack,))
         hs = out[stack][0]
         B, T = hs[0].shape[:2]
         # content token t of row b sits at position P + t (+1 in the decoder of an encoder-decoder)
-        shift = len(self._prefix) + (1 if (stack == "decoder" and "encoder" in self.stacks) else 0)
+        shift = len(self._read_prefix) + (1 if (stack == "decoder" and "encoder" in self.stacks) else 0)
         row_base = np.concatenate([np.full(len(s.words), b * T + shift) for b, s in enumerate(batch)])
         first = np.concatenate([s.first for s in batch]) + row_base
         last = np.concatenate([s.last for s in batch]) + row_base

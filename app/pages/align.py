@@ -39,11 +39,15 @@ def moved_words(rows: pd.DataFrame) -> pd.DataFrame:
 
 def matrix_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
     """`plot: align_matrix` for experiments/figures: one model pair's i x j matrix (options: metric,
-    model, other; default the first pair)."""
+    model, other; default the first pair). `mark_best: true` marks each row's highest column: which
+    layer of the other model a layer corresponds to (for two models of different depths, give the
+    shallower as `model`); the drawn data then say `best` per cell."""
     import plotly.graph_objects as go
 
     mats = pair_matrices(rows)
     metric = options.get("metric", "cka")
+    for (a, b, m), M in list(mats.items()):  # a pair is stored once, in run order: either order may be asked for
+        mats.setdefault((b, a, m), M.T.rename_axis(index="i", columns="j"))
     keys = [k for k in mats if k[2] == metric and options.get("model", k[0]) == k[0]
             and options.get("other", k[1]) == k[1]]
     if not keys:
@@ -56,6 +60,13 @@ def matrix_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
     fig.update_layout(title=f"{title}: {a} x {b}", xaxis_title=f"{b} layer", yaxis_title=f"{a} layer",
                       template="plotly_white", height=420)
     drawn = M.stack().rename("value").reset_index().assign(model=a, other=b, metric=metric)
+    if options.get("mark_best"):
+        best = M.idxmax(axis=1).astype(int)
+        fig.add_trace(go.Scatter(x=[str(j) for j in best.to_numpy()], y=[str(i) for i in best.index], mode="markers",
+                                 name=f"most similar {b} layer",
+                                 marker={"symbol": "square-open", "size": 30, "color": "red", "line": {"width": 2}}))
+        fig.update_layout(height=max(420, 24 * len(M.index) + 160))
+        drawn["best"] = [int(best[i]) == int(j) for i, j in zip(drawn["i"], drawn["j"])]
     return figures.Drawn(fig, drawn)
 
 
