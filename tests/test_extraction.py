@@ -74,19 +74,22 @@ def test_precision_at_top_n_by_hand():
 @pytest.mark.slow
 def test_a_tiny_gpt_memorises_its_repeated_canary_and_not_the_unseen_ones(tmp_path, monkeypatch):
     """Planted signal: a canary seen 64 times in a ~10k-token corpus sits near the maximum exposure
-    (log2 1000 = 9.97, exact enumeration); unseen canaries near a random candidate's (~1)."""
+    (log2 1000 = 9.97, exact enumeration); unseen canaries near a random candidate's (~1). Dropout is
+    off so that memorising is the training's only outcome, not one draw of its masks (with dropout
+    on, whether greedy decoding writes all three digits after 600 steps depended on the masks)."""
     from probes.core.runner import run_probe
     from tests.training_helpers import run_tiny_training
 
     monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
     run = run_tiny_training("gpt", 600, tmp_path / "train", lr=5e-3,
                             **{"corpus.sources": ["inaugural"], "corpus.max_documents": 6, "max_len": 32,
+                               "model.resid_pdrop": 0.0, "model.embd_pdrop": 0.0, "model.attn_pdrop": 0.0,
                                "corpus.canaries": {"repetitions": [64], "per_count": 1, "unseen": 4, "digits": 3}})
     _, rows = run_probe("extraction", [run.checkpoint], {"tasks": ["exposure"], "progress": False, "n_boot": 10})
     exp = rows[rows["metric"] == "exposure"]
     seen, unseen = exp[exp["split"] == "seen"]["value"], exp[exp["split"] == "unseen"]["value"]
     assert len(seen) == 1 and len(unseen) == 4
-    assert seen.iloc[0] > 9.0  # rank <= 2 of 1000
+    assert seen.iloc[0] >= np.log2(1000 / 2) - 1e-9  # rank <= 2 of 1000 (rank 1: 9.97; rank 2: 8.97)
     assert unseen.mean() < 3.0
     ext = rows[(rows["metric"] == "extracted") & (rows["split"] == "seen")]["value"]
     assert ext.iloc[0] == 1.0  # greedy decoding from "my number is" writes the secret
