@@ -70,7 +70,7 @@ def _rows(r: dict) -> list[tuple[str, str, str, str, str]]:
             (f"training tokens/s, {shape}, vs HF Trainer one sentence per example", _rate(r["ours_tokens_per_s"]),
              _rate(r["hf_padded_tokens_per_s"]), f"{r['ratio_vs_padded']:.2f}x", ">= 1.5x"),
             (f"training tokens/s, {shape}, vs HF Trainer packed (run_mlm group_texts)", _rate(r["ours_tokens_per_s"]),
-             _rate(r["hf_packed_tokens_per_s"]), f"{r['ratio_vs_packed']:.2f}x", ">= 1.3x"),
+             _rate(r["hf_packed_tokens_per_s"]), f"{r['ratio_vs_packed']:.2f}x", ">= 1.5x"),
             (f"training MFU ({r['flops_per_token']['ours']['total'] / 1e6:.1f} MFLOP/token; fp32 matmul peak "
              f"{peak:.0f} GFLOP/s), HF packed as baseline", f"{100 * r['mfu_ours']:.0f}%",
              f"{100 * r['mfu_hf_packed']:.0f}%", "", ">= 60%"),
