@@ -97,3 +97,50 @@ def test_distill_page_renders_headless(tmp_path, monkeypatch):
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     assert len(specs) == 3  # accuracy vs parameters, vs latency, the CKA heatmap
     assert any("0 -> 0, 1 -> 2" in c.value for c in at.caption)
+
+
+def _pretraining_rows():
+    """Rows as `workbench.distill_pretraining` writes them: the teacher once, each student per seed."""
+    common = {"family": "deberta", "probe": "distill", "task": "mlm", "split": "heldout", "metric": "heldout_mlm_loss"}
+    rows = [{**common, "model": "teacher", "value": 4.8, "extra": {"role": "teacher", "depth": 4, "parameters": 5000}}]
+    for init, losses in (("teacher", [5.1, 5.3]), ("random", [7.7, 7.9])):
+        for seed, loss in enumerate(losses):
+            rows.append({**common, "model": f"student-L2-{init}", "seed": seed, "step": 12, "value": loss,
+                         "extra": {"role": "student", "depth": 2, "init": init, "parameters": 3000}})
+    return pd.DataFrame(rows)
+
+
+def test_pretraining_table_and_plot_are_the_rows(tmp_path):
+    from app.pages.distill import pretraining_plot, pretraining_table
+
+    rows = _pretraining_rows()
+    table = pretraining_table(rows).set_index("model")
+    assert table.loc["student-L2-teacher", "loss"] == pytest.approx(5.2)
+    assert (table.loc["student-L2-teacher", "loss_min"], table.loc["student-L2-teacher", "loss_max"]) == (5.1, 5.3)
+    assert table.loc["student-L2-random", "gap_to_teacher"] == pytest.approx(7.8 - 4.8)
+    assert table.loc["teacher", "gap_to_teacher"] == 0.0 and table.loc["student-L2-random", "seeds"] == 2
+    drawn = pretraining_plot(rows, "t", {})
+    assert sorted(y for tr in drawn.figure.data for y in tr.y) == pytest.approx([4.8, 5.2, 7.8])
+    store = ResultsStore(tmp_path / "runs")
+    with store.start_run("distill", {"k": 2}, name="p") as run:
+        run.add(rows)
+    r = render("distill_pretraining_loss", store, tmp_path / "fig", formats=("html",))
+    assert json.loads((r.folder / "manifest.json").read_text())["n_points"] == 3
+
+
+@pytest.mark.slow
+def test_distill_page_shows_pretraining_students_headless(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    store = ResultsStore(tmp_path / "runs")
+    with store.start_run("distill", {"k": 2}, name="p") as run:
+        run.add(_pretraining_rows())
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["page"] = "distill"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert len(specs) == 1  # no task rows: only the held-out MLM loss chart
+    assert [tr["name"] for tr in specs[0]["data"]] == ["teacher", "students, init teacher", "students, init random"]
+    assert specs[0]["layout"]["yaxis"]["title"]["text"] == "held-out masked-LM loss"

@@ -101,7 +101,54 @@ def layer_map_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Dra
     return figures.Drawn(fig, drawn.assign(model=student, other=teacher, metric=metric))
 
 
-PLOTS = {"distill_tradeoff": tradeoff_plot, "distill_layer_map": layer_map_plot}
+def pretraining_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per model of a pretraining-distillation run (`workbench.distill_pretraining`, metric
+    `heldout_mlm_loss`): role, depth, init, held-out masked-LM loss (mean over seeds, min, max), its
+    gap to the teacher's loss on the same held-out batches, and parameters. DistilBERT (Sanh et al.
+    2019) is judged by what its student keeps; here the loss gap is that measure before any task."""
+    mlm = rows[rows["metric"] == "heldout_mlm_loss"]
+    out = []
+    for model, g in mlm.groupby("model", sort=False):
+        extra = decode_extra(g["extra"].iloc[0])
+        out.append({"model": model, "role": extra.get("role"), "depth": extra.get("depth"), "init": extra.get("init"),
+                    "loss": float(g["value"].mean()), "loss_min": float(g["value"].min()),
+                    "loss_max": float(g["value"].max()), "seeds": int(g["seed"].notna().sum()) or 1,
+                    "parameters": extra.get("parameters")})
+    table = pd.DataFrame(out)
+    if table.empty:
+        return table
+    teacher = table.loc[table["role"] == "teacher", "loss"]
+    table["gap_to_teacher"] = table["loss"] - (float(teacher.iloc[0]) if len(teacher) else np.nan)
+    return table
+
+
+def pretraining_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
+    """`plot: distill_pretraining_loss`: each student's held-out masked-LM loss (mean over seeds,
+    min-max bars) against its parameters, by initialisation (teacher layers or random), the
+    teacher a star: the pretraining half of the distillation question (lower is better)."""
+    import plotly.graph_objects as go
+
+    table = pretraining_table(rows[rows["probe"] == "distill"])
+    if table.empty:
+        raise figures.MissingData(f"nothing to draw for {title!r}: no heldout_mlm_loss rows "
+                                  "(`bertology distill` with a `pretraining:` config)")
+    fig = go.Figure()
+    for (role, init), g in table.groupby(["role", "init"], dropna=False, sort=False):
+        fig.add_trace(go.Scatter(
+            x=g["parameters"], y=g["loss"], mode="markers",
+            name="teacher" if role == "teacher" else f"students, init {init}",
+            marker={"size": 14 if role == "teacher" else 9, "symbol": "star" if role == "teacher" else "circle"},
+            error_y={"type": "data", "symmetric": False, "array": g["loss_max"] - g["loss"],
+                     "arrayminus": g["loss"] - g["loss_min"]},
+            text=[f"L{d} init {i}" if r == "student" else "teacher" for d, i, r in zip(g["depth"], g["init"], g["role"])],
+            hovertemplate="%{text}<br>%{x} parameters<br>held-out MLM loss %{y:.3f}<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title="parameters", yaxis_title="held-out masked-LM loss",
+                      template="plotly_white", height=440)
+    return figures.Drawn(fig, table.rename(columns={"parameters": "x"}))
+
+
+PLOTS = {"distill_tradeoff": tradeoff_plot, "distill_layer_map": layer_map_plot,
+         "distill_pretraining_loss": pretraining_plot}
 
 
 def render(store) -> None:
@@ -123,7 +170,14 @@ def render(store) -> None:
             continue
         drawn.figure.update_layout(width=None)
         st.plotly_chart(drawn.figure, width="stretch", key=f"distill-{x}")
-    ui.table(table, "distill-table")
+    ui.table(table[table["accuracy"].notna()], "distill-table")
+    pretraining = pretraining_table(rows)
+    if not pretraining.empty:
+        st.subheader("Pretraining distillation: held-out masked-LM loss against parameters")
+        drawn = pretraining_plot(rows, "held-out MLM loss vs parameters", {})
+        drawn.figure.update_layout(width=None)
+        st.plotly_chart(drawn.figure, width="stretch", key="distill-pretraining")
+        ui.table(pretraining, "distill-pretraining-table")
 
     runs = ui.catalog_or_stop(store)
     from app import data
