@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import json
 import os
 import types
 import typing
@@ -38,6 +40,13 @@ from workbench.errors import ConfigError
 NOT_A_KEY = {"key": False}
 
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+
+
+def settings_hash(settings: Mapping[str, Any], length: int = 16) -> str:
+    """The identity of a settings dict: the first `length` hex digits of the sha256 of its JSON with
+    sorted keys. Each config's hash (training, fine-tuning, distillation) is this over the fields
+    that change its results, so equal settings give equal folders and resumes find their work."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:length]
 
 
 def settable_fields(cls) -> dict[str, dataclasses.Field]:

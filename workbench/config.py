@@ -70,14 +70,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.coerce import NOT_A_KEY, build_dataclass
+from workbench.coerce import NOT_A_KEY, build_dataclass, settings_hash
 from workbench.errors import ConfigError
 from workbench.io import read_yaml, sha256_file
 
@@ -228,7 +226,7 @@ class TrainConfig:
             d["tokenizer"].pop("path")
         else:  # the tokenizer's content, not where it lies, changes the weights
             d["tokenizer"]["path"] = _file_identity(Path(d["tokenizer"]["path"]) / "tokenizer.json")
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        return settings_hash(d)
 
 
 def _file_identity(path: Path) -> str:

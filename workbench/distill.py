@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import itertools
 import json
 import math
@@ -56,6 +55,7 @@ from typing import Any
 
 import torch
 
+from workbench.coerce import settings_hash
 from workbench.errors import ConfigError
 from workbench.io import atomic_write_json
 from workbench.loop import TrainingHooks, kl_to_teacher
@@ -272,7 +272,7 @@ class DistillConfig:
         d = self.to_dict()
         for k in ("name", "output_dir", "progress", "threads", "device"):
             d.pop(k)
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        return settings_hash(d)
 
 
 def load_distill_config(source: str | Path | dict, overrides: dict | None = None) -> DistillConfig:

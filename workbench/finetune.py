@@ -54,7 +54,6 @@ row per split holding the mean over seeds with a 95% t-interval, and the baselin
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import re
@@ -69,6 +68,7 @@ import numpy as np
 import torch
 
 from workbench.checkpoints import seed_dir, step_dir
+from workbench.coerce import settings_hash
 from workbench.errors import CheckpointError, ConfigError
 from workbench.io import atomic_dir, atomic_write_json, sha256_file
 from workbench.loop import (
@@ -157,7 +157,7 @@ class FinetuneConfig:
         for k in ("method",) + METHOD_OPTIONS:
             if k not in read or self.method == "full":
                 d.pop(k)
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        return settings_hash(d)
 
 
 def load_finetune_config(source: str | Path | dict | FinetuneConfig, overrides: dict | None = None) -> FinetuneConfig:
