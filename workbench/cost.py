@@ -361,7 +361,9 @@ def cost_record(own: Mapping, parent: str | Path | None, teacher: str | Path | N
     """The manifest's `cost`: own, parent (folder + its total, read from its manifest or
     reconstructed: `checkpoint_cost`), total = own + parent's total. A distillation teacher's total
     is added too (`teacher`): the student could not exist without it (its forward passes during
-    distillation are in the run's time and energy, not in `own.flops`, which counts the student)."""
+    distillation are in the run's time and energy, not in `own.flops`, which counts the student),
+    once: a student initialised from the teacher's layers has the teacher in its lineage already,
+    so the parent's total holds it (`in_parent_total: true`)."""
     ancestors: dict | None = None
     out: dict[str, Any] = {"own": dict(own), "parent": None}
     for role, folder in (("parent", parent), ("teacher", teacher)):
@@ -372,9 +374,26 @@ def cost_record(own: Mapping, parent: str | Path | None, teacher: str | Path | N
         except Exception:  # noqa: BLE001 - a folder that is gone: its cost is unknown, never zero
             t = dict(UNKNOWN_TOTAL)
         out[role] = {"checkpoint": str(folder), "total": t}
+        if role == "teacher" and parent is not None and _in_lineage(folder, parent):
+            out[role]["in_parent_total"] = True
+            continue
         ancestors = t if ancestors is None else totals(t, ancestors)
     out["total"] = totals(own, ancestors)
     return out
+
+
+def _in_lineage(folder: str | Path, descendant: str | Path) -> bool:
+    """Whether `folder` is `descendant` or one of its ancestors (`lineage_chain`), compared as
+    resolved paths (a Hub name through the local cache), so two spellings of one folder match."""
+    from workbench.checkpoints import resolve_checkpoint
+
+    def key(item) -> str:
+        try:
+            return str(Path(resolve_checkpoint(item)).resolve())
+        except Exception:  # noqa: BLE001 - an ancestor that is gone: compare it as recorded
+            return str(item)
+
+    return key(folder) in {key(a) for a in lineage_chain(descendant)}
 
 
 def teacher_folder(hooks_description: Mapping | None) -> str | None:
