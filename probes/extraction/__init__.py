@@ -127,6 +127,25 @@ def prepare(settings: Settings) -> runner.Prepared:
     return runner.Prepared(data={"streams": {}}, notes={"extraction": {}})
 
 
+def check(checkpoints, settings: Settings) -> None:
+    """Before any work (tokenising the corpus, generating): every checkpoint records the corpus it
+    trained on, has a head that generates (`workbench.generate.generator_head`, one load each), and,
+    for `exposure`, was trained with canaries (the corpus recipe carries the spec)."""
+    from workbench.checkpoints import read_manifest
+    from workbench.generate import generator_head
+    from workbench.models import ModelHandle
+
+    for ck in checkpoints:
+        manifest = read_manifest(ck.path) if ck.path is not None else None
+        if not manifest or not isinstance(manifest.get("corpus"), dict):
+            raise ConfigError(f"{ck.name}: extraction needs a checkpoint folder whose manifest.json records its "
+                              f"training corpus (a model trained here); this one records none")
+        if "exposure" in settings.tasks and not (manifest.get("corpus_recipe") or {}).get("canaries"):
+            raise ConfigError(f"{ck.name}: its training corpus has no canaries (train with corpus.canaries, "
+                              f"workbench/data/canaries.py) for the exposure task")
+        generator_head(ck.handle if ck.handle is not None else ModelHandle.load(ck.path))
+
+
 # --------------------------------------------------------------------------- the training split as tokens
 @dataclass
 class Streams:
@@ -446,5 +465,5 @@ def summary(rows: pd.DataFrame) -> str:
 PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task,
                          description="training-data extraction: sampled generations ranked (Carlini et al. 2021), "
                                      "k-extractability (2022), canary exposure (2019)",
-                         summary=summary,
+                         summary=summary, check=check,
                          roles={"reference": runner.Role("reference", used=lambda s: "reference" in s.rankings)})
