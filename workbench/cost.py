@@ -416,6 +416,32 @@ def derived_cost(parent_manifest: Mapping | None, parent_folder: str | None, tra
             "total": totals(own, parent_total)}
 
 
+def add_retraining(folder: str | Path, own: Mapping | None, prior: str | Path | None = None) -> dict:
+    """Rewrite a derived checkpoint's cost (`derived_cost`, own = 0) for a transform followed by
+    training, e.g. a lottery ticket (pruned, rewound, retrained: `workbench.compress.sweep`): own =
+    that training's own record (unknown when None), total = own + the total of `prior` (the
+    checkpoint whose weights the mask was found in: an earlier IMP round, which holds the rounds
+    before it) or, without one, of the derivation's parent. Returns the new record."""
+    from workbench.checkpoints import read_manifest
+    from workbench.io import atomic_write_json
+
+    folder = Path(folder)
+    manifest = read_manifest(folder) or {}
+    rec = dict(manifest.get("cost") or {})
+    own = dict(own) if own is not None else {"what": "retraining (cost not recorded)", "flops": None, "known": False}
+    rec["own"] = {**own, "what": f"{own.get('what', 'training')} after {(rec.get('own') or {}).get('what', 'a transform')}"}
+    base = (rec.get("parent") or {}).get("total")
+    if prior is not None:
+        try:
+            base = checkpoint_cost(prior)["total"]
+        except Exception:  # noqa: BLE001 - gone: unknown, never zero
+            base = dict(UNKNOWN_TOTAL)
+        rec["prior"] = {"checkpoint": str(prior), "total": base}
+    rec["total"] = totals(rec["own"], base)
+    atomic_write_json(folder / "manifest.json", {**manifest, "cost": rec})
+    return rec
+
+
 UNKNOWN_TOTAL = {**{k: None for k in TOTAL_KEYS}, "known": False}
 
 
