@@ -210,3 +210,23 @@ def test_generate_reads_a_training_folder_at_its_last_step(tokenizers, tmp_path,
     assert main(["generate", str(tmp_path / "run"), "x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "2 seeds; name one" in err[0]
+
+
+@pytest.mark.parametrize("family", ["gpt", "t5", "bart"])
+def test_exposure_scores_every_generating_family(tiny_models, family):
+    """Exposure ranks the filled template by the model's own likelihood: GPT left to right, T5 and
+    BART as the target of itself (the samples rankings' reading); checked against the scorer."""
+    from probes.extraction import _secret_logps, exposure_exact
+    from workbench.lm_scores import lm_scorer
+    from workbench.models import ModelHandle
+
+    handle = ModelHandle(*tiny_models[family])
+    secrets = [f"{i:02d}" for i in range(100)]
+    got = _secret_logps(handle, "my number is {secret}", secrets, 32)
+    texts = [f"my number is {s[0]} {s[1]}" for s in secrets]
+    scorer = lm_scorer(handle)
+    want = [t.total for t in (scorer.seq2seq_logprobs(texts, texts) if family != "gpt" else scorer.text_logprobs(texts))]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert np.isfinite(got).all() and len(set(np.round(got, 6))) > 1
+    value, rank = exposure_exact(got[int(np.argmax(got))], got)
+    assert rank == 1 and value == pytest.approx(np.log2(100))

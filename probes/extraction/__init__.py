@@ -347,12 +347,18 @@ def exposure_estimate(canary_logp: float, sample_logps: np.ndarray) -> tuple[flo
 
 
 def _secret_logps(handle, template: str, secrets: list[str], batch_size: int) -> np.ndarray:
-    """log p of each filled template with the model's own head (total over its tokens)."""
+    """log p of each filled template with the model's own head (total over its tokens). A seq2seq
+    model (T5, BART) scores the filled template as the target of itself as the source, the reading
+    the `samples` rankings use too (`probes.membership.lm_stats`; BART's denoising objective
+    reconstructs its input, T5's span corruption does not, so for T5 it is a likelihood reading,
+    not its training loss)."""
     from workbench.data.canaries import render
     from workbench.lm_scores import lm_scorer
 
     scorer = lm_scorer(handle)
     texts = [render(template, s) for s in secrets]
+    if scorer.kind == "seq2seq":
+        return np.array([t.total for t in scorer.seq2seq_logprobs(texts, texts, batch_size=batch_size)])
     return np.array([t.total for t in scorer.text_logprobs(texts, batch_size=batch_size)])
 
 
