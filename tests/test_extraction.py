@@ -172,6 +172,11 @@ def test_probe_refuses_bad_checkpoints_before_any_work(tiny_models, tiny_checkpo
     tok.save_pretrained(gpt)
     (gpt / "manifest.json").write_text(json.dumps({"family": "gpt", "corpus": corpus,
                                                    "corpus_recipe": {"recipe": 1, "seed": 0}}))
+    bart = tmp_path / "bart"
+    model, tok = tiny_models["bart"]
+    model.save_pretrained(bart)
+    tok.save_pretrained(bart)
+    (bart / "manifest.json").write_text(json.dumps({"family": "bart", "corpus": corpus}))
     bert = tmp_path / "bert"
     shutil.copytree(tiny_checkpoint, bert)
     (bert / "manifest.json").write_text(json.dumps({"family": "bert", "corpus": corpus}))
@@ -179,7 +184,8 @@ def test_probe_refuses_bad_checkpoints_before_any_work(tiny_models, tiny_checkpo
     for ckpt, tasks, message in ((tiny_checkpoint, "samples", "records its training corpus"),
                                  (bert, "samples", "cannot generate: its LM head is 'mlm'"),
                                  (f"{gpt},{bert}", "k_extraction", "cannot generate"),  # the 2nd of two
-                                 (gpt, "exposure", "has no canaries")):
+                                 (gpt, "exposure", "has no canaries"),
+                                 (bart, "k_extraction", "k_extraction needs a model that continues its prompt")):
         assert main(["probe", "extraction", "--checkpoint", str(ckpt), "--tasks", tasks]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err

@@ -129,8 +129,9 @@ def prepare(settings: Settings) -> runner.Prepared:
 
 def check(checkpoints, settings: Settings) -> None:
     """Before any work (tokenising the corpus, generating): every checkpoint records the corpus it
-    trained on, has a head that generates (`workbench.generate.generator_head`, one load each), and,
-    for `exposure`, was trained with canaries (the corpus recipe carries the spec)."""
+    trained on, has a head that generates (`workbench.generate.generator_head`, one load each; for
+    `k_extraction` one that continues its prompt), and, for `exposure`, was trained with canaries
+    (the corpus recipe carries the spec)."""
     from workbench.checkpoints import read_manifest
     from workbench.generate import generator_head
     from workbench.models import ModelHandle
@@ -143,7 +144,11 @@ def check(checkpoints, settings: Settings) -> None:
         if "exposure" in settings.tasks and not (manifest.get("corpus_recipe") or {}).get("canaries"):
             raise ConfigError(f"{ck.name}: its training corpus has no canaries (train with corpus.canaries, "
                               f"workbench/data/canaries.py) for the exposure task")
-        generator_head(ck.handle if ck.handle is not None else ModelHandle.load(ck.path))
+        kind, _ = generator_head(ck.handle if ck.handle is not None else ModelHandle.load(ck.path))
+        if "k_extraction" in settings.tasks and kind == "seq2seq":
+            raise ConfigError(f"{ck.name}: k_extraction needs a model that continues its prompt (GPT, ELMo's "
+                              f"forward LM); a seq2seq decoder writes a new sequence from its encoder's input "
+                              f"(BART reconstructs the prefix first), so its suffix would never be compared")
 
 
 # --------------------------------------------------------------------------- the training split as tokens
