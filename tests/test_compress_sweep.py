@@ -371,3 +371,41 @@ def test_bad_head_settings_are_one_line_and_exit_2_before_any_work(pretrained, t
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and str(path) in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_retrained_points_cost_their_retraining_on_top_of_what_found_the_mask(pretrained, tmp_path):
+    """Issue 29's costs along a lineage for lottery tickets: a retrained point's own cost is its
+    retraining (not the zero of a bare transform); its total adds the checkpoint the mask was found
+    in (the full model; IMP round k: round k-1, which holds the rounds before it; reinit: the IMP
+    point of its sparsity); a post-hoc transform (quantization) adds nothing of its own."""
+    import shutil
+
+    from workbench.cost import checkpoint_cost
+
+    base = tmp_path / "tiny-bert"
+    shutil.copytree(pretrained, base)
+    own = {"flops": 1e12, "device_hours": 1.0, "energy_kwh": 2.0, "co2e_kg": 0.5}
+    (base / "manifest.json").write_text(json.dumps(
+        {"family": "bert", "cost": {"own": own, "parent": None, "total": {**own, "known": True}}}))
+    cfg, ft = _config(base, tmp_path / "sweep", methods=["imp", "oneshot", "reinit", "quantize"], bits=[8],
+                      finetune={**FT, "seeds": [0], "checkpoint": str(base)})
+    result = run_prune(cfg, ft, store=ResultsStore(tmp_path / "runs"))
+    cost = {(p["method"], p["amount"]): checkpoint_cost(p["checkpoint"]) for p in result.points}
+    full = cost[("full", 0.0)]["total"]
+    assert full["known"] and full["flops"] > own["flops"]  # pretraining + the full fine-tuning
+
+    def total_is(point, prior_total):
+        got = cost[point]
+        assert got["own"]["flops"] > 0 and got["own"]["tokens"] > 0 and "fine-tuning" in got["own"]["what"]
+        for k in ("flops", "device_hours", "energy_kwh", "co2e_kg"):
+            assert got["total"][k] == pytest.approx(got["own"][k] + prior_total[k])
+        assert got["total"]["known"]
+
+    total_is(("oneshot", 0.1), full)
+    total_is(("imp", 0.1), full)
+    total_is(("imp", 0.2), cost[("imp", 0.1)]["total"])  # round 2 was found in round 1's weights
+    total_is(("reinit", 0.2), cost[("imp", 0.2)]["total"])
+    assert cost[("imp", 0.2)]["total"]["flops"] > cost[("imp", 0.1)]["total"]["flops"] > full["flops"]
+    q = cost[("quantize", 8)]
+    assert q["own"]["flops"] == 0.0 and q["total"]["flops"] == pytest.approx(full["flops"])

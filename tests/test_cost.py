@@ -258,3 +258,28 @@ def test_cost_rows_of_an_untracked_model_are_nan_not_zero(tiny_checkpoint):
     assert all(math.isnan(r["value"]) for r in rows)
     assert rows[0]["extra"]["untracked"] is True and rows[0]["extra"]["known"] is False
     assert rows[0]["model"] == "tiny-bert" and rows[0]["probe"] == "cost"
+
+
+def test_a_teacher_already_in_the_students_lineage_is_counted_once(tmp_path, monkeypatch):
+    """A student initialised from the teacher's layers (`distill_student`, a derived model) has the
+    teacher as its parent; distilling it adds the teacher as teacher too: its total must enter once."""
+    teacher = _folder_with_cost(tmp_path / "teacher", 1000.0)
+    student_init = tmp_path / "student"
+    student_init.mkdir()
+    derived = cost_mod.derived_cost(json.loads((teacher / "manifest.json").read_text()), str(teacher),
+                                    "distill_student")
+    (student_init / "manifest.json").write_text(json.dumps({"cost": derived}))
+    own = {"flops": 10.0, "device_hours": 0.1, "energy_kwh": 0.2, "co2e_kg": 0.05}
+    # the teacher named by another spelling of the same folder (the hooks record name_or_path)
+    monkeypatch.chdir(tmp_path)
+    rec = cost_record(own, student_init, teacher="teacher")
+    assert rec["teacher"]["in_parent_total"] is True
+    assert rec["total"]["flops"] == 1010.0 and rec["total"]["energy_kwh"] == pytest.approx(2.2)
+    # a randomly initialised student (fresh weights, no parent in its lineage) adds the teacher
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "manifest.json").write_text(json.dumps({"cost": cost_mod.derived_cost(None, None, "random", True)}))
+    rec = cost_record(own, fresh, teacher=teacher)
+    assert "in_parent_total" not in rec["teacher"] and rec["total"]["flops"] == 1010.0
+    other = _folder_with_cost(tmp_path / "parent", 100.0)
+    assert cost_record(own, other, teacher=teacher)["total"]["flops"] == 1110.0

@@ -31,7 +31,11 @@ def test_canaries_are_seeded_distinct_and_inserted_as_often_as_asked():
 
 @pytest.mark.parametrize("bad, match", [({"repetitions": [0, 4]}, "integer >= 1"), ({"repetitions": []}, "integer >= 1"),
                                         ({"digits": 0}, "digits"), ({"colour": 1}, "unknown key"),
-                                        ({"template": "no secret"}, "template")])
+                                        ({"template": "no secret"}, "template"),
+                                        ({"repetitions": 4}, "repetitions: expected a list"),
+                                        ({"per_count": "two"}, "per_count: expected an integer"),
+                                        ({"unseen": 1.5}, "unseen: expected an integer"),
+                                        ({"digits": None}, "digits: cannot be empty")])
 def test_bad_canary_specs_are_one_clear_error(bad, match):
     with pytest.raises(ConfigError, match=match):
         validate_spec({**SPEC, **bad})
@@ -108,6 +112,11 @@ def test_cli_refuses_an_encoder_and_zero_repetitions_in_one_line(tiny_checkpoint
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{cfg}: corpus.canaries.repetitions" in err[0]
     assert not (tmp_path / "runs").exists()  # nothing written before the refusal
+    cfg.write_text("family: gpt\nsteps: 5\ncorpus: {canaries: {repetitions: [4], per_count: two}}\n")
+    assert main(["train", str(cfg)]) == 2  # a malformed value: one line, not a traceback
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(cfg) in err[0] and "per_count: expected an integer, got 'two'" in err[0]
+    assert not (tmp_path / "runs").exists()
 
 
 def test_probe_settings_refuse_impossible_requests():
@@ -142,3 +151,87 @@ def test_rankings_by_hand(tiny_models, tokenizers):
     np.testing.assert_allclose(got["lowercase"], nll(target, [x.lower() for x in texts]) / t, rtol=1e-5)
     np.testing.assert_allclose(got["reference"], -t / nll(reference, texts), rtol=1e-5)
     assert got["random"].shape == (3,) and len(set(got["random"])) == 3
+
+
+def test_probe_refuses_bad_checkpoints_before_any_work(tiny_models, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """A model that cannot generate, a checkpoint without a recorded corpus, and exposure on a corpus
+    without canaries: one line, exit 2, before the training split is tokenised or a run is opened."""
+    import json
+    import shutil
+
+    import probes.extraction as extraction
+    from app.cli import main
+
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(extraction, "streams_for", lambda *a, **k: pytest.fail("the corpus was read"))
+    corpus = {"dir": "cache/corpus/x", "manifest": "cache/corpus/x/manifest.json", "split": "train"}
+    gpt = tmp_path / "gpt"
+    model, tok = tiny_models["gpt"]
+    model.save_pretrained(gpt)
+    tok.save_pretrained(gpt)
+    (gpt / "manifest.json").write_text(json.dumps({"family": "gpt", "corpus": corpus,
+                                                   "corpus_recipe": {"recipe": 1, "seed": 0}}))
+    bart = tmp_path / "bart"
+    model, tok = tiny_models["bart"]
+    model.save_pretrained(bart)
+    tok.save_pretrained(bart)
+    (bart / "manifest.json").write_text(json.dumps({"family": "bart", "corpus": corpus}))
+    bert = tmp_path / "bert"
+    shutil.copytree(tiny_checkpoint, bert)
+    (bert / "manifest.json").write_text(json.dumps({"family": "bert", "corpus": corpus}))
+    capsys.readouterr()  # the saving above printed progress bars
+    for ckpt, tasks, message in ((tiny_checkpoint, "samples", "records its training corpus"),
+                                 (bert, "samples", "cannot generate: its LM head is 'mlm'"),
+                                 (f"{gpt},{bert}", "k_extraction", "cannot generate"),  # the 2nd of two
+                                 (gpt, "exposure", "has no canaries"),
+                                 (bart, "k_extraction", "k_extraction needs a model that continues its prompt")):
+        assert main(["probe", "extraction", "--checkpoint", str(ckpt), "--tasks", tasks]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    results = tmp_path / "runs" / "results"
+    assert not results.exists() or not [p for p in results.iterdir() if not p.name.startswith(".")]  # no run
+
+
+def test_generate_reads_a_training_folder_at_its_last_step(tokenizers, tmp_path, capsys):
+    """`bertology generate runs/train/NAME/seed-0 ...` (the README's form) generates from the last
+    saved step, exactly as naming that step does; several seeds are one line asking for one."""
+    from app.cli import main
+    from tests.conftest import tiny_gpt2
+
+    tok = tokenizers["gpt"]
+    for seed in (0, 1):
+        for step in (0, 10):  # step 10 another model than step 0: the last step must be the one read
+            folder = tmp_path / "run" / f"seed-{seed}" / f"step-{step:07d}"
+            tiny_gpt2(tok, seed=step).save_pretrained(folder)
+            tok.save_pretrained(folder)
+    capsys.readouterr()
+    args = ["The city", "--max-new-tokens", "6", "--json"]  # greedy: near-uniform random models differ in argmax
+    assert main(["generate", str(tmp_path / "run" / "seed-0"), *args]) == 0
+    by_folder = capsys.readouterr().out
+    assert main(["generate", str(tmp_path / "run" / "seed-0" / "step-0000010"), *args]) == 0
+    assert capsys.readouterr().out == by_folder
+    assert main(["generate", str(tmp_path / "run" / "seed-0" / "step-0000000"), *args]) == 0
+    assert capsys.readouterr().out != by_folder
+    assert main(["generate", str(tmp_path / "run"), "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "2 seeds; name one" in err[0]
+
+
+@pytest.mark.parametrize("family", ["gpt", "t5", "bart"])
+def test_exposure_scores_every_generating_family(tiny_models, family):
+    """Exposure ranks the filled template by the model's own likelihood: GPT left to right, T5 and
+    BART as the target of itself (the samples rankings' reading); checked against the scorer."""
+    from probes.extraction import _secret_logps, exposure_exact
+    from workbench.lm_scores import lm_scorer
+    from workbench.models import ModelHandle
+
+    handle = ModelHandle(*tiny_models[family])
+    secrets = [f"{i:02d}" for i in range(100)]
+    got = _secret_logps(handle, "my number is {secret}", secrets, 32)
+    texts = [f"my number is {s[0]} {s[1]}" for s in secrets]
+    scorer = lm_scorer(handle)
+    want = [t.total for t in (scorer.seq2seq_logprobs(texts, texts) if family != "gpt" else scorer.text_logprobs(texts))]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert np.isfinite(got).all() and len(set(np.round(got, 6))) > 1
+    value, rank = exposure_exact(got[int(np.argmax(got))], got)
+    assert rank == 1 and value == pytest.approx(np.log2(100))

@@ -361,7 +361,9 @@ def cost_record(own: Mapping, parent: str | Path | None, teacher: str | Path | N
     """The manifest's `cost`: own, parent (folder + its total, read from its manifest or
     reconstructed: `checkpoint_cost`), total = own + parent's total. A distillation teacher's total
     is added too (`teacher`): the student could not exist without it (its forward passes during
-    distillation are in the run's time and energy, not in `own.flops`, which counts the student)."""
+    distillation are in the run's time and energy, not in `own.flops`, which counts the student),
+    once: a student initialised from the teacher's layers has the teacher in its lineage already,
+    so the parent's total holds it (`in_parent_total: true`)."""
     ancestors: dict | None = None
     out: dict[str, Any] = {"own": dict(own), "parent": None}
     for role, folder in (("parent", parent), ("teacher", teacher)):
@@ -372,9 +374,26 @@ def cost_record(own: Mapping, parent: str | Path | None, teacher: str | Path | N
         except Exception:  # noqa: BLE001 - a folder that is gone: its cost is unknown, never zero
             t = dict(UNKNOWN_TOTAL)
         out[role] = {"checkpoint": str(folder), "total": t}
+        if role == "teacher" and parent is not None and _in_lineage(folder, parent):
+            out[role]["in_parent_total"] = True
+            continue
         ancestors = t if ancestors is None else totals(t, ancestors)
     out["total"] = totals(own, ancestors)
     return out
+
+
+def _in_lineage(folder: str | Path, descendant: str | Path) -> bool:
+    """Whether `folder` is `descendant` or one of its ancestors (`lineage_chain`), compared as
+    resolved paths (a Hub name through the local cache), so two spellings of one folder match."""
+    from workbench.checkpoints import resolve_checkpoint
+
+    def key(item) -> str:
+        try:
+            return str(Path(resolve_checkpoint(item)).resolve())
+        except Exception:  # noqa: BLE001 - an ancestor that is gone: compare it as recorded
+            return str(item)
+
+    return key(folder) in {key(a) for a in lineage_chain(descendant)}
 
 
 def teacher_folder(hooks_description: Mapping | None) -> str | None:
@@ -395,6 +414,32 @@ def derived_cost(parent_manifest: Mapping | None, parent_folder: str | None, tra
     parent_total = cost_of_manifest(parent_manifest or {}, parent_folder)["total"]
     return {"own": own, "parent": {"checkpoint": parent_folder, "total": parent_total},
             "total": totals(own, parent_total)}
+
+
+def add_retraining(folder: str | Path, own: Mapping | None, prior: str | Path | None = None) -> dict:
+    """Rewrite a derived checkpoint's cost (`derived_cost`, own = 0) for a transform followed by
+    training, e.g. a lottery ticket (pruned, rewound, retrained: `workbench.compress.sweep`): own =
+    that training's own record (unknown when None), total = own + the total of `prior` (the
+    checkpoint whose weights the mask was found in: an earlier IMP round, which holds the rounds
+    before it) or, without one, of the derivation's parent. Returns the new record."""
+    from workbench.checkpoints import read_manifest
+    from workbench.io import atomic_write_json
+
+    folder = Path(folder)
+    manifest = read_manifest(folder) or {}
+    rec = dict(manifest.get("cost") or {})
+    own = dict(own) if own is not None else {"what": "retraining (cost not recorded)", "flops": None, "known": False}
+    rec["own"] = {**own, "what": f"{own.get('what', 'training')} after {(rec.get('own') or {}).get('what', 'a transform')}"}
+    base = (rec.get("parent") or {}).get("total")
+    if prior is not None:
+        try:
+            base = checkpoint_cost(prior)["total"]
+        except Exception:  # noqa: BLE001 - gone: unknown, never zero
+            base = dict(UNKNOWN_TOTAL)
+        rec["prior"] = {"checkpoint": str(prior), "total": base}
+    rec["total"] = totals(rec["own"], base)
+    atomic_write_json(folder / "manifest.json", {**manifest, "cost": rec})
+    return rec
 
 
 UNKNOWN_TOTAL = {**{k: None for k in TOTAL_KEYS}, "known": False}

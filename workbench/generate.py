@@ -26,6 +26,7 @@ end-of-sequence token.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -242,18 +243,33 @@ def _seq2seq(handle, model, rows, sampling, gen) -> list[np.ndarray]:
 _GENERATORS = {"causal": _causal, "bilm": _bilm, "seq2seq": _seq2seq}
 
 
+def generation_checkpoint(item: str) -> Path:
+    """The checkpoint folder `bertology generate` reads: a checkpoint as given; a training folder
+    (`runs/train/NAME/seed-0`, as the README writes it) -> its last saved step. A training folder
+    with several seeds is ambiguous: one line asking for one of them."""
+    from workbench.checkpoints import list_steps, resolve_checkpoint
+
+    path = resolve_checkpoint(item)
+    if (path / "config.json").is_file() or not path.is_dir():
+        return path
+    steps = list_steps(path)
+    seeds = sorted({str(p.parent) for _, p in steps})
+    if len(seeds) > 1:
+        raise ConfigError(f"{path}: a training folder with {len(seeds)} seeds; name one (e.g. {seeds[0]})")
+    return steps[-1][1] if steps else path  # no steps: ModelHandle.load says what the folder lacks
+
+
 def cli_main(argv: Sequence[str]) -> int:
     """`bertology generate CHECKPOINT [PROMPT ...]`: continuations printed one per line (JSON with
     --json). Bad input (an encoder, a bad setting, an unknown checkpoint) fails before any work."""
     import argparse
     import json
 
-    from workbench.checkpoints import resolve_checkpoint
     from workbench.models import ModelHandle
 
     p = argparse.ArgumentParser(prog="bertology generate", description="generate text with a model's own LM head "
                                 "(GPT, T5, BART, ELMo's forward LM): greedy, temperature, top-k, nucleus; seeded")
-    p.add_argument("checkpoint", help="checkpoint folder or Hub name in the local cache")
+    p.add_argument("checkpoint", help="checkpoint folder, training folder (its last step) or Hub name in the local cache")
     p.add_argument("prompts", nargs="*", default=[""], help="prompts (default: one empty prompt)")
     p.add_argument("--strategy", default="greedy", help="greedy | sample")
     p.add_argument("--temperature", type=float, default=1.0)
@@ -271,7 +287,7 @@ def cli_main(argv: Sequence[str]) -> int:
     if args.num < 1:
         raise ConfigError(f"--num must be >= 1, got {args.num}")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    handle = ModelHandle.load(resolve_checkpoint(args.checkpoint), device=device)
+    handle = ModelHandle.load(generation_checkpoint(args.checkpoint), device=device)
     generator_head(handle)  # an encoder fails here, before anything is generated
     prompts = [q for q in args.prompts for _ in range(args.num)]
     g = generate(handle, prompts, sampling)

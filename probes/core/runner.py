@@ -231,6 +231,9 @@ class ProbeSpec:
     version: int = 1
     # Extra checkpoints by role name (`Role`), e.g. {"reference": Role("reference")}.
     roles: Mapping[str, Role] = field(default_factory=dict)
+    # check(checkpoints, settings): what the probe needs of every checkpoint (a corpus record, a
+    # generating head, ...), raised as one ConfigError/CheckpointError before the run starts.
+    check: Callable[[list[Checkpoint], Settings], None] | None = None
 
     def key_material(self) -> dict[str, int]:
         """What the probe's code adds to a run key: nothing at version 1 (keys stay as they were)."""
@@ -346,6 +349,8 @@ def run_probe(probe: str | ProbeSpec, checkpoints: Sequence[Any], settings: Sett
     ckpts = expand_checkpoints(checkpoints)
     for ck in ckpts:
         _check_stack(ck, settings.stack)
+    if spec.check is not None:
+        spec.check(ckpts, settings)
     roles = resolve_roles(spec, settings)
     with torch_threads(settings.threads):
         return _run(spec, ckpts, settings, store, roles)

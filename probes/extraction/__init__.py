@@ -127,6 +127,30 @@ def prepare(settings: Settings) -> runner.Prepared:
     return runner.Prepared(data={"streams": {}}, notes={"extraction": {}})
 
 
+def check(checkpoints, settings: Settings) -> None:
+    """Before any work (tokenising the corpus, generating): every checkpoint records the corpus it
+    trained on, has a head that generates (`workbench.generate.generator_head`, one load each; for
+    `k_extraction` one that continues its prompt), and, for `exposure`, was trained with canaries
+    (the corpus recipe carries the spec)."""
+    from workbench.checkpoints import read_manifest
+    from workbench.generate import generator_head
+    from workbench.models import ModelHandle
+
+    for ck in checkpoints:
+        manifest = read_manifest(ck.path) if ck.path is not None else None
+        if not manifest or not isinstance(manifest.get("corpus"), dict):
+            raise ConfigError(f"{ck.name}: extraction needs a checkpoint folder whose manifest.json records its "
+                              f"training corpus (a model trained here); this one records none")
+        if "exposure" in settings.tasks and not (manifest.get("corpus_recipe") or {}).get("canaries"):
+            raise ConfigError(f"{ck.name}: its training corpus has no canaries (train with corpus.canaries, "
+                              f"workbench/data/canaries.py) for the exposure task")
+        kind, _ = generator_head(ck.handle if ck.handle is not None else ModelHandle.load(ck.path))
+        if "k_extraction" in settings.tasks and kind == "seq2seq":
+            raise ConfigError(f"{ck.name}: k_extraction needs a model that continues its prompt (GPT, ELMo's "
+                              f"forward LM); a seq2seq decoder writes a new sequence from its encoder's input "
+                              f"(BART reconstructs the prefix first), so its suffix would never be compared")
+
+
 # --------------------------------------------------------------------------- the training split as tokens
 @dataclass
 class Streams:
@@ -328,12 +352,18 @@ def exposure_estimate(canary_logp: float, sample_logps: np.ndarray) -> tuple[flo
 
 
 def _secret_logps(handle, template: str, secrets: list[str], batch_size: int) -> np.ndarray:
-    """log p of each filled template with the model's own head (total over its tokens)."""
+    """log p of each filled template with the model's own head (total over its tokens). A seq2seq
+    model (T5, BART) scores the filled template as the target of itself as the source, the reading
+    the `samples` rankings use too (`probes.membership.lm_stats`; BART's denoising objective
+    reconstructs its input, T5's span corruption does not, so for T5 it is a likelihood reading,
+    not its training loss)."""
     from workbench.data.canaries import render
     from workbench.lm_scores import lm_scorer
 
     scorer = lm_scorer(handle)
     texts = [render(template, s) for s in secrets]
+    if scorer.kind == "seq2seq":
+        return np.array([t.total for t in scorer.seq2seq_logprobs(texts, texts, batch_size=batch_size)])
     return np.array([t.total for t in scorer.text_logprobs(texts, batch_size=batch_size)])
 
 
@@ -446,5 +476,5 @@ def summary(rows: pd.DataFrame) -> str:
 PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task,
                          description="training-data extraction: sampled generations ranked (Carlini et al. 2021), "
                                      "k-extractability (2022), canary exposure (2019)",
-                         summary=summary,
+                         summary=summary, check=check,
                          roles={"reference": runner.Role("reference", used=lambda s: "reference" in s.rankings)})

@@ -318,8 +318,10 @@ class Sweep:
                 "nonzero_parameters": total - zeros, "sparsity_measured": zeros / prunable if prunable else 0.0}
 
     def save_point(self, s: Seeded, method: str, amount, model, masks: dict | None, params: dict,
-                   result: dict, seconds: float) -> dict:
-        """Write the point: the derived checkpoint (+ masks) and point.json, atomically each."""
+                   result: dict, seconds: float, retrained: tuple | None = None) -> dict:
+        """Write the point: the derived checkpoint (+ masks) and point.json, atomically each.
+        `retrained` = (the retraining's own cost, the checkpoint the mask was found in or None):
+        the point's cost adds them (`workbench.cost.add_retraining`)."""
         target = self.point_dir(method, amount, s.seed)
         full_params = {"method": method, "seed": s.seed, **params}
         if masks is not None:
@@ -331,6 +333,10 @@ class Sweep:
         if model_dir.exists():
             shutil.rmtree(model_dir)
         derived.save(model_dir)
+        if retrained is not None:
+            from workbench.cost import add_retraining
+
+            add_retraining(model_dir, *retrained)
         if masks is not None:
             save_masks(model_dir, masks)
         record = {**full_params, "amount": amount, **result,
@@ -398,8 +404,11 @@ class Sweep:
 
     # -- retrained points -------------------------------------------------------------------------
 
-    def retrain(self, s: Seeded, method: str, amount: float, masks: dict, start: dict, params: dict) -> dict:
-        """Train the masked `start` weights with the full model's recipe, masks kept by the hook."""
+    def retrain(self, s: Seeded, method: str, amount: float, masks: dict, start: dict, params: dict,
+                prior: str | None = None) -> dict:
+        """Train the masked `start` weights with the full model's recipe, masks kept by the hook.
+        `prior`: the point whose trained weights gave the mask (IMP's previous round), for the cost."""
+        from workbench.checkpoints import read_manifest
         from workbench.finetune import load_classifier, train_seed
         from workbench.loop import TrainingHooks, write_model_folder
 
@@ -418,8 +427,9 @@ class Sweep:
         if measured < wanted - 1e-12:
             raise CheckpointError(f"{res.checkpoint}: {measured:.6f} of the masked weights are zero, the mask "
                                   f"prunes {wanted:.6f} (the masks were not kept through training)")
+        own = ((read_manifest(res.checkpoint) or {}).get("cost") or {}).get("own")
         record = self.save_point(s, method, amount, trained, masks, params,
-                                 {"dev": res.dev, "test": res.test}, time.time() - t0)
+                                 {"dev": res.dev, "test": res.test}, time.time() - t0, retrained=(own, prior))
         shutil.rmtree(target / "start", ignore_errors=True)
         shutil.rmtree(target / "train", ignore_errors=True)
         return record
@@ -428,11 +438,12 @@ class Sweep:
         """Iterative magnitude pruning: each round prunes from the previous round's trained weights,
         rewinds and retrains; returns {sparsity: masks} for reinit."""
         schedule = imp_schedule(max(self.cfg.sparsities), self.cfg.imp_step)
-        trained, current, out = s.full, None, {}
+        trained, current, out, record = s.full, None, {}, None
         for r, amount in enumerate(schedule, start=1):
             masks = magnitude_masks(trained, s.names, amount, current)
             record = self.retrain(s, "imp", amount, masks, s.start,
-                                  {"sparsity": amount, "round": r, "rewind_step": self.cfg.rewind_step})
+                                  {"sparsity": amount, "round": r, "rewind_step": self.cfg.rewind_step},
+                                  prior=record["checkpoint"] if record else None)
             if record.get("mask_sha256") != mask_hash(masks):
                 raise CheckpointError(f"{record['checkpoint']}: a resumed IMP round has another mask than this "
                                       f"run computes; delete the sweep folder's points/imp to recompute")
@@ -466,7 +477,8 @@ class Sweep:
             if "reinit" in methods:
                 fresh = DERIVATIONS["random_init"].apply(s.full, seed=seed).state_dict()
                 self.points.append(self.retrain(s, "reinit", amount, imp_masks[amount], fresh,
-                                                {"sparsity": amount, "init_seed": seed}))
+                                                {"sparsity": amount, "init_seed": seed},
+                                                prior=self.done("imp", amount, seed)["checkpoint"]))
         if "imp_mlm" in methods:
             for amount in mlm_sparsities(self.cfg):
                 self.points.append(self.pretraining_ticket(s, amount))

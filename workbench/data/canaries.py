@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workbench.coerce import coerce_value
 from workbench.data.raw import Document
 from workbench.errors import ConfigError
 
@@ -56,11 +57,13 @@ def validate_spec(spec: dict, where: str = "corpus.canaries") -> dict:
     unknown = sorted(set(spec) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
-    out = {"repetitions": list(spec.get("repetitions", [1, 4, 16, 64])), "per_count": int(spec.get("per_count", 1)),
-           "unseen": int(spec.get("unseen", 4)), "digits": int(spec.get("digits", 6)),
-           "template": str(spec.get("template", DEFAULT_TEMPLATE)), "seed": int(spec.get("seed", 0))}
+    defaults = {"repetitions": [1, 4, 16, 64], "per_count": 1, "unseen": 4, "digits": 6, "template": DEFAULT_TEMPLATE,
+                "seed": 0}
+    hints = {"repetitions": list[int], "template": str}
+    # each value as its type, or one line naming the key (`per_count: two`, `repetitions: 4`, `digits: 2.5`)
+    out = {k: coerce_value(spec.get(k, d), hints.get(k, int), where, k) for k, d in defaults.items()}
     reps = out["repetitions"]
-    if not reps or any(not isinstance(r, (int, np.integer)) or isinstance(r, bool) or r < 1 for r in reps):
+    if not reps or any(r < 1 for r in reps):
         raise ConfigError(f"{where}.repetitions: every repetition count must be an integer >= 1 (a canary seen 0 "
                           f"times is an `unseen` control), got {reps}")
     if out["per_count"] < 1:
