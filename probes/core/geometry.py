@@ -327,9 +327,10 @@ def linear_cka(X: np.ndarray, Y: np.ndarray, standardize: bool = False) -> float
     Kornblith et al. note the index is dominated by the leading principal components, and Llama-style
     models have such dimensions (SmolLM2's layers 3-9: one of 576 dimensions holds 66-83% of the
     variance over words; Sun et al. 2024's "massive activations", Timkey & van Schijndel 2021's
-    "rogue dimensions", whose fix for similarity measures is exactly this per-dimension
-    standardisation). The price: CKA is then no longer invariant to rotations of the feature space
-    (only to per-dimension scale and shift), and a near-silent dimension counts as much as any other."""
+    "rogue dimensions"; per-dimension standardisation is among the postprocessing fixes they
+    recommend for similarity measures). The price: CKA is then no longer invariant to rotations of
+    the feature space (only to per-dimension scale and shift), and a near-silent dimension counts as
+    much as any other."""
     X = np.asarray(X, dtype=np.float64)
     Y = np.asarray(Y, dtype=np.float64)
     if X.ndim != 2 or Y.ndim != 2 or X.shape[0] != Y.shape[0]:
