@@ -99,14 +99,17 @@ def _values(rows, task, metric, model=None):
 @pytest.mark.slow
 def test_model_pair_identical_models_align_perfectly(tiny_folders, tmp_path):
     rows = _run([tiny_folders["a"], tiny_folders["a-copy"], tiny_folders["b"]],
-                {"tasks": "model-pair", "pair_words": 400, "baselines": "random_rotation", "retrieval": "cosine"},
+                {"tasks": "model-pair", "pair_words": 400, "baselines": "random_rotation", "retrieval": "cosine",
+                 "pair_cka": "linear,standardized"},
                 tmp_path)  # (CSLS need not retrieve an identical point: an anti-hub neighbour can outscore it)
     extra = rows["extra"].map(lambda e: json.loads(e) if e else {})
     pair = rows[extra.map(lambda e: e.get("other_model") == "a-copy") & (rows["model"] == "a")]
     j = extra[pair.index].map(lambda e: e["other_layer"])
-    for metric in ("cka", "retrieval"):
+    for metric in ("cka", "cka_standardized", "retrieval"):
         diag = pair[(pair["metric"] == metric) & (pair["layer"] == j)]["value"]
         assert len(diag) == 3 and np.allclose(diag, 1.0)
+    share = _values(rows, "model-pair", "top_dim_variance_share", "a")
+    assert len(share) == 3 and np.all((share > 0) & (share < 1))
     rot = pair[pair["metric"] == "retrieval_rotation"]["value"]
     assert rot.max() < 0.2
     other = rows[extra.map(lambda e: e.get("other_model") == "b") & (rows["model"] == "a") & (rows["metric"] == "cka")]
@@ -167,6 +170,6 @@ def test_diachronic_same_corpus_does_not_move(tiny_folders, tmp_path):
 
 def test_bad_settings_fail_before_loading(tiny_folders, tmp_path):
     for bad in ({"retrieval": "euclid"}, {"test_fraction": 1.5}, {"src_corpus": "brown"}, {"csls_k": 0},
-                {"baselines": "majority"}, {"seed_dictionary": "words"}):
+                {"baselines": "majority"}, {"seed_dictionary": "words"}, {"pair_cka": "rbf"}, {"pair_cka": ""}):
         with pytest.raises(ConfigError):
             _run([tiny_folders["a"]], {"tasks": "bli", **bad}, tmp_path)

@@ -183,6 +183,54 @@ def test_linear_cka():
     assert m.shape == (2, 2) and m[0, 0] == pytest.approx(1) and m[0, 1] == pytest.approx(m[1, 0])
 
 
+def _hsic_cka(X, Y):  # reference: Gretton et al.'s biased HSIC with the centring matrix, linear kernels
+    n = len(X)
+    H = np.eye(n) - np.ones((n, n)) / n
+    K, L = X @ X.T, Y @ Y.T
+    hsic = lambda A, B: np.trace(A @ H @ B @ H)  # noqa: E731
+    return hsic(K, L) / np.sqrt(hsic(K, K) * hsic(L, L))
+
+
+def test_standardized_cka_recovers_structure_hidden_by_a_massive_dimension():
+    rng = np.random.default_rng(7)
+    n = 400
+    Z = rng.standard_normal((n, 6))  # the structure both representations share
+    X = Z @ rng.standard_normal((6, 20)) + 0.3 * rng.standard_normal((n, 20))
+    Y = Z @ rng.standard_normal((6, 16)) + 0.3 * rng.standard_normal((n, 16))
+    base = ac.linear_cka(X, Y)
+    assert base > 0.6
+    # one extra dimension of Y varies over the examples ~1000x more than the others and carries
+    # nothing shared (Sun et al. 2024's massive activations / a rogue dimension): linear CKA collapses
+    rogue = 1000.0 * np.abs(rng.standard_normal((n, 1)))
+    Ym = np.hstack([Y, rogue])
+    assert ac.top_dimension_variance_share(Ym) > 0.99
+    assert ac.linear_cka(X, Ym) < 0.05
+    # the standardised variant sees it as one of 17 dimensions and recovers the structure
+    robust = ac.linear_cka(X, Ym, standardize=True)
+    assert robust > 0.5 and robust == pytest.approx(ac.linear_cka(X, Y, standardize=True), abs=0.1)
+    # a massive dimension that is constant over the examples is removed by centring in both variants
+    Yc = np.hstack([Y, np.full((n, 1), 1e4)])
+    assert ac.linear_cka(X, Yc) == pytest.approx(base) and ac.linear_cka(X, Yc, standardize=True) == pytest.approx(
+        ac.linear_cka(X, Y, standardize=True))
+    # reference computation: z-scored columns (population sd) through the HSIC formula
+    zs = lambda A: (A - A.mean(0)) / A.std(0)  # noqa: E731
+    assert ac.linear_cka(X, Ym, standardize=True) == pytest.approx(_hsic_cka(zs(X), zs(Ym)), rel=1e-10)
+    assert ac.linear_cka(X[:10], Ym[:10], standardize=True) == pytest.approx(_hsic_cka(zs(X[:10]), zs(Ym[:10])),
+                                                                            rel=1e-10)  # the n < width route
+    # identical features give 1 (and any per-dimension rescaling of them too); independent ones near 0
+    assert ac.linear_cka(Ym, Ym, standardize=True) == pytest.approx(1.0)
+    assert ac.linear_cka(Ym * rng.uniform(0.01, 100, 17), Ym, standardize=True) == pytest.approx(1.0)
+    W = rng.standard_normal((n, 16))
+    independent = ac.linear_cka(X, W, standardize=True)
+    assert independent == pytest.approx(_hsic_cka(zs(X), zs(W)), rel=1e-10) and independent < 0.1
+    # a constant column stays zero instead of dividing by zero
+    assert ac.linear_cka(np.hstack([X, np.ones((n, 1))]), Y, standardize=True) == pytest.approx(
+        ac.linear_cka(X, Y, standardize=True))
+    m = ac.cka_matrix([X], [Y, Ym], standardize=True)
+    assert m.shape == (1, 2) and m[0, 1] == pytest.approx(robust)
+    assert ac.top_dimension_variance_share(rng.standard_normal((4000, 10))) == pytest.approx(0.1, abs=0.02)
+
+
 def test_procrustes_retrieval_matrix_peaks_on_the_matching_layer():
     rng = np.random.default_rng(2)
     layers = [rng.standard_normal((200, 16)) for _ in range(3)]

@@ -24,9 +24,12 @@ def _frames():
                          split="test", model="en")]
     for i in range(3):
         for j in range(4):
-            frames.append(layer_rows({"cka": [cka[i, j]], "retrieval": [cka[i, j] / 2]}, probe="align",
+            frames.append(layer_rows({"cka": [cka[i, j]], "cka_standardized": [1 - cka[i, j]],
+                                      "retrieval": [cka[i, j] / 2]}, probe="align",
                                      task="model-pair", split="all", layers=[i], model="en",
                                      extra={"other_model": "other", "other_layer": j}))
+    frames.append(layer_rows({"top_dim_variance_share": [.02, .8, .05]}, probe="align", task="model-pair",
+                             split="all", model="en"))
     words = [{"word": "miss", "displacement": .3, "noise_floor": .05, "count_old": 14, "count_new": 3}]
     frames.append(layer_rows({"top_moved_excess": [.25]}, probe="align", task="diachronic", split="all", layers=[2],
                              model="en", extra={"top_moved": words}))
@@ -55,6 +58,7 @@ def test_align_page_curves_matrices_and_words(tmp_path, monkeypatch):
     mats = pair_matrices(rows)
     assert np.allclose(mats[("en", "other", "cka")].to_numpy(), cka)
     assert np.allclose(mats[("en", "other", "retrieval")].to_numpy(), cka / 2)
+    assert np.allclose(mats[("en", "other", "cka_standardized")].to_numpy(), 1 - cka)
     assert moved_words(rows)["word"].tolist() == ["miss"]
     drawn = matrix_plot(rows, "CKA", {"metric": "cka"})
     assert np.allclose(np.array(drawn.figure.data[0].z, dtype=float), cka)
@@ -64,7 +68,11 @@ def test_align_page_curves_matrices_and_words(tmp_path, monkeypatch):
     assert not at.exception, [e.message for e in at.exception]
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     heat = [s for s in specs if s["data"] and s["data"][0].get("type") == "heatmap"]
-    assert len(heat) == 2 and len(specs) == 4  # bli P@1 curve, CKA and retrieval heatmaps, most-moved words
+    # bli P@1 and top-dimension-share curves, CKA / standardised CKA / retrieval heatmaps, most-moved words
+    assert len(heat) == 3 and len(specs) == 6
+    assert np.allclose(_array(heat[1]["data"][0]["z"]), 1 - cka)
+    share = [s for s in specs if "top_dim_variance_share" in json.dumps(s.get("layout", {}).get("title", ""))]
+    assert len(share) == 1 and np.allclose(_array(share[0]["data"][0]["y"]), [.02, .8, .05])
     bars = [s for s in specs if s["data"] and s["data"][0].get("type") == "bar"]
     assert len(bars) == 1 and any("miss" in str(label) for label in bars[0]["data"][0]["y"])
     assert np.allclose(_array(heat[0]["data"][0]["z"]), cka)

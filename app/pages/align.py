@@ -15,7 +15,8 @@ from workbench.results import decode_extra
 TITLE = "Alignment"
 # (task, metric) panels; the baselines drawn dashed in each are the ones the rows declare for it
 CURVES = [("bli", "p_at_1"), ("bli", "p_at_1_seeded"), ("fake-language", "p_at_1"), ("parallel", "accuracy"),
-          ("parallel", "word_alignment"), ("diachronic", "displacement")]
+          ("parallel", "word_alignment"), ("diachronic", "displacement"),
+          ("model-pair", "top_dim_variance_share")]  # when linear CKA reads one dimension (pair_cka: standardized)
 
 
 def pair_matrices(rows: pd.DataFrame) -> dict[tuple[str, str, str], pd.DataFrame]:
@@ -115,7 +116,7 @@ def render(store) -> None:
         st.subheader("Model x model: layer i against layer j")
         pairs = list(dict.fromkeys((a, b) for a, b, _ in mats))
         a, b = st.selectbox("Model pair", pairs, format_func=lambda p: f"{p[0]}  x  {p[1]}", key="align-pair")
-        for metric in ("cka", "retrieval", "retrieval_rotation"):
+        for metric in ("cka", "cka_standardized", "retrieval", "retrieval_rotation"):
             M = mats.get((a, b, metric))
             if M is None:
                 continue

@@ -49,6 +49,10 @@ class Settings(runner.Settings):
     parallel_train_fraction: float = field(default=0.5, metadata={"help": "parallel: pairs used to fit the map"})
     pair_corpus: str = field(default="ud:en_ewt:dev", metadata={"help": "model-pair: corpus spec"})
     pair_words: int = field(default=4000, metadata={"help": "model-pair: word tokens compared"})
+    pair_cka: tuple[str, ...] = field(default=("linear",), metadata={
+        "help": "model-pair: comma-separated CKA variants: linear (Kornblith et al. 2019), standardized (every "
+                "dimension z-scored first: robust to massive/rogue dimensions; adds per-layer "
+                "top_dim_variance_share rows)"})
     old_corpus: str = field(default="raw:brown", metadata={"help": "diachronic: older corpus spec"})
     new_corpus: str = field(default="raw:wikitext2+raw:ewt_raw", metadata={"help": "diachronic: newer corpus spec"})
     anchors: int = field(default=1000, metadata={"help": "diachronic: frequent shared words the map is fitted on"})
@@ -82,6 +86,9 @@ class Settings(runner.Settings):
                     if part.strip().partition(":")[0] not in ("raw", "split"):
                         raise ConfigError(f"{name}: permutations re-split documents, so every part must be raw:<name> "
                                           f"or split:<corpus>:<rule>, got {part.strip()!r}")
+        unknown = [v for v in self.pair_cka if v not in ac.CKA_VARIANTS]
+        if unknown or not self.pair_cka:
+            raise ConfigError(f"pair_cka must list variants among {ac.CKA_VARIANTS}, got {list(self.pair_cka)!r}")
         if self.seed_dictionary not in ("numerals", "identical") and ":" not in self.seed_dictionary:
             raise ConfigError(f"seed_dictionary must be numerals, identical or a dictionary spec, "
                               f"got {self.seed_dictionary!r}")

@@ -243,9 +243,10 @@ def _pair_vectors(handle, unit_or_none, prepared, settings, stack=None) -> np.nd
 def _model_pair(unit, prepared, settings) -> list[pd.DataFrame]:
     V = _pair_vectors(unit.handle, unit, prepared, settings)
     prepared.data["pair_vectors"][(unit.model, unit.stack)] = V
-    cka0 = [ac.linear_cka(V[0], V[l]) for l in range(len(V))]
-    return [unit.rows("model-pair", {"cka_to_layer0": cka0}, split="all", n=V.shape[1],
-                      extra={"corpus": settings.pair_corpus})]
+    metrics = {"cka_to_layer0": [ac.linear_cka(V[0], V[l]) for l in range(len(V))]}
+    if "standardized" in settings.pair_cka:
+        metrics["top_dim_variance_share"] = [ac.top_dimension_variance_share(V[l]) for l in range(len(V))]
+    return [unit.rows("model-pair", metrics, split="all", n=V.shape[1], extra={"corpus": settings.pair_corpus})]
 
 
 def _finish(results: list[runner.UnitResult], prepared, settings) -> list[pd.DataFrame]:
@@ -272,19 +273,23 @@ def _finish(results: list[runner.UnitResult], prepared, settings) -> list[pd.Dat
         for ib in range(ia + 1, len(units)):
             (ma, sa, cka_a, _), (mb, sb, _, _) = units[ia], units[ib]
             A, B = vecs[(ma, sa)], vecs[(mb, sb)]
-            cka = ac.cka_matrix(list(A), list(B))
-            ret = ac.procrustes_retrieval_matrix(list(A), list(B), train, test, settings.retrieval, settings.csls_k,
-                                                 settings.center)
-            mats = {"cka": cka, "retrieval": ret}
+            mats = {}
+            if "linear" in settings.pair_cka:
+                mats["cka"] = ac.cka_matrix(list(A), list(B))
+            if "standardized" in settings.pair_cka:
+                mats["cka_standardized"] = ac.cka_matrix(list(A), list(B), standardize=True)
+            mats["retrieval"] = ac.procrustes_retrieval_matrix(list(A), list(B), train, test, settings.retrieval,
+                                                               settings.csls_k, settings.center)
             if "random_rotation" in settings.baselines:
                 mats["retrieval_rotation"] = _rotation_matrix(A, B, test, settings)
             for metric, M in mats.items():
+                is_cka = metric.startswith("cka")  # over all compared words; retrieval over the test half
                 for i in range(M.shape[0]):
                     for j in range(M.shape[1]):
                         rows.append({"model": ma, "family": cka_a.family, "seed": cka_a.seed, "step": cka_a.step,
-                                     "probe": NAME, "task": "model-pair", "split": "test" if metric != "cka" else "all",
+                                     "probe": NAME, "task": "model-pair", "split": "all" if is_cka else "test",
                                      "stack": sa, "layer": i, "metric": metric, "value": float(M[i, j]),
-                                     "n": len(test) if metric != "cka" else n,
+                                     "n": n if is_cka else len(test),
                                      "extra": {"other_model": mb, "other_stack": sb, "other_layer": j,
                                                "corpus": settings.pair_corpus}})
     return [validate_rows(rows)] if rows else []

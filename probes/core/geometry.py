@@ -19,6 +19,9 @@ models, runners or the results store, so cross-lingual probes, distillation and 
 - `linear_cka`: linear centred kernel alignment (Kornblith et al. 2019), an alignment-free
   similarity between two representations of the same n examples, invariant to orthogonal maps
   and isotropic scaling (but not to arbitrary invertible linear maps).
+  `linear_cka(..., standardize=True)` z-scores every dimension first, the scale-robust variant for
+  models with rogue or massive dimensions (Timkey & van Schijndel 2021; Sun et al. 2024);
+  `top_dimension_variance_share` says when a layer needs it.
 """
 
 from __future__ import annotations
@@ -310,16 +313,32 @@ def self_learning(X: np.ndarray, Y: np.ndarray, seed_pairs: Sequence[tuple[int, 
 # --------------------------------------------------------------------------- CKA
 
 
-def linear_cka(X: np.ndarray, Y: np.ndarray) -> float:
+CKA_VARIANTS = ("linear", "standardized")
+
+
+def linear_cka(X: np.ndarray, Y: np.ndarray, standardize: bool = False) -> float:
     """Linear CKA (Kornblith et al. 2019, eq. 5 in feature space):
     ||Y_c^T X_c||_F^2 / (||X_c^T X_c||_F ||Y_c^T Y_c||_F), columns centred. Rows are paired examples;
-    the widths may differ."""
+    the widths may differ.
+
+    `standardize=True` also divides every column by its standard deviation (a constant column stays
+    zero), i.e. CKA of the correlation-scaled features. Why: linear CKA weighs each direction by its
+    variance, so a single dimension with most of a layer's variance decides the value on its own:
+    Kornblith et al. note the index is dominated by the leading principal components, and Llama-style
+    models have such dimensions (SmolLM2's layers 3-9: one of 576 dimensions holds 66-83% of the
+    variance over words; Sun et al. 2024's "massive activations", Timkey & van Schijndel 2021's
+    "rogue dimensions"; per-dimension standardisation is among the postprocessing fixes they
+    recommend for similarity measures). The price: CKA is then no longer invariant to rotations of
+    the feature space (only to per-dimension scale and shift), and a near-silent dimension counts as
+    much as any other."""
     X = np.asarray(X, dtype=np.float64)
     Y = np.asarray(Y, dtype=np.float64)
     if X.ndim != 2 or Y.ndim != 2 or X.shape[0] != Y.shape[0]:
         raise ConfigError(f"CKA needs paired row-matrices, got shapes {X.shape} and {Y.shape}")
     X = X - X.mean(axis=0, keepdims=True)
     Y = Y - Y.mean(axis=0, keepdims=True)
+    if standardize:
+        X, Y = _unit_variance_columns(X), _unit_variance_columns(Y)
     # n x n Gram route when n is small relative to the widths (cheaper, same value)
     if X.shape[0] < max(X.shape[1], Y.shape[1]):
         K, L = X @ X.T, Y @ Y.T
@@ -332,9 +351,26 @@ def linear_cka(X: np.ndarray, Y: np.ndarray) -> float:
     return float(hsic / (nx * ny))
 
 
-def cka_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> np.ndarray:
-    """[len(xs), len(ys)] linear CKA between every layer pair (model-to-model comparisons)."""
-    return np.array([[linear_cka(x, y) for y in ys] for x in xs])
+def _unit_variance_columns(X: np.ndarray) -> np.ndarray:
+    """Centred columns divided by their standard deviation; columns constant up to rounding (sd below
+    1e-12 of the largest) are left as they are (zero after centring)."""
+    sd = X.std(axis=0, keepdims=True)
+    return X / np.where(sd > 1e-12 * sd.max(initial=0.0), sd, 1.0)
+
+
+def cka_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], standardize: bool = False) -> np.ndarray:
+    """[len(xs), len(ys)] linear CKA between every layer pair (model-to-model comparisons);
+    `standardize`: the per-dimension z-scored variant (see `linear_cka`)."""
+    return np.array([[linear_cka(x, y, standardize) for y in ys] for x in xs])
+
+
+def top_dimension_variance_share(X: np.ndarray) -> float:
+    """The largest single dimension's share of the total variance of X's columns (1/width when all
+    dimensions vary alike, near 1 when one dimension dominates): the diagnostic saying when linear
+    CKA reads one dimension rather than the representation (see `linear_cka`)."""
+    v = np.asarray(X, dtype=np.float64).var(axis=0)
+    total = float(v.sum())
+    return float(v.max() / total) if total > 0 else float("nan")
 
 
 def procrustes_retrieval_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], train: np.ndarray,
