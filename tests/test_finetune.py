@@ -361,3 +361,24 @@ def test_finetune_keeps_its_pinned_weights(checkpoints, tmp_path, family, kw, up
     case = f"finetune/{family}/{cfg.task}" + ("/frozen_body" if cfg.freeze_body else "")
     check_pin(f"{case}/checkpoint", weights_hash(res.seeds[0].checkpoint))
     check_pin(f"{case}/curve", json.dumps(res.seeds[0].curve, sort_keys=True))
+
+
+@pytest.mark.parametrize("family,pooling", [("bert", "auto"), ("bert", "encoder_mean"), ("t5", "encoder_mean")])
+def test_a_saved_classifier_folder_rebuilds_with_its_own_head(checkpoints, tmp_path, family, pooling):
+    """The compression sweep retrains from a classifier folder holding rewound weights times a mask
+    (`workbench.compress.sweep.Sweep.retrain`): building from that folder must keep every saved
+    tensor, the head included, whatever the pooling (encoder_mean once re-initialised its head)."""
+    handle = ModelHandle.load(checkpoints[family])
+    pooling = choose_pooling(handle.family, "sentence", pooling)
+    torch.manual_seed(0)
+    model = build_classifier(checkpoints[family], handle.family, "sentence", pooling, ["a", "b"], handle.pad_id)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)  # neither the pretrained body nor any seed's fresh head
+    _save_checkpoint(tmp_path / "ck", model, handle.tokenizer, {"family": handle.family})
+    torch.manual_seed(0)
+    rebuilt = build_classifier(tmp_path / "ck", handle.family, "sentence", pooling, ["a", "b"], handle.pad_id)
+    saved, got = model.state_dict(), rebuilt.state_dict()
+    assert saved.keys() == got.keys()
+    changed = [k for k in saved if not torch.equal(saved[k], got[k])]
+    assert changed == []

@@ -451,7 +451,8 @@ def _head_class(family: str, kind: str, pooling: str):
 
 
 def build_classifier(path: Path, family: str, kind: str, pooling: str, label_names: list[str], pad_id: int):
-    """The pretrained body of `path` under a freshly initialised head (seed torch before calling)."""
+    """The pretrained body of `path` under a freshly initialised head (seed torch before calling);
+    a classifier folder of the same head class keeps its saved head."""
     from transformers import (
         AutoConfig,
         AutoModelForSequenceClassification,
@@ -480,6 +481,10 @@ def build_classifier(path: Path, family: str, kind: str, pooling: str, label_nam
                 if body_missing:
                     raise CheckpointError(f"{path}: weights missing for {len(body_missing)} tensors of the "
                                           f"model body, e.g. {body_missing[:3]}")
+            elif cls.__name__ in (getattr(config, "architectures", None) or []):
+                # a classifier folder of this very class (the sweep's rewound start weights): its saved
+                # head too, as the Auto branch loads a saved head (a fresh head would undo the rewind)
+                model = cls.from_pretrained(path, config=config, local_files_only=True, trust_remote_code=False)
             else:
                 model = cls(config)
                 body = getattr(model, model.base_model_prefix)
