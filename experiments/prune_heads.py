@@ -17,7 +17,15 @@ seed, kept if a time limit cuts the run), results-store rows (run name prune-hea
     python experiments/prune_heads.py sentence-transformers/all-MiniLM-L6-v2 --seeds 0 --train 1000 \\
         --eval 300 --epochs 2 --lr 1e-4 --importance-examples 128 --threads 1 --out /tmp/prune-heads
 
-GPU: see docs/pruning.md (the whole task, 3 seeds, `--to-end --refinetune`).
+GPU: see docs/pruning.md (the whole task, 3 seeds, `--to-end --refinetune`). With the recipe of a
+`bertology prune` sweep (so its full models are shared; copy the sweep's `full/seed-S` folders into
+`<runs root>/finetune/prune-heads-base/` and they are resumed, not retrained):
+
+    python experiments/prune_heads.py sentence-transformers/all-MiniLM-L6-v2 \
+        --recipe experiments/prune/minilm_polarity_cpu3.yaml --seeds 0 1 2 --importance-examples 128 --refinetune
+
+With `--refinetune` (and without `--to-end`) the random and bad curves are pruned on through the
+step where "good" stopped, so the three re-fine-tuned subnetworks have the same number of heads.
 
 The `bertology prune` sweep runs the same curves (methods heads_good / heads_random / heads_bad,
 `workbench.compress.heads.classifier_curve`, every step a masked checkpoint); this script is kept
