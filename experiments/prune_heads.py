@@ -206,6 +206,8 @@ def main(argv=None) -> dict:
         model = load_classifier(r.checkpoint).to(run.device)
         curves = prune_seed(model, run, args, r.seed)
         entry = {"finetuned": r.checkpoint, "curves": curves}
+        report["seeds"][str(r.seed)] = entry
+        atomic_write_json(out / "prune_heads.partial.json", _without_rows(report))  # the curves, before re-fine-tuning
         if args.refinetune:
             entry["refinetuned"] = refinetune(args, base_cfg, curves, r.seed)
         report["seeds"][str(r.seed)] = entry
