@@ -17,7 +17,15 @@ seed, kept if a time limit cuts the run), results-store rows (run name prune-hea
     python experiments/prune_heads.py sentence-transformers/all-MiniLM-L6-v2 --seeds 0 --train 1000 \\
         --eval 300 --epochs 2 --lr 1e-4 --importance-examples 128 --threads 1 --out /tmp/prune-heads
 
-GPU: see docs/pruning.md (the whole task, 3 seeds, `--to-end --refinetune`).
+GPU: see docs/pruning.md (the whole task, 3 seeds, `--to-end --refinetune`). With the recipe of a
+`bertology prune` sweep (so its full models are shared; copy the sweep's `full/seed-S` folders into
+`<runs root>/finetune/prune-heads-base/` and they are resumed, not retrained):
+
+    python experiments/prune_heads.py sentence-transformers/all-MiniLM-L6-v2 \
+        --recipe experiments/prune/minilm_polarity_cpu3.yaml --seeds 0 1 2 --importance-examples 128 --refinetune
+
+With `--refinetune` (and without `--to-end`) the random and bad curves are pruned on through the
+step where "good" stopped, so the three re-fine-tuned subnetworks have the same number of heads.
 
 The `bertology prune` sweep runs the same curves (methods heads_good / heads_random / heads_bad,
 `workbench.compress.heads.classifier_curve`, every step a masked checkpoint); this script is kept
@@ -38,10 +46,14 @@ from pathlib import Path
 import numpy as np
 
 from workbench.compress import heads as H
+from workbench.errors import ConfigError
 from workbench.finetune import load_classifier, load_finetune_config, prepare, run_finetune
-from workbench.io import atomic_write_json
+from workbench.io import atomic_write_json, read_yaml
 from workbench.loop import TrainingHooks
 from workbench.paths import runs_root
+
+
+FLAG_DEFAULTS = {"epochs": 3, "batch_size": 32, "lr": 5e-5}  # without --recipe
 
 
 def _mean_sd(values):
@@ -59,9 +71,10 @@ def prune_seed(model, run, args, seed: int) -> dict:
         return H.masked_accuracy(model, enc, kept, run.pad_id, bs)
 
     out = {}
-    for order in H.ORDERS:
+    for order in H.ORDERS:  # "good" first: with --refinetune the other orders prune at least as far
         t0 = time.time()
-        curve = H.classifier_curve(model, run, order, settings, seed, bs)
+        min_steps = out["good"]["threshold_step"] if args.refinetune and order != "good" else 0
+        curve = H.classifier_curve(model, run, order, settings, seed, bs, min_steps=min_steps)
         rec = curve.record()
         best = curve.steps[curve.threshold_step].heads_kept
         rec["test_accuracy_at_threshold"] = accuracy(best, run.test)
@@ -78,7 +91,8 @@ def prune_seed(model, run, args, seed: int) -> dict:
 
 
 def refinetune(args, base_cfg: dict, curves: dict, seed: int) -> dict:
-    """Re-fine-tune the pretrained model under each order's mask of the size "good" reached."""
+    """Re-fine-tune the pretrained model under each order's mask of the size "good" reached (the
+    random and bad curves were pruned at least that far, `prune_seed`; with the base recipe)."""
     from workbench.models import ModelHandle
 
     step = curves["good"]["threshold_step"]
@@ -103,6 +117,29 @@ def refinetune(args, base_cfg: dict, curves: dict, seed: int) -> dict:
         print(f"seed {seed} re-fine-tuned {order:6s} ({int(kept.sum())} heads): dev {res[order]['dev']:.3f} "
               f"test {res[order]['test']:.3f}", flush=True)
     return res
+
+
+def recipe(args) -> dict:
+    """The fine-tuning recipe: the `finetune:` mapping of `--recipe` (a `bertology prune` sweep
+    config, or a `bertology finetune` config) with CHECKPOINT and --seeds, so the full models are
+    the sweep's (same training hash: a copy of the sweep's full/seed-S folder in this run's
+    prune-heads-base folder is resumed, not retrained); without it, the recipe the flags give."""
+    flags = {"max_train_examples": args.train, "max_eval_examples": args.eval, "epochs": args.epochs,
+             "lr": args.lr, "batch_size": args.batch_size}
+    if args.recipe:
+        given = [k for k, v in flags.items() if v is not None]
+        if given:
+            raise ConfigError(f"--recipe {args.recipe}: the recipe sets the training; drop {', '.join(given)}")
+        doc = read_yaml(args.recipe, "recipe")
+        base = dict(doc["finetune"] if isinstance(doc.get("finetune"), dict) else doc)
+        base.pop("name", None)
+        base.pop("output_dir", None)
+    else:
+        base = {"task": "sentence_polarity", "pooling": "auto", "device": args.device, "threads": args.threads,
+                **{**FLAG_DEFAULTS, **{k: v for k, v in flags.items() if v is not None}}}
+    if base.get("task", "sentence_polarity") != "sentence_polarity":
+        raise ConfigError(f"--recipe {args.recipe}: task {base['task']!r}; this script prunes sentence_polarity")
+    return {**base, "checkpoint": args.checkpoint, "seeds": args.seeds, "progress": False}
 
 
 def _without_rows(report: dict) -> dict:
@@ -139,11 +176,13 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("checkpoint", help="pretrained checkpoint folder or Hub name (e.g. MiniLM)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--recipe", help="take the fine-tuning recipe from this YAML's finetune: mapping (a prune "
+                    "sweep config, e.g. experiments/prune/minilm_polarity_cpu3.yaml) instead of the flags below")
     ap.add_argument("--train", type=int, default=None, help="training sentences (default: the whole train split)")
     ap.add_argument("--eval", type=int, default=None, help="cap dev and test sentences")
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--epochs", type=int, default=None, help=f"default {FLAG_DEFAULTS['epochs']}")
+    ap.add_argument("--batch-size", type=int, default=None, help=f"default {FLAG_DEFAULTS['batch_size']}")
+    ap.add_argument("--lr", type=float, default=None, help=f"default {FLAG_DEFAULTS['lr']}")
     ap.add_argument("--importance-examples", type=int, default=512)
     ap.add_argument("--to-end", action="store_true", help="prune every order down to zero heads (full curves)")
     ap.add_argument("--refinetune", action="store_true")
@@ -157,11 +196,9 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
 
-    base_cfg = {"checkpoint": args.checkpoint, "task": "sentence_polarity", "seeds": args.seeds, "epochs": args.epochs,
-                "lr": args.lr, "batch_size": args.batch_size, "max_train_examples": args.train,
-                "max_eval_examples": args.eval, "device": args.device, "threads": args.threads, "progress": False,
-                "pooling": "auto"}
+    base_cfg = recipe(args)
     cfg = load_finetune_config({**base_cfg, "name": "prune-heads-base"})
+    args.batch_size, args.epochs = cfg.batch_size, cfg.epochs
     fine = run_finetune(cfg)
     run = prepare(cfg)
     report = {"checkpoint": args.checkpoint, "args": vars(args), "device": str(run.device), "seeds": {}}
@@ -169,6 +206,8 @@ def main(argv=None) -> dict:
         model = load_classifier(r.checkpoint).to(run.device)
         curves = prune_seed(model, run, args, r.seed)
         entry = {"finetuned": r.checkpoint, "curves": curves}
+        report["seeds"][str(r.seed)] = entry
+        atomic_write_json(out / "prune_heads.partial.json", _without_rows(report))  # the curves, before re-fine-tuning
         if args.refinetune:
             entry["refinetuned"] = refinetune(args, base_cfg, curves, r.seed)
         report["seeds"][str(r.seed)] = entry

@@ -327,6 +327,59 @@ def test_bad_and_random_orders_prune_fewer_heads_than_good_on_a_planted_task():
     assert all(np.array_equal(a.heads_kept, b.heads_kept) for a, b in zip(again.steps, curves["random"].steps))
 
 
+def test_min_steps_prunes_past_the_threshold_to_the_good_orders_size():
+    """Re-fine-tuning (Prasanna et al.) compares the three subnetworks at the size "good" reached:
+    `min_steps` keeps the bad and random orders pruning below the line through that step."""
+    value, metric = _planted()
+    good = H.iterative_pruning(value.shape, metric, lambda k: value, order="good", threshold=0.9)
+    bad = H.iterative_pruning(value.shape, metric, lambda k: value, order="bad", threshold=0.9)
+    assert bad.threshold_step < good.threshold_step  # without it, bad stops far earlier
+    longer = H.iterative_pruning(value.shape, metric, lambda k: value, order="bad", threshold=0.9,
+                                 min_steps=good.threshold_step)
+    assert len(longer.steps) == good.threshold_step + 1  # steps 0..N, then it stops
+    assert longer.steps[-1].n_removed == good.steps[good.threshold_step].n_removed
+    # the extra steps keep removing the most valuable heads first, and the threshold is unchanged
+    order = np.argsort(-value.reshape(-1), kind="stable")
+    gone = np.flatnonzero(~longer.steps[-1].heads_kept.reshape(-1))
+    assert set(gone) == set(order[: longer.steps[-1].n_removed])
+    assert longer.threshold_step == bad.threshold_step and longer.prunable == bad.prunable
+    # min_steps below where the curve stops anyway changes nothing
+    same = H.iterative_pruning(value.shape, metric, lambda k: value, order="good", threshold=0.9, min_steps=1)
+    assert [s.n_removed for s in same.steps] == [s.n_removed for s in good.steps]
+
+
+def test_prune_heads_recipe_is_the_sweeps_so_the_full_models_are_shared(tmp_path):
+    """experiments/prune_heads.py --recipe takes the sweep config's finetune: mapping: the same
+    training hash as `bertology prune` (so the sweep's full/seed-S folders resume), and the
+    flags that would contradict it are refused."""
+    import importlib.util
+    from pathlib import Path
+
+    from workbench.compress.sweep import load_prune_config
+    from workbench.finetune import load_finetune_config
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("prune_heads_script", root / "experiments" / "prune_heads.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    sweep_file = root / "experiments" / "prune" / "minilm_polarity_cpu3.yaml"
+    args = type("Args", (), dict(checkpoint="sentence-transformers/all-MiniLM-L6-v2", seeds=[1], recipe=str(sweep_file),
+                                 train=None, eval=None, epochs=None, lr=None, batch_size=None, device="auto",
+                                 threads=None))()
+    base = script.recipe(args)
+    _, ft = load_prune_config(sweep_file)
+    cfg = load_finetune_config({**base, "name": "prune-heads-base"})
+    assert cfg.training_hash() == ft.training_hash()
+    assert (cfg.max_train_examples, cfg.max_len, cfg.batch_size, cfg.seeds) == (1000, 32, 16, [1])
+    args.epochs = 3
+    with pytest.raises(ConfigError, match="the recipe sets the training; drop epochs"):
+        script.recipe(args)
+    # without --recipe: the flags, over the script's defaults
+    args.recipe, args.train = None, 200
+    flags = load_finetune_config({**script.recipe(args), "name": "x"})
+    assert (flags.epochs, flags.lr, flags.batch_size, flags.max_train_examples) == (3, 5e-5, 32, 200)
+
+
 def test_bad_settings_are_one_clear_error():
     _, metric = _planted()
     with pytest.raises(ConfigError, match="order 'best'"):

@@ -617,7 +617,7 @@ def _remove_step(kept: np.ndarray, fraction: float, order: str, scores, random_r
 def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
                       importance: Callable[..., object] | None, order: str = "good",
                       fraction: float = 0.1, threshold: float = 0.9, seed: int = 0,
-                      run_to_end: bool = False, units: str = "heads") -> PruningCurve:
+                      run_to_end: bool = False, units: str = "heads", min_steps: int = 0) -> PruningCurve:
     """Michel et al.'s iterative head pruning, and Prasanna et al.'s over heads and MLPs (module
     docstring).
 
@@ -629,7 +629,10 @@ def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
     Each step removes `heads_to_remove(remaining, fraction)` of each pruned kind (both: of the heads
     and of the MLPs, each ranked by its own scores). Stops after the first step below
     `threshold * full`, or when nothing is left with `run_to_end` (curves for a plot; the step
-    sizes do not depend on the order, so the three orders' steps line up)."""
+    sizes do not depend on the order, so the three orders' steps line up). `min_steps`: prune
+    through at least that many steps even below the threshold (Prasanna et al.'s comparison needs
+    the random and bad subnetworks of the size the good order reached, not of the size where they
+    fell under the line; fewer steps than `run_to_end` costs)."""
     if order not in ORDERS:
         raise ConfigError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
     if units not in UNITS:
@@ -669,7 +672,7 @@ def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
         metric = measure(kept, mlps)
         curve.steps.append(PruningStep(step, int(kept.size - kept.sum()), metric, kept.copy(),
                                        None if mlps is None else mlps.copy()))
-        if metric < threshold * full and not run_to_end:
+        if metric < threshold * full and not run_to_end and step >= min_steps:
             break
     return curve
 
@@ -688,7 +691,7 @@ def masked_accuracy(model: nn.Module, enc, kept: np.ndarray, pad_id: int, batch_
 
 
 def classifier_curve(model: nn.Module, run, order: str, settings: HeadPruningSettings, seed: int,
-                     batch_size: int) -> PruningCurve:
+                     batch_size: int, min_steps: int = 0) -> PruningCurve:
     """`iterative_pruning` of a fine-tuned classifier of a `workbench.finetune.Prepared` run: dev
     accuracy after each step, importance from the first `settings.importance_examples` training
     sentences (the test split is not looked at). The one home of this wiring: the `bertology prune`
@@ -706,7 +709,7 @@ def classifier_curve(model: nn.Module, run, order: str, settings: HeadPruningSet
 
     return iterative_pruning(head_shape(model), dev_accuracy, importance, order=order,
                              fraction=settings.fraction, threshold=settings.threshold, seed=seed,
-                             run_to_end=settings.run_to_end, units=settings.units)
+                             run_to_end=settings.run_to_end, units=settings.units, min_steps=min_steps)
 
 
 def leave_one_out(shape: tuple[int, int], evaluate_loss: Callable[[np.ndarray], float]) -> np.ndarray:
