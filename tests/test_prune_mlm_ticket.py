@@ -49,10 +49,10 @@ def sweep(pretrained, tmp_path_factory):
                                  "sparsities": [0.1, 0.2], "mlm": {"steps": 3, "lr": 1e-3},
                                  "output_dir": str(root / "sweep"), "progress": False})
     # the MLM rounds called directly first (same folder: the sweep then finds them finished)
-    masks, pretrainer = mlm_tickets(pretrained, 0.2, 0.1, MlmTicketSettings(steps=3, lr=1e-3), root / "sweep" / "mlm",
+    masks, pretrainer, found_by = mlm_tickets(pretrained, 0.2, 0.1, MlmTicketSettings(steps=3, lr=1e-3), root / "sweep" / "mlm",
                                     log=lambda _: None)
     result = run_prune(cfg, ft, store=ResultsStore(root / "runs"))
-    return result, masks, pretrainer, root / "sweep"
+    return result, masks, pretrainer, root / "sweep", found_by
 
 
 def test_masked_start_loads_the_pretrained_weights_times_the_mask(pretrained):
@@ -73,7 +73,7 @@ def test_masked_start_loads_the_pretrained_weights_times_the_mask(pretrained):
 
 @pytest.mark.slow
 def test_mlm_rounds_prune_a_tenth_each_and_keep_the_mask_through_training(sweep, pretrained):
-    _, masks, pretrainer, folder = sweep
+    _, masks, pretrainer, folder, _ = sweep
     total = sum(m.numel() for m in masks[0.1].values())
     for k, amount in enumerate((0.1, 0.2), start=1):
         assert sum(int((~m).sum()) for m in masks[amount].values()) == round(0.1 * k * total)
@@ -94,7 +94,7 @@ def test_mlm_rounds_prune_a_tenth_each_and_keep_the_mask_through_training(sweep,
 def test_ticket_fine_tuned_with_the_mask_kept_and_the_sparsity_counted(sweep):
     from workbench.finetune import load_classifier
 
-    result, masks, pretrainer, _ = sweep
+    result, masks, pretrainer, _, _ = sweep
     points = {p["amount"]: p for p in result.points if p["method"] == "imp_mlm"}
     assert set(points) == {0.1, 0.2}
     for k, amount in enumerate((0.1, 0.2), start=1):
@@ -108,6 +108,27 @@ def test_ticket_fine_tuned_with_the_mask_kept_and_the_sparsity_counted(sweep):
             assert torch.equal(saved[n], m)
             assert (params[n][~m] == 0).all(), n
     assert not any(r["model"] == "imp_mlm" and r["metric"] == "wins" for _, r in result.rows.iterrows())  # 1 seed: no sd
+
+
+@pytest.mark.slow
+def test_ticket_cost_counts_the_masked_lm_rounds_that_found_its_mask(sweep, pretrained):
+    """A pretraining ticket's total cost = the pretrained model's + the masked-LM rounds 1..k that
+    found its mask + its own fine-tuning (issue 29: a derived model carries all that made it)."""
+    from pathlib import Path
+
+    from workbench.cost import checkpoint_cost
+
+    result, _, _, _, found_by = sweep
+    base = checkpoint_cost(pretrained)["total"]["flops"]
+    points = {p["amount"]: p for p in result.points if p["method"] == "imp_mlm"}
+    for k, amount in enumerate((0.1, 0.2), start=1):
+        rounds = found_by[amount]
+        assert len(rounds) == k
+        rounds_flops = sum(checkpoint_cost(r)["own"]["flops"] for r in rounds)
+        cost = checkpoint_cost(points[amount]["checkpoint"])
+        assert base > 0 and rounds_flops > 0 and cost["own"]["flops"] > 0
+        assert cost["total"]["flops"] == pytest.approx(base + rounds_flops + cost["own"]["flops"])
+        assert [Path(r).resolve() for r in cost["prior"]["search"]] == [Path(r).resolve() for r in rounds]
 
 
 @pytest.mark.slow  # the pretrained fixture trains a tiny model

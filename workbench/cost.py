@@ -46,7 +46,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -416,12 +416,15 @@ def derived_cost(parent_manifest: Mapping | None, parent_folder: str | None, tra
             "total": totals(own, parent_total)}
 
 
-def add_retraining(folder: str | Path, own: Mapping | None, prior: str | Path | None = None) -> dict:
+def add_retraining(folder: str | Path, own: Mapping | None, prior: str | Path | None = None,
+                   search: Sequence[str | Path] = ()) -> dict:
     """Rewrite a derived checkpoint's cost (`derived_cost`, own = 0) for a transform followed by
     training, e.g. a lottery ticket (pruned, rewound, retrained: `workbench.compress.sweep`): own =
     that training's own record (unknown when None), total = own + the total of `prior` (the
     checkpoint whose weights the mask was found in: an earlier IMP round, which holds the rounds
-    before it) or, without one, of the derivation's parent. Returns the new record."""
+    before it) plus the own cost of every run in `search` (training after `prior` that found the
+    mask: a pretraining ticket's masked-LM rounds, Chen et al. 2020) or, without a prior, the
+    derivation's parent's total. Returns the new record."""
     from workbench.checkpoints import read_manifest
     from workbench.io import atomic_write_json
 
@@ -434,9 +437,13 @@ def add_retraining(folder: str | Path, own: Mapping | None, prior: str | Path | 
     if prior is not None:
         try:
             base = checkpoint_cost(prior)["total"]
+            for run in search:
+                base = totals(checkpoint_cost(run)["own"], base)
         except Exception:  # noqa: BLE001 - gone: unknown, never zero
             base = dict(UNKNOWN_TOTAL)
         rec["prior"] = {"checkpoint": str(prior), "total": base}
+        if search:
+            rec["prior"]["search"] = [str(run) for run in search]
     rec["total"] = totals(rec["own"], base)
     atomic_write_json(folder / "manifest.json", {**manifest, "cost": rec})
     return rec

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from pathlib import Path
 
@@ -57,7 +56,7 @@ def main(argv=None) -> dict:
     checkpoint = resolve_checkpoint(ft.checkpoint).resolve()
     manifest = pretraining_manifest(checkpoint)
     family = get_family(manifest["family"])
-    tickets, pretrained = mlm_tickets(checkpoint, max(amounts), cfg.imp_step, settings, rounds, device="cpu",
+    tickets, pretrained, _ = mlm_tickets(checkpoint, max(amounts), cfg.imp_step, settings, rounds, device="cpu",
                                       log=lambda _: None)
     train_cfg = round_config(manifest, settings, checkpoint, rounds / "round-1", "cpu", False)
     data = prepare_data(train_cfg, family)

@@ -133,11 +133,13 @@ def round_config(manifest: dict, settings: MlmTicketSettings, checkpoint: Path, 
 
 def mlm_tickets(checkpoint: str | Path, max_sparsity: float, imp_step: float, settings: MlmTicketSettings,
                 folder: Path, device: str = "cpu", progress: bool = False,
-                log=print) -> tuple[dict[float, Masks], torch.nn.Module]:
+                log=print) -> tuple[dict[float, Masks], torch.nn.Module, dict[float, list[Path]]]:
     """IMP on the masked-LM loss (module docstring): {sparsity: masks} for every round up to
-    `max_sparsity` (names of the pretraining module's parameters), and that module holding the
-    pretrained weights. Round r's MLM run is `folder/round-r`; the masked weights of every round's
-    trained checkpoint are checked to be exactly zero."""
+    `max_sparsity` (names of the pretraining module's parameters), that module holding the
+    pretrained weights, and {sparsity: the trained checkpoints of rounds 1..r}, the training that
+    found that mask (its cost belongs to the ticket's: `workbench.cost.add_retraining`'s `search`).
+    Round r's MLM run is `folder/round-r`; the masked weights of every round's trained checkpoint
+    are checked to be exactly zero."""
     from workbench.families import get_family
     from workbench.tokenization import tokenizer_hash
     from workbench.train import prepare_data, train_from_config
@@ -152,6 +154,8 @@ def mlm_tickets(checkpoint: str | Path, max_sparsity: float, imp_step: float, se
     record = {"checkpoint": str(checkpoint)}
     schedule = imp_schedule(max_sparsity, imp_step)
     out: dict[float, Masks] = {}
+    rounds: list[Path] = []
+    found_by: dict[float, list[Path]] = {}
     current: Masks | None = None
     for r, amount in enumerate(schedule, start=1):
         cfg = round_config(manifest, settings, checkpoint, folder / f"round-{r}", device, progress)
@@ -173,8 +177,10 @@ def mlm_tickets(checkpoint: str | Path, max_sparsity: float, imp_step: float, se
                                   f"not kept through training)")
         current = magnitude_masks(trained, names, amount, current)
         out[amount] = current
+        rounds.append(Path(final))
+        found_by[amount] = list(rounds)
         log(f"  imp_mlm round {r}: {cfg.steps} MLM steps -> sparsity {mask_sparsity(current):.3f}")
-    return out, pretrained
+    return out, pretrained, found_by
 
 
 def transfer_masks(masks: Masks, source: torch.nn.Module, target: torch.nn.Module) -> Masks:

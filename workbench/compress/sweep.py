@@ -320,8 +320,9 @@ class Sweep:
     def save_point(self, s: Seeded, method: str, amount, model, masks: dict | None, params: dict,
                    result: dict, seconds: float, retrained: tuple | None = None) -> dict:
         """Write the point: the derived checkpoint (+ masks) and point.json, atomically each.
-        `retrained` = (the retraining's own cost, the checkpoint the mask was found in or None):
-        the point's cost adds them (`workbench.cost.add_retraining`)."""
+        `retrained` = (the retraining's own cost, the checkpoint the mask was found in or None, the
+        training runs of the mask search after it): the point's cost adds them
+        (`workbench.cost.add_retraining`)."""
         target = self.point_dir(method, amount, s.seed)
         full_params = {"method": method, "seed": s.seed, **params}
         if masks is not None:
@@ -405,9 +406,10 @@ class Sweep:
     # -- retrained points -------------------------------------------------------------------------
 
     def retrain(self, s: Seeded, method: str, amount: float, masks: dict, start: dict, params: dict,
-                prior: str | None = None) -> dict:
+                prior: str | None = None, search: tuple = ()) -> dict:
         """Train the masked `start` weights with the full model's recipe, masks kept by the hook.
-        `prior`: the point whose trained weights gave the mask (IMP's previous round), for the cost."""
+        `prior`: the point whose trained weights gave the mask (IMP's previous round), for the cost;
+        `search`: training runs after `prior` that found the mask (imp_mlm's masked-LM rounds)."""
         from workbench.checkpoints import read_manifest
         from workbench.finetune import load_classifier, train_seed
         from workbench.loop import TrainingHooks, write_model_folder
@@ -429,7 +431,7 @@ class Sweep:
                                   f"prunes {wanted:.6f} (the masks were not kept through training)")
         own = ((read_manifest(res.checkpoint) or {}).get("cost") or {}).get("own")
         record = self.save_point(s, method, amount, trained, masks, params,
-                                 {"dev": res.dev, "test": res.test}, time.time() - t0, retrained=(own, prior))
+                                 {"dev": res.dev, "test": res.test}, time.time() - t0, retrained=(own, prior, search))
         shutil.rmtree(target / "start", ignore_errors=True)
         shutil.rmtree(target / "train", ignore_errors=True)
         return record
@@ -504,7 +506,7 @@ class Sweep:
         found = self.done("imp_mlm", amount, s.seed)
         if found is not None:
             return found
-        masks_by_amount, pretrainer, settings = self.mlm_tickets()
+        masks_by_amount, pretrainer, settings, found_by = self.mlm_tickets()
         masks = transfer_masks(masks_by_amount[amount], pretrainer, s.full)
         if set(masks) != set(s.names):
             raise CheckpointError(f"imp_mlm: the masked-LM masks cover {len(masks)} matrices, the classifier's "
@@ -512,7 +514,8 @@ class Sweep:
         start = s.start if self.cfg.rewind_step == 0 else self.pretrained_start(s.seed)
         return self.retrain(s, "imp_mlm", amount, masks, start,
                             {"sparsity": amount, "round": round(amount / self.cfg.imp_step),
-                             "mlm_steps": settings.steps, "mlm_seed": settings.seed, "rewind_step": 0})
+                             "mlm_steps": settings.steps, "mlm_seed": settings.seed, "rewind_step": 0},
+                            prior=str(self.run.checkpoint), search=tuple(found_by[amount]))
 
     def mlm_tickets(self):
         """The masked-LM IMP rounds (`workbench.compress.pretraining_ticket.mlm_tickets`), run once
@@ -523,9 +526,9 @@ class Sweep:
 
             settings = load_mlm_settings(self.cfg.mlm, "prune config")
             folder = Path(settings.output_dir) if settings.output_dir else self.folder / "mlm"
-            masks, pretrainer = mlm_tickets(self.run.checkpoint, max(mlm_sparsities(self.cfg)), self.cfg.imp_step, settings,
+            masks, pretrainer, found_by = mlm_tickets(self.run.checkpoint, max(mlm_sparsities(self.cfg)), self.cfg.imp_step, settings,
                                             folder, device=self.ft.device, progress=self.cfg.progress, log=self.log)
-            self.mlm = (masks, pretrainer, settings)
+            self.mlm = (masks, pretrainer, settings, found_by)
         return self.mlm
 
     # -- post-hoc points (no retraining) --------------------------------------------------------------
