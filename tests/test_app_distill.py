@@ -83,18 +83,23 @@ def test_shipped_distill_figures_render(tmp_path):
         assert json.loads((r.folder / "manifest.json").read_text())["n_points"] > 0
 
 
-@pytest.mark.slow
-def test_distill_page_renders_headless(tmp_path, monkeypatch):
+def _render_page(store, monkeypatch):
+    """The distillation page run headless (AppTest) on `store`: the app and its plotly specs."""
     from streamlit.testing.v1 import AppTest
 
-    M = np.array([[0.9, 0.5, 0.2], [0.3, 0.4, 0.8]])
-    store = _store(tmp_path, _cka_frames(M, "student", "teacher"))
     monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
     at = AppTest.from_file(APP, default_timeout=120)
     at.query_params["page"] = "distill"
     at.run()
     assert not at.exception, [e.message for e in at.exception]
-    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return at, [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+@pytest.mark.slow
+def test_distill_page_renders_headless(tmp_path, monkeypatch):
+    M = np.array([[0.9, 0.5, 0.2], [0.3, 0.4, 0.8]])
+    store = _store(tmp_path, _cka_frames(M, "student", "teacher"))
+    at, specs = _render_page(store, monkeypatch)
     assert len(specs) == 3  # accuracy vs parameters, vs latency, the CKA heatmap
     assert any("0 -> 0, 1 -> 2" in c.value for c in at.caption)
 
@@ -130,17 +135,10 @@ def test_pretraining_table_and_plot_are_the_rows(tmp_path):
 
 @pytest.mark.slow
 def test_distill_page_shows_pretraining_students_headless(tmp_path, monkeypatch):
-    from streamlit.testing.v1 import AppTest
-
     store = ResultsStore(tmp_path / "runs")
     with store.start_run("distill", {"k": 2}, name="p") as run:
         run.add(_pretraining_rows())
-    monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params["page"] = "distill"
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    _, specs = _render_page(store, monkeypatch)
     assert len(specs) == 1  # no task rows: only the held-out MLM loss chart
     assert [tr["name"] for tr in specs[0]["data"]] == ["teacher", "students, init teacher", "students, init random"]
     assert specs[0]["layout"]["yaxis"]["title"]["text"] == "held-out masked-LM loss"
