@@ -244,19 +244,13 @@ _GENERATORS = {"causal": _causal, "bilm": _bilm, "seq2seq": _seq2seq}
 
 
 def generation_checkpoint(item: str) -> Path:
-    """The checkpoint folder `bertology generate` reads: a checkpoint as given; a training folder
-    (`runs/train/NAME/seed-0`, as the README writes it) -> its last saved step. A training folder
-    with several seeds is ambiguous: one line asking for one of them."""
-    from workbench.checkpoints import list_steps, resolve_checkpoint
+    """The checkpoint folder `bertology generate` reads: a checkpoint folder or Hub name as given; a
+    training folder (`runs/train/NAME/seed-0`, as the README writes it) -> its last saved step (the
+    one resolver every command uses, `workbench.finetune.resolve_checkpoint`: several seeds are one
+    line asking for one of them)."""
+    from workbench.finetune import resolve_checkpoint
 
-    path = resolve_checkpoint(item)
-    if (path / "config.json").is_file() or not path.is_dir():
-        return path
-    steps = list_steps(path)
-    seeds = sorted({str(p.parent) for _, p in steps})
-    if len(seeds) > 1:
-        raise ConfigError(f"{path}: a training folder with {len(seeds)} seeds; name one (e.g. {seeds[0]})")
-    return steps[-1][1] if steps else path  # no steps: ModelHandle.load says what the folder lacks
+    return resolve_checkpoint(item)
 
 
 def cli_main(argv: Sequence[str]) -> int:
