@@ -214,7 +214,7 @@ def test_generate_reads_a_training_folder_at_its_last_step(tokenizers, tmp_path,
     assert capsys.readouterr().out != by_folder
     assert main(["generate", str(tmp_path / "run"), "x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "2 seeds; name one" in err[0]
+    assert len(err) == 1 and "holds checkpoints of 2 seeds; give one seed-S folder" in err[0]
 
 
 @pytest.mark.parametrize("family", ["gpt", "t5", "bart"])

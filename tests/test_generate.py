@@ -139,28 +139,3 @@ def test_bad_sampling_and_too_long_requests_are_refused(handles):
         generate(handles["gpt"], PROMPTS, Sampling(strategy="beam"))
     with pytest.raises(ConfigError, match="max_length"):
         generate(handles["gpt"], PROMPTS, Sampling(max_new_tokens=500))
-
-
-def test_generate_reads_a_training_folder_at_its_last_step(tiny_models, tmp_path, capsys):
-    """`bertology generate runs/train/NAME/seed-0` (the README's form) generates from the last saved
-    step: the same text as naming that step, and another than the earlier step's weights give."""
-    import json
-
-    from workbench.generate import cli_main, generation_checkpoint
-
-    model, tok = tiny_models["gpt"]
-    seed_dir = tmp_path / "train" / "tiny" / "seed-0"
-    torch.manual_seed(1)
-    early = type(model)(model.config)  # other weights at the earlier step (seeded)
-    for step, m in ((5, early), (10, model)):
-        folder = seed_dir / f"step-{step:07d}"
-        m.save_pretrained(folder)
-        tok.save_pretrained(folder)
-        (folder / "manifest.json").write_text(json.dumps({"family": "gpt", "step": step, "seed": 0}))
-    assert generation_checkpoint(str(seed_dir)) == seed_dir / "step-0000010"
-
-    def texts(path):
-        assert cli_main([str(path), "The city is", "--max-new-tokens", "8", "--json"]) in (0, None)
-        return [json.loads(line)["ids"] for line in capsys.readouterr().out.splitlines()]
-
-    assert texts(seed_dir) == texts(seed_dir / "step-0000010") != texts(seed_dir / "step-0000005")
