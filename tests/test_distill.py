@@ -302,6 +302,36 @@ def test_two_jobs_give_the_rows_of_a_sequential_run_and_resume(teacher, tmp_path
     pd_testing.assert_frame_equal(_comparable(par.rows), _comparable(seq.rows))
 
 
+@pytest.mark.slow
+def test_submitit_local_executor_gives_the_rows_of_a_sequential_run(teacher, tmp_path, monkeypatch):
+    """The submitit path (`bertology distill --executor submitit-local`, the code path a Slurm cluster
+    takes, with submitit's local executor in its place): each point runs as a submitit job in its own
+    process and gives the same student, bit for bit, and the same rows as the point run in this
+    process; submitit really ran it (its result file is in the sweep's `submitit/` folder)."""
+    from app.cli import main
+
+    kw = dict(inits=["teacher"], alphas=[0.5], threads=1)
+    seq = run_distill(load_distill_config(_cfg(teacher, tmp_path / "seq", **kw)), store=ResultsStore(tmp_path / "s1"))
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    path = tmp_path / "grid.yaml"
+    path.write_text(json.dumps(_cfg(teacher, tmp_path / "sub", **kw)))
+    assert main(["distill", str(path), "--executor", "submitit-local"]) == 0
+    folder = tmp_path / "sub" / "sweep"
+    assert list((folder / "submitit").glob("*_result.pkl")), "no submitit job ran"
+    name = "L2-teacher-T2-a0.5"
+    doc = json.loads((folder / "points" / name / "point.json").read_text())
+    want = json.loads((seq.folder / "points" / name / "point.json").read_text())
+    assert doc["seeds"]["0"]["test_accuracy"] == want["seeds"]["0"]["test_accuracy"]
+    assert (doc["parameters"], doc["teacher_calls"]) == (want["parameters"], want["teacher_calls"])
+    a = load_classifier(Path(doc["seeds"]["0"]["checkpoint"])).state_dict()
+    b = load_classifier(Path(want["seeds"]["0"]["checkpoint"])).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sub = run_distill(load_distill_config(path), store=ResultsStore(tmp_path / "runs"))  # resumes: nothing new runs
+    import pandas.testing
+
+    pandas.testing.assert_frame_equal(_comparable(sub.rows), _comparable(seq.rows))
+
+
 def test_bad_jobs_and_executor_are_one_line_exit_2(teacher, tmp_path, capsys, monkeypatch):
     from app.cli import main
 
