@@ -281,10 +281,11 @@ def test_attention_dropout_is_reproducible_from_torch_seed():
     assert torch.equal(draw(), first) and not torch.equal(first, second)
 
 
-def test_a_bert_training_forward_draws_every_mask_with_pcg16_and_bernoulli_mode_is_untouched(monkeypatch):
+def test_a_bert_training_forward_draws_every_mask_with_pcg16_and_bernoulli_mode_is_untouched(monkeypatch, tmp_path):
     """The loop's BERT with `dropout_masks: pcg16`: one forward draws one keep_mask per dropout it
     runs (embeddings; per layer the attention probabilities, attention output, FFN output; the
-    the pretraining heads none) and no bernoulli_; with `bernoulli` the model keeps SDPA and nn.Dropout."""
+    pretraining heads none) and no bernoulli_; with `bernoulli` the model keeps SDPA and nn.Dropout.
+    Its saved checkpoint does not name the attention function: it opens with SDPA."""
     import workbench.dropout as wd
     from workbench.config import load_config
     from workbench.families import get_family
@@ -308,6 +309,11 @@ def test_a_bert_training_forward_draws_every_mask_with_pcg16_and_bernoulli_mode_
     layers, heads = model.model.config.num_hidden_layers, model.model.config.num_attention_heads
     assert calls.count((2, heads, 12, 12)) == layers  # the attention probabilities, B x H x T x T
     assert len(calls) == 1 + 3 * layers and bernoulli == []
+    from transformers import AutoModel
+
+    model.save_pretrained(tmp_path)
+    assert wd.ATTENTION_FUNCTION not in (tmp_path / "config.json").read_text()
+    assert AutoModel.from_pretrained(tmp_path).config._attn_implementation == "sdpa"
 
 
 def test_the_hash_changes_exactly_for_the_families_whose_training_changed():
