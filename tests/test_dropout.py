@@ -285,7 +285,8 @@ def test_a_bert_training_forward_draws_every_mask_with_pcg16_and_bernoulli_mode_
     """The loop's BERT with `dropout_masks: pcg16`: one forward draws one keep_mask per dropout it
     runs (embeddings; per layer the attention probabilities, attention output, FFN output; the
     pretraining heads none) and no bernoulli_; with `bernoulli` the model keeps SDPA and nn.Dropout.
-    Its saved checkpoint does not name the attention function: it opens with SDPA."""
+    Its saved checkpoint does not name the attention function: it opens with SDPA. On a device other
+    than the CPU the attention is not switched."""
     import workbench.dropout as wd
     from workbench.config import load_config
     from workbench.families import get_family
@@ -299,6 +300,9 @@ def test_a_bert_training_forward_draws_every_mask_with_pcg16_and_bernoulli_mode_
     assert not any(isinstance(m, FastDropout) for m in plain.modules())
     model = build_model(load_config({"family": "bert", "preset": "tiny", "steps": 3}), family, tok, 0, torch.device("cpu"))
     assert model.model.config._attn_implementation == wd.ATTENTION_FUNCTION
+    elsewhere = build_model(load_config({"family": "bert", "preset": "tiny", "steps": 3}), family, tok, 0,
+                            torch.device("meta"))  # not a CPU: torch's masks anyway, so SDPA's fused kernels stay
+    assert elsewhere.model.config._attn_implementation == "sdpa"
     calls, bernoulli = [], []
     real = wd.keep_mask
     monkeypatch.setattr(wd, "keep_mask", lambda *a, **k: calls.append(tuple(a[0])) or real(*a, **k))

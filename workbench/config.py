@@ -66,7 +66,8 @@ FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES`: the model runs the registered attention 
 other weights for those families, so their `pcg16` hash changed; `pcg16_modules` is the `pcg16` of
 2026-11-26 (module masks only, the family's default attention) and hashes as it did, to resume or
 reproduce runs of that day. DeBERTa (attention dropout through a module) and ELMo train the same
-under both and keep their hash. On CUDA all of them draw with torch's Philox.
+under both and keep their hash. On CUDA all of them draw with torch's Philox and the attention
+stays the family's default (SDPA's fused kernels), whatever the setting.
 
 `load_config` validates every key and value and raises `ConfigError` naming the file and the
 offending key (e.g. `experiments/train/x.yaml: corpus.heldout_fraction: must be in (0, 1), got 2`).

@@ -480,8 +480,8 @@ def build_model(cfg: TrainConfig, family: FamilySpec, tokenizer, seed: int, devi
     model = family.build_model(family.model_config(cfg.preset, cfg.model), tokenizer).to(device)
     if cfg.dropout_masks in ("pcg16", "pcg16_modules"):  # cheaper CPU masks, same dropout (workbench/dropout.py)
         use_fast_dropout(model)
-    if cfg.dropout_masks == "pcg16":  # and for the attention probabilities of HF's BERT-style attention functions
-        use_fast_attention_dropout(model)
+    if cfg.dropout_masks == "pcg16" and torch.device(device).type == "cpu":  # and the attention probabilities'
+        use_fast_attention_dropout(model)  # (elsewhere the masks are torch's anyway: keep SDPA's fused kernels)
     max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if max_pos is not None and max_pos < cfg.max_len:
         raise ConfigError(f"{cfg.source}: max_len: {cfg.max_len} exceeds the model's {max_pos} positions")
