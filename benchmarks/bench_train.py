@@ -32,8 +32,9 @@ bf16 / fp32 of our loop's tokens/s (`ratio_bf16_vs_fp32`), all from this one run
 
 `--variants` times the training step itself (forward, backward, clip, AdamW on the same batches)
 with CPU options the loop does not use by default (AdamW foreach/fused, bf16 autocast, torch.compile,
-`fast_dropout`: every nn.Dropout module swapped for workbench/dropout.py's, which the loop does by
-default since 2026-11-26, `dropout_masks: pcg16`; the `default` step here keeps torch's bernoulli_)
+`fast_dropout`: every nn.Dropout module swapped for workbench/dropout.py's and, since 2026-11-27,
+the attention probabilities' dropout through its `bertology_pcg16` attention function, as the loop
+does by default, `dropout_masks: pcg16`; the `default` step here keeps torch's bernoulli_ and SDPA)
 and says whether the weights after those steps are bit-identical to the default step's.
 `--profile N` runs torch.profiler over N steps of the loop's step and prints where the time goes.
 
@@ -228,9 +229,10 @@ def _run_steps(cfg, data, family, batches, variant: str, profile: bool = False) 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_factory(cfg.warmup_steps(), cfg.total_steps))
     forward = torch.compile(model) if variant == "compile" else model
     if variant == "fast_dropout":  # workbench/dropout.py: 16-bit PCG64 masks instead of bernoulli_
-        from workbench.dropout import use_fast_dropout
+        from workbench.dropout import use_fast_attention_dropout, use_fast_dropout
 
         use_fast_dropout(model)
+        use_fast_attention_dropout(model)
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if variant == "bf16" else contextlib.nullcontext
     model.train()
     torch.manual_seed(2)

@@ -131,7 +131,7 @@ def test_the_training_loop_builds_its_model_with_the_masks_the_config_names():
     model = build_model(plain, family, None, 0, torch.device("cpu"))
     assert [type(m) for m in model.modules() if isinstance(m, nn.Dropout)] == [nn.Dropout, nn.Dropout]
     assert fast.dropout_masks == "pcg16" and fast.training_hash() != plain.training_hash()
-    with pytest.raises(ConfigError, match="dropout_masks: must be pcg16 or bernoulli, got 'philox'"):
+    with pytest.raises(ConfigError, match="dropout_masks: must be one of pcg16, pcg16_modules, bernoulli, got 'philox'"):
         load_config({**base, "dropout_masks": "philox"})
 
 
@@ -155,3 +155,226 @@ def test_a_run_folder_of_the_old_masks_is_refused_with_the_way_to_reuse_it(tmp_p
     other = load_config({**base, "lr": 1e-2})
     with pytest.raises(ConfigError, match="holds a run of a different config"):
         claim_run_folder(other, 0, tmp_path, Dist(), NO_HOOKS, torch.device("cpu"))
+
+
+# ---- attention-probability dropout inside HF's attention functions ---------------------------------
+
+TEXTS = ["the committee met on tuesday to discuss the budget .", "a small dog ran across the old bridge .",
+         "she said that the results were not what anyone expected ."] * 20
+
+
+def family_model(name: str):
+    """The family's tiny training module (workbench/families), seed 0, with a tokenizer trained here."""
+    from workbench.families import get_family
+    from workbench.tokenization import build_tokenizer
+
+    family = get_family(name)
+    tok = build_tokenizer(family.tokenizer_kind, family.special_tokens, TEXTS, vocab_size=120,
+                          special_roles=family.special_roles, template=family.template)
+    torch.manual_seed(0)
+    return family.build_model(family.model_config("tiny"), tok), tok
+
+
+def test_the_family_lists_say_how_each_family_applies_attention_dropout():
+    """FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES (which the training hash reads) are exactly the families
+    whose models switch to the pcg16 attention function; DeBERTa's attention dropout is a module
+    (swapped by use_fast_dropout); ELMo has neither. Every family of the registry is in one case."""
+    from transformers import PreTrainedModel
+
+    from workbench.dropout import (ATTENTION_FUNCTION, FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES,
+                                   MODULE_ATTENTION_DROPOUT_FAMILIES, use_fast_attention_dropout)
+    from workbench.families import FAMILIES
+
+    for name in FAMILIES:
+        model, _ = family_model(name)
+        hf = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
+        switched = use_fast_attention_dropout(model)
+        if name in FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES:
+            assert switched >= 1 and all(m.config._attn_implementation == ATTENTION_FUNCTION for m in hf), name
+        else:
+            assert switched == 0 and all(m.config._attn_implementation != ATTENTION_FUNCTION for m in hf), name
+            assert (name in MODULE_ATTENTION_DROPOUT_FAMILIES) == any(
+                "attention" in n and isinstance(m, nn.Dropout) for n, m in model.named_modules()), name
+    assert len(FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES) == 9 and set(MODULE_ATTENTION_DROPOUT_FAMILIES) == {"deberta"}
+
+
+def _hf_inputs(name: str, tok, model):
+    ids = torch.tensor([tok.encode(t)[:12] for t in TEXTS[:3]])
+    mask = torch.ones_like(ids)
+    mask[0, 1:4] = 0  # masked tokens before real ones (seen by causal models too) and padding after them:
+    mask[1, 4:] = 0  # the mask must reach the attention function as the default's does
+    extra = {"decoder_input_ids": ids[:, :9]} if name in ("t5", "bart") else {}
+    return {"input_ids": ids, "attention_mask": mask, **extra}
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta", "albert", "electra", "distilbert", "gpt", "t5", "bart"])
+def test_the_attention_function_outside_training_equals_the_familys_default(name):
+    """Eval mode (no dropout), with padding: the HF model's output under `bertology_pcg16` equals its
+    default attention (SDPA) within 1e-6 relative, and eager attention's within 1e-6 absolute."""
+    from workbench.dropout import use_fast_attention_dropout
+
+    model, tok = family_model(name)
+    hf = model.model.eval()  # the transformers model inside the training wrapper
+    batch = _hf_inputs(name, tok, hf)
+    assert hf.config._attn_implementation == "sdpa"
+    logits = lambda **b: hf(**b).to_tuple()[0]  # noqa: E731  (the first output: the head's logits)
+    with torch.no_grad():
+        default = logits(**batch)
+        hf.set_attn_implementation("eager")
+        eager = logits(**batch)
+        assert use_fast_attention_dropout(hf) == 1
+        ours = logits(**batch)
+        unmasked = logits(**{**batch, "attention_mask": torch.ones_like(batch["attention_mask"])})
+    torch.testing.assert_close(ours, default, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ours, eager, rtol=0, atol=1e-6)
+    keep = batch["attention_mask"].bool() if name not in ("t5", "bart") else slice(None)
+    assert not torch.allclose(ours[keep], unmasked[keep], atol=1e-4)  # the mask was applied (without it they differ)
+
+
+def _attention_inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 3, 16, 8, generator=g) for _ in range(3))
+    mask = torch.zeros(2, 1, 16, 16)
+    mask[1, :, :, 10:] = torch.finfo(torch.float32).min  # eager's additive padding mask
+    return q, k, v, mask
+
+
+def test_attention_dropout_keeps_at_the_right_rate_scales_and_is_unbiased():
+    """In training the returned probabilities are the softmax's kept with probability 0.9 (the
+    quantised rate, within 5 standard errors over ~3e5 elements) and scaled by 1/0.9, else zero; the
+    mean output over 400 draws equals the no-dropout output within 5 standard errors everywhere."""
+    from workbench.dropout import keep_threshold, pcg16_attention_forward
+
+    q, k, v, mask = _attention_inputs()
+    module = nn.Module()
+    probs = torch.softmax(q @ k.transpose(-1, -2) / 8**0.5 + mask, dim=-1)
+    ref, ref_w = pcg16_attention_forward(module.eval(), q, k, v, mask, dropout=0.1)
+    torch.testing.assert_close(ref_w, probs, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ref, (probs @ v).transpose(1, 2), rtol=0, atol=1e-6)
+    module.train()
+    torch.manual_seed(0)
+    outs, kept = [], []
+    for _ in range(400):
+        out, w = pcg16_attention_forward(module, q, k, v, mask, dropout=0.1)
+        nonzero = w != 0
+        torch.testing.assert_close(w[nonzero], ref_w[nonzero] / 0.9, rtol=1e-6, atol=0)
+        kept.append(nonzero[probs > 0].float())
+        outs.append(out)
+    rate, n = torch.cat(kept).mean().item(), torch.cat(kept).numel()
+    expected = keep_threshold(0.1) / 65536
+    assert abs(rate - expected) < 5 * (expected * (1 - expected) / n) ** 0.5
+    outs = torch.stack(outs)
+    se = outs.std(0) / len(outs) ** 0.5
+    assert ((outs.mean(0) - ref).abs() < 5 * se + 1e-6).all()
+    assert (outs.std(0) > 0).float().mean() > 0.99  # the draws really differ
+
+
+def test_attention_dropout_is_reproducible_from_torch_seed():
+    from workbench.dropout import pcg16_attention_forward
+
+    q, k, v, mask = _attention_inputs()
+    module = nn.Module().train()
+    draw = lambda: pcg16_attention_forward(module, q, k, v, mask, dropout=0.1)[0]  # noqa: E731
+    torch.manual_seed(3)
+    first, second = draw(), draw()
+    torch.manual_seed(3)
+    assert torch.equal(draw(), first) and not torch.equal(first, second)
+
+
+def test_a_bert_training_forward_draws_every_mask_with_pcg16_and_bernoulli_mode_is_untouched(monkeypatch, tmp_path):
+    """The loop's BERT with `dropout_masks: pcg16`: one forward draws one keep_mask per dropout it
+    runs (embeddings; per layer the attention probabilities, attention output, FFN output; the
+    pretraining heads none) and no bernoulli_; with `bernoulli` the model keeps SDPA and nn.Dropout.
+    Its saved checkpoint does not name the attention function: it opens with SDPA. On a device other
+    than the CPU the attention is not switched."""
+    import workbench.dropout as wd
+    from workbench.config import load_config
+    from workbench.families import get_family
+    from workbench.train import build_model
+
+    _, tok = family_model("bert")
+    family = get_family("bert")
+    plain = build_model(load_config({"family": "bert", "preset": "tiny", "steps": 3, "dropout_masks": "bernoulli"}),
+                        family, tok, 0, torch.device("cpu"))
+    assert plain.model.config._attn_implementation == "sdpa"
+    assert not any(isinstance(m, FastDropout) for m in plain.modules())
+    model = build_model(load_config({"family": "bert", "preset": "tiny", "steps": 3}), family, tok, 0, torch.device("cpu"))
+    assert model.model.config._attn_implementation == wd.ATTENTION_FUNCTION
+    elsewhere = build_model(load_config({"family": "bert", "preset": "tiny", "steps": 3}), family, tok, 0,
+                            torch.device("meta"))  # not a CPU: torch's masks anyway, so SDPA's fused kernels stay
+    assert elsewhere.model.config._attn_implementation == "sdpa"
+    calls, bernoulli = [], []
+    real = wd.keep_mask
+    monkeypatch.setattr(wd, "keep_mask", lambda *a, **k: calls.append(tuple(a[0])) or real(*a, **k))
+    monkeypatch.setattr(torch.Tensor, "bernoulli_", lambda *a, **k: bernoulli.append(1))
+    model.train()
+    ids = torch.tensor([tok.encode(t)[:12] for t in TEXTS[:2]])
+    model.model(input_ids=ids, attention_mask=torch.ones_like(ids)).prediction_logits.sum().backward()
+    layers, heads = model.model.config.num_hidden_layers, model.model.config.num_attention_heads
+    assert calls.count((2, heads, 12, 12)) == layers  # the attention probabilities, B x H x T x T
+    assert len(calls) == 1 + 3 * layers and bernoulli == []
+    from transformers import AutoModel
+
+    model.save_pretrained(tmp_path)
+    assert wd.ATTENTION_FUNCTION not in (tmp_path / "config.json").read_text()
+    assert AutoModel.from_pretrained(tmp_path).config._attn_implementation == "sdpa"
+
+
+def test_the_hash_changes_exactly_for_the_families_whose_training_changed():
+    """pcg16 hashes differently from pcg16_modules only for the functional-attention families;
+    pcg16_modules (and DeBERTa's/ELMo's pcg16) hash as pcg16 did before (values of the code of
+    2026-11-26, commit 9b6143e), bernoulli as always."""
+    from workbench.config import load_config
+    from workbench.dropout import FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES
+    from workbench.families import FAMILIES
+
+    before = {"bert": "7a0bab7c085d7391", "roberta": "0e61e32b8dfdec85", "spanbert": "10627f02e98c737a",
+              "albert": "bab8c2a2136c6a54", "electra": "33ce288e538ab317", "deberta": "46ddb459ed1801a1",
+              "gpt": "3c213eaa04a63a08", "t5": "9d1dfb25bef6b74e", "bart": "3037df7268a68b0c",
+              "elmo": "bdbc56a8ba2c4e73", "distilbert": "75818bcfdd52e087"}
+    bernoulli = {"bert": "517573be1286762b", "deberta": "2c1ec105cc714028", "elmo": "8c8db8c567808752"}
+    assert set(before) == set(FAMILIES)
+    for name in FAMILIES:
+        h = {m: load_config({"family": name, "steps": 3, "dropout_masks": m}).training_hash("cpu")
+             for m in ("pcg16", "pcg16_modules", "bernoulli")}
+        assert h["pcg16_modules"] == before[name]
+        assert (h["pcg16"] != before[name]) == (name in FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES), name
+        assert len({h["pcg16_modules"], h["bernoulli"]}) == 2 and h["pcg16"] != h["bernoulli"]
+        if name in bernoulli:
+            assert h["bernoulli"] == bernoulli[name]
+
+
+def test_a_run_folder_of_the_module_only_masks_is_refused_with_the_way_to_reuse_it(tmp_path):
+    """A BERT folder trained with 2026-11-26's pcg16 (module masks only; its hash = today's
+    `pcg16_modules`) is not resumed with today's pcg16: the error names `pcg16_modules`, which claims
+    it. A DeBERTa folder of that day is claimed by today's pcg16 (its training did not change)."""
+    import json
+
+    from workbench.config import load_config
+    from workbench.errors import ConfigError
+    from workbench.loop import NO_HOOKS
+    from workbench.train import Dist, claim_run_folder, dropout_record
+
+    cpu = torch.device("cpu")
+    old = load_config({"family": "bert", "steps": 3, "dropout_masks": "pcg16_modules"})
+    (tmp_path / "run.json").write_text(json.dumps({"training_hash": old.training_hash("cpu"), "seed": 0}))
+    with pytest.raises(ConfigError, match="pcg16 masks for the dropout modules only.*add `dropout_masks: pcg16_modules`"):
+        claim_run_folder(load_config({"family": "bert", "steps": 3}), 0, tmp_path, Dist(), NO_HOOKS, cpu)
+    claim_run_folder(old, 0, tmp_path, Dist(), NO_HOOKS, cpu)  # no error
+    deberta = tmp_path / "deberta"
+    deberta.mkdir()
+    old = load_config({"family": "deberta", "steps": 3, "dropout_masks": "pcg16_modules"})
+    (deberta / "run.json").write_text(json.dumps({"training_hash": old.training_hash("cpu"), "seed": 0}))
+    claim_run_folder(load_config({"family": "deberta", "steps": 3}), 0, deberta, Dist(), NO_HOOKS, cpu)
+    # what run.json and the manifests record
+    record = lambda family, masks: dropout_record(load_config({"family": family, "steps": 3, "dropout_masks": masks}))  # noqa: E731
+    assert record("bert", "pcg16") == {"setting": "pcg16", "modules": "pcg16", "attention_probabilities": "pcg16"}
+    assert record("bert", "pcg16_modules")["attention_probabilities"] == "bernoulli"
+    assert record("deberta", "pcg16_modules") == {"setting": "pcg16_modules", "modules": "pcg16",
+                                                  "attention_probabilities": "pcg16"}
+    assert record("gpt", "bernoulli") == {"setting": "bernoulli", "modules": "bernoulli", "attention_probabilities": "bernoulli"}
+    assert record("elmo", "pcg16")["attention_probabilities"] == "none"
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    claim_run_folder(load_config({"family": "t5", "steps": 3}), 0, fresh, Dist(), NO_HOOKS, cpu)
+    assert json.loads((fresh / "run.json").read_text())["dropout_masks"] == record("t5", "pcg16")

@@ -274,7 +274,7 @@ def test_tokenizer_path_reuses_a_trained_tokenizer_on_other_data(cache, tiny_run
 PIN_FAMILIES = ["bert", "roberta", "spanbert", "albert", "electra", "deberta", "gpt", "t5", "bart", "elmo"]
 
 
-@pytest.mark.parametrize("masks", ["bernoulli", "pcg16"])
+@pytest.mark.parametrize("masks", ["bernoulli", "pcg16_modules", "pcg16"])
 @pytest.mark.parametrize("family", PIN_FAMILIES)
 def test_tiny_run_of_every_family_keeps_its_pinned_weights(cache, tmp_path, family, masks):
     """3 steps of 2 accumulated micro-batches (dropout on, so the RNG order matters; a held-out
@@ -282,8 +282,11 @@ def test_tiny_run_of_every_family_keeps_its_pinned_weights(cache, tmp_path, fami
     (tests/weight_pins.py: per machine). The full training module is pinned (ELECTRA's generator,
     BERT's NSP head), and the saved checkpoint folder by the repo's own `weights_hash`.
     `dropout_masks: bernoulli` (torch's masks) keeps the pins recorded before workbench/dropout.py
-    existed; the default `pcg16` masks have their own pins (`train/<family>/pcg16/...`, recorded on
-    2026-11-26 when they became the default: other weights by design, the same rule from then on)."""
+    existed; the `pcg16` masks of the dropout modules have their own pins (`train/<family>/pcg16/...`,
+    recorded on 2026-11-26 when they became the default), which `pcg16_modules` still meets bit for
+    bit; since 2026-11-27 `pcg16` also draws the attention probabilities' masks of the families that
+    apply them inside the attention function (`train/<family>/pcg16_attention/...`, recorded then),
+    and the other families' `pcg16` keeps its 2026-11-26 pins."""
     from tests.weight_pins import check_pin, log_hash, state_hash
     from workbench.checkpoints import weights_hash
 
@@ -294,7 +297,14 @@ def test_tiny_run_of_every_family_keeps_its_pinned_weights(cache, tmp_path, fami
                       **{"eval.batches": 1, "checkpoints.log_spaced": False, "dropout_masks": masks})
     (final,) = train_from_config(cfg)
     module = torch.load(final / "trainer_state" / "model.pt", weights_only=True)
-    case = f"train/{family}" if masks == "bernoulli" else f"train/{family}/pcg16"
+    from workbench.checkpoints import read_manifest
+    from workbench.dropout import FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES
+    from workbench.train import dropout_record
+
+    assert read_manifest(final)["dropout_masks"] == dropout_record(cfg)
+    case = {"bernoulli": f"train/{family}", "pcg16_modules": f"train/{family}/pcg16",
+            "pcg16": f"train/{family}/pcg16_attention" if family in FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES
+            else f"train/{family}/pcg16"}[masks]
     check_pin(f"{case}/checkpoint", weights_hash(final))
     check_pin(f"{case}/module", state_hash(module))
     check_pin(f"{case}/log", log_hash(read_log(final.parent)))

@@ -25,7 +25,7 @@ device: auto                # auto | cpu | cuda | cuda:N
 bf16: true                  # bf16 autocast on CUDA (ignored on CPU)
 cpu_bf16: false             # bf16 autocast on CPU too (below; `precision: bf16` says it for every device)
 precision: null             # auto | fp32 | bf16 (below); null: `bf16` decides on CUDA, `cpu_bf16` on CPU
-dropout_masks: pcg16        # pcg16 | bernoulli: how CPU dropout masks are drawn (below)
+dropout_masks: pcg16        # pcg16 | pcg16_modules | bernoulli: how CPU dropout masks are drawn (below)
 seq_len_warmup: null        # or {start: 16, steps: 500}: sequence-length warm-up (below)
 ```
 
@@ -59,8 +59,15 @@ draws its CPU mask from 16-bit PCG64 lanes (`workbench/dropout.py`; keep probabi
 DeBERTa-style `small` model on the 2-core Intel Xeon with AMX (docs/benchmarks.md). `bernoulli`
 trains exactly as before (the runs before that date); the weights differ between the two, so
 `pcg16` enters the training hash (and `bernoulli` hashes as the configs before the key did).
-Dropout applied functionally inside HF attention (BERT's, BART's) is not a module and keeps
-`bernoulli_`; on CUDA both draw with torch's Philox.
+Since 2026-11-27 `pcg16` also covers the attention-probability dropout that HF's BERT-style
+families apply functionally inside their attention function (`workbench.dropout.
+FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES`: the model runs the registered attention function
+`bertology_pcg16`, eager attention with these masks, instead of the default SDPA with `bernoulli_`):
+other weights for those families, so their `pcg16` hash changed; `pcg16_modules` is the `pcg16` of
+2026-11-26 (module masks only, the family's default attention) and hashes as it did, to resume or
+reproduce runs of that day. DeBERTa (attention dropout through a module) and ELMo train the same
+under both and keep their hash. On CUDA all of them draw with torch's Philox and the attention
+stays the family's default (SDPA's fused kernels), whatever the setting.
 
 `load_config` validates every key and value and raises `ConfigError` naming the file and the
 offending key (e.g. `experiments/train/x.yaml: corpus.heldout_fraction: must be in (0, 1), got 2`).
@@ -78,6 +85,8 @@ from typing import Any
 from workbench.coerce import NOT_A_KEY, build_dataclass, settings_hash
 from workbench.errors import ConfigError
 from workbench.io import read_yaml, sha256_file
+
+DROPOUT_MASKS = ("pcg16", "pcg16_modules", "bernoulli")  # `dropout_masks` values (module docstring)
 
 def _default_sources() -> list[str]:
     """The corpus builder's English pretraining sources (EWT/GUM raw text left out, see there)."""
@@ -155,7 +164,7 @@ class TrainConfig:
     bf16: bool = True
     cpu_bf16: bool = False
     precision: str | None = None  # auto | fp32 | bf16; None = the older keys above decide
-    dropout_masks: str = "pcg16"  # pcg16 (workbench/dropout.py) | bernoulli (torch's, the runs before 2026-11-26)
+    dropout_masks: str = "pcg16"  # pcg16 | pcg16_modules (2026-11-26's pcg16) | bernoulli (torch's, before 2026-11-26)
     seq_len_warmup: SeqLenWarmupConfig | None = None
     deterministic: bool = True
     log_every: int = 1
@@ -214,6 +223,12 @@ class TrainConfig:
             d.pop(k)
         if d["dropout_masks"] == "bernoulli":  # the masks of every run before the key: hash as then
             d.pop("dropout_masks")
+        else:  # pcg16_modules: the module masks only, hashed as `pcg16` was before attention was covered
+            from workbench.dropout import FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES
+
+            d["dropout_masks"] = "pcg16"
+            if self.dropout_masks == "pcg16" and self.family in FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES:
+                d["attention_dropout_masks"] = "pcg16"  # only where the training changed (module docstring)
         if d["seq_len_warmup"] is None:  # keys added later hash as before when unused
             d.pop("seq_len_warmup")
         if not d["cpu_bf16"]:
@@ -307,8 +322,8 @@ def _validate(cfg: TrainConfig) -> None:
             _fail(s, "seq_len_warmup.start", f"must be in [8, max_len={cfg.max_len}], got {w.start}")
         if w.steps < 1:
             _fail(s, "seq_len_warmup.steps", f"must be >= 1, got {w.steps}")
-    if cfg.dropout_masks not in ("pcg16", "bernoulli"):
-        _fail(s, "dropout_masks", f"must be pcg16 or bernoulli, got {cfg.dropout_masks!r}")
+    if cfg.dropout_masks not in DROPOUT_MASKS:
+        _fail(s, "dropout_masks", f"must be one of {', '.join(DROPOUT_MASKS)}, got {cfg.dropout_masks!r}")
     if cfg.precision is not None:
         from workbench.precision import PRECISIONS
 

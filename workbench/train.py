@@ -59,7 +59,7 @@ from tqdm.auto import tqdm
 from workbench.checkpoints import STEP_PREFIX, list_steps, seed_dir, step_dir
 from workbench.config import TrainConfig, load_config
 from workbench.data_cache import TokenizedCorpus
-from workbench.dropout import use_fast_dropout
+from workbench.dropout import use_fast_attention_dropout, use_fast_dropout
 from workbench.errors import CheckpointError, ConfigError, yaml_problem
 from workbench.families import get_family
 from workbench.families.base import FamilySpec
@@ -455,6 +455,12 @@ def claim_run_folder(cfg: TrainConfig, seed: int, out: Path, d: Dist, hooks: Tra
                 raise ConfigError(f"{cfg.source}: output folder {out} holds a run trained with torch's bernoulli dropout "
                                   f"masks (before dropout_masks: pcg16 became the default); add `dropout_masks: "
                                   f"bernoulli` to the config to reuse or resume it, or choose another name/output_dir")
+            if cfg.dropout_masks == "pcg16" and prev["training_hash"] == dataclasses.replace(
+                    cfg, dropout_masks="pcg16_modules").training_hash(where):
+                raise ConfigError(f"{cfg.source}: output folder {out} holds a run trained with pcg16 masks for the dropout "
+                                  f"modules only (attention-probability dropout by torch's bernoulli_, before "
+                                  f"2026-11-27); add `dropout_masks: pcg16_modules` to the config to reuse or resume "
+                                  f"it, or choose another name/output_dir")
             raise ConfigError(f"{cfg.source}: output folder {out} holds a run of a different config "
                               f"(training settings differ); choose another name/output_dir or delete it")
         if prev.get("hooks", {}) != hooks.describe():
@@ -462,7 +468,7 @@ def claim_run_folder(cfg: TrainConfig, seed: int, out: Path, d: Dist, hooks: Tra
                               f"({prev.get('hooks', {})}, now {hooks.describe()}); choose another name/output_dir")
     elif d.main:
         record = {"training_hash": cfg.training_hash(where), "config": cfg.to_dict(), "seed": seed,
-                  "precision": precision_record(cfg, where)}
+                  "precision": precision_record(cfg, where), "dropout_masks": dropout_record(cfg)}
         if hooks.describe():
             record["hooks"] = hooks.describe()
         atomic_write_json(run_json, record)
@@ -472,12 +478,30 @@ def build_model(cfg: TrainConfig, family: FamilySpec, tokenizer, seed: int, devi
     """The family's training module with the seed's initial weights (the same on every rank)."""
     torch.manual_seed(_mix_seed(seed, 0x1417))
     model = family.build_model(family.model_config(cfg.preset, cfg.model), tokenizer).to(device)
-    if cfg.dropout_masks == "pcg16":  # cheaper CPU masks, same dropout (workbench/dropout.py)
+    if cfg.dropout_masks in ("pcg16", "pcg16_modules"):  # cheaper CPU masks, same dropout (workbench/dropout.py)
         use_fast_dropout(model)
+    if cfg.dropout_masks == "pcg16" and torch.device(device).type == "cpu":  # and the attention probabilities'
+        use_fast_attention_dropout(model)  # (elsewhere the masks are torch's anyway: keep SDPA's fused kernels)
     max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if max_pos is not None and max_pos < cfg.max_len:
         raise ConfigError(f"{cfg.source}: max_len: {cfg.max_len} exceeds the model's {max_pos} positions")
     return model
+
+
+def dropout_record(cfg: TrainConfig) -> dict:
+    """How the run's CPU dropout masks are drawn, for run.json and the manifests: the config's
+    `dropout_masks`, and for the attention probabilities "pcg16" (a swapped module, or the
+    `bertology_pcg16` attention function), "bernoulli" (torch's), or "none" (no attention)."""
+    from workbench.dropout import FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES, MODULE_ATTENTION_DROPOUT_FAMILIES
+
+    modules = "bernoulli" if cfg.dropout_masks == "bernoulli" else "pcg16"
+    if cfg.family in MODULE_ATTENTION_DROPOUT_FAMILIES:
+        attention = modules
+    elif cfg.family in FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES:
+        attention = "pcg16" if cfg.dropout_masks == "pcg16" else "bernoulli"
+    else:
+        attention = "none"
+    return {"setting": cfg.dropout_masks, "modules": modules, "attention_probabilities": attention}
 
 
 def precision_record(cfg: TrainConfig, device: str | None = None) -> dict:
@@ -511,6 +535,7 @@ def checkpoint_manifest(cfg: TrainConfig, family: FamilySpec, data: TrainingData
         "world_size": d.world,
         "config": cfg.to_dict(),
         "precision": precision_record(cfg, str(device) if device is not None else None),
+        "dropout_masks": dropout_record(cfg),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "trainable": trainable,
     }
