@@ -119,7 +119,8 @@ def test_rows_and_the_app_matrix_carry_an_mlp_column():
     np.testing.assert_allclose(matrix(table, "random"), (masks[0].heads_kept + masks[1].heads_kept.astype(float)) / 2)
     drawn = PLOTS["prune_heads_matrix"](df, "Surviving", {})
     z = np.asarray(drawn.figure.data[0].z, float)
-    assert z.shape == (3, 5) and list(drawn.figure.data[0].x)[-1] == "MLP"
+    assert z.shape == (3, 5) and list(drawn.figure.data[0].x) == ["0", "1", "2", "3", "MLP"]
+    assert drawn.figure.layout.xaxis.type == "category"  # the digits are labels, one tick per column
     np.testing.assert_allclose(z[:, -1], mlp_column(table, "random"))
 
 

@@ -96,7 +96,9 @@ def surviving_heads_plot(rows: pd.DataFrame, title: str, options: dict):
                                  colorscale="Blues", showscale=i == len(orders), name=order,
                                  hovertemplate="layer %{y} unit %{x}: kept in %{z:.0%} of seeds<extra></extra>"),
                       row=1, col=i)
-        fig.update_xaxes(title_text="head" if mlps is None else "head | MLP", row=1, col=i)
+        # with the MLP column the x values are labels ("0".."H-1", "MLP"): plotly would read the digits as numbers
+        fig.update_xaxes(title_text="head" if mlps is None else "head | MLP", type=None if mlps is None else "category",
+                         row=1, col=i)
     fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
     fig.update_layout(title=f"{title} ({model}, {task}; heads removed: mean over seeds)",
                       height=320 + 20 * int(table["layer"].max()), width=120 + 300 * len(orders))
