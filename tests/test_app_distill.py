@@ -100,7 +100,8 @@ def test_distill_page_renders_headless(tmp_path, monkeypatch):
     M = np.array([[0.9, 0.5, 0.2], [0.3, 0.4, 0.8]])
     store = _store(tmp_path, _cka_frames(M, "student", "teacher"))
     at, specs = _render_page(store, monkeypatch)
-    assert len(specs) == 3  # accuracy vs parameters, vs latency, the CKA heatmap
+    assert len(specs) == 4  # accuracy vs parameters, vs latency, vs temperature, the CKA heatmap
+    assert any(s["layout"]["xaxis"].get("title", {}).get("text") == "temperature T" for s in specs)
     assert any("0 -> 0, 1 -> 2" in c.value for c in at.caption)
 
 
@@ -142,3 +143,22 @@ def test_distill_page_shows_pretraining_students_headless(tmp_path, monkeypatch)
     assert len(specs) == 1  # no task rows: only the held-out MLM loss chart
     assert [tr["name"] for tr in specs[0]["data"]] == ["teacher", "students, init teacher", "students, init random"]
     assert specs[0]["layout"]["yaxis"]["title"]["text"] == "held-out masked-LM loss"
+
+
+def test_temperature_plot_draws_each_alpha_against_t_with_ce_and_teacher_lines():
+    points = {"L3-teacher-Tnone-a0": _point(3, "teacher", None, 0.0, [0.70, 0.72], 600, 5.0),
+              "L3-teacher-T1-a0.5": _point(3, "teacher", 1.0, 0.5, [0.73, 0.75], 600, 5.0),
+              "L3-teacher-T4-a0.5": _point(3, "teacher", 4.0, 0.5, [0.76, 0.78], 600, 5.0),
+              "L3-teacher-T4-a0.9": _point(3, "teacher", 4.0, 0.9, [0.79, 0.79], 600, 5.0),
+              "L2-random-T1-a0.5": _point(2, "random", 1.0, 0.5, [0.55, 0.57], 500, 3.5)}
+    rows = pd.DataFrame(distill_rows(points, TEACHER, "teacher", "bert", "sentence_polarity"))
+    from app.pages.distill import temperature_plot
+
+    drawn = temperature_plot(rows, "t", {"depth": 3, "init": "teacher"})
+    lines = {tr.name: (list(tr.x), [round(y, 4) for y in tr.y]) for tr in drawn.figure.data}
+    assert lines == {"alpha 0.5": ([1.0, 4.0], [0.74, 0.77]), "alpha 0.9": ([4.0], [0.79])}
+    hlines = sorted(round(shape.y0, 4) for shape in drawn.figure.layout.shapes)
+    assert hlines == [0.71, 0.80]  # plain CE (alpha 0) and the teacher
+    assert set(drawn.data["depth"]) == {3}  # the 2-layer random student is another panel's
+    with pytest.raises(Exception, match="no alpha > 0 points"):
+        temperature_plot(rows, "t", {"depth": 2, "init": "teacher"})

@@ -64,6 +64,44 @@ def tradeoff_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Draw
                                      "accuracy_min", "accuracy_max", "seeds"]].rename(columns={x: "x"}))
 
 
+def temperature_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
+    """`plot: distill_temperature`: the task-distillation grid of one student (options `depth`, `init`;
+    default the first present): test accuracy against the temperature T, one line per alpha > 0 (mean
+    over seeds, min-max bars), plain cross-entropy (alpha 0, no T) and the teacher as horizontal lines.
+    The question of the sweep (Hinton et al. 2015): does a softer teacher distribution help, and how
+    much weight should it get?"""
+    import plotly.graph_objects as go
+
+    table = tradeoff_table(rows[rows["probe"] == "distill"])
+    students = table[(table["role"] == "student") & table["accuracy"].notna()]
+    if students.empty:
+        raise figures.MissingData(f"nothing to draw for {title!r}: no distilled students")
+    depth = options.get("depth", students["depth"].iloc[0])
+    init = options.get("init", students["init"].iloc[0])
+    one = students[(students["depth"] == depth) & (students["init"] == init)]
+    soft = one[one["alpha"] > 0].sort_values(["alpha", "temperature"])
+    if soft.empty:
+        raise figures.MissingData(f"nothing to draw for {title!r}: no alpha > 0 points for depth {depth}, init {init}")
+    fig = go.Figure()
+    for alpha, g in soft.groupby("alpha", sort=True):
+        fig.add_trace(go.Scatter(x=g["temperature"], y=g["accuracy"], mode="lines+markers", name=f"alpha {alpha:g}",
+                                 error_y={"type": "data", "symmetric": False, "array": g["accuracy_max"] - g["accuracy"],
+                                          "arrayminus": g["accuracy"] - g["accuracy_min"]},
+                                 hovertemplate="T %{x}<br>accuracy %{y:.4f}<extra></extra>"))
+    ce = one[one["alpha"] == 0]
+    if not ce.empty:
+        fig.add_hline(y=float(ce["accuracy"].iloc[0]), line_dash="dash", line_color="gray",
+                      annotation_text="cross-entropy only (alpha 0)")
+    teacher = table[table["role"] == "teacher"]["accuracy"].dropna()
+    if len(teacher):
+        fig.add_hline(y=float(teacher.iloc[0]), line_dash="dot", line_color="black", annotation_text="teacher")
+    fig.update_layout(title=f"{title} (student: {depth} layers, init {init})", xaxis_title="temperature T",
+                      yaxis_title="test accuracy", template="plotly_white", height=440)
+    fig.update_xaxes(type="log", tickvals=sorted(soft["temperature"].unique()))
+    data = pd.concat([soft, ce]).rename(columns={"temperature": "x"})
+    return figures.Drawn(fig, data[["model", "depth", "init", "x", "alpha", "accuracy", "accuracy_min", "accuracy_max", "seeds"]])
+
+
 def implied_layer_map(M: pd.DataFrame) -> pd.Series:
     """For each row layer (student) of a layer x layer similarity matrix, the column layer
     (teacher) it is most similar to: the layer mapping the matrix implies."""
@@ -147,7 +185,7 @@ def pretraining_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.D
     return figures.Drawn(fig, table.rename(columns={"parameters": "x"}))
 
 
-PLOTS = {"distill_tradeoff": tradeoff_plot, "distill_layer_map": layer_map_plot,
+PLOTS = {"distill_tradeoff": tradeoff_plot, "distill_temperature": temperature_plot, "distill_layer_map": layer_map_plot,
          "distill_pretraining_loss": pretraining_plot}
 
 
@@ -171,6 +209,14 @@ def render(store) -> None:
         drawn.figure.update_layout(width=None)
         st.plotly_chart(drawn.figure, width="stretch", key=f"distill-{x}")
     ui.table(table[table["accuracy"].notna()], "distill-table")
+    try:
+        drawn = temperature_plot(rows, "test accuracy vs temperature", {})
+    except figures.MissingData:
+        drawn = None
+    if drawn is not None:
+        st.subheader("The temperature and the soft targets' weight")
+        drawn.figure.update_layout(width=None)
+        st.plotly_chart(drawn.figure, width="stretch", key="distill-temperature")
     pretraining = pretraining_table(rows)
     if not pretraining.empty:
         st.subheader("Pretraining distillation: held-out masked-LM loss against parameters")
