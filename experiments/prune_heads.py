@@ -208,10 +208,9 @@ def main(argv=None) -> dict:
         entry = {"finetuned": r.checkpoint, "curves": curves}
         report["seeds"][str(r.seed)] = entry
         atomic_write_json(out / "prune_heads.partial.json", _without_rows(report))  # the curves, before re-fine-tuning
-        if args.refinetune:
+        if args.refinetune:  # the same entry, now with the re-fine-tuned accuracies
             entry["refinetuned"] = refinetune(args, base_cfg, curves, r.seed)
-        report["seeds"][str(r.seed)] = entry
-        atomic_write_json(out / "prune_heads.partial.json", _without_rows(report))  # kept if a time limit cuts the run
+            atomic_write_json(out / "prune_heads.partial.json", _without_rows(report))  # kept if a time limit cuts the run
     report["summary"] = {order: {"prunable": _mean_sd([report["seeds"][s]["curves"][order]["prunable"]
                                                         for s in report["seeds"]]),
                                  "test_at_threshold": _mean_sd([report["seeds"][s]["curves"][order]["test_accuracy_at_threshold"]

@@ -26,7 +26,6 @@ end-of-sequence token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -243,22 +242,13 @@ def _seq2seq(handle, model, rows, sampling, gen) -> list[np.ndarray]:
 _GENERATORS = {"causal": _causal, "bilm": _bilm, "seq2seq": _seq2seq}
 
 
-def generation_checkpoint(item: str) -> Path:
-    """The checkpoint folder `bertology generate` reads: a checkpoint folder or Hub name as given; a
-    training folder (`runs/train/NAME/seed-0`, as the README writes it) -> its last saved step (the
-    one resolver every command uses, `workbench.finetune.resolve_checkpoint`: several seeds are one
-    line asking for one of them)."""
-    from workbench.finetune import resolve_checkpoint
-
-    return resolve_checkpoint(item)
-
-
 def cli_main(argv: Sequence[str]) -> int:
     """`bertology generate CHECKPOINT [PROMPT ...]`: continuations printed one per line (JSON with
     --json). Bad input (an encoder, a bad setting, an unknown checkpoint) fails before any work."""
     import argparse
     import json
 
+    from workbench.finetune import resolve_checkpoint
     from workbench.models import ModelHandle
 
     p = argparse.ArgumentParser(prog="bertology generate", description="generate text with a model's own LM head "
@@ -281,7 +271,8 @@ def cli_main(argv: Sequence[str]) -> int:
     if args.num < 1:
         raise ConfigError(f"--num must be >= 1, got {args.num}")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    handle = ModelHandle.load(generation_checkpoint(args.checkpoint), device=device)
+    # a training folder (`runs/train/NAME/seed-0`, as the README writes it) -> its last saved step
+    handle = ModelHandle.load(resolve_checkpoint(args.checkpoint), device=device)
     generator_head(handle)  # an encoder fails here, before anything is generated
     prompts = [q for q in args.prompts for _ in range(args.num)]
     g = generate(handle, prompts, sampling)
