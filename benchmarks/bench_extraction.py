@@ -235,6 +235,8 @@ def main() -> None:
     start = record_start()
     report: dict = {"threads": args.threads, "torch": torch.__version__, "device": args.device,
                     "layers": args.layers, "hidden": args.hidden}
+    if args.device.startswith("cuda"):
+        report["gpu"] = torch.cuda.get_device_name()  # the README table's row names the GPU
     if not args.skip_speed:
         print(f"speed ({args.layers}-layer, hidden-{args.hidden} random BERT on {args.device}, EWT train):", flush=True)
         s = speed(args)

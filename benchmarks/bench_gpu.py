@@ -19,6 +19,7 @@ Writes benchmarks/results/bench_gpu-<host>-<time>.json (see results_io.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -50,6 +51,61 @@ def gpu_matmul_peak(n: int = 8192, reps: int = 20, dtype: torch.dtype = torch.bf
             "median_flops_per_s": sorted(rates)[len(rates) // 2]}
 
 
+def profile_steps(cfg, data, steps: int, skip: int = 5) -> dict:
+    """Where a step's time goes on the GPU: `torch.profiler` over `steps` steps of the loop (after
+    `skip` steps of warm-up), read through the loop's after-step hook. Returns the device time per
+    step (the summed kernel time), the host wall time per step, their ratio (how busy the GPU is),
+    the host-device waits per step (`aten::_local_scalar_dense`: a tensor read as a Python number;
+    `aten::nonzero`: boolean indexing, whose output size the host must learn) and the top operators
+    by device time and by host time."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from workbench.loop import TrainingHooks
+    from workbench.train import Dist, train_seed
+
+    walls: list[float] = []
+    cuda = torch.cuda.is_available()
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []),
+                   schedule=schedule(wait=skip - 1, warmup=1, active=steps, repeat=1))
+
+    def after_step(model, step):
+        if cuda and skip <= step <= skip + steps:
+            torch.cuda.synchronize()  # the step's kernels are done: its wall time is the device's too
+        walls.append(time.perf_counter())
+        prof.step()
+
+    short = dataclasses.replace(cfg, steps=skip + steps + 1, name=cfg.name + "-profile",
+                                output_dir=str(Path(cfg.output_dir) / "profile"))
+    with prof:
+        train_seed(short, 0, data, Dist(), TrainingHooks(after_step=after_step))
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    wall_s = walls[skip + steps - 1] - walls[skip - 1]
+    counts = {e.key: e.count for e in events}
+
+    def top(key: str, n: int = 15) -> list[dict]:
+        rows = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:n]
+        return [{"op": e.key, "count": e.count, "device_ms": round(e.self_device_time_total / 1e3, 2),
+                 "host_self_ms": round(e.self_cpu_time_total / 1e3, 2)} for e in rows]
+
+    # The host's share alone: building the steps' batches (examples, masking, padding), no model.
+    from workbench.families import get_family
+    from workbench.train import Dist as _Dist, objective_settings, step_batches
+
+    family = get_family(cfg.family)
+    collate = family.make_collator(objective_settings(cfg, family), data.tokenizer)
+    t0 = time.perf_counter()
+    for _ in step_batches(family, data.train, cfg, 0, _Dist(), collate, data.tokenizer, 0, 0, 0, steps):
+        pass
+    batch_ms = 1e3 * (time.perf_counter() - t0) / steps
+    return {"steps": steps, "wall_ms_per_step": round(1e3 * wall_s / steps, 2), "host_batch_ms_per_step": round(batch_ms, 2),
+            "device_busy_ms_per_step": round(device_us / 1e3 / steps, 2),
+            "device_busy_fraction": round(device_us / 1e6 / wall_s, 3),
+            "host_reads_per_step": {k: counts.get(k, 0) / steps for k in ("aten::_local_scalar_dense", "aten::nonzero",
+                                                                         "cudaStreamSynchronize", "cudaDeviceSynchronize")},
+            "top_device": top("self_device_time_total"), "top_host": top("self_cpu_time_total")}
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--family", default="bert")
@@ -62,6 +118,8 @@ def main(argv=None) -> dict:
     p.add_argument("--peak-reps", type=int, default=20)
     p.add_argument("--no-deterministic", action="store_true", help="the loop without deterministic algorithms")
     p.add_argument("--skip-hf", action="store_true", help="skip the HF Trainer baseline")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="also profile this many steps of the loop (torch.profiler; a separate, untimed run)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -87,6 +145,7 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         ours = _ours(cfg, data)
         ours_wall = time.perf_counter() - t0
+        profile_result = profile_steps(cfg, data, args.profile_steps) if args.profile_steps else None
     r_ours = ours["tokens"] / ours["seconds"]
     model_cfg = get_family(args.family).model_config(cfg.preset, cfg.model)
     vocab = len(data.tokenizer)
@@ -99,6 +158,14 @@ def main(argv=None) -> dict:
               "bf16_matmul_peak": peak, "flops_per_token_ours": f_ours, "ours_tokens_per_s": round(r_ours, 1),
               "ours_seconds_per_step": ours["seconds"] / max(1, ours["steps"]), "ours_wall_s_incl_setup": ours_wall,
               "mfu_ours": round(mfu_ours, 4)}  # fmt: skip
+    if profile_result is not None:
+        result["profile"] = profile_result
+        pr = profile_result
+        print(f"profile ({pr['steps']} steps): {pr['wall_ms_per_step']} ms per step (building the batch on the host "
+              f"{pr['host_batch_ms_per_step']} ms), GPU busy {pr['device_busy_ms_per_step']} ms "
+              f"({100 * pr['device_busy_fraction']:.0f}%); host reads per step {pr['host_reads_per_step']}", flush=True)
+        for row in pr["top_device"][:10]:
+            print(f"  {row['op'][:60]:60s} x{row['count']:<6} device {row['device_ms']:9.2f} ms  host {row['host_self_ms']:9.2f} ms")
     if not args.skip_hf:
         packed = _baseline(cfg, data, args.family, "packed", bf16=True)
         r_pack = packed["tokens"] / packed["seconds"]

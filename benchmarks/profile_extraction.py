@@ -1,7 +1,10 @@
 """Where extraction's CPU time goes (issue 30): the bare forward, tokenisation alone, word_states
 without writes and the whole `extract`, each in getrusage user + sys time, best of $R repetitions.
-Usage: N=1500 R=3 python benchmarks/profile_extraction.py   (run from the repository root)"""
-import os, sys, time, tempfile, resource
+On a GPU (DEVICE=cuda; LAYERS/HIDDEN set the random BERT, default 4 x 256) the host's time is the
+question: PROFILE=1 adds a cProfile of one `extract`, its top functions by own time.
+Usage: N=1500 R=3 [DEVICE=cuda LAYERS=12 HIDDEN=768 PROFILE=1] python benchmarks/profile_extraction.py
+(run from the repository root)"""
+import cProfile, io, os, pstats, resource, sys, tempfile, time
 sys.path.insert(0, "benchmarks")
 import torch
 torch.set_num_threads(1)
@@ -10,10 +13,13 @@ from bench_extraction import build_random_bert, _bare_batches, run_bare
 from workbench.activations import extract
 
 def cpu():
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
     r = resource.getrusage(resource.RUSAGE_SELF)
     return np.array([r.ru_utime, r.ru_stime, time.perf_counter()])
 
-handle, train = build_random_bert()
+DEVICE = os.environ.get("DEVICE", "cpu")
+handle, train = build_random_bert(int(os.environ.get("LAYERS", 4)), int(os.environ.get("HIDDEN", 256)), device=DEVICE)
 sents = [s for s in train[:int(os.environ.get("N", 1500))] if s]
 batches, tokens = _bare_batches(handle, sents, 32)
 run_bare(handle.model, batches[:2])
@@ -33,3 +39,14 @@ for rep in range(int(os.environ.get("R", 3))):
 b = res["bare"][:2].sum()
 for k, v in res.items():
     print(f"{k:28s} user {v[0]:.2f} sys {v[1]:.2f} cpu {v[:2].sum():.2f} wall {v[2]:.2f}  cpu vs bare {100*(v[:2].sum()/b-1):+.1f}%")
+if os.environ.get("PROFILE"):
+    with tempfile.TemporaryDirectory() as d:
+        prof = cProfile.Profile()
+        prof.enable()
+        extract(handle, sents, "b", batch_size=32, cache_dir=d, progress=False)
+        if DEVICE.startswith("cuda"):
+            torch.cuda.synchronize()
+        prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    print(text.getvalue())

@@ -308,3 +308,43 @@ def test_tiny_run_of_every_family_keeps_its_pinned_weights(cache, tmp_path, fami
     check_pin(f"{case}/checkpoint", weights_hash(final))
     check_pin(f"{case}/module", state_hash(module))
     check_pin(f"{case}/log", log_hash(read_log(final.parent)))
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_step_batches_built_in_a_worker_equal_those_built_in_process(cache, tmp_path, family):
+    """The GPU path builds each step's batches ahead in a worker process (`host_batches(...,
+    worker=True)`): the same micro-batches, token counts and data positions as the CPU path's
+    in-process stream, also from a resumed position (the tail of a fresh stream), and with the
+    sequence-length warm-up's truncation and gradient accumulation in play."""
+    import functools
+
+    from workbench.families import get_family
+    from workbench.train import Dist, host_batches, objective_settings, prepare_data, step_batches
+
+    cfg = tiny_config(family, 12, tmp_path, grad_accum=2, seq_len_warmup={"start": 16, "steps": 6})
+    fam = get_family(family)
+    data = prepare_data(cfg, fam)
+    collate = fam.make_collator(objective_settings(cfg, fam), data.tokenizer)
+
+    def stream(worker, epoch=0, batch_index=0, start=0):
+        make = functools.partial(step_batches, fam, data.train, cfg, 0, Dist(), collate, data.tokenizer, epoch,
+                                 batch_index, start, cfg.total_steps)
+        with host_batches(make, worker) as batches:
+            return list(batches)
+
+    in_process, in_worker = stream(False), stream(True)
+    assert [b.step for b in in_worker] == list(range(12))
+    assert len({b.seq_len for b in in_process}) > 1  # the warm-up changes the length within the run
+    for a, b in zip(in_process, in_worker, strict=True):
+        assert (a.step, a.seq_len, a.tokens, a.epoch, a.batch_index) == (b.step, b.seq_len, b.tokens, b.epoch, b.batch_index)
+        assert len(a.micro) == len(b.micro) == 2
+        for ma, mb in zip(a.micro, b.micro):
+            assert ma.keys() == mb.keys()
+            for k in ma:
+                assert torch.equal(ma[k], mb[k]), k
+    # resumed after step 5 from the position recorded there: the fresh stream's tail
+    at = in_process[4]
+    resumed = stream(True, at.epoch, at.batch_index, start=5)
+    assert [b.step for b in resumed] == list(range(5, 12))
+    for a, b in zip(in_process[5:], resumed, strict=True):
+        assert a.tokens == b.tokens and all(torch.equal(a.micro[0][k], b.micro[0][k]) for k in a.micro[0])

@@ -739,9 +739,11 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
         model.train()
         while loop["batch"] < per_epoch:
             b0 = loop["batch"] * cfg.batch_size
-            batch = _to(collate(run.train, [train_rows[i] for i in order[b0: b0 + cfg.batch_size]], run.pad_id), model)
+            host_batch = collate(run.train, [train_rows[i] for i in order[b0: b0 + cfg.batch_size]], run.pad_id)
+            # tokens for the cost record, counted on the host copy (no wait for the device)
+            loop["tokens"] = loop.get("tokens", 0) + int(host_batch["attention_mask"].sum())
+            batch = _to(host_batch, model)
             terms = loss_terms(model, batch, hooks, classification_loss)
-            loop["tokens"] = loop.get("tokens", 0) + int(batch["attention_mask"].sum())  # for the cost record
             terms["loss"].backward()
             optimizer_step(model, optimizer, scheduler, cfg.clip, hooks, loop["step"] + 1)
             loop["batch"] += 1

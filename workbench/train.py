@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -48,7 +49,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -235,6 +236,12 @@ def example_batches(
             index += 1
 
 
+@dataclass
+class _Position:
+    epoch: int
+    batch_index: int
+
+
 class DataPosition:
     """An endless micro-batch stream over epochs that knows where it is (epoch, next batch index)."""
 
@@ -262,6 +269,83 @@ class DataPosition:
             f"{self.cfg.source}: batch_size: the training split yields no full batch of {self.cfg.batch_size} "
             f"examples of max_len {self.cfg.max_len} (corpus too small?)"
         )
+
+
+@dataclass
+class StepBatch:
+    """One optimizer step's input, built on the host: its micro-batches (CPU tensors), their
+    non-padding tokens, and the data position after them (what a checkpoint at this step records)."""
+
+    step: int
+    seq_len: int
+    micro: list[dict]
+    tokens: int
+    epoch: int
+    batch_index: int
+
+    def pin_memory(self) -> "StepBatch":
+        """Page-locked copies (DataLoader's pin_memory thread calls this): host-to-GPU copies
+        that do not block the host."""
+        return dataclasses.replace(self, micro=[{k: v.pin_memory() for k, v in b.items()} for b in self.micro])
+
+
+def step_batches(family: FamilySpec, corpus: TokenizedCorpus, cfg: TrainConfig, seed: int, d: Dist, collate, tok,
+                 epoch: int, batch_index: int, start_step: int, total: int) -> Iterator[StepBatch]:
+    """The batches of steps `start_step`..`total` - 1 from data position (epoch, batch_index): the
+    examples of `DataPosition`, sequence-length warm-up truncation and the collator's masking, each
+    drawn from a generator seeded by (seed, step, micro-batch, rank), so the stream is a pure function
+    of where it starts and can be built anywhere (in this process, or ahead in a worker)."""
+    position = DataPosition(family, corpus, cfg, seed, d, epoch, batch_index)
+    for step in range(start_step, total):
+        seq_len = cfg.seq_len_at(step)
+        micro, tokens = [], 0
+        for m in range(cfg.grad_accum):
+            examples = position.next()
+            if seq_len < cfg.max_len:  # sequence-length warm-up: a pure function of the step
+                gt = torch.Generator().manual_seed(_mix_seed(seed, step * cfg.grad_accum + m, d.rank, 0x51E))
+                examples = [family.truncate_example(ex, seq_len, tok, gt) for ex in examples]
+            g = torch.Generator().manual_seed(_mix_seed(seed, step * cfg.grad_accum + m, d.rank))
+            batch = collate(examples, g)
+            tokens += count_tokens(batch)
+            micro.append(batch)
+        yield StepBatch(step, seq_len, micro, tokens, position.epoch, position.batch_index)
+
+
+class _StepBatchStream(torch.utils.data.IterableDataset):
+    def __init__(self, make: Callable[[], Iterator[StepBatch]]):
+        self.make = make
+
+    def __iter__(self) -> Iterator[StepBatch]:
+        return self.make()
+
+
+def _one_thread(_worker_id: int) -> None:
+    torch.set_num_threads(1)
+
+
+@contextlib.contextmanager
+def host_batches(make: Callable[[], Iterator[StepBatch]], worker: bool) -> Iterator[Iterator[StepBatch]]:
+    """The step batches of `make()`, in this process (`worker=False`: on a CPU every core is the
+    model's) or built ahead in one worker process and handed over page-locked (`worker=True`: the
+    training loop's choice on a GPU, where building a BERT-base batch of 64 x 128 costs the host
+    30-45 ms a step, as much as the GPU's whole step; benchmarks/bench_gpu.py --profile-steps). The
+    worker gets its own seeded generator, so the main process' RNG streams (dropout, saved in every
+    checkpoint) are untouched and a resumed run draws what an uninterrupted one draws."""
+    if not worker:
+        stream = make()
+        try:
+            yield stream
+        finally:
+            stream.close()
+        return
+    loader = torch.utils.data.DataLoader(_StepBatchStream(make), batch_size=None, num_workers=1, prefetch_factor=4,
+                                         pin_memory=torch.cuda.is_available(), worker_init_fn=_one_thread,
+                                         generator=torch.Generator().manual_seed(0))
+    stream = iter(loader)
+    try:
+        yield stream
+    finally:
+        stream._shutdown_workers()
 
 
 def count_tokens(batch: dict) -> int:
@@ -359,7 +443,7 @@ def _gather(obj, d: Dist) -> list:
     return out
 
 
-def save_checkpoint(out: Path, step: int, model, optimizer, scheduler, position: DataPosition, tokens_seen: int,
+def save_checkpoint(out: Path, step: int, model, optimizer, scheduler, position: _Position, tokens_seen: int,
                     elapsed: float, manifest: dict, tokenizer, d: Dist, heldout: dict | None) -> Path:
     """Write `step-NNNNNNN/` atomically (rank 0), then drop the previous checkpoint's trainer_state."""
     rng_states = _gather(_rng_state(), d)  # every rank takes part; rank 0 writes
@@ -431,14 +515,16 @@ def train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None = None, d:
     `hooks` (`workbench.loop.TrainingHooks`: an after-step hook, a teacher and the loss that reads
     it, a parameter filter) are recorded in run.json and in every checkpoint's manifest; a run
     folder made with other hooks is refused, like one made with another config.
-    torch's process-wide determinism switch is restored afterwards (the loop turns it on).
+    torch's process-wide determinism switches are restored afterwards (the loop sets them).
     """
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_filling = torch.utils.deterministic.fill_uninitialized_memory
     try:
         return _train_seed(cfg, seed, data, d, hooks or NO_HOOKS)
     finally:
         torch.use_deterministic_algorithms(was_deterministic, warn_only=was_warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = was_filling
 
 
 def claim_run_folder(cfg: TrainConfig, seed: int, out: Path, d: Dist, hooks: TrainingHooks,
@@ -594,6 +680,10 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
 
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+        # Deterministic mode also fills every new tensor with NaN (so a read of uninitialised memory
+        # is reproducible): a fill kernel per allocation, ~2,100 per step of BERT base on a GPU
+        # (benchmarks/bench_gpu.py --profile-steps), and the loop reads no uninitialised memory.
+        torch.utils.deterministic.fill_uninitialized_memory = False
     model = build_model(cfg, family, tok, seed, device)
     if hooks.initial is not None:
         hooks.initial(model)  # e.g. a student's layers copied from its teacher (workbench.loop)
@@ -617,7 +707,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
         start_step, tokens_seen, elapsed_before = state["step"], state["tokens_seen"], state["elapsed"]
         epoch, batch_index = state["epoch"], state["batch_index"]
         _set_rng_state(state["rng"][d.rank])
-    position = DataPosition(family, data.train, cfg, seed, d, epoch, batch_index)
+    position = _Position(epoch, batch_index)  # where the data stream stands after the last step
 
     # Parameters the objective never trains (BERT's pooler and NSP head with objective.nsp: false)
     # are frozen after the optimizer is built (its groups, and so resuming, stay the same): they
@@ -654,6 +744,18 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
             log_file.write(json.dumps(rec) + "\n")
             log_file.flush()
 
+    pending_record: dict | None = None  # the last step's record, its loss terms still tensors
+
+    def write_pending_record() -> None:
+        nonlocal pending_record
+        if pending_record is None:
+            return
+        rec = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in pending_record.items()}
+        pending_record = None
+        log(rec)
+        rate = (rec["tokens"] - tokens_at_start) / max(1e-9, time.perf_counter() - t0)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+
     if start_step == 0 and 0 in ckpts and not (resume_from is not None and resume_from == step_dir(out, 0)):
         heldout0 = heldout_eval()
         log({"step": 0, "tokens": 0, "lr": 0.0, "elapsed": 0.0, **{f"heldout_{k}": v for k, v in (heldout0 or {}).items()}})
@@ -663,52 +765,54 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     # ---- the steps
     bar = tqdm(total=total, initial=start_step, desc=f"{cfg.name} seed {seed}", unit="step",
                disable=not (cfg.progress and d.main), dynamic_ncols=True)
+    make_batches = functools.partial(step_batches, family, data.train, cfg, seed, d, collate, tok, epoch, batch_index,
+                                     start_step, total)
     try:
-        for step in range(start_step, total):
-            terms: dict[str, float] = {}
-            step_tokens = 0
-            seq_len = cfg.seq_len_at(step)
-            for micro in range(cfg.grad_accum):
-                examples = position.next()
-                if seq_len < cfg.max_len:  # sequence-length warm-up: a pure function of the step
-                    gt = torch.Generator().manual_seed(_mix_seed(seed, step * cfg.grad_accum + micro, d.rank, 0x51E))
-                    examples = [family.truncate_example(ex, seq_len, tok, gt) for ex in examples]
-                g = torch.Generator().manual_seed(_mix_seed(seed, step * cfg.grad_accum + micro, d.rank))
-                batch = {k: v.to(device, non_blocking=True) for k, v in collate(examples, g).items()}
-                step_tokens += count_tokens(batch)
-                last = micro == cfg.grad_accum - 1
-                sync = contextlib.nullcontext() if (last or d.world == 1) else train_model.no_sync()
-                with sync:
-                    with _autocast(cfg, device):
-                        micro_terms = loss_terms(train_model, batch, hooks, pretraining_loss)
-                    (micro_terms["loss"] / cfg.grad_accum).backward()
-                for k, v in micro_terms.items():
-                    terms[k] = terms.get(k, 0.0) + float(v.detach()) / cfg.grad_accum
-            lr = optimizer_step(model, optimizer, scheduler, cfg.clip, hooks, step + 1)
+        with host_batches(make_batches, worker=device.type == "cuda") as batches:
+            for step_batch in batches:
+                step, seq_len, step_tokens = step_batch.step, step_batch.seq_len, step_batch.tokens
+                terms: dict[str, torch.Tensor] = {}
+                for micro, host_batch in enumerate(step_batch.micro):
+                    batch = {k: v.to(device, non_blocking=True) for k, v in host_batch.items()}
+                    last = micro == cfg.grad_accum - 1
+                    sync = contextlib.nullcontext() if (last or d.world == 1) else train_model.no_sync()
+                    with sync:
+                        with _autocast(cfg, device):
+                            micro_terms = loss_terms(train_model, batch, hooks, pretraining_loss)
+                        (micro_terms["loss"] / cfg.grad_accum).backward()
+                    for k, v in micro_terms.items():  # float64 on the device: the same sums as Python floats
+                        terms[k] = terms.get(k, 0.0) + v.detach().double() / cfg.grad_accum
+                lr = optimizer_step(model, optimizer, scheduler, cfg.clip, hooks, step + 1)
 
-            if d.world > 1:  # log the global mean loss and the global token count
-                names = sorted(terms)
-                vec = torch.tensor([terms[k] for k in names] + [float(step_tokens)], dtype=torch.float64)
-                dist.all_reduce(vec)
-                terms = {k: float(vec[i]) / d.world for i, k in enumerate(names)}
-                step_tokens = int(vec[-1])
-            tokens_seen += step_tokens
-            elapsed = elapsed_before + time.perf_counter() - t0
-            done = step + 1
-            heldout = heldout_eval() if done in ckpts else None
-            if done % cfg.log_every == 0 or heldout is not None or done == total:
-                rec = {"step": done, "tokens": tokens_seen, "lr": lr, **terms, "elapsed": round(elapsed, 3)}
-                if cfg.seq_len_warmup is not None:
-                    rec["seq_len"] = seq_len
-                if heldout is not None:
-                    rec.update({f"heldout_{k}": v for k, v in heldout.items()})
-                log(rec)
-            if done in ckpts:
-                save_checkpoint(out, done, train_model, optimizer, scheduler, position, tokens_seen, elapsed,
-                                {**manifest, "cost": cost(tokens_seen, elapsed)}, tok, d, heldout)
-            rate = (tokens_seen - tokens_at_start) / max(1e-9, time.perf_counter() - t0)
-            bar.set_postfix(loss=f"{terms['loss']:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
-            bar.update(1)
+                if d.world > 1:  # log the global mean loss and the global token count
+                    names = sorted(terms)
+                    vec = torch.stack([terms[k] for k in names] + [torch.tensor(float(step_tokens), dtype=torch.float64,
+                                                                               device=terms[names[0]].device)])
+                    dist.all_reduce(vec)
+                    terms = {k: vec[i] / d.world for i, k in enumerate(names)}
+                    step_tokens = int(vec[-1])
+                tokens_seen += step_tokens
+                position = _Position(step_batch.epoch, step_batch.batch_index)
+                elapsed = elapsed_before + time.perf_counter() - t0
+                done = step + 1
+                heldout = heldout_eval() if done in ckpts else None
+                # A step's record is written once the next step is queued: reading its loss waits for the
+                # device, and on a GPU a wait every step would leave it idle while the host prepares the
+                # next batch. Before a checkpoint the record is written at once (the log holds every
+                # checkpointed step).
+                write_pending_record()
+                if done % cfg.log_every == 0 or heldout is not None or done == total:
+                    pending_record = {"step": done, "tokens": tokens_seen, "lr": lr, **terms, "elapsed": round(elapsed, 3)}
+                    if cfg.seq_len_warmup is not None:
+                        pending_record["seq_len"] = seq_len
+                    if heldout is not None:
+                        pending_record.update({f"heldout_{k}": v for k, v in heldout.items()})
+                if done in ckpts or done == total:
+                    write_pending_record()
+                if done in ckpts:
+                    save_checkpoint(out, done, train_model, optimizer, scheduler, position, tokens_seen, elapsed,
+                                    {**manifest, "cost": cost(tokens_seen, elapsed)}, tok, d, heldout)
+                bar.update(1)
     finally:
         bar.close()
         if log_file is not None:
