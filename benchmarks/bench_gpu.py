@@ -51,6 +51,10 @@ def gpu_matmul_peak(n: int = 8192, reps: int = 20, dtype: torch.dtype = torch.bf
             "median_flops_per_s": sorted(rates)[len(rates) // 2]}
 
 
+def _is_annotation(event) -> bool:
+    return bool(getattr(event, "is_user_annotation", False)) or event.key.startswith("ProfilerStep") or "#" in event.key
+
+
 def profile_steps(cfg, data, steps: int, skip: int = 5) -> dict:
     """Where a step's time goes on the GPU: `torch.profiler` over `steps` steps of the loop (after
     `skip` steps of warm-up), read through the loop's after-step hook. Returns the device time per
@@ -79,7 +83,10 @@ def profile_steps(cfg, data, steps: int, skip: int = 5) -> dict:
     with prof:
         train_seed(short, 0, data, Dist(), TrainingHooks(after_step=after_step))
     events = prof.key_averages()
-    device_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    # the kernels' own time: device events, less the spans of user annotations (the profiler's
+    # "ProfilerStep*" and the optimizer's record_function, which cover the whole step on the device)
+    device_us = sum(e.self_device_time_total for e in events
+                    if e.device_type == torch.autograd.DeviceType.CUDA and not _is_annotation(e))
     wall_s = walls[skip + steps - 1] - walls[skip - 1]
     counts = {e.key: e.count for e in events}
 
