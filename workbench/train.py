@@ -11,12 +11,16 @@ final checkpoint folder of each. What a step does:
    examples into tensors with a `torch.Generator` seeded from (seed, micro-step, rank), so masks are
    dynamic (Liu et al. 2019) and reproducible. With `seq_len_warmup` the examples of step t are
    first cut to `cfg.seq_len_at(t)` tokens (`family.truncate_example`; Li, Zhang & He 2022).
+   Each step's batches are a pure function of the data position, seed and step (`step_batches`):
+   built in this process on a CPU, ahead in one worker process on a GPU (`host_batches`), where the
+   host's batch building would otherwise leave the GPU idle.
 2. Step: forward under bf16 autocast where `precision` resolves to bf16 (CUDA by default; CPUs with
    native bf16 under `precision: auto`, workbench/precision.py), loss / grad_accum,
    backward (DDP all-reduces the gradients on the last micro-step), clip, AdamW (no weight decay
    on biases and LayerNorm weights; Loshchilov & Hutter 2019), linear warm-up then linear decay (Devlin et al. 2019).
 3. Log: one JSON line per step in `log.jsonl` (step, non-padding tokens seen, lr, each loss term,
-   elapsed seconds; held-out loss at checkpoints).
+   elapsed seconds; held-out loss at checkpoints), written once the next step is queued (reading a
+   loss waits for the device) and at once before a checkpoint.
 4. Checkpoint at steps 0, 1, 2, 4, 8, ... (+ every N, + the last): `step-NNNNNNN/` holds a plain
    `save_pretrained` folder, the tokenizer, `manifest.json`, and (at the latest checkpoint only)
    `trainer_state/` with everything needed for an exact resume: the full training module's weights,
