@@ -10,9 +10,13 @@ appendix B, define MFU against the hardware peak; a measured peak is the honest 
 and it is printed beside the vendor figure). `--deterministic` keeps the loop's default
 (deterministic algorithms, warn-only on CUDA); `--no-deterministic` shows what that costs.
 
-Usage (on a machine with a GPU):
+`--profile-steps N` adds a torch.profiler run of N steps (`profile_steps`): where the step's time
+goes, the GPU's kernel time against the host's wall time, and what building a batch costs the host
+(docs/benchmarks.md, "GPU, profiled and fixed").
+
+Usage (on a machine with a GPU; benchmarks/gpu_records.sh runs every GPU record in one call):
   python benchmarks/bench_gpu.py [--preset base] [--steps 60] [--batch-size 64] [--max-len 128]
-      [--sources webtext]
+      [--sources webtext] [--profile-steps 10]
 Writes benchmarks/results/bench_gpu-<host>-<time>.json (see results_io.py).
 """
 
