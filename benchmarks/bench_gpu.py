@@ -101,12 +101,12 @@ def profile_steps(cfg, data, steps: int, skip: int = 5) -> dict:
 
     # The host's share alone: building the steps' batches (examples, masking, padding), no model.
     from workbench.families import get_family
-    from workbench.train import Dist as _Dist, objective_settings, step_batches
+    from workbench.train import objective_settings, step_batches
 
     family = get_family(cfg.family)
     collate = family.make_collator(objective_settings(cfg, family), data.tokenizer)
     t0 = time.perf_counter()
-    for _ in step_batches(family, data.train, cfg, 0, _Dist(), collate, data.tokenizer, 0, 0, 0, steps):
+    for _ in step_batches(family, data.train, cfg, 0, Dist(), collate, data.tokenizer, 0, 0, 0, steps):
         pass
     batch_ms = 1e3 * (time.perf_counter() - t0) / steps
     return {"steps": steps, "wall_ms_per_step": round(1e3 * wall_s / steps, 2), "host_batch_ms_per_step": round(batch_ms, 2),

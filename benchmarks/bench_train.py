@@ -197,12 +197,12 @@ def _baseline(cfg, data, family_name: str, recipe: str, bf16: bool = False) -> d
 def _step_setup(cfg, data, steps: int):
     """The loop's model (same init) and `steps` collated batches of its example stream."""
     from workbench.families import get_family
-    from workbench.train import DataPosition, Dist, _mix_seed, objective_settings
+    from workbench.train import Dist, objective_settings, step_batches
 
     family = get_family(cfg.family)
-    position = DataPosition(family, data.train, cfg, 0, Dist())
     collate = family.make_collator(objective_settings(cfg, family), data.tokenizer)
-    batches = [collate(position.next(), torch.Generator().manual_seed(_mix_seed(0, s, 0))) for s in range(steps)]
+    stream = step_batches(family, data.train, cfg, 0, Dist(), collate, data.tokenizer, 0, 0, 0, steps)
+    batches = [b for step in stream for b in step.micro][:steps]  # the loop's own batches, seed 0
     return family, batches
 
 

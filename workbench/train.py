@@ -240,12 +240,6 @@ def example_batches(
             index += 1
 
 
-@dataclass
-class _Position:
-    epoch: int
-    batch_index: int
-
-
 class DataPosition:
     """An endless micro-batch stream over epochs that knows where it is (epoch, next batch index)."""
 
@@ -447,9 +441,10 @@ def _gather(obj, d: Dist) -> list:
     return out
 
 
-def save_checkpoint(out: Path, step: int, model, optimizer, scheduler, position: _Position, tokens_seen: int,
+def save_checkpoint(out: Path, step: int, model, optimizer, scheduler, position: tuple[int, int], tokens_seen: int,
                     elapsed: float, manifest: dict, tokenizer, d: Dist, heldout: dict | None) -> Path:
-    """Write `step-NNNNNNN/` atomically (rank 0), then drop the previous checkpoint's trainer_state."""
+    """Write `step-NNNNNNN/` atomically (rank 0), then drop the previous checkpoint's trainer_state.
+    `position`: the data stream's (epoch, next batch index) after `step`."""
     rng_states = _gather(_rng_state(), d)  # every rank takes part; rank 0 writes
     path = step_dir(out, step)
     if d.main:
@@ -464,8 +459,8 @@ def save_checkpoint(out: Path, step: int, model, optimizer, scheduler, position:
             torch.save({
                 "scheduler": scheduler.state_dict(),
                 "step": step,
-                "epoch": position.epoch,
-                "batch_index": position.batch_index,
+                "epoch": position[0],
+                "batch_index": position[1],
                 "tokens_seen": tokens_seen,
                 "elapsed": elapsed,
                 "world_size": d.world,
@@ -711,7 +706,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
         start_step, tokens_seen, elapsed_before = state["step"], state["tokens_seen"], state["elapsed"]
         epoch, batch_index = state["epoch"], state["batch_index"]
         _set_rng_state(state["rng"][d.rank])
-    position = _Position(epoch, batch_index)  # where the data stream stands after the last step
+    position = (epoch, batch_index)  # where the data stream stands after the last step
 
     # Parameters the objective never trains (BERT's pooler and NSP head with objective.nsp: false)
     # are frozen after the optimizer is built (its groups, and so resuming, stay the same): they
@@ -796,7 +791,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
                     terms = {k: vec[i] / d.world for i, k in enumerate(names)}
                     step_tokens = int(vec[-1])
                 tokens_seen += step_tokens
-                position = _Position(step_batch.epoch, step_batch.batch_index)
+                position = (step_batch.epoch, step_batch.batch_index)
                 elapsed = elapsed_before + time.perf_counter() - t0
                 done = step + 1
                 heldout = heldout_eval() if done in ckpts else None
