@@ -22,6 +22,11 @@ forward's matmul FLOPs times 3 (backward = 2x forward; Kaplan et al. 2020): Q/K/
 projections 8 d^2 and FFN 4 d f per layer, attention scores and weighted values 4 s d per layer,
 the MLM head (transform 2 d^2 + decoder 2 d V) on the predicted positions only (ours) or on every
 position (BertForMaskedLM); embeddings (lookups), LayerNorm, GELU and softmax are not counted.
+The 2048^2 peak is more than a small model's matmuls can reach, so the run also times the step's own
+matmuls alone (`step_matmuls` / `step_matmul_ceiling`: every projection, FFN, attention and head
+product at its real shape, forward and backward) and reports that rate against the peak and our
+loop's MFU against it: the part of the gap that is the shapes', and the part that is everything
+else in the step.
 
 bf16 (on CPUs that multiply it natively, `amx_bf16` / `avx512_bf16`; `--no-bf16` skips it): the
 bf16 matmul peak is measured the same way as the fp32 one (2048 x 2048 bf16 products, before and
@@ -74,6 +79,67 @@ def flops_per_token(model_cfg: dict, vocab: int, seq_len: int, head_fraction: fl
     from workbench.cost import flops_per_token as family_flops_per_token
 
     return family_flops_per_token("bert", model_cfg, vocab, seq_len, head_fraction=head_fraction)
+
+
+def step_matmuls(model_cfg: dict, vocab: int, batch_size: int, seq_len: int, head_fraction: float) -> list[dict]:
+    """The matmuls of one training step of a BERT encoder + MLM head, as (kind, shape, count): the
+    Q/K/V/output projections and the FFN of every layer on all B x T positions, the attention scores
+    and weighted values per head, and the MLM head on the predicted positions. The same products that
+    `flops_per_token` counts (so their FLOPs per step equal its total x B x T)."""
+    d, n = model_cfg["hidden_size"], model_cfg["num_hidden_layers"]
+    f = model_cfg.get("intermediate_size", 4 * d)
+    h = model_cfg["num_attention_heads"]
+    rows, bh, dh = batch_size * seq_len, batch_size * h, d // h
+    head_rows = max(1, int(round(head_fraction * rows)))
+    return [
+        {"name": "q/k/v/out projection", "op": "linear", "shape": (rows, d, d), "count": 4 * n},
+        {"name": "ffn up", "op": "linear", "shape": (rows, d, f), "count": n},
+        {"name": "ffn down", "op": "linear", "shape": (rows, f, d), "count": n},
+        {"name": "attention scores", "op": "bmm", "shape": (bh, seq_len, dh, seq_len), "count": n},
+        {"name": "attention values", "op": "bmm", "shape": (bh, seq_len, seq_len, dh), "count": n},
+        {"name": "mlm head transform", "op": "linear", "shape": (head_rows, d, d), "count": 1},
+        {"name": "mlm head decoder", "op": "linear", "shape": (head_rows, d, vocab), "count": 1},
+    ]
+
+
+def step_matmul_ceiling(matmuls: list[dict], seconds_per_shape: float = 1.0, dtype: torch.dtype = torch.float32) -> dict:
+    """FLOP/s of the step's own matmuls, each timed alone (forward + backward through autograd, as the
+    step runs it: `F.linear` with its bias, `torch.bmm`, gradients returned rather than accumulated,
+    as after `zero_grad(set_to_none=True)`; best of three windows per shape): the rate
+    the model's shapes allow on this CPU at this thread count, nothing else in the step. MFU against
+    it says how much of the gap to the 2048^2 peak is the shapes' and how much the step's other work.
+    Backward = 2 x forward FLOPs (input and weight gradients)."""
+    rows, total_flops, total_seconds = [], 0.0, 0.0
+    for mm in matmuls:
+        if mm["op"] == "linear":
+            m, k, nout = mm["shape"]
+            x = torch.randn(m, k, dtype=dtype, requires_grad=True)
+            w = torch.randn(nout, k, dtype=dtype, requires_grad=True)
+            b = torch.randn(nout, dtype=dtype, requires_grad=True)
+            grad = torch.randn(m, nout, dtype=dtype)
+            run = lambda: torch.autograd.grad(torch.nn.functional.linear(x, w, b), (x, w, b), grad)  # noqa: E731
+            flops = 3 * 2 * m * k * nout
+        else:
+            bh, t, k, nout = mm["shape"]
+            a = torch.randn(bh, t, k, dtype=dtype, requires_grad=True)
+            bm = torch.randn(bh, k, nout, dtype=dtype, requires_grad=True)
+            grad = torch.randn(bh, t, nout, dtype=dtype)
+            run = lambda: torch.autograd.grad(torch.bmm(a, bm), (a, bm), grad)  # noqa: E731
+            flops = 3 * 2 * bh * t * k * nout
+        run()  # warm-up
+        best = float("inf")
+        for _ in range(3):
+            t0, calls = time.perf_counter(), 0
+            while time.perf_counter() - t0 < seconds_per_shape / 3:
+                run()
+                calls += 1
+            best = min(best, (time.perf_counter() - t0) / calls)
+        rows.append({**mm, "shape": list(mm["shape"]), "seconds_per_call": best, "flops_per_s": flops / best})
+        total_flops += flops * mm["count"]
+        total_seconds += best * mm["count"]
+    return {"dtype": str(dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
+            "flops_per_step": total_flops, "matmul_seconds_per_step": total_seconds,
+            "flops_per_s": total_flops / total_seconds, "shapes": rows}
 
 
 # ---- ours ---------------------------------------------------------------------------------------
@@ -382,6 +448,12 @@ def main(argv=None) -> dict:
 
     model_cfg = get_family(family).model_config(cfg.preset, cfg.model)
     vocab = len(data.tokenizer)
+    ceiling = ceiling_bf16 = None
+    if family == "bert":  # the step's own matmul shapes, timed alone (step_matmuls: BERT's)
+        matmuls = step_matmuls(model_cfg, vocab, args.batch_size, cfg.max_len, 0.15)
+        ceiling = step_matmul_ceiling(matmuls)
+        if with_bf16:
+            ceiling_bf16 = step_matmul_ceiling(matmuls, dtype=torch.bfloat16)
     f_ours = flops_per_token(model_cfg, vocab, cfg.max_len, 0.15)
     f_hf_packed = flops_per_token(model_cfg, vocab, cfg.max_len, 1.0)
     f_hf_padded = flops_per_token(model_cfg, vocab, int(round(padded["tokens"] / max(1, padded["steps"]) / cfg.batch_size)), 1.0)
@@ -409,6 +481,9 @@ def main(argv=None) -> dict:
     }  # fmt: skip
     if "fast_dropout" in profiles:
         result["profile_fast_dropout"] = profiles["fast_dropout"]
+    if ceiling is not None:
+        result.update({"step_matmul_ceiling": ceiling, "step_matmul_ceiling_vs_peak": round(ceiling["flops_per_s"] / peak, 4),
+                       "mfu_ours_vs_step_matmul_ceiling": round(f_ours["total"] * r_ours / ceiling["flops_per_s"], 4)})
     if ours_bf16 is not None:
         r_bf16 = ours_bf16["tokens"] / ours_bf16["seconds"]
         result.update({
@@ -420,6 +495,9 @@ def main(argv=None) -> dict:
             "mfu_ours_bf16": round(f_ours["total"] * r_bf16 / bf16_peak, 4),
             "mfu_ours_bf16_vs_fp32_peak": round(f_ours["total"] * r_bf16 / peak, 4),
         })  # fmt: skip
+        if ceiling_bf16 is not None:
+            result.update({"step_matmul_ceiling_bf16": ceiling_bf16,
+                           "mfu_ours_bf16_vs_step_matmul_ceiling": round(f_ours["total"] * r_bf16 / ceiling_bf16["flops_per_s"], 4)})
     result["steps_in_10_minutes_ours"] = int(600 / result["ours_seconds_per_step"])
     result["tokens_in_10_minutes_ours"] = int(600 * r_ours)
 
@@ -432,11 +510,20 @@ def main(argv=None) -> dict:
           f"-> {r_ours / r_pad:.2f}x | HF Trainer packed (group_texts) {r_pack:,.0f} -> {r_ours / r_pack:.2f}x (target >= 1.5x, issue 30)")
     print(f"MFU: ours {100 * result['mfu_ours']:.1f}% | HF packed {100 * result['mfu_hf_packed']:.1f}% "
           f"(its head on every position) | HF padded {100 * result['mfu_hf_padded']:.1f}%")
+    if ceiling is not None:
+        print(f"the step's own matmul shapes alone (step_matmul_ceiling): {ceiling['flops_per_s'] / 1e9:.1f} GFLOP/s = "
+              f"{100 * result['step_matmul_ceiling_vs_peak']:.0f}% of the 2048^2 peak, {ceiling['matmul_seconds_per_step']:.3f} s "
+              f"per step of matmuls; ours {100 * result['mfu_ours_vs_step_matmul_ceiling']:.1f}% of it")
+        for r in ceiling["shapes"]:
+            print(f"  {r['name']:<22} {'x'.join(map(str, r['shape'])):<18} x{r['count']:<3} {r['flops_per_s'] / 1e9:7.1f} GFLOP/s")
     if ours_bf16 is not None:
         print(f"bf16: matmul peak {bf16_peak / 1e9:.1f} GFLOP/s ({result['bf16_peak_vs_fp32_peak']:.2f}x fp32's); ours "
               f"{result['ours_bf16_tokens_per_s']:,.0f} tokens/s = {result['ratio_bf16_vs_fp32']:.2f}x fp32, "
               f"{result['ratio_bf16_vs_packed']:.2f}x HF packed (fp32); MFU {100 * result['mfu_ours_bf16']:.1f}% of the bf16 "
               f"peak ({100 * result['mfu_ours_bf16_vs_fp32_peak']:.1f}% of the fp32 peak)")
+        if ceiling_bf16 is not None:
+            print(f"bf16 step matmul shapes alone: {ceiling_bf16['flops_per_s'] / 1e9:.1f} GFLOP/s; ours bf16 "
+                  f"{100 * result['mfu_ours_bf16_vs_step_matmul_ceiling']:.1f}% of it")
     write_result("bench_train", result, start, args.json)
     return result
 

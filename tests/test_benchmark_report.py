@@ -26,6 +26,25 @@ def test_flops_per_token_of_the_small_bert_by_hand():
     assert full["total"] - f["total"] == pytest.approx(0.85 * f["mlm_head"] / 0.15)
 
 
+
+def test_the_step_matmuls_are_the_products_the_flops_count_counts():
+    """The shape ceiling times exactly the matmuls MFU counts: the same FLOPs per step."""
+    import torch
+    from bench_train import flops_per_token, step_matmul_ceiling, step_matmuls
+
+    cfg = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64)
+    for batch, seq, vocab in ((4, 16, 100), (3, 8, 57)):
+        mms = step_matmuls(cfg, vocab, batch, seq, head_fraction=0.25)
+        analytic = flops_per_token(cfg, vocab, seq, head_fraction=0.25)["total"] * batch * seq
+        head_rows = round(0.25 * batch * seq)
+        assert {m["name"]: m["shape"] for m in mms}["mlm head decoder"] == (head_rows, 32, vocab)
+        timed = step_matmul_ceiling(mms, seconds_per_shape=0.01)
+        # equal but for rounding the head's rows to whole positions
+        assert timed["flops_per_step"] == pytest.approx(analytic, abs=3 * 2 * 32 * (32 + vocab))
+        assert timed["flops_per_s"] == pytest.approx(timed["flops_per_step"] / timed["matmul_seconds_per_step"])
+        assert all(r["seconds_per_call"] > 0 for r in timed["shapes"])
+    assert step_matmul_ceiling(mms[:1], seconds_per_shape=0.01, dtype=torch.bfloat16)["dtype"] == "bfloat16"
+
 def _record(path: Path, finished: str, ratio: float) -> None:
     path.write_text(json.dumps({
         "benchmark": "bench_probe_fit", "finished": finished, "threads": 1, "seeds": 5, "tasks": ["upos", "control"],

@@ -44,6 +44,27 @@ def test_kept_elements_are_scaled_and_the_rest_zeroed():
     assert 0.78 < kept.float().mean().item() < 0.82
 
 
+
+@pytest.mark.parametrize("dtype,bits", [(torch.float32, torch.int32), (torch.bfloat16, torch.int16)])
+def test_keep_and_scale_gives_the_bits_of_where_then_scale(dtype, bits):
+    """The one-pass keep-and-scale equals `where(mask, x, 0) * scale` bit for bit (signs of zeros
+    included) except where an exactly -0.0 input is kept: +0.0 there, the same number."""
+    from workbench.dropout import keep_and_scale
+
+    torch.manual_seed(0)
+    x = (torch.randn(4096) * 10).to(dtype)
+    x[:8], x[8:16] = -0.0, 0.0
+    mask = torch.rand(4096) < 0.8
+    mask[:4], mask[4:8] = True, False
+    for p in (0.1, 0.2, 0.3, 0.5):
+        scale = 1.0 / (1.0 - p)
+        want = torch.where(mask, x, 0).mul_(scale)
+        got = keep_and_scale(x, mask, scale)
+        assert got.dtype == dtype
+        differ = want.view(bits) != got.view(bits)
+        assert differ.nonzero().flatten().tolist() == [0, 1, 2, 3]  # the kept -0.0 inputs
+        assert torch.equal(want, got)
+
 def test_gradient_is_the_mask_over_keep():
     torch.manual_seed(0)
     x = torch.randn(32, 64, requires_grad=True)
