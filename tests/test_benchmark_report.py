@@ -91,3 +91,21 @@ def test_a_gpu_record_is_its_own_row_and_never_replaces_the_cpu_figure(tmp_path)
     text = report.main(["--results", str(tmp_path)])
     assert "-4.0%" in text and "-50.0%" in text  # both overheads: the CPU row was not replaced
     assert "[cuda] extraction overhead" in text and "GPU cuda (host CPU Test CPU" in text
+
+
+def test_training_rows_show_the_shape_ceiling_and_bf16_when_the_record_has_them():
+    import report
+
+    base = {"benchmark": "bench_train", "preset": "small", "batch_size": 32, "max_len": 128,
+            "ours_tokens_per_s": 5000.0, "hf_padded_tokens_per_s": 1000.0, "hf_packed_tokens_per_s": 3000.0,
+            "ratio_vs_padded": 5.0, "ratio_vs_packed": 1.667, "matmul_peak_flops_per_s": 300e9,
+            "flops_per_token": {"ours": {"total": 22.3e6}}, "mfu_ours": 0.372, "mfu_hf_packed": 0.223}
+    assert len(report._rows(base)) == 3  # an older record: no ceiling, no bf16 rows
+    rows = report._rows({**base, "step_matmul_ceiling": {"flops_per_s": 240e9}, "step_matmul_ceiling_vs_peak": 0.8,
+                         "mfu_ours_vs_step_matmul_ceiling": 0.468, "ours_bf16_tokens_per_s": 8000.0,
+                         "ratio_bf16_vs_fp32": 1.6, "bf16_matmul_peak_flops_per_s": 750e9, "mfu_ours_bf16": 0.238,
+                         "mfu_ours_bf16_vs_fp32_peak": 0.595})
+    ceiling, bf16_speed, bf16_mfu = rows[3:]
+    assert "(240 GFLOP/s, 80% of the 2048^2 peak)" in ceiling[0] and ceiling[1] == "47%"
+    assert bf16_speed[1:4] == ("8,000", "5,000", "1.60x")
+    assert "bf16 matmul peak 750 GFLOP/s; of the fp32 peak: 60%" in bf16_mfu[0] and bf16_mfu[1] == "24%"
