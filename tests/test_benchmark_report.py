@@ -105,7 +105,7 @@ def test_training_rows_show_the_shape_ceiling_and_bf16_when_the_record_has_them(
                          "mfu_ours_vs_step_matmul_ceiling": 0.468, "ours_bf16_tokens_per_s": 8000.0,
                          "ratio_bf16_vs_fp32": 1.6, "bf16_matmul_peak_flops_per_s": 750e9, "mfu_ours_bf16": 0.238,
                          "mfu_ours_bf16_vs_fp32_peak": 0.595})
-    ceiling, bf16_speed, bf16_mfu = rows[3:]
+    bf16_speed, bf16_mfu, ceiling = rows[3:]
     assert "(240 GFLOP/s, 80% of the 2048^2 peak)" in ceiling[0] and ceiling[1] == "47%"
     assert bf16_speed[1:4] == ("8,000", "5,000", "1.60x")
     assert "bf16 matmul peak 750 GFLOP/s; of the fp32 peak: 60%" in bf16_mfu[0] and bf16_mfu[1] == "24%"
