@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_io import has_cpu_bf16, matmul_peak, record_start, write_result  # noqa: E402
+from results_io import has_cpu_bf16, matmul_peak, record_start, seconds_per_call, write_result  # noqa: E402
 
 
 # ---- analytic FLOPs ---------------------------------------------------------------------------
@@ -126,14 +126,7 @@ def step_matmul_ceiling(matmuls: list[dict], seconds_per_shape: float = 1.0, dty
             grad = torch.randn(bh, t, nout, dtype=dtype)
             run = lambda: torch.autograd.grad(torch.bmm(a, bm), (a, bm), grad)  # noqa: E731
             flops = 3 * 2 * bh * t * k * nout
-        run()  # warm-up
-        best = float("inf")
-        for _ in range(3):
-            t0, calls = time.perf_counter(), 0
-            while time.perf_counter() - t0 < seconds_per_shape / 3:
-                run()
-                calls += 1
-            best = min(best, (time.perf_counter() - t0) / calls)
+        best = min(seconds_per_call(run, 3, seconds_per_shape / 3))
         rows.append({**mm, "shape": list(mm["shape"]), "seconds_per_call": best, "flops_per_s": flops / best})
         total_flops += flops * mm["count"]
         total_seconds += best * mm["count"]

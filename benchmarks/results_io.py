@@ -40,6 +40,20 @@ def has_cpu_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"]))
 
 
+def seconds_per_call(run, windows: int, window_s: float) -> list[float]:
+    """`run()`'s mean seconds per call in each of `windows` back-to-back windows of `window_s`
+    seconds (after one warm-up call): the best window is the least disturbed by a shared host."""
+    run()  # warm-up
+    out = []
+    for _ in range(windows):
+        t, calls = time.perf_counter(), 0
+        while time.perf_counter() - t < window_s:
+            run()
+            calls += 1
+        out.append((time.perf_counter() - t) / calls)
+    return out
+
+
 def matmul_peak(n: int = 2048, seconds: float = 3.0, dtype: torch.dtype = torch.float32) -> dict:
     """Sustained FLOP/s of an n x n matmul loop with torch's current thread count (2 n^3 per product).
 
@@ -48,18 +62,9 @@ def matmul_peak(n: int = 2048, seconds: float = 3.0, dtype: torch.dtype = torch.
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
     out = torch.empty(n, n, dtype=dtype)
-    torch.mm(a, b, out=out)  # warm-up
-    best, windows, end = 0.0, [], time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t, k = time.perf_counter(), 0
-        while time.perf_counter() - t < 1.0:
-            torch.mm(a, b, out=out)
-            k += 1
-        rate = 2 * n**3 * k / (time.perf_counter() - t)
-        windows.append(rate)
-        best = max(best, rate)
+    windows = [2 * n**3 / s for s in seconds_per_call(lambda: torch.mm(a, b, out=out), max(1, round(seconds)), 1.0)]
     return {"n": n, "dtype": str(dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
-            "flops_per_s": best, "windows": windows}
+            "flops_per_s": max(windows), "windows": windows}
 
 
 def record_start() -> dict:
