@@ -395,6 +395,26 @@ def test_manifest_helpers(tmp_path):
         checkpoint_record(tmp_path / "missing")
 
 
+def test_finished_units_discard_leaves_a_concurrent_runs_units(tmp_path):
+    """Two runs of one sweep that differ only in their models share a partials folder and may run
+    at once (submitit); the first to publish removes its own units, not the folder under the other."""
+    from workbench.results import FinishedUnits
+
+    store = ResultsStore(tmp_path)
+    rows = pd.DataFrame([{"model": "m", "probe": "linear", "task": "upos", "layer": 0, "metric": "accuracy",
+                          "value": 0.5, "n": 4}])
+    first, second = (FinishedUnits(store, "syntax", {"seed": 0}) for _ in range(2))
+    assert first.folder == second.folder
+    first.save("tiny-0|encoder|upos", rows)
+    second.save("tiny-1|encoder|upos", rows)
+    first.discard()
+    assert first.load("tiny-0|encoder|upos") is None
+    assert second.load("tiny-1|encoder|upos")["value"].tolist() == [0.5]
+    second.save("tiny-1|encoder|xpos", rows)  # still writable: the folder was not removed under it
+    second.discard()
+    assert not second.folder.exists()
+
+
 def test_finished_units_round_trip_key_and_gc(tmp_path):
     from workbench.results import FinishedUnits
 

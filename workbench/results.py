@@ -841,7 +841,10 @@ class FinishedUnits:
     that rerunning the same command after a crash or Ctrl-C redoes only what is missing.
 
     A probe run calls `load(unit)` before a unit of work (e.g. one model x stack x task) and
-    `save(unit, rows)` after it; `discard()` once the run is published. Units live under
+    `save(unit, rows)` after it; `discard()` once the run is published. `discard()` removes only
+    the units this object saved or reused: runs of one sweep that differ only in their models
+    share a folder and may run at once (`runs_per: checkpoint` under submitit), and one run's
+    publishing must not delete the other's work under it. Units live under
     `<runs root>/partials/<kind>-<key>/`, one parquet file each, written atomically; `key` hashes
     the run's settings (pass them without the list of models, so a sweep that grows reuses what
     it has) and the source of the code (`workbench.manifest.source_fingerprint`), so rows are only
@@ -856,6 +859,7 @@ class FinishedUnits:
         self.key = hashlib.sha256(material.encode()).hexdigest()[:20]
         self.folder = store.root / "partials" / f"{kind}-{self.key}"
         self.reused: list[str] = []
+        self._touched: set[str] = set()  # units saved or reused by this run: what discard() removes
 
     def _path(self, unit: str) -> Path:
         readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in unit)[:80]
@@ -868,10 +872,13 @@ class FinishedUnits:
             return None
         try:
             rows = coerce_rows(pq.read_table(path))
+        except FileNotFoundError:  # another run of the same sweep published and removed it just now
+            return None
         except (OSError, pa.ArrowException, KeyError, ValueError) as exc:
             warnings.warn(f"{path}: unreadable saved unit ({exc}); recomputing it", stacklevel=2)
             return None
         self.reused.append(unit)
+        self._touched.add(unit)
         return rows
 
     def save(self, unit: str, rows: list[pd.DataFrame] | pd.DataFrame) -> None:
@@ -880,9 +887,16 @@ class FinishedUnits:
                                      schema=ARROW_SCHEMA, preserve_index=False)
         with atomic_path(self._path(unit)) as tmp:
             pq.write_table(table, tmp)
+        self._touched.add(unit)
 
     def discard(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        """Remove this run's units, and the folder once no other run has units in it."""
+        for unit in self._touched:
+            with contextlib.suppress(FileNotFoundError):
+                self._path(unit).unlink()
+        self._touched.clear()
+        with contextlib.suppress(OSError):  # not empty: another run of the sweep is still writing
+            self.folder.rmdir()
 
 
 def _filter_mask(table: pa.Table, filters: Mapping[str, Any]) -> pa.ChunkedArray:
