@@ -309,3 +309,32 @@ def test_cache_cli_lists_and_prunes(tmp_path, capsys):
     assert "removed 1 entries" in capsys.readouterr().out
     assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0 and "0 entries" in capsys.readouterr().out
     assert main(["cache", "prune", "--cache-dir", str(tmp_path)]) == 2  # says what to give
+
+
+def test_heap_trimmer_trims_only_on_growth_and_at_most_every_min_interval(monkeypatch):
+    """The writer thread's heap trim: none while RSS stays within the slack of its reference, then at
+    most one per `min_interval` batches while it keeps growing; the reference is re-read after each."""
+    import workbench.activations as A
+
+    rss, trims = [0], []
+    monkeypatch.setattr(A, "_resident_bytes", lambda: rss[0])
+    monkeypatch.setattr(A, "_MALLOC_TRIM", lambda pad: trims.append(rss[0]))
+    trimmer = A._HeapTrimmer(slack_bytes=100, min_interval=3)
+
+    def feed(values):
+        for value in values:
+            rss[0] = value
+            trimmer()
+
+    feed([1000, 1050, 1100, 1000, 1090])  # reference 1000; never past 1100: no trim
+    assert trims == []
+    feed([1101])  # past reference + slack, 6 calls since the start
+    assert trims == [1101]
+    feed([700, 790])  # the first call after a trim sets the reference (700); 790 is within the slack
+    assert trims == [1101]
+    feed([900])  # past 800, and 3 calls since the trim
+    assert trims == [1101, 900]
+    feed([5000] * 9)  # new reference 5000, flat: no trim
+    assert trims == [1101, 900]
+    feed(range(6000, 15000, 1000))  # growing every call: trims at its 1st, 4th, 7th call (3 apart)
+    assert trims == [1101, 900, 6000, 9000, 12000] and trimmer.trims == 5

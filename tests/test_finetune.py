@@ -133,6 +133,32 @@ def test_tiny_bert_learns_a_planted_task_from_real_sentences(checkpoints, tmp_pa
     assert set(stored.probe) == {"finetune"} and len(stored) == len(rows)
 
 
+def test_epoch_train_loss_is_the_python_float_mean_of_the_step_losses(checkpoints, tmp_path, monkeypatch):
+    """The runner sums the step losses on the device (no read per step); the curve's train_loss must be
+    what summing them as Python floats, step by step, gives: equal, not approximately."""
+    import workbench.finetune as F
+
+    seen = []
+
+    def recording_loss_terms(*args, **kwargs):
+        terms = real_loss_terms(*args, **kwargs)
+        seen.append(float(terms["loss"].detach()))
+        return terms
+
+    real_loss_terms = F.loss_terms
+    monkeypatch.setattr(F, "loss_terms", recording_loss_terms)
+    cfg = _cfg(checkpoints["bert"], tmp_path / "run", epochs=2, max_train_examples=80, save_every=3)
+    res = run_finetune(cfg, store=ResultsStore(tmp_path / "store"))
+    curve = res.seeds[0].curve
+    per_epoch = len(seen) // 2
+    assert len(seen) == 2 * per_epoch and per_epoch > 3  # save_every=3 folds the sums mid-epoch
+    for epoch, point in enumerate(curve):
+        total = 0.0
+        for loss in seen[epoch * per_epoch: (epoch + 1) * per_epoch]:
+            total += loss
+        assert point["train_loss"] == total / per_epoch
+
+
 # -------------------------------------------------------------------------------- resume
 
 @pytest.mark.slow

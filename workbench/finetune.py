@@ -724,7 +724,23 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
     seconds_before = loop.get("seconds", 0.0)
     meter = EnergyMeter(device_info(run.device), already_joules=loop.get("energy_joules"))
 
+    # The epoch's running loss sums stay on the device (float64: the same additions, in the same order,
+    # as Python floats): reading a loss every step would make a GPU wait for each step before the
+    # host could queue the next. They are read into `loop` only where it is saved or the epoch ends.
+    def device_sums() -> dict[str, torch.Tensor]:
+        sums = {"loss": loop["loss_sum"], **{f"term/{k}": v for k, v in loop.get("term_sums", {}).items()}}
+        return {k: torch.tensor(v, dtype=torch.float64, device=run.device) for k, v in sums.items()}
+
+    def read_sums() -> None:
+        loop["loss_sum"] = float(sums["loss"])
+        if "term_sums" in loop:
+            loop["term_sums"] = {k[len("term/"):]: float(v) for k, v in sums.items() if k.startswith("term/")}
+
+    sums = device_sums()
+    last_shown = 0.0
+
     def save_state():
+        read_sums()
         loop["seconds"] = seconds_before + time.time() - t0
         loop["energy_joules"] = meter.reading()[0]
         _save_state(out / STATE_DIR, model, optimizer, scheduler, loop)
@@ -748,19 +764,22 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
             optimizer_step(model, optimizer, scheduler, cfg.clip, hooks, loop["step"] + 1)
             loop["batch"] += 1
             loop["step"] += 1
-            loss_value = float(terms["loss"].detach())
-            loop["loss_sum"] += loss_value
+            sums["loss"] += terms["loss"].detach().double()
             loop["loss_n"] += 1
             if "term_sums" in loop:
                 for k, v in terms.items():
-                    loop["term_sums"][k] = loop["term_sums"].get(k, 0.0) + float(v.detach())
+                    key = f"term/{k}"
+                    sums[key] = sums[key] + v.detach().double() if key in sums else v.detach().double()
             bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.3f}", epoch=loop["epoch"])
+            if cfg.progress and time.monotonic() - last_shown >= 2.0:  # the only per-step read, and only when shown
+                last_shown = time.monotonic()
+                bar.set_postfix(loss=f"{float(terms['loss'].detach()):.3f}", epoch=loop["epoch"])
             if loop["step"] % cfg.save_every == 0 and loop["batch"] < per_epoch:
                 save_state()
             if on_step is not None:
                 on_step(loop["step"])
         # end of an epoch: dev accuracy, best checkpoint, early stopping
+        read_sums()
         acc, _, _ = evaluate(model, run.dev, list(range(len(run.dev.ids))), run.pad_id, cfg.batch_size)
         epoch = loop["epoch"] + 1
         loop["curve"].append({"epoch": epoch, "step": loop["step"], f"dev_{metric}": acc,
@@ -783,6 +802,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
             bar.write(f"{run.name} seed {seed} epoch {epoch}: dev {metric} {acc:.4f} "
                       f"(best {loop['best']:.4f} at epoch {loop['best_epoch']})")
         loop.update(epoch=epoch, batch=0, loss_sum=0.0, loss_n=0)
+        sums = device_sums()
         save_state()
     bar.close()
     # test accuracy of the best epoch, read back from its saved checkpoint (its dev accuracy is the curve's best)
