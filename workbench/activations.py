@@ -487,6 +487,9 @@ def _load_malloc_trim():
 _MALLOC_TRIM = _load_malloc_trim()
 
 
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 def _resident_bytes() -> int | None:
     """This process' resident set size now (Linux /proc/self/statm), None where unreadable."""
     try:
@@ -494,9 +497,6 @@ def _resident_bytes() -> int | None:
             return int(f.read().split()[1]) * _PAGE_SIZE
     except (OSError, ValueError, IndexError):
         return None
-
-
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class _HeapTrimmer:
