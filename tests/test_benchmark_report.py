@@ -45,6 +45,31 @@ def test_the_step_matmuls_are_the_products_the_flops_count_counts():
         assert timed["matmul_seconds_per_step"] == pytest.approx(sum(r["seconds_per_call"] * r["count"] for r in timed["shapes"]))
     assert step_matmul_ceiling(mms[:1], seconds_per_shape=0.01, dtype=torch.bfloat16)["dtype"] == "bfloat16"
 
+def test_the_shape_ceiling_keeps_each_shapes_faster_measurement():
+    """Before and after the run, shape by shape: a disturbed measurement of one shape does not drag the
+    ceiling down, and the merged totals are the counted sums of the kept rows."""
+    from bench_train import faster_ceiling
+
+    def shape(name, seconds, count, flops_per_call):
+        return {"name": name, "count": count, "seconds_per_call": seconds, "flops_per_s": flops_per_call / seconds}
+
+    def ceiling(rows):
+        flops = sum(r["flops_per_s"] * r["seconds_per_call"] * r["count"] for r in rows)
+        secs = sum(r["seconds_per_call"] * r["count"] for r in rows)
+        return {"dtype": "float32", "threads": 2, "flops_per_step": flops, "matmul_seconds_per_step": secs,
+                "flops_per_s": flops / secs, "shapes": rows}
+
+    before = ceiling([shape("qkv", 0.002, 16, 1e9), shape("ffn", 0.010, 4, 4e9)])
+    after = ceiling([shape("qkv", 0.004, 16, 1e9), shape("ffn", 0.008, 4, 4e9)])  # qkv disturbed after, ffn before
+    merged = faster_ceiling(before, after)
+    assert [r["seconds_per_call"] for r in merged["shapes"]] == [0.002, 0.008]
+    assert merged["matmul_seconds_per_step"] == pytest.approx(16 * 0.002 + 4 * 0.008)
+    assert merged["flops_per_step"] == pytest.approx(16 * 1e9 + 4 * 4e9)
+    assert merged["flops_per_s"] == pytest.approx(32e9 / 0.064)
+    assert merged["flops_per_s"] > max(before["flops_per_s"], after["flops_per_s"])
+    assert merged["flops_per_s_before_after"] == [before["flops_per_s"], after["flops_per_s"]]
+
+
 def _record(path: Path, finished: str, ratio: float) -> None:
     path.write_text(json.dumps({
         "benchmark": "bench_probe_fit", "finished": finished, "threads": 1, "seeds": 5, "tasks": ["upos", "control"],
