@@ -110,7 +110,7 @@ def step_matmul_ceiling(matmuls: list[dict], seconds_per_shape: float = 1.0, dty
     the model's shapes allow on this CPU at this thread count, nothing else in the step. MFU against
     it says how much of the gap to the 2048^2 peak is the shapes' and how much the step's other work.
     Backward = 2 x forward FLOPs (input and weight gradients)."""
-    rows, total_flops, total_seconds = [], 0.0, 0.0
+    rows = []
     for mm in matmuls:
         if mm["op"] == "linear":
             m, k, nout = mm["shape"]
@@ -128,27 +128,25 @@ def step_matmul_ceiling(matmuls: list[dict], seconds_per_shape: float = 1.0, dty
             run = lambda: torch.autograd.grad(torch.bmm(a, bm), (a, bm), grad)  # noqa: E731
             flops = 3 * 2 * bh * t * k * nout
         best = min(seconds_per_call(run, 3, seconds_per_shape / 3))
-        rows.append({**mm, "shape": list(mm["shape"]), "seconds_per_call": best, "flops_per_s": flops / best})
-        total_flops += flops * mm["count"]
-        total_seconds += best * mm["count"]
-    return {"dtype": str(dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
-            "flops_per_step": total_flops, "matmul_seconds_per_step": total_seconds,
-            "flops_per_s": total_flops / total_seconds, "shapes": rows}
+        rows.append({**mm, "shape": list(mm["shape"]), "flops_per_call": flops, "seconds_per_call": best,
+                     "flops_per_s": flops / best})
+    return _ceiling(rows, str(dtype).replace("torch.", ""))
+
+
+def _ceiling(rows: list[dict], dtype: str) -> dict:
+    """The step's matmul totals from its timed shapes: each shape counted as often as the step runs it."""
+    flops = sum(r["flops_per_call"] * r["count"] for r in rows)
+    seconds = sum(r["seconds_per_call"] * r["count"] for r in rows)
+    return {"dtype": dtype, "threads": torch.get_num_threads(), "flops_per_step": flops,
+            "matmul_seconds_per_step": seconds, "flops_per_s": flops / seconds, "shapes": rows}
 
 
 def faster_ceiling(first: dict, second: dict) -> dict:
     """Two `step_matmul_ceiling` measurements of the same shapes (before and after the run) merged
     shape by shape into the faster one, as the 2048^2 peak keeps the better of before and after: on a
     host that steals time for seconds at a time, one measurement can read half the other."""
-    rows, total_flops, total_seconds = [], 0.0, 0.0
-    for a, b in zip(first["shapes"], second["shapes"], strict=True):
-        best = a if a["seconds_per_call"] <= b["seconds_per_call"] else b
-        rows.append(best)
-        total_flops += best["flops_per_s"] * best["seconds_per_call"] * best["count"]
-        total_seconds += best["seconds_per_call"] * best["count"]
-    return {**first, "flops_per_step": total_flops, "matmul_seconds_per_step": total_seconds,
-            "flops_per_s": total_flops / total_seconds, "shapes": rows,
-            "flops_per_s_before_after": [first["flops_per_s"], second["flops_per_s"]]}
+    rows = [min(a, b, key=lambda r: r["seconds_per_call"]) for a, b in zip(first["shapes"], second["shapes"], strict=True)]
+    return {**_ceiling(rows, first["dtype"]), "flops_per_s_before_after": [first["flops_per_s"], second["flops_per_s"]]}
 
 
 # ---- ours ---------------------------------------------------------------------------------------

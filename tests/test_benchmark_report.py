@@ -51,10 +51,11 @@ def test_the_shape_ceiling_keeps_each_shapes_faster_measurement():
     from bench_train import faster_ceiling
 
     def shape(name, seconds, count, flops_per_call):
-        return {"name": name, "count": count, "seconds_per_call": seconds, "flops_per_s": flops_per_call / seconds}
+        return {"name": name, "count": count, "flops_per_call": flops_per_call, "seconds_per_call": seconds,
+                "flops_per_s": flops_per_call / seconds}
 
     def ceiling(rows):
-        flops = sum(r["flops_per_s"] * r["seconds_per_call"] * r["count"] for r in rows)
+        flops = sum(r["flops_per_call"] * r["count"] for r in rows)
         secs = sum(r["seconds_per_call"] * r["count"] for r in rows)
         return {"dtype": "float32", "threads": 2, "flops_per_step": flops, "matmul_seconds_per_step": secs,
                 "flops_per_s": flops / secs, "shapes": rows}

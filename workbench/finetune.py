@@ -727,16 +727,16 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
     # The epoch's running loss sums stay on the device (float64: the same additions, in the same order,
     # as Python floats): reading a loss every step would make a GPU wait for each step before the
     # host could queue the next. They are read into `loop` only where it is saved or the epoch ends.
-    def device_sums() -> dict[str, torch.Tensor]:
-        sums = {"loss": loop["loss_sum"], **{f"term/{k}": v for k, v in loop.get("term_sums", {}).items()}}
-        return {k: torch.tensor(v, dtype=torch.float64, device=run.device) for k, v in sums.items()}
+    def on_device(value: float) -> torch.Tensor:
+        return torch.tensor(value, dtype=torch.float64, device=run.device)
 
     def read_sums() -> None:
-        loop["loss_sum"] = float(sums["loss"])
+        loop["loss_sum"] = float(loss_sum)
         if "term_sums" in loop:
-            loop["term_sums"] = {k[len("term/"):]: float(v) for k, v in sums.items() if k.startswith("term/")}
+            loop["term_sums"] = {k: float(v) for k, v in term_sums.items()}
 
-    sums = device_sums()
+    loss_sum = on_device(loop["loss_sum"])
+    term_sums = {k: on_device(v) for k, v in loop.get("term_sums", {}).items()}
     last_shown = 0.0
 
     def save_state():
@@ -764,12 +764,11 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
             optimizer_step(model, optimizer, scheduler, cfg.clip, hooks, loop["step"] + 1)
             loop["batch"] += 1
             loop["step"] += 1
-            sums["loss"] += terms["loss"].detach().double()
+            loss_sum += terms["loss"].detach().double()
             loop["loss_n"] += 1
             if "term_sums" in loop:
                 for k, v in terms.items():
-                    key = f"term/{k}"
-                    sums[key] = sums[key] + v.detach().double() if key in sums else v.detach().double()
+                    term_sums[k] = term_sums[k] + v.detach().double() if k in term_sums else v.detach().double()
             bar.update(1)
             if cfg.progress and time.monotonic() - last_shown >= 2.0:  # the only per-step read, and only when shown
                 last_shown = time.monotonic()
@@ -802,7 +801,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
             bar.write(f"{run.name} seed {seed} epoch {epoch}: dev {metric} {acc:.4f} "
                       f"(best {loop['best']:.4f} at epoch {loop['best_epoch']})")
         loop.update(epoch=epoch, batch=0, loss_sum=0.0, loss_n=0)
-        sums = device_sums()
+        loss_sum, term_sums = on_device(0.0), {}
         save_state()
     bar.close()
     # test accuracy of the best epoch, read back from its saved checkpoint (its dev accuracy is the curve's best)
