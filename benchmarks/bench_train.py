@@ -44,6 +44,13 @@ does by default, `dropout_masks: pcg16`; the `default` step here keeps torch's b
 and says whether the weights after those steps are bit-identical to the default step's.
 `--profile N` runs torch.profiler over N steps of the loop's step and prints where the time goes.
 
+Paired MFU (`paired_step_mfu`, `--paired-windows`, default 8 windows of 3 steps): the loop's own step
+(its model with the configured dropout masks, on collated batches) timed in windows, with the fp32
+peak re-measured in a 0.5 s slice before and after each window; each window's MFU divides by the mean
+of its two slices and the record keeps the median and quartiles. The whole-run MFU above divides a
+rate measured over a minute by a peak measured minutes before or after it; on a host that moves both
+by 15-35% between minutes, that ratio can be off by the drift, while the paired one is not.
+
 Usage: python benchmarks/bench_train.py [--family bert] [--preset small] [--steps 12] [--threads 2]
            [--variants foreach fused bf16 compile] [--profile 4]
 Writes benchmarks/results/bench_train-<host>-<time>.json (see results_io.py).
@@ -147,6 +154,86 @@ def faster_ceiling(first: dict, second: dict) -> dict:
     host that steals time for seconds at a time, one measurement can read half the other."""
     rows = [min(a, b, key=lambda r: r["seconds_per_call"]) for a, b in zip(first["shapes"], second["shapes"], strict=True)]
     return {**_ceiling(rows, first["dtype"]), "flops_per_s_before_after": [first["flops_per_s"], second["flops_per_s"]]}
+
+
+def paired_utilisation(step_flop_rates: list[float], peaks: list[float]) -> list[float]:
+    """Each window's step FLOP/s over the mean of the two peak slices beside it (`peaks` has one more
+    entry than `step_flop_rates`: slice, window, slice, window, ..., slice). A host that slows the
+    VM for seconds at a time slows a window and its neighbouring slices alike, so the ratio keeps
+    what whole-run figures, whose peak and steps are measured minutes apart, lose."""
+    if len(peaks) != len(step_flop_rates) + 1:
+        raise ValueError(f"need one peak slice more than windows: {len(peaks)} slices, {len(step_flop_rates)} windows")
+    return [r / ((a + b) / 2) for r, a, b in zip(step_flop_rates, peaks[:-1], peaks[1:])]
+
+
+def paired_step_mfu(cfg, data, family, batches, flops_per_token: float, steps_per_window: int, slice_seconds: float = 0.5,
+                    n: int = 2048, hf_packed: tuple | None = None) -> dict:
+    """MFU of the loop's own step (its model with the configured dropout masks, forward, backward,
+    clip, AdamW, scheduler; batches already collated, so batch building is not in it) with the fp32
+    2048^2 peak re-measured in a short slice before and after every window of `steps_per_window`
+    steps (`paired_utilisation`). On this project's shared VMs the peak and the steps drift by
+    15-35% over minutes; the median of the windows' ratios is the figure that drift does not set.
+
+    `hf_packed` = (model, collated batches, FLOPs per token): the packed baseline's BertForMaskedLM
+    stepped right after each of our windows by the same driver (forward, backward, clip, torch AdamW;
+    not `Trainer`, whose bookkeeping only adds to its time), so the two models' speeds are compared
+    seconds apart, window by window (`ratio_vs_hf_packed_step`)."""
+    from workbench.train import build_model, build_optimizer, lr_lambda_factory, objective_settings
+
+    torch.manual_seed(1)
+    model = build_model(cfg, family, data.tokenizer, 0, torch.device("cpu"))
+    for p in getattr(model, "unused_parameters", lambda o: [])(objective_settings(cfg, family)):
+        p.requires_grad_(False)
+    optimizer = build_optimizer(model, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_factory(cfg.warmup_steps(), cfg.total_steps))
+    drivers = [(model.train(), optimizer, scheduler, batches, flops_per_token)]
+    if hf_packed is not None:
+        hf_model, hf_batches, hf_flops = hf_packed
+        drivers.append((hf_model.train(), torch.optim.AdamW(hf_model.parameters(), lr=cfg.lr), None, hf_batches, hf_flops))
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+
+    def peak_slice() -> float:
+        t, calls = time.perf_counter(), 0
+        while time.perf_counter() - t < slice_seconds:
+            torch.mm(a, b, out=out)
+            calls += 1
+        return 2 * n**3 * calls / (time.perf_counter() - t)
+
+    def window(driver, steps) -> float:
+        """FLOP/s of `steps` batches of one model."""
+        net, opt, sched, _, flops = driver
+        t = time.perf_counter()
+        for batch in steps:
+            net(**batch).loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip)
+            opt.step()
+            if sched is not None:
+                sched.step()
+            opt.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - t
+        tokens = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel() for b in steps)
+        return flops * tokens / seconds  # non-padding tokens (packed blocks have no padding and may carry no mask)
+
+    for d in drivers:
+        window(d, d[3][:1])  # first-call costs
+    torch.mm(a, b, out=out)
+    starts = range(1, len(batches) - steps_per_window + 1, steps_per_window)
+    peaks, rates = [peak_slice()], {0: [], 1: []}
+    for i in starts:
+        for k, d in enumerate(drivers):
+            rates[k].append(window(d, d[3][i : i + steps_per_window]))
+        peaks.append(peak_slice())
+    ratios = paired_utilisation(rates[0], peaks)
+    result = {"mfu_median": float(np.median(ratios)), "mfu_quartiles": [float(q) for q in np.percentile(ratios, [25, 75])],
+              "mfu_windows": ratios, "step_flops_per_s_windows": rates[0], "peak_slices_flops_per_s": peaks,
+              "steps_per_window": steps_per_window, "slice_seconds": slice_seconds, "dropout_masks": cfg.dropout_masks}
+    if hf_packed is not None:  # tokens/s ratio per window: FLOP/s over FLOPs per token, ours over theirs
+        speed = [(r / flops_per_token) / (h / hf_packed[2]) for r, h in zip(rates[0], rates[1])]
+        result.update({"ratio_vs_hf_packed_step_median": float(np.median(speed)), "ratio_vs_hf_packed_step_windows": speed,
+                       "ratio_vs_hf_packed_step_quartiles": [float(q) for q in np.percentile(speed, [25, 75])],
+                       "hf_packed_step_flops_per_s_windows": rates[1]})
+    return result
 
 
 # ---- ours ---------------------------------------------------------------------------------------
@@ -374,6 +461,9 @@ def main(argv=None) -> dict:
     p.add_argument("--variant-steps", type=int, default=8)
     p.add_argument("--profile", type=int, default=0, help="profile this many steps of the loop's step")
     p.add_argument("--peak-seconds", type=float, default=3.0)
+    p.add_argument("--paired-windows", type=int, default=8,
+                   help="windows of the loop's step, each between two peak slices (paired MFU; 0 skips it)")
+    p.add_argument("--paired-steps", type=int, default=3, help="steps per paired window")
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 peak and bf16 loop (native-bf16 CPUs only)")
     p.add_argument("--json", type=Path, help="output file (default: benchmarks/results/bench_train-<host>-<time>.json)")
     args = p.parse_args(argv)
@@ -455,6 +545,27 @@ def main(argv=None) -> dict:
             print(f"profile of the {v} step (self CPU time share by kind):", json.dumps(profiles[v]["share_by_kind"]))
             print("top operators, ms per step:", json.dumps(profiles[v]["top_ops_ms_per_step"], indent=1))
         profile = profiles["default"]
+    paired = None
+    if args.paired_windows:
+        need = 1 + args.paired_windows * args.paired_steps
+        fam, batches = _step_setup(cfg, data, need)
+        hf_packed = None
+        if family == "bert":  # the packed baseline's model and batches, stepped beside ours
+            torch.manual_seed(0)
+            hf_model, collator = _hf_model(cfg, data.tokenizer, family)
+            examples = _packed_examples(cfg, data, need * cfg.batch_size)
+            hf_batches = [collator(examples[i * cfg.batch_size : (i + 1) * cfg.batch_size]) for i in range(need)]
+            hf_packed = (hf_model, hf_batches, flops_per_token(model_cfg, vocab, cfg.max_len, 1.0)["total"])
+        paired = paired_step_mfu(cfg, data, fam, batches, flops_per_token(model_cfg, vocab, cfg.max_len, 0.15)["total"],
+                                 args.paired_steps, hf_packed=hf_packed)
+        print(f"paired MFU of the loop's step (peak re-measured beside each of {args.paired_windows} windows of "
+              f"{args.paired_steps} steps): median {100 * paired['mfu_median']:.1f}% (quartiles "
+              f"{' - '.join(f'{100 * q:.1f}%' for q in paired['mfu_quartiles'])}; windows "
+              f"{', '.join(f'{100 * x:.1f}' for x in paired['mfu_windows'])})", flush=True)
+        if hf_packed is not None:
+            print(f"paired, the same windows: ours {paired['ratio_vs_hf_packed_step_median']:.2f}x the packed baseline's "
+                  f"BertForMaskedLM step (median; quartiles {' - '.join(f'{q:.2f}x' for q in paired['ratio_vs_hf_packed_step_quartiles'])}"
+                  f"; windows {', '.join(f'{x:.2f}' for x in paired['ratio_vs_hf_packed_step_windows'])})", flush=True)
     peak_after = matmul_peak(seconds=args.peak_seconds)
     peak = max(peak_before["flops_per_s"], peak_after["flops_per_s"])
     if with_bf16:
@@ -493,6 +604,8 @@ def main(argv=None) -> dict:
     }  # fmt: skip
     if "fast_dropout" in profiles:
         result["profile_fast_dropout"] = profiles["fast_dropout"]
+    if paired is not None:
+        result["paired_step_mfu"] = paired
     if ceiling is not None:
         result.update({"step_matmul_ceiling": ceiling, "step_matmul_ceiling_vs_peak": round(ceiling["flops_per_s"] / peak, 4),
                        "mfu_ours_vs_step_matmul_ceiling": round(f_ours["total"] * r_ours / ceiling["flops_per_s"], 4)})

@@ -87,6 +87,16 @@ def _rows(r: dict) -> list[tuple[str, str, str, str, str]]:
             rows.append((f"training MFU against the step's own matmul shapes timed alone ({c['flops_per_s'] / 1e9:.0f} GFLOP/s, "
                          f"{100 * r['step_matmul_ceiling_vs_peak']:.0f}% of the 2048^2 peak)",
                          f"{100 * r['mfu_ours_vs_step_matmul_ceiling']:.0f}%", "", "", ""))
+        if "paired_step_mfu" in r:  # records since 2026-11-27 15:00 (last: a row's place is part of its key)
+            m = r["paired_step_mfu"]
+            rows.append((f"training MFU of the loop's step, peak re-measured beside each of {len(m['mfu_windows'])} windows "
+                         f"(median; quartiles {' - '.join(f'{100 * q:.0f}%' for q in m['mfu_quartiles'])})",
+                         f"{100 * m['mfu_median']:.0f}%", "", "", ">= 60%"))
+            if "ratio_vs_hf_packed_step_median" in m:
+                q = m["ratio_vs_hf_packed_step_quartiles"]
+                rows.append((f"training step vs the packed baseline's BertForMaskedLM step, same driver, paired by window "
+                             f"(median; quartiles {q[0]:.2f}x - {q[1]:.2f}x)", "", "",
+                             f"{m['ratio_vs_hf_packed_step_median']:.2f}x", ">= 1.5x"))
         return rows
     if b == "bench_extraction" and "speed" in r:
         s = r["speed"]

@@ -71,6 +71,20 @@ def test_the_shape_ceiling_keeps_each_shapes_faster_measurement():
     assert merged["flops_per_s_before_after"] == [before["flops_per_s"], after["flops_per_s"]]
 
 
+
+def test_paired_mfu_divides_each_window_by_the_peak_slices_beside_it():
+    """A host that halves the VM's speed for a while halves a window's step rate and the slices around
+    it alike: the paired ratio stays where it was, where one whole-run peak would read half or double."""
+    from bench_train import paired_utilisation
+
+    peaks = [300e9, 300e9, 150e9, 150e9, 300e9]  # slice, window, slice, ... (the host slows in the middle)
+    rates = [150e9, 112.5e9, 75e9, 112.5e9]
+    assert paired_utilisation(rates, peaks) == pytest.approx([0.5, 0.5, 0.5, 0.5])
+    assert [r / max(peaks) for r in rates] == pytest.approx([0.5, 0.375, 0.25, 0.375])  # what one peak would say
+    with pytest.raises(ValueError, match="one peak slice more than windows"):
+        paired_utilisation(rates, peaks[:-1])
+
+
 def _record(path: Path, finished: str, ratio: float) -> None:
     path.write_text(json.dumps({
         "benchmark": "bench_probe_fit", "finished": finished, "threads": 1, "seeds": 5, "tasks": ["upos", "control"],
@@ -135,3 +149,10 @@ def test_training_rows_show_the_shape_ceiling_and_bf16_when_the_record_has_them(
     assert "(240 GFLOP/s, 80% of the 2048^2 peak)" in ceiling[0] and ceiling[1] == "47%"
     assert bf16_speed[1:4] == ("8,000", "5,000", "1.60x")
     assert "bf16 matmul peak 750 GFLOP/s; of the fp32 peak: 60%" in bf16_mfu[0] and bf16_mfu[1] == "24%"
+    paired = report._rows({**base, "paired_step_mfu": {"mfu_median": 0.523, "mfu_quartiles": [0.51, 0.547],
+                                                       "mfu_windows": [0.5] * 8}})[3]
+    assert "each of 8 windows (median; quartiles 51% - 55%)" in paired[0] and paired[1] == "52%" and paired[4] == ">= 60%"
+    with_hf = report._rows({**base, "paired_step_mfu": {"mfu_median": 0.523, "mfu_quartiles": [0.51, 0.547],
+                                                        "mfu_windows": [0.5] * 8, "ratio_vs_hf_packed_step_median": 1.734,
+                                                        "ratio_vs_hf_packed_step_quartiles": [1.6, 1.81]}})
+    assert len(with_hf) == 5 and "quartiles 1.60x - 1.81x" in with_hf[4][0] and with_hf[4][3:] == ("1.73x", ">= 1.5x")
