@@ -47,9 +47,12 @@ and says whether the weights after those steps are bit-identical to the default 
 Paired MFU (`paired_step_mfu`, `--paired-windows`, default 8 windows of 3 steps): the loop's own step
 (its model with the configured dropout masks, on collated batches) timed in windows, with the fp32
 peak re-measured in a 0.5 s slice before and after each window; each window's MFU divides by the mean
-of its two slices and the record keeps the median and quartiles. The whole-run MFU above divides a
-rate measured over a minute by a peak measured minutes before or after it; on a host that moves both
-by 15-35% between minutes, that ratio can be off by the drift, while the paired one is not.
+of its two slices and the record keeps the median and quartiles. For BERT the packed baseline's
+`BertForMaskedLM` steps its own packed batches right after each of our windows, driven the same way
+(not by `Trainer`), and the record keeps the median of the windows' speed ratios. The whole-run
+figures above divide a rate measured over a minute by a peak, or by a baseline, measured minutes
+before or after it; on a host that moves both by 15-35% between minutes, those ratios can be off by
+the drift, while the paired ones are not.
 
 Usage: python benchmarks/bench_train.py [--family bert] [--preset small] [--steps 12] [--threads 2]
            [--variants foreach fused bf16 compile] [--profile 4]

@@ -131,6 +131,8 @@ def test_a_gpu_record_is_its_own_row_and_never_replaces_the_cpu_figure(tmp_path)
     text = report.main(["--results", str(tmp_path)])
     assert "-4.0%" in text and "-50.0%" in text  # both overheads: the CPU row was not replaced
     assert "[cuda] extraction overhead" in text and "GPU cuda (host CPU Test CPU" in text
+    paired = {"benchmark": "bench_extraction", "speed": {**speed(1202.0), "overhead_vs_bare_paired_median": {"wall": 0.076, "cpu": 0.127}}}
+    assert report._rows(paired)[1][3] == "+20.2% best vs best, +12.7% median of repetitions"
 
 
 def test_training_rows_show_the_shape_ceiling_and_bf16_when_the_record_has_them():
