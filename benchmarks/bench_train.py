@@ -159,6 +159,16 @@ def faster_ceiling(first: dict, second: dict) -> dict:
     return {**_ceiling(rows, first["dtype"]), "flops_per_s_before_after": [first["flops_per_s"], second["flops_per_s"]]}
 
 
+def _train_step(model, optimizer, scheduler, batch, clip: float) -> None:
+    """One step as the loop takes it: forward, backward, clip, optimizer, scheduler (if any), zero grads."""
+    model(**batch).loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def paired_utilisation(step_flop_rates: list[float], peaks: list[float]) -> list[float]:
     """Each window's step FLOP/s over the mean of the two peak slices beside it (`peaks` has one more
     entry than `step_flop_rates`: slice, window, slice, window, ..., slice). A host that slows the
@@ -204,28 +214,22 @@ def paired_step_mfu(cfg, data, family, batches, flops_per_token: float, steps_pe
         return 2 * n**3 * calls / (time.perf_counter() - t)
 
     def window(driver, steps) -> float:
-        """FLOP/s of `steps` batches of one model."""
+        """FLOP/s of one model over `steps` batches."""
         net, opt, sched, _, flops = driver
         t = time.perf_counter()
         for batch in steps:
-            net(**batch).loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip)
-            opt.step()
-            if sched is not None:
-                sched.step()
-            opt.zero_grad(set_to_none=True)
+            _train_step(net, opt, sched, batch, cfg.clip)
         seconds = time.perf_counter() - t
         tokens = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel() for b in steps)
         return flops * tokens / seconds  # non-padding tokens (packed blocks have no padding and may carry no mask)
 
-    for d in drivers:
-        window(d, d[3][:1])  # first-call costs
+    for driver in drivers:
+        window(driver, driver[3][:1])  # first-call costs
     torch.mm(a, b, out=out)
-    starts = range(1, len(batches) - steps_per_window + 1, steps_per_window)
-    peaks, rates = [peak_slice()], {0: [], 1: []}
-    for i in starts:
-        for k, d in enumerate(drivers):
-            rates[k].append(window(d, d[3][i : i + steps_per_window]))
+    peaks, rates = [peak_slice()], [[] for _ in drivers]
+    for i in range(1, len(batches) - steps_per_window + 1, steps_per_window):
+        for driver, driver_rates in zip(drivers, rates):
+            driver_rates.append(window(driver, driver[3][i : i + steps_per_window]))
         peaks.append(peak_slice())
     ratios = paired_utilisation(rates[0], peaks)
     result = {"mfu_median": float(np.median(ratios)), "mfu_quartiles": [float(q) for q in np.percentile(ratios, [25, 75])],
