@@ -315,6 +315,12 @@ def _packed_examples(cfg, data, need: int) -> list[dict]:
     return [{"input_ids": stream[i * cfg.max_len : (i + 1) * cfg.max_len]} for i in range(need)]
 
 
+def _packed_batches(cfg, data, collator, batches: int) -> list[dict]:
+    """`batches` collated batches of `_packed_examples`' blocks, in order (the paired windows' baseline)."""
+    examples = _packed_examples(cfg, data, batches * cfg.batch_size)
+    return [collator(examples[i * cfg.batch_size : (i + 1) * cfg.batch_size]) for i in range(batches)]
+
+
 def _baseline(cfg, data, family_name: str, recipe: str, bf16: bool = False) -> dict:
     """HF `Trainer` on `recipe`'s examples (`bf16`: mixed precision, for the GPU record in bench_gpu.py)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -560,9 +566,8 @@ def main(argv=None) -> dict:
         if family == "bert":  # the packed baseline's model and batches, stepped beside ours
             torch.manual_seed(0)
             hf_model, collator = _hf_model(cfg, data.tokenizer, family)
-            examples = _packed_examples(cfg, data, need * cfg.batch_size)
-            hf_batches = [collator(examples[i * cfg.batch_size : (i + 1) * cfg.batch_size]) for i in range(need)]
-            hf_packed = (hf_model, hf_batches, flops_per_token(model_cfg, vocab, cfg.max_len, 1.0)["total"])
+            hf_packed = (hf_model, _packed_batches(cfg, data, collator, need),
+                         flops_per_token(model_cfg, vocab, cfg.max_len, 1.0)["total"])
         paired = paired_step_mfu(cfg, data, fam, batches, flops_per_token(model_cfg, vocab, cfg.max_len, 0.15)["total"],
                                  args.paired_steps, hf_packed=hf_packed)
         print(f"paired MFU of the loop's step (peak re-measured beside each of {args.paired_windows} windows of "

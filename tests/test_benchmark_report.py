@@ -85,6 +85,41 @@ def test_paired_mfu_divides_each_window_by_the_peak_slices_beside_it():
         paired_utilisation(rates, peaks[:-1])
 
 
+
+def test_paired_step_mfu_steps_both_models_window_by_window(tmp_path, monkeypatch):
+    """The paired measurement on a tiny BERT: one MFU per window, each its window's FLOP rate over the
+    mean of the slices beside it, and the speed ratio the two models' tokens/s in the same window."""
+    import torch
+    from bench_train import _hf_model, _packed_batches, _step_setup, flops_per_token, paired_step_mfu, paired_utilisation
+
+    from tests.training_helpers import tiny_config
+    from workbench.families import get_family
+    from workbench.train import prepare_data
+
+    monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
+    torch.set_num_threads(1)
+    cfg = tiny_config("bert", 4, tmp_path / "out", corpus={"sources": ["inaugural"], "max_documents": 12,
+                                                            "heldout_fraction": 0.2, "seed": 0},
+                      tokenizer={"vocab_size": 400}, max_len=32, batch_size=4,
+                      **{"eval.batches": 0, "checkpoints.log_spaced": False})
+    data = prepare_data(cfg, get_family("bert"))
+    family, batches = _step_setup(cfg, data, 1 + 3 * 2)
+    model_cfg, vocab = get_family("bert").model_config(cfg.preset, cfg.model), len(data.tokenizer)
+    hf_model, collator = _hf_model(cfg, data.tokenizer, "bert")
+    hf_batches = _packed_batches(cfg, data, collator, 7)
+    f_ours = flops_per_token(model_cfg, vocab, 32, 0.15)["total"]
+    f_hf = flops_per_token(model_cfg, vocab, 32, 1.0)["total"]
+    before = [p.detach().clone() for p in hf_model.parameters()]
+    r = paired_step_mfu(cfg, data, family, batches, f_ours, 2, slice_seconds=0.05, n=256,
+                        hf_packed=(hf_model, hf_batches, f_hf))
+    assert len(r["mfu_windows"]) == 3 and len(r["peak_slices_flops_per_s"]) == 4
+    assert r["mfu_windows"] == pytest.approx(paired_utilisation(r["step_flops_per_s_windows"], r["peak_slices_flops_per_s"]))
+    assert r["mfu_median"] == pytest.approx(sorted(r["mfu_windows"])[1]) and 0 < r["mfu_median"]
+    expected = [(o / f_ours) / (h / f_hf) for o, h in zip(r["step_flops_per_s_windows"], r["hf_packed_step_flops_per_s_windows"])]
+    assert r["ratio_vs_hf_packed_step_windows"] == pytest.approx(expected)
+    assert any(not torch.equal(a, p) for a, p in zip(before, hf_model.parameters()))  # the baseline really trained
+
+
 def _record(path: Path, finished: str, ratio: float) -> None:
     path.write_text(json.dumps({
         "benchmark": "bench_probe_fit", "finished": finished, "threads": 1, "seeds": 5, "tasks": ["upos", "control"],
