@@ -87,7 +87,7 @@ def _rows(r: dict) -> list[tuple[str, str, str, str, str]]:
             rows.append((f"training MFU against the step's own matmul shapes timed alone ({c['flops_per_s'] / 1e9:.0f} GFLOP/s, "
                          f"{100 * r['step_matmul_ceiling_vs_peak']:.0f}% of the 2048^2 peak)",
                          f"{100 * r['mfu_ours_vs_step_matmul_ceiling']:.0f}%", "", "", ""))
-        if "paired_step_mfu" in r:  # records since 2026-11-27 15:00 (last: a row's place is part of its key)
+        if "paired_step_mfu" in r:  # records since 2026-11-27 14:08 (last: a row's place is part of its key)
             m = r["paired_step_mfu"]
             rows.append((f"training MFU of the loop's step, peak re-measured beside each of {len(m['mfu_windows'])} windows "
                          f"(median; quartiles {' - '.join(f'{100 * q:.0f}%' for q in m['mfu_quartiles'])})",
