@@ -159,16 +159,6 @@ def faster_ceiling(first: dict, second: dict) -> dict:
     return {**_ceiling(rows, first["dtype"]), "flops_per_s_before_after": [first["flops_per_s"], second["flops_per_s"]]}
 
 
-def _train_step(model, optimizer, scheduler, batch, clip: float) -> None:
-    """One step as the loop takes it: forward, backward, clip, optimizer, scheduler (if any), zero grads."""
-    model(**batch).loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
 def paired_utilisation(step_flop_rates: list[float], peaks: list[float]) -> list[float]:
     """Each window's step FLOP/s over the mean of the two peak slices beside it (`peaks` has one more
     entry than `step_flop_rates`: slice, window, slice, window, ..., slice). A host that slows the
@@ -191,7 +181,8 @@ def paired_step_mfu(cfg, data, family, batches, flops_per_token: float, steps_pe
     stepped right after each of our windows by the same driver (forward, backward, clip, torch AdamW;
     not `Trainer`, whose bookkeeping only adds to its time), so the two models' speeds are compared
     seconds apart, window by window (`ratio_vs_hf_packed_step`)."""
-    from workbench.train import build_model, build_optimizer, lr_lambda_factory, objective_settings
+    from workbench.loop import TrainingHooks, optimizer_step
+    from workbench.train import build_model, build_optimizer, count_tokens, lr_lambda_factory, objective_settings
 
     torch.manual_seed(1)
     model = build_model(cfg, family, data.tokenizer, 0, torch.device("cpu"))
@@ -205,6 +196,7 @@ def paired_step_mfu(cfg, data, family, batches, flops_per_token: float, steps_pe
         drivers.append((hf_model.train(), torch.optim.AdamW(hf_model.parameters(), lr=cfg.lr), None, hf_batches, hf_flops))
     a, b = torch.randn(n, n), torch.randn(n, n)
     out = torch.empty(n, n)
+    no_hooks = TrainingHooks()
 
     def peak_slice() -> float:
         t, calls = time.perf_counter(), 0
@@ -217,11 +209,11 @@ def paired_step_mfu(cfg, data, family, batches, flops_per_token: float, steps_pe
         """FLOP/s of one model over `steps` batches."""
         net, opt, sched, _, flops = driver
         t = time.perf_counter()
-        for batch in steps:
-            _train_step(net, opt, sched, batch, cfg.clip)
+        for batch in steps:  # the loop's own step: backward, then clip, optimizer, schedule, zero grads
+            net(**batch).loss.backward()
+            optimizer_step(net, opt, sched, cfg.clip, no_hooks, 0)
         seconds = time.perf_counter() - t
-        tokens = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel() for b in steps)
-        return flops * tokens / seconds  # non-padding tokens (packed blocks have no padding and may carry no mask)
+        return flops * sum(count_tokens(b) for b in steps) / seconds  # non-padding tokens
 
     for driver in drivers:
         window(driver, driver[3][:1])  # first-call costs
@@ -389,7 +381,8 @@ def _weights_hash(model) -> str:
 
 def _run_steps(cfg, data, family, batches, variant: str, profile: bool = False) -> dict:
     """Time the loop's step (forward, backward, clip, AdamW, scheduler) on `batches` under one option."""
-    from workbench.train import build_optimizer, lr_lambda_factory, objective_settings
+    from workbench.loop import TrainingHooks, optimizer_step
+    from workbench.train import build_optimizer, count_tokens, lr_lambda_factory, objective_settings
 
     torch.manual_seed(1)
     model = family.build_model(family.model_config(cfg.preset, cfg.model), data.tokenizer)
@@ -422,12 +415,9 @@ def _run_steps(cfg, data, family, batches, variant: str, profile: bool = False) 
             with autocast():
                 out = forward(**batch)
             out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(model, optimizer, scheduler, cfg.clip, TrainingHooks(), 0)
             times.append(time.perf_counter() - t)
-            tokens.append(int(batch["attention_mask"].sum()))
+            tokens.append(count_tokens(batch))
     warm = min(2, len(times) - 1)  # compile / first-call costs
     res = {"variant": variant, "seconds_per_step": float(np.mean(times[warm:])), "all_step_seconds": times,
            "tokens_per_s": sum(tokens[warm:]) / sum(times[warm:]), "weights_sha": _weights_hash(model),
