@@ -474,8 +474,8 @@ PLOTS: dict[str, Callable[[pd.DataFrame, str, dict], Drawn]] = {
 
 
 def all_plots() -> dict[str, Callable[[pd.DataFrame, str, dict], Drawn]]:
-    """PLOTS plus the plot kinds probe companion pages add (`PLOTS` in app/pages/<probe>.py)."""
-    from app.pages import extra_plots
+    """PLOTS plus the plot kinds probe companion pages add (`PLOTS` in app/page_modules/<probe>.py)."""
+    from app.page_modules import extra_plots
 
     return {**extra_plots(), **PLOTS}
 

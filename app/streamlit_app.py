@@ -2,9 +2,9 @@
 
 Pages: Runs (catalog, manifests, delete, compare), Layer curves (any probe x task x metric), Model
 explorer (attention, word vectors across layers, logit lens), and one page per registered probe:
-`app/pages/<probe>.py` when the probe ships a companion module (its `render(store)`), else the
+`app/page_modules/<probe>.py` when the probe ships a companion module (its `render(store)`), else the
 generic probe page. The list comes from `probes.probe_names()`, so adding a probe never edits this
-file (see app/pages/__init__.py). `?page=<url path>` opens a page directly (used by the tests).
+file (see app/page_modules/__init__.py). `?page=<url path>` opens a page directly (used by the tests).
 
 Reads only under the runs root ($BERTOLOGY_RUNS) and the Hugging Face cache.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import pages, ui
+from app import page_modules, ui
 from app.views import explorer, layer_curves, probe, runs
 
 
@@ -34,10 +34,10 @@ def build_pages(requested: str | None) -> dict[str, list]:
              ("Layer curves", "layer-curves", ui.guarded(layer_curves.render)),
              ("Model explorer", "explorer", ui.guarded(explorer.render))]
     probe_specs = []
-    for name, module in pages.probe_pages():
+    for name, module in page_modules.probe_pages():
         title = getattr(module, "TITLE", None) or name
         probe_specs.append((f"Probe: {title}", f"probe-{name}", _probe_page(name, module)))
-    for name, module in pages.result_pages():  # rows of a command (finetune, prune, distill, peft, cost), not of a probe
+    for name, module in page_modules.result_pages():  # rows of a command (finetune, prune, distill, peft, cost), not of a probe
         specs.append((getattr(module, "TITLE", name), name, _probe_page(name, module)))
     urls = [url for _, url, _ in specs + probe_specs]
     default = requested if requested in urls else "runs"

@@ -173,7 +173,7 @@ def test_party_split_end_to_end_on_a_tiny_model(tmp_path, tokenizers):
 def test_moved_plot_draws_the_listed_z_with_both_counts():
     import pandas as pd
 
-    from app.pages.align import moved_plot
+    from app.page_modules.align import moved_plot
 
     listed = [{"word": "fellow", "displacement": 0.02, "noise_floor": 0.0, "z": 7.4, "p_perm": 0.01,
                "count_old": 36, "count_new": 38},

@@ -79,10 +79,10 @@ def charts(at: AppTest) -> list[dict]:
 
 
 def test_navigation_has_a_page_per_registered_probe(app_env):
-    from app import pages
+    from app import page_modules
     from probes import probe_names
 
-    found = dict(pages.probe_pages())
+    found = dict(page_modules.probe_pages())
     assert list(found) == probe_names()
     assert found["syntax"] is not None and hasattr(found["syntax"], "render")
     at = open_page("runs")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.pages.align import matrix_plot, moved_words, pair_matrices
+from app.page_modules.align import matrix_plot, moved_words, pair_matrices
 from probes.core.rows import layer_rows
 from workbench.paths import REPO_ROOT
 from workbench.results import ResultsStore

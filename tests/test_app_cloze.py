@@ -1,4 +1,4 @@
-"""The cloze page (app/pages/cloze.py) and its figure (experiments/figures/cloze_zero_shot_families.yaml)
+"""The cloze page (app/page_modules/cloze.py) and its figure (experiments/figures/cloze_zero_shot_families.yaml)
 on a store holding real cloze runs of two tiny saved checkpoints (a BERT and a GPT-2, random
 weights): the table, layer curves, learning curves and the live box show the stored numbers, and
 the figure draws exactly them with chance marked."""
@@ -13,7 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.figures import render
-from app.pages import cloze as page
+from app.page_modules import cloze as page
 from probes import cloze
 from probes.core import runner
 from tests.test_app import charts

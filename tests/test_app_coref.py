@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.pages.coref import best_heads, head_matrix
+from app.page_modules.coref import best_heads, head_matrix
 from probes.core.rows import layer_rows
 from workbench.paths import REPO_ROOT
 from workbench.results import ResultsStore

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from app.figures import render
-from app.pages.distill import implied_layer_map, layer_map_plot, tradeoff_plot, tradeoff_table
+from app.page_modules.distill import implied_layer_map, layer_map_plot, tradeoff_plot, tradeoff_table
 from probes.core.rows import layer_rows
 from workbench.distill import distill_rows
 from workbench.paths import REPO_ROOT
@@ -117,7 +117,7 @@ def _pretraining_rows():
 
 
 def test_pretraining_table_and_plot_are_the_rows(tmp_path):
-    from app.pages.distill import pretraining_plot, pretraining_table
+    from app.page_modules.distill import pretraining_plot, pretraining_table
 
     rows = _pretraining_rows()
     table = pretraining_table(rows).set_index("model")
@@ -152,7 +152,7 @@ def test_temperature_plot_draws_each_alpha_against_t_with_ce_and_teacher_lines()
               "L3-teacher-T4-a0.9": _point(3, "teacher", 4.0, 0.9, [0.79, 0.79], 600, 5.0),
               "L2-random-T1-a0.5": _point(2, "random", 1.0, 0.5, [0.55, 0.57], 500, 3.5)}
     rows = pd.DataFrame(distill_rows(points, TEACHER, "teacher", "bert", "sentence_polarity"))
-    from app.pages.distill import temperature_plot
+    from app.page_modules.distill import temperature_plot
 
     drawn = temperature_plot(rows, "t", {"depth": 3, "init": "teacher"})
     lines = {tr.name: (list(tr.x), [round(y, 4) for y in tr.y]) for tr in drawn.figure.data}

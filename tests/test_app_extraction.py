@@ -1,4 +1,4 @@
-"""The extraction page (app/pages/extraction.py), its figures (experiments/figures/extraction_*.yaml) and
+"""The extraction page (app/page_modules/extraction.py), its figures (experiments/figures/extraction_*.yaml) and
 the model explorer's generation tab, on a store holding a real extraction run of a tiny GPT trained
 with canaries under the runs root: the page and the figures draw exactly the stored numbers; the
 explorer's continuation is `workbench.generate`'s; an encoder gets one line saying why it cannot generate."""
@@ -13,7 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.figures import render
-from app.pages import extraction as page
+from app.page_modules import extraction as page
 from probes.core import runner
 from tests.conftest import tiny_bert
 from tests.test_app import APP, charts, no_errors, shown_table

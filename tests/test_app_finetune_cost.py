@@ -1,4 +1,4 @@
-"""The fine-tuning and cost pages (app/pages/finetune.py, app/pages/cost.py): their tables and plots
+"""The fine-tuning and cost pages (app/page_modules/finetune.py, app/page_modules/cost.py): their tables and plots
 show exactly the stored rows (seed means, ranges, t-intervals, lineage totals, score vs FLOPs), and
 both pages render headless (AppTest) on a store holding such runs."""
 
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from app.pages.cost import best_scores, checkpoints_under, cost_table, cost_wide, score_vs_flops
-from app.pages.finetune import epoch_curve, finetune_curves, finetune_test, split_summary, score_table
+from app.page_modules.cost import best_scores, checkpoints_under, cost_table, cost_wide, score_vs_flops
+from app.page_modules.finetune import epoch_curve, finetune_curves, finetune_test, split_summary, score_table
 from workbench.finetune import t_interval
 from workbench.paths import REPO_ROOT
 from workbench.results import ResultsStore

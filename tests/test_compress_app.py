@@ -1,4 +1,4 @@
-"""The compression page (app/pages/prune.py) and its figures (experiments/figures/prune_*.yaml) on
+"""The compression page (app/page_modules/prune.py) and its figures (experiments/figures/prune_*.yaml) on
 a store holding sweep rows built by the sweep's own `build_rows` from planted points: each figure
 draws exactly the stored means and standard deviations, and the page renders them."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.figures import load_spec, render
-from app.pages import prune as page
+from app.page_modules import prune as page
 from workbench.compress.sweep import build_rows
 from workbench.paths import REPO_ROOT
 from workbench.results import ResultsStore

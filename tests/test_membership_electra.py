@@ -109,7 +109,7 @@ def test_discriminator_separates_members_on_real_text(trained_electra, tmp_path)
         assert auc.loc["loss", "n"] >= 40
         aucs[head] = auc["value"].round(3).to_dict()
         ci_low[head] = auc.loc["loss", "ci_low"]
-        from app.pages.membership import attack_table
+        from app.page_modules.membership import attack_table
 
         table = attack_table(rows)
         assert set(table["scored_by"]) == {extra["scored_by"]} and len(table) == 3  # the page says which head

@@ -327,7 +327,7 @@ def test_sweep_rows_cka_is_one_where_nothing_changed(sweep):
 @pytest.mark.slow
 def test_peft_figures_draw_the_seed_means_of_the_store(sweep):
     from app.figures import load_spec, query_rows
-    from app.pages.peft import PLOTS, method_table
+    from app.page_modules.peft import PLOTS, method_table
 
     store, run_id, rows = sweep
     rows = rows.assign(method=[e["method"] for e in rows["extra"]])

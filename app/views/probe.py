@@ -1,4 +1,4 @@
-"""The generic page of a probe without a companion module (`app/pages/<probe>.py`): any probe's
+"""The generic page of a probe without a companion module (`app/page_modules/<probe>.py`): any probe's
 rows, whatever its tasks and metrics: the runs holding it, layer curves per task and metric, and
 the rows without a layer (whole-model scores, matrices) as a table."""
 

@@ -8,7 +8,7 @@ heads every seed keeps stand out (Prasanna et al.'s observation: the surviving h
 seeds). When the procedure pruned MLPs too (`heads.units: mlps | both`, Prasanna et al. 2020),
 the "mlp_kept" rows add one column, "MLP", to the right of the heads: the share of seeds keeping
 that layer's MLP. `surviving_heads_plot` is also a plot kind for `experiments/figures/*.yaml`
-(`PLOTS`, listed in the Compression page's `PLOTS`, app/pages/prune.py).
+(`PLOTS`, listed in the Compression page's `PLOTS`, app/page_modules/prune.py).
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def layer_map_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Dra
     layer map marked (each student layer's most similar teacher layer)."""
     import plotly.graph_objects as go
 
-    from app.pages.align import pair_matrices
+    from app.page_modules.align import pair_matrices
 
     mats = {}  # (student, teacher, metric) -> matrix, rows = the model with fewer layers (the student)
     for (a, b, metric), M in pair_matrices(rows).items():
@@ -247,7 +247,7 @@ def render(store) -> None:
         st.info("No model-pair rows yet: `bertology probe align --tasks model-pair --checkpoint TEACHER "
                 "--checkpoint STUDENT`.")
         return
-    from app.pages.align import pair_matrices
+    from app.page_modules.align import pair_matrices
 
     keys = [k for k in pair_matrices(pairs) if k[2] == "cka"]
     if not keys:

@@ -1,7 +1,7 @@
 """The syntax probe's page (Hewitt & Manning 2019; Tenney et al. 2019): one run's POS, dependency
 and structural-probe curves side by side with their baselines, where in depth each task is decoded
 (expected layer and scalar-mix centre of gravity), and the training-time heatmap for runs over
-training steps. A template for other probes' companion pages (see app/pages/__init__.py)."""
+training steps. A template for other probes' companion pages (see app/page_modules/__init__.py)."""
 
 from __future__ import annotations
 
