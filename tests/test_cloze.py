@@ -334,6 +334,7 @@ def test_lens_nonsense_rows_on_the_runner(handles, tmp_path, monkeypatch, family
     assert "Logit lens by layer" in text and "lens - control" in text and "lens nonsense there" in text
 
 
+@pytest.mark.pins
 def test_finetune_mc_keeps_its_pinned_results(tokenizers):
     """The MC-head fine-tuning gives the per-step losses and accuracy recorded before the loops were
     shared (tests/weight_pins.py): every loss depends on all earlier updates, so equal losses

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.training_helpers import run_tiny_training
+from tests.tolerances import assert_same_outputs, assert_same_state
 from workbench.cost import flops_per_token
 from workbench.errors import ConfigError
 from workbench.families import FAMILIES, get_family
@@ -89,9 +90,10 @@ def test_a_tiny_config_trains_saves_and_opens_in_plain_transformers(env, tmp_pat
     ours = load_pretrainer(run.checkpoint).model.eval()
     ids = torch.tensor([[2, 40, 41, 4, 43, 3], [2, 50, 4, 52, 3, 0]])
     mask = (ids != 0).long()
+    assert_same_state(plain, ours)
     with torch.no_grad():
-        torch.testing.assert_close(plain(input_ids=ids, attention_mask=mask).logits,
-                                   ours(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=0)
+        assert_same_outputs(plain(input_ids=ids, attention_mask=mask).logits,
+                            ours(input_ids=ids, attention_mask=mask).logits, plain.config)
     import json
 
     manifest = json.loads((run.checkpoint / "manifest.json").read_text())

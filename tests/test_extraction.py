@@ -77,10 +77,15 @@ def test_precision_at_top_n_by_hand():
 
 @pytest.mark.slow
 def test_a_tiny_gpt_memorises_its_repeated_canary_and_not_the_unseen_ones(tmp_path, monkeypatch):
-    """Planted signal: a canary seen 64 times in a ~10k-token corpus sits near the maximum exposure
+    """Planted signal: a canary seen 256 times in a ~10k-token corpus sits at the maximum exposure
     (log2 1000 = 9.97, exact enumeration); unseen canaries near a random candidate's (~1). Dropout is
-    off so that memorising is the training's only outcome, not one draw of its masks (with dropout
-    on, whether greedy decoding writes all three digits after 600 steps depended on the masks)."""
+    off so that memorising is the training's only outcome, not one draw of its masks.
+
+    The repetitions are set so that greedy decoding writes all three digits on every CPU kind: at 64
+    the exposure was maximal everywhere, but whether greedy decoding wrote the secret depended on
+    the arithmetic (yes on the Intel Xeon; on the AMD EPYC for 1 of 3 training seeds). At 128 and
+    256 it wrote it for 3 of 3 seeds on the AMD EPYC (2026-11-29); a change of seed moves the
+    training far more than a change of CPU kind does, so 256 (twice the smallest safe count) holds."""
     from probes.core.runner import run_probe
     from tests.training_helpers import run_tiny_training
 
@@ -88,7 +93,7 @@ def test_a_tiny_gpt_memorises_its_repeated_canary_and_not_the_unseen_ones(tmp_pa
     run = run_tiny_training("gpt", 600, tmp_path / "train", lr=5e-3,
                             **{"corpus.sources": ["inaugural"], "corpus.max_documents": 6, "max_len": 32,
                                "model.resid_pdrop": 0.0, "model.embd_pdrop": 0.0, "model.attn_pdrop": 0.0,
-                               "corpus.canaries": {"repetitions": [64], "per_count": 1, "unseen": 4, "digits": 3}})
+                               "corpus.canaries": {"repetitions": [256], "per_count": 1, "unseen": 4, "digits": 3}})
     _, rows = run_probe("extraction", [run.checkpoint], {"tasks": ["exposure"], "progress": False, "n_boot": 10})
     exp = rows[rows["metric"] == "exposure"]
     seen, unseen = exp[exp["split"] == "seen"]["value"], exp[exp["split"] == "unseen"]["value"]

@@ -376,6 +376,7 @@ def test_missing_checkpoint_is_a_checkpoint_error(tmp_path):
 @pytest.mark.parametrize("family,kw", [("bert", {}), ("gpt", {"freeze_body": True, "epochs": 2}),
                                        ("bert", {"task": "upos", "max_train_examples": 24, "max_eval_examples": 8})],
                          ids=["bert", "gpt-frozen-body", "bert-upos"])
+@pytest.mark.pins
 def test_finetune_keeps_its_pinned_weights(checkpoints, tmp_path, family, kw, upos):
     """A tiny `bertology finetune` run (warm-up, clipping, dropout on; a frozen body; a token task)
     ends with the weights and dev curve recorded before the loops were shared (tests/weight_pins.py)."""

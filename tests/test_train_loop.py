@@ -274,6 +274,7 @@ def test_tokenizer_path_reuses_a_trained_tokenizer_on_other_data(cache, tiny_run
 PIN_FAMILIES = ["bert", "roberta", "spanbert", "albert", "electra", "deberta", "gpt", "t5", "bart", "elmo"]
 
 
+@pytest.mark.pins
 @pytest.mark.parametrize("masks", ["bernoulli", "pcg16_modules", "pcg16"])
 @pytest.mark.parametrize("family", PIN_FAMILIES)
 def test_tiny_run_of_every_family_keeps_its_pinned_weights(cache, tmp_path, family, masks):

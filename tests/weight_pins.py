@@ -1,14 +1,20 @@
 """Pinned training results: the weights a tiny run produces today, so a refactor of the training
 loops can prove it changed nothing (same RNG consumption order, same float summation order).
 
-Bit-identical weights are a property of one machine (CPU kind, torch and transformers versions:
-another CPU may round a fused kernel differently), so the pins are stored per machine in
-`tests/fixtures/training_pins.json`:
+Bit-identical weights are a property of one CPU kind (and the torch and transformers versions): an
+AMD EPYC and an Intel Xeon round a fused kernel differently, so the same code gives other weights
+there. The pins are therefore stored per kind in `tests/fixtures/training_pins.json`:
 
     {"<cpu model> | torch <v> | transformers <v>": {"<case>": "<sha256>", ...}, ...}
 
-On a machine with no pins yet the tests skip and say how to record them: run the pinning tests
-with `BERTOLOGY_RECORD_PINS=1` ON THE CODE BEFORE the change, commit the file, then change the code.
+A kind without pins FAILS (a skip would let every pinned test pass vacuously on that kind). To add
+the current kind, record its pins on the code BEFORE your change (the pins are the old code's
+behaviour, which the change must keep), then commit the file:
+
+    git stash && BERTOLOGY_RECORD_PINS=1 .venv/bin/python -m pytest -q -m pins; git stash pop
+
+Recording only adds the cases this kind lacks; `BERTOLOGY_RECORD_PINS=overwrite` replaces them
+(after a deliberate change of the training's arithmetic, said in the commit).
 """
 
 from __future__ import annotations
@@ -19,9 +25,9 @@ import os
 import platform
 from pathlib import Path
 
-import pytest
-
 PINS_FILE = Path(__file__).parent / "fixtures" / "training_pins.json"
+RECORD_COMMAND = ("git stash && BERTOLOGY_RECORD_PINS=1 .venv/bin/python -m pytest -q -m pins; git stash pop "
+                  "(on the code before your change; then commit tests/fixtures/training_pins.json)")
 
 
 def machine_key() -> str:
@@ -58,17 +64,18 @@ def log_hash(records: list[dict]) -> str:
 
 
 def check_pin(case: str, value: str) -> None:
-    """Assert `value` equals this machine's pin for `case` (record it with BERTOLOGY_RECORD_PINS=1)."""
+    """Assert `value` equals this CPU kind's pin for `case`; fail, naming the command, when the kind has none."""
     from workbench.io import atomic_write_json
 
     key = machine_key()
     pins = json.loads(PINS_FILE.read_text()) if PINS_FILE.exists() else {}
-    if os.environ.get("BERTOLOGY_RECORD_PINS") == "1":
-        pins.setdefault(key, {})[case] = value
-        atomic_write_json(PINS_FILE, pins)
-        return
     mine = pins.get(key, {})
-    if case not in mine:
-        pytest.skip(f"no pinned weights for {case!r} on this machine ({key}); record them on the unchanged "
-                    f"code with BERTOLOGY_RECORD_PINS=1")
+    mode = os.environ.get("BERTOLOGY_RECORD_PINS", "")
+    if mode in ("1", "overwrite"):
+        if case not in mine or mode == "overwrite":
+            pins.setdefault(key, {})[case] = value
+            atomic_write_json(PINS_FILE, pins)
+        return
+    assert case in mine, (f"no pinned weights for {case!r} on this CPU kind ({key}; pinned kinds: "
+                          f"{sorted(pins) or 'none'}). Record them with: {RECORD_COMMAND}")
     assert value == mine[case], f"{case}: the weights changed (pinned {mine[case][:12]}, now {value[:12]})"
