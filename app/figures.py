@@ -33,8 +33,9 @@ only those models; `twins: false` drops random-init twins. Twins and baselines a
 declare (`app.data.row_kinds`); seeds are aggregated by `app.data.aggregate_seeds`, the function
 the app uses too.
 
-`--all` (or several names): a figure whose runs are not in the store (`MissingData`) is skipped and
-the rest drawn; the skipped ones are then listed with their `produced_by` command, exit status 2.
+`--all` (or several names) draws every figure whose data is in the store and lists every other one:
+a figure whose runs are not in the store (`MissingData`) with its `produced_by` command, exit status
+2 once the rest is drawn; no store (empty, one probe's, a mix) ends in a traceback (`figures_cli`).
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def load_spec(name_or_path: str | Path) -> tuple[str, dict]:
     unknown = set(spec) - SPEC_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; expected {sorted(SPEC_KEYS)}")
+    for key in ("query", "options"):
+        if not isinstance(spec.get(key) or {}, dict):
+            raise ConfigError(f"{path}: {key} must be a mapping, got {type(spec[key]).__name__}")
     bad_q = set(spec.get("query") or {}) - QUERY_KEYS
     if bad_q:
         raise ConfigError(f"{path}: query: unknown key(s) {sorted(bad_q)}; expected {sorted(QUERY_KEYS)}")
@@ -109,16 +113,18 @@ def load_spec(name_or_path: str | Path) -> tuple[str, dict]:
 
 
 def query_rows(store, query: dict) -> tuple[pd.DataFrame, list[str]]:
-    """The rows a figure draws and the run ids they came from (ConfigError when nothing matches)."""
+    """The rows a figure draws and the run ids they came from. MissingData (the figure is skipped by
+    `figures --all`) when no run matches, when a pinned run is not in the store, or when the runs
+    hold none of the rows asked for."""
     probe = query.get("probe")
     probes = _as_list(probe)
     tasks = _as_list(query.get("tasks"))
     runs = store.runs(**({"probe": probes} if probe else {}))
     if tasks:
-        runs = runs[[bool(set(_catalog_list(t)) & set(tasks)) for t in runs["tasks"]]]
+        runs = _keep(runs, [bool(set(_catalog_list(t)) & set(tasks)) for t in runs["tasks"]])
     which = query.get("run", "latest" if "name" not in query else None)
     if "name" in query:
-        runs = runs[runs["name"].astype(str).str.startswith(str(query["name"]))]
+        runs = _keep(runs, runs["name"].fillna("").astype(str).str.startswith(str(query["name"])))
     if which == "latest" and len(probes) > 1:
         runs = _latest_of_one_checkpoint(runs, probes, _as_list(query.get("models")))
     elif which == "latest":
@@ -126,8 +132,8 @@ def query_rows(store, query: dict) -> tuple[pd.DataFrame, list[str]]:
     elif which is not None:
         wanted = set(_as_list(which))
         missing = wanted - set(runs["run_id"])
-        if missing:
-            raise ConfigError(f"run(s) {sorted(missing)} not in the store {store.root} (or without {probe}/{tasks})")
+        if missing:  # a figure pinned to runs made elsewhere: skipped by `figures --all`, not fatal
+            raise MissingData(f"run(s) {sorted(missing)} not in the store {store.root} (or without {probe}/{tasks})")
         runs = runs[runs["run_id"].isin(wanted)]
     if runs.empty:
         raise MissingData(f"no run in {store.root} matches {query}")  # figures_cli names the command that makes it
@@ -149,6 +155,8 @@ def query_rows(store, query: dict) -> tuple[pd.DataFrame, list[str]]:
         rows = rows[~twin_mask(rows)]
     if query.get("split"):
         rows = rows[rows["split"] == query["split"]]
+    if rows.empty:  # the runs exist but hold none of the rows asked for: nothing a plot could draw
+        raise MissingData(f"run(s) {', '.join(runs['run_id'])} in {store.root} hold no rows matching {query}")
     return rows.reset_index(drop=True), sorted(runs["run_id"].tolist())
 
 
@@ -158,13 +166,20 @@ def _latest_of_one_checkpoint(runs: pd.DataFrame, probes: list[str], models: lis
     def of(p: str, want: set[str] | None) -> pd.DataFrame:
         keep = [p in _catalog_list(pr) and (want is None or bool(want & set(_catalog_list(m))))
                 for pr, m in zip(runs["probes"], runs["models"])]
-        return runs[keep].tail(1)
+        return _keep(runs, keep).tail(1)
 
     first = of(probes[0], set(models) if models else None)
     if first.empty:
         return first
     anchor = set(_catalog_list(first["models"].iloc[0]))
     return pd.concat([first] + [of(p, anchor) for p in probes[1:]])
+
+
+def _keep(frame: pd.DataFrame, mask) -> pd.DataFrame:
+    """The rows of `frame` where `mask` (booleans, one per row) holds. `frame[[...]]` with a Python
+    list would select no *columns* when the list is empty (an empty catalog), and the next column
+    lookup would fail with a KeyError (issue 40)."""
+    return frame[np.asarray(mask, dtype=bool)]
 
 
 def _catalog_list(value) -> list[str]:
@@ -322,7 +337,7 @@ def depth_table(rows: pd.DataFrame, metrics: dict, alpha: float = 0.05, referenc
                     out += [dict(base, metric="peak_share", layer=int(l), value=float(v))
                             for l, v in zip(layers, stats["peak_share"])]
     if not out:
-        raise ConfigError(f"no per-layer curves of {metrics} (of at least two layers) in these runs")
+        raise MissingData(f"no per-layer curves of {metrics} (of at least two layers) in these runs")
     if reference is not None:
         if reference not in metrics:
             raise ConfigError(f"depth reference {reference!r} is not one of the tasks {sorted(metrics)}")
@@ -631,31 +646,81 @@ def produced_by(spec: dict) -> str:
 
 
 def figures_cli(names: list[str], all_: bool, out: str | None, formats: str | None, runs_root: str | None) -> int:
-    """Render the named figures (or every shipped one with `all_`). A figure whose runs are not in
-    the store is skipped, not fatal: the others are still drawn, then the skipped ones are listed
-    each with the command that makes its data (`produced_by`), and the exit status is 2."""
+    """Render the named figures (or every shipped one with `all_`); exit status 0, 1 or 2.
+
+    Bad input (no name, a name and --all, an unknown figure, an unreadable or malformed YAML, an
+    unknown format, a bad $BERTOLOGY_FIGURE_TIMEOUT) is refused before any figure is drawn: one
+    line and exit 2 (`cli_errors`). Then every figure is tried, whatever happens to the others
+    (issue 26's promise, issue 40): one whose data is not in the store (`MissingData`: no run
+    matches its query, its pinned runs are absent, its runs hold nothing it can draw) is skipped
+    and listed with the command that makes its data (`produced_by`); one that cannot be drawn for
+    another reason the workbench names (`WorkbenchError`: a failed export, an ambiguous selection)
+    is listed with that reason; both give exit status 2 once the rest is drawn. Anything else is a
+    bug in a plot: with several figures it is listed in one line (its type and message, and the
+    command that shows its traceback) and the others are still drawn, exit status 1; a single
+    named figure keeps the traceback. Each drawn figure writes its own manifest (`render`); a
+    skipped or failed one leaves its folder as an earlier render left it."""
     from workbench.results import ResultsStore
 
-    todo = figure_names() if all_ else names
+    if all_ and names:
+        raise ConfigError(f"give figure names or --all, not both (got --all and {' '.join(names)})")
+    todo = figure_names() if all_ else list(names)
     if not todo:
         raise ConfigError(f"name a figure or pass --all; shipped figures: {', '.join(figure_names())}")
+    fmts = tuple(f.strip() for f in formats.split(",")) if formats is not None else FORMATS
+    bad = [f for f in fmts if f not in FORMATS]
+    if bad or not fmts:
+        raise ConfigError(f"--formats: unknown format(s) {bad or [formats]}; choose from {','.join(FORMATS)}")
+    export_timeout()  # a bad $BERTOLOGY_FIGURE_TIMEOUT is refused before the first figure
+    specs = dict(load_spec(name) for name in todo)  # every name and YAML checked before any work
+    if len(specs) < len(todo):
+        raise ConfigError(f"figure(s) named twice: {sorted({n for n in todo if todo.count(n) > 1})}")
     store = ResultsStore(runs_root)
-    fmts = tuple(f.strip() for f in formats.split(",")) if formats else FORMATS
+    several = len(todo) > 1
+    drawn: list[str] = []
     skipped: list[tuple[str, str, str]] = []  # (name, why, command)
-    for name in todo:
+    failed: list[tuple[str, str]] = []  # (name, why): the workbench named the problem
+    bugs: list[tuple[str, str]] = []  # (name, what was raised)
+    for arg, name in zip(todo, specs):
+        folder = (Path(out) / name if several else Path(out)) if out else None
         try:
-            r = render(name, store, Path(out) / name if out and len(todo) > 1 else out, fmts)
+            r = render(arg, store, folder, fmts)
         except MissingData as e:
-            spec = load_spec(name)[1]
-            skipped.append((Path(name).stem, str(e), produced_by(spec)))
+            skipped.append((name, _one_line(e), produced_by(specs[name])))
             continue
+        except WorkbenchError as e:
+            failed.append((name, _one_line(e)))
+            continue
+        except Exception as e:  # noqa: BLE001 - one figure's bug must not stop the others
+            if not several:
+                raise
+            bugs.append((name, f"{type(e).__name__}: {_one_line(e)}"))
+            continue
+        drawn.append(name)
         print(f"{r.name}: {r.folder} ({', '.join(p.name for p in r.files)}; runs {', '.join(r.manifest['run_ids'])})")
+    if several:
+        print(f"drew {len(drawn)} of {len(todo)} figure(s) from {store.root}")
     if skipped:
-        print(f"{len(skipped)} of {len(todo)} figure(s) skipped: their runs are not in {store.root}", file=sys.stderr)
+        print(f"{len(skipped)} of {len(todo)} figure(s) skipped: their data is not in {store.root}", file=sys.stderr)
         for name, why, command in skipped:
             print(f"  {name}: {why}\n    make the data with: {command}", file=sys.stderr)
-        return 2
-    return 0
+    if failed:
+        print(f"{len(failed)} of {len(todo)} figure(s) could not be drawn:", file=sys.stderr)
+        for name, why in failed:
+            print(f"  {name}: {why}", file=sys.stderr)
+    if bugs:
+        print(f"{len(bugs)} of {len(todo)} figure(s) failed with an error (a bug; `bertology figures NAME` "
+              f"alone shows its traceback):", file=sys.stderr)
+        for name, why in bugs:
+            print(f"  {name}: {why}", file=sys.stderr)
+        return 1
+    return 2 if skipped or failed else 0
+
+
+def _one_line(err: BaseException) -> str:
+    """An exception's message on one line (a listing of many figures stays one line per figure)."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= 400 else text[:397] + "..."
 
 
 def data_of(rendered: Rendered) -> pd.DataFrame:
