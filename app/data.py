@@ -75,15 +75,49 @@ def resolve_model(text: str, roots: list[Path]) -> Path:
     return confine(raw, roots)
 
 
-def list_checkpoints(store_root: str | Path, max_depth: int = 6) -> list[str]:
-    """Checkpoint folders (holding config.json) under the runs root, as paths relative to it."""
+# Folders under the runs root that hold model weights but are not checkpoints to explore: trainer
+# state of a running seed (finetune's resume/). Walked past, like SKIP_DIRS at the root.
+NOT_CHECKPOINTS = {"resume", "trainer_state"}
+
+
+def is_checkpoint(folder: Path) -> bool:
+    """A folder `ModelHandle.load` can open: config.json, weight files (a complete shard index) and a
+    tokenizer. A sweep's own folder (its config.json is the sweep's config), `full/`, a run folder or a
+    `points/` folder whose weights were dropped (`keep_checkpoints: false`) is not one."""
+    from workbench.checkpoints import weight_files
+    from workbench.errors import CheckpointError
+    from workbench.models import TOKENIZER_FILES
+
+    if not (folder / "config.json").is_file() or not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        return False
+    try:
+        return bool(weight_files(folder))
+    except CheckpointError:  # a shard index naming missing shards: not loadable
+        return False
+
+
+def _weights_mtime(folder: Path) -> float:
+    from workbench.checkpoints import weight_files
+
+    try:
+        return max(f.stat().st_mtime for f in weight_files(folder))
+    except (OSError, ValueError, WorkbenchError):
+        return 0.0
+
+
+def list_checkpoints(store_root: str | Path, max_depth: int = 8) -> list[str]:
+    """Checkpoints under the runs root (`is_checkpoint`: config, weights, tokenizer), as paths
+    relative to it, newest first (by the weight files' modification time; ties by path). A folder
+    without weights is walked through, so a compression sweep offers its points
+    (`prune/<sweep>/points/<method>/<amount>/seed-S/<point>/`) and its full models, never the sweep
+    folder; `checkpoint_label` names each by its lineage."""
     root = Path(store_root).resolve()
-    found: list[str] = []
+    found: list[tuple[float, str]] = []
 
     def walk(folder: Path, depth: int) -> None:
-        if (folder / "config.json").is_file():
-            found.append(str(folder.relative_to(root)))
-            return
+        if is_checkpoint(folder):
+            found.append((_weights_mtime(folder), str(folder.relative_to(root))))
+            return  # its sub-folders (ELECTRA's generator/) belong to it
         if depth >= max_depth:
             return
         try:
@@ -91,13 +125,66 @@ def list_checkpoints(store_root: str | Path, max_depth: int = 6) -> list[str]:
         except OSError:
             return
         for child in children:
-            if depth == 0 and child.name in SKIP_DIRS:
+            if (depth == 0 and child.name in SKIP_DIRS) or child.name in NOT_CHECKPOINTS:
                 continue
             walk(child, depth + 1)
 
     if root.is_dir():
         walk(root, 0)
-    return found
+    return [rel for _, rel in sorted(found, key=lambda t: (-t[0], t[1]))]
+
+
+def _amount(text: str) -> str:
+    """A sweep's amount folder as a person reads it: 0.5 -> 50%, 4bit -> 4-bit, r16 -> rank 16."""
+    if text.endswith("bit") and text[:-3].isdigit():
+        return f"{text[:-3]}-bit"
+    if text.startswith("r") and text[1:].isdigit():
+        return f"rank {text[1:]}"
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return f"{value * 100:.4g}%" if 0.0 <= value <= 1.0 else text
+
+
+def _part(name: str) -> str:
+    """seed-3 -> seed 3, step-0000100 -> step 100, other folder names as they are."""
+    from workbench.checkpoints import step_number
+
+    step = step_number(name)
+    if step is not None:
+        return f"step {step}"
+    if name.startswith("seed-") and name[5:].isdigit():
+        return f"seed {name[5:]}"
+    return name
+
+
+def checkpoint_label(rel: str) -> str:
+    """A checkpoint's name in the explorer: its run, then its lineage inside the run.
+
+    prune/<sweep>/points/imp/0.5/seed-0/imp-0.5-seed0  -> prune/<sweep> · seed 0 · 50% imp
+    prune/<sweep>/full/seed-0/best                       -> prune/<sweep> · seed 0 · full model
+    prune/<sweep>/points/full/0/seed-0/full-0-seed0      -> prune/<sweep> · seed 0 · full model (its point)
+    train/<run>/seed-0/step-0000100                      -> train/<run> · seed 0 · step 100
+    distill/<sweep>/points/<point>/seed-1/best           -> distill/<sweep> · <point> · seed 1 · best
+    """
+    parts = Path(rel).parts
+    if "points" in parts and parts[0] == "prune":
+        i = parts.index("points")
+        rest = parts[i + 1:]
+        if len(rest) >= 3 and rest[2].startswith("seed-"):
+            method, amount, seed = rest[0], rest[1], rest[2]
+            what = "full model (its point)" if method == "full" else f"{_amount(amount)} {method}"
+            return " · ".join(["/".join(parts[:i]), _part(seed), what, *rest[4:]])
+    if "full" in parts and parts[0] == "prune":
+        i = parts.index("full")
+        rest = [{"best": "full model", "rewind": "rewind weights"}.get(p, _part(p)) for p in parts[i + 1:]]
+        return " · ".join(["/".join(parts[:i]), *rest])
+    cut = next((i for i, p in enumerate(parts) if i > 0 and (p == "points" or p.startswith(("seed-", "step-")))),
+               len(parts))
+    run = "/".join(parts[:cut])
+    rest = [_part(p) for p in parts[cut:] if p != "points"]
+    return " · ".join([run, *rest])
 
 
 def cached_hub_models() -> list[str]:

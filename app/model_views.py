@@ -22,6 +22,48 @@ def load(path) -> ModelHandle:
     return ModelHandle.load(path, attentions=True)
 
 
+# How a token's text shows in the explorer and the lens tables: whitespace made visible.
+SPACE, NEWLINE, TAB = "\u2423", "\u21b5", "\u21e5"  # ␣ ↵ ⇥
+TOKEN_NOTE = (f"Tokens as the text they add: {SPACE} is a space before the token (it starts a new word), a piece "
+              f"without {SPACE} continues the word before it (WordPiece's ##ing shows as ing); {NEWLINE} a newline; "
+              f"special tokens as they are.")
+
+
+def _visible(text: str) -> str:
+    return text.replace(" ", SPACE).replace("\n", NEWLINE).replace("\t", TAB) or "\u2205"  # ∅: adds no text
+
+
+def readable_tokens(tokenizer, ids) -> list[str]:
+    """The text a person reads for each token id, by the tokenizer's own decoding: what the token
+    adds after a plain word, so a leading space is kept (byte-level BPE's 'Ġcompany' -> ' company',
+    SentencePiece's '▁company' and WordPiece's 'company' -> ' company', WordPiece's '##ing' -> 'ing'),
+    whitespace made visible (`SPACE`, `NEWLINE`, `TAB`). Special tokens keep their own string; a
+    token whose bytes are part of a character (byte-level BPE splits UTF-8) or that the tokenizer
+    cannot decode alone keeps its vocabulary string."""
+    ids = [int(i) for i in ids]
+    raw = tokenizer.convert_ids_to_tokens(ids)
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    try:
+        prefix = tokenizer("a", add_special_tokens=False)["input_ids"]
+        start = tokenizer.decode(prefix, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    except Exception:  # noqa: BLE001 - a tokenizer without decoding (a word list): vocabulary strings
+        return [str(t) for t in raw]
+    out = []
+    for i, token in zip(ids, raw):
+        if i in special:
+            out.append(str(token))
+            continue
+        try:
+            text = tokenizer.decode(prefix + [i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        except Exception:  # noqa: BLE001
+            text = None
+        if text is None or not text.startswith(start) or "\ufffd" in text:
+            out.append(str(token))
+            continue
+        out.append(_visible(text[len(start):]))
+    return out
+
+
 def words_of(sentence: str) -> list[str]:
     words = sentence.split()
     if not words:
@@ -46,9 +88,9 @@ def attention(handle: ModelHandle, words: list[str], stack: str | None = None) -
                           f"(no self-attention, e.g. ELMo's LSTMs)")
     ids = out.decoder_input_ids[0] if stack == "decoder" and "encoder" in handle.stacks else out.batch.input_ids[0]
     keep = int(out.batch.attention_mask[0].sum()) if ids is out.batch.input_ids[0] else len(ids)
-    tokens = handle.tokenizer.convert_ids_to_tokens(ids[:keep].tolist())
+    tokens = readable_tokens(handle.tokenizer, ids[:keep].tolist())
     maps = torch.stack([a[0, :, :keep, :keep] for a in att]).float().cpu().numpy()
-    return Attention([str(t) for t in tokens], maps)
+    return Attention(tokens, maps)
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -120,7 +162,8 @@ def logit_lens(handle: ModelHandle, words: list[str], position: int, k: int = 5)
     family): masked LMs at the mask; causal LMs the next token after the words before it (the
     words after are unseen); T5 the first piece after the sentinel, BART the token at the mask
     (decoder layers); ELMo forward from the left x backward from the right. Columns: layer, rank,
-    token, prob, id; `attrs["reads"]` says what was read."""
+    token (`readable_tokens`: the text it adds, not the vocabulary string), prob, id, piece (the
+    vocabulary string); `attrs["reads"]` says what was read."""
     from workbench.logit_lens import blank_topk
 
     scorer, why = lens_scorer(handle)
@@ -128,7 +171,16 @@ def logit_lens(handle: ModelHandle, words: list[str], position: int, k: int = 5)
         raise ConfigError(why)
     if not 0 <= position < len(words):
         raise ConfigError(f"word position {position} outside the sentence of {len(words)} words")
-    return blank_topk(scorer, " ".join(BLANK if i == position else w for i, w in enumerate(words)), k)
+    return readable_lens(scorer, blank_topk(scorer, " ".join(BLANK if i == position else w
+                                                             for i, w in enumerate(words)), k))
+
+
+def readable_lens(scorer, table: pd.DataFrame) -> pd.DataFrame:
+    """A `blank_topk` table whose `token` is the text a person reads (`readable_tokens` of `id`
+    with the scorer's tokenizer); the vocabulary string moves to `piece`."""
+    out = table.assign(piece=table["token"], token=readable_tokens(scorer.handle.tokenizer, table["id"].tolist()))
+    out.attrs.update(table.attrs)
+    return out
 
 
 def cannot_generate(handle: ModelHandle) -> str | None:

@@ -1,10 +1,15 @@
 """Streamlit app (`bertology app`): a multipage dashboard over the runs root.
 
 Pages: Runs (catalog, manifests, delete, compare), Layer curves (any probe x task x metric), Model
-explorer (attention, word vectors across layers, logit lens), and one page per registered probe:
-`app/page_modules/<probe>.py` when the probe ships a companion module (its `render(store)`), else the
-generic probe page. The list comes from `probes.probe_names()`, so adding a probe never edits this
-file (see app/page_modules/__init__.py). `?page=<url path>` opens a page directly (used by the tests).
+explorer (attention, word vectors across layers, logit lens), the result pages of the commands
+(fine-tuning, compression, distillation, fine-tuning methods, cost) and one page per registered
+probe: `app/page_modules/<probe>.py` when the probe ships a companion module (its `render(store)`),
+else the generic probe page. The list is `app.navigation.page_specs()` (adding a probe never edits
+this file). Every page opens by its URL (`/prune`, `/probe-syntax`, ...), also as the first request
+of a fresh server; `?page=<url path>` opens a page directly too (used by the AppTest tests).
+
+Keep the page modules out of a folder named `pages` beside this file: Streamlit would take it for
+its own file-based multipage app (see app/navigation.py).
 
 Reads only under the runs root ($BERTOLOGY_RUNS) and the Hugging Face cache.
 """
@@ -13,39 +18,18 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import page_modules, ui
-from app.views import explorer, layer_curves, probe, runs
-
-
-def _probe_page(name: str, module):
-    """A page callable for one probe (its companion module's render, or the generic page)."""
-    if module is not None:
-        def page():
-            module.render(ui.store())
-    else:
-        def page():
-            probe.render(name)
-    page.__name__ = f"probe_{name}"
-    return ui.guarded(page)
+from app.navigation import PROBES, RESULTS, page_specs
 
 
 def build_pages(requested: str | None) -> dict[str, list]:
-    specs = [("Runs", "runs", ui.guarded(runs.render)),
-             ("Layer curves", "layer-curves", ui.guarded(layer_curves.render)),
-             ("Model explorer", "explorer", ui.guarded(explorer.render))]
-    probe_specs = []
-    for name, module in page_modules.probe_pages():
-        title = getattr(module, "TITLE", None) or name
-        probe_specs.append((f"Probe: {title}", f"probe-{name}", _probe_page(name, module)))
-    for name, module in page_modules.result_pages():  # rows of a command (finetune, prune, distill, peft, cost), not of a probe
-        specs.append((getattr(module, "TITLE", name), name, _probe_page(name, module)))
-    urls = [url for _, url, _ in specs + probe_specs]
+    specs = page_specs()
+    urls = [s.url for s in specs]
     default = requested if requested in urls else "runs"
 
-    def make(title, url, fn):  # no icons: material icons would be fetched from the internet
-        return st.Page(fn, title=title, url_path=url, default=url == default)
+    def make(s):  # no icons: material icons would be fetched from the internet
+        return st.Page(s.render, title=s.title, url_path=s.url, default=s.url == default)
 
-    return {"Results": [make(*s) for s in specs], "Probes": [make(*s) for s in probe_specs]}
+    return {section: [make(s) for s in specs if s.section == section] for section in (RESULTS, PROBES)}
 
 
 st.set_page_config(page_title="BERTology workbench", layout="wide")

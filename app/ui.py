@@ -14,6 +14,27 @@ from workbench.errors import WorkbenchError
 from workbench.paths import runs_root
 
 NO_RUNS = "No runs yet under {root}. Run `bertology run experiments/main.yaml` (or `bertology probe syntax --checkpoint ...`) to make some."
+MAIN_COMMAND = "bertology run experiments/main.yaml"
+# The command that makes each probe's rows, for a probe page with none (a probe without an entry:
+# `bertology probe NAME --checkpoint CKPT`). Result pages name their own (their module's MAKE).
+PROBE_COMMANDS = {
+    "syntax": "bertology probe syntax --checkpoint CKPT (or bertology run experiments/probe_syntax.yaml)",
+    "cloze": "bertology probe cloze --checkpoint CKPT",
+    "coref": "bertology probe coref --checkpoint CKPT",
+    "align": "bertology probe align --tasks parallel --checkpoint CKPT",
+    "extraction": "bertology run experiments/extraction/gpt_tiny_canaries_run.yaml",
+    "membership": "bertology probe membership --checkpoint runs/train/NAME/seed-0",
+}
+
+
+def probe_command(probe: str) -> str:
+    """The command that makes `probe`'s rows (PROBE_COMMANDS, else the generic probe command)."""
+    return PROBE_COMMANDS.get(probe, f"bertology probe {probe} --checkpoint CKPT")
+
+
+def no_rows(what: str, command: str, root) -> None:
+    """The line a page shows when the store holds none of its rows: which command makes them."""
+    st.info(f"No {what} rows yet under {root}: run `{command}`.")
 
 
 def store():
@@ -74,11 +95,15 @@ def cached_manifest(s, run_id: str) -> tuple[dict | None, list[str]]:
     return _cached(_manifest, "manifests")(str(s.root), run_id, mtime)
 
 
-def catalog_or_stop(s):
-    """The catalog; an info line and st.stop() when the store holds no runs."""
+def catalog_or_stop(s, what: str | None = None, command: str | None = None):
+    """The catalog; an info line and st.stop() when the store holds no runs: the page's own
+    `no_rows(what, command)` line when given, else the generic NO_RUNS."""
     runs = data.catalog(s)
     if runs.empty:
-        st.info(NO_RUNS.format(root=s.root))
+        if command:
+            no_rows(what or "", command, s.root)
+        else:
+            st.info(NO_RUNS.format(root=s.root))
         st.stop()
     return runs
 

@@ -275,7 +275,7 @@ def test_model_views_against_reference(app_env, tokenizers):
     enc = handle.tokenizer(" ".join(words), return_tensors="pt")
     with torch.no_grad():
         ref = handle.model(**enc, output_attentions=True)
-    assert att.tokens == handle.tokenizer.convert_ids_to_tokens(enc["input_ids"][0])
+    assert att.tokens == model_views.readable_tokens(handle.tokenizer, enc["input_ids"][0].tolist())
     assert np.allclose(att.maps, torch.stack([a[0] for a in ref.attentions]).numpy(), atol=1e-6)
     # the lens' last layer is the model's own prediction at the mask
     lens = model_views.logit_lens(handle, words, 1, k=3)
@@ -284,7 +284,8 @@ def test_model_views_against_reference(app_env, tokenizers):
         logits = handle.model(**masked).logits[0, 2]
     top = torch.topk(torch.softmax(logits, -1), 3)
     last = lens[lens["layer"] == 2].sort_values("rank")
-    assert last["token"].tolist() == handle.tokenizer.convert_ids_to_tokens(top.indices)
+    assert last["piece"].tolist() == handle.tokenizer.convert_ids_to_tokens(top.indices)
+    assert last["token"].tolist() == model_views.readable_tokens(handle.tokenizer, top.indices.tolist())
     assert np.allclose(last["prob"], top.values.numpy(), atol=1e-5)
     # word vectors: cosine to the layer below, from first-subword states
     view = model_views.layer_view(handle, words)
@@ -312,13 +313,18 @@ def test_logit_lens_of_a_causal_lm(tokenizers):
 def test_every_page_on_an_empty_store(tmp_path, monkeypatch):
     monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    for url in ("runs", "layer-curves", "probe-syntax", "probe-align"):
+    for url in ("runs", "layer-curves"):
         at = open_page(url)
         no_errors(at)
-        assert "No runs yet" in at.info[0].value and "bertology run" in at.info[0].value
+        assert "No runs yet" in at.info[0].value or "No probe rows yet" in at.info[0].value
+        assert "bertology run experiments/main.yaml" in at.info[0].value
+    for url in ("probe-syntax", "probe-align"):  # each probe page names its own command
+        at = open_page(url)
+        no_errors(at)
+        assert f"bertology probe {url.removeprefix('probe-')}" in at.info[0].value
     at = open_page("explorer")
     no_errors(at)
-    assert "No checkpoint folders under the runs root" in at.info[0].value
+    assert "No checkpoints under the runs root" in at.info[0].value and "bertology train" in at.info[0].value
 
 
 def damage(store: ResultsStore) -> dict[str, str]:

@@ -1,10 +1,20 @@
 """The app in a real browser: `streamlit run` on localhost over a copy of the probe store (plus a
 tiny BERT checkpoint for the explorer), every page opened in headless Chromium (Debian's
 `chromium`, driven by playwright), charts awaited, no exception or error element allowed, and a
-screenshot of each page saved under tests/artifacts/screenshots/ (gitignored)."""
+screenshot of each page saved under tests/artifacts/screenshots/ (gitignored).
+
+Every page also opens by its link as the first request (issue 40): a fresh server whose very first
+request is a deep link (`/prune`), then every page's URL as the first request of a new browser
+session on it, and a second fresh server opened by another deep link. What a first request depends
+on: Streamlit decides once per server process, at its first session, whether the app is a
+file-based multipage app (`PagesManager.uses_pages_directory`: a folder `pages` beside the entry
+script), and resolves the URL path of each new session's first script run against the pages that
+run registers (`st.navigation`). The old `app/pages/` folder made the first deep link run the page
+module as a script: a blank page under a sidebar of file names, for every later visitor too."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -33,39 +43,63 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(probe_store, tokenizers, tmp_path):
+def runs_root(probe_store, tokenizers, tmp_path) -> Path:
+    """A copy of the probe store and a tiny BERT checkpoint under one runs root."""
     store = copy_store(probe_store, tmp_path / "runs")
     folder = store.root / TINY
     tiny_bert(tokenizers["bert"], seed=1).save_pretrained(folder)
     tokenizers["bert"].save_pretrained(folder)
     (folder / "manifest.json").write_text(json.dumps({"family": "bert", "step": 1, "seed": 0}))
+    return store.root
+
+
+@contextlib.contextmanager
+def streamlit_server(root: Path, tmp_path: Path, name: str = "streamlit"):
+    """`streamlit run` of the app on a free localhost port over `root`; yields its base URL once
+    its health endpoint answers (no page has been requested yet: the server is fresh)."""
     port = free_port()
-    env = {**os.environ, "BERTOLOGY_RUNS": str(store.root), "HF_HUB_CACHE": str(tmp_path / "hf"),
+    env = {**os.environ, "BERTOLOGY_RUNS": str(root), "HF_HUB_CACHE": str(tmp_path / "hf"),
            "OMP_NUM_THREADS": "1"}
-    log = open(tmp_path / "streamlit.log", "w")
+    log_path = tmp_path / f"{name}.log"
+    log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.headless", "true",
                              "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+                             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+                             "--client.showSidebarNavigation", "true"],  # as `bertology app` runs it
                             cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    while True:  # until healthy, or until it exits (no deadline: pytest-timeout stops a hang)
-        try:
-            if urllib.request.urlopen(f"{base}/_stcore/health", timeout=2).read() == b"ok":
-                break
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            proc.kill()
-            raise RuntimeError(f"streamlit did not start: {(tmp_path / 'streamlit.log').read_text()[-2000:]}")
-        time.sleep(0.5)
-    yield base
-    proc.terminate()
     try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+        while True:  # until healthy, or until it exits (no deadline: pytest-timeout stops a hang)
+            try:
+                if urllib.request.urlopen(f"{base}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"streamlit did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture
+def server(probe_store, tokenizers, tmp_path):
+    with streamlit_server(runs_root(probe_store, tokenizers, tmp_path), tmp_path) as base:
+        yield base
+
+
+def wait_until_drawn(page, timeout_ms: int = 90_000) -> None:
+    """Until the script run has finished: the status widget no longer says it is running."""
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+        " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.includes('Running')",
+        timeout=timeout_ms)
 
 
 @pytest.mark.slow
@@ -105,3 +139,84 @@ def test_every_page_renders_in_chromium(server):
                 assert page.locator('[data-testid="stPlotlyChart"] .main-svg').count() >= 1, url
             assert shot.stat().st_size > 10_000
         browser.close()
+
+
+# url -> the heading the page draws first (its own title, not Streamlit's page of a file)
+HEADINGS = {
+    "runs": "Runs", "layer-curves": "Layer curves", "explorer": "Model explorer", "finetune": "Fine-tuning",
+    "prune": "Compression: tickets, quantization, low rank", "distill": "Distillation: what a student keeps of its teacher",
+    "peft": "Fine-tuning methods", "cost": "Cost of every checkpoint", "probe-syntax": "Syntax probes",
+    "probe-cloze": "Cloze probes (oLMpics, Talmor et al. 2020)", "probe-coref": "Coreference probes",
+    "probe-align": "Alignment: cross-lingual and cross-model", "probe-extraction": "Training-data extraction",
+    "probe-membership": "Membership inference",
+}
+
+
+def test_no_pages_folder_beside_the_entry_script():
+    """Streamlit serves `.py` files of a folder named `pages` beside the entry script as pages of its
+    own (the first session of a server decides); the page modules live in app/page_modules/."""
+    pages = Path(APP).with_name("pages")
+    assert not (pages.is_dir() and any(pages.glob("*.py"))), (
+        f"{pages}: Streamlit would take it for a file-based multipage app and serve its modules as "
+        f"pages on a fresh server's first deep link; keep page modules in app/page_modules/")
+
+
+def request_first(browser, base: str, url: str):
+    """`base/url` as the first request of a new browser session; returns (context, page, start time)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1600})
+    page = context.new_page()
+    t0 = time.time()
+    page.goto(f"{base}/{url}", wait_until="domcontentloaded")
+    return context, page, t0
+
+
+def check_page(opened, base: str, url: str, title: str) -> None:
+    """The page opened by `request_first`, once drawn, is the app's own: its heading, the app's
+    sidebar (`title` among its pages), no exception or error element, the URL kept."""
+    context, page, t0 = opened
+    try:
+        # a heading, or Streamlit's own sidebar of file pages (the issue's blank page: fail at once)
+        page.wait_for_function(
+            "() => document.querySelector('[data-testid=\"stHeading\"]') || (document.querySelector("
+            "'[data-testid=\"stSidebarNav\"]') || {innerText: ''}).innerText.includes('streamlit app')",
+            timeout=120_000)
+        wait_until_drawn(page)
+        headings = [h.inner_text().strip() for h in page.locator('[data-testid="stHeading"]').all()]
+        assert headings and headings[0] == HEADINGS[url], (url, headings)
+        nav = page.locator('[data-testid="stSidebarNav"]').inner_text()
+        assert "Model explorer" in nav and title in nav and "streamlit app" not in nav, (url, nav)
+        # the default page (runs) may show as the root URL
+        assert page.url.rstrip("/") in (f"{base}/{url}", base if url == "runs" else None), (url, page.url)
+        assert page.locator('[data-testid="stException"]').count() == 0, url
+        assert page.locator('[data-testid="stAlertContentError"]').count() == 0, url
+    finally:
+        context.close()
+    print(f"/{url}: {time.time() - t0:.1f} s")
+
+
+@pytest.mark.slow
+def test_every_page_opens_by_its_link_on_a_fresh_server(probe_store, tokenizers, tmp_path):
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium); the browser test needs it")
+    from playwright.sync_api import sync_playwright
+
+    from app.navigation import page_specs
+
+    specs = {s.url: s for s in page_specs()}
+    assert sorted(specs) == sorted(HEADINGS)  # a new page gets its heading here
+    root = runs_root(probe_store, tokenizers, tmp_path)
+    t0 = time.time()
+    with streamlit_server(root, tmp_path, "first") as first, streamlit_server(root, tmp_path, "second") as second, \
+            sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--headless", "--disable-gpu"])
+        # the first request of each fresh server is a deep link (the issue's /prune, and a probe page);
+        # both servers start their first script run at once
+        cold = [(first, "prune"), (second, "probe-syntax")]
+        opened = [request_first(browser, base, url) for base, url in cold]
+        for (base, url), o in zip(cold, opened):
+            check_page(o, base, url, specs[url].title)
+        # then every other page's URL as a new session's first request, the default page (runs) last
+        for url in sorted((u for u in specs if u != "prune"), key=lambda u: (u == "runs", u)):
+            check_page(request_first(browser, first, url), first, url, specs[url].title)
+        browser.close()
+    print(f"{len(specs) + 1} deep links on two fresh servers in {time.time() - t0:.1f} s")

@@ -154,7 +154,12 @@ def test_cloze_page_shows_the_stored_values(cloze_store, monkeypatch):
     scorer = lm_scorer(ModelHandle.load(paths["gpt"]))
     want = logit_lens.blank_topk(scorer, page.to_blank(page.DEFAULT_SENTENCE, None), k=5)
     top = want[want["layer"] == 2].sort_values("rank")
-    assert live.loc[2].tolist() == [f"{t} ({p:.3f})" for t, p in zip(top["token"], top["prob"])]
+    # tokens as the text they add (byte-level BPE's "Ġthe" shows as "␣the"), not vocabulary strings
+    from app.model_views import readable_tokens
+
+    words = readable_tokens(scorer.handle.tokenizer, top["id"].tolist())
+    assert live.loc[2].tolist() == [f"{t} ({p:.3f})" for t, p in zip(words, top["prob"])]
+    assert not any("Ġ" in cell for cell in live.to_numpy().ravel())
 
     # a sentence without a blank: one error line, no traceback
     at.text_input(key="cloze-live-text").set_value("no blank here").run()

@@ -109,6 +109,8 @@ def test_explorer_lens_covers_every_family(family_root, monkeypatch, tmp_path):
         scorer = lm_scorer(model_views.load(paths[name]))
         context = " ".join(BLANK if i == POSITION else w for i, w in enumerate(WORDS))
         want = blank_topk(scorer, context, K)
+        # the page shows each token as the text it adds (app.model_views.readable_tokens), not its vocabulary string
+        want = want.assign(token=model_views.readable_tokens(scorer.handle.tokenizer, want["id"].tolist()))
         L = int(want["layer"].max())
         assert L == 2 and list(shown.index) == list(range(L + 1)), name  # tiny presets: 2 (decoder) layers
         for layer in range(L + 1):

@@ -21,6 +21,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, figures, ui
+from app.axes import unit_axis
 from app.views.probe import twin_toggle
 from workbench.checkpoints import SEED_PREFIX, STEP_PREFIX
 from workbench.errors import ConfigError
@@ -208,9 +209,10 @@ def render(store) -> None:
     import plotly.graph_objects as go
 
     st.header("Cloze probes (oLMpics, Talmor et al. 2020)")
-    runs = data.filter_runs(ui.catalog_or_stop(store), probes=["cloze"])
+    runs = data.catalog(store)
+    runs = data.filter_runs(runs, probes=["cloze"]) if not runs.empty else runs
     if runs.empty:
-        st.info(f"No cloze runs yet under {store.root}. Run `bertology probe cloze --checkpoint ...`.")
+        ui.no_rows("cloze", ui.probe_command("cloze"), store.root)
         return
     labels = {r: f"{r}  {n or ''}" for r, n in zip(runs["run_id"], runs["name"])}
     with st.expander(f"Runs ({len(runs)} cloze runs; the newest row per model and task is shown)"):
@@ -262,6 +264,7 @@ def render(store) -> None:
                               annotation_text=metric.replace("_acc", ""))
         fig.update_layout(title=f"{short_model(model)}, {task}", xaxis_title="layer", yaxis_title="accuracy",
                           xaxis_dtick=1, template="plotly_white", height=400)
+        unit_axis(fig)
         st.plotly_chart(fig, width="stretch", key="cloze-layers")
         ui.table(curve, "cloze-layer-table")
 
@@ -276,6 +279,7 @@ def render(store) -> None:
                                      name=f"{model}, {task} (max)"))
         fig.update_layout(xaxis_type="log", xaxis_title="training items", yaxis_title="test accuracy",
                           template="plotly_white", height=400)
+        unit_axis(fig)
         st.plotly_chart(fig, width="stretch", key="cloze-curves")
         ui.table(curves, "cloze-curve-table")
         ui.table(weighted_scores(rows), "cloze-weighted")
@@ -285,7 +289,8 @@ def render(store) -> None:
 
 def live_box(store, runs) -> None:
     """Type a sentence with one blank, pick a checkpoint the runs probed: top-k at the blank per
-    layer (workbench.logit_lens.blank_topk)."""
+    layer (workbench.logit_lens.blank_topk), tokens as the text a person reads (app.model_views.readable_lens)."""
+    from app.model_views import TOKEN_NOTE, readable_lens
     from workbench.logit_lens import blank_topk
 
     st.subheader("Live cloze box: top-k at the blank, layer by layer")
@@ -299,7 +304,8 @@ def live_box(store, runs) -> None:
     sentence = st.text_input("Sentence with one blank ([MASK], <mask>, <blank> or ___)", DEFAULT_SENTENCE,
                              key="cloze-live-text")
     k = st.slider("top k", 1, 10, 5, key="cloze-live-k")
-    top = blank_topk(scorer, to_blank(sentence, scorer.handle.tokenizer.mask_token), k)
+    top = readable_lens(scorer, blank_topk(scorer, to_blank(sentence, scorer.handle.tokenizer.mask_token), k))
+    st.caption(TOKEN_NOTE)
     wide = top.assign(cell=[f"{t} ({p:.3f})" for t, p in zip(top["token"], top["prob"])]).pivot(
         index="layer", columns="rank", values="cell")
     st.caption(f"{scorer.kind} head ({type(scorer.model).__name__}): {top.attrs.get('reads', '')}")

@@ -15,9 +15,11 @@ import numpy as np
 import pandas as pd
 
 from app import figures
+from app.axes import is_fraction, unit_axis
 from workbench.results import decode_extra
 
 TITLE = "Cost"
+MAKE = "bertology train experiments/train/bert_small.yaml"  # makes checkpoints, this page's rows
 COST_METRICS = ("flops", "device_hours", "energy_kwh", "co2e_kg")
 
 
@@ -128,6 +130,8 @@ def score_vs_flops(rows: pd.DataFrame, title: str, options: dict) -> figures.Dra
                                        zip(g["model"], g["total_flops"], g["layer"])], hoverinfo="text+y"))
     fig.update_layout(title=title, xaxis_type="log", xaxis_title=f"total training FLOPs (0 drawn at {edge:.2g})",
                       yaxis_title="best-layer score", template="plotly_white", height=440, width=760)
+    if joined["metric"].map(is_fraction).all():  # accuracy, UUAS, F1, ...: 0..1
+        unit_axis(fig)
     return figures.Drawn(fig, joined.drop(columns=["x"]))
 
 
@@ -146,7 +150,8 @@ def render(store) -> None:
                "says which); kWh include the PUE, CO2e the grid intensity recorded in each checkpoint's manifest.")
     found = checkpoints_under(store.root)
     if not found:
-        st.info(f"No checkpoints under {store.root} yet (bertology train / bertology finetune make them).")
+        st.info(f"No checkpoints under {store.root} yet: run `{MAKE}` (or `bertology finetune ...`); every "
+                f"checkpoint's manifest records its cost.")
         return
     runs = sorted({str(p.relative_to(store.root)).split("/seed-")[0].split("/step-")[0] for p in found})
     chosen = st.multiselect("Training / fine-tuning runs", runs, default=runs, key="cost-runs")
@@ -166,7 +171,8 @@ def render(store) -> None:
     table = cost_table(rows, "What each checkpoint cost", {"part": part})
     ui.table(table.data, "cost-table")
     st.subheader("What the model knows vs what it cost")
-    probes = data.filter_runs(ui.catalog_or_stop(store), probes=["syntax", "cloze", "coref", "align"])
+    probes = data.catalog(store)
+    probes = data.filter_runs(probes, probes=["syntax", "cloze", "coref", "align"]) if not probes.empty else probes
     if probes.empty:
         st.info("No probe runs yet: probe some of these checkpoints (e.g. bertology probe syntax --checkpoint "
                 "runs/train/NAME/seed-0) to draw score against FLOPs.")

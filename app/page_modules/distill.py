@@ -11,9 +11,11 @@ import numpy as np
 import pandas as pd
 
 from app import figures
+from app.axes import unit_axis
 from workbench.results import decode_extra
 
 TITLE = "Distillation"
+MAKE = "bertology distill experiments/distill/polarity_minilm_cpu.yaml"  # what makes this page's rows
 
 
 def tradeoff_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -60,6 +62,7 @@ def tradeoff_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Draw
             hovertemplate="%{text}<br>%{x}<br>accuracy %{y:.4f}<extra></extra>"))
     fig.update_layout(title=title, xaxis_title=x.replace("_", " "), yaxis_title="test accuracy", template="plotly_white",
                       height=440)
+    unit_axis(fig)
     return figures.Drawn(fig, table[["model", "role", "depth", "init", "temperature", "alpha", x, "accuracy",
                                      "accuracy_min", "accuracy_max", "seeds"]].rename(columns={x: "x"}))
 
@@ -97,6 +100,7 @@ def temperature_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.D
         fig.add_hline(y=float(teacher.iloc[0]), line_dash="dot", line_color="black", annotation_text="teacher")
     fig.update_layout(title=f"{title} (student: {depth} layers, init {init})", xaxis_title="temperature T",
                       yaxis_title="test accuracy", template="plotly_white", height=440)
+    unit_axis(fig)
     fig.update_xaxes(type="log", tickvals=sorted(soft["temperature"].unique()))
     data = pd.concat([soft, ce]).rename(columns={"temperature": "x"})
     return figures.Drawn(fig, data[["model", "depth", "init", "x", "alpha", "accuracy", "accuracy_min", "accuracy_max", "seeds"]])
@@ -195,7 +199,7 @@ def render(store) -> None:
     from app import ui
     from app.views.probe import probe_rows
 
-    rows = probe_rows(store, "distill", "Distillation: what a student keeps of its teacher")
+    rows = probe_rows(store, "distill", "Distillation: what a student keeps of its teacher", command=MAKE)
     if rows is None:
         return
     table = tradeoff_table(rows)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from app.axes import unit_axis
 from app.figures import Drawn, MissingData, _tidy
 from workbench.results import decode_extra
 
@@ -86,6 +87,7 @@ def extractable_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) ->
     fig.update_layout(title=title, xaxis_title="occurrences of the window in the training split",
                       yaxis_title="fraction extractable (greedy suffix exact)", template="plotly_white",
                       height=420, width=720)
+    unit_axis(fig)
     return Drawn(fig, _tidy(sub.assign(kind="model", task=[f"k_extraction, repetitions {b}" for b in sub["bucket"]])))
 
 

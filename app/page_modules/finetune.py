@@ -13,9 +13,11 @@ from __future__ import annotations
 import pandas as pd
 
 from app import data, figures
+from app.axes import is_fraction, unit_axis
 from workbench.results import decode_extra
 
 TITLE = "Fine-tuning"
+MAKE = "bertology finetune experiments/finetune_polarity.yaml --checkpoint PATH_OR_HUB_NAME"  # this page's rows
 SCORES = ("span_f1", "accuracy")  # the score a task reports (span tasks: span F1), first found wins
 
 
@@ -93,6 +95,8 @@ def finetune_curves(rows: pd.DataFrame, title: str, options: dict) -> figures.Dr
         drawn.append(pd.DataFrame([{"task": b["task"], "model": b["model"], "mean": b["score"], "kind": "baseline"}]))
     fig.update_layout(title=title, xaxis_title="epoch", yaxis_title=f"dev {metric}", template="plotly_white",
                       height=420, width=760, xaxis={"dtick": 1})
+    if is_fraction(metric):  # accuracy, span F1: 0..1
+        unit_axis(fig)
     return figures.Drawn(fig, pd.concat(drawn, ignore_index=True))
 
 
@@ -119,6 +123,8 @@ def finetune_test(rows: pd.DataFrame, title: str, options: dict) -> figures.Draw
         fig.add_trace(go.Scatter(x=[t["label"]] * len(seeds), y=seeds, mode="markers", marker={"color": "black", "size": 6},
                                  showlegend=False, name="seeds"))
     fig.update_layout(title=title, yaxis_title=f"test {metric}", template="plotly_white", height=420, width=760)
+    if is_fraction(metric):
+        unit_axis(fig)
     return figures.Drawn(fig, table)
 
 
@@ -132,10 +138,10 @@ def render(store) -> None:
     from app.views.probe import select_rows
 
     st.header("Fine-tuning")
-    runs = data.filter_runs(ui.catalog_or_stop(store), probes=["finetune"])
-    if runs.empty:
-        st.info(f"No fine-tuning runs yet under {store.root}. Run `bertology finetune --checkpoint PATH --task "
-                f"sentence_polarity` (or conll2002_es, upos, ...).")
+    runs = data.catalog(store)
+    runs = data.filter_runs(runs, probes=["finetune"]) if not runs.empty else runs
+    if runs.empty:  # any task: --task sentence_polarity, conll2002_es, upos, ...
+        ui.no_rows("finetune", MAKE, store.root)
         return
     rows = select_rows(store, runs, "finetune", key="finetune")
     if rows is None:

@@ -10,9 +10,11 @@ import pandas as pd
 import streamlit as st
 
 from app import figures, ui
+from app.axes import unit_axis
 from workbench.results import decode_extra
 
 TITLE = "Fine-tuning methods"
+MAKE = "bertology peft experiments/peft/minilm_polarity_cpu.yaml"  # what makes this page's rows
 PROBE = "peft"
 METHOD_ORDER = ("full", "head", "bitfit", "adapter", "prompt", "lora")
 
@@ -68,6 +70,7 @@ def accuracy_vs_parameters(rows: pd.DataFrame, title: str, options: dict) -> fig
                      "value": r["accuracy"], "ci_low": r["min"], "ci_high": r["max"], "kind": "model"})
         data.append({"model": f"{r['model']} / {r['method']}", "task": split, "metric": "trainable_parameters",
                      "value": float(r["trainable"]), "kind": "model"})
+    unit_axis(fig)
     fig.update_layout(title=title, xaxis_title="trainable parameters (log)", yaxis_title=f"{split} accuracy",
                       xaxis_type="log", template="plotly_white", height=460, width=760, showlegend=False)
     return figures.Drawn(fig, figures._tidy(pd.DataFrame(data)))
@@ -104,9 +107,10 @@ PLOTS = {"peft_accuracy_vs_parameters": accuracy_vs_parameters, "peft_cka_to_sta
 
 
 def render(store) -> None:
+    st.header("Fine-tuning methods")
     runs = store.runs(probe=[PROBE])
     if runs.empty:
-        st.info("No fine-tuning method sweep yet: run `bertology peft experiments/peft/minilm_polarity_cpu.yaml`.")
+        ui.no_rows(PROBE, MAKE, store.root)
         return
     labels = [f"{r} ({n})" for r, n in zip(runs["run_id"], runs["name"])][::-1]
     chosen = ui.pick("Sweep run", labels, key="peft-run")

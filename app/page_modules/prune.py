@@ -22,12 +22,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from app.axes import clip, unit_axis
 from app.views.prune_heads import PLOTS as HEAD_PLOTS
 from app.views.prune_heads import render as render_heads
 from workbench.results import decode_extra
 
 TITLE = "Compression"
 PROBE = "prune"
+MAKE = "bertology prune experiments/prune/minilm_polarity_cpu.yaml"  # what makes this page's rows
 SPARSITY_METHODS = ("imp", "oneshot", "random", "reinit", "imp_mlm")
 COLORS = {"imp": "#1f77b4", "oneshot": "#ff7f0e", "random": "#7f7f7f", "reinit": "#9467bd", "imp_mlm": "#17becf",
           "quantize": "#2ca02c", "lowrank": "#d62728", "lowrank_magnitude": "#8c564b"}
@@ -64,8 +66,9 @@ def _full_band(fig, agg: pd.DataFrame, data: list, x_name: str) -> None:
     if full.empty:
         return
     mean, sd = float(full["value"].iloc[0]), float(full["sd"].iloc[0])
-    if np.isfinite(sd):
-        fig.add_hrect(y0=mean - sd, y1=mean + sd, fillcolor="grey", opacity=0.15, line_width=0)
+    if np.isfinite(sd):  # the band is clipped to 0..1 (an accuracy's mean +- sd can leave it)
+        y0, y1 = clip([mean - sd, mean + sd])
+        fig.add_hrect(y0=y0, y1=y1, fillcolor="grey", opacity=0.15, line_width=0)
     fig.add_hline(y=mean, line_dash="dash", line_color="black", annotation_text="full model (mean, ±1 sd)")
     r = full.iloc[0]
     data.append({"run_id": r.get("run_id"), "model": "full", "task": r["task"], "split": r["split"],
@@ -80,7 +83,7 @@ def _curve(fig, g: pd.DataFrame, name: str, x_name: str, data: list, x=None) -> 
     x = g["amount"].astype(float) if x is None else x
     sd = g["sd"].fillna(0.0)
     color = COLORS.get(name)
-    fig.add_trace(go.Scatter(x=list(x) + list(x)[::-1], y=list(g["value"] + sd) + list(g["value"] - sd)[::-1],
+    fig.add_trace(go.Scatter(x=list(x) + list(x)[::-1], y=clip(list(g["value"] + sd) + list(g["value"] - sd)[::-1]),
                              fill="toself", fillcolor=color, opacity=0.15, line_width=0, showlegend=False,
                              hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=x, y=g["value"], mode="lines+markers", name=name, line={"color": color}))
@@ -118,6 +121,7 @@ def prune_vs_sparsity(rows: pd.DataFrame, title: str, options: dict):
     fig.update_layout(title=title, xaxis_title="sparsity of the block matrices (fraction pruned)",
                       yaxis_title=f"{options.get('split', 'test')} accuracy", template="plotly_white",
                       height=460, width=760)
+    unit_axis(fig)
     return _drawn(fig, data)
 
 
@@ -135,6 +139,7 @@ def prune_vs_bits(rows: pd.DataFrame, title: str, options: dict):
     fig.update_layout(title=title, xaxis_title="bits per weight (per-channel symmetric; 1 bit = sign x mean|w|)",
                       yaxis_title=f"{options.get('split', 'test')} accuracy", template="plotly_white",
                       height=420, width=720)
+    unit_axis(fig)
     return _drawn(fig, data)
 
 
@@ -162,6 +167,7 @@ def prune_vs_size(rows: pd.DataFrame, title: str, options: dict):
     fig.update_layout(title=title, xaxis_title="block-matrix numbers stored (nonzero; quantized: x bits/32)",
                       yaxis_title=f"{options.get('split', 'test')} accuracy", xaxis_type="log",
                       template="plotly_white", height=460, width=760)
+    unit_axis(fig)
     return _drawn(fig, data)
 
 
@@ -174,9 +180,10 @@ def render(store) -> None:
 
     from app import data as app_data
     from app import figures, ui
+    from app.axes import unit_panels
     from app.views.probe import probe_rows
 
-    rows = probe_rows(store, PROBE, "Compression: tickets, quantization, low rank")
+    rows = probe_rows(store, PROBE, "Compression: tickets, quantization, low rank", command=MAKE)
     if rows is None:
         return
     split = st.radio("Split", ["test", "dev"], horizontal=True, key="prune-split")
@@ -216,5 +223,6 @@ def render(store) -> None:
     if probed:
         st.subheader("Probe curves of the pruned checkpoints")
         curves = figures.layer_curves(app_data.row_kinds(pd.concat(probed)), "Syntax probes of the points", {})
+        unit_panels(curves.figure)
         curves.figure.update_layout(width=None)
         st.plotly_chart(curves.figure, width="stretch", key="prune-probes")

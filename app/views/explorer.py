@@ -1,5 +1,7 @@
 """Model explorer: pick a checkpoint (a folder under the runs root or a cached Hub model), type a
-sentence, and look inside: attention heatmaps per layer and head, how each word's vector moves
+sentence, and look inside. The runs root offers checkpoints only (`app.data.list_checkpoints`:
+folders with weights, config and tokenizer, newest first, a sweep's points named by their lineage
+with `app.data.checkpoint_label`), and the page opens on the newest one that loads. Then: attention heatmaps per layer and head, how each word's vector moves
 across layers, and the logit lens (top-k predictions for a blanked-out word at every layer, for every
 family with an LM head: `workbench.logit_lens.blank_topk`; T5/BART read the decoder, the encoder has none),
 and generation (`workbench.generate`: greedy, temperature, top-k, nucleus; seeded) for the families that generate."""
@@ -21,19 +23,49 @@ def _handle(path: str):
     return model_views.load(path)
 
 
+MAKE = "bertology train experiments/train/bert_small.yaml"  # makes checkpoints under the runs root
+TRIES = 4  # checkpoints tried, newest first, for the first screen before giving up
+
+
+def first_loading(local: list[str], roots) -> tuple[str | None, list[str]]:
+    """The newest checkpoint of `local` that loads (the explorer's first screen is a model, not an
+    error), and one line per newer one that did not; remembered for the session so a broken folder
+    is not loaded again on every rerun."""
+    memo = st.session_state.setdefault("ex-first-loading", {})
+    key = tuple(local[:TRIES])
+    if key not in memo:
+        failed = []
+        found = None
+        for rel in key:
+            try:
+                _handle(str(data.resolve_model(rel, roots)))
+                found = rel
+                break
+            except Exception as e:  # noqa: BLE001 - any failure: say which and try the next one
+                failed.append(f"{rel}: {type(e).__name__}: {e}")
+        memo[key] = (found, failed)
+    return memo[key]
+
+
 def render() -> None:
     st.header("Model explorer")
     s = ui.store()
     roots = data.allowed_roots(s.root)
-    local = data.list_checkpoints(s.root)
+    local = data.list_checkpoints(s.root)  # checkpoints only (weights + config + tokenizer), newest first
     hub = data.cached_hub_models()
     source = st.radio("Checkpoint from", SOURCES, index=0 if local or not hub else 1, horizontal=True,
                       key="ex-source")
     if source == SOURCES[0]:
         if not local:
-            st.info(f"No checkpoint folders under the runs root {s.root} (train one: `bertology train ...`).")
+            st.info(f"No checkpoints under the runs root {s.root} yet: run `{MAKE}` (or `bertology finetune ...`, "
+                    f"`bertology prune ...`).")
             return
-        choice = st.selectbox("Checkpoint", local, index=len(local) - 1, key="ex-local")
+        start, failed = first_loading(local, roots)
+        for line in failed:
+            st.warning(f"not opened: {line}")
+        choice = st.selectbox("Checkpoint (newest first)", local, index=local.index(start) if start in local else 0,
+                              key="ex-local", format_func=data.checkpoint_label)
+        st.caption(f"folder: {choice}")
     elif source == SOURCES[1]:
         if not hub:
             st.info("No models in the local Hugging Face cache.")
@@ -76,7 +108,8 @@ def attention(handle, words) -> None:
     if not heads:
         st.info("Choose at least one head.")
         return
-    labels = [f"{i}:{t}" for i, t in enumerate(att.tokens)]
+    st.caption(model_views.TOKEN_NOTE)
+    labels = [f"{i}:{t}" for i, t in enumerate(att.tokens)]  # readable tokens (model_views.readable_tokens)
     fig = px.imshow(att.maps[layer, heads], x=labels, y=labels, facet_col=0, facet_col_wrap=min(4, len(heads)),
                     color_continuous_scale="Blues", aspect="equal",
                     labels={"x": "attends to", "y": "token", "color": "weight"})
@@ -111,6 +144,7 @@ def lens(handle, words) -> None:
         return
     for note in model_views.lens_notes(scorer):
         st.caption(note)
+    st.caption(model_views.TOKEN_NOTE)
     position = st.selectbox("word to blank out and predict", list(range(len(words))),
                             index=min(len(words) - 1, 1), key="ex-lens-word",
                             format_func=lambda i: f"{i}: {words[i]}")

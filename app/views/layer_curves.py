@@ -13,15 +13,16 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, figures, ui
+from app.axes import unit_panels
 
 
 def render() -> None:
     st.header("Layer curves")
     s = ui.store()
-    runs = ui.catalog_or_stop(s)
+    runs = ui.catalog_or_stop(s, "probe", ui.MAIN_COMMAND)
     probe = ui.pick("Probe", data.facet_values(runs, "probes"), key="lc-probe")
     if probe is None:
-        st.info("The runs hold no probe rows yet.")
+        st.info(f"The runs hold no probe rows yet: run `{ui.MAIN_COMMAND}`.")
         return
     runs = data.filter_runs(runs, probes=[probe])
     task = ui.pick("Task", data.facet_values(runs, "tasks"), key="lc-task")
@@ -88,6 +89,7 @@ def draw(rows: pd.DataFrame, probe: str, task: str, key: str, metric: str | None
     refs = view[is_baseline & (view["model"] == ref_model).to_numpy()]
     drawn = figures.layer_curves(pd.concat([curves, refs], ignore_index=True), f"{probe} · {task}: {metric}",
                                  {"training_seeds": aggregate})
+    unit_panels(drawn.figure)
     drawn.figure.update_layout(width=None, height=430)
     st.plotly_chart(drawn.figure, width="stretch", key=f"{key}-curves")
     st.caption("Bands: 95% CI of the run (bootstrap), or the min-max over seeds (line: their mean) when "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, figures, ui
+from app.axes import unit_panels
 from app.views import layer_curves
 
 
@@ -25,14 +26,15 @@ def render(probe: str, store=None) -> None:
         ui.table(flat.dropna(axis=1, how="all"), f"probe-{probe}-flat")
 
 
-def probe_rows(s, probe: str, title: str, key: str | None = None):
-    """The opening of every probe page: its header, the runs holding `probe` (a hint when there are
-    none), a run picker, and the chosen rows (None when there is nothing to show)."""
+def probe_rows(s, probe: str, title: str, key: str | None = None, command: str | None = None):
+    """The opening of every probe page: its header, the runs holding `probe` (when there are none,
+    the command that makes them: `command`, else `ui.probe_command(probe)`), a run picker, and the
+    chosen rows (None when there is nothing to show)."""
     st.header(title)
-    runs = ui.catalog_or_stop(s)
-    runs = data.filter_runs(runs, probes=[probe])
+    runs = data.catalog(s)
+    runs = data.filter_runs(runs, probes=[probe]) if not runs.empty else runs
     if runs.empty:
-        st.info(f"No {probe} runs yet under {s.root}. Run `bertology probe {probe} --checkpoint ...`.")
+        ui.no_rows(probe, command or ui.probe_command(probe), s.root)
         return None
     return select_rows(s, runs, probe, key=key or probe)
 
@@ -52,6 +54,7 @@ def panel_curves(rows, panels, key: str) -> None:
         if panel[panel["metric"] == metric].empty:
             continue
         drawn = figures.layer_curves(panel, f"{task}: {metric}", {})
+        unit_panels(drawn.figure)
         drawn.figure.update_layout(width=None)
         st.plotly_chart(drawn.figure, width="stretch", key=f"{key}-curve-{n}")
 
