@@ -54,6 +54,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
+from app.axes import is_fraction, unit_axis, unit_panels
 from app.data import MODEL, TWIN, aggregate_seeds, baseline_mask, parent_model, row_kinds, twin_mask
 from probes.core import depth
 from workbench.errors import ConfigError, WorkbenchError
@@ -261,6 +262,7 @@ def layer_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
             drawn.append(one)
         fig.update_xaxes(title_text="layer", dtick=1, row=1, col=col)
     fig.update_layout(title=title, template="plotly_white", height=420, width=max(520, 430 * len(panels)))
+    unit_panels(fig)  # accuracy-like panels on 0..1, in the app and in exported figures alike
     return Drawn(fig, _tidy(pd.concat(drawn, ignore_index=True)))
 
 
@@ -480,6 +482,8 @@ def auc_over_steps(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     fig.add_hline(y=0.5, line_dash="dot", line_color="grey")
     fig.update_layout(title=title, xaxis_title="training step (log; step 0 drawn at 1)", yaxis_title=metric,
                       xaxis_type="log", template="plotly_white", height=420, width=720, showlegend=True)
+    if is_fraction(metric):
+        unit_axis(fig)
     return Drawn(fig, _tidy(sub.assign(kind="model")))
 
 

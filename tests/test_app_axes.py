@@ -77,8 +77,7 @@ def test_layer_curve_panels_of_fractions_are_0_to_1_and_others_keep_autorange():
             rows.append({"model": "m", "family": "bert", "probe": "syntax", "task": "upos", "split": "dev",
                          "stack": "encoder", "metric": metric, "layer": layer, "value": v, "ci_low": v - 0.05,
                          "ci_high": v + 0.05, "seed": 0, "step": None, "extra": "{}", "run_id": "r", "n": 10})
-    drawn = figures.layer_curves(pd.DataFrame(rows), "t", {})
-    axes.unit_panels(drawn.figure)
+    drawn = figures.layer_curves(pd.DataFrame(rows), "t", {})  # the exported figure too, not only the app's
     assert list(drawn.figure.layout.yaxis.range) == [0.0, 1.0]  # upos: accuracy
     assert drawn.figure.layout.yaxis2.range is None  # upos: spearman, not a fraction
 

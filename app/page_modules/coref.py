@@ -10,7 +10,6 @@ import pandas as pd
 import streamlit as st
 
 from app import data, figures, ui
-from app.axes import unit_panels
 from app.views.probe import panel_curves, probe_rows, twin_toggle
 from workbench.errors import ConfigError
 from workbench.results import decode_extra
@@ -106,6 +105,5 @@ def render(store) -> None:
     if not gender.empty:
         st.subheader("GAP F1 by gender (Webster et al. 2018)")
         drawn = figures.layer_curves(gender, "GAP F1: masculine vs feminine pronouns", {"baselines": []})
-        unit_panels(drawn.figure)
         drawn.figure.update_layout(width=None)
         st.plotly_chart(drawn.figure, width="stretch", key="coref-gap-gender")

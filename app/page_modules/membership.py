@@ -8,7 +8,6 @@ import pandas as pd
 import streamlit as st
 
 from app import data, figures, ui
-from app.axes import unit_axis, unit_panels
 from app.views.probe import probe_rows
 from workbench.checkpoints import STEP_PREFIX
 from workbench.results import decode_extra
@@ -62,13 +61,11 @@ def render(store) -> None:
         run = str(model).split("/" + STEP_PREFIX)[0]
         over = figures.auc_over_steps(rows[rows["model"].astype(str).str.startswith(run)],
                                       "Membership AUC over training steps", {"attacks": chosen or None})
-        unit_axis(over.figure)  # AUC: 0..1
         over.figure.update_layout(width=None)
         st.plotly_chart(over.figure, width="stretch", key="membership-steps")
     probe = rows[(rows["task"] == "layer_probe") & rows["metric"].isin(["auc"])]
     if not probe.empty:
         st.subheader("Where in depth is membership decodable (linear probe per layer)")
         curves = figures.layer_curves(probe, "Membership probe AUC by layer", {})
-        unit_panels(curves.figure)
         curves.figure.update_layout(width=None)
         st.plotly_chart(curves.figure, width="stretch", key="membership-layers")

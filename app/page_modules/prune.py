@@ -180,7 +180,6 @@ def render(store) -> None:
 
     from app import data as app_data
     from app import figures, ui
-    from app.axes import unit_panels
     from app.views.probe import probe_rows
 
     rows = probe_rows(store, PROBE, "Compression: tickets, quantization, low rank", command=MAKE)
@@ -223,6 +222,5 @@ def render(store) -> None:
     if probed:
         st.subheader("Probe curves of the pruned checkpoints")
         curves = figures.layer_curves(app_data.row_kinds(pd.concat(probed)), "Syntax probes of the points", {})
-        unit_panels(curves.figure)
         curves.figure.update_layout(width=None)
         st.plotly_chart(curves.figure, width="stretch", key="prune-probes")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, figures, ui
-from app.axes import unit_panels
 from app.views.probe import probe_rows, twin_toggle
 
 TITLE = "Syntax"
@@ -28,7 +27,6 @@ def render(store) -> None:
                 (view["metric"].isin([MAIN_METRIC.get(t, "accuracy") for t in chosen]) | data.baseline_mask(view))]
     if not view.empty:
         drawn = figures.layer_curves(view, "Syntax probes, layer by layer", {})
-        unit_panels(drawn.figure)
         drawn.figure.update_layout(width=None)
         st.plotly_chart(drawn.figure, width="stretch", key="syntax-curves")
 

@@ -13,7 +13,6 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, figures, ui
-from app.axes import unit_panels
 
 
 def render() -> None:
@@ -89,7 +88,6 @@ def draw(rows: pd.DataFrame, probe: str, task: str, key: str, metric: str | None
     refs = view[is_baseline & (view["model"] == ref_model).to_numpy()]
     drawn = figures.layer_curves(pd.concat([curves, refs], ignore_index=True), f"{probe} · {task}: {metric}",
                                  {"training_seeds": aggregate})
-    unit_panels(drawn.figure)
     drawn.figure.update_layout(width=None, height=430)
     st.plotly_chart(drawn.figure, width="stretch", key=f"{key}-curves")
     st.caption("Bands: 95% CI of the run (bootstrap), or the min-max over seeds (line: their mean) when "

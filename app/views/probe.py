@@ -7,7 +7,6 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, figures, ui
-from app.axes import unit_panels
 from app.views import layer_curves
 
 
@@ -54,7 +53,6 @@ def panel_curves(rows, panels, key: str) -> None:
         if panel[panel["metric"] == metric].empty:
             continue
         drawn = figures.layer_curves(panel, f"{task}: {metric}", {})
-        unit_panels(drawn.figure)
         drawn.figure.update_layout(width=None)
         st.plotly_chart(drawn.figure, width="stretch", key=f"{key}-curve-{n}")
 
