@@ -34,7 +34,9 @@ Tasks (`bertology probe align --tasks ...`)
   through the same model, aligned on the `anchors` most frequent shared words (Hamilton et al. 2016
   align whole vocabularies; frequent words are the stable ones); displacement = 1 - cos. Controls:
   the split-half displacement of each word inside the old corpus (sampling noise of an average of
-  few occurrences), rescaled to the old-vs-new occurrence counts (`noise_floor`), and a regression
+  few occurrences) between two seeded halves of its documents (whole documents on each side, the
+  independent unit; sentences only for a corpus that records no documents), rescaled to the
+  old-vs-new occurrence counts (`noise_floor`), and a regression
   on log frequency (Hamilton et al.'s law of conformity); the most-moved words rank by displacement
   minus that noise floor.
 
@@ -59,11 +61,11 @@ from probes.align.prepare import _parallel_pairs, prepare
 from probes.align.settings import KS, NAME, TASKS, Settings
 from probes.align.summary import summary
 from probes.align.tasks import (_bli, _diachronic, _displacement, _fake_language, _finish, _model_pair, _parallel,
-                                _permutation_displacements)
+                                _permutation_displacements, split_half_mask)
 from probes.core import runner
 
 __all__ = ["NAME", "TASKS", "KS", "Settings", "prepare", "run_task", "summary", "PROBE", "communities", "reps",
-           "_parallel_pairs", "_finish", "_displacement", "_permutation_displacements"]
+           "_parallel_pairs", "_finish", "_displacement", "_permutation_displacements", "split_half_mask"]
 
 
 # --------------------------------------------------------------------------- entry points

@@ -98,7 +98,7 @@ def _ud(arg: str) -> Corpus:
     if name not in conllu.TREEBANKS:
         raise ConfigError(f"ud:{arg}: unknown treebank; known: {sorted(conllu.TREEBANKS)}")
     splits = [split] if split else list(conllu.TREEBANKS[name])
-    sents, ids, lemmas, files = [], [], [], []
+    sents, ids, lemmas, files, docs = [], [], [], [], []
     for sp in splits:
         if sp not in conllu.TREEBANKS[name]:
             raise ConfigError(f"ud:{arg}: treebank {name} has no split {sp!r} (it has {conllu.TREEBANKS[name]})")
@@ -109,7 +109,9 @@ def _ud(arg: str) -> Corpus:
                 sents.append(list(s.words))
                 ids.append(s.sent_id)
                 lemmas.append(list(s.lemmas))
-    return Corpus(f"ud:{arg}", sents, files, ids, lemmas)
+                docs.append(f"{name}:{sp}/{s.doc_id}" if s.doc_id is not None else None)
+    # the `# newdoc id` each sentence belongs to (the independent unit), when the treebank marks every one
+    return Corpus(f"ud:{arg}", sents, files, ids, lemmas, docs=docs if None not in docs else None)
 
 
 def _columns(rel: str) -> Corpus:
@@ -118,23 +120,24 @@ def _columns(rel: str) -> Corpus:
         raise ConfigError(f"columns:{rel}: no such file under the data root ({path})")
     from workbench.data.raw import decode
 
-    sents, words = [], []
+    sents, words, docs, doc, marked = [], [], [], 0, False
     for lineno, line in enumerate(decode(path).split("\n") + [""], start=1):
         line = line.strip()
-        if not line:
+        word = line.split()[0] if line else ""
+        if not line or word == "-DOCSTART-":
             if words:
                 sents.append(words)
+                docs.append(f"columns:{rel}#{doc}")
             words = []
-            continue
-        word = line.split()[0]
-        if word == "-DOCSTART-":
+            if word == "-DOCSTART-":  # a new document begins (CoNLL-2002/2003)
+                doc, marked = doc + (1 if docs else 0), True
             continue
         if not word:
             raise DataFormatError(path, lineno, "empty word column")
         words.append(word)
     if not sents:
         raise DataFormatError(path, None, "no sentences (expected one word per line, blank lines between sentences)")
-    return Corpus(f"columns:{rel}", sents, [path])
+    return Corpus(f"columns:{rel}", sents, [path], docs=docs if marked else None)
 
 
 _READERS = {"raw": _raw, "ud": _ud, "columns": _columns, "split": _split}

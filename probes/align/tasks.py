@@ -360,6 +360,31 @@ def _permutation_displacements(ao, an, old, new, vocab, anchor, settings) -> np.
     return out
 
 
+def split_half_mask(corpus: reps.Corpus, seed: int) -> tuple[np.ndarray, str, list[int]]:
+    """The split-half control's two halves of one corpus: (bool per word position, True = half 1; the
+    unit split; the number of units in each half).
+
+    By document when the corpus records them (raw:, split:, ud: and columns: files with -DOCSTART-
+    lines): a seeded half of the distinct documents, whole, on each side, so that a document's own
+    usage (a speech's pet phrase, a topic) never sits on both sides and passes for agreement. Occurrences
+    cluster in documents, so halves of sentences share that usage and understate how much two
+    independent samples of text differ (Hamilton et al. 2016 compare whole corpora; the permutation
+    null, the membership split and the CIs of this workbench all move whole documents). A corpus with
+    fewer than two documents, or none recorded, falls back to a seeded half of its sentences (the unit
+    is named in the rows' extra)."""
+    lengths = [len(s) for s in corpus.sentences]
+    rng = np.random.default_rng(seed)
+    names = list(dict.fromkeys(corpus.docs)) if corpus.docs is not None else []
+    if len(names) >= 2:
+        first = set(np.asarray(names, dtype=object)[rng.permutation(len(names))[: len(names) // 2]])
+        by_sentence = np.array([d in first for d in corpus.docs], dtype=bool)
+        unit, counts = "document", [len(first), len(names) - len(first)]
+    else:
+        by_sentence = rng.random(len(corpus.sentences)) < 0.5
+        unit, counts = "sentence", [int(by_sentence.sum()), int((~by_sentence).sum())]
+    return np.repeat(by_sentence, lengths), unit, counts
+
+
 def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
     """Two corpora (two periods, or two communities: `split:` specs) through the same model; see the
     module docstring. With `permutations`, each word's displacement also gets a z-score and a
@@ -381,12 +406,16 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
     an = unit.activations(new.sentences, "align:diachronic:new")
     Told = reps.type_vectors(ao.layers, old.sentences, vocab, lc)
     Tnew = reps.type_vectors(an.layers, new.sentences, vocab, lc)
-    # split-half control: the old corpus's sentences in two seeded halves
-    half = np.random.default_rng(settings.seed).random(len(old.sentences)) < 0.5
-    ids = np.repeat(half, [len(s) for s in old.sentences])
+    # split-half control: the old corpus in two seeded halves of its documents (`split_half_mask`)
+    ids, half_unit, half_sizes = split_half_mask(old, settings.seed)
+    if half_unit != "document":
+        unit.log(f"diachronic: {settings.old_corpus} records no documents; its split-half control splits sentences")
     T1 = reps.type_vectors(ao.layers, old.sentences, vocab, lc, mask=ids)
     T2 = reps.type_vectors(ao.layers, old.sentences, vocab, lc, mask=~ids)
     both = (np.abs(T1).sum(axis=(0, 2)) > 0) & (np.abs(T2).sum(axis=(0, 2)) > 0)
+    positions = reps.word_index(old.sentences, vocab, lc)
+    n_half1 = np.bincount(positions[(positions >= 0) & ids], minlength=len(vocab)).astype(np.float64)
+    n_half2 = np.bincount(positions[(positions >= 0) & ~ids], minlength=len(vocab)).astype(np.float64)
     n_anchor = min(settings.anchors, len(vocab))
     anchor = np.arange(n_anchor)
     perm = (_permutation_displacements(ao, an, old, new, vocab, anchor, settings)
@@ -401,10 +430,13 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
     for layer in range(len(Told)):
         disp = _displacement(Told[layer], Tnew[layer], anchor, settings.center)
         split = _displacement(T1[layer], T2[layer], anchor, settings.center)
-        # the halves average half the occurrences each; for averages of n iid draws the expected
-        # 1 - cos grows like 1/n1 + 1/n2, so the noise floor of the old-vs-new comparison is
-        # split * (1/n_old + 1/n_new) / (4/n_old) (a first-order correction)
-        floor = split * (1 + n_old / n_new) / 4
+        # for averages of n1 and n2 draws the expected 1 - cos grows like 1/n1 + 1/n2 (while it is
+        # small), so the noise floor of the old-vs-new comparison is split * (1/n_old + 1/n_new) /
+        # (1/n1 + 1/n2) with each word's counts in the two halves (a first-order correction; before
+        # issue 40 the halves were taken as even, n_old/2 each: split * (1 + n_old/n_new) / 4). Where
+        # 1 - cos is not small the rescaling understates the floor; the permutation null needs none
+        # (docs/align.md: model-free checks, experiments/align/noise_floor_check.py)
+        floor = split * (1 / n_old + 1 / n_new) / (1 / np.maximum(n_half1, 1) + 1 / np.maximum(n_half2, 1))
         excess = disp - floor
         # frequency control: residual of displacement after a least-squares line on log frequency
         coef = np.polyfit(freq, disp, 1)
@@ -440,7 +472,8 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
     if not 0 <= shown < len(Told):
         raise ConfigError(f"moved_layer {settings.moved_layer} outside 0..{len(Told) - 1}")
     base = {"old_corpus": settings.old_corpus, "new_corpus": settings.new_corpus, "words": len(vocab),
-            "anchors": n_anchor, "split_half_words": int(both.sum())}
+            "anchors": n_anchor, "split_half_words": int(both.sum()), "split_half_unit": half_unit,
+            "split_half_sizes": half_sizes}
     if perm is not None:
         base |= {"permutations": settings.permutations,
                  "documents": [len(set(old.docs)), len(set(new.docs))]}
