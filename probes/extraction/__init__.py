@@ -14,7 +14,14 @@ Tasks (each reads like a method section; rows are whole-model, layer NA):
   by the paper's membership metrics, higher = more likely memorised: `perplexity` (-log-perplexity),
   `zlib` (log-perplexity over zlib entropy), `lowercase` (log-perplexity of the lowercased text over
   the text's own) and, with `--reference`, `reference` (ratio of log-perplexities to a reference model
-  trained on other data); a `random` order is the chance line. Metric `precision_<ranking>` is the
+  trained on other data); a `random` order is the chance line. As in the paper (and its code, which
+  scores `batch_decode` of the whole output sequence), a sample is scored as the whole sequence the
+  model wrote it in: the prompt followed by the continuation (`scored_text: sequence`, the default);
+  `scored_text: continuation` scores the new tokens alone (this probe's rule before issue 40). A
+  seq2seq decoder (T5, BART) writes a new sequence from its encoder's input, so its sample is the
+  continuation under either rule. Memorisation is checked on the continuation only (a training prompt
+  is in the training split by construction), up to its first end-of-sequence token, where the sample
+  ends (as Hugging Face `generate` ends it in the paper's code) and where the ranked text ends too. Metric `precision_<ranking>` is the
   fraction of the top `top_n` generations that hold a memorised span (split = prompt source);
   `memorised_fraction` the fraction over all generations. The control (split `heldout_text`) ranks
   REAL held-out passages of the same length by the same metrics and checks them against the training
@@ -53,6 +60,7 @@ from workbench.errors import ConfigError
 NAME = "extraction"
 TASKS = ("samples", "k_extraction", "exposure")
 RANKINGS = ("perplexity", "zlib", "lowercase", "reference", "random")
+SCORED_TEXTS = ("sequence", "continuation")
 PROMPT_SOURCES = ("empty", "train", "heldout")
 REPETITION_BUCKETS = ((1, 1), (2, 3), (4, 15), (16, None))
 
@@ -74,6 +82,9 @@ class Settings(runner.Settings):
     top_n: int = field(default=20, metadata={"help": "samples: precision among the top-n generations per ranking"})
     rankings: tuple[str, ...] = field(default=("perplexity", "zlib", "lowercase", "random"), metadata={
         "help": "samples: perplexity,zlib,lowercase,reference,random (reference needs --reference)"})
+    scored_text: str = field(default="sequence", metadata={
+        "help": "samples: what the rankings score: sequence (prompt + continuation, Carlini et al. 2021) | "
+                "continuation (the new tokens alone)"})
     reference: str | None = field(default=None, metadata={
         "help": "reference checkpoint trained on other data (the `reference` ranking)"})
     prefix_tokens: int = field(default=16, metadata={"help": "k_extraction: prefix length k"})
@@ -93,6 +104,8 @@ class Settings(runner.Settings):
         bad = [r for r in self.rankings if r not in RANKINGS]
         if bad or not self.rankings:
             raise ConfigError(f"extraction: unknown ranking(s) {bad}; known: {list(RANKINGS)}")
+        if self.scored_text not in SCORED_TEXTS:
+            raise ConfigError(f"extraction: scored_text must be one of {list(SCORED_TEXTS)}, got {self.scored_text!r}")
         bad = [s for s in self.prompt_sources if s not in PROMPT_SOURCES]
         if bad or not self.prompt_sources:
             raise ConfigError(f"extraction: unknown prompt source(s) {bad}; known: {list(PROMPT_SOURCES)}")
@@ -218,6 +231,32 @@ def ranking_scores(handle, texts: list[str], rankings, batch_size: int, referenc
     return out
 
 
+def scored_texts(handle, g, scored_text: str = "sequence") -> list[str]:
+    """The text each ranking scores for a generation `g` (`workbench.generate.Generation`).
+
+    `sequence` (Carlini et al. 2021: perplexity, zlib, lowercase and the reference ratio are computed
+    on the whole sample, prompt included): the prompt's tokens followed by the continuation's, decoded
+    together, special tokens (the start token, a document separator inside a training prompt) dropped,
+    the continuation cut at its first end-of-sequence token as `workbench.generate.decode` cuts it. An
+    empty prompt (the start token alone) gives the continuation's text. A seq2seq generation keeps its
+    continuation: the decoder's output is a new sequence, not a continuation of the encoder's input.
+    `continuation`: the new tokens alone (`g.texts`)."""
+    if scored_text == "continuation" or g.kind == "seq2seq":
+        return list(g.texts)
+    eos = handle.tokenizer.eos_token_id
+    return [handle.tokenizer.decode([int(t) for t in prompt] + until_eos(new, eos), skip_special_tokens=True)
+            for prompt, new in zip(g.prompt_ids, g.new_ids)]
+
+
+def until_eos(ids, eos: int | None) -> list[int]:
+    """A sample's new tokens up to its first end-of-sequence token: what the sample is. Carlini et al.
+    (2021) sample with Hugging Face `generate`, which ends a sequence at its end-of-sequence token (and
+    pads the rest of the batch with it), so the text they rank and the text they check for memorisation
+    are the same and stop there; the memorisation check here reads the same tokens as the rankings."""
+    ids = [int(t) for t in ids]
+    return ids[: ids.index(eos)] if eos is not None and eos in ids else ids
+
+
 def precision_at(scores: np.ndarray, memorised: np.ndarray, top_n: int) -> float:
     """Fraction memorised among the top_n highest scores (ties broken by position, stable)."""
     order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:top_n]
@@ -245,19 +284,22 @@ def samples_rows(unit, prepared, settings: Settings) -> list[pd.DataFrame]:
             prompts = [list(w) for w in _prompt_windows(stream, settings.n_samples, settings.prompt_tokens,
                                                         settings.seed * 100 + k)]
         g = generate(unit.handle, prompts, settings.sampling(settings.seed * 100 + k), progress=unit.progress)
-        sources[source] = (g.texts, [st.index.match(ids) for ids in g.new_ids])
-    # the control: real held-out text of the same length, checked against the training stream the same way
+        sources[source] = (g.texts, scored_texts(unit.handle, g, settings.scored_text),
+                           [st.index.match(until_eos(ids, unit.handle.tokenizer.eos_token_id)) for ids in g.new_ids])
+    # the control: real held-out text of the same length, checked against the training stream the same
+    # way (no prompt: scored as it is under either rule)
     held = _prompt_windows(st.heldout, settings.n_samples, settings.max_new_tokens, settings.seed * 100 + 99)
-    sources["heldout_text"] = ([unit.handle.tokenizer.decode(list(w), skip_special_tokens=True) for w in held],
-                               [st.index.match(w) for w in held])
-    for source, (texts, matches) in sources.items():
+    held_texts = [unit.handle.tokenizer.decode(list(w), skip_special_tokens=True) for w in held]
+    sources["heldout_text"] = (held_texts, held_texts, [st.index.match(w) for w in held])
+    for source, (texts, scored, matches) in sources.items():
         mem = np.array([m.memorised for m in matches], dtype=float)
-        scores = ranking_scores(unit.handle, texts, settings.rankings, settings.batch_size, ref, settings.seed)
+        scores = ranking_scores(unit.handle, scored, settings.rankings, settings.batch_size, ref, settings.seed)
         metrics = {f"precision_{r}": precision_at(s, mem, settings.top_n) for r, s in scores.items()}
         point, lo, hi = ratio_bootstrap(mem, n_boot=settings.n_boot, seed=settings.seed)
         metrics["memorised_fraction"] = float(point)
         best = int(np.argmax(scores.get("zlib", scores[next(iter(scores))])))
         extra = {"source": source, "top_n": settings.top_n, "verbatim_tokens": settings.verbatim_tokens,
+                 "scored_text": settings.scored_text,
                  "n": len(texts), "sampling": settings.sampling(0).describe(),
                  "longest_verbatim_run": int(max(m.longest for m in matches)),
                  "examples": [{"text": texts[i], "memorised": bool(mem[i]), "longest": matches[i].longest}
