@@ -111,6 +111,8 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
                        ("max_eval_examples", int), ("patience", int), ("max_len", int),
                        ("lora_r", int), ("lora_alpha", float), ("adapter_size", int), ("prompt_tokens", int)):
         overrides[flag] = number(f"--{flag.replace('_', '-')}", getattr(args, flag), kind)
+    for flag in ("lora_targets", "adapter_norms", "pooler"):  # checked by workbench.peft_methods.check_method
+        overrides[flag] = getattr(args, flag)
     if args.keep_epoch_checkpoints:
         overrides["keep_epoch_checkpoints"] = True
     if args.config is None and args.checkpoint is None:
@@ -254,8 +256,9 @@ def _cmd_app(args: argparse.Namespace) -> int:
     import subprocess
 
     page = Path(__file__).with_name("streamlit_app.py")
+    # the sidebar lists the app's pages whatever a user's .streamlit/config.toml says (issue 40)
     cmd = [sys.executable, "-m", "streamlit", "run", str(page), "--server.port", str(args.port),
-           "--server.headless", "true"]
+           "--server.headless", "true", "--client.showSidebarNavigation", "true"]
     return subprocess.call(cmd)
 
 
@@ -348,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", help="what trains: full (default) | head | bitfit | adapter | prompt | lora (docs/peft.md)")
     for flag in ("lora-r", "lora-alpha", "adapter-size", "prompt-tokens"):
         p.add_argument(f"--{flag}")
+    p.add_argument("--lora-targets", help="lora: qv (default, Hu et al.) | qkv")
+    p.add_argument("--adapter-norms", help="adapter: train (default, Houlsby et al.) | frozen")
+    p.add_argument("--pooler", help="BERT's pooler under a PEFT method: auto (default: trains when not pretrained) | train | frozen")
     p.set_defaults(func=_cmd_finetune)
 
     p = sub.add_parser("distill", help="distil a fine-tuned classifier into smaller students (a sweep)")
@@ -426,8 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("figures", help="render figures (experiments/figures/*.yaml) from the results store")
     p.add_argument("names", nargs="*", help="figure names (experiments/figures/NAME.yaml) or YAML paths")
-    p.add_argument("--all", action="store_true", help="rebuild every shipped figure")
-    p.add_argument("--out", help="output folder (default <runs root>/figures/<name>/)")
+    p.add_argument("--all", action="store_true", help="draw every shipped figure whose data is in the store, then list "
+                   "the others with the command that makes their data (exit 2 when any was skipped)")
+    p.add_argument("--out", help="output folder (default <runs root>/figures/<name>/; several figures: OUT/<name>/)")
     p.add_argument("--formats", help="comma-separated subset of png,svg,pdf,html (default all)")
     p.add_argument("--runs-root", help="runs root (default $BERTOLOGY_RUNS or ./runs)")
     p.set_defaults(func=_cmd_figures)

@@ -147,6 +147,33 @@ def test_old_manifest_without_cost_is_reconstructed_or_unknown():
 
 
 @pytest.mark.slow
+def test_a_lora_fine_tuning_records_its_methods_flops(tmp_path, monkeypatch):
+    """`bertology finetune --method lora` records the LoRA count (2x body weights, 3x scores and
+    head, 3x the A and B matrices measured on the attached model), not full fine-tuning's 3x; own
+    FLOPs = that per token x the tokens trained."""
+    from tests.training_helpers import run_tiny_training, tiny_finetune_config
+    from workbench.checkpoints import read_manifest
+    from workbench.cost import finetune_flops
+    from workbench.finetune import run_finetune
+    from workbench.results import ResultsStore
+
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    run = run_tiny_training("bert", 2, tmp_path / "train", max_len=S)
+    cfg = tiny_finetune_config(run.checkpoint, tmp_path / "ft", max_train_examples=32, max_eval_examples=16,
+                               method="lora", lora_r=4)
+    res = run_finetune(cfg, store=ResultsStore(tmp_path / "store"))
+    m = read_manifest(Path(res.seeds[0].checkpoint))
+    basis, own = m["cost_basis"], m["cost"]["own"]
+    span = max(1, round(basis["mean_train_length"]))
+    lora_forward = 2 * 2 * 2 * (64 * 4 + 4 * 64)  # 2 FLOPs x 2 layers x (query, value) x (A + B weights)
+    want = finetune_flops("bert", get_family("bert").model_config("tiny"), span, 2, "lora", lora_forward)["total"]
+    full = finetune_flops("bert", get_family("bert").model_config("tiny"), span, 2, "full")["total"]
+    assert basis["flops"]["method"] == "lora" and basis["flops"]["forward"]["method_modules"] == lora_forward
+    assert own["flops_per_token"] == pytest.approx(want) and own["flops"] == pytest.approx(want * own["tokens"])
+    assert want < 0.8 * full
+
+
+@pytest.mark.slow
 def test_costs_add_along_a_lineage(tmp_path, monkeypatch):
     """Pretrain a tiny BERT -> fine-tune it -> derive (mask a head) and save: each checkpoint's
     total = own + parent's total; the pretraining FLOPs = hand count x tokens seen."""
@@ -283,3 +310,149 @@ def test_a_teacher_already_in_the_students_lineage_is_counted_once(tmp_path, mon
     assert "in_parent_total" not in rec["teacher"] and rec["total"]["flops"] == 1010.0
     other = _folder_with_cost(tmp_path / "parent", 100.0)
     assert cost_record(own, other, teacher=teacher)["total"]["flops"] == 1110.0
+
+
+# ---- what each fine-tuning method's step computes (Kaplan et al. 2020's 6N split) -------------------
+
+# Tiny BERT classifier body at span S (d 64, FFN 128, 2 layers), 2 labels: the forward per token
+BODY_WEIGHTS = 2 * (8 * 64 * 64 + 4 * 64 * 128)   # 131,072: Q,K,V,O and the FFN, weight matmuls
+BODY_SCORES = 2 * 4 * S * 64                        # 32,768: Q K^T and P V, matmuls of two activations
+HEAD = 2 * 64 * 2                                   # 256: a linear head on every token (upper bound)
+
+
+def test_fine_tuning_passes_per_method_equal_a_hand_count():
+    """6N per token = forward 2N + activation gradients 2N + weight gradients 2N (Kaplan et al.
+    2020): full fine-tuning pays all three on every part (3x); a frozen body under a trainable head
+    only its forward (1x); LoRA/adapters/BitFit/prompts the forward and the activation gradients of
+    the body's weight matmuls (2x), all of the attention scores' backward (3x: both operands are
+    activations), and 3x on their own matrices."""
+    from workbench.cost import finetune_flops
+
+    cfg = get_family("bert").model_config("tiny")
+    want = {
+        "full": 3 * (BODY_WEIGHTS + BODY_SCORES + HEAD),                 # 492,288 (the old count for every method)
+        "head": BODY_WEIGHTS + BODY_SCORES + 3 * HEAD,                   # 164,608
+        "bitfit": 2 * BODY_WEIGHTS + 3 * BODY_SCORES + 3 * HEAD,         # 361,216
+        "prompt": 2 * BODY_WEIGHTS + 3 * BODY_SCORES + 3 * HEAD,
+        # LoRA r = 8 on Q and V of both layers: A (64 -> 8) and B (8 -> 64), 2 x 1,024 weights each
+        "lora": 2 * BODY_WEIGHTS + 3 * BODY_SCORES + 3 * HEAD + 3 * (2 * 2 * 2 * 2 * 64 * 8),
+    }
+    assert want["full"] == 492_288 and want["head"] == 164_608 and want["bitfit"] == 361_216
+    lora_forward = 2 * 2 * 2 * 2 * 64 * 8  # 2 FLOPs x 2 layers x 2 matrices x (A + B: 2 x 64 x 8 weights)
+    for method, total in want.items():
+        got = finetune_flops("bert", cfg, S, 2, method, lora_forward if method == "lora" else 0.0)
+        assert got["total"] == pytest.approx(total, rel=1e-12), method
+        assert cost_mod.finetune_flops_per_token("bert", cfg, S, 2, method,
+                                                 lora_forward if method == "lora" else 0.0) == got["total"]
+    with pytest.raises(KeyError, match="no FLOPs passes for fine-tuning method 'sgd'"):
+        finetune_flops("bert", cfg, S, 2, "sgd")
+
+
+def _tiny_token_classifier(method: str):
+    """A tiny BERT token classifier (eager attention: every matmul is one FlopCounterMode sees), the
+    method attached and its parameter filter applied as the fine-tuning runner does."""
+    import torch
+    from transformers import BertConfig, BertForTokenClassification
+
+    from workbench.loop import apply_param_filter
+    from workbench.peft_methods import attach
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, num_labels=3, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, attn_implementation="eager")
+    model = BertForTokenClassification(config)
+    apply_param_filter(model, attach(model, method))
+    return model.train(), config
+
+
+@pytest.mark.parametrize("method", ["full", "head", "bitfit", "prompt", "lora", "adapter"])
+def test_a_measured_training_step_of_each_method_matches_its_count(method):
+    """torch's FlopCounterMode over one real step (forward + backward) of a tiny BERT token
+    classifier (a linear head on every token, as the count assumes; no pooler). full, BitFit and
+    prompt tuning (their trainable embedding LayerNorm bias / prompt rows make every activation need
+    its gradient) equal the count exactly; head equals it less the head's input gradient (nothing
+    below it trains: the count's 3x on the head is an upper bound); LoRA and adapters are below the
+    count by at most the lowest layer's activation-gradient pass (what lies under their first
+    trainable module in layer 0 needs no gradient, which autograd skips)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from workbench.cost import finetune_flops, method_forward_flops
+
+    model, config = _tiny_token_classifier(method)
+    b, s = 2, 12
+    ids = torch.randint(5, 100, (b, s), generator=torch.Generator().manual_seed(1))
+    if method == "prompt":
+        ids[:, 1:4] = torch.tensor(list(range(100, 103)))  # three of the prompt's vectors
+    labels = torch.randint(0, 3, (b, s), generator=torch.Generator().manual_seed(2))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss.backward()
+    measured = counter.get_total_flops()
+    extra = method_forward_flops(model) if method in ("lora", "adapter") else 0.0
+    count = finetune_flops("bert", config.to_dict(), s, 3, method, extra)
+    tokens = b * s
+    analytic = count["total"] * tokens
+    if method in ("full", "bitfit", "prompt"):
+        assert measured == pytest.approx(analytic, rel=1e-9)
+    elif method == "head":
+        assert measured == pytest.approx(analytic - tokens * count["forward"]["head"], rel=1e-9)
+    else:
+        d, f, L = 32, 64, 2
+        layer0 = (8 * d * d + 4 * d * f) + 2 * (4 * s * d) + extra / L  # its activation gradients, at most
+        assert extra > 0
+        assert analytic - tokens * layer0 <= measured <= analytic
+    # the old count (3x the forward for every method, no term for the method's own matrices) is
+    # above what head, BitFit and prompt tuning compute; for adapters of width 64 on this 32-wide
+    # body it is below (the adapters' own matrices were not counted at all)
+    old = 3 * sum(count["forward"][k] for k in ("body_weights", "body_scores", "head")) * tokens
+    if method in ("head", "bitfit", "prompt"):
+        assert measured < 0.75 * old
+    if method == "adapter":
+        assert measured > old
+
+
+def test_a_distilled_students_flops_include_its_teachers_forwards(tmp_path):
+    """Pretraining distillation: the student's step (3x), the teacher's forward on the same batches
+    (1x, its MLM head at the masked share) and, for DistilBERT's soft targets over every non-pad
+    token, both MLM heads at every position; a fine-tuning student adds its teacher classifier's
+    forward over the tokens the teacher ran on (a cached teacher: one epoch's)."""
+    from workbench.cost import finetune_cost_flops, teacher_tokens, training_flops_per_token
+
+    spec = get_family("bert")
+    tiny = spec.model_config("tiny")
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "manifest.json").write_text(json.dumps({"family": "bert", "model_config": tiny,
+                                                       "objective": spec.objective, "label_names": ["a", "b"]}))
+    student = {"family": "distilbert", "model_config": {**tiny, "num_hidden_layers": 1}, "objective": spec.objective,
+               "tokenizer": {"vocab_size": V}, "config": {"max_len": S},
+               "hooks": {"teacher": {"class": "OneSegmentTeacher", "name_or_path": str(teacher)},
+                         "loss": {"name": "distilbert_triple", "soft_loss_positions": "non_pad"}}}
+    head_all = 2 * 64 * 64 + 2 * 64 * V                          # 136,192 per position
+    student_step = 3 * (BERT_LAYERS / 2 + MLM_HEAD)               # 307,046.4
+    teacher_forward = HAND_FORWARD["bert"]                        # 184,268.8
+    got = training_flops_per_token(student)
+    assert got["teacher_forward"] == pytest.approx(teacher_forward)
+    assert got["total"] == pytest.approx(student_step + teacher_forward + 3 * head_all + head_all)   # 1,036,083.2
+    assert got["total"] == pytest.approx(1_036_083.2)
+    masked = {**student, "hooks": {**student["hooks"], "loss": {"name": "distilbert_triple",
+                                                                "soft_loss_positions": "masked"}}}
+    assert training_flops_per_token(masked)["total"] == pytest.approx(student_step + teacher_forward)
+    plain = {k: v for k, v in student.items() if k != "hooks"}
+    assert training_flops_per_token(plain)["total"] == pytest.approx(student_step)
+    gone = {**student, "hooks": {**student["hooks"], "teacher": {"name_or_path": str(tmp_path / "gone")}}}
+    assert training_flops_per_token(gone)["total"] is None  # unknown, never the student's alone
+
+    # task distillation: the teacher classifier's forward per token at the run's mean length
+    basis = {"flops_per_token": 1000.0, "mean_train_length": float(S)}
+    t_fwd = BODY_WEIGHTS + BODY_SCORES + HEAD                       # 164,096
+    assert finetune_cost_flops(basis, 30, None) == 30_000.0
+    assert finetune_cost_flops(basis, 30, teacher) == pytest.approx(30_000 + 30 * t_fwd)
+    assert finetune_cost_flops(basis, 30, teacher, 10) == pytest.approx(30_000 + 10 * t_fwd)
+    assert finetune_cost_flops(basis, 30, tmp_path / "gone") is None
+
+    class Cached:
+        cache: dict = {}
+
+    assert teacher_tokens(Cached(), 300, 3) == 100 and teacher_tokens(object(), 300, 3) == 300

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.tolerances import assert_same_outputs, assert_same_state
 from tests.training_helpers import tiny_config
 from workbench.distill_pretraining import (
     TeacherLayers,
@@ -46,22 +47,95 @@ def bert_teacher(env, tmp_path_factory):
     return final
 
 
-def test_triple_loss_matches_distilberts_terms_by_hand():
-    g = torch.Generator().manual_seed(0)
-    s_logits, t_logits = torch.randn(6, 11, generator=g), torch.randn(6, 11, generator=g) * 2
-    s_hidden, t_hidden = torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g)
+def _outputs(seed=0, vocab=11, dim=8):
+    """Student and teacher outputs as the pretrainers return them: last hidden states, an MLM head
+    (a linear map here), the head's logits at the masked positions, the student's MLM loss."""
+    g = torch.Generator().manual_seed(seed)
+    s_hidden, t_hidden = torch.randn(2, 5, dim, generator=g), torch.randn(2, 5, dim, generator=g)
+    s_head, t_head = torch.nn.Linear(dim, vocab), torch.nn.Linear(dim, vocab)
+    with torch.no_grad():
+        for p in (*s_head.parameters(), *t_head.parameters()):
+            p.copy_(torch.randn(p.shape, generator=g))
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
-    mlm = torch.tensor(3.0)
-    student = SimpleNamespace(loss=mlm, extra={"logits": s_logits, "hidden": s_hidden})
-    teacher = SimpleNamespace(extra={"logits": t_logits, "hidden": t_hidden})
-    terms = TripleLoss()(student, {"attention_mask": mask}, teacher)
-    T = 2.0
-    ce = F.kl_div(F.log_softmax(s_logits / T, -1), F.softmax(t_logits / T, -1), reduction="batchmean") * T**2
-    keep = mask.bool()
+    labels = torch.full((2, 5), -100)
+    labels[0, 1], labels[1, 3] = 4, 7  # two masked positions out of 8 non-pad tokens
+    masked = labels != -100
+    student = SimpleNamespace(loss=torch.tensor(3.0), extra={"logits": s_head(s_hidden[masked]), "hidden": s_hidden,
+                                                             "mlm_head": s_head})
+    teacher = SimpleNamespace(extra={"logits": t_head(t_hidden[masked]), "hidden": t_hidden, "mlm_head": t_head})
+    return student, teacher, {"attention_mask": mask, "labels": labels}
+
+
+def _reference_kl(s_logits, t_logits, T=2.0):
+    """distiller.py's soft-target term: KLDivLoss(batchmean) of log_softmax(s/T) against softmax(t/T), x T^2."""
+    return F.kl_div(F.log_softmax(s_logits / T, -1), F.softmax(t_logits / T, -1), reduction="batchmean") * T**2
+
+
+@pytest.mark.parametrize("restrict", [False, True])
+def test_triple_loss_matches_distilberts_terms_by_hand(restrict):
+    """Each term as the reference distiller.py computes it: the soft-target KL over every non-pad
+    token by default (`--restrict_ce_to_mask` off), over the masked positions with the option; the
+    cosine loss over every non-pad token (CosineEmbeddingLoss, target 1, mean)."""
+    student, teacher, batch = _outputs()
+    terms = TripleLoss(restrict_soft_loss_to_mask=restrict)(student, batch, teacher)
+    keep = batch["attention_mask"].bool()
+    where = (batch["labels"] != -100) if restrict else keep
+    s_logits = student.extra["mlm_head"](student.extra["hidden"][where])
+    t_logits = teacher.extra["mlm_head"](teacher.extra["hidden"][where])
+    assert s_logits.shape[0] == (2 if restrict else 8)
+    ce = _reference_kl(s_logits, t_logits)
+    s_hidden, t_hidden = student.extra["hidden"], teacher.extra["hidden"]
     cos = F.cosine_embedding_loss(s_hidden[keep], t_hidden[keep], torch.ones(int(keep.sum())))  # DistilBERT's
-    assert terms["ce"].item() == pytest.approx(ce.item(), rel=1e-6)
-    assert terms["cos"].item() == pytest.approx(cos.item(), rel=1e-6)
-    assert terms["loss"].item() == pytest.approx((5.0 * ce + 2.0 * mlm + 1.0 * cos).item(), rel=1e-6)
+    mlm = student.loss
+    assert terms["ce"].item() == pytest.approx(ce.item(), rel=1e-5)
+    assert terms["cos"].item() == pytest.approx(cos.item(), rel=1e-5)
+    assert terms["loss"].item() == pytest.approx((5.0 * ce + 2.0 * mlm + 1.0 * cos).item(), rel=1e-5)
+
+
+def test_soft_loss_reads_the_unmasked_tokens_by_default():
+    """Planted: the student's head equals the teacher's and the hidden states agree at the masked
+    positions only. The soft-target term over the masked positions is then 0; over every non-pad
+    token (the reference's default) it is the unmasked positions' disagreement, 6 of 8 rows; a
+    gradient reaches the student's hidden states at unmasked positions."""
+    student, teacher, batch = _outputs()
+    masked = batch["labels"] != -100
+    t_head = teacher.extra["mlm_head"]
+    hidden = teacher.extra["hidden"].clone()
+    hidden[~masked] = hidden[~masked] + 3.0 * torch.randn(hidden[~masked].shape, generator=torch.Generator().manual_seed(5))
+    hidden.requires_grad_(True)
+    student = SimpleNamespace(loss=torch.tensor(0.0), extra={"logits": t_head(hidden[masked]), "hidden": hidden,
+                                                             "mlm_head": t_head})
+    restricted = TripleLoss(restrict_soft_loss_to_mask=True)(student, batch, teacher)["ce"].item()
+    assert restricted == pytest.approx(0.0, abs=1e-6)
+    terms = TripleLoss()(student, batch, teacher)
+    keep = batch["attention_mask"].bool()
+    s_rows, t_rows = t_head(hidden[keep]), t_head(teacher.extra["hidden"][keep])
+    by_row = F.kl_div(F.log_softmax(s_rows / 2, -1), F.softmax(t_rows / 2, -1), reduction="none").sum(-1) * 4
+    unmasked = ~masked[keep]
+    assert by_row[~unmasked].max().item() == pytest.approx(0.0, abs=1e-5)
+    assert by_row[unmasked].min().item() > 1e-3  # every unmasked row carries a planted difference
+    assert terms["ce"].item() == pytest.approx(by_row.sum().item() / 8, rel=1e-5)
+    soft_only = TripleLoss(alpha_mlm=0.0, alpha_cos=0.0)(student, batch, teacher)["loss"]
+    (grad,) = torch.autograd.grad(soft_only, hidden)
+    assert grad[~masked & batch["attention_mask"].bool()].abs().sum() > 0
+    assert torch.all(grad[~batch["attention_mask"].bool()] == 0)  # padding takes no part
+
+
+def test_the_masked_positions_the_pretrainers_return_are_their_heads_there(bert_teacher):
+    """`extra["mlm_head"]` of the BERT and DistilBERT pretrainers applied to the hidden states at
+    the masked positions gives `extra["logits"]`: the default path computes what the option did
+    at those positions."""
+    from workbench.families.bert import load_pretrainer
+
+    teacher = load_pretrainer(bert_teacher).eval()
+    ids = torch.randint(5, teacher.model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[1, 5] = ids[0, 2], ids[1, 5]
+    with torch.no_grad():
+        out = teacher(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids),
+                      labels=labels)
+        again = out.extra["mlm_head"](out.extra["hidden"][labels != -100])
+    torch.testing.assert_close(again, out.extra["logits"], rtol=1e-5, atol=1e-5)
 
 
 def test_distilbert_conversion_gives_the_berts_logits_in_plain_transformers(tmp_path):
@@ -118,6 +192,7 @@ def _dcfg(teacher, **kw):
     ({"alpha_cos": -1}, "alpha_cos: must be >= 0"),
     ({"depths": [5]}, r"depths: a student of 5 layers: must be in \[1, 4\]"),
     ({"inits": ["copy"]}, "inits: unknown init"),
+    ({"restrict_soft_loss_to_mask": "maybe"}, "restrict_soft_loss_to_mask"),
 ])
 def test_bad_pretraining_config_is_one_config_error(bert_teacher, override, match):
     with pytest.raises(ConfigError, match=match):
@@ -151,6 +226,19 @@ def test_bert_students_train_as_distilbert(bert_teacher, tmp_path):
     assert manifest["family"] == "distilbert" and "nsp" not in manifest["objective"]
     assert manifest["hooks"]["loss"]["name"] == "distilbert_triple" and manifest["hooks"]["loss"]["teacher_layers"] == [0, 3]
     assert manifest["hooks"]["initial"]["teacher_layers"] == [0, 3] and manifest["model_config"]["num_hidden_layers"] == 2
+    assert manifest["hooks"]["loss"]["soft_loss_positions"] == "non_pad"
+    # the teacher is recorded (its folder through OneSegmentTeacher.config): its total joins the
+    # student's, and its forwards and the all-token heads are in the student's own FLOPs
+    from workbench.cost import training_flops_per_token
+
+    assert manifest["hooks"]["teacher"]["name_or_path"] == str(bert_teacher)
+    assert manifest["cost"]["teacher"]["checkpoint"] == str(bert_teacher)
+    own = manifest["cost"]["own"]
+    parts = training_flops_per_token(manifest)
+    assert own["flops_per_token"] == pytest.approx(parts["total"])
+    assert parts["teacher_forward"] > 0 and parts["soft_loss_student_head"] > 0
+    student_only = training_flops_per_token({k: v for k, v in manifest.items() if k != "hooks"})["total"]
+    assert own["flops_per_token"] > student_only + parts["teacher_forward"]
     from workbench.train import read_log
 
     log = read_log(final.parent)
@@ -159,8 +247,9 @@ def test_bert_students_train_as_distilbert(bert_teacher, tmp_path):
     assert type(plain).__name__ == "DistilBertForMaskedLM"
     student = load_pretrainer(final).model.eval()
     ids = torch.tensor([[2, 40, 41, 42, 43, 3]])
+    assert_same_state(plain, student)
     with torch.no_grad():
-        torch.testing.assert_close(plain(input_ids=ids).logits, student(input_ids=ids).logits, rtol=0, atol=0)
+        assert_same_outputs(plain(input_ids=ids).logits, student(input_ids=ids).logits, plain.config)
     assert not (final.parent / "distilbert").exists()  # no conversion after training any more
 
 

@@ -1,8 +1,10 @@
 """Parameter-efficient fine-tuning (workbench/peft_methods.py through workbench/finetune.py).
 
 - trainable-parameter counts equal the methods' formulas (LoRA r*(d_in+d_out) per adapted matrix,
-  a bottleneck adapter 2*d*m + m + d, a prompt n*d, plus the classifier head) in BERT, RoBERTa,
-  DeBERTa-v2 and GPT-2, counted from the configs, not from the modules;
+  query and value by default, the key too with lora_targets: qkv; a bottleneck adapter 2*d*m + m + d
+  plus 2*d per layer norm of the body unless adapter_norms: frozen; a prompt n*d; plus the classifier
+  head, and BERT's pooler where it was not pretrained) in BERT, RoBERTa, DeBERTa-v2 and GPT-2,
+  counted from the configs, not from the modules (the papers' details: test_peft_paper_details.py);
 - BitFit and head-only training leave every other tensor bit-identical and move what they train;
 - the saved checkpoint of every method is plain transformers that gives the trained model's
   outputs: LoRA merged (opens in AutoModel), adapters and prompts back in a probe's forward
@@ -87,27 +89,41 @@ def _head_size(model) -> int:
 
 # ---------------------------------------------------------------------------------- formulas
 
-# per family: (matrices LoRA adapts as (d_in, d_out), from the config)
+# per family: (matrices LoRA adapts as (d_in, d_out), from the config): query and value (Hu et al.);
+# GPT-2's are the query and value slices of its fused c_attn (d -> 3d), one update each
 LORA_SHAPES = {"bert": [(H, H), (H, H)], "roberta": [(H, H), (H, H)], "deberta": [(H, H), (H, H)],
-               "gpt": [(H, 3 * H)]}  # BERT-likes: query and value; GPT-2: the fused c_attn (d -> 3d)
+               "gpt": [(H, H), (H, H)]}
+# lora_targets: qkv adds the key matrix; GPT-2: one update of the whole fused c_attn (d -> 3d)
+LORA_QKV_SHAPES = {"bert": [(H, H)] * 3, "roberta": [(H, H)] * 3, "deberta": [(H, H)] * 3, "gpt": [(H, 3 * H)]}
+# layer norms in the body (Houlsby et al. train them with the adapters), each 2 * H values: BERT-likes
+# the embeddings' and two per layer; GPT-2 two per layer and the final ln_f
+NORMS = {"bert": 1 + 2 * LAYERS, "roberta": 1 + 2 * LAYERS, "deberta": 1 + 2 * LAYERS, "gpt": 2 * LAYERS + 1}
+# BERT's pooler (dense H x H + bias) is in the body; the tiny BERT was saved without one (a masked-LM
+# save), so it is random and trains with the head (pooler: auto). RoBERTa's classifier has no pooler,
+# DeBERTa's is part of its head, GPT-2 has none.
+POOLER = {"bert": H * H + H, "roberta": 0, "deberta": 0, "gpt": 0}
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "deberta", "gpt"])
 def test_trainable_counts_equal_the_formulas(checkpoints, family):
     r, m, n = 4, 8, 5
-    opts = MethodOptions(lora_r=r, adapter_size=m, prompt_tokens=n)
-    expected = {
-        "lora": LAYERS * sum(r * (d_in + d_out) for d_in, d_out in LORA_SHAPES[family]),
-        "adapter": LAYERS * 2 * (2 * H * m + m + H),  # one after attention, one after the FFN, per layer
-        "prompt": n * H,
+    adapters = LAYERS * 2 * (2 * H * m + m + H)  # one after attention, one after the FFN, per layer
+    cases = {  # (method, options) -> (added values, trained values besides the head)
+        ("lora", "qv"): (LAYERS * sum(r * (a + b) for a, b in LORA_SHAPES[family]),) * 2,
+        ("lora", "qkv"): (LAYERS * sum(r * (a + b) for a, b in LORA_QKV_SHAPES[family]),) * 2,
+        ("adapter", "train"): (adapters, adapters + NORMS[family] * 2 * H),
+        ("adapter", "frozen"): (adapters, adapters),
+        ("prompt", ""): (n * H, n * H),
     }
-    for method, formula in expected.items():
+    for (method, variant), (added, trained) in cases.items():
+        opts = MethodOptions(lora_r=r, adapter_size=m, prompt_tokens=n, lora_targets=variant if method == "lora" else "qv",
+                             adapter_norms=variant if method == "adapter" else "train")
         model = _classifier(checkpoints[family])
         head = _head_size(model)
         total_before = sum(p.numel() for p in model.parameters())
         record = apply_param_filter(model, attach(model, method, opts))
-        assert record["parameters"] == formula + head, method
-        assert record["total"] == total_before + formula, method  # the added modules are all that trains
+        assert record["parameters"] == trained + head + POOLER[family], (method, variant)
+        assert record["total"] == total_before + added, (method, variant)  # the added modules, nothing else
 
 
 def test_bitfit_trains_biases_and_the_head_and_head_only_the_head(checkpoints):

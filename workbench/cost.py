@@ -13,13 +13,36 @@ manifest.json:
                 (and None values, never zero) when some ancestor's cost cannot be known (a Hub
                 model trained elsewhere).
 
-FLOPs are analytic, per family (`flops_per_token`): the forward's matmul FLOPs times 3 (the
-backward costs twice the forward; Kaplan et al. 2020, Sec. 2.1), counted per non-padding input
-token (the count the training loop logs as `tokens`): Q/K/V/output projections, attention scores
-and weighted values (over the full attention span `seq_len`, as computed), feed-forward, and the
-output head on the positions that go through it. Embedding lookups, LayerNorm, activations,
-softmax and per-sequence heads (NSP/SOP/pooler) are left out: they are a few percent at these
-widths. `benchmarks/bench_train.py` imports the same function for its MFU.
+FLOPs are analytic, per family (`flops_per_token`): the forward's matmul FLOPs, counted per
+non-padding input token (the count the training loop logs as `tokens`): Q/K/V/output projections,
+attention scores and weighted values (over the full attention span `seq_len`, as computed),
+feed-forward, and the output head on the positions that go through it. Embedding lookups,
+LayerNorm, activations, softmax and per-sequence heads (NSP/SOP/pooler) are left out: they are a
+few percent at these widths. `benchmarks/bench_train.py` imports the same function for its MFU.
+
+What a training step adds to the forward (Kaplan et al. 2020, Sec. 2.1: C = 6N per token, 2N
+forward and 4N backward): the backward of a weight matmul y = x W is two matmuls of the forward's
+size, the activation gradient dL/dx = dL/dy W^T (2N) and the weight gradient dL/dW = x^T dL/dy
+(2N); a matmul of two activations (attention scores Q K^T, weighted values P V) has no weight and
+its backward is two activation gradients. So, in multiples of each part's forward (`PASSES`):
+
+    method                       body weight matmuls    attention scores/values    head    method's own matrices
+    full (and pretraining)       3 (fwd, act, weight)   3                          3       -
+    head (body frozen)           1 (forward only)       1                          3       -
+    bitfit, lora, adapter,       2 (fwd, act grads:     3                          3       3 (LoRA's A and B,
+    prompt                         no weight grads)                                          the adapters)
+
+A frozen body under a trainable head needs no backward at all; LoRA, adapters, BitFit's biases and
+prompt vectors sit inside or below the body, so the activation gradients run through every layer,
+but no frozen weight gets a gradient (bias gradients are sums, prompt rows a scatter: no matmul).
+Two upper bounds: the head is charged 3x though its input gradient is needed only when something
+below it trains, and the lowest layer's activation gradients below its first trainable module
+(e.g. layer 0's Q/K/V input gradients under LoRA) are counted though autograd skips them
+(`tests/test_cost.py` measures each method's step with torch's FlopCounterMode against this).
+
+A distillation student's own FLOPs include its teacher's forwards (`training_flops_per_token`,
+`finetune_cost_flops`): the teacher runs (1x, no backward) on the student's batches; DistilBERT's
+soft-target term over every non-pad token adds both MLM heads at every position.
 
 Energy (`EnergyMeter`): measured where the machine exposes a counter: NVIDIA's NVML total energy
 (`pynvml`, GPU runs) or Intel/AMD RAPL (`/sys/class/powercap/intel-rapl:*/energy_uj`, the whole
@@ -194,26 +217,111 @@ FAMILY_FLOPS = {
 }
 
 
-def flops_per_token(family: str, model_config: Mapping, vocab: int, seq_len: int,
-                    objective: Mapping | None = None, head_fraction: float | None = None) -> dict:
-    """Training FLOPs per non-padding input token of a family's pretraining (3 x forward matmul
-    FLOPs), by part, plus `total`. `head_fraction` overrides the share of tokens through an MLM
-    head (e.g. 1.0 for `BertForMaskedLM`, which projects every position)."""
+def forward_flops_per_token(family: str, model_config: Mapping, vocab: int, seq_len: int,
+                            objective: Mapping | None = None, head_fraction: float | None = None) -> dict:
+    """The forward's matmul FLOPs per non-padding input token of a family's pretraining model, by
+    part, plus `total`. `head_fraction` overrides the share of tokens through an MLM head (e.g. 1.0
+    for `BertForMaskedLM`, which projects every position)."""
     if family not in FAMILY_FLOPS:
         raise KeyError(f"no FLOPs count for family {family!r} (known: {', '.join(FAMILY_FLOPS)})")
     objective = dict(objective or {})
     if head_fraction is not None:
         objective["mlm_rate"] = head_fraction
-    fwd = FAMILY_FLOPS[family](dict(model_config), int(vocab), int(seq_len), objective)
+    out = dict(FAMILY_FLOPS[family](dict(model_config), int(vocab), int(seq_len), objective))
+    out["total"] = sum(out.values())
+    return out
+
+
+def flops_per_token(family: str, model_config: Mapping, vocab: int, seq_len: int,
+                    objective: Mapping | None = None, head_fraction: float | None = None) -> dict:
+    """Training FLOPs per non-padding input token of a family's pretraining, by part, plus `total`:
+    every part trains, so 3 x its forward (`PASSES["full"]`: forward, activation and weight
+    gradients). `head_fraction` as in `forward_flops_per_token`."""
+    fwd = forward_flops_per_token(family, model_config, vocab, seq_len, objective, head_fraction)
+    fwd.pop("total")
     out = {k: 3 * v for k, v in fwd.items()}
     out["total"] = sum(out.values())
     return out
 
 
-def finetune_flops_per_token(family: str, model_config: Mapping, seq_len: int, num_labels: int) -> float | None:
-    """Training FLOPs per token of fine-tuning a classifier: the body (no pretraining head) plus a
-    linear head on every token (an upper bound for sentence tasks), x 3. None when the body's shape
-    is not one this module counts (the caller then records the FLOPs as unknown)."""
+def _mlm_head_per_position(family: str, model_config: Mapping, vocab: int) -> float:
+    """Forward FLOPs of a masked-LM family's head (transform + decoder) on one position."""
+    d = _cfg(model_config, "hidden_size", "dim")
+    e = model_config.get("embedding_size") or d
+    return 2 * d * e + 2 * e * vocab
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _teacher_manifest(folder: str | Path | None) -> dict | None:
+    if folder is None:
+        return None
+    try:
+        from workbench.checkpoints import resolve_checkpoint
+
+        path = Path(resolve_checkpoint(folder))
+    except Exception:  # noqa: BLE001 - a teacher that is gone: its forwards cannot be counted
+        return None
+    manifest = _read_json(path / "manifest.json")
+    if manifest is not None:
+        manifest = {**manifest, "model_config": manifest.get("model_config") or _read_json(path / "config.json")}
+    return manifest
+
+
+def training_flops_per_token(manifest: Mapping) -> dict:
+    """Own training FLOPs per token of a pretraining run (its checkpoint `manifest`), by part, plus
+    `total`: the family's step (`flops_per_token`) and, with a distillation teacher in the hooks
+    (`TrainingHooks.describe`), the teacher's forward on the same batches (1x: no backward; its
+    MLM head at the student's masked share, as its forward computes it) and, for DistilBERT's triple
+    loss over every non-pad token (`workbench.distill_pretraining.TripleLoss`), both heads at every
+    position (the student's 3x, the teacher's 1x). `total` is None when the teacher's shape
+    cannot be read (unknown, never zero)."""
+    family, mc = manifest["family"], manifest["model_config"]
+    vocab = (manifest.get("tokenizer") or {}).get("vocab_size")
+    seq_len = (manifest.get("config") or {}).get("max_len")
+    objective = manifest.get("objective")
+    out = flops_per_token(family, mc, vocab, seq_len, objective)
+    hooks = manifest.get("hooks") or {}
+    teacher = teacher_folder(hooks)
+    if teacher is None:
+        return out
+    tm = _teacher_manifest(teacher)
+    t_family = (tm or {}).get("family")
+    if t_family not in FAMILY_FLOPS or not (tm or {}).get("model_config"):
+        return {**out, "teacher_forward": None, "total": None}
+    rate = float((objective or {}).get("mlm_rate", 0.15))
+    out["teacher_forward"] = forward_flops_per_token(t_family, tm["model_config"], vocab, seq_len, objective,
+                                                     head_fraction=rate)["total"]
+    loss = hooks.get("loss") or {}
+    if loss.get("name") == "distilbert_triple" and loss.get("soft_loss_positions", "masked") == "non_pad":
+        # the soft targets at every position: each head once more over all tokens (the masked
+        # share is already in each model's forward)
+        out["soft_loss_student_head"] = 3 * _mlm_head_per_position(family, mc, vocab)
+        out["soft_loss_teacher_head"] = _mlm_head_per_position(t_family, tm["model_config"], vocab)
+    out["total"] = sum(v for k, v in out.items() if k != "total")
+    return out
+
+
+# What each pass costs in multiples of a part's forward (module docstring): body weight matmuls,
+# attention scores/values (two activations), the task head, and the method's own matrices.
+PASSES = {
+    "full": {"body_weights": 3, "body_scores": 3, "head": 3, "method_modules": 0},
+    "head": {"body_weights": 1, "body_scores": 1, "head": 3, "method_modules": 0},
+    **{m: {"body_weights": 2, "body_scores": 3, "head": 3, "method_modules": 3}
+       for m in ("bitfit", "lora", "adapter", "prompt")},
+}
+
+
+def finetune_forward_flops(family: str, model_config: Mapping, seq_len: int, num_labels: int) -> dict | None:
+    """Forward FLOPs per token of a classifier: `body_weights` (the body's weight matmuls),
+    `body_scores` (attention scores and weighted values: matmuls of two activations) and `head` (a
+    linear head on every token: an upper bound for sentence tasks). None when the body's shape is
+    not one this module counts."""
     c = dict(model_config)
     try:
         if family == "gpt":
@@ -230,7 +338,103 @@ def finetune_flops_per_token(family: str, model_config: Mapping, seq_len: int, n
             body, d = _encoder_body(c, seq_len)
     except (KeyError, TypeError):
         return None
-    return 3 * (sum(body.values()) + 2 * d * num_labels)
+    scores = sum(v for k, v in body.items() if "scores" in k)
+    return {"body_weights": sum(body.values()) - scores, "body_scores": scores, "head": 2 * d * num_labels}
+
+
+def method_flops(forward: Mapping, method: str, method_forward: float = 0.0) -> dict:
+    """Training FLOPs per token of fine-tuning with `method`: each part of the classifier's
+    `forward` (`finetune_forward_flops`) times its passes (`PASSES`), `method_forward` the forward
+    FLOPs per token of the matrices the method adds (`method_forward_flops`: LoRA's A and B, the
+    adapters), plus `total`, the method, its passes and the forward parts."""
+    if method not in PASSES:
+        raise KeyError(f"no FLOPs passes for fine-tuning method {method!r} (known: {', '.join(PASSES)})")
+    passes = PASSES[method]
+    fwd = {k: float(forward[k]) for k in ("body_weights", "body_scores", "head")}
+    fwd["method_modules"] = float(method_forward)
+    parts = {k: passes[k] * v for k, v in fwd.items()}
+    return {**parts, "total": sum(parts.values()), "method": method, "passes": dict(passes), "forward": fwd}
+
+
+def finetune_flops(family: str, model_config: Mapping, seq_len: int, num_labels: int, method: str = "full",
+                   method_forward: float = 0.0) -> dict | None:
+    """`method_flops` of a classifier's `finetune_forward_flops`; None when the body is not counted."""
+    fwd = finetune_forward_flops(family, model_config, seq_len, num_labels)
+    return None if fwd is None else method_flops(fwd, method, method_forward)
+
+
+def finetune_flops_per_token(family: str, model_config: Mapping, seq_len: int, num_labels: int,
+                             method: str = "full", method_forward: float = 0.0) -> float | None:
+    """Training FLOPs per token of fine-tuning a classifier (`finetune_flops`'s total; full
+    fine-tuning: the body plus a linear head on every token, x 3). None when the body's shape is not
+    one this module counts (the caller then records the FLOPs as unknown)."""
+    out = finetune_flops(family, model_config, seq_len, num_labels, method, method_forward)
+    return None if out is None else out["total"]
+
+
+def method_forward_flops(model) -> float:
+    """Forward FLOPs per token of the trainable matrices inside a classifier's body after a
+    parameter-efficient method is attached (`workbench.peft_methods.attach`, then the parameter
+    filter applied): 2 x the weights of every trainable `nn.Linear` of the body, each applied once
+    per token (LoRA's A and B, the adapters' down and up projections). 0 for head, BitFit and
+    prompt tuning (no trainable matrix in the body); not meant for full fine-tuning (every body
+    matrix trains, counted by `finetune_flops`)."""
+    from torch import nn
+
+    body = getattr(model, getattr(model, "base_model_prefix", ""), model)
+    # a pooler (BERT's, trainable under some methods) runs once per sequence: left out, as every
+    # per-sequence head
+    return float(sum(2 * m.weight.numel() for name, m in body.named_modules()
+                     if isinstance(m, nn.Linear) and m.weight.requires_grad and "pooler" not in name))
+
+
+def with_method_modules(basis: Mapping, model) -> dict:
+    """A fine-tuning cost basis (`workbench.finetune.finetune_cost_basis`: `flops` from
+    `finetune_flops`) with the attached method's own matrices counted (`method_forward_flops` of
+    `model`); recomputed from the forward parts, so calling it again gives the same record."""
+    basis = dict(basis)
+    flops = basis.get("flops")
+    if not flops or flops["method"] in ("full", "head"):
+        return basis
+    basis["flops"] = method_flops(flops["forward"], flops["method"], method_forward_flops(model))
+    basis["flops_per_token"] = basis["flops"]["total"]
+    return basis
+
+
+def teacher_forward_flops_per_token(teacher: str | Path | None, seq_len: int) -> float | None:
+    """Forward FLOPs per token of a fine-tuned classifier teacher (task distillation) at attention
+    span `seq_len`, read from its folder (manifest family and labels, config.json); None when it
+    cannot be read."""
+    tm = _teacher_manifest(teacher)
+    if not tm or not tm.get("model_config") or not tm.get("family"):
+        return None
+    fwd = finetune_forward_flops(tm["family"], tm["model_config"], seq_len, len(tm.get("label_names") or [0, 1]))
+    return None if fwd is None else float(sum(fwd.values()))
+
+
+def finetune_cost_flops(basis: Mapping, tokens: int, teacher: str | Path | None = None,
+                        teacher_tokens_: int | None = None) -> float | None:
+    """A fine-tuning run's own training FLOPs: its cost basis's FLOPs per token x `tokens`, plus,
+    for a distillation student, the teacher's forwards (`teacher_forward_flops_per_token` at the
+    run's mean length x the tokens the teacher ran on, `teacher_tokens_`, default `tokens`). None
+    when either is unknown."""
+    fpt = basis.get("flops_per_token")
+    if fpt is None:
+        return None
+    flops = fpt * tokens
+    if teacher is None:
+        return flops
+    t_fpt = teacher_forward_flops_per_token(teacher, max(1, round(basis.get("mean_train_length") or 1)))
+    return None if t_fpt is None else flops + t_fpt * (tokens if teacher_tokens_ is None else teacher_tokens_)
+
+
+def teacher_tokens(teacher_module, tokens: int, epochs_done: int) -> int:
+    """Tokens a distillation teacher ran on while a student trained on `tokens` over `epochs_done`
+    full epochs: all of them, or, for a teacher that keeps its logits per example
+    (`workbench.distill.CachedTeacher`, which has a `cache`), one epoch's (each example once)."""
+    if getattr(teacher_module, "cache", None) is not None and epochs_done > 0:
+        return int(round(tokens / epochs_done))
+    return int(tokens)
 
 
 # ---------------------------------------------------------------------------------- device and energy
@@ -464,12 +668,13 @@ def cost_of_manifest(manifest: Mapping, folder: str | Path | None = None) -> dic
     vocab = (manifest.get("tokenizer") or {}).get("vocab_size")
     max_len = (manifest.get("config") or {}).get("max_len")
     if manifest.get("kind") != "finetune" and family in FAMILY_FLOPS and mc and tokens is not None and vocab and max_len:
-        fpt = flops_per_token(family, mc, vocab, max_len, manifest.get("objective"))["total"]
+        fpt = training_flops_per_token({**manifest, "config": {**(manifest.get("config") or {}), "max_len": max_len}})["total"]
         device = {"kind": "unknown", "name": "unknown (checkpoint written before costs were recorded)",
                   "count": int(manifest.get("world_size") or 1), "threads": 1}
         seconds = float(seconds or 0.0)
         w = _env_float("BERTOLOGY_CPU_WATTS_PER_CORE", DEFAULT_CPU_WATTS_PER_CORE)
-        own = own_cost(flops=fpt * tokens, flops_per_token=fpt, tokens=int(tokens), seconds=seconds, device=device,
+        own = own_cost(flops=None if fpt is None else fpt * tokens, flops_per_token=fpt, tokens=int(tokens),
+                       seconds=seconds, device=device,
                        energy_joules=w * seconds,
                        energy_source=f"estimated after the fact: {w:g} W (one busy core assumed) x elapsed_seconds",
                        what="pretraining (reconstructed from the manifest)")

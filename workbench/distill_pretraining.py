@@ -8,12 +8,20 @@ or randomly (the training loop's own initialisation under the seed). It trains o
 corpus, tokenizer and masking (the teacher's training config, depth and length changed) with
 DistilBERT's triple loss (`TripleLoss`), the weights of its training script:
 
-    loss = alpha_ce * T^2 * KL(softmax(t / T) || softmax(s / T))    over the masked positions (batch mean), T = 2
+    loss = alpha_ce * T^2 * KL(softmax(t / T) || softmax(s / T))    every non-pad token (batch mean), T = 2
          + alpha_mlm * CE(masked tokens, s)                          the student's own MLM loss
          + alpha_cos * mean(1 - cos(h_s, h_t))                       last hidden states, every non-pad token
 
-with alpha_ce 5.0, alpha_mlm 2.0, alpha_cos 1.0. The teacher runs on the same batch (same masks)
-as the student (`workbench.loop.TrainingHooks`: teacher, loss, and `initial` for the weights).
+with alpha_ce 5.0, alpha_mlm 2.0, alpha_cos 1.0. The soft-target term is the reference
+`distiller.py`'s (Sanh et al. 2019, the authors' code in transformers' examples/research_projects/
+distillation): KLDivLoss(reduction="batchmean") of the student's log-softmax against the teacher's
+softmax at temperature T, over the positions the attention mask selects (every non-pad token,
+[CLS] and [SEP] included; one row per position, so "batchmean" is the mean over those positions),
+times T^2. Its `--restrict_ce_to_mask` (off by default) keeps only the masked positions;
+`restrict_soft_loss_to_mask: true` here does the same (about 15% of the tokens; this module's only
+behaviour before issue 40). The teacher runs on the same batch (same masks) as the student
+(`workbench.loop.TrainingHooks`: teacher, loss, and `initial` for the weights); the logits at
+unmasked positions come from the MLM head each pretrainer hands over in `extra["mlm_head"]`.
 
 The student of a BERT teacher is trained as the `distilbert` family (`STUDENT_FAMILY`): a
 `DistilBertForMaskedLM` (no token types, no pooler, masked LM only on `[CLS] block [SEP]`
@@ -51,11 +59,15 @@ STUDENT_FAMILY = {"bert": "distilbert"}  # the student's family where it is not 
 
 
 class TripleLoss:
-    """DistilBERT's loss (module docstring) over the outputs of two pretrainers: `extra["logits"]`
-    (masked positions) and `extra["hidden"]` (last layer), the student's `loss` being its MLM CE."""
+    """DistilBERT's loss (module docstring) over the outputs of two pretrainers: `extra["hidden"]`
+    (last layer), `extra["mlm_head"]` (hidden -> vocabulary logits), `extra["logits"]` (the head at
+    the masked positions), the student's `loss` being its MLM CE.
+
+    The soft-target term covers every non-pad token (the reference's default); with
+    `restrict_soft_loss_to_mask` only the masked positions (`--restrict_ce_to_mask`)."""
 
     def __init__(self, temperature: float = 2.0, alpha_ce: float = 5.0, alpha_mlm: float = 2.0,
-                 alpha_cos: float = 1.0, record: dict | None = None):
+                 alpha_cos: float = 1.0, record: dict | None = None, restrict_soft_loss_to_mask: bool = False):
         if not temperature > 0:
             raise ConfigError(f"distill: temperature must be > 0, got {temperature}")
         if min(alpha_ce, alpha_mlm, alpha_cos) < 0 or alpha_ce + alpha_mlm + alpha_cos == 0:
@@ -63,10 +75,23 @@ class TripleLoss:
                               f"{alpha_ce}, {alpha_mlm}, {alpha_cos}")
         self.temperature, self.alpha_ce, self.alpha_mlm, self.alpha_cos = (float(temperature), float(alpha_ce),
                                                                            float(alpha_mlm), float(alpha_cos))
+        self.restrict_soft_loss_to_mask = bool(restrict_soft_loss_to_mask)
         self.record = dict(record or {})
 
+    def soft_logits(self, student, batch, teacher) -> tuple[torch.Tensor, torch.Tensor]:
+        """(student, teacher) logits at the positions of the soft-target term, one row each: the
+        masked positions (what the pretrainers return) or every non-pad token (the MLM head applied
+        to the last hidden states there; the teacher's under no_grad, as its forward)."""
+        if self.restrict_soft_loss_to_mask:
+            return student.extra["logits"], teacher.extra["logits"]
+        keep = batch["attention_mask"].bool()
+        s = student.extra["mlm_head"](student.extra["hidden"][keep])
+        with torch.no_grad():
+            t = teacher.extra["mlm_head"](teacher.extra["hidden"][keep])
+        return s, t
+
     def __call__(self, student, batch, teacher) -> dict[str, torch.Tensor]:
-        ce = kl_to_teacher(student.extra["logits"], teacher.extra["logits"], self.temperature)
+        ce = kl_to_teacher(*self.soft_logits(student, batch, teacher), self.temperature)
         mlm = student.loss
         keep = batch["attention_mask"].bool()
         cos = (1 - F.cosine_similarity(student.extra["hidden"][keep].float(), teacher.extra["hidden"][keep].float(),
@@ -76,7 +101,8 @@ class TripleLoss:
 
     def describe(self) -> dict:
         return {"name": "distilbert_triple", "temperature": self.temperature, "alpha_ce": self.alpha_ce,
-                "alpha_mlm": self.alpha_mlm, "alpha_cos": self.alpha_cos, **self.record}
+                "alpha_mlm": self.alpha_mlm, "alpha_cos": self.alpha_cos,
+                "soft_loss_positions": "masked" if self.restrict_soft_loss_to_mask else "non_pad", **self.record}
 
 
 class TeacherLayers:
@@ -107,6 +133,12 @@ class OneSegmentTeacher(torch.nn.Module):
         super().__init__()
         self.teacher = teacher
 
+    @property
+    def config(self):
+        """The teacher's config: `TrainingHooks.describe` records its folder (`_name_or_path`) from
+        it, and the student's cost record adds the teacher's cost and forwards from that folder."""
+        return self.teacher.config
+
     def forward(self, input_ids, attention_mask, labels, **_):
         return self.teacher(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
                             token_type_ids=torch.zeros_like(input_ids))
@@ -129,6 +161,7 @@ class PretrainDistillConfig:
     alpha_ce: float = 5.0
     alpha_mlm: float = 2.0
     alpha_cos: float = 1.0
+    restrict_soft_loss_to_mask: bool = False       # true: soft-target term at the masked positions only (distiller.py's --restrict_ce_to_mask)
     heldout_batches: int = 32                      # fixed held-out batches for teacher and students
     device: str = "auto"
     progress: bool = True
@@ -271,7 +304,8 @@ def train_student(cfg: PretrainDistillConfig, depth: int, init: str, threads: in
     layers = student_layers(setup.teacher_depth, depth) if init == "teacher" else None
     record = {"teacher": str(setup.teacher_folder), "teacher_sha256": setup.teacher_hash, "init": init,
               "teacher_layers": layers, "depth": depth}
-    hooks = TrainingHooks(loss=TripleLoss(cfg.temperature, cfg.alpha_ce, cfg.alpha_mlm, cfg.alpha_cos, record),
+    hooks = TrainingHooks(loss=TripleLoss(cfg.temperature, cfg.alpha_ce, cfg.alpha_mlm, cfg.alpha_cos, record,
+                                          restrict_soft_loss_to_mask=cfg.restrict_soft_loss_to_mask),
                           teacher=setup.reader,
                           initial=TeacherLayers(setup.teacher.model, layers, record) if layers else None)
     return [str(f) for f in train_from_config(scfg, hooks=hooks)]
@@ -337,7 +371,8 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int = 1,
                                     cfg.heldout_batches, device)["loss"]
             extra = {"role": "student", "depth": depth, "init": init, "teacher": setup.teacher_name,
                      "teacher_layers": layers, "temperature": cfg.temperature, "alpha_ce": cfg.alpha_ce,
-                     "alpha_mlm": cfg.alpha_mlm, "alpha_cos": cfg.alpha_cos, "checkpoint": str(final),
+                     "alpha_mlm": cfg.alpha_mlm, "alpha_cos": cfg.alpha_cos,
+                     "soft_loss_positions": "masked" if cfg.restrict_soft_loss_to_mask else "non_pad", "checkpoint": str(final),
                      "teacher_loss": teacher_loss, "parameters": sum(p.numel() for p in student.model.parameters())}
             rows.append({**common, "family": setup.student_family_name, "model": checkpoint_name(final), "seed": seed,
                          "step": cfg.steps, "value": loss, "extra": extra})

@@ -102,7 +102,7 @@ FAMILY_POOLINGS = {
 }
 DEFAULT_POOLINGS = ("first", "encoder_mean")
 STATE_DIR = "resume"
-METHOD_OPTIONS = ("lora_r", "lora_alpha", "adapter_size", "prompt_tokens")
+METHOD_OPTIONS = ("lora_r", "lora_alpha", "adapter_size", "prompt_tokens", "lora_targets", "adapter_norms", "pooler")
 BEST_DIR = "best"
 
 
@@ -131,6 +131,9 @@ class FinetuneConfig:
     lora_alpha: float = 16.0              # lora: the update is scaled by alpha / r
     adapter_size: int = 64                # adapter: bottleneck width m
     prompt_tokens: int = 20               # prompt: number of trained input vectors
+    lora_targets: str = "qv"              # lora: qv (Hu et al.) | qkv (GPT-2: the whole fused c_attn)
+    adapter_norms: str = "train"          # adapter: train (Houlsby et al.) | frozen: the body's layer norms
+    pooler: str = "auto"                  # every method but full: BERT's pooler trains when not pretrained | train | frozen
     split_seed: int = 0
     dev_fraction: float = 0.1             # sentence tasks: fractions of the whole set
     test_fraction: float = 0.1
@@ -243,7 +246,8 @@ def method_options(cfg: FinetuneConfig):
 
 def method_record(cfg: FinetuneConfig) -> dict:
     """The method and the options it reads, as manifests and rows record them."""
-    keys = {"lora": ("lora_r", "lora_alpha"), "adapter": ("adapter_size",), "prompt": ("prompt_tokens",)}
+    keys = {"lora": ("lora_r", "lora_alpha", "lora_targets", "pooler"), "adapter": ("adapter_size", "adapter_norms", "pooler"),
+            "prompt": ("prompt_tokens", "pooler"), "head": ("pooler",), "bitfit": ("pooler",)}
     return {"method": cfg.method, **{k: getattr(cfg, k) for k in keys.get(cfg.method, ())}}
 
 
@@ -627,24 +631,30 @@ def _save_checkpoint(folder: Path, model, tokenizer, manifest: dict, method: dic
         write_model_folder(tmp, plain, tokenizer, {**manifest, "peft": {**method, **save_extra(tmp, record)}})
 
 
-def finetune_cost_basis(handle, family: str, train: Encoded, num_labels: int) -> dict:
-    """Training FLOPs per token of this fine-tuning (`workbench.cost.finetune_flops_per_token`, at
-    the train examples' mean length as the attention span; None when the body is not counted)."""
-    from workbench.cost import finetune_flops_per_token
+def finetune_cost_basis(handle, family: str, train: Encoded, num_labels: int, method: str = "full") -> dict:
+    """Training FLOPs per token of this fine-tuning with `method` (`workbench.cost.finetune_flops`:
+    each part's forward times the passes the method needs, at the train examples' mean length as
+    the attention span; None when the body is not counted). The method's own matrices (LoRA,
+    adapters) are added once they are attached (`workbench.cost.with_method_modules`)."""
+    from workbench.cost import finetune_flops
 
     mean_len = float(np.mean([len(x) for x in train.ids])) if train.ids else 0.0
-    fpt = finetune_flops_per_token(family, handle.model.config.to_dict(), max(1, round(mean_len)), num_labels)
-    return {"flops_per_token": fpt, "mean_train_length": mean_len}
+    flops = finetune_flops(family, handle.model.config.to_dict(), max(1, round(mean_len)), num_labels, method)
+    return {"flops_per_token": None if flops is None else flops["total"], "mean_train_length": mean_len,
+            "flops": flops}
 
 
-def finetune_cost(run: Prepared, meter, tokens: int, seconds: float, hooks: dict | None = None) -> dict:
-    """The fine-tuned checkpoint's `cost` record: own (FLOPs x tokens trained, device, energy) plus
-    the base checkpoint's total and a distillation teacher's (`workbench.cost.cost_record`)."""
-    from workbench.cost import cost_record, own_cost, teacher_folder
+def finetune_cost(run: Prepared, meter, tokens: int, seconds: float, hooks: dict | None = None,
+                  teacher_tokens: int | None = None) -> dict:
+    """The fine-tuned checkpoint's `cost` record: own (FLOPs x tokens trained, a distillation
+    teacher's forwards over `teacher_tokens` included; device, energy) plus the base checkpoint's
+    total and a distillation teacher's (`workbench.cost.cost_record`)."""
+    from workbench.cost import cost_record, finetune_cost_flops, own_cost, teacher_folder
 
     fpt = run.manifest_base["cost_basis"]["flops_per_token"]
+    flops = finetune_cost_flops(run.manifest_base["cost_basis"], tokens, teacher_folder(hooks), teacher_tokens)
     joules, source = meter.reading()
-    own = own_cost(flops=None if fpt is None else fpt * tokens, flops_per_token=fpt, tokens=tokens, seconds=seconds,
+    own = own_cost(flops=flops, flops_per_token=fpt, tokens=tokens, seconds=seconds,
                    device=meter.info, energy_joules=joules, energy_source=source, what=f"fine-tuning ({run.data.task})")
     return cost_record(own, run.checkpoint, teacher=teacher_folder(hooks))
 
@@ -700,13 +710,14 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
         return SeedResult(**json.loads(done.read_text(encoding="utf-8")))
     # ---- setup: model under a fresh head, what trains, optimizer, schedule, resume
     t0 = time.time()
-    from workbench.cost import EnergyMeter, device_info
+    from workbench.cost import EnergyMeter, device_info, teacher_tokens, with_method_modules
 
     metric = run.data.metric
     torch.manual_seed(seed)
     model = build_classifier(run.checkpoint, run.family, run.data.kind, run.pooling, run.data.label_names,
                              run.pad_id)
     trainable = apply_param_filter(model, trainable_filter(cfg, model, hooks))
+    run.manifest_base["cost_basis"] = with_method_modules(run.manifest_base["cost_basis"], model)  # LoRA, adapters
     model.to(run.device)
     method = method_record(cfg)
     optimizer = adamw(model.named_parameters(), cfg.lr, cfg.weight_decay)
@@ -788,7 +799,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
             loop["term_sums"] = {}
         ck_manifest = {**manifest, "epoch": epoch, "step": loop["step"], f"dev_{metric}": acc,
                        "cost": finetune_cost(run, meter, loop.get("tokens", 0), seconds_before + time.time() - t0,
-                                             manifest.get("hooks"))}
+                                             manifest.get("hooks"), teacher_tokens(hooks.teacher, loop.get("tokens", 0), epoch))}
         if cfg.keep_epoch_checkpoints:
             _save_checkpoint(step_dir(out, loop["step"]), model, run.tokenizer, ck_manifest, method)
         if acc > loop["best"]:
@@ -975,7 +986,8 @@ def prepare(cfg: FinetuneConfig, data: TaskData | None = None, hooks: TrainingHo
     }
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
-    manifest_base["cost_basis"] = finetune_cost_basis(handle, family, enc["train"], len(data.label_names))
+    manifest_base["cost_basis"] = finetune_cost_basis(handle, family, enc["train"], len(data.label_names),
+                                                      "head" if cfg.freeze_body else cfg.method)
     return Prepared(name, folder, path, model_name, device, family, pooling, handle.tokenizer, handle.pad_id, data, splits,
                     enc["train"], enc["dev"], enc["test"], manifest_base)
 

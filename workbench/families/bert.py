@@ -316,8 +316,9 @@ class BertPretrainer(PretrainingWrapper):
             terms["nsp_acc"] = (logits.argmax(-1) == next_sentence_label).float().mean().detach()
             loss = loss + nsp
         # what a distillation loss reads (workbench.distill_pretraining): the logits at the masked
-        # positions and the last hidden states
-        return PretrainingOutput(loss=loss, loss_terms=terms, extra={"logits": logits, "hidden": out.last_hidden_state})
+        # positions, the last hidden states and the MLM head (for logits at every other position)
+        return PretrainingOutput(loss=loss, loss_terms=terms, extra={"logits": logits, "hidden": out.last_hidden_state,
+                                                                    "mlm_head": self.model.cls.predictions})
 
     def unused_parameters(self, objective: dict) -> list[torch.nn.Parameter]:
         """Parameters the objective never trains: without NSP, the pooler and the NSP classifier."""

@@ -96,11 +96,13 @@ class DebertaPretrainer(PretrainingWrapper):
             check_position_ids(self.model.config, position_ids)
         hidden = self.model.deberta(input_ids=input_ids, attention_mask=attention_mask,
                                     token_type_ids=token_type_ids, position_ids=position_ids).last_hidden_state
-        logits = masked_lm_logits(lambda h: deberta_mlm_logits(self.model, h), hidden, labels)
+        head = lambda h: deberta_mlm_logits(self.model, h)  # noqa: E731
+        logits = masked_lm_logits(head, hidden, labels)
         mlm = F.cross_entropy(logits.float(), labels[labels != IGNORE_INDEX])
-        # the logits at the masked positions and the last hidden states ride along for a
-        # distillation loss (workbench.distill_pretraining)
-        return PretrainingOutput(loss=mlm, loss_terms={"mlm": mlm.detach()}, extra={"logits": logits, "hidden": hidden})
+        # the logits at the masked positions, the last hidden states and the MLM head ride along for
+        # a distillation loss (workbench.distill_pretraining)
+        return PretrainingOutput(loss=mlm, loss_terms={"mlm": mlm.detach()},
+                                 extra={"logits": logits, "hidden": hidden, "mlm_head": head})
 
 
 def check_position_ids(config, position_ids: torch.Tensor) -> None:

@@ -159,7 +159,8 @@ class DistilBertPretrainer(PretrainingWrapper):
         hidden = self.model.distilbert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         logits = bert.masked_lm_logits(self.mlm_head, hidden, labels)
         mlm = F.cross_entropy(logits.float(), labels[labels != IGNORE_INDEX])
-        return PretrainingOutput(loss=mlm, loss_terms={"mlm": mlm.detach()}, extra={"logits": logits, "hidden": hidden})
+        return PretrainingOutput(loss=mlm, loss_terms={"mlm": mlm.detach()},
+                                 extra={"logits": logits, "hidden": hidden, "mlm_head": self.mlm_head})
 
 
 def build_model(model_config: dict, tokenizer) -> DistilBertPretrainer:
