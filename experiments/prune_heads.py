@@ -1,18 +1,27 @@
 """Good, random and bad head pruning of a fine-tuned classifier (Michel et al. 2019; Prasanna et al. 2020).
 
 For each seed: fine-tune CHECKPOINT on sentence_polarity (`workbench.finetune.run_finetune`), then
-prune its heads iteratively (`workbench.compress.heads.iterative_pruning`: 10% of the remaining
-heads per step, importance recomputed on the masked model from `--importance-examples` training
-sentences, dev accuracy after each step) in three orders: "good" (least important first),
-"random" and "bad" (most important first). The number of heads prunable at 90% of the full
-model's dev accuracy is the last step at or above that line. With `--refinetune`, the three
-subnetworks of the size the "good" order reached are applied as masks to the *pretrained* model
-(a derived checkpoint whose manifest records the heads kept) and fine-tuned again with the mask
-kept through training (Prasanna et al.'s re-fine-tuned good / random / bad subnetworks).
+prune its heads iteratively (`workbench.compress.heads.iterative_pruning`: 10% of all heads per
+step, `--step-of total`, as in Michel et al.'s and Prasanna et al.'s code; `--step-of remaining`:
+10% of the heads still present, the earlier variant; importance recomputed on the masked model
+from `--importance-examples` training sentences, dev accuracy after each step) in three orders:
+"good" (least important first), "random" and "bad" (most important first). The number of heads
+prunable at 90% of the full model's dev accuracy is the last step at or above that line.
 
-Writes `<out>/prune_heads.json` (every curve with each step's mask, prunable counts, test accuracy
-of each threshold subnetwork, re-fine-tuned accuracies; `prune_heads.partial.json` after each
-seed, kept if a time limit cuts the run), results-store rows (run name prune-heads) and a summary. CPU:
+The three subnetworks compared (`--subnetworks equal_size`, the default: Prasanna et al.'s
+comparison): "good" is the good order's mask at the threshold; "random" and "bad" have its size:
+random = as many heads drawn uniformly, bad = drawn from the heads the good procedure pruned
+(topped up from the good ones when too few were pruned; `heads.equal_size_subnetwork`). Each
+subnetwork's dev and test accuracy is measured on the fine-tuned model. `--subnetworks threshold`:
+each order's own mask where its curve crosses the threshold (the earlier comparison). With
+`--refinetune`, the three subnetworks are applied as masks to the *pretrained* model (a derived
+checkpoint whose manifest records the heads kept) and fine-tuned again with the mask kept through
+training (Prasanna et al.'s re-fine-tuned good / random / bad subnetworks).
+
+Writes `<out>/prune_heads.json` (every curve with each step's mask, prunable counts, each
+subnetwork with its mask and accuracies, re-fine-tuned accuracies; `prune_heads.partial.json` after
+each seed, kept if a time limit cuts the run), results-store rows (run name prune-heads) and a
+summary. A bad option value is one line on stderr and exit 2, before any work. CPU:
 
     python experiments/prune_heads.py sentence-transformers/all-MiniLM-L6-v2 --seeds 0 --train 1000 \\
         --eval 300 --epochs 2 --lr 1e-4 --importance-examples 128 --threads 1 --out /tmp/prune-heads
@@ -24,14 +33,15 @@ GPU: see docs/pruning.md (the whole task, 3 seeds, `--to-end --refinetune`). Wit
     python experiments/prune_heads.py sentence-transformers/all-MiniLM-L6-v2 \
         --recipe experiments/prune/minilm_polarity_cpu3.yaml --seeds 0 1 2 --importance-examples 128 --refinetune
 
-With `--refinetune` (and without `--to-end`) the random and bad curves are pruned on through the
-step where "good" stopped, so the three re-fine-tuned subnetworks have the same number of heads.
+With `--subnetworks threshold --refinetune` (and without `--to-end`) the random and bad curves are
+pruned on through the step where "good" stopped, and their masks at that step are re-fine-tuned
+(the earlier equal-size comparison, by order rather than by Prasanna et al.'s construction).
 
-The `bertology prune` sweep runs the same curves (methods heads_good / heads_random / heads_bad,
-`workbench.compress.heads.classifier_curve`, every step a masked checkpoint); this script is kept
-for what the sweep does not do: Prasanna et al.'s re-fine-tuning of the good / random / bad
-subnetworks from the *pretrained* weights (`--refinetune`), and the three curves of one
-fine-tuning in one report (prune_heads.json).
+The `bertology prune` sweep runs the same curves and subnetworks (methods heads_good / heads_random
+/ heads_bad, `workbench.compress.heads.classifier_curve`, every step a masked checkpoint); this
+script is kept for what the sweep does not do: Prasanna et al.'s re-fine-tuning of the good /
+random / bad subnetworks from the *pretrained* weights (`--refinetune`), and the three curves of
+one fine-tuning in one report (prune_heads.json).
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -61,48 +72,67 @@ def _mean_sd(values):
     return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0, "values": v.tolist()}
 
 
+def head_settings(args) -> H.HeadPruningSettings:
+    """The pruning settings of the flags, checked (a bad value is one `ConfigError`)."""
+    return H.load_settings({"importance_examples": args.importance_examples, "run_to_end": args.to_end,
+                            "step_of": args.step_of, "subnetworks": args.subnetworks}, "prune_heads.py")
+
+
 def prune_seed(model, run, args, seed: int) -> dict:
-    """The three orders' curves for one fine-tuned model, and the test accuracy at each threshold."""
+    """The three orders' curves for one fine-tuned model, each order's subnetwork (`--subnetworks`)
+    and its dev and test accuracy."""
     bs = args.batch_size
-    settings = H.HeadPruningSettings(importance_examples=args.importance_examples, run_to_end=args.to_end)
+    settings = head_settings(args)
     shape = H.head_shape(model)
 
     def accuracy(kept, enc=run.dev) -> float:
         return H.masked_accuracy(model, enc, kept, run.pad_id, bs)
 
-    out = {}
-    for order in H.ORDERS:  # "good" first: with --refinetune the other orders prune at least as far
+    out, curves = {}, {}
+    for order in H.ORDERS:  # "good" first: the other orders' subnetworks are sized by it
         t0 = time.time()
-        min_steps = out["good"]["threshold_step"] if args.refinetune and order != "good" else 0
-        curve = H.classifier_curve(model, run, order, settings, seed, bs, min_steps=min_steps)
+        old_refinetune = args.refinetune and settings.subnetworks == "threshold" and order != "good"
+        min_steps = out["good"]["threshold_step"] if old_refinetune else 0
+        curve = curves[order] = H.classifier_curve(model, run, order, settings, seed, bs, min_steps=min_steps)
         rec = curve.record()
-        best = curve.steps[curve.threshold_step].heads_kept
-        rec["test_accuracy_at_threshold"] = accuracy(best, run.test)
+        sub = H.order_subnetwork(curves, order, seed, settings.subnetworks)
+        sub_dev = accuracy(sub.heads_kept) if np.isnan(sub.metric) else sub.metric
+        rec["subnetwork"] = {"kind": settings.subnetworks if order != "good" else "threshold", "step": sub.step,
+                             "n_removed": sub.n_removed, "heads_kept": sub.heads_kept.astype(bool).tolist(),
+                             "dev": sub_dev, "test": accuracy(sub.heads_kept, run.test)}
+        rec["test_accuracy_at_threshold"] = accuracy(curve.steps[curve.threshold_step].heads_kept, run.test)
         rec["rows"] = H.curve_rows(curve, model=args.checkpoint, family=run.family, seed=seed, task="sentence_polarity",
-                                   test_at_threshold=rec["test_accuracy_at_threshold"])
+                                   test_at_threshold=rec["subnetwork"]["test"], subnetwork=sub,
+                                   subnetwork_kind=rec["subnetwork"]["kind"])
         rec["test_accuracy_full"] = accuracy(np.ones(shape, bool), run.test)
         rec["seconds"] = round(time.time() - t0, 1)
         out[order] = rec
         print(f"seed {seed} {order:6s}: full dev {curve.full:.3f}; {curve.prunable}/{int(np.prod(shape))} heads "
               f"prunable at {curve.threshold:.0%} (dev {curve.steps[curve.threshold_step].metric:.3f}, "
               f"test {rec['test_accuracy_at_threshold']:.3f} vs full {rec['test_accuracy_full']:.3f}); "
-              f"{rec['seconds']} s", flush=True)
+              f"subnetwork ({rec['subnetwork']['kind']}, {sub.n_removed} removed): dev {sub_dev:.3f} "
+              f"test {rec['subnetwork']['test']:.3f}; {rec['seconds']} s", flush=True)
     return out
 
 
 def refinetune(args, base_cfg: dict, curves: dict, seed: int) -> dict:
-    """Re-fine-tune the pretrained model under each order's mask of the size "good" reached (the
-    random and bad curves were pruned at least that far, `prune_seed`; with the base recipe)."""
+    """Re-fine-tune the pretrained model under each order's subnetwork of the size "good" reached
+    (`--subnetworks equal_size`: Prasanna et al.'s random and bad subnetworks; `threshold`: the
+    random and bad curves' masks at that step, `prune_seed` pruned them that far), with the base
+    recipe."""
     from workbench.models import ModelHandle
 
     step = curves["good"]["threshold_step"]
     base = ModelHandle.load(args.checkpoint)
-    res = {"step": step, "n_removed": curves["good"]["steps"][step]["n_removed"]}
+    res = {"step": step, "n_removed": curves["good"]["steps"][step]["n_removed"], "subnetworks": args.subnetworks}
     for order in H.ORDERS:
-        steps = curves[order]["steps"]
-        kept = np.asarray(steps[min(step, len(steps) - 1)]["heads_kept"], bool)
-        if min(step, len(steps) - 1) != step:  # the order stopped early: its mask at the nearest step
-            res[f"{order}_note"] = f"curve ended at step {len(steps) - 1}"
+        if args.subnetworks == "equal_size":  # Prasanna et al.'s subnetworks, all of the good one's size
+            kept = np.asarray(curves[order]["subnetwork"]["heads_kept"], bool)
+        else:  # the earlier comparison: each order's curve at the step "good" reached
+            steps = curves[order]["steps"]
+            kept = np.asarray(steps[min(step, len(steps) - 1)]["heads_kept"], bool)
+            if min(step, len(steps) - 1) != step:  # the order stopped early: its mask at the nearest step
+                res[f"{order}_note"] = f"curve ended at step {len(steps) - 1}"
         # the masked pretrained model, a derived checkpoint named by what it holds (parent and mask)
         key = hashlib.sha256(json.dumps([str(args.checkpoint), kept.tolist()]).encode()).hexdigest()[:12]
         folder = runs_root() / "prune_heads" / "masked" / f"seed-{seed}-{order}-{key}"
@@ -185,6 +215,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--lr", type=float, default=None, help=f"default {FLAG_DEFAULTS['lr']}")
     ap.add_argument("--importance-examples", type=int, default=512)
     ap.add_argument("--to-end", action="store_true", help="prune every order down to zero heads (full curves)")
+    ap.add_argument("--step-of", default="total", help="what each step's 10%% is a share of: total (all heads, "
+                    "the papers' schedule; default) or remaining (the heads still present, the earlier variant)")
+    ap.add_argument("--subnetworks", default="equal_size", help="equal_size (random and bad subnetworks of the "
+                    "good one's size, Prasanna et al.; default) or threshold (each order's own threshold mask)")
     ap.add_argument("--refinetune", action="store_true")
     ap.add_argument("--refinetune-epochs", type=int, default=None, help="epochs of each re-fine-tuning (default --epochs)")
     ap.add_argument("--device", default="auto")
@@ -192,11 +226,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/prune_heads"),
                     help="where prune_heads.json goes (checkpoints go under the runs root, $BERTOLOGY_RUNS)")
     args = ap.parse_args(argv)
+    try:  # every setting checked before any work: one line and exit 2
+        head_settings(args)
+        base_cfg = recipe(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
 
-    base_cfg = recipe(args)
     cfg = load_finetune_config({**base_cfg, "name": "prune-heads-base"})
     args.batch_size, args.epochs = cfg.batch_size, cfg.epochs
     fine = run_finetune(cfg)
@@ -214,7 +253,11 @@ def main(argv=None) -> dict:
     report["summary"] = {order: {"prunable": _mean_sd([report["seeds"][s]["curves"][order]["prunable"]
                                                         for s in report["seeds"]]),
                                  "test_at_threshold": _mean_sd([report["seeds"][s]["curves"][order]["test_accuracy_at_threshold"]
-                                                                for s in report["seeds"]])}
+                                                                for s in report["seeds"]]),
+                                 "subnetwork_test": _mean_sd([report["seeds"][s]["curves"][order]["subnetwork"]["test"]
+                                                              for s in report["seeds"]]),
+                                 "subnetwork_heads_removed": _mean_sd([report["seeds"][s]["curves"][order]["subnetwork"]["n_removed"]
+                                                                       for s in report["seeds"]])}
                          for order in H.ORDERS}
     report["summary"]["full_test"] = _mean_sd([report["seeds"][s]["curves"]["good"]["test_accuracy_full"]
                                                for s in report["seeds"]])

@@ -275,8 +275,31 @@ def test_masked_handle_is_a_derived_checkpoint_that_opens_in_plain_transformers(
 # ---------------------------------------------------------------------------- iterative procedure
 
 
-def test_heads_to_remove_is_ten_percent_of_the_remaining_at_least_one():
+def test_heads_to_remove_is_ten_percent_of_the_total_or_of_the_remaining_at_least_one():
+    assert [H.heads_to_remove(n, 0.1, total=144) for n in (144, 130, 18, 4, 1)] == [14, 14, 14, 4, 1]
     assert [H.heads_to_remove(n, 0.1) for n in (72, 65, 19, 10, 9, 1)] == [7, 6, 1, 1, 1, 1]
+    assert H.heads_to_remove(100, 0.29, total=100) == 29  # 0.29 x 100 is 28.999999999999996 in floats
+
+
+def test_the_schedule_removes_ten_percent_of_all_heads_per_step_as_in_the_papers_code():
+    """Michel et al.'s run_bertology and Prasanna et al.'s code: int(0.1 x 144) = 14 heads of
+    BERT-base's 12 x 12 per step, 14, 28, 42, ...; `step_of="remaining"` is the earlier variant,
+    10% of the heads still present (14, 27, 38, 48, 57, ...)."""
+    value, metric = _planted(shape=(12, 12))
+    for order in H.ORDERS:
+        curve = H.iterative_pruning(value.shape, metric, lambda k: value, order=order, run_to_end=True)
+        assert [s.n_removed for s in curve.steps] == [0, 14, 28, 42, 56, 70, 84, 98, 112, 126, 140, 144]
+    remaining = H.iterative_pruning(value.shape, metric, lambda k: value, order="good", run_to_end=True,
+                                    step_of="remaining")
+    assert [s.n_removed for s in remaining.steps][:8] == [0, 14, 27, 38, 48, 57, 65, 72]
+    assert remaining.steps[-1].n_removed == 144
+    # the settings carry it to the sweep and the script: total unless told
+    assert H.HeadPruningSettings().step_of == "total"
+    assert H.load_settings({"step_of": "remaining"}, "x.yaml").step_of == "remaining"
+    # MLPs with units "both": 10% of 12 layers is one MLP per step, alongside 14 heads
+    both = H.iterative_pruning(value.shape, lambda k, m: metric(k), lambda k, m: (value, value.sum(1)), order="good",
+                               units="both", run_to_end=True)
+    assert [s.n_removed for s in both.steps][:3] == [0, 14, 28] and [s.n_mlps_removed for s in both.steps][:3] == [0, 1, 2]
 
 
 def _planted(shape=(3, 10), seed=0):
@@ -298,9 +321,9 @@ def test_good_order_prunes_least_important_first_and_stops_below_the_threshold()
         return value
 
     curve = H.iterative_pruning(value.shape, metric, importance, order="good", threshold=0.9)
-    # the schedule: 30 heads, 10% of those left per step, at least one
+    # the schedule: 30 heads, 10% of all of them per step
     removed = [s.n_removed for s in curve.steps]
-    assert removed[:4] == [0, 3, 5, 7]
+    assert removed[:4] == [0, 3, 6, 9]
     # each step removed exactly the least valuable heads still present
     order = np.argsort(value.reshape(-1), kind="stable")
     for s in curve.steps:
@@ -348,6 +371,120 @@ def test_min_steps_prunes_past_the_threshold_to_the_good_orders_size():
     assert [s.n_removed for s in same.steps] == [s.n_removed for s in good.steps]
 
 
+def _sizes_and_parts(sub, good):
+    return int(sub.sum()), int((sub & ~good).sum()), int((sub & good).sum())
+
+
+@pytest.mark.parametrize("keep", [3, 10, 15, 22, 27])
+def test_random_and_bad_subnetworks_have_the_good_ones_size_and_bad_is_built_from_the_pruned(keep):
+    """Prasanna et al. (2020): the random and bad subnetworks have as many heads as the good one;
+    bad is drawn from the heads the good procedure pruned, topped up from the good ones only when
+    fewer were pruned than kept (the authors' mask mode "bad")."""
+    rng = np.random.default_rng(keep)
+    good = np.zeros(30, bool)
+    good[rng.permutation(30)[:keep]] = True
+    good = good.reshape(3, 10)
+    pruned = 30 - keep
+    for seed in (0, 1):
+        random = H.equal_size_subnetwork(good, "random", seed)
+        bad = H.equal_size_subnetwork(good, "bad", seed)
+        assert random.shape == bad.shape == good.shape
+        assert random.sum() == bad.sum() == keep
+        n, from_pruned, from_good = _sizes_and_parts(bad, good)
+        if pruned >= keep:  # only pruned heads
+            assert (from_pruned, from_good) == (keep, 0)
+        else:  # every pruned head, the rest from the good subnetwork
+            assert (from_pruned, from_good) == (pruned, keep - pruned)
+        # seeded: the same draw again
+        assert np.array_equal(H.equal_size_subnetwork(good, "bad", seed), bad)
+        assert np.array_equal(H.equal_size_subnetwork(good, "random", seed), random)
+    assert np.array_equal(H.equal_size_subnetwork(good, "good", 0), good)
+    # the random subnetwork is drawn from all heads: over seeds it takes pruned and kept ones alike
+    draws = np.stack([H.equal_size_subnetwork(good, "random", s) for s in range(400)])
+    share = draws.mean(0)
+    assert abs(share[good].mean() - keep / 30) < 0.03 and abs(share[~good].mean() - keep / 30) < 0.03
+
+
+def test_each_orders_subnetwork_at_equal_size_or_at_its_own_threshold():
+    value, metric = _planted()
+    curves = {o: H.iterative_pruning(value.shape, metric, lambda k: value, order=o, seed=2, threshold=0.9)
+              for o in H.ORDERS}
+    best = curves["good"].steps[curves["good"].threshold_step]
+    assert curves["bad"].prunable < curves["good"].prunable  # the bad order stops far sooner
+    for order in H.ORDERS:
+        sub = H.order_subnetwork(curves, order, seed=2)
+        assert sub.n_removed == best.n_removed and sub.heads_kept.sum() == best.heads_kept.sum()
+        assert sub.step == best.step
+        own = H.order_subnetwork(curves, order, seed=2, how="threshold")
+        assert own.n_removed == curves[order].prunable
+    bad = H.order_subnetwork(curves, "bad", seed=2)
+    # good removed 12 of 30 and kept 18: bad holds all 12 it removed and 6 of the heads it kept
+    assert (best.n_removed, int(best.heads_kept.sum())) == (12, 18)
+    assert _sizes_and_parts(bad.heads_kept, best.heads_kept) == (18, 12, 6)
+    # MLPs (units "both"): each pool sized by the good mask's own count
+    both = {o: H.iterative_pruning(value.shape, lambda k, m: metric(k) * (0.5 + m.mean() / 2),
+                                   lambda k, m: (value, np.array([1.0, 2.0, 3.0])), order=o, units="both", threshold=0.8)
+            for o in H.ORDERS}
+    gb = both["good"].steps[both["good"].threshold_step]
+    for order in ("random", "bad"):
+        sub = H.order_subnetwork(both, order, seed=0)
+        assert sub.heads_kept.sum() == gb.heads_kept.sum() and sub.mlps_kept.sum() == gb.mlps_kept.sum()
+    with pytest.raises(ConfigError, match="subnetworks 'same'"):
+        H.order_subnetwork(curves, "bad", 0, how="same")
+
+
+def _script():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("prune_heads_script", root / "experiments" / "prune_heads.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+@pytest.mark.parametrize("how", ["equal_size", "threshold"])
+def test_the_scripts_three_subnetworks_on_planted_curves(how, monkeypatch):
+    """experiments/prune_heads.py: with --subnetworks equal_size every order's subnetwork has the
+    good one's size (bad from the heads good pruned), and those are the masks its rows and the
+    re-fine-tuning use; with threshold, each order's own threshold mask."""
+    from types import SimpleNamespace
+
+    script = _script()
+    value = np.array([[0.01, 0.02, 0.03, 0.04], [0.3, 0.5, 0.8, 1.0]])  # the tiny BERT's 2 x 4 heads
+
+    def curve(model, run, order, settings, seed, bs, min_steps=0):
+        return H.iterative_pruning(value.shape, lambda k: float((value * k).sum() / value.sum()), lambda k: value,
+                                   order=order, threshold=0.9, seed=seed, step_of=settings.step_of, min_steps=min_steps)
+
+    monkeypatch.setattr(H, "classifier_curve", curve)
+    monkeypatch.setattr(H, "masked_accuracy",
+                        lambda model, enc, kept, pad, bs, mlps=None: float((value * kept).sum() / value.sum()))
+    args = SimpleNamespace(batch_size=4, importance_examples=8, to_end=False, step_of="total", subnetworks=how,
+                           refinetune=False, checkpoint="tiny")
+    run = SimpleNamespace(dev="dev", test="test", pad_id=0, family="bert")
+    out = script.prune_seed(_tiny("bert"), run, args, seed=0)
+    good = np.array(out["good"]["subnetwork"]["heads_kept"])
+    # good: 10% of 8 heads is one per step; the 4 small heads go (0.96 of the value), the 0.3 head would leave 0.86
+    assert out["good"]["prunable"] == 4 and good.tolist() == [[False] * 4, [True] * 4]
+    for order in ("random", "bad"):
+        sub = out[order]["subnetwork"]
+        kept = np.array(sub["heads_kept"])
+        rows = [r for r in out[order]["rows"] if r["metric"] == "head_kept"]
+        assert np.array_equal(np.array([r["value"] for r in rows]).reshape(2, 4), kept.astype(float))
+        assert {r["extra"]["subnetwork"] for r in rows} == {how}
+        assert sub["dev"] == pytest.approx((value * kept).sum() / value.sum())
+        if how == "equal_size":
+            assert kept.sum() == 4 and sub["n_removed"] == 4
+        else:
+            assert sub["n_removed"] == out[order]["prunable"]
+    if how == "equal_size":  # 4 pruned, 4 kept: bad is exactly the pruned heads
+        assert np.array_equal(np.array(out["bad"]["subnetwork"]["heads_kept"]), ~good)
+    else:  # the bad order falls under the line at its first step: its subnetwork is the full model
+        assert np.array(out["bad"]["subnetwork"]["heads_kept"]).all()
+
+
 def test_prune_heads_recipe_is_the_sweeps_so_the_full_models_are_shared(tmp_path):
     """experiments/prune_heads.py --recipe takes the sweep config's finetune: mapping: the same
     training hash as `bertology prune` (so the sweep's full/seed-S folders resume), and the
@@ -388,6 +525,20 @@ def test_bad_settings_are_one_clear_error():
         H.iterative_pruning((3, 10), metric, None, order="random", fraction=1.2)
     with pytest.raises(ConfigError, match="needs an importance"):
         H.iterative_pruning((3, 10), metric, None, order="good")
+    with pytest.raises(ConfigError, match="step_of 'left'"):
+        H.iterative_pruning((3, 10), metric, None, order="random", step_of="left")
+
+
+def test_the_scripts_bad_option_values_are_one_line_and_exit_2_before_any_work(tmp_path, capsys, monkeypatch):
+    script = _script()
+    monkeypatch.setattr(script, "run_finetune", lambda *a, **k: pytest.fail("work started"))
+    for flag, message in ((["--step-of", "left"], "step_of: 'left' is not one of total, remaining"),
+                          (["--subnetworks", "same"], "subnetworks: 'same' is not one of equal_size, threshold")):
+        with pytest.raises(SystemExit) as stop:
+            script.main(["tiny", *flag, "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err.strip()
+        assert stop.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------------------ rows and the view
@@ -431,6 +582,8 @@ def test_settings_coerce_and_refuse_bad_values_naming_the_key():
                             ({"fraction": 1.2}, r"prune.yaml: fraction: 1.2 is not in \(0, 1\]"),
                             ({"threshold": 0}, r"prune.yaml: threshold: 0.0 is not in \(0, 1\]"),
                             ({"importance_examples": 0}, "prune.yaml: importance_examples"),
+                            ({"step_of": "left"}, r"prune.yaml: step_of: 'left' is not one of total, remaining"),
+                            ({"subnetworks": "same"}, r"prune.yaml: subnetworks: 'same' is not one of equal_size, threshold"),
                             ({"fractoin": 0.1}, r"prune.yaml: unknown key\(s\) \['fractoin'\] \(did you mean 'fraction'"),
                             ({"remove": [[0, 1, 2]]}, "prune.yaml: remove: ")]:
         with pytest.raises(ConfigError, match=message):

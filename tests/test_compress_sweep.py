@@ -128,9 +128,10 @@ def test_masked_weights_stay_zero_and_kept_ones_train(sweep):
         assert all(bool((params[n][~m] == 0).all()) for n, m in masks.items())
         # the survivors did train: not all of them are still at their (masked) start values
         assert sum(int((params[n][m] != 0).sum()) for n, m in masks.items()) == p["nonzero_prunable"]
-    # the prunable set: the six dense matrices of each of the 2 blocks, nothing else
+    # the prunable set: the six dense matrices of each of the 2 blocks and the pooler (Chen et al.)
     names = list(load_masks(_point(result, "imp", 0.1, 0)["checkpoint"]))
-    assert len(names) == 12 and all(".encoder.layer." in n for n in names)
+    assert len(names) == 13 and all(".encoder.layer." in n for n in names[:-1])
+    assert names[-1] == "bert.pooler.dense.weight"
 
 
 def test_rewinding_restores_every_kept_weight_bit_exactly():
@@ -175,8 +176,9 @@ def test_rows_wins_and_post_hoc_points(sweep):
     assert q1["bits"] == 1 and q1["sparsity_measured"] == 0.0
     lr = _point(result, "lowrank", 4, 0)
     lm = _point(result, "lowrank_magnitude", 4, 0)
-    # equal parameter counts: each 32x32 matrix r(m+n)=256 of 1024, each 32x64 / 64x32 384 of 2048
-    assert lm["nonzero_prunable"] == 2 * (4 * 256 + 2 * 384)
+    # equal parameter counts: each 32x32 matrix r(m+n)=256 of 1024, each 32x64 / 64x32 384 of 2048;
+    # the pooler (32x32, in the prunable set) is not factorised by lowrank, so not pruned by its twin
+    assert lm["nonzero_prunable"] == 2 * (4 * 256 + 2 * 384) + 32 * 32
     assert lr["sparsity_measured"] == 0.0
 
 
@@ -208,6 +210,9 @@ def test_a_rerun_resumes_every_point_without_training(sweep, monkeypatch):
     ({"sparsities": [0.25]}, "sparsities[0]: 0.25 is not a multiple of imp_step 0.1"),
     ({"methods": ["reinit"]}, "methods: reinit uses IMP's masks"),
     ({"sparsity": [0.5]}, "unknown key(s) ['sparsity'] (did you mean 'sparsities'?)"),
+    ({"rewind_schedule": "resume"}, "rewind_schedule: must be one of continue, restart, got 'resume'"),
+    ({"quantize_scheme": "q8bit"}, "quantize_scheme: must be one of per_channel, q8bert, got 'q8bit'"),
+    ({"include_pooler": "maybe"}, "include_pooler: expected true/false, got 'maybe'"),
 ])
 def test_bad_configs_are_one_line_and_exit_2_before_any_work(tmp_path, change, message, capsys):
     from app.cli import main
@@ -273,6 +278,67 @@ def test_rewinding_to_an_early_fine_tuning_step(pretrained, tmp_path):
     assert p["rewind_step"] == 2
     manifest = json.loads((Path(p["checkpoint"]) / "manifest.json").read_text())
     assert manifest["derived_from"]["params"]["rewind_step"] == 2
+
+
+def _recorded_training(monkeypatch):
+    """(step, learning rate, batch checksum) of every optimizer step of every fine-tuning, in order."""
+    import workbench.finetune as finetune
+
+    steps, batches = [], []
+    real_step, real_terms = finetune.optimizer_step, finetune.loss_terms
+
+    def step(model, optimizer, scheduler, clip, hooks, n):
+        steps.append((n, real_step(model, optimizer, scheduler, clip, hooks, n)))
+        return steps[-1][1]
+
+    def terms(model, batch, *a, **kw):
+        batches.append(int((batch["input_ids"] * batch["attention_mask"]).sum()))
+        return real_terms(model, batch, *a, **kw)
+
+    monkeypatch.setattr(finetune, "optimizer_step", step)
+    monkeypatch.setattr(finetune, "loss_terms", terms)
+    return lambda: [(n, lr, b) for (n, lr), b in zip(steps, batches)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["continue", "restart"])
+def test_retraining_from_a_rewind_step_continues_the_schedule(pretrained, tmp_path, monkeypatch, schedule):
+    """rewind_step k (Frankle et al. 2020): with `continue` the ticket retrains the full run's steps
+    k+1..T, at the full run's learning rates (warm-up and decay at step k) and on its batches, as
+    open_lth's train(start_step=k) does; `restart` (the old behaviour) trains steps 1..T from the
+    schedule's start. Two epochs, warm-up half the steps, k = 5 (inside the second epoch)."""
+    record = _recorded_training(monkeypatch)
+    k = 5
+    cfg, ft = _config(pretrained, tmp_path / "sweep", methods=["oneshot", "random"], sparsities=[0.2], rewind_step=k,
+                      rewind_schedule=schedule,
+                      finetune={**FT, "checkpoint": str(pretrained), "seeds": [0], "epochs": 2, "warmup": 0.5})
+    result = run_prune(cfg, ft, store=ResultsStore(tmp_path / "runs"))
+    seen = record()
+    total = next(i for i in range(1, len(seen)) if seen[i][0] != seen[i - 1][0] + 1)  # the full run's steps
+    full, retrained = seen[:total], seen[total:]
+    assert [n for n, _, _ in full] == list(range(1, total + 1)) and total > k + 1
+    lrs = [lr for _, lr, _ in full]
+    assert lrs[0] < max(lrs) and lrs[-1] < max(lrs)  # a warm-up, then a decay
+    expected = full[k:] if schedule == "continue" else full
+    assert retrained == expected * 2  # oneshot, then random: the same steps, rates and batches
+    for method in ("oneshot", "random"):
+        p = _point(result, method, 0.2, 0)
+        assert p["rewind_step"] == k and p["from_step"] == (k if schedule == "continue" else 0)
+        assert p["sparsity_measured"] == pytest.approx(0.2, abs=0.5 / p["prunable"])
+
+
+@pytest.mark.slow
+def test_a_rewind_step_past_the_fine_tuning_is_one_line_and_exit_2(pretrained, tmp_path, capsys):
+    from app.cli import main
+
+    path = tmp_path / "late.yaml"
+    path.write_text(yaml.safe_dump({"finetune": {**FT, "checkpoint": str(pretrained), "seeds": [0]},
+                                    "methods": ["oneshot"], "sparsities": [0.1], "rewind_step": 1000,
+                                    "output_dir": str(tmp_path / "out"), "progress": False}))
+    assert main(["prune", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "rewind_step: 1000 is not below the fine-tuning's" in err, err
+    assert not (tmp_path / "out" / "full" / "seed-0").exists()  # refused before any training
 
 
 # ------------------------------------------------------------------------------ head pruning points
@@ -352,6 +418,108 @@ def test_a_head_sweep_rerun_reads_its_points_back_and_finds_the_same_masks(head_
     assert len(by_run) == 2 and len(set(by_run.values())) == 1
 
 
+# planted head values of the tiny BERT's 2 x 2 heads: the good order removes (0, 0) and (0, 1), then
+# (1, 0) takes the metric to 0.65 of the full model's, under 0.9: its subnetwork keeps layer 1's two heads
+PLANTED = np.array([[0.01, 0.02], [0.5, 1.0]])
+
+
+def _planted_curve(model, run, order, settings, seed, batch_size, min_steps=0):
+    """`heads.classifier_curve` on planted head values (the sweep's wiring is under test, not a
+    tiny model's accuracies, which differ between CPU kinds)."""
+    from workbench.compress import heads as H
+
+    assert H.head_shape(model) == PLANTED.shape
+    return H.iterative_pruning(PLANTED.shape, lambda kept: float((PLANTED * kept).sum() / PLANTED.sum()),
+                               lambda kept: PLANTED, order=order, fraction=settings.fraction, threshold=settings.threshold,
+                               seed=seed, run_to_end=settings.run_to_end, step_of=settings.step_of, min_steps=min_steps)
+
+
+@pytest.fixture(scope="module")
+def order_sweeps(pretrained, tmp_path_factory):
+    """heads_random listed before heads_good, on planted curves; the default (equal_size) and
+    subnetworks: threshold."""
+    from workbench.compress import heads as H
+
+    root = tmp_path_factory.mktemp("orders")
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(H, "classifier_curve", _planted_curve)
+        for how in ("equal_size", "threshold"):
+            cfg, ft = _config(pretrained, root / how, methods=["heads_random", "heads_good", "heads_bad"],
+                              heads={"fraction": 0.25, "threshold": 0.9, "subnetworks": how, "importance_examples": 8},
+                              finetune={**FT, "checkpoint": str(pretrained), "seeds": [0]})
+            store = ResultsStore(root / how / "runs")
+            result = run_prune(cfg, ft, store=store)
+            rows = store.query(probe="prune")
+            out[how] = result, rows[rows["run_id"] == result.run_id]
+    return out
+
+
+def _kept_rows(rows, order):
+    kept = rows[rows["metric"] == "head_kept"]
+    extra = [decode_extra(e) for e in kept["extra"]]
+    mask = np.zeros(PLANTED.shape, bool)
+    kinds = set()
+    for (_, r), e in zip(kept.iterrows(), extra):
+        if e["order"] == order:
+            mask[int(r["layer"]) - 1, e["head"]] = r["value"] == 1.0
+            kinds.add(e["subnetwork"])
+    return mask, kinds
+
+
+def test_the_sweeps_random_and_bad_subnetworks_have_the_good_ones_size(order_sweeps):
+    """Prasanna et al.'s comparison in the sweep: besides their curves, heads_random and heads_bad
+    write the random and bad subnetworks of the good one's size (2 of 4 heads kept), bad drawn
+    from the heads good pruned; the surviving-heads rows of each order are those subnetworks."""
+    result, rows = order_sweeps["equal_size"]
+    good_kept = np.array([[False, False], [True, True]])
+    good = [p for p in result.points if p["method"] == "heads_good"]
+    assert [p["n_heads"] - p["n_heads_kept"] for p in sorted(good, key=lambda p: p["amount"])] == [1, 2, 3]
+    assert all(p["step_of"] == "total" for p in good)
+    random_point = _point(result, "heads_random_equal_size", 0.5, 0)
+    bad_point = _point(result, "heads_bad_equal_size", 0.5, 0)
+    for p in (random_point, bad_point):
+        assert p["n_heads_kept"] == 2 and p["subnetwork"] == "equal_size" and p["pruning_step"] == 2
+        folder = Path(p["checkpoint"])
+        kept = np.array(json.loads((folder / "manifest.json").read_text())["derived_from"]["params"]["heads_kept"])
+        assert kept.tolist() == p["heads_kept"]
+    # 2 pruned, 2 kept: bad is exactly the pruned heads
+    assert np.array_equal(np.array(bad_point["heads_kept"]), ~good_kept)
+    for order, expected in (("good", good_kept), ("random", np.array(random_point["heads_kept"])),
+                            ("bad", ~good_kept)):
+        mask, kinds = _kept_rows(rows, order)
+        assert np.array_equal(mask, expected), order
+        assert kinds == ({"threshold"} if order == "good" else {"equal_size"})
+    # the curves' own prunable counts stay the orders' (bad stops at once: 0 heads)
+    prunable = {decode_extra(e)["order"]: v for e, v in zip(rows[rows["metric"] == "heads_prunable"]["extra"],
+                                                              rows[rows["metric"] == "heads_prunable"]["value"])}
+    assert prunable["good"] == 2.0 and prunable["bad"] == 0.0
+    # rows of the equal-size points, by name, next to the curves' points
+    assert {"heads_random_equal_size", "heads_bad_equal_size"} <= set(rows["model"])
+
+
+def test_subnetworks_threshold_keeps_each_orders_own_threshold_mask(order_sweeps):
+    result, rows = order_sweeps["threshold"]
+    assert not [p for p in result.points if p["method"].endswith("_equal_size")]
+    bad_mask, kinds = _kept_rows(rows, "bad")
+    assert kinds == {"threshold"} and bad_mask.all()  # the bad order's first step falls under the line: nothing pruned
+
+
+def test_equal_size_random_or_bad_without_good_is_one_line_and_exit_2(pretrained, tmp_path, capsys):
+    from app.cli import main
+
+    cfg = {"finetune": {**FT, "checkpoint": str(pretrained)}, "methods": ["heads_bad"],
+           "output_dir": str(tmp_path / "out")}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["prune", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "list heads_good too" in err and str(path) in err, err
+    assert not (tmp_path / "out").exists()
+    cfg["heads"] = {"subnetworks": "threshold"}  # the earlier comparison needs no good curve
+    load_prune_config(cfg)
+
+
 @pytest.mark.parametrize("heads, message", [
     ({"remove": [[0, 2]]}, "heads: remove: head (0, 2) is out of range: the model has layers 0-1 and heads 0-1"),
     ({"remove": [[5, 0]]}, "heads: remove: head (5, 0) is out of range"),
@@ -359,6 +527,8 @@ def test_a_head_sweep_rerun_reads_its_points_back_and_finds_the_same_masks(head_
     ({"orders": ["good"]}, "heads: orders: not a sweep setting"),
     ({"fractoin": 0.1}, "heads: unknown key(s) ['fractoin']"),
     ({}, "heads: remove: method heads_remove needs (layer, head) pairs"),
+    ({"remove": [[0, 1]], "step_of": "left"}, "heads: step_of: 'left' is not one of total, remaining"),
+    ({"remove": [[0, 1]], "subnetworks": "same"}, "heads: subnetworks: 'same' is not one of equal_size, threshold"),
 ])
 def test_bad_head_settings_are_one_line_and_exit_2_before_any_work(pretrained, tmp_path, heads, message, capsys):
     from app.cli import main

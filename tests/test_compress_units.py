@@ -63,10 +63,12 @@ def _llama(seed=0):
 
 def test_prunable_set_is_found_by_structure_in_three_families():
     bert = prunable_weights(_bert_classifier())
+    # the block matrices and, as in Chen et al.'s pruning_model, BERT's pooler
     assert bert == [f"bert.encoder.layer.{i}.{m}.weight" for i in range(2) for m in (
         "attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
-        "intermediate.dense", "output.dense")]
-    gpt = prunable_weights(_gpt2())  # Conv1D: c_attn (Q, K, V in one), c_proj, mlp.c_fc, mlp.c_proj
+        "intermediate.dense", "output.dense")] + ["bert.pooler.dense.weight"]
+    assert prunable_weights(_bert_classifier(), include_pooler=False) == bert[:-1]
+    gpt = prunable_weights(_gpt2())  # Conv1D: c_attn (Q, K, V in one), c_proj, mlp.c_fc, mlp.c_proj; no pooler
     assert gpt == [f"transformer.h.{i}.{m}.weight" for i in range(2) for m in (
         "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
     llama = prunable_weights(_llama())
@@ -74,6 +76,59 @@ def test_prunable_set_is_found_by_structure_in_three_families():
     # embeddings and the task head only when asked
     with_all = prunable_weights(_bert_classifier(), include_embeddings=True, include_head=True)
     assert set(with_all) - set(bert) == {"bert.embeddings.word_embeddings.weight", "classifier.weight"}
+
+
+def test_the_pooler_is_ranked_in_the_same_global_magnitude_pruning():
+    """Chen et al. (2020) prune `bert.pooler.dense` with the 72 block matrices in one global L1
+    ranking: a pooler of planted tiny weights goes first, entirely, before any block weight."""
+    model = _bert_classifier()
+    with torch.no_grad():
+        model.bert.pooler.dense.weight.mul_(1e-9)
+    names = prunable_weights(model)
+    params = dict(model.named_parameters())
+    pooler = params["bert.pooler.dense.weight"].numel()
+    masks = magnitude_masks(model, names, pooler / sum(params[n].numel() for n in names))
+    assert not masks["bert.pooler.dense.weight"].any()
+    assert all(bool(masks[n].all()) for n in names if n != "bert.pooler.dense.weight")
+
+
+def test_pretraining_masks_of_the_pooler_transfer_to_the_classifier():
+    """imp_mlm: masks found on the pretraining module (`model.bert.pooler.dense.weight`) land on
+    the classifier's pooler (`bert.pooler.dense.weight`) like the block matrices do."""
+    from transformers import BertConfig, BertForPreTraining
+
+    from workbench.compress.pretraining_ticket import transfer_masks
+    from workbench.families.bert import BertPretrainer
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64)
+    source, target = BertPretrainer(BertForPreTraining(config)), _bert_classifier()
+    masks = magnitude_masks(source, list(dense_layers(source, include_pooler=True)), 0.4)
+    moved = transfer_masks(masks, source, target)
+    assert set(moved) == set(prunable_weights(target))
+    assert torch.equal(moved["bert.pooler.dense.weight"], masks["model.bert.pooler.dense.weight"])
+    assert torch.equal(moved["bert.encoder.layer.1.output.dense.weight"],
+                       masks["model.bert.encoder.layer.1.output.dense.weight"])
+
+
+def test_a_pooler_the_pretraining_module_lacks_stays_dense_in_the_ticket():
+    """SpanBERT pretrains a BertForMaskedLM (no pooler): the classifier's pooler is a fresh layer,
+    not pretrained, so the masked-LM ticket keeps it whole (a mask of ones) and prunes the blocks."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from workbench.compress.sweep import ticket_masks
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64)
+    source, target = torch.nn.ModuleDict({"model": BertForMaskedLM(config)}), _bert_classifier()
+    masks = magnitude_masks(source, list(dense_layers(source, include_pooler=True)), 0.4)
+    assert not any("pooler" in n for n in masks)
+    names = prunable_weights(target)
+    out = ticket_masks(masks, source, target, names)
+    assert set(out) == set(names) and bool(out["bert.pooler.dense.weight"].all())
+    assert mask_sparsity({n: m for n, m in out.items() if "pooler" not in n}) == pytest.approx(0.4, abs=1e-4)
 
 
 # ------------------------------------------------------------------------------------ masks
@@ -151,6 +206,50 @@ def test_masks_round_trip_through_safetensors_and_the_hook_keeps_them(tmp_path):
         load_masks(tmp_path / "nowhere")
 
 
+def test_clipping_sees_only_the_live_weights_gradients():
+    """The backward pass gives pruned weights gradients too; `masked_training`'s before-step hook
+    zeroes them before `clip_grad_norm_`, so the clipping norm is the live weights' (Chen et al.'s
+    torch.nn.utils.prune reparametrisation masks those gradients) and every live gradient is scaled
+    by clip / (live norm), not by clip / (norm with the pruned ones)."""
+    from workbench.compress.masks import masked_training
+    from workbench.loop import optimizer_step
+
+    model = _bert_classifier().train()
+    torch.manual_seed(1)
+    names = prunable_weights(model)
+    masks = random_masks(model, names, 0.9, seed=3)  # 90% pruned: most of the gradient is on pruned weights
+    apply_masks(model, masks)
+    out = model(input_ids=torch.randint(0, 120, (4, 9)), labels=torch.tensor([0, 1, 0, 1]))
+    out.loss.backward()
+    params = dict(model.named_parameters())
+    raw = {n: p.grad.detach().clone() for n, p in params.items()}
+    live = {n: torch.where(masks[n], g, torch.zeros_like(g)) if n in masks else g for n, g in raw.items()}
+    norm = lambda grads: float(torch.sqrt(sum(g.double().pow(2).sum() for g in grads.values())))  # noqa: E731
+    live_norm, raw_norm = norm(live), norm(raw)
+    assert raw_norm > 1.2 * live_norm  # the planted difference the old clipping made
+    clip = live_norm / 2  # clipping active
+
+    class Spy:  # an optimizer that records the gradients it is given
+        param_groups = [{"lr": 1.0}]
+        seen: dict = {}
+
+        def step(self):
+            self.seen = {n: p.grad.detach().clone() for n, p in params.items()}
+
+        def zero_grad(self, set_to_none=True):
+            model.zero_grad(set_to_none=set_to_none)
+
+    spy = Spy()
+    optimizer_step(model, spy, None, clip, masked_training(masks), 1)
+    # float32 sums over ~10^4 squares: relative error far below 1e-4
+    assert norm(spy.seen) == pytest.approx(clip, rel=1e-4)
+    for n, g in spy.seen.items():
+        if n in masks:
+            assert bool((g[~masks[n]] == 0).all()), n
+        assert torch.allclose(g, live[n] * (clip / live_norm), rtol=1e-4, atol=1e-10), n
+    assert sparsity(model, names) == pytest.approx(mask_sparsity(masks), abs=0)  # the after-step hook ran too
+
+
 # ------------------------------------------------------------------------------- quantization
 
 @pytest.mark.parametrize("bits", [8, 4, 3, 2, 1])
@@ -183,6 +282,35 @@ def test_quantization_error_shrinks_with_bits_and_8_bits_matches_a_hand_computat
     assert e1 < errors[0]
     with pytest.raises(ConfigError, match="bits must be an integer"):
         quantize_weight(big, 0)
+
+
+def test_q8bert_scheme_is_one_scale_per_tensor_over_embeddings_and_every_dense_layer():
+    """Q8BERT (Zafrir et al. 2019): symmetric linear quantization with one scale per tensor,
+    s = max|W| / (2^(k-1) - 1), of every Embedding and fully connected layer (word, position and
+    token-type embeddings, the blocks, the pooler, the classifier), against a hand computation."""
+    from workbench.compress.quantize import q8bert_layers, quantized_layers
+
+    reference = _bert_classifier()
+    model = fake_quantize(_bert_classifier(), 4, scheme="q8bert")
+    names = set(q8bert_layers(reference))
+    assert {"bert.embeddings.word_embeddings.weight", "bert.embeddings.position_embeddings.weight",
+            "bert.embeddings.token_type_embeddings.weight", "bert.pooler.dense.weight",
+            "classifier.weight"} | set(prunable_weights(reference)) == names
+    got, ref = dict(model.named_parameters()), dict(reference.named_parameters())
+    for n in names:
+        w0 = ref[n].detach()
+        s = w0.abs().max() / 7
+        assert torch.allclose(got[n], torch.clamp(torch.round(w0 / s), -7, 7) * s, atol=1e-7), n
+        assert len(torch.unique(got[n])) <= 15
+    assert torch.equal(got["bert.embeddings.LayerNorm.weight"], ref["bert.embeddings.LayerNorm.weight"])
+    # the per-channel default: a row of small weights keeps its own step; one step per tensor
+    # (the largest weight's) rounds that row to zero
+    w = torch.tensor([[1.0, -0.5, 0.25], [0.004, -0.002, 0.003]])
+    assert bool((quantize_weight(w, 4, per_channel=False)[1] == 0).all())
+    assert bool((quantize_weight(w, 4)[1] != 0).all())
+    assert set(quantized_layers(reference)) == set(dense_layers(reference))
+    with pytest.raises(ConfigError, match="quantization scheme must be one of per_channel, q8bert, got 'q8bit'"):
+        fake_quantize(_bert_classifier(), 8, scheme="q8bit")
 
 
 def test_int8_dynamic_runs_close_to_fp32_and_is_smaller():

@@ -1,5 +1,5 @@
 """MLPs in the iterative pruning procedure (Prasanna et al. 2020: heads and MLPs pruned by
-importance, 10% of the remaining per step, until below 90% of the full score), their physical
+importance, 10% of each pool per step, until below 90% of the full score), their physical
 removal (zero-width MLP = masked MLP on outputs), their rows and the app's MLP column."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_mlps_units_remove_the_least_important_mlps_and_leave_the_heads():
         return head_value, mlp_value
 
     curve = H.iterative_pruning(head_value.shape, metric, importance, order="good", units="mlps", run_to_end=True)
-    # 10 MLPs, 10% of those left per step, at least one: one per step, to zero
+    # 10 MLPs, 10% of them per step: one per step, to zero
     assert [s.n_mlps_removed for s in curve.steps] == list(range(11))
     assert all(s.n_removed == 0 and s.heads_kept.all() for s in curve.steps)
     order = np.argsort(mlp_value, kind="stable")
@@ -55,8 +55,8 @@ def test_both_units_prune_each_pool_by_its_own_rule_and_scores():
                                 units="both", threshold=0.5)
     heads_left, mlps_left = 120, 20
     for s in curve.steps[1:]:
-        heads_left -= H.heads_to_remove(heads_left, 0.1)
-        mlps_left -= H.heads_to_remove(mlps_left, 0.1) if mlps_left else 0
+        heads_left -= H.heads_to_remove(heads_left, 0.1, total=120)  # 10% of all of each pool per step
+        mlps_left -= H.heads_to_remove(mlps_left, 0.1, total=20) if mlps_left else 0
         assert (s.heads_kept.sum(), s.mlps_kept.sum()) == (heads_left, mlps_left)
         # each pool lost its least valuable members (head scores never compared with MLP scores)
         assert set(np.flatnonzero(~s.heads_kept.reshape(-1))) == set(np.argsort(head_value.reshape(-1), kind="stable")[: s.n_removed])

@@ -30,6 +30,9 @@ did before they existed (tests pin the weights of every family, tests/weight_pin
 - `after_step(model, step)`: called after every optimizer step with the (unwrapped) model and
   the number of steps done, e.g. to re-apply pruning masks so that pruned weights stay exactly
   zero, or to rewind weights (Frankle & Carbin 2019).
+- `before_step(model, step)`: called after the backward pass, before the gradients are clipped
+  and the optimizer steps, e.g. to zero the gradients of pruned weights so that the clipping norm
+  is that of the live weights (`workbench.compress.masks.zero_pruned_gradients`).
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class TrainingHooks:
     """What a training loop may be asked to do beyond its plain objective (module docstring)."""
 
     after_step: Callable[[torch.nn.Module, int], None] | None = None
+    before_step: Callable[[torch.nn.Module, int], None] | None = None  # after backward, before clipping
     initial: Callable[[torch.nn.Module], None] | None = None  # sets the built model's initial weights in place
     loss: LossFn | None = None  # (student outputs, batch, teacher outputs or None) -> {"loss": ..., ...}
     teacher: torch.nn.Module | None = None
@@ -107,6 +111,8 @@ class TrainingHooks:
                               "name_or_path": str(getattr(config, "_name_or_path", "") or "")}
         if self.after_step is not None:
             out["after_step"] = _callable_name(self.after_step)
+        if self.before_step is not None:
+            out["before_step"] = _callable_name(self.before_step)
         if self.initial is not None:
             describe = getattr(self.initial, "describe", None)
             out["initial"] = describe() if callable(describe) else _callable_name(self.initial)
@@ -223,9 +229,12 @@ def loss_terms(model, batch, hooks: TrainingHooks, default_loss: Callable[[Any, 
 
 def optimizer_step(model: torch.nn.Module, optimizer, scheduler, clip: float, hooks: TrainingHooks,
                    step: int) -> float:
-    """Clip the gradient norm of `model`'s parameters (0: no clipping), step the optimizer and the
-    schedule, drop the gradients, then call the after-step hook with the model and `step` (steps
-    done). Returns the learning rate the step used."""
+    """Call the before-step hook (it may change the gradients), clip the gradient norm of `model`'s
+    parameters (0: no clipping), step the optimizer and the schedule, drop the gradients, then call
+    the after-step hook with the model and `step` (steps done). Returns the learning rate the step
+    used."""
+    if hooks.before_step is not None:
+        hooks.before_step(model, step)
     if clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     lr = scheduler.get_last_lr()[0] if scheduler is not None else optimizer.param_groups[0]["lr"]

@@ -25,17 +25,30 @@ Rogers & Rumshisky (2020), "When BERT Plays the Lottery, All Tickets Are Winning
   those weights after every optimizer step (`TrainingHooks(after_step=...)`): the gradients of a
   removed head's Q/K/V are zero anyway (its output meets zeroed columns), only the zeroed columns
   themselves would move.
-- **Iterative pruning** (`iterative_pruning`): Michel et al.'s procedure: prune 10% of the heads
-  still present per step (at least one), ordered by importance recomputed on the masked model at
-  each step, until the task metric falls below 90% of the full model's. Orders: "good" (least
-  important first: the subnetwork the method finds), "bad" (most important first) and "random"
-  (a seeded permutation), Prasanna et al.'s three kinds of subnetwork. `units` says what is pruned:
-  "heads" (Michel et al.), "mlps" or "both" (Prasanna et al. 2020, Sec. 3: heads and MLPs pruned
-  by their importance scores, 10% of those remaining per step, until the score falls below 90% of
-  the full model's). With "both" each step removes 10% of the remaining heads *and* 10% of the
-  remaining MLPs (at least one of each while any is left), each pool ranked by its own score: the
-  two are normalised separately (per-layer L2 for heads, over layers for MLPs), so a head's score
-  is not compared with an MLP's.
+- **Iterative pruning** (`iterative_pruning`): Michel et al.'s procedure: each step removes
+  `fraction` (10%) of the *total* number of heads (at least one, never more than are left), ordered
+  by importance recomputed on the masked model at each step, until the task metric falls below 90%
+  of the full model's. The step is a share of the total as in Michel et al.'s `run_bertology`
+  (`int(masking_amount x heads)` per step) and in Prasanna et al.'s code: 14, 28, 42, ... of
+  BERT-base's 144 heads, 7, 14, 21, ... of MiniLM's 72. `step_of="remaining"` keeps the
+  workbench's earlier variant, 10% of the heads still present per step (14, 27, 38, 48, 57, ...:
+  finer steps as the model shrinks). Orders: "good" (least important first: the subnetwork the
+  method finds), "bad" (most important first) and "random" (a seeded permutation). `units` says
+  what is pruned: "heads" (Michel et al.), "mlps" or "both" (Prasanna et al. 2020, Sec. 3: heads
+  and MLPs pruned by their importance scores until the score falls below 90% of the full
+  model's). With "both" each step removes the step's share of the heads *and* of the MLPs (at
+  least one of each while any is left), each pool ranked by its own score: the two are normalised
+  separately (per-layer L2 for heads, over layers for MLPs), so a head's score is not compared
+  with an MLP's.
+- **Subnetworks of equal size** (`equal_size_subnetwork`): Prasanna et al. compare the "good"
+  subnetwork (the good order's mask at the threshold) with "random" and "bad" subnetworks *of the
+  same size*. Random: as many units as the good one keeps, drawn uniformly (seeded). Bad, as the
+  authors' code builds it (franken_bert.py, mask mode "bad"): from the units the good procedure
+  *pruned*: when there are at least as many of them as the good subnetwork keeps, that many are
+  drawn from them; otherwise all of them, topped up with units drawn from the good subnetwork
+  itself. Heads and MLPs are two pools, each sized by the good mask's own count. The
+  `subnetworks="threshold"` setting keeps the earlier comparison: each order's own mask where
+  its curve crosses the threshold (the random and bad orders stop sooner, so those are larger).
 - **Physical removal** (`slice_heads`): Q/K/V rows and O columns of removed heads are cut out, and
   a removed MLP's input projections are sliced to zero output rows and its last projection to zero
   input columns with a zero bias (the MLP computes nothing and adds exactly zero; GPT-2's Conv1D
@@ -67,6 +80,8 @@ from workbench.errors import ConfigError, WorkbenchError
 
 ORDERS = ("good", "random", "bad")
 UNITS = ("heads", "mlps", "both")  # what the iterative procedure prunes (module docstring)
+STEP_OF = ("total", "remaining")   # what `fraction` is a share of each step (module docstring)
+SUBNETWORKS = ("equal_size", "threshold")  # how the random and bad subnetworks are sized (module docstring)
 
 
 # --------------------------------------------------------------------------------------- the sites
@@ -471,8 +486,11 @@ class HeadPruningSettings:
     """The head-pruning part of a pruning config (`load_settings`; unknown keys and bad values are
     one `ConfigError` naming the source and the key, before any work).
 
-    `orders`: which of "good", "random", "bad" to run; `fraction`: share of the remaining heads
-    removed per step; `threshold`: stop below this share of the full model's metric;
+    `orders`: which of "good", "random", "bad" to run; `fraction`: share of the heads removed per
+    step; `step_of`: "total" (of all heads, Michel et al.'s and Prasanna et al.'s schedule) or
+    "remaining" (of those still present, the earlier variant); `threshold`: stop below this share
+    of the full model's metric; `subnetworks`: "equal_size" (the random and bad subnetworks have
+    the good one's size, Prasanna et al.) or "threshold" (each order's own threshold mask);
     `units`: "heads" (Michel et al.), "mlps" or "both" (Prasanna et al.);
     `importance_examples`: training examples the importance is accumulated over; `run_to_end`:
     prune to zero heads for full curves; `refinetune`: re-fine-tune each subnetwork (Prasanna et al.);
@@ -481,8 +499,10 @@ class HeadPruningSettings:
 
     orders: list[str] = field(default_factory=lambda: list(ORDERS))
     fraction: float = 0.1
+    step_of: str = "total"
     threshold: float = 0.9
     units: str = "heads"
+    subnetworks: str = "equal_size"
     importance_examples: int = 512
     run_to_end: bool = False
     refinetune: bool = False
@@ -500,6 +520,10 @@ class HeadPruningSettings:
             raise ConfigError(f"{source}: fraction: {self.fraction} is not in (0, 1]")
         if not 0 < self.threshold <= 1:
             raise ConfigError(f"{source}: threshold: {self.threshold} is not in (0, 1]")
+        if self.step_of not in STEP_OF:
+            raise ConfigError(f"{source}: step_of: {self.step_of!r} is not one of {', '.join(STEP_OF)}")
+        if self.subnetworks not in SUBNETWORKS:
+            raise ConfigError(f"{source}: subnetworks: {self.subnetworks!r} is not one of {', '.join(SUBNETWORKS)}")
         if self.units not in UNITS:
             raise ConfigError(f"{source}: units: {self.units!r} is not one of {', '.join(UNITS)}")
         if self.importance_examples < 1:
@@ -594,17 +618,22 @@ class PruningCurve:
                           for s in self.steps]}
 
 
-def heads_to_remove(remaining: int, fraction: float) -> int:
-    """How many heads (or MLPs) one step removes: `fraction` of those still present, at least one."""
-    return min(remaining, max(1, int(remaining * fraction)))
+def heads_to_remove(remaining: int, fraction: float, total: int | None = None) -> int:
+    """How many heads (or MLPs) one step removes: `fraction` of `total` (all of them: Michel et
+    al.'s `int(masking_amount x heads)`, 14 of BERT-base's 144) or, with `total` None, of the
+    `remaining` ones (step_of "remaining"); at least one, at most those left. The 1e-9 keeps a
+    product that float arithmetic puts just under a whole number (0.29 x 100) on that number."""
+    base = remaining if total is None else total
+    return min(remaining, max(1, int(base * fraction + 1e-9)))
 
 
-def _remove_step(kept: np.ndarray, fraction: float, order: str, scores, random_rank: np.ndarray) -> np.ndarray:
+def _remove_step(kept: np.ndarray, fraction: float, order: str, scores, random_rank: np.ndarray,
+                 step_of: str = "total") -> np.ndarray:
     """`kept` with `heads_to_remove` of its remaining units off: by `scores` (good: lowest first,
     bad: highest first) or by the fixed permutation `random_rank` (random)."""
     flat = kept.reshape(-1).copy()
     alive = np.flatnonzero(flat)
-    n = heads_to_remove(len(alive), fraction)
+    n = heads_to_remove(len(alive), fraction, flat.size if step_of == "total" else None)
     if order == "random":
         ranked = alive[np.argsort(random_rank[alive], kind="stable")]
     else:
@@ -617,7 +646,8 @@ def _remove_step(kept: np.ndarray, fraction: float, order: str, scores, random_r
 def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
                       importance: Callable[..., object] | None, order: str = "good",
                       fraction: float = 0.1, threshold: float = 0.9, seed: int = 0,
-                      run_to_end: bool = False, units: str = "heads", min_steps: int = 0) -> PruningCurve:
+                      run_to_end: bool = False, units: str = "heads", min_steps: int = 0,
+                      step_of: str = "total") -> PruningCurve:
     """Michel et al.'s iterative head pruning, and Prasanna et al.'s over heads and MLPs (module
     docstring).
 
@@ -626,8 +656,9 @@ def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
     model ("good"/"bad"; not called for "random").
     units "mlps" / "both": `evaluate(heads_kept, mlps_kept)` and `importance(heads_kept, mlps_kept)`
     -> (head importance [layers, heads], MLP importance [layers]).
-    Each step removes `heads_to_remove(remaining, fraction)` of each pruned kind (both: of the heads
-    and of the MLPs, each ranked by its own scores). Stops after the first step below
+    Each step removes `heads_to_remove` of each pruned kind: `fraction` of all its units
+    (`step_of` "total", the papers' schedule) or of those still present ("remaining"); with units
+    "both" of the heads and of the MLPs, each ranked by its own scores. Stops after the first step below
     `threshold * full`, or when nothing is left with `run_to_end` (curves for a plot; the step
     sizes do not depend on the order, so the three orders' steps line up). `min_steps`: prune
     through at least that many steps even below the threshold (Prasanna et al.'s comparison needs
@@ -641,6 +672,8 @@ def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
         raise ConfigError(f"fraction {fraction}: expected a value in (0, 1]")
     if not 0 < threshold <= 1:
         raise ConfigError(f"threshold {threshold}: expected a value in (0, 1]")
+    if step_of not in STEP_OF:
+        raise ConfigError(f"step_of {step_of!r}: expected one of {', '.join(STEP_OF)}")
     if order != "random" and importance is None:
         raise ConfigError(f"order {order!r} needs an importance function")
     prune_heads, prune_mlps = units in ("heads", "both"), units in ("mlps", "both")
@@ -665,9 +698,9 @@ def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
             else:
                 head_scores, mlp_scores = importance(kept.copy(), mlps.copy())
         if prune_heads and kept.any():
-            kept = _remove_step(kept, fraction, order, head_scores, random_rank)
+            kept = _remove_step(kept, fraction, order, head_scores, random_rank, step_of)
         if prune_mlps and mlps.any():
-            mlps = _remove_step(mlps, fraction, order, mlp_scores, mlp_rank)
+            mlps = _remove_step(mlps, fraction, order, mlp_scores, mlp_rank, step_of)
         step += 1
         metric = measure(kept, mlps)
         curve.steps.append(PruningStep(step, int(kept.size - kept.sum()), metric, kept.copy(),
@@ -675,6 +708,54 @@ def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
         if metric < threshold * full and not run_to_end and step >= min_steps:
             break
     return curve
+
+
+def equal_size_subnetwork(good_kept, order: str, seed: int) -> np.ndarray:
+    """Prasanna et al. (2020)'s subnetwork of `order` with the size of the good one, for one pool
+    of units (a head mask [layers, heads] or an MLP mask [layers]; module docstring).
+
+    "good": `good_kept` itself. "random": n units drawn uniformly without replacement, n = the
+    units `good_kept` keeps (the authors' code keeps each head with probability n / total, the same
+    size in expectation; exactly n here, so the comparison is at equal size). "bad": built from the
+    units the good procedure pruned: n of them drawn at random when there are at least n, else all
+    of them plus n - (pruned) drawn from the good subnetwork's own units (the authors' mask mode
+    "bad"). Seeded by `seed` and the order, so a rerun draws the same mask."""
+    if order not in ORDERS:
+        raise ConfigError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
+    good = np.asarray(good_kept, dtype=bool)
+    if order == "good":
+        return good.copy()
+    flat = good.reshape(-1)
+    n = int(flat.sum())
+    rng = np.random.default_rng([int(seed), ORDERS.index(order), flat.size])
+    out = np.zeros(flat.size, dtype=bool)
+    if order == "random":
+        out[rng.choice(flat.size, size=n, replace=False)] = True
+    else:
+        pruned, kept = np.flatnonzero(~flat), np.flatnonzero(flat)
+        if len(pruned) >= n:
+            out[rng.choice(pruned, size=n, replace=False)] = True
+        else:
+            out[pruned] = True
+            out[rng.choice(kept, size=n - len(pruned), replace=False)] = True
+    return out.reshape(good.shape)
+
+
+def order_subnetwork(curves: dict[str, PruningCurve], order: str, seed: int, how: str = "equal_size") -> PruningStep:
+    """The subnetwork an order stands for, as a `PruningStep` (metric NaN: the caller measures it).
+
+    how "equal_size" (Prasanna et al.): sized by the good curve's threshold subnetwork
+    (`equal_size_subnetwork` on its heads and, when pruned, its MLPs); `step` is the good curve's
+    threshold step. how "threshold": the order's own curve at its threshold step (`curves[order]`)."""
+    if how not in SUBNETWORKS:
+        raise ConfigError(f"subnetworks {how!r}: expected one of {', '.join(SUBNETWORKS)}")
+    if how == "threshold" or order == "good":
+        c = curves[order]
+        return c.steps[c.threshold_step]
+    best = curves["good"].steps[curves["good"].threshold_step]
+    heads = equal_size_subnetwork(best.heads_kept, order, seed)
+    mlps = None if best.mlps_kept is None else equal_size_subnetwork(best.mlps_kept, order, seed + 1)
+    return PruningStep(best.step, int(heads.size - heads.sum()), float("nan"), heads, mlps)
 
 
 def masked_accuracy(model: nn.Module, enc, kept: np.ndarray, pad_id: int, batch_size: int,
@@ -709,7 +790,8 @@ def classifier_curve(model: nn.Module, run, order: str, settings: HeadPruningSet
 
     return iterative_pruning(head_shape(model), dev_accuracy, importance, order=order,
                              fraction=settings.fraction, threshold=settings.threshold, seed=seed,
-                             run_to_end=settings.run_to_end, units=settings.units, min_steps=min_steps)
+                             run_to_end=settings.run_to_end, units=settings.units, min_steps=min_steps,
+                             step_of=settings.step_of)
 
 
 def leave_one_out(shape: tuple[int, int], evaluate_loss: Callable[[np.ndarray], float]) -> np.ndarray:
@@ -734,17 +816,21 @@ METHOD = "heads"
 
 
 def curve_rows(curve: PruningCurve, *, model: str, family: str | None, seed: int, task: str,
-               test_at_threshold: float | None = None) -> list[dict]:
+               test_at_threshold: float | None = None, subnetwork: PruningStep | None = None,
+               subnetwork_kind: str = "threshold") -> list[dict]:
     """An order's curve as results-store rows (`workbench.results` schema), probe "prune":
 
     - metric "accuracy", split "dev", one row per pruning step (`extra`: method, order,
       pruning_step, n_removed, n_heads);
     - metric "heads_prunable": heads removed at the threshold step (`extra`: threshold, full);
-    - metric "accuracy", split "test": the threshold subnetwork's test accuracy, when given;
-    - metric "head_kept", one row per (layer, head) of the threshold mask: value 1 kept, 0 removed,
-      `layer` = block index + 1 (the hidden-states convention: 0 is the embeddings), `extra.head`;
+    - metric "accuracy", split "test": the order's subnetwork's test accuracy, when given;
+    - metric "head_kept", one row per (layer, head) of the order's subnetwork: value 1 kept, 0
+      removed, `layer` = block index + 1 (the hidden-states convention: 0 is the embeddings),
+      `extra.head`, `extra.subnetwork`. The subnetwork is the curve's threshold mask, or
+      `subnetwork` when given (`subnetwork_kind` "equal_size": Prasanna et al.'s random or bad
+      subnetwork of the good one's size, `order_subnetwork`);
     - when the curve pruned MLPs (units "mlps" / "both"): metric "mlps_prunable" and one "mlp_kept"
-      row per layer of the threshold mask; `extra.units` on every row."""
+      row per layer of the subnetwork's MLP mask; `extra.units` on every row."""
     base = {"model": model, "family": family, "seed": seed, "probe": PROBE, "task": task}
     n_heads = int(curve.steps[0].heads_kept.size)
     tag = {"method": METHOD, "order": curve.order, "n_heads": n_heads}
@@ -754,20 +840,22 @@ def curve_rows(curve: PruningCurve, *, model: str, family: str | None, seed: int
     rows = [{**base, "split": "dev", "metric": "accuracy", "value": s.metric,
              "extra": {**tag, "pruning_step": s.step, "n_removed": s.n_removed,
                        **({"n_mlps_removed": s.n_mlps_removed} if with_mlps else {})}} for s in curve.steps]
-    best = curve.steps[curve.threshold_step]
+    best = curve.steps[curve.threshold_step] if subnetwork is None else subnetwork
+    sub = {"subnetwork": subnetwork_kind if subnetwork is not None else "threshold"}
     rows.append({**base, "split": "dev", "metric": "heads_prunable", "value": float(curve.prunable),
                  "extra": {**tag, "threshold": curve.threshold, "full": curve.full}})
     if test_at_threshold is not None:
         rows.append({**base, "split": "test", "metric": "accuracy", "value": float(test_at_threshold),
-                     "extra": {**tag, "pruning_step": best.step, "n_removed": best.n_removed, "at": "threshold"}})
+                     "extra": {**tag, **sub, "pruning_step": best.step, "n_removed": best.n_removed,
+                               "at": sub["subnetwork"]}})
     for layer, row in enumerate(best.heads_kept):
         for head, kept in enumerate(row):
             rows.append({**base, "split": "dev", "layer": layer + 1, "metric": "head_kept", "value": float(kept),
-                         "extra": {**tag, "head": head, "n_removed": best.n_removed}})
+                         "extra": {**tag, **sub, "head": head, "n_removed": best.n_removed}})
     if with_mlps:
         rows.append({**base, "split": "dev", "metric": "mlps_prunable", "value": float(curve.mlps_prunable),
                      "extra": {**tag, "threshold": curve.threshold, "full": curve.full}})
         for layer, kept in enumerate(best.mlps_kept):
             rows.append({**base, "split": "dev", "layer": layer + 1, "metric": "mlp_kept", "value": float(kept),
-                         "extra": {**tag, "n_mlps_removed": best.n_mlps_removed}})
+                         "extra": {**tag, **sub, "n_mlps_removed": best.n_mlps_removed}})
     return rows

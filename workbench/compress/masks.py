@@ -11,6 +11,9 @@ the same way whatever made it:
 - `apply_masks(model, masks)` zeroes the pruned weights in place (under no_grad) and
   `keep_masked(masks)` is the `TrainingHooks.after_step` hook that does so after every optimizer
   step, so that pruned weights stay exactly zero through training (Frankle & Carbin 2019);
+- `zero_pruned_gradients(masks)` is the `TrainingHooks.before_step` hook that zeroes the pruned
+  weights' gradients before clipping, so that the clipping norm is that of the live weights;
+  `masked_training(masks)` is the pair of hooks every masked training uses;
 - `sparsity(model, names)` counts the zeros of the named weights in the model itself, so it checks
   what is stored, not what a mask says.
 """
@@ -107,6 +110,44 @@ def keep_masked(masks: Mapping[str, torch.Tensor]):
                 p.mul_(cache[key])
 
     return keep_masked_weights
+
+
+def zero_pruned_gradients(masks: Mapping[str, torch.Tensor]):
+    """A `TrainingHooks.before_step` hook: zero the gradients of the pruned weights after the
+    backward pass, before the gradient norm is clipped and the optimizer steps.
+
+    A pruned weight is a constant zero, not a parameter of the subnetwork, yet the backward pass
+    gives it a gradient (x times the upstream gradient, like any weight). Counted in
+    `clip_grad_norm_`, those gradients make the norm larger than the live weights' and so scale
+    the live weights' update down whenever clipping is active. Chen et al. (2020, "The Lottery
+    Ticket Hypothesis for Pre-trained BERT Networks") prune with torch's reparametrisation
+    (weight = weight_orig * mask), whose gradient to weight_orig is zero where pruned: their
+    `clip_grad_norm_(model.parameters())` is the norm of the live weights' gradients. Zeroing the
+    pruned gradients here gives the same norm and keeps AdamW's moments of pruned weights at zero."""
+    cache: dict[str, torch.Tensor] = {}
+
+    def zero_pruned_gradients(model: torch.nn.Module, step: int) -> None:
+        params = _parameters(model, masks)
+        with torch.no_grad():
+            for name, m in masks.items():
+                g = params[name].grad
+                if g is None:  # frozen (e.g. a pooler the objective does not train) or unused this step
+                    continue
+                key = f"{name}|{g.device}"
+                if key not in cache:
+                    cache[key] = ~m.to(g.device, torch.bool)
+                g.masked_fill_(cache[key], 0.0)  # not a product: 0 x inf would be nan
+
+    return zero_pruned_gradients
+
+
+def masked_training(masks: Mapping[str, torch.Tensor], **other):
+    """The `TrainingHooks` of a training under fixed masks: the pruned gradients zeroed before
+    clipping (`zero_pruned_gradients`) and the pruned weights zeroed again after every step
+    (`keep_masked`); `other` are further hooks (e.g. `initial`)."""
+    from workbench.loop import TrainingHooks
+
+    return TrainingHooks(before_step=zero_pruned_gradients(masks), after_step=keep_masked(masks), **other)
 
 
 def sparsity(model: torch.nn.Module, names: Iterable[str]) -> float:

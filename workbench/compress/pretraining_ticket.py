@@ -9,16 +9,19 @@ The procedure here (`mlm_tickets`), for a checkpoint pretrained by `bertology tr
 holds the pretraining config, so the same corpus, tokenizer and recipe are reused):
 
 1. round 1: masked-LM training of the full pretrained weights theta_0 for `steps` steps, then
-   global magnitude pruning (`magnitude_masks`) of `imp_step` (10%) of the prunable block weights;
+   global magnitude pruning (`magnitude_masks`) of `imp_step` (10%) of the prunable weights (the
+   block matrices and, as in Chen et al.'s LT_pretrain.py, the pooler: `include_pooler`; a pooler
+   the objective does not train, BERT's without NSP, is ranked by its pretrained values);
 2. round r > 1: rewind to theta_0 * m_{r-1} (Chen et al. rewind to the pretrained weights), train
    `steps` MLM steps with the mask kept (`keep_masked` after every optimizer step), prune to
    r * imp_step of the *original* weights, nested in m_{r-1};
 3. the ticket at sparsity s is theta_0 * m_s; the sweep (`workbench.compress.sweep`, method
    `imp_mlm`) fine-tunes it on the task with the mask kept, exactly like the task tickets.
 
-Each round is one `workbench.train.train_from_config` run with two `TrainingHooks`: `initial`
-(`MaskedStart`: the built pretraining module gets theta_0 times the mask before its first forward
-and before the optimizer is made) and `after_step` (`keep_masked`). Runs are resumable like every
+Each round is one `workbench.train.train_from_config` run with the hooks `initial` (`MaskedStart`:
+the built pretraining module gets theta_0 times the mask before its first forward and before the
+optimizer is made) and those of every masked training (`masked_training`: the pruned weights'
+gradients zeroed before clipping, the weights re-zeroed after each step). Runs are resumable like every
 training run (a finished round is found, not retrained) and a folder made with another mask is
 refused (the hooks' description, with the mask hash, is in run.json).
 """
@@ -31,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from workbench.compress.masks import Masks, apply_masks, keep_masked, mask_hash, mask_sparsity, sparsity
-from workbench.compress.unstructured import block_lists, dense_layers, imp_schedule, magnitude_masks
+from workbench.compress.masks import Masks, apply_masks, mask_hash, mask_sparsity, masked_training, sparsity
+from workbench.compress.unstructured import block_lists, dense_layers, imp_schedule, magnitude_masks, pooler
 from workbench.errors import CheckpointError, ConfigError
 
 
@@ -132,14 +135,15 @@ def round_config(manifest: dict, settings: MlmTicketSettings, checkpoint: Path, 
 
 
 def mlm_tickets(checkpoint: str | Path, max_sparsity: float, imp_step: float, settings: MlmTicketSettings,
-                folder: Path, device: str = "cpu", progress: bool = False,
-                log=print) -> tuple[dict[float, Masks], torch.nn.Module, dict[float, list[Path]]]:
+                folder: Path, device: str = "cpu", progress: bool = False, log=print,
+                include_pooler: bool = True) -> tuple[dict[float, Masks], torch.nn.Module, dict[float, list[Path]]]:
     """IMP on the masked-LM loss (module docstring): {sparsity: masks} for every round up to
     `max_sparsity` (names of the pretraining module's parameters), that module holding the
     pretrained weights, and {sparsity: the trained checkpoints of rounds 1..r}, the training that
     found that mask (its cost belongs to the ticket's: `workbench.cost.add_retraining`'s `search`).
-    Round r's MLM run is `folder/round-r`; the masked weights of every round's trained checkpoint
-    are checked to be exactly zero."""
+    `include_pooler`: the pooler's dense layer is in the prunable set (Chen et al.). Round r's MLM
+    run is `folder/round-r`; the masked weights of every round's trained checkpoint are checked to
+    be exactly zero."""
     from workbench.families import get_family
     from workbench.tokenization import tokenizer_hash
     from workbench.train import prepare_data, train_from_config
@@ -150,7 +154,7 @@ def mlm_tickets(checkpoint: str | Path, max_sparsity: float, imp_step: float, se
     loader = importlib.import_module(f"workbench.families.{family_name}").load_pretrainer
     pretrained = loader(checkpoint)
     start = {k: v.detach().clone() for k, v in pretrained.state_dict().items()}
-    names = list(dense_layers(pretrained))
+    names = list(dense_layers(pretrained, include_pooler=include_pooler))
     record = {"checkpoint": str(checkpoint)}
     schedule = imp_schedule(max_sparsity, imp_step)
     out: dict[float, Masks] = {}
@@ -165,12 +169,11 @@ def mlm_tickets(checkpoint: str | Path, max_sparsity: float, imp_step: float, se
             if want and tokenizer_hash(data.tokenizer) != want:
                 raise CheckpointError(f"{checkpoint}: its tokenizer files give another tokenizer (sha256) than its "
                                       f"manifest records")
-        hooks_kw = {"initial": MaskedStart(start, current, {**record, "round": r})}
-        if current is not None:
-            hooks_kw["after_step"] = keep_masked(current)
         from workbench.loop import TrainingHooks
 
-        (final,) = train_from_config(cfg, hooks=TrainingHooks(**hooks_kw))
+        initial = MaskedStart(start, current, {**record, "round": r})
+        hooks = TrainingHooks(initial=initial) if current is None else masked_training(current, initial=initial)
+        (final,) = train_from_config(cfg, hooks=hooks)
         trained = loader(final)
         if current is not None and sparsity(trained, current) < mask_sparsity(current) - 1e-12:
             raise CheckpointError(f"{final}: masked weights are not zero after the masked-LM round (the mask was "
@@ -185,20 +188,26 @@ def mlm_tickets(checkpoint: str | Path, max_sparsity: float, imp_step: float, se
 
 def transfer_masks(masks: Masks, source: torch.nn.Module, target: torch.nn.Module) -> Masks:
     """Masks named for `source`'s parameters renamed for `target`'s, matched by their place in the
-    repeated blocks (`block_lists`): `model.deberta.encoder.layer.3.attention.self.query_proj.weight`
-    of a pretraining module is `<target's block list>.3.attention.self.query_proj.weight` of a
-    classifier over the same body. Every name must land on a parameter of the same shape."""
+    repeated blocks (`block_lists`) or in the base model's pooler (`pooler`):
+    `model.deberta.encoder.layer.3.attention.self.query_proj.weight` of a pretraining module is
+    `<target's block list>.3.attention.self.query_proj.weight` of a classifier over the same body,
+    `model.bert.pooler.dense.weight` is `bert.pooler.dense.weight`. Every name must land on a
+    parameter of the same shape."""
     src_lists = [name for name, _ in block_lists(source)]
     dst_lists = [name for name, _ in block_lists(target)]
     if len(src_lists) != len(dst_lists):
         raise CheckpointError(f"masks: {type(source).__name__} has block lists {src_lists}, "
                               f"{type(target).__name__} {dst_lists}")
+    src_pooler, dst_pooler = pooler(source), pooler(target)
+    if src_pooler is not None and dst_pooler is not None:
+        src_lists, dst_lists = [*src_lists, src_pooler[0]], [*dst_lists, dst_pooler[0]]
     params = dict(target.named_parameters())
     out: Masks = {}
     for name, m in masks.items():
         prefix = next((p for p in src_lists if name.startswith(p + ".")), None)
         if prefix is None:
-            raise CheckpointError(f"masks: {name} is not inside a repeated block of {type(source).__name__}")
+            raise CheckpointError(f"masks: {name} is not inside a repeated block of {type(source).__name__}, nor "
+                                  f"in a pooler that both it and {type(target).__name__} have")
         new = dst_lists[src_lists.index(prefix)] + name[len(prefix):]
         if new not in params or tuple(params[new].shape) != tuple(m.shape):
             raise CheckpointError(f"masks: {name} has no parameter {new} of shape {tuple(m.shape)} in "

@@ -14,15 +14,25 @@ Methods (`METHODS`; amounts in brackets):
 | random | a random mask at the sparsity [sparsities] | yes: rewound |
 | reinit | IMP's mask at the sparsity on re-initialised weights [sparsities] | yes |
 | imp_mlm | pretraining ticket (Chen et al. 2020, Sec. 5): IMP for the masked-LM loss on the checkpoint's own pretraining corpus (`mlm:` settings, `workbench.compress.pretraining_ticket`), then the task fine-tuning of the pretrained weights times that mask [sparsities] | yes: pretrained weights, fresh optimizer |
-| quantize | k-bit per-channel fake quantization of the fine-tuned weights [bits] | no |
+| quantize | k-bit fake quantization of the fine-tuned weights, `quantize_scheme`: per_channel (one scale per output channel, the prunable set) or q8bert (one scale per tensor, every embedding and dense layer, Zafrir et al. 2019) [bits] | no |
 | lowrank | rank-r SVD of every block matrix, and magnitude pruning of each matrix to the same number of parameters (`lowrank_magnitude`) [ranks] | no |
-| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.compress.heads.iterative_pruning`): `heads.fraction` of the remaining heads per step, least important / random / most important first, until dev accuracy falls below `heads.threshold` x the full model's; with `heads.units: mlps` or `both` the MLPs too (Prasanna et al. 2020); every step is a point [fraction of the pruned units removed] | no |
+| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.compress.heads.iterative_pruning`): `heads.fraction` of all heads per step (`heads.step_of: total`; `remaining`: of those still present), least important / random / most important first, until dev accuracy falls below `heads.threshold` x the full model's; with `heads.units: mlps` or `both` the MLPs too (Prasanna et al. 2020); every step is a point [fraction of the pruned units removed]. With `heads.subnetworks: equal_size` (the default; needs heads_good) heads_random / heads_bad also write Prasanna et al.'s random / bad subnetwork of the good one's size as a point of `heads_random_equal_size` / `heads_bad_equal_size` | no |
 | heads_remove | the heads listed in `heads.remove` ((layer, head) pairs, checked against the checkpoint's config before any work) masked at once [fraction of heads removed] | no |
+The prunable set (`include_pooler`, on by default): the block matrices and the base model's pooler,
+as Chen et al.'s code prunes `bert.pooler.dense` (`workbench.compress.unstructured`); `false` keeps
+the pooler dense (the sweeps before issue 40).
 Rewinding (`rewind_step`): 0 = the pretrained body under the seed's initial head, the weights
 fine-tuning started from; N > 0 = the weights after N fine-tuning steps of the full model (Frankle
-et al. 2020). Retraining reruns `train_seed` from a classifier folder holding the rewound weights
-times the mask, with `workbench.compress.masks.keep_masked` as the after-step hook; the measured
-sparsity of the trained weights (zeros counted) must equal the mask's, or the point fails.
+et al. 2020). With N > 0, `rewind_schedule: continue` (the default) retrains from step N to the
+end, as Frankle et al. do (open_lth's `train(start_step=N)`): the learning-rate schedule at step N
+(past the warm-up when N is), the data order at step N, a fresh optimizer, T - N steps
+(`continue_state`); `restart` trains all T steps from the schedule's step 0, warm-up included (the
+sweeps before issue 40). `reinit` starts where the ticket does (open_lth's randomly_reinitialize);
+`imp_mlm` starts from the pretrained weights, step 0. Retraining reruns `train_seed` from a
+classifier folder holding the rewound weights times the mask, with
+`workbench.compress.masks.masked_training`'s hooks (pruned gradients zeroed before clipping, pruned
+weights re-zeroed after every step); the measured sparsity of the trained weights (zeros counted)
+must equal the mask's, or the point fails.
 A heads point is the fine-tuned model with the removed heads' columns of the attention output
 projection zeroed (`workbench.compress.heads.apply_mask`: the same outputs as gating their context
 vectors), saved like every point; its manifest params hold `heads_kept` (layer x head bools), the
@@ -74,29 +84,36 @@ from workbench.compress.lowrank import equal_parameter_sparsity, lowrank_product
 from workbench.compress.masks import (
     MASKS_FILE,
     apply_masks,
-    keep_masked,
     mask_hash,
     mask_sparsity,
+    masked_training,
     save_masks,
     sparsity,
 )
-from workbench.compress.quantize import fake_quantize
+from workbench.compress.quantize import SCHEMES, fake_quantize, quantized_layers
 from workbench.compress.unstructured import (
     dense_layers,
     imp_schedule,
     layerwise_magnitude_masks,
     magnitude_masks,
+    pooler,
+    pooler_layers,
     random_masks,
 )
 from workbench.errors import CheckpointError, ConfigError
 from workbench.io import atomic_dir, atomic_path, atomic_write_json
 
 PROBE = "prune"
+# rewind_step N > 0: retraining continues from step N (Frankle et al. 2020) or restarts at step 0
+REWIND_SCHEDULES = ("continue", "restart")
 RETRAINED = ("imp", "oneshot", "random", "reinit", "imp_mlm")
 POST_HOC = ("quantize", "lowrank")
 # method -> the config key its amounts come from ("heads": the fractions of heads removed that the
 # `heads:` settings reach).
 HEAD_METHODS = {"heads_good": "good", "heads_random": "random", "heads_bad": "bad", "heads_remove": None}
+# heads.subnetworks: equal_size: the points of Prasanna et al.'s random and bad subnetworks of the good
+# one's size, written by heads_random / heads_bad (not methods a config lists, like lowrank_magnitude)
+EQUAL_SIZE_POINTS = {"heads_random": "heads_random_equal_size", "heads_bad": "heads_bad_equal_size"}
 METHODS: dict[str, str] = {
     "imp": "sparsities",
     "oneshot": "sparsities",
@@ -124,6 +141,9 @@ class PruneConfig:
     mlm: dict = field(default_factory=dict)    # imp_mlm: MlmTicketSettings (MLM steps per round, lr, seed)
     include_embeddings: bool = False      # prune the input embedding matrix too
     include_head: bool = False            # prune the task head's matrices too
+    include_pooler: bool = True           # prune the base model's pooler too (Chen et al. 2020's set)
+    rewind_schedule: str = "continue"     # rewind_step N > 0: retrain from step N (Frankle et al.) | restart at 0
+    quantize_scheme: str = "per_channel"  # per_channel | q8bert (per tensor, embeddings too: Zafrir et al. 2019)
     keep_checkpoints: bool = True         # False: drop each point's weights when its seed is done
     name: str | None = None               # default prune-<task>-<checkpoint folder or Hub name>
     output_dir: str | None = None         # default <runs root>/prune/<name>
@@ -181,6 +201,10 @@ def head_settings(cfg: PruneConfig, where: str = "prune config") -> H.HeadPrunin
     settings = H.load_settings(cfg.heads, f"{where}: heads")
     if "heads_remove" in cfg.methods and not settings.remove:
         raise ConfigError(f"{where}: heads: remove: method heads_remove needs (layer, head) pairs here")
+    sized = [m for m in EQUAL_SIZE_POINTS if m in cfg.methods]
+    if settings.subnetworks == "equal_size" and sized and "heads_good" not in cfg.methods:
+        raise ConfigError(f"{where}: methods: {' and '.join(sized)} with heads: subnetworks: equal_size are sized by "
+                          f"the good subnetwork: list heads_good too (or set heads: subnetworks: threshold)")
     return settings
 
 
@@ -235,6 +259,10 @@ def _validate(cfg: PruneConfig, ft, where: str) -> None:
         fail("methods", "reinit uses IMP's masks: list imp too")
     if cfg.rewind_step < 0:
         fail("rewind_step", f"must be >= 0, got {cfg.rewind_step}")
+    if cfg.rewind_schedule not in REWIND_SCHEDULES:
+        fail("rewind_schedule", f"must be one of {', '.join(REWIND_SCHEDULES)}, got {cfg.rewind_schedule!r}")
+    if cfg.quantize_scheme not in SCHEMES:
+        fail("quantize_scheme", f"must be one of {', '.join(SCHEMES)}, got {cfg.quantize_scheme!r}")
     if cfg.name is not None and not all(c.isalnum() or c in "._+-" for c in cfg.name):
         fail("name", f"use letters, digits and . _ + - only, got {cfg.name!r}")
 
@@ -247,6 +275,76 @@ def rewound(template: torch.nn.Module, start: dict, masks: dict) -> torch.nn.Mod
     model = copy.deepcopy(template)
     model.load_state_dict(start)
     return apply_masks(model, masks)
+
+
+def continue_state(ft, run, seed: int, hooks, step: int) -> Path:
+    """Make `train_seed(ft, seed, run, hooks=hooks)` train from step `step` of its schedule to the
+    end, as Frankle et al. (2020, "Linear Mode Connectivity and the Lottery Ticket Hypothesis")
+    retrain a ticket rewound to step k: open_lth's `train(start_step=k)` makes a fresh optimizer,
+    steps the learning-rate schedule k times and skips the data loader to step k, then trains to
+    the last step. Here that is the resume state `train_seed` reads when a run was interrupted
+    (`workbench.finetune._save_state`, written where it looks: `<run folder>/seed-S/resume`): the
+    weights of `run.checkpoint` (the rewound start), a fresh AdamW over the same parameters, the
+    schedule of the full run (warm-up and linear decay over its T steps) advanced to `step`, the
+    loop at epoch step // per_epoch, batch step % per_epoch (`train_seed`'s data order is a
+    function of seed and epoch, so these are the batches the full run took after step k) and
+    nothing of the full run's bookkeeping (curve, best epoch, tokens, time). Dropout draws from
+    the seed. Returns the state folder."""
+    import warnings
+
+    from workbench.checkpoints import seed_dir
+    from workbench.finetune import STATE_DIR, _save_state, build_classifier, trainable_filter
+    from workbench.loop import adamw, apply_param_filter, linear_warmup_decay
+
+    per_epoch = math.ceil(len(run.train.ids) / ft.batch_size)
+    total = per_epoch * ft.epochs
+    if not 0 < step < total:
+        raise ConfigError(f"rewind_step {step}: retraining continues from it, and the fine-tuning makes {total} steps")
+    torch.manual_seed(seed)
+    model = build_classifier(run.checkpoint, run.family, run.data.kind, run.pooling, run.data.label_names, run.pad_id)
+    apply_param_filter(model, trainable_filter(ft, model, hooks))
+    optimizer = adamw(model.named_parameters(), ft.lr, ft.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(round(ft.warmup * total), total))
+    with warnings.catch_warnings():  # the schedule stepped without optimizer steps, as open_lth does
+        warnings.simplefilter("ignore")
+        for _ in range(step):
+            scheduler.step()
+    loop = {"epoch": step // per_epoch, "batch": step % per_epoch, "step": step, "loss_sum": 0.0, "loss_n": 0,
+            "curve": [], "best": -1.0, "best_epoch": -1, "best_step": 0, "bad_epochs": 0, "stopped": False}
+    if hooks.loss is not None:
+        loop["term_sums"] = {}
+    folder = seed_dir(run.folder, seed) / STATE_DIR
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)  # the random numbers the retraining's dropout starts from
+    _save_state(folder, model, optimizer, scheduler, loop)
+    return folder
+
+
+def ticket_masks(masks: dict, pretrainer: torch.nn.Module, classifier: torch.nn.Module, names: list[str]) -> dict:
+    """The masked-LM ticket's masks (named for the pretraining module) for the classifier's
+    prunable set `names` (`transfer_masks`). A pooler the pretraining module does not have
+    (SpanBERT's BertForMaskedLM) is not pretrained: the classifier's is a fresh layer of the head,
+    kept dense (a mask of ones)."""
+    from workbench.compress.pretraining_ticket import transfer_masks
+
+    out = transfer_masks(masks, pretrainer, classifier)
+    if pooler(pretrainer) is None:
+        params = dict(classifier.named_parameters())
+        out.update({n: torch.ones_like(params[n], dtype=torch.bool, device="cpu")
+                    for n in pooler_layers(classifier) if n in names})
+    if set(out) != set(names):
+        raise CheckpointError(f"imp_mlm: the masked-LM masks cover {len(out)} matrices, the classifier's "
+                              f"prunable set {len(names)}")
+    return out
+
+
+def _started(folder: Path, seed: int) -> bool:
+    """Whether `train_seed` has a state or a result for this seed in `folder` already."""
+    from workbench.checkpoints import seed_dir
+    from workbench.finetune import STATE_DIR
+
+    out = seed_dir(folder, seed)
+    return (out / STATE_DIR).is_dir() or (out / "result.json").is_file()
 
 
 def point_name(method: str, amount, seed: int) -> str:
@@ -287,6 +385,7 @@ class Sweep:
         self.points: list[dict] = []
         self.head_rows: list[dict] = []  # surviving-heads rows of the heads orders (module docstring)
         self.mlm = None  # imp_mlm: ({sparsity: masks of the pretraining module}, that module, settings)
+        self.head_curves: dict[tuple[int, str], Any] = {}  # (seed, order) -> heads.PruningCurve
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -391,7 +490,7 @@ class Sweep:
             start = self.pretrained_start(seed)
         handle = ModelHandle(full, self.run.tokenizer, path=best, family=self.run.family,
                              weight_files=weight_files(best), manifest=read_manifest(best) or {})
-        names = list(dense_layers(full, self.cfg.include_embeddings, self.cfg.include_head))
+        names = list(dense_layers(full, self.cfg.include_embeddings, self.cfg.include_head, self.cfg.include_pooler))
         result = {"dev": res.dev, "test": res.test}
         return Seeded(seed, seed_out, full, handle, {k: v.clone() for k, v in start.items()}, names, result)
 
@@ -405,14 +504,26 @@ class Sweep:
 
     # -- retrained points -------------------------------------------------------------------------
 
+    def from_step(self) -> int:
+        """The schedule step the rewound points retrain from: `rewind_step` with
+        `rewind_schedule: continue` (Frankle et al. 2020), else 0."""
+        return self.cfg.rewind_step if self.cfg.rewind_schedule == "continue" else 0
+
+    def rewind_params(self) -> dict:
+        """What a rewound point's manifest records about where it started."""
+        if self.cfg.rewind_step == 0:
+            return {"rewind_step": 0}
+        return {"rewind_step": self.cfg.rewind_step, "from_step": self.from_step()}
+
     def retrain(self, s: Seeded, method: str, amount: float, masks: dict, start: dict, params: dict,
-                prior: str | None = None, search: tuple = ()) -> dict:
-        """Train the masked `start` weights with the full model's recipe, masks kept by the hook.
+                prior: str | None = None, search: tuple = (), from_step: int = 0) -> dict:
+        """Train the masked `start` weights with the full model's recipe, masks kept by the hooks
+        (`masked_training`), from step `from_step` of the schedule to its end (`continue_state`).
         `prior`: the point whose trained weights gave the mask (IMP's previous round), for the cost;
         `search`: training runs after `prior` that found the mask (imp_mlm's masked-LM rounds)."""
         from workbench.checkpoints import read_manifest
         from workbench.finetune import load_classifier, train_seed
-        from workbench.loop import TrainingHooks, write_model_folder
+        from workbench.loop import write_model_folder
 
         found = self.done(method, amount, s.seed)
         if found is not None:
@@ -423,7 +534,10 @@ class Sweep:
         with atomic_dir(target / "start") as tmp:
             write_model_folder(tmp, model, self.run.tokenizer, {"kind": "prune_start", "method": method})
         sub = dataclasses.replace(self.run, checkpoint=target / "start", folder=target / "train")
-        res = train_seed(self.ft, s.seed, sub, hooks=TrainingHooks(after_step=keep_masked(masks)))
+        hooks = masked_training(masks)
+        if from_step > 0 and not _started(sub.folder, s.seed):  # an interrupted retraining resumes its own state
+            continue_state(self.ft, sub, s.seed, hooks, from_step)
+        res = train_seed(self.ft, s.seed, sub, hooks=hooks)
         trained = load_classifier(res.checkpoint)
         measured, wanted = sparsity(trained, masks), mask_sparsity(masks)
         if measured < wanted - 1e-12:
@@ -444,8 +558,8 @@ class Sweep:
         for r, amount in enumerate(schedule, start=1):
             masks = magnitude_masks(trained, s.names, amount, current)
             record = self.retrain(s, "imp", amount, masks, s.start,
-                                  {"sparsity": amount, "round": r, "rewind_step": self.cfg.rewind_step},
-                                  prior=record["checkpoint"] if record else None)
+                                  {"sparsity": amount, "round": r, **self.rewind_params()},
+                                  prior=record["checkpoint"] if record else None, from_step=self.from_step())
             if record.get("mask_sha256") != mask_hash(masks):
                 raise CheckpointError(f"{record['checkpoint']}: a resumed IMP round has another mask than this "
                                       f"run computes; delete the sweep folder's points/imp to recompute")
@@ -468,26 +582,32 @@ class Sweep:
         imp_masks = self.imp(s) if "imp" in methods else {}
         for amount in imp_masks:
             self.points.append(self.done("imp", amount, seed))
-        rewind = {"rewind_step": self.cfg.rewind_step}
+        rewind, k = self.rewind_params(), self.from_step()
         for amount in self.cfg.sparsities:
             if "oneshot" in methods:
                 masks = magnitude_masks(s.full, s.names, amount)
-                self.points.append(self.retrain(s, "oneshot", amount, masks, s.start, {"sparsity": amount, **rewind}))
+                self.points.append(self.retrain(s, "oneshot", amount, masks, s.start, {"sparsity": amount, **rewind},
+                                                from_step=k))
             if "random" in methods:
                 masks = random_masks(s.full, s.names, amount, seed=seed * 1000 + round(amount * 1000))
-                self.points.append(self.retrain(s, "random", amount, masks, s.start, {"sparsity": amount, **rewind}))
-            if "reinit" in methods:
+                self.points.append(self.retrain(s, "random", amount, masks, s.start, {"sparsity": amount, **rewind},
+                                                from_step=k))
+            if "reinit" in methods:  # from the ticket's step too (open_lth's randomly_reinitialize)
                 fresh = DERIVATIONS["random_init"].apply(s.full, seed=seed).state_dict()
                 self.points.append(self.retrain(s, "reinit", amount, imp_masks[amount], fresh,
-                                                {"sparsity": amount, "init_seed": seed},
-                                                prior=self.done("imp", amount, seed)["checkpoint"]))
+                                                {"sparsity": amount, "init_seed": seed,
+                                                 **({"from_step": k} if k else {})},
+                                                prior=self.done("imp", amount, seed)["checkpoint"], from_step=k))
         if "imp_mlm" in methods:
             for amount in mlm_sparsities(self.cfg):
                 self.points.append(self.pretraining_ticket(s, amount))
         if "quantize" in methods:
+            flags = (self.cfg.include_embeddings, self.cfg.include_head, self.cfg.include_pooler)
+            scheme = self.cfg.quantize_scheme
+            quantized = sum(m.weight.numel() for m in quantized_layers(s.full, scheme, *flags).values())
             for bits in self.cfg.bits:
                 self.points.append(self.post_hoc(s, "quantize", bits, lambda m, b=bits: fake_quantize(
-                    m, b, self.cfg.include_embeddings, self.cfg.include_head), {"bits": bits}))
+                    m, b, *flags, scheme=scheme), {"bits": bits, "scheme": scheme, "quantized_parameters": quantized}))
         for method in (m for m in methods if m in HEAD_METHODS):
             self.points.extend(self.heads(s, method))
         if "lowrank" in methods:
@@ -501,16 +621,11 @@ class Sweep:
     def pretraining_ticket(self, s: Seeded, amount: float) -> dict:
         """Chen et al.'s pretraining ticket at `amount`: the MLM-IMP mask (found once per sweep,
         `self.mlm`) on the pretrained weights under the seed's fresh head, fine-tuned with it kept."""
-        from workbench.compress.pretraining_ticket import transfer_masks
-
         found = self.done("imp_mlm", amount, s.seed)
         if found is not None:
             return found
         masks_by_amount, pretrainer, settings, found_by = self.mlm_tickets()
-        masks = transfer_masks(masks_by_amount[amount], pretrainer, s.full)
-        if set(masks) != set(s.names):
-            raise CheckpointError(f"imp_mlm: the masked-LM masks cover {len(masks)} matrices, the classifier's "
-                                  f"prunable set {len(s.names)}")
+        masks = ticket_masks(masks_by_amount[amount], pretrainer, s.full, s.names)
         start = s.start if self.cfg.rewind_step == 0 else self.pretrained_start(s.seed)
         return self.retrain(s, "imp_mlm", amount, masks, start,
                             {"sparsity": amount, "round": round(amount / self.cfg.imp_step),
@@ -527,7 +642,8 @@ class Sweep:
             settings = load_mlm_settings(self.cfg.mlm, "prune config")
             folder = Path(settings.output_dir) if settings.output_dir else self.folder / "mlm"
             masks, pretrainer, found_by = mlm_tickets(self.run.checkpoint, max(mlm_sparsities(self.cfg)), self.cfg.imp_step, settings,
-                                            folder, device=self.ft.device, progress=self.cfg.progress, log=self.log)
+                                            folder, device=self.ft.device, progress=self.cfg.progress, log=self.log,
+                                            include_pooler=self.cfg.include_pooler)
             self.mlm = (masks, pretrainer, settings, found_by)
         return self.mlm
 
@@ -544,51 +660,76 @@ class Sweep:
 
     def lowrank_magnitude(self, s: Seeded, rank: int) -> dict:
         """Magnitude pruning of each block matrix (no retraining) to as many nonzero weights as its
-        rank-`rank` factorisation has (`equal_parameter_sparsity`)."""
+        rank-`rank` factorisation has (`equal_parameter_sparsity`): the matrices `lowrank_product`
+        factorises (the blocks': not the pooler, embeddings or head the prunable set may add)."""
         params = dict(s.full.named_parameters())
-        amounts = {n: equal_parameter_sparsity(tuple(params[n].shape), rank) for n in s.names if params[n].ndim == 2}
+        factorised = set(dense_layers(s.full))
+        amounts = {n: equal_parameter_sparsity(tuple(params[n].shape), rank) for n in s.names
+                   if n in factorised and params[n].ndim == 2}
         masks = layerwise_magnitude_masks(s.full, amounts)
         return self.post_hoc(s, "lowrank_magnitude", rank, lambda m: apply_masks(m, masks),
                              {"rank": rank, "equal_parameters_to": f"lowrank r{rank}"}, masks=masks)
 
     # -- heads points (no retraining) ---------------------------------------------------------------
 
+    def head_curve(self, s: Seeded, order: str, settings) -> Any:
+        """An order's curve for seed `s` (`heads.classifier_curve`), computed once per seed: the
+        random and bad methods size their equal-size subnetworks by the good curve."""
+        key = (s.seed, order)
+        if key not in self.head_curves:
+            model = copy.deepcopy(s.full).to(self.run.device)
+            self.head_curves[key] = H.classifier_curve(model, self.run, order, settings, s.seed, self.ft.batch_size)
+            model.to("cpu")
+        return self.head_curves[key]
+
+    def head_point(self, s: Seeded, method: str, step, params: dict, units: str = "heads") -> dict:
+        """A heads point: the fine-tuned model with `step`'s mask as zeroed weights. A point found
+        on disk is read back only when it holds the same mask (a point of another schedule,
+        `heads.step_of`, at the same amount is recomputed)."""
+        amount = float(step.fraction_removed(units))  # the share of the pruned units removed
+        found = self.done(method, amount, s.seed)
+        record = H.mask_record(step.heads_kept, step.mlps_kept)
+        if found is not None and all(found.get(k) == v for k, v in record.items()):
+            return found
+        t0 = time.time()
+        masked = H.apply_mask(copy.deepcopy(s.full), step.heads_kept, step.mlps_kept)
+        return self.save_point(s, method, amount, masked, None, {**record, **params}, self.evaluate(masked),
+                               time.time() - t0)
+
     def heads(self, s: Seeded, method: str) -> list[dict]:
         """Every step of one order's iterative head pruning (or the `remove` mask) as a point; the
-        curve's surviving-heads rows go to `self.head_rows`. Importance and the stopping rule use
-        the train and dev splits only; the test accuracy of each point is measured afterwards."""
+        surviving-heads rows of the order's subnetwork go to `self.head_rows`: its curve's
+        threshold mask, or with `heads.subnetworks: equal_size` for random and bad Prasanna et
+        al.'s subnetwork of the good one's size (`heads.order_subnetwork`), itself a point too
+        (`EQUAL_SIZE_POINTS`). Importance and the stopping rule use the train and dev splits only;
+        the test accuracy of each point is measured afterwards."""
         settings = head_settings(self.cfg)
-        model = copy.deepcopy(s.full).to(self.run.device)
         order = HEAD_METHODS[method]
+        common = {"fraction": settings.fraction, "step_of": settings.step_of, "threshold": settings.threshold}
         if order is None:
-            kept = H.mask_from_removed(model, settings.remove, where="heads: remove")
-            steps = [H.PruningStep(1, int(kept.size - kept.sum()), float("nan"), kept)]
-            units = "heads"
-        else:
-            curve = H.classifier_curve(model, self.run, order, settings, s.seed, self.ft.batch_size)
-            steps, units = curve.steps[1:], curve.units
-            self.head_rows += [r for r in H.curve_rows(curve, model=H.METHOD, family=self.run.family, seed=s.seed,
-                                                       task=self.ft.task)
-                               if r["metric"] in ("head_kept", "heads_prunable", "mlp_kept", "mlps_prunable")]
-            mlps_note = f", {curve.mlps_prunable}/{len(curve.steps[0].heads_kept)} MLPs" if units != "heads" else ""
-            self.log(f"  {method} seed {s.seed}: {curve.prunable}/{curve.steps[0].heads_kept.size} heads{mlps_note} "
-                     f"prunable at {curve.threshold:.0%} of the full model's dev accuracy")
-        model.to("cpu")
-        out = []
-        for step in steps:
-            # the share of the pruned units removed (heads; MLPs; or both counted together)
-            amount = float(step.fraction_removed(units))
-            found = self.done(method, amount, s.seed)
-            if found is not None:
-                out.append(found)
-                continue
-            t0 = time.time()
-            masked = H.apply_mask(copy.deepcopy(s.full), step.heads_kept, step.mlps_kept)
-            params = {**H.mask_record(step.heads_kept, step.mlps_kept), "order": order, "pruning_step": step.step,
-                      **({"units": units} if units != "heads" else {}), "fraction": settings.fraction,
-                      "threshold": settings.threshold}
-            out.append(self.save_point(s, method, amount, masked, None, params, self.evaluate(masked),
-                                       time.time() - t0))
+            kept = H.mask_from_removed(s.full, settings.remove, where="heads: remove")
+            step = H.PruningStep(1, int(kept.size - kept.sum()), float("nan"), kept)
+            return [self.head_point(s, method, step, {"order": order, "pruning_step": 1, **common})]
+        curve = self.head_curve(s, order, settings)
+        units = curve.units
+        sized = settings.subnetworks == "equal_size" and method in EQUAL_SIZE_POINTS
+        chosen = H.order_subnetwork({order: curve, "good": self.head_curve(s, "good", settings)} if sized
+                                    else {order: curve}, order, s.seed, "equal_size" if sized else "threshold")
+        self.head_rows += [r for r in H.curve_rows(curve, model=H.METHOD, family=self.run.family, seed=s.seed,
+                                                   task=self.ft.task, subnetwork=chosen,
+                                                   subnetwork_kind="equal_size" if sized else "threshold")
+                           if r["metric"] in ("head_kept", "heads_prunable", "mlp_kept", "mlps_prunable")]
+        mlps_note = f", {curve.mlps_prunable}/{len(curve.steps[0].heads_kept)} MLPs" if units != "heads" else ""
+        self.log(f"  {method} seed {s.seed}: {curve.prunable}/{curve.steps[0].heads_kept.size} heads{mlps_note} "
+                 f"prunable at {curve.threshold:.0%} of the full model's dev accuracy")
+        unit_params = {"units": units} if units != "heads" else {}
+        out = [self.head_point(s, method, step, {"order": order, "pruning_step": step.step, **unit_params, **common},
+                               units)
+               for step in curve.steps[1:]]
+        if sized:  # Prasanna et al.'s comparison: the random / bad subnetwork of the good one's size
+            out.append(self.head_point(s, EQUAL_SIZE_POINTS[method], chosen,
+                                       {"order": order, "subnetwork": "equal_size", "pruning_step": chosen.step,
+                                        "size_of": "heads_good", **unit_params, **common}, units))
         return out
 
     def drop_weights(self, seed: int) -> None:
@@ -600,7 +741,8 @@ class Sweep:
 
 # The amounts of every kind of point, for folder names: the config's methods plus the comparison
 # `lowrank` writes (not a method a config lists).
-AMOUNT_OF = {**METHODS, "lowrank_magnitude": "ranks", "full": "sparsities"}
+AMOUNT_OF = {**METHODS, "lowrank_magnitude": "ranks", "full": "sparsities",
+             **{point: "heads" for point in EQUAL_SIZE_POINTS.values()}}
 
 
 # ------------------------------------------------------------------------------------------ rows
@@ -612,7 +754,8 @@ def build_rows(points: list[dict], task: str, family: str, run_name: str) -> lis
     common = {"family": family, "probe": PROBE, "task": task}
     rows = []
     for p in points:
-        extra = {k: p.get(k) for k in ("amount", "sparsity", "bits", "rank", "round", "rewind_step", "parameters", "prunable",
+        extra = {k: p.get(k) for k in ("amount", "sparsity", "bits", "scheme", "quantized_parameters", "rank", "round",
+                                        "rewind_step", "from_step", "parameters", "prunable",
                                         "nonzero_parameters", "nonzero_prunable", "sparsity_measured",
                                         "mask_sha256", "checkpoint", "n_heads_kept", "n_heads", "order",
                                         "pruning_step", "mlm_steps", "n_mlps_kept", "n_mlps", "units") if p.get(k) is not None}
@@ -678,6 +821,10 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
     else:
         atomic_write_json(cfg_file, key)
     run = prepare(dataclasses.replace(ft, output_dir=str(folder / "full")), data)
+    total = math.ceil(len(run.train.ids) / ft.batch_size) * ft.epochs
+    if cfg.rewind_step >= total:  # before any training: the rewind point must leave steps to retrain
+        raise ConfigError(f"rewind_step: {cfg.rewind_step} is not below the fine-tuning's {total} steps "
+                          f"({len(run.train.ids)} examples, batch_size {ft.batch_size}, {ft.epochs} epochs)")
     sweep = Sweep(cfg, ft, run, folder)
     for seed in ft.seeds:
         sweep.run_seed(seed)

@@ -7,7 +7,11 @@ BERT Networks" (after Frankle & Carbin 2019):
   output projections, the intermediate and output dense layers of the MLP); it is found by module
   structure (`prunable_weights`: the `nn.Linear` / GPT-2 `Conv1D` weights inside each repeated
   block list, `nn.ModuleList`), not by one family's parameter names, so BERT, MPNet, RoBERTa,
-  GPT-2 or Llama blocks are all covered. Embeddings and the task head stay unpruned unless asked;
+  GPT-2 or Llama blocks are all covered. Chen et al. prune the pooler too (BERT's dense layer over
+  [CLS], pretrained with NSP): their `pruning_model` ranks `bert.pooler.dense.weight` in the same
+  global set as the 72 block matrices, and `prunable_weights` follows them (`include_pooler`, on by
+  default; the base model's `pooler`, where the family has one: BERT, MPNet, ALBERT). Embeddings
+  and the task head stay unpruned unless asked;
 - pruning is global: the weights of smallest magnitude over the whole set go first
   (`magnitude_masks`), so layers lose different fractions;
 - iterative magnitude pruning (IMP) removes `step` (10%) of the *original* prunable weights per
@@ -55,11 +59,44 @@ def block_lists(model: torch.nn.Module) -> list[tuple[str, torch.nn.ModuleList]]
     return found
 
 
+def base_model(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The transformers base model inside `model` (a classifier's body, or the body of the model a
+    pretraining module wraps): the first `PreTrainedModel` among its modules, its `base_model`."""
+    from transformers import PreTrainedModel
+
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            return module.base_model
+    return None
+
+
+def pooler(model: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
+    """(its name in `model.named_modules()`, the module) of the base model's pooler, the dense layer
+    over the first token that BERT pretrains with NSP (MPNet, ALBERT have one too); None where the
+    family has none (GPT-2, Llama, DeBERTa, RoBERTa's classifier, ...)."""
+    base = base_model(model)
+    found = getattr(base, "pooler", None) if base is not None else None
+    if not isinstance(found, torch.nn.Module):
+        return None
+    return next(((name, m) for name, m in model.named_modules() if m is found), None)
+
+
+def pooler_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """{weight name: module} of the dense layers of the pooler (`pooler`); {} without one."""
+    found = pooler(model)
+    if found is None:
+        return {}
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return {name_of[id(m.weight)]: m for m in found[1].modules() if _is_dense(m) and id(m.weight) in name_of}
+
+
 def dense_layers(model: torch.nn.Module, include_embeddings: bool = False,
-                 include_head: bool = False) -> dict[str, torch.nn.Module]:
-    """{weight name: its module} for the prunable set (module docstring), names as in
+                 include_head: bool = False, include_pooler: bool = False) -> dict[str, torch.nn.Module]:
+    """{weight name: its module} for the block matrices (module docstring), names as in
     `model.named_parameters()`. `include_embeddings` adds the input embedding matrix (the module
-    is the embedding), `include_head` the 2-d weights outside the base model (a classifier)."""
+    is the embedding), `include_head` the 2-d weights outside the base model (a classifier),
+    `include_pooler` the pooler's dense layer (`pooler_layers`; Chen et al.'s prunable set is the
+    blocks and the pooler: `prunable_weights`' default)."""
     name_of = {id(p): n for n, p in model.named_parameters()}  # shared tensors: their first name
     out: dict[str, torch.nn.Module] = {}
     for list_name, blocks in block_lists(model):
@@ -68,6 +105,9 @@ def dense_layers(model: torch.nn.Module, include_embeddings: bool = False,
                 out.setdefault(name_of[id(module.weight)], module)
     if not out:
         raise ConfigError(f"{type(model).__name__}: no dense layers inside repeated transformer blocks to prune")
+    if include_pooler:
+        for name, module in pooler_layers(model).items():
+            out.setdefault(name, module)
     if include_embeddings:
         emb = model.get_input_embeddings()
         out.setdefault(name_of[id(emb.weight)], emb)
@@ -81,9 +121,11 @@ def dense_layers(model: torch.nn.Module, include_embeddings: bool = False,
     return out
 
 
-def prunable_weights(model: torch.nn.Module, include_embeddings: bool = False, include_head: bool = False) -> list[str]:
-    """The names of the prunable weights (`dense_layers`), in model order."""
-    return list(dense_layers(model, include_embeddings, include_head))
+def prunable_weights(model: torch.nn.Module, include_embeddings: bool = False, include_head: bool = False,
+                     include_pooler: bool = True) -> list[str]:
+    """The names of the prunable weights (`dense_layers`), in model order: by default Chen et al.'s
+    set, the block matrices and the pooler."""
+    return list(dense_layers(model, include_embeddings, include_head, include_pooler))
 
 
 def full_masks(model: torch.nn.Module, names: list[str]) -> Masks:
