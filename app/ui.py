@@ -121,3 +121,20 @@ def table(df, key: str, hide_index: bool = True) -> None:
     `at.container(key)`, CSS class `st-key-<key>`)."""
     with st.container(key=key):
         st.dataframe(df, hide_index=hide_index, width="stretch")
+
+
+def chart(draw, key: str, say_missing: bool = True):
+    """Draw one plot of a page: `draw()` returns an `app.figures.Drawn`; a plot whose rows are not in
+    the store (`figures.MissingData`) shows its reason (or nothing, `say_missing=False`) instead of
+    an exception. Returns the drawn figure, or None when there was nothing to draw."""
+    from app.figures import MissingData
+
+    try:
+        drawn = draw()
+    except MissingData as e:
+        if say_missing:
+            st.info(str(e))
+        return None
+    drawn.figure.update_layout(width=None)
+    st.plotly_chart(drawn.figure, width="stretch", key=key)
+    return drawn

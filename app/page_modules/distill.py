@@ -205,13 +205,7 @@ def render(store) -> None:
     table = tradeoff_table(rows)
     st.subheader("Accuracy against size and speed")
     for x in ("parameters", "latency_ms"):
-        try:
-            drawn = tradeoff_plot(rows, f"test accuracy vs {x.replace('_', ' ')}", {"x": x})
-        except figures.MissingData as e:
-            st.info(str(e))
-            continue
-        drawn.figure.update_layout(width=None)
-        st.plotly_chart(drawn.figure, width="stretch", key=f"distill-{x}")
+        ui.chart(lambda: tradeoff_plot(rows, f"test accuracy vs {x.replace('_', ' ')}", {"x": x}), f"distill-{x}")
     ui.table(table[table["accuracy"].notna()], "distill-table")
     try:
         drawn = temperature_plot(rows, "test accuracy vs temperature", {})

@@ -155,13 +155,7 @@ def render(store) -> None:
     for name, fn in (("Dev score per epoch (seed range shaded)", finetune_curves),
                      ("Test score with 95% CI over seeds, next to the baselines", finetune_test)):
         st.subheader(name)
-        try:
-            drawn = fn(sub, f"{task}: {name.split(' (')[0].lower()}", {"metric": metric})
-        except figures.MissingData as e:
-            st.info(str(e))
-            continue
-        drawn.figure.update_layout(width=None)
-        st.plotly_chart(drawn.figure, width="stretch", key=f"finetune-{fn.__name__}")
+        ui.chart(lambda: fn(sub, f"{task}: {name.split(' (')[0].lower()}", {"metric": metric}), f"finetune-{fn.__name__}")
     st.subheader("Test and dev scores")
     ui.table(pd.concat([score_table(sub, metric, "test").assign(split="test"),
                         score_table(sub, metric, "dev").assign(split="dev")], ignore_index=True), "finetune-table")

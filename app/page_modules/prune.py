@@ -189,12 +189,7 @@ def render(store) -> None:
     for name, fn, title in (("sparsity", prune_vs_sparsity, "Accuracy vs sparsity"),
                             ("bits", prune_vs_bits, "Accuracy vs bits"),
                             ("size", prune_vs_size, "Accuracy vs stored size")):
-        try:
-            drawn = fn(rows, title, {"split": split})
-        except figures.MissingData:
-            continue
-        drawn.figure.update_layout(width=None)
-        st.plotly_chart(drawn.figure, width="stretch", key=f"prune-{name}")
+        ui.chart(lambda: fn(rows, title, {"split": split}), f"prune-{name}", say_missing=False)
     agg = _aggregates(rows, split)
     wins = _aggregates(rows, split, "wins")
     table = agg[["model", "amount", "value", "sd", "seeds"]].rename(columns={"model": "method", "value": "accuracy"})
