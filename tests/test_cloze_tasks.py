@@ -99,6 +99,26 @@ def test_nonsense_control_keeps_answers(generated, task):
         assert len(set(c.slots)) == len({s.lower() for s in it.slots})
 
 
+@pytest.mark.parametrize("task", ct.TASKS)
+def test_content_free_items_keep_the_template_only(generated, task):
+    """The domain premise of the PMI rule: every content word replaced by one neutral word, the
+    template's own words, choices and answers kept; one premise per template (the one-template
+    tasks have one); the nonsense control has the same premises."""
+    items = generated[task]
+    free = ct.content_free(items, "N/A")
+    assert [(c.choices, c.answer, c.template) for c in free] == [(it.choices, it.answer, it.template) for it in items]
+    assert {c.text for c in free} == {ct.render(t, ["N/A"] * t.count("}")) for t in {it.template for it in items}}
+    if task != "always-never":  # its 125 statements share 38 premises ("A N/A <blank> N/A N/A.", ...)
+        assert len({c.text for c in free}) == 1
+    word = re.compile(r"[A-Za-z0-9'-]+")
+    for it, c in zip(items[:300], free[:300]):
+        assert c.text.count(BLANK) == 1 and set(c.slots) == {"N/A"}
+        template_words = set(word.findall(re.sub(r"\{[aA]?\d+\}", " ", it.template).replace(BLANK, "")))
+        # only the template's own words, the articles it derives and N/A's two letters: no content left
+        assert set(word.findall(c.text.replace(BLANK, ""))) <= template_words | {"a", "A", "N"}
+    assert ct.content_free(ct.nonsense_control(items[:50], seed=0), "N/A") == free[:50]
+
+
 def test_bad_task_and_sizes():
     from workbench.errors import ConfigError
 

@@ -10,7 +10,10 @@ each model, on the test split:
   ELECTRA through its generator): `zero_shot_acc` with a bootstrap CI over items, next to
   `majority_acc` (the train split's most frequent answer) and `random_acc` (1 / number of choices),
   and `nonsense_acc`, the same items with nonsense words in place of the content words (the
-  language control: a model that reads the content falls to chance there);
+  language control: a model that reads the content falls to chance there); with `scoring`
+  including "pmi", the same by the calibrated rule (`zero_shot_pmi_acc`, `nonsense_pmi_acc`, and
+  `lens_pmi_acc`, ... per layer): each candidate's score minus its score in the content-free
+  template, domain-conditional PMI (Holtzman et al. 2021; `probes.cloze.scoring`);
 - the logit lens (nostalgebraist 2020; Geva et al. 2022 read the FFN updates the same way): the
   model's own output head applied to every layer's hidden states (`lm_scores.layer_head`), scored
   exactly like the zero-shot rule, so `lens_acc` at the last layer equals `zero_shot_acc` (tested
@@ -54,14 +57,16 @@ from probes.cloze.blank import blank_word, probe_words
 from probes.cloze.finetune import MCHead, finetune_mc, weighted_score
 from probes.cloze.prepare import prepare
 from probes.cloze.rows import run_task
-from probes.cloze.scoring import accuracy_ci, contexts_of, lens_correct, lens_scores, zero_shot
+from probes.cloze.scoring import (SCORING, accuracy_ci, calibrated, content_free_scores, content_free_word, contexts_of,
+                                  lens_correct, lens_scores, metric_name, zero_shot)
 from probes.cloze.settings import FIXED_CHOICE_TASKS, PAPER_SIZES, TASKS, Settings
 from probes.cloze.summary import lens_layer_table, summary
 from probes.core import runner
 
 __all__ = ["NAME", "TASKS", "FIXED_CHOICE_TASKS", "PAPER_SIZES", "Settings", "prepare", "run_task", "summary", "PROBE",
            "zero_shot", "accuracy_ci", "contexts_of", "lens_scores", "lens_correct", "lens_layer_table", "MCHead",
-           "finetune_mc", "weighted_score", "blank_word", "probe_words"]
+           "finetune_mc", "weighted_score", "blank_word", "probe_words", "SCORING", "calibrated", "content_free_scores",
+           "content_free_word", "metric_name"]
 
 NAME = "cloze"
 

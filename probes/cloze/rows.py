@@ -9,7 +9,8 @@ import pandas as pd
 
 from probes.cloze.blank import blank_word, probe_words
 from probes.cloze.finetune import finetune_mc, weighted_score
-from probes.cloze.scoring import accuracy_ci, lens_correct, zero_shot
+from probes.cloze.scoring import accuracy_ci, content_free_word, lens_correct_rules, metric_name, zero_shot_rules
+from probes.cloze.tasks import content_free
 from probes.cloze.settings import FIXED_CHOICE_TASKS, Settings
 from probes.core import baselines, fitting, runner
 from workbench.errors import CheckpointError
@@ -33,7 +34,6 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
     K = len(test[0].choices)
     L = unit.handle.num_layers[unit.stack]
     last = [L]
-    seed, n_boot = settings.seed, settings.n_boot
     out: list[pd.DataFrame] = []
     # data-only and head-based rows once per model (with --stack all, on its first stack's unit)
     head_stack = unit.stack == unit.handle.stacks[0]
@@ -45,20 +45,18 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
                              n=len(test)), {"majority_acc": "majority", "random_acc": "chance"}))
 
     if scorer is not None and head_stack:
-        correct, scores = zero_shot(scorer, test, settings.batch_size)
-        acc, lo, hi = accuracy_ci(correct, n_boot, seed)
-        methods = sorted({m for ms in scores.method for m in ms})
-        multi = int(sum(any(n > 1 for n in ns) for ns in scores.n_pieces))
-        metrics, ci = {"zero_shot_acc": [acc]}, {"zero_shot_acc": ([lo], [hi])}
-        if settings.nonsense:
-            c2, _ = zero_shot(scorer, data["nonsense"], settings.batch_size)
-            a2, l2, h2 = accuracy_ci(c2, n_boot, seed)
-            metrics["nonsense_acc"], ci["nonsense_acc"] = [a2], ([l2], [h2])
-        out.append(unit.rows(task, metrics, split="test", layers=last, n=len(test), ci=ci,
-                             extra={"methods": methods, "items_with_multipiece_candidates": multi,
-                                    "head": scorer.kind}))
+        premises: dict = {}  # the content-free scores, shared by the test items and their control
+        real = zero_shot_rules(scorer, test, settings.batch_size, settings.scoring, premises)
+        control = zero_shot_rules(scorer, data["nonsense"], settings.batch_size, settings.scoring, premises) \
+            if settings.nonsense else {}
+        out += [_zero_shot_rows(unit, scorer, test, task, settings, rule, real[rule], control.get(rule))
+                for rule in settings.scoring]
         if settings.lens:
-            out.append(_lens_rows(unit, scorer, data, task, settings))
+            lens = lens_correct_rules(scorer, test, settings.batch_size, settings.scoring)
+            lens_control = lens_correct_rules(scorer, data["nonsense"], settings.batch_size, settings.scoring) \
+                if settings.nonsense else {}
+            out += [_lens_rows(unit, scorer, test, task, settings, rule, lens[rule], lens_control.get(rule))
+                    for rule in settings.scoring]
         if settings.curve_sizes:
             out.append(_learning_curve(unit, scorer, data, task, settings))
 
@@ -68,28 +66,61 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
 
 
 
-def _lens_rows(unit, scorer, data, task, settings) -> pd.DataFrame:
+def _scoring_extra(scorer, rule: str, items) -> dict:
+    """What a row says about its scoring rule: the rule, and for pmi the neutral word and the
+    first item's domain premise (the content-free context, `probes.cloze.scoring`)."""
+    if rule == "raw":
+        return {"scoring": rule}
+    word = content_free_word(scorer)
+    return {"scoring": rule, "content_free_word": word, "domain_premise": content_free(items[:1], word)[0].text}
+
+
+def _zero_shot_rows(unit, scorer, test, task, settings, rule: str, real, control) -> pd.DataFrame:
+    """`zero_shot_acc` and `nonsense_acc` (pmi: `zero_shot_pmi_acc`, `nonsense_pmi_acc`) with
+    bootstrap CIs over items, by one scoring rule (`real`, `control`: its (correct, scores) on the
+    test items and on their nonsense-word control, or None without the control)."""
+    seed, n_boot = settings.seed, settings.n_boot
+    correct, scores = real
+    acc, lo, hi = accuracy_ci(correct, n_boot, seed)
+    methods = sorted({m for ms in scores.method for m in ms})
+    multi = int(sum(any(n > 1 for n in ns) for ns in scores.n_pieces))
+    zs = metric_name("zero_shot_acc", rule)
+    metrics, ci = {zs: [acc]}, {zs: ([lo], [hi])}
+    if control is not None:
+        a2, l2, h2 = accuracy_ci(control[0], n_boot, seed)
+        ns = metric_name("nonsense_acc", rule)
+        metrics[ns], ci[ns] = [a2], ([l2], [h2])
+    # how often each choice (by position) was the answer given: a prior shows as one dominant count
+    picks = np.bincount(np.asarray(scores.best()), minlength=max(len(c) for c in scores.scores)).tolist()
+    return unit.rows(task, metrics, split="test", layers=[unit.handle.num_layers[unit.stack]], n=len(test), ci=ci,
+                     extra={"methods": methods, "items_with_multipiece_candidates": multi, "head": scorer.kind,
+                            "answer_counts": picks, **_scoring_extra(scorer, rule, test)})
+
+
+def _lens_rows(unit, scorer, test, task, settings, rule: str, lc, nc) -> pd.DataFrame:
     """Per layer: `lens_acc` on the test items and, with the language control, `lens_nonsense_acc`
     (the same items, nonsense words for the content words, answers unchanged) and
     `lens_nonsense_gap` = lens_acc - lens_nonsense_acc with a paired bootstrap CI over items (item i
     of the control is item i of the test set). A layer whose lens is above chance on the real items
     and at chance on the control reads the content; one that scores the same on both prefers a
     candidate word (or a surface cue) whatever the sentence says. At the last layer the two
-    accuracies are zero_shot_acc and nonsense_acc (tested)."""
-    test, seed, n_boot = data["test"], settings.seed, settings.n_boot
-    lc = lens_correct(scorer, test, settings.batch_size)
+    accuracies are zero_shot_acc and nonsense_acc (tested). With `rule` "pmi" every layer's scores
+    are calibrated by the same layer's content-free scores, and the metrics are named
+    lens_pmi_acc, lens_nonsense_pmi_acc, lens_nonsense_pmi_gap. `lc`, `nc`: the rule's [L+1, N]
+    correctness on the test items and on their control (None without it)."""
+    seed, n_boot = settings.seed, settings.n_boot
+    name = lambda m: metric_name(m, rule)  # noqa: E731
     a, lo, hi = accuracy_ci(lc, n_boot, seed)
-    metrics, ci = {"lens_acc": a}, {"lens_acc": (lo, hi)}
-    if settings.nonsense:
-        nc = lens_correct(scorer, data["nonsense"], settings.batch_size)
-        metrics["lens_nonsense_acc"], l2, h2 = accuracy_ci(nc, n_boot, seed)
-        ci["lens_nonsense_acc"] = (l2, h2)
-        metrics["lens_nonsense_gap"], l3, h3 = accuracy_ci(lc.astype(np.float64) - nc, n_boot, seed)
-        ci["lens_nonsense_gap"] = (l3, h3)
+    metrics, ci = {name("lens_acc"): a}, {name("lens_acc"): (lo, hi)}
+    if nc is not None:
+        metrics[name("lens_nonsense_acc")], l2, h2 = accuracy_ci(nc, n_boot, seed)
+        ci[name("lens_nonsense_acc")] = (l2, h2)
+        metrics[name("lens_nonsense_gap")], l3, h3 = accuracy_ci(lc.astype(np.float64) - nc, n_boot, seed)
+        ci[name("lens_nonsense_gap")] = (l3, h3)
     # ELECTRA: the generator's layers (its own head), which may differ in number from the
     # discriminator's; T5/BART: the decoder's layers
     rows = unit.rows(task, metrics, split="test", n=len(test), ci=ci,
-                     extra={"head_model": type(scorer.model).__name__})
+                     extra={"head_model": type(scorer.model).__name__, **_scoring_extra(scorer, rule, test)})
     return rows.assign(stack="decoder") if scorer.kind == "seq2seq" else rows
 
 

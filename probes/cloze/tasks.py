@@ -44,6 +44,11 @@ a pronounceable nonsense word that is not a WordNet lemma; choices and answers s
 distribution is unchanged and a model that reads the content should fall to chance, while one that
 answers from the template or the answer prior keeps its score.
 
+Content-free items (`content_free`): the same items with every content word replaced by ONE
+neutral word (the same for every slot and every item), the "content-free input" of Zhao et al.
+(2021, "Calibrate Before Use"): what remains is the task's template, the domain premise of the
+calibrated zero-shot rule (`probes.cloze.scoring`, domain-conditional PMI, Holtzman et al. 2021).
+
 Differences from Talmor et al. (2020), on purpose:
 - The paper's data (ConceptNet, Wikidata, crowd-sourcing; links now dead) is not reproduced; the
   tasks are regenerated from WordNet 3.0 and the two hand-made lists above. Sizes: up to 2,000
@@ -579,6 +584,16 @@ def nonsense_control(items: Sequence[ClozeItem], seed: int = 0) -> list[ClozeIte
         new = tuple(mapping[s.lower()] for s in it.slots)
         out.append(replace(it, slots=new, text=render(it.template, new)))
     return out
+
+
+def content_free(items: Sequence[ClozeItem], word: str) -> list[ClozeItem]:
+    """The items with every content word (slot) replaced by `word` (articles re-derived from it, so
+    "an 80 year old" and "a 41 year old" both become "a <word> year old"): the template alone, the
+    same text for every item of a one-template task. Choices and answers unchanged."""
+    if not word or any(ch.isspace() for ch in word) or "{" in word or BLANK in word:
+        raise ConfigError(f"content-free word must be one non-empty word without braces, got {word!r}")
+    return [replace(it, slots=tuple(word for _ in it.slots), text=render(it.template, [word] * len(it.slots)))
+            for it in items]
 
 
 def split(items: Sequence[ClozeItem], name: str) -> list[ClozeItem]:
