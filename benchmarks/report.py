@@ -127,6 +127,26 @@ def _rows(r: dict) -> list[tuple[str, str, str, str, str]]:
                 f"one fit per layer and label set")
         return rows + [(what, f"{r['ours_seconds']:.1f} s", f"{r['sklearn_seconds']:.1f} s", f"{r['speedup']:.1f}x", ""),
                 ("probe fit: max dev accuracy gap to sklearn", f"{r['max_gap_pt']:.2f} pt", "", "", "<= 0.5 pt")]
+    if b == "bench_real_probe":  # issue 42: per model, fit time / extraction time of the same features
+        rows = []
+        for model, m in r["models"].items():
+            name = model.rstrip("/").split("/")[-1]
+            n_layers = f"{len(m['layers'])} of {m['num_hidden_states']} layers"
+            u, s, e = m["upos"], m["structural_distance"], m["extraction"]
+            rows += [(f"real probe {name}: UPOS fit / extraction, {n_layers}, {u['train_words']:,} words "
+                      f"(CPU {u['ratio_cpu']:.2f}x)", f"{u['fit']['wall_s']:.0f} s", f"{e['upos']['wall_s']:.0f} s",
+                      f"{u['ratio_wall']:.2f}x", "<= 1x"),
+                     (f"real probe {name}: {'standardised ' if s['settings'].get('standardize') else ''}"
+                      f"structural-distance fit / extraction, {n_layers}, {s['trees']:,} trees "
+                      f"(CPU {s['ratio_cpu']:.2f}x)", f"{s['fit']['wall_s']:.0f} s", f"{e['structural']['wall_s']:.0f} s",
+                      f"{s['ratio_wall']:.2f}x", "<= 2x")]
+            mem = u["memory"]
+            if mem.get("rss_peak"):  # what the fit adds to the process (the model is freed before it)
+                grown = mem["rss_peak"] - mem["rss_before"]
+                rows.append((f"real probe {name}: UPOS fit's RSS growth (peak {mem['rss_peak'] / 2**20:,.0f} MB) over "
+                             f"the fp32 features it reads", f"{grown / 2**20:,.0f} MB",
+                             f"{u['feature_bytes'] / 2**20:,.0f} MB", f"{grown / u['feature_bytes']:.2f}x", "<= 1.5x"))
+        return rows
     if b == "bench_pll":
         return [("pseudo-log-likelihood, batched vs one forward per token (wall)", _rate(r["batched"]["tokens_per_s"]),
                  _rate(r["per_token"]["tokens_per_s"]), f"{r['ratio_wall']:.1f}x", "")]
