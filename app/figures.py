@@ -263,7 +263,7 @@ def layer_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
         fig.update_xaxes(title_text="layer", dtick=1, row=1, col=col)
     fig.update_layout(title=title, template="plotly_white", height=420, width=max(520, 430 * len(panels)))
     unit_panels(fig)  # accuracy-like panels on 0..1, in the app and in exported figures alike
-    return Drawn(fig, _tidy(pd.concat(drawn, ignore_index=True)))
+    return Drawn(fig, tidy_rows(pd.concat(drawn, ignore_index=True)))
 
 
 def expected_layers(rows: pd.DataFrame) -> pd.DataFrame:
@@ -300,7 +300,7 @@ def depth_summary(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     fig.update_traces(marker={"size": 12})
     data = summary.rename(columns={"from": "kind"}).assign(run_id=None, step=None, stack=None, layer=None,
                                                            ci_low=None, ci_high=None)
-    return Drawn(fig, _tidy(data))
+    return Drawn(fig, tidy_rows(data))
 
 
 DEPTH_STATS = tuple(depth.STATS)
@@ -350,7 +350,7 @@ def depth_table(rows: pd.DataFrame, metrics: dict, alpha: float = 0.05, referenc
                 continue
             for name, (value, lo, hi) in depth.difference(values, boot, ref[2], ref[3], layers, alpha).items():
                 out.append(dict(base, metric=f"{name}_minus_{reference}", layer=None, value=value, ci_low=lo, ci_high=hi))
-    return _tidy(pd.DataFrame(out))
+    return tidy_rows(pd.DataFrame(out))
 
 
 def depth_ci(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
@@ -423,7 +423,7 @@ def training_heatmap(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
                                colorscale="Viridis", colorbar={"title": metric}))
     fig.update_layout(title=title, xaxis_title="layer", yaxis_title="training step", yaxis_type="category",
                       template="plotly_white", height=120 + 28 * len(table), width=640)
-    return Drawn(fig, _tidy(sub.assign(kind="model")))
+    return Drawn(fig, tidy_rows(sub.assign(kind="model")))
 
 
 def roc_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
@@ -457,7 +457,7 @@ def roc_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     fig.update_layout(title=title, xaxis_title=f"false positive rate (log; below {floor:g} drawn at {floor:g})",
                       yaxis_title="true positive rate", xaxis_type="log", yaxis_type="log" if options.get("log_tpr") else None,
                       template="plotly_white", height=480, width=720)
-    return Drawn(fig, _tidy(pd.DataFrame(data)))
+    return Drawn(fig, tidy_rows(pd.DataFrame(data)))
 
 
 def auc_over_steps(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
@@ -484,7 +484,7 @@ def auc_over_steps(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
                       xaxis_type="log", template="plotly_white", height=420, width=720, showlegend=True)
     if is_fraction(metric):
         unit_axis(fig)
-    return Drawn(fig, _tidy(sub.assign(kind="model")))
+    return Drawn(fig, tidy_rows(sub.assign(kind="model")))
 
 
 PLOTS: dict[str, Callable[[pd.DataFrame, str, dict], Drawn]] = {
@@ -499,7 +499,9 @@ def all_plots() -> dict[str, Callable[[pd.DataFrame, str, dict], Drawn]]:
     return {**extra_plots(), **PLOTS}
 
 
-def _tidy(df: pd.DataFrame) -> pd.DataFrame:
+def tidy_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows a plot drew, with every column of a figure's data.csv (DATA_COLUMNS); page modules'
+    own plots return theirs through it too."""
     for c in DATA_COLUMNS:
         if c not in df:
             df[c] = None

@@ -593,7 +593,10 @@ def _epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 7211]).permutation(n)
 
 
-def _save_state(folder: Path, model, optimizer, scheduler, loop: dict) -> None:
+def save_resume_state(folder: Path, model, optimizer, scheduler, loop: dict) -> None:
+    """Write what `run_finetune` resumes a seed from (weights, optimizer, schedule, loop counters);
+    public because a pruning sweep writes it too, to retrain a ticket from a rewind step k with the
+    schedule continuing at k (workbench.compress.sweep)."""
     with atomic_dir(folder) as tmp:
         torch.save(model.state_dict(), tmp / "model.pt")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -754,7 +757,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
         read_sums()
         loop["seconds"] = seconds_before + time.time() - t0
         loop["energy_joules"] = meter.reading()[0]
-        _save_state(out / STATE_DIR, model, optimizer, scheduler, loop)
+        save_resume_state(out / STATE_DIR, model, optimizer, scheduler, loop)
 
     manifest = {**run.manifest_base, "seed": seed, "trainable": trainable}
     if hooks.describe():

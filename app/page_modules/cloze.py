@@ -188,7 +188,7 @@ def zero_shot_families(rows: pd.DataFrame, title: str, options: dict) -> figures
     drawn = main.assign(kind="model")
     ref = sub[(sub["metric"] == "random_acc") & sub["task"].isin(tasks)].drop_duplicates("task").assign(
         kind="baseline:chance", model="chance")
-    return figures.Drawn(fig, figures._tidy(pd.concat([drawn, ref], ignore_index=True)))
+    return figures.Drawn(fig, figures.tidy_rows(pd.concat([drawn, ref], ignore_index=True)))
 
 
 PLOTS = {"cloze_zero_shot": zero_shot_families}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from app.axes import unit_axis
-from app.figures import Drawn, MissingData, _tidy
+from app.figures import Drawn, MissingData, tidy_rows
 from workbench.results import decode_extra
 
 TITLE = "Extraction"
@@ -44,7 +44,7 @@ def exposure_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) -> Dr
     data = pd.DataFrame({"model": agg["model"], "step": agg["step"], "metric": "exposure (mean)",
                          "task": [f"exposure, repetitions {r}" for r in agg["repetitions"]], "value": agg["mean"],
                          "ci_low": agg["min"], "ci_high": agg["max"], "kind": "model"})  # ci: min-max over canaries
-    return Drawn(fig, _tidy(data))
+    return Drawn(fig, tidy_rows(data))
 
 
 def precision_per_ranking(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
@@ -66,7 +66,7 @@ def precision_per_ranking(rows: pd.DataFrame, title: str, options: dict) -> Draw
     fig.update_layout(title=title, barmode="group", yaxis_title=f"fraction of the top {top_n} with a verbatim span",
                       xaxis_title="prompts (heldout_text: real unseen text, the control)", template="plotly_white",
                       height=420, width=720, yaxis_range=[0, 1])
-    return Drawn(fig, _tidy(sub.assign(kind="model", task=[f"samples, prompts {x}" for x in sub["split"]])))
+    return Drawn(fig, tidy_rows(sub.assign(kind="model", task=[f"samples, prompts {x}" for x in sub["split"]])))
 
 
 def extractable_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
@@ -88,7 +88,7 @@ def extractable_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) ->
                       yaxis_title="fraction extractable (greedy suffix exact)", template="plotly_white",
                       height=420, width=720)
     unit_axis(fig)
-    return Drawn(fig, _tidy(sub.assign(kind="model", task=[f"k_extraction, repetitions {b}" for b in sub["bucket"]])))
+    return Drawn(fig, tidy_rows(sub.assign(kind="model", task=[f"k_extraction, repetitions {b}" for b in sub["bucket"]])))
 
 
 PLOTS = {"exposure_vs_repetitions": exposure_vs_repetitions, "precision_per_ranking": precision_per_ranking,

@@ -73,7 +73,7 @@ def accuracy_vs_parameters(rows: pd.DataFrame, title: str, options: dict) -> fig
     unit_axis(fig)
     fig.update_layout(title=title, xaxis_title="trainable parameters (log)", yaxis_title=f"{split} accuracy",
                       xaxis_type="log", template="plotly_white", height=460, width=760, showlegend=False)
-    return figures.Drawn(fig, figures._tidy(pd.DataFrame(data)))
+    return figures.Drawn(fig, figures.tidy_rows(pd.DataFrame(data)))
 
 
 def cka_lines(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
@@ -100,7 +100,7 @@ def cka_lines(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
                              "kind": "model"})
     fig.update_layout(title=title, xaxis_title="layer (0 = embeddings)", yaxis_title="linear CKA to the start",
                       template="plotly_white", height=460, width=760, yaxis_range=options.get("y_range"))
-    return figures.Drawn(fig, figures._tidy(pd.DataFrame(data)))
+    return figures.Drawn(fig, figures.tidy_rows(pd.DataFrame(data)))
 
 
 PLOTS = {"peft_accuracy_vs_parameters": accuracy_vs_parameters, "peft_cka_to_start": cka_lines}

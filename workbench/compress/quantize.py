@@ -47,7 +47,7 @@ import io
 
 import torch
 
-from workbench.compress.unstructured import _is_dense, dense_layers, output_axis
+from workbench.compress.unstructured import is_dense, dense_layers, output_axis
 from workbench.errors import ConfigError
 
 BITS = (8, 4, 3, 2, 1)
@@ -79,7 +79,7 @@ def q8bert_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     out: dict[str, torch.nn.Module] = {}
     for module in model.modules():
         w = getattr(module, "weight", None)
-        if (isinstance(module, torch.nn.Embedding) or _is_dense(module)) and id(w) in name_of:
+        if (isinstance(module, torch.nn.Embedding) or is_dense(module)) and id(w) in name_of:
             out.setdefault(name_of[id(w)], module)
     return out
 

@@ -283,7 +283,7 @@ def continue_state(ft, run, seed: int, hooks, step: int) -> Path:
     retrain a ticket rewound to step k: open_lth's `train(start_step=k)` makes a fresh optimizer,
     steps the learning-rate schedule k times and skips the data loader to step k, then trains to
     the last step. Here that is the resume state `train_seed` reads when a run was interrupted
-    (`workbench.finetune._save_state`, written where it looks: `<run folder>/seed-S/resume`): the
+    (`workbench.finetune.save_resume_state`, written where it looks: `<run folder>/seed-S/resume`): the
     weights of `run.checkpoint` (the rewound start), a fresh AdamW over the same parameters, the
     schedule of the full run (warm-up and linear decay over its T steps) advanced to `step`, the
     loop at epoch step // per_epoch, batch step % per_epoch (`train_seed`'s data order is a
@@ -293,7 +293,7 @@ def continue_state(ft, run, seed: int, hooks, step: int) -> Path:
     import warnings
 
     from workbench.checkpoints import seed_dir
-    from workbench.finetune import STATE_DIR, _save_state, build_classifier, trainable_filter
+    from workbench.finetune import STATE_DIR, save_resume_state, build_classifier, trainable_filter
     from workbench.loop import adamw, apply_param_filter, linear_warmup_decay
 
     per_epoch = math.ceil(len(run.train.ids) / ft.batch_size)
@@ -316,7 +316,7 @@ def continue_state(ft, run, seed: int, hooks, step: int) -> Path:
     folder = seed_dir(run.folder, seed) / STATE_DIR
     folder.parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)  # the random numbers the retraining's dropout starts from
-    _save_state(folder, model, optimizer, scheduler, loop)
+    save_resume_state(folder, model, optimizer, scheduler, loop)
     return folder
 
 

@@ -34,7 +34,7 @@ from workbench.compress.masks import Masks
 from workbench.errors import ConfigError
 
 
-def _is_dense(module: torch.nn.Module) -> bool:
+def is_dense(module: torch.nn.Module) -> bool:
     """A dense layer: `nn.Linear`, or transformers' `Conv1D` (GPT-2: weight stored [in, out])."""
     return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
 
@@ -54,7 +54,7 @@ def block_lists(model: torch.nn.Module) -> list[tuple[str, torch.nn.ModuleList]]
             continue
         if any(name.startswith(outer + ".") for outer, _ in found):
             continue
-        if len({type(m) for m in module}) == 1 and any(_is_dense(m) for m in module[0].modules()):
+        if len({type(m) for m in module}) == 1 and any(is_dense(m) for m in module[0].modules()):
             found.append((name, module))
     return found
 
@@ -87,7 +87,7 @@ def pooler_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     if found is None:
         return {}
     name_of = {id(p): n for n, p in model.named_parameters()}
-    return {name_of[id(m.weight)]: m for m in found[1].modules() if _is_dense(m) and id(m.weight) in name_of}
+    return {name_of[id(m.weight)]: m for m in found[1].modules() if is_dense(m) and id(m.weight) in name_of}
 
 
 def dense_layers(model: torch.nn.Module, include_embeddings: bool = False,
@@ -101,7 +101,7 @@ def dense_layers(model: torch.nn.Module, include_embeddings: bool = False,
     out: dict[str, torch.nn.Module] = {}
     for list_name, blocks in block_lists(model):
         for module in blocks.modules():
-            if _is_dense(module) and id(module.weight) in name_of:
+            if is_dense(module) and id(module.weight) in name_of:
                 out.setdefault(name_of[id(module.weight)], module)
     if not out:
         raise ConfigError(f"{type(model).__name__}: no dense layers inside repeated transformer blocks to prune")
