@@ -5,6 +5,9 @@ The CLI sits in `app/` because it is, like the Streamlit pages, a user-facing la
 one-way flow workbench -> probes -> app. Heavy modules are imported inside each command so that
 `bertology --help` answers instantly.
 
+`bertology --quiet COMMAND` (or `--quiet` after any command) turns off progress and info messages
+(`workbench.progress`); warnings, errors and what the command prints as its result remain.
+
 Every command exits 0 on success, 2 on a user-facing error (bad input, missing data, corrupt
 checkpoint: one clear line on stderr naming the file), 1 on anything unexpected.
 """
@@ -87,14 +90,16 @@ def _render_run_figures(names: list[str], run_id: str, store) -> None:
 # --------------------------------------------------------------------------- run
 def _cmd_run(args: argparse.Namespace) -> int:
     from app.experiments import run_experiment
+    from workbench.executor import options_from_args
 
-    return run_experiment(args.config, quick=args.quick, jobs=args.jobs, executor=args.executor,
+    return run_experiment(args.config, quick=args.quick, executor=options_from_args(args),
                           runs_root=args.runs_root, precision=args.precision) or 0
 
 
 # --------------------------------------------------------------------------- finetune
 def _cmd_finetune(args: argparse.Namespace) -> int:
     from workbench.errors import ConfigError
+    from workbench.executor import options_from_args
     from workbench.finetune import format_table, load_finetune_config, run_finetune
 
     def number(flag, text, kind):
@@ -117,8 +122,9 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         overrides["keep_epoch_checkpoints"] = True
     if args.config is None and args.checkpoint is None:
         raise ConfigError("give --checkpoint PATH_OR_HUB_NAME (or a config YAML)")
+    options = options_from_args(args)  # bad --jobs / --executor: one line, before any work
     cfg = load_finetune_config(args.config or {"checkpoint": args.checkpoint}, overrides)
-    result = run_finetune(cfg)
+    result = run_finetune(cfg, executor=options)
     print(format_table(result.rows))
     print(f"run {result.run_id}; checkpoints under {result.folder}")
     return 0
@@ -128,8 +134,10 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
 def _cmd_distill(args: argparse.Namespace) -> int:
     from workbench.errors import ConfigError
     from workbench.distill import format_table, load_distill_config, run_distill
+    from workbench.executor import options_from_args
     from workbench.io import read_yaml
 
+    options = options_from_args(args)  # bad --jobs / --executor: one line, before any work
     data = read_yaml(Path(args.config))
     if isinstance(data, dict) and data.get("kind") == "pretraining":  # DistilBERT-style, on the masked LM
         from workbench.distill_pretraining import load_pretrain_distill_config, run_pretrain_distill
@@ -139,7 +147,7 @@ def _cmd_distill(args: argparse.Namespace) -> int:
                               "(kind: task) only; set them in the YAML")
         cfg = load_pretrain_distill_config(args.config, {"teacher": args.teacher, "name": args.name,
                                                          "device": args.device})
-        result = run_pretrain_distill(cfg, jobs=args.jobs, executor=args.executor)
+        result = run_pretrain_distill(cfg, executor=options)
         print(result.rows[["model", "value"]].rename(columns={"value": "heldout_mlm_loss"}).to_string(index=False))
         print(f"run {result.run_id}")
         return 0
@@ -153,7 +161,7 @@ def _cmd_distill(args: argparse.Namespace) -> int:
                                             "threads": args.threads, "output_dir": args.output_dir,
                                             "depths": ints("--depths", args.depths), "seeds": ints("--seeds", args.seeds),
                                             "inits": None if args.inits is None else args.inits.split(",")})
-    result = run_distill(cfg, jobs=args.jobs, executor=args.executor)
+    result = run_distill(cfg, executor=options)
     print(format_table(result.rows))
     print(f"run {result.run_id}; students under {result.folder}")
     return 0
@@ -162,11 +170,13 @@ def _cmd_distill(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- peft
 def _cmd_peft(args: argparse.Namespace) -> int:
     from probes.peft_change import format_summary, load_sweep_config, run_sweep
+    from workbench.executor import options_from_args
 
+    options = options_from_args(args)  # bad --jobs / --executor: one line, before any work
     overrides = {"checkpoint": args.checkpoint, "device": args.device, "output_dir": None}
     methods = None if args.methods is None else [m.strip() for m in args.methods.split(",")]
     cfg = load_sweep_config(args.config, overrides, methods=methods)
-    run_id, rows = run_sweep(cfg)
+    run_id, rows = run_sweep(cfg, executor=options)
     print(format_summary(rows))
     print(f"run {run_id}")
     return 0
@@ -175,9 +185,11 @@ def _cmd_peft(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- prune
 def _cmd_prune(args: argparse.Namespace) -> int:
     from workbench.compress.sweep import prune_cli_main
+    from workbench.executor import options_from_args
 
     return prune_cli_main(args.config, {"output_dir": args.output_dir, "name": args.name},
-                          {"checkpoint": args.checkpoint, "device": args.device, "seeds": args.seeds})
+                          {"checkpoint": args.checkpoint, "device": args.device, "seeds": args.seeds},
+                          executor=options_from_args(args))
 
 
 # --------------------------------------------------------------------------- runs
@@ -288,20 +300,36 @@ def _cmd_cost(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- parser
+QUIET_HELP = ("no progress bars or lines and no info messages; warnings, errors and the command's "
+              "output (tables, JSON, run ids) still print")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of every subcommand (and of theirs: argparse gives nested subparsers their
+    parent's class): each accepts `--quiet`, so it need not be declared command by command.
+    `default=SUPPRESS` leaves the top-level `bertology --quiet` value alone when it is not given."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS, help=QUIET_HELP)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from workbench.drivers import describe as describe_driver  # the driver registry (no torch import)
+    from workbench.executor import add_executor_arguments
+
     parser = argparse.ArgumentParser(prog="bertology", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--quiet", action="store_true", help=QUIET_HELP + " (also accepted after any command)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
 
     data = sub.add_parser("data", help="verify, fetch and assemble data sets under the data root")
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     p = data_sub.add_parser("verify", help="check every data file against SHA256SUMS")
     p.add_argument("--root", help="data root (default: $BERTOLOGY_DATA or ../shared/data)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_data_verify)
     p = data_sub.add_parser("fetch", help="copy or download the data sets from a mirror, verifying checksums")
     p.add_argument("--from", dest="source", required=True, help="mirror folder or http(s)/file URL with SHA256SUMS")
     p.add_argument("--root", help="destination data root (default: $BERTOLOGY_DATA or ../shared/data)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_data_fetch)
     p = data_sub.add_parser("corpus", help="build a pretraining corpus with a recorded train/heldout split")
     p.add_argument("--out", required=True, help="output folder")
@@ -325,9 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run an experiment YAML (train, probe, print the table)")
     p.add_argument("config", help="experiment YAML, e.g. experiments/main.yaml")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    p.add_argument("--jobs", type=int, default=1, help="independent runs at once in local processes (default 1)")
-    p.add_argument("--executor", default="local", choices=("local", "submitit-local", "slurm"),
-                   help="where runs execute: local processes, or one submitit job per run (default local)")
+    add_executor_arguments(p, "runs")
     p.add_argument("--runs-root", default=None, help="runs root (default $BERTOLOGY_RUNS or ./runs)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default=None,
                    help="training forward format (auto: bf16 on CUDA and on CPUs with amx_bf16/avx512_bf16)")
@@ -335,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("generate", help="generate text from a checkpoint (GPT, T5, BART, ELMo): bertology generate --help")
 
-    p = sub.add_parser("finetune", help="fine-tune a checkpoint on a classification task over seeds")
+    p = sub.add_parser("finetune", help=describe_driver("finetune"))
     p.add_argument("config", nargs="?", help="fine-tuning YAML (e.g. experiments/finetune_polarity.yaml); flags override it")
     p.add_argument("--checkpoint", help="checkpoint folder, training folder (last step) or Hub model name")
     p.add_argument("--task", help="sentence_polarity | subjectivity | upos | conll2002_es | conll2002_nl")
@@ -354,9 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-targets", help="lora: qv (default, Hu et al.) | qkv")
     p.add_argument("--adapter-norms", help="adapter: train (default, Houlsby et al.) | frozen")
     p.add_argument("--pooler", help="BERT's pooler under a PEFT method: auto (default: trains when not pretrained) | train | frozen")
+    add_executor_arguments(p, "seeds")
     p.set_defaults(func=_cmd_finetune)
 
-    p = sub.add_parser("distill", help="distil a fine-tuned classifier into smaller students (a sweep)")
+    p = sub.add_parser("distill", help=describe_driver("distill"))
     p.add_argument("config", help="distillation YAML (e.g. experiments/distill/polarity_minilm.yaml)")
     p.add_argument("--teacher", help="fine-tuned classifier folder (overrides the config's teacher)")
     p.add_argument("--depths", help="student depths, comma-separated (overrides the config's)")
@@ -366,23 +393,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="sweep folder (default <runs root>/distill/<name>)")
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--jobs", type=int, default=1, help="grid points at once in local processes (default 1)")
-    p.add_argument("--executor", default="local", choices=("local", "submitit-local", "slurm"),
-                   help="where points execute: local processes, or one submitit job per point (default local)")
+    add_executor_arguments(p, "grid points")
     p.set_defaults(func=_cmd_distill)
-    p = sub.add_parser("peft", help="fine-tune with every method (full, head, bitfit, adapter, prompt, lora); CKA per layer")
+    p = sub.add_parser("peft", help=describe_driver("peft"))
     p.add_argument("config", help="sweep YAML (e.g. experiments/peft/minilm_polarity_cpu.yaml)")
     p.add_argument("--checkpoint", help="the starting checkpoint (overrides finetune.checkpoint)")
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
     p.add_argument("--methods", help="comma-separated subset of the config's methods, e.g. full,lora")
+    add_executor_arguments(p, "methods")
     p.set_defaults(func=_cmd_peft)
-    p = sub.add_parser("prune", help="compression sweep: lottery tickets, quantization, low rank (bertology prune CONFIG.yaml)")
+    p = sub.add_parser("prune", help=describe_driver("prune"))
     p.add_argument("config", help="sweep YAML (e.g. experiments/prune/minilm_polarity_small.yaml)")
     p.add_argument("--name", help="sweep folder name under <runs root>/prune/")
     p.add_argument("--output-dir", help="sweep folder (default <runs root>/prune/<name>)")
     p.add_argument("--checkpoint", help="the pretrained checkpoint (replaces finetune.checkpoint)")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N (replaces finetune.device)")
-    p.add_argument("--seeds", help="comma-separated seeds (replaces finetune.seeds; one process per seed)")
+    p.add_argument("--seeds", help="comma-separated seeds (replaces finetune.seeds)")
+    add_executor_arguments(p, "fine-tunings (full models, IMP rounds, retrained points)")
     p.set_defaults(func=_cmd_prune)
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")
@@ -441,9 +468,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _take_quiet(argv: list[str]) -> tuple[list[str], bool]:
+    """`--quiet` for the commands whose options go to their own parser (train, generate, probe):
+    the top-level `bertology --quiet COMMAND` form, and `--quiet` among the command's options (up to
+    a `--`), which is taken out for train and generate (their parsers do not know it) and left to
+    probe's (where it also turns the probe's bars off)."""
+    quiet = False
+    while argv[:1] == ["--quiet"]:
+        quiet, argv = True, argv[1:]
+    if argv[:1] in (["train"], ["generate"], ["probe"]):
+        end = argv.index("--") if "--" in argv else len(argv)
+        if "--quiet" in argv[1:end]:
+            quiet = True
+            if argv[0] != "probe":
+                argv = [a for i, a in enumerate(argv) if not (a == "--quiet" and 0 < i < end)]
+    return argv, quiet
+
+
 def main(argv: list[str] | None = None) -> int:
+    from workbench.progress import configure_logging, is_quiet
+
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
+    argv, quiet = _take_quiet(argv)
     if argv[:1] == ["probe"] and len(argv) > 1:
         # every probe option goes to the probe's own parser, --help included
         args = argparse.Namespace(func=_cmd_probe, probe=argv[1], probe_args=argv[2:])
@@ -456,7 +503,13 @@ def main(argv: list[str] | None = None) -> int:
         args = argparse.Namespace(func=_cmd_train, train_args=argv[1:])
     else:
         args = parser.parse_args(argv)
-    return cli_errors(lambda: args.func(args), "bertology")
+    # one logging set-up per command (workbench.progress); restored after, for callers of main() in-process
+    was_quiet = is_quiet()
+    configure_logging(quiet=True if quiet or getattr(args, "quiet", False) else None)  # None: BERTOLOGY_QUIET decides
+    try:
+        return cli_errors(lambda: args.func(args), "bertology")
+    finally:
+        configure_logging(quiet=was_quiet)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from workbench.checkpoints import hub_cache
+from workbench.aggregate import aggregate
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.results import (
     ARROW_SCHEMA,
@@ -65,12 +66,12 @@ def confine(text: str | Path, roots: list[Path]) -> Path:
 def resolve_model(text: str, roots: list[Path]) -> Path:
     """A checkpoint typed into the explorer: a folder under the runs root, or a Hub name cached
     locally (`workbench.checkpoints.resolve_checkpoint`); the folder must lie under `roots`."""
-    from workbench.checkpoints import _is_hub_id, resolve_checkpoint
+    from workbench.checkpoints import is_hub_id, resolve_checkpoint
 
     raw = str(text).strip()
     local = Path(raw).expanduser()
     local = local if local.is_absolute() else roots[0] / local
-    if not local.exists() and _is_hub_id(raw) and not raw.startswith((".", "/", "~")):
+    if not local.exists() and is_hub_id(raw) and not raw.startswith((".", "/", "~")):
         return confine(resolve_checkpoint(raw), roots)
     return confine(raw, roots)
 
@@ -459,14 +460,18 @@ def aggregate_seeds(rows: pd.DataFrame, series: list[str] | tuple[str, ...] = ()
         rows["model"] = label.where(~twin, label + LEGACY_TWIN_SUFFIX)
     if "n_seeds" not in rows.columns:
         rows = rows.assign(n_seeds=1)
-    groups = rows.groupby([k for k in SEED_KEYS if k in rows.columns], dropna=False, sort=False)
+    keys = [k for k in SEED_KEYS if k in rows.columns]
+    groups = rows.groupby(keys, dropna=False, sort=False)
     if (groups["value"].transform("size") <= 1).all():
         return rows.reset_index(drop=True)
-    spec = {"value": ("value", "mean"), "lo": ("value", "min"), "hi": ("value", "max"),
-            "n_seeds": ("n_seeds", "sum"), "ci_low": ("ci_low", "first"), "ci_high": ("ci_high", "first")}
+    spec = {"n_seeds": ("n_seeds", "sum"), "ci_low": ("ci_low", "first"), "ci_high": ("ci_high", "first")}
     spec.update({c: (c, "min") for c in ("run_id",) if c in rows.columns})
     spec.update({c: (c, "first") for c in ("probe", "family", "n") if c in rows.columns})
     out = groups.agg(**spec).reset_index()
+    # the mean and the min-max band: the one seed statistic (`workbench.aggregate`), same group order
+    band = aggregate(rows, over="seed", by=keys, interval="minmax")
+    out = out.assign(value=band["value"].to_numpy(), lo=band["min"].to_numpy(), hi=band["max"].to_numpy())
+    out = out[[*keys, "value", "lo", "hi", *spec]]
     several = out["n_seeds"] > 1
     out["ci_low"] = out["ci_low"].astype("Float64").where(~several, out["lo"])
     out["ci_high"] = out["ci_high"].astype("Float64").where(~several, out["hi"])

@@ -16,9 +16,10 @@ The runner expands it into runs (checkpoint group x probe x grid point), each ke
 probe, checkpoints and settings and named `<experiment>:<key>` in the results store. A run whose
 key is already in the store is skipped; an interrupted one resumes from its finished units
 (`probes.core.runner`); so after a crash, a kill -9 or Ctrl-C the same command finishes the rest. Runs are
-independent: `--jobs N` runs N at once in local processes, `--executor submitit-local` or
-`--executor slurm` hands each to submitit (one job per run, results written to the shared runs
-root; the store is safe for concurrent writers), through the same `execute_run` function.
+independent: they are the units of the one executor layer (`workbench.executor`): `--jobs N` runs
+N at once in local processes, `--executor submitit-local` or `--executor slurm` hands each to
+submitit (one job per run, results written to the shared runs root; the store is safe for
+concurrent writers), through the same `execute_run` function.
 Every number lands in the results store with its manifest, so the tables printed here and any
 figure drawn later come from the same rows.
 """
@@ -29,10 +30,10 @@ from pathlib import Path
 
 from workbench.errors import ConfigError
 from workbench.io import read_yaml
+from workbench.progress import get_logger
 
 KNOWN_KEYS = {"name", "train", "checkpoints", "prune", "probe", "quick", "sweep", "runs_per"}
 SOURCES = ("train", "checkpoints", "prune")  # where the probed checkpoints come from: exactly one
-EXECUTORS = ("local", "submitit-local", "slurm")
 
 
 def load_experiment(path: str | Path) -> dict:
@@ -181,21 +182,23 @@ def _done(store, job: dict) -> str | None:
     return None if runs.empty else str(runs["run_id"].iloc[-1])
 
 
-def run_experiment(path: str | Path, quick: bool = False, jobs: int = 1, executor: str = "local",
+def run_experiment(path: str | Path, quick: bool = False, jobs: int | None = None, executor="local",
                    runs_root: str | None = None, slurm: dict | None = None, precision: str | None = None) -> int:
     """Train (or take the listed checkpoints), run every planned probe run not already in the store,
     print each run's table (one run) or where the results are (a sweep). `precision` (auto | fp32 |
-    bf16) overrides the training config's, in a run folder named after it."""
-    from tqdm import tqdm
+    bf16) overrides the training config's, in a run folder named after it. The runs are the
+    executor's units (`executor` a name with `jobs`, or `workbench.executor.ExecutorOptions`;
+    `slurm`: further submitit parameters, e.g. timeout_min, slurm_partition)."""
+    import dataclasses
 
     from probes import get_probe
     from probes.core.runner import format_layer_table
+    from workbench.executor import Unit, resolve_options, run_units
     from workbench.results import ResultsStore
 
-    if jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
-    if executor not in EXECUTORS:
-        raise ConfigError(f"--executor must be one of {EXECUTORS}, got {executor!r}")
+    options = resolve_options(executor, jobs)
+    if slurm:
+        options = dataclasses.replace(options, slurm={**options.slurm, **slurm}).validate()
     spec = load_experiment(path)
     if precision is not None:
         from workbench.precision import PRECISIONS
@@ -210,15 +213,17 @@ def run_experiment(path: str | Path, quick: bool = False, jobs: int = 1, executo
     done = {job["key"]: _done(store, job) for job in plan}
     todo = [job for job in plan if done[job["key"]] is None]
     if len(plan) > 1:
-        print(f"{spec.get('name', path)}: {len(plan)} runs planned, {len(plan) - len(todo)} already in the store, "
-              f"{len(todo)} to run", flush=True)
-    if executor == "local" and jobs == 1:
-        for job in tqdm(todo, desc="runs", disable=len(todo) < 2):
-            done[job["key"]] = execute_run(job, runs_root, progress=len(todo) < 2)
-    elif executor == "local":
-        done.update(_run_in_processes(todo, jobs, runs_root))
-    else:
-        done.update(_run_with_submitit(todo, executor, runs_root, spec, slurm or {}))
+        get_logger(__name__).info(f"{spec.get('name', path)}: {len(plan)} runs planned, {len(plan) - len(todo)} "
+                                  f"already in the store, {len(todo)} to run")
+    if options.folder is None:
+        options = dataclasses.replace(options, folder=str(store.root / "submitit" / str(spec.get("name", "experiment"))))
+    if options.in_process:
+        units = [Unit(execute_run, (job, runs_root), {"progress": len(todo) < 2}, name=job["key"]) for job in todo]
+    else:  # parallel runs share the cores: one torch thread each unless the config says otherwise
+        root = runs_root if options.executor == "local" else str(store.root)
+        units = [Unit(execute_run, (dict(job, settings=_one_thread(job["settings"])), root, False), name=job["key"])
+                 for job in todo]
+    done.update({job["key"]: run_id for job, run_id in zip(todo, run_units(units, options, desc="runs"))})
     if len(plan) == 1:
         run_id = done[plan[0]["key"]]
         probe_spec = get_probe(plan[0]["probe"])
@@ -233,42 +238,6 @@ def run_experiment(path: str | Path, quick: bool = False, jobs: int = 1, executo
     return 0
 
 
-def _run_in_processes(todo: list[dict], jobs: int, runs_root: str | None) -> dict[str, str]:
-    """Independent runs in `jobs` local worker processes (spawned: a clean torch in each), one progress bar."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    from tqdm import tqdm
-
-    out = {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(execute_run, dict(job, settings=_one_thread(job["settings"])), runs_root, False):
-                   job["key"] for job in todo}
-        for fut in tqdm(as_completed(futures), total=len(futures), desc="runs"):
-            out[futures[fut]] = fut.result()
-    return out
-
-
 def _one_thread(settings: dict) -> dict:
     """Parallel runs share the cores: one torch thread each unless the config says otherwise."""
     return dict(settings) if "threads" in settings else dict(settings, threads=1)
-
-
-def _run_with_submitit(todo: list[dict], executor: str, runs_root: str | None, spec: dict, slurm: dict) -> dict[str, str]:
-    """One submitit job per run (Slurm, or submitit's local executor), results in the shared runs root."""
-    import submitit
-    from tqdm import tqdm
-
-    from workbench.results import ResultsStore
-
-    root = ResultsStore(runs_root).root
-    folder = root / "submitit" / str(spec.get("name", "experiment"))
-    ex = submitit.AutoExecutor(folder=str(folder), cluster="local" if executor == "submitit-local" else "slurm")
-    ex.update_parameters(timeout_min=int(slurm.get("timeout_min", 240)), **{k: v for k, v in slurm.items()
-                                                                          if k != "timeout_min"})
-    submitted = [(job["key"], ex.submit(execute_run, dict(job, settings=_one_thread(job["settings"])), str(root), False))
-                 for job in todo]
-    out = {}
-    for key, sub in tqdm(submitted, desc="runs"):
-        out[key] = sub.result()
-    return out

@@ -31,7 +31,7 @@ one checkpoint's runs of several probes), `run: RUN_ID` or a list,
 `name: PREFIX` (every run whose name starts with it, e.g. a sweep `pooling-sweep:`); `models:` keeps
 only those models; `twins: false` drops random-init twins. Twins and baselines are what the rows
 declare (`app.data.row_kinds`); seeds are aggregated by `app.data.aggregate_seeds`, the function
-the app uses too.
+the app uses too, through the one seed statistic `workbench.aggregate.aggregate` (as every page's).
 
 `--all` (or several names) draws every figure whose data is in the store and lists every other one:
 a figure whose runs are not in the store (`MissingData`) with its `produced_by` command, exit status
@@ -57,9 +57,11 @@ import psutil
 from app.axes import is_fraction, unit_axis, unit_panels
 from app.data import MODEL, TWIN, aggregate_seeds, baseline_mask, parent_model, row_kinds, twin_mask
 from probes.core import depth
+from workbench.aggregate import aggregate
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.io import read_yaml
 from workbench.paths import REPO_ROOT
+from workbench.progress import get_logger
 from workbench.results import decode_extra
 
 FIGURES_DIR = REPO_ROOT / "experiments" / "figures"
@@ -418,7 +420,9 @@ def training_heatmap(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     if sub.empty or sub["step"].isna().all():
         raise MissingData(f"nothing to draw for {title!r}: no {task}/{metric} rows with training steps")
     sub = sub.assign(step=sub["step"].astype(int), layer=sub["layer"].astype(int))
-    table = sub.pivot_table(index="step", columns="layer", values="value", aggfunc="mean").sort_index()
+    # several rows of one (step, layer) (seeds, runs): their mean (`workbench.aggregate`)
+    mean = aggregate(sub, over="seed", by=["step", "layer"], interval="none")
+    table = mean.pivot(index="step", columns="layer", values="value").sort_index().dropna(axis=1, how="all")
     fig = go.Figure(go.Heatmap(z=table.to_numpy(), x=[str(c) for c in table.columns], y=[str(i) for i in table.index],
                                colorscale="Viridis", colorbar={"title": metric}))
     fig.update_layout(title=title, xaxis_title="layer", yaxis_title="training step", yaxis_type="category",
@@ -617,7 +621,7 @@ def render(name_or_path: str | Path, store=None, out: str | Path | None = None,
         warnings.append(f"static export ({', '.join(static)}) did not finish within {timeout:g} s (kaleido's "
                         f"Chromium hung or the machine is overloaded): only the HTML was written; render again "
                         f"for the images (${EXPORT_TIMEOUT_ENV} sets the limit)")
-        print(f"warning: figure {name}: {warnings[-1]}", file=sys.stderr)
+        get_logger(__name__).warning(f"figure {name}: {warnings[-1]}")
         formats, images = ("html",), {}
     content = dict(images)  # format -> bytes
     if "html" in formats:

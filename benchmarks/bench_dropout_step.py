@@ -1,6 +1,6 @@
 """CPU time of one training step under each way of drawing the dropout masks (issue 30).
 
-The docs' method under load (docs/benchmarks.md, "Dropout masks and bf16 on the Intel Xeon with
+The docs' method under load (docs/evidence/benchmarks.md, "Dropout masks and bf16 on the Intel Xeon with
 AMX"): one torch thread, CPU seconds of this process per step (`time.process_time`, which counts the
 numpy PCG64 draws too), the loop's own model (`workbench.train.build_model`, same init) on the same
 collated batches, forward + backward + clip + AdamW + scheduler. Under load a step's CPU time
@@ -86,7 +86,7 @@ def _interleaved_steps(cfg, data, family, batches, variants, rounds: int) -> dic
 
 def _profile(cfg, data, family, batches, variant: str) -> dict:
     """Self CPU time by operator kind over `batches[1:]` (batch 0 warms up), bench_train's summary."""
-    from bench_train import _profile_summary
+    from bench_train import profile_summary
     from torch.profiler import ProfilerActivity, profile
 
     from workbench.train import build_optimizer
@@ -104,7 +104,7 @@ def _profile(cfg, data, family, batches, variant: str) -> dict:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for batch in batches[1:]:
             step(batch)
-    return _profile_summary(prof, len(batches) - 1)
+    return profile_summary(prof, len(batches) - 1)
 
 
 def _attention_calls(shapes, p: float, calls: int) -> list[dict]:
@@ -150,7 +150,7 @@ def main(argv=None) -> dict:
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    from bench_train import _step_setup
+    from bench_train import step_setup
 
     from workbench.config import load_config
     from workbench.families import get_family
@@ -163,7 +163,7 @@ def main(argv=None) -> dict:
                            "batch_size": args.batch_size, "eval": {"batches": 0}, "output_dir": out, "progress": False,
                            "corpus": {"sources": args.sources, "max_documents": args.max_documents}})
         data = prepare_data(cfg, get_family(args.family))
-    family, batches = _step_setup(cfg, data, args.steps)
+    family, batches = step_setup(cfg, data, args.steps)
     times = _interleaved_steps(cfg, data, family, batches, list(args.variants), args.rounds)
     warm = args.warm
     base = args.variants[0]

@@ -70,7 +70,9 @@ def build_random_bert(layers: int = 4, hidden: int = 256, vocab: int = 8000, see
     return ModelHandle(model, tok), [s.words for s in train]
 
 
-def _bare_batches(handle, sentences, batch_size):
+def bare_batches(handle, sentences, batch_size):
+    """Tokenized batches of `sentences` (longest first) on the handle's device, and their token count:
+    the bare forward's input, with none of the workbench's word bookkeeping."""
     order = np.argsort([-len(s) for s in sentences], kind="stable")
     batches, tokens = [], 0
     for i in range(0, len(order), batch_size):
@@ -135,7 +137,7 @@ def run_ours(handle, sentences, batch_size) -> tuple[float, float]:
 def speed(args) -> dict:
     handle, train = build_random_bert(args.layers, args.hidden, device=args.device)
     sents = [s for s in train[: args.sentences] if s]
-    batches, tokens = _bare_batches(handle, sents, args.batch_size)
+    batches, tokens = bare_batches(handle, sents, args.batch_size)
     naive_sents = sents[:: args.naive_every]
     run_bare(handle.model, batches[:2])  # warm-up (allocator, first-call costs) for everyone
     run_naive(handle, naive_sents[:5])

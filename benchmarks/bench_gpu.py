@@ -12,7 +12,7 @@ and it is printed beside the vendor figure). `--deterministic` keeps the loop's 
 
 `--profile-steps N` adds a torch.profiler run of N steps (`profile_steps`): where the step's time
 goes, the GPU's kernel time against the host's wall time, and what building a batch costs the host
-(docs/benchmarks.md, "GPU, profiled and fixed").
+(docs/evidence/benchmarks.md, "GPU, profiled and fixed").
 
 Usage (on a machine with a GPU; benchmarks/gpu_records.sh runs every GPU record in one call):
   python benchmarks/bench_gpu.py [--preset base] [--steps 60] [--batch-size 64] [--max-len 128]
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train import _baseline, _ours, flops_per_token  # noqa: E402
+from bench_train import hf_trainer_baseline, workbench_run, flops_per_token  # noqa: E402
 from results_io import record_start, write_result  # noqa: E402
 
 
@@ -154,7 +154,7 @@ def main(argv=None) -> dict:
         data = prepare_data(cfg, get_family(args.family))
         torch.manual_seed(0)
         t0 = time.perf_counter()
-        ours = _ours(cfg, data)
+        ours = workbench_run(cfg, data)
         ours_wall = time.perf_counter() - t0
         profile_result = profile_steps(cfg, data, args.profile_steps) if args.profile_steps else None
     r_ours = ours["tokens"] / ours["seconds"]
@@ -178,7 +178,7 @@ def main(argv=None) -> dict:
         for row in pr["top_device"][:10]:
             print(f"  {row['op'][:60]:60s} x{row['count']:<6} device {row['device_ms']:9.2f} ms  host {row['host_self_ms']:9.2f} ms")
     if not args.skip_hf:
-        packed = _baseline(cfg, data, args.family, "packed", bf16=True)
+        packed = hf_trainer_baseline(cfg, data, args.family, "packed", bf16=True)
         r_pack = packed["tokens"] / packed["seconds"]
         f_pack = flops_per_token(model_cfg, vocab, cfg.max_len, 1.0)
         result.update({"hf_packed_tokens_per_s": round(r_pack, 1), "ratio_vs_packed": round(r_ours / r_pack, 3),

@@ -109,11 +109,11 @@ def main() -> None:
     import workbench.lm_scores as lm
 
     def full_logits():
-        heads, lm._MLM_HEADS = lm._MLM_HEADS, {}
+        heads, lm.MLM_HEADS = lm.MLM_HEADS, {}
         try:
             return scorer.pseudo_log_likelihood(texts, batch_size=args.batch_size)
         finally:
-            lm._MLM_HEADS = heads
+            lm.MLM_HEADS = heads
 
     batched_runs, naive_runs, full_runs = [], [], []
     for r in range(args.repeats):

@@ -8,7 +8,7 @@ For each model (a Hub name or a checkpoint folder, loaded with `workbench.models
     probe's own split: 10% of the train sample is its early-stopping set), and of a second train
     pool big enough for `--trees` structural-probe training trees (plus its own 10% stop set);
 (b) the UPOS probe over all layers with the workbench's default fit: the lines of
-    `probes.syntax.tasks._classification` that fit the task (`build_items`, `FeatureView`,
+    `probes.syntax.tasks.fit_classification_task` that fit the task (`build_items`, `FeatureView`,
     `fitting.fit_probe` with `SyntaxSettings().probe_config`, the default memory budget's
     `layer_batch`), accuracy per layer on the eval sentences;
 (c) the structural-distance probe (Hewitt & Manning 2019) over all layers with `--trees` training
@@ -127,11 +127,11 @@ def _layer_rows_view(base, layers, rows=None):
     return _View()
 
 
-def _tree_set(acts, sentences, ids, layers):
-    """`probes.syntax.tasks._tree_set` (all layers), or the same trees on a subset of layers."""
+def tree_set(acts, sentences, ids, layers):
+    """`probes.syntax.tasks.tree_set` (all layers), or the same trees on a subset of layers."""
     from probes.syntax import structural as st
     from probes.syntax.features import sentence_rows
-    from probes.syntax.tasks import _tree_set as workbench_tree_set
+    from probes.syntax.tasks import tree_set as workbench_tree_set
 
     if layers is None:
         return workbench_tree_set(acts, sentences, ids)
@@ -158,8 +158,8 @@ def measure(model: str, sentences: int = 1000, eval_sentences: int = 500, trees:
     from probes.syntax.items import build_items
     from probes.syntax.prepare import plan_splits
     from probes.syntax.settings import SyntaxSettings
-    from probes.syntax.tasks import _encode, _layer_batch
-    from workbench.activations import _resolve_stack, extract
+    from probes.syntax.tasks import encode_labels, layers_per_fit
+    from workbench.activations import resolve_stack, extract
     from workbench.errors import ConfigError
     from workbench.models import ModelHandle
 
@@ -181,7 +181,7 @@ def measure(model: str, sentences: int = 1000, eval_sentences: int = 500, trees:
             handle = ModelHandle.load(model)
         record["load"] = t_load
         record["compute_dtype"] = getattr(handle, "compute_dtype", "fp32")
-        n_states = int(handle.num_layers[_resolve_stack(handle, None)]) + 1
+        n_states = int(handle.num_layers[resolve_stack(handle, None)]) + 1
         bad = [l for l in (layers or []) if not 0 <= l < n_states]
         if bad:  # before any extraction
             raise ConfigError(f"--layers {bad} outside 0..{n_states - 1} for {model}")
@@ -210,19 +210,19 @@ def measure(model: str, sentences: int = 1000, eval_sentences: int = 500, trees:
               f"({train_acts.num_words} + {eval_acts.num_words} words), structural pool {t_pool['wall_s']:.1f} s "
               f"({pool_acts.num_words} words)", flush=True)
 
-        # (b) UPOS, as probes.syntax.tasks._classification fits the task
+        # (b) UPOS, as probes.syntax.tasks.fit_classification_task fits the task
         t_off, e_off = train_acts.sentence_offsets, eval_acts.sentence_offsets
         fit = build_items("upos", plan.train, t_off, plan.fit, seed, defaults.deprel_subtypes)
         stop = build_items("upos", plan.train, t_off, plan.stop, seed, defaults.deprel_subtypes)
         ev = build_items("upos", plan.eval, e_off, None, seed, defaults.deprel_subtypes)
         vocab = {l: i for i, l in enumerate(sorted(set(fit.labels)))}
         c = len(vocab)
-        y_fit, y_stop, y_ev = _encode(fit.labels, vocab), _encode(stop.labels, vocab), _encode(ev.labels, vocab)
+        y_fit, y_stop, y_ev = encode_labels(fit.labels, vocab), encode_labels(stop.labels, vocab), encode_labels(ev.labels, vocab)
         known = y_ev < c
         x_fit = FeatureView(train_acts.layers, fit.cols)
         x_stop = FeatureView(train_acts.layers, stop.cols)
         x_ev = FeatureView(eval_acts.layers, ev.cols)
-        layer_batch = _layer_batch(len(sel), len(fit), hidden, defaults.memory_budget_gb * 2**30)
+        layer_batch = layers_per_fit(len(sel), len(fit), hidden, defaults.memory_budget_gb * 2**30)
         cfg = dict(defaults.probe_config, kind="linear", seed=seed, layer_batch=layer_batch, progress=progress)
         with timed() as t_fit, peak_memory() as mem:
             res = fitting.fit_probe(x_fit, y_fit, x_stop, y_stop, num_classes=c + 1, layers=sel, config=cfg)
@@ -244,14 +244,14 @@ def measure(model: str, sentences: int = 1000, eval_sentences: int = 500, trees:
         del res, x_fit, x_stop
         gc.collect()
 
-        # (c) structural distance, as probes.syntax.tasks._structural fits it
+        # (c) structural distance, as probes.syntax.tasks.fit_structural_task fits it
         fit_ids = tree_plan.fit
         if len(fit_ids) > trees:
             fit_ids = np.sort(np.random.default_rng([seed, 3]).choice(fit_ids, trees, replace=False))
         subset = None if layers is None else sel
-        train_t = _tree_set(pool_acts, tree_plan.train, fit_ids, subset)
-        stop_t = _tree_set(pool_acts, tree_plan.train, tree_plan.stop, subset)
-        eval_t = _tree_set(eval_acts, plan.eval, None, subset)
+        train_t = tree_set(pool_acts, tree_plan.train, fit_ids, subset)
+        stop_t = tree_set(pool_acts, tree_plan.train, tree_plan.stop, subset)
+        eval_t = tree_set(eval_acts, plan.eval, None, subset)
         with timed() as t_sfit, peak_memory() as smem:
             fitted = st.fit_structural_probe(train_t, stop_t, kind="distance", seed=seed, progress=progress,
                                              **defaults.structural)

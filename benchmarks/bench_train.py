@@ -238,7 +238,9 @@ def paired_step_mfu(cfg, data, family, batches, flops_per_token: float, steps_pe
 # ---- ours ---------------------------------------------------------------------------------------
 
 
-def _ours(cfg, data) -> dict:
+def workbench_run(cfg, data) -> dict:
+    """Tokens, seconds, steps and final loss of the workbench's own training loop (`train_seed`) on
+    `cfg`, from its log after the warm-up steps."""
     from workbench.train import Dist, read_log, train_seed
 
     final = train_seed(cfg, 0, data, Dist())
@@ -313,7 +315,7 @@ def _packed_batches(cfg, data, collator, batches: int) -> list[dict]:
     return [collator(examples[i * cfg.batch_size : (i + 1) * cfg.batch_size]) for i in range(batches)]
 
 
-def _baseline(cfg, data, family_name: str, recipe: str, bf16: bool = False) -> dict:
+def hf_trainer_baseline(cfg, data, family_name: str, recipe: str, bf16: bool = False) -> dict:
     """HF `Trainer` on `recipe`'s examples (`bf16`: mixed precision, for the GPU record in bench_gpu.py)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -359,7 +361,7 @@ def _baseline(cfg, data, family_name: str, recipe: str, bf16: bool = False) -> d
 # ---- the loop's step under CPU options, and the profile -------------------------------------------
 
 
-def _step_setup(cfg, data, steps: int):
+def step_setup(cfg, data, steps: int):
     """The loop's model (same init) and `steps` collated batches of its example stream."""
     from workbench.families import get_family
     from workbench.train import Dist, objective_settings, step_batches
@@ -427,7 +429,7 @@ def _run_steps(cfg, data, family, batches, variant: str, profile: bool = False) 
     return res
 
 
-def _profile_summary(prof, steps: int, top: int = 15) -> dict:
+def profile_summary(prof, steps: int, top: int = 15) -> dict:
     """Self CPU time by operator (top `top`) and by coarse kind, per step."""
     rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in rows) or 1.0
@@ -501,23 +503,23 @@ def main(argv=None) -> dict:
             if with_bf16:
                 ceiling_bf16_before = step_matmul_ceiling(matmuls, dtype=torch.bfloat16)
         torch.manual_seed(0)
-        ours = _ours(cfg, data)
+        ours = workbench_run(cfg, data)
     print(f"ours: {ours['tokens'] / ours['seconds']:,.0f} tokens/s", flush=True)
     ours_bf16 = None
     if with_bf16:
         with tempfile.TemporaryDirectory() as out:
             cfg_bf16 = load_config({**raw, "output_dir": out, "precision": "bf16"})
             torch.manual_seed(0)
-            ours_bf16 = _ours(cfg_bf16, data)
+            ours_bf16 = workbench_run(cfg_bf16, data)
         print(f"ours, precision bf16: {ours_bf16['tokens'] / ours_bf16['seconds']:,.0f} tokens/s", flush=True)
-    padded = _baseline(cfg, data, family, args.baseline_padding)
+    padded = hf_trainer_baseline(cfg, data, family, args.baseline_padding)
     print(f"HF Trainer, one sentence per example: {padded['tokens'] / padded['seconds']:,.0f} tokens/s", flush=True)
-    packed = _baseline(cfg, data, family, "packed")
+    packed = hf_trainer_baseline(cfg, data, family, "packed")
     print(f"HF Trainer, packed blocks (run_mlm group_texts): {packed['tokens'] / packed['seconds']:,.0f} tokens/s", flush=True)
 
     variants = []
     if args.variants or args.profile:
-        fam, batches = _step_setup(cfg, data, max(args.variant_steps, args.profile))
+        fam, batches = step_setup(cfg, data, max(args.variant_steps, args.profile))
         base = _run_steps(cfg, data, fam, batches[: args.variant_steps], "default")
         variants.append(base)
         for v in args.variants:
@@ -540,18 +542,18 @@ def main(argv=None) -> dict:
                       f"{r['same_weights_as_default']}, loss {r['final_loss']:.4f}")
     profile, profiles = None, {}
     if args.profile:  # the default step, and the fast_dropout one when that variant was asked for
-        fam, batches = _step_setup(cfg, data, args.profile + 1)
+        fam, batches = step_setup(cfg, data, args.profile + 1)
         for v in ["default"] + (["fast_dropout"] if "fast_dropout" in args.variants else []):
             r = _run_steps(cfg, data, fam, batches[:1], v)  # warm-up outside the profile
             r = _run_steps(cfg, data, fam, batches[1 : args.profile + 1], v, profile=True)
-            profiles[v] = _profile_summary(r.pop("profile"), args.profile)
+            profiles[v] = profile_summary(r.pop("profile"), args.profile)
             print(f"profile of the {v} step (self CPU time share by kind):", json.dumps(profiles[v]["share_by_kind"]))
             print("top operators, ms per step:", json.dumps(profiles[v]["top_ops_ms_per_step"], indent=1))
         profile = profiles["default"]
     paired = None
     if args.paired_windows:
         need = 1 + args.paired_windows * args.paired_steps
-        fam, batches = _step_setup(cfg, data, need)
+        fam, batches = step_setup(cfg, data, need)
         hf_packed = None
         if family == "bert":  # the packed baseline's model and batches, stepped beside ours
             torch.manual_seed(0)

@@ -11,7 +11,7 @@ sys.path.insert(0, "benchmarks")
 import torch
 torch.set_num_threads(1)
 import numpy as np
-from bench_extraction import build_random_bert, _bare_batches, run_bare
+from bench_extraction import build_random_bert, bare_batches, run_bare
 from workbench.activations import extract
 
 def cpu(who=resource.RUSAGE_SELF):
@@ -23,7 +23,7 @@ def cpu(who=resource.RUSAGE_SELF):
 DEVICE = os.environ.get("DEVICE", "cpu")
 handle, train = build_random_bert(int(os.environ.get("LAYERS", 4)), int(os.environ.get("HIDDEN", 256)), device=DEVICE)
 sents = [s for s in train[:int(os.environ.get("N", 1500))] if s]
-batches, tokens = _bare_batches(handle, sents, 32)
+batches, tokens = bare_batches(handle, sents, 32)
 run_bare(handle.model, batches[:2])
 list(handle.word_states(sents[:64]))
 res, faults = {}, {}

@@ -1,4 +1,4 @@
-"""The README's performance table, generated from the benchmark records in benchmarks/results/*.json.
+"""The benchmark table of docs/benchmarks.md, generated from the benchmark records in benchmarks/results/*.json.
 
 Takes the newest record of each benchmark (by its `finished` time; `--all` lists every record) and
 prints one markdown row per headline figure: what was compared, our figure, the baseline's, the
@@ -6,8 +6,8 @@ ratio, the target, and the conditions (threads, load average at start/end of the
 machine a high load means the figure is noisy). Nothing is typed in: a figure that is not in a
 record is not in the table.
 
-Usage: python benchmarks/report.py [--results benchmarks/results] [--all] [--readme README.md]
-`--readme` replaces the text between the README's `<!-- benchmarks-table:start -->` and
+Usage: python benchmarks/report.py [--results benchmarks/results] [--all] [--readme docs/benchmarks.md]
+`--readme FILE` replaces the text between FILE's `<!-- benchmarks-table:start -->` and
 `<!-- benchmarks-table:end -->` markers with the table (atomically); nothing else in the file changes.
 """
 
@@ -200,7 +200,7 @@ def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--all", action="store_true", help="every record, not only the newest of each benchmark")
-    p.add_argument("--readme", type=Path, help="write the table between the benchmarks-table markers of this file")
+    p.add_argument("--readme", type=Path, help="write the table between the benchmarks-table markers of this file (docs/benchmarks.md)")
     args = p.parse_args(argv)
     text = table(_load(args.results), latest_only=not args.all)
     print(text)

@@ -3,7 +3,7 @@
 Every benchmark writes one JSON file per run under `benchmarks/results/` (`write_result`) with the
 machine (CPU model, cores, the ISA flags that matter: AVX-512, AVX-512 BF16, AMX), the thread count,
 package versions, git state and the load average at the start and the end of the run, so a figure
-taken on a busy shared machine says so. `benchmarks/report.py` turns those files into the README's
+taken on a busy shared machine says so. `benchmarks/report.py` turns those files into docs/benchmarks.md's
 performance table.
 """
 

@@ -1,7 +1,7 @@
 """Good, random and bad head pruning of a fine-tuned classifier (Michel et al. 2019; Prasanna et al. 2020).
 
 For each seed: fine-tune CHECKPOINT on sentence_polarity (`workbench.finetune.run_finetune`), then
-prune its heads iteratively (`workbench.compress.heads.iterative_pruning`: 10% of all heads per
+prune its heads iteratively (`workbench.compress.head_pruning.iterative_pruning`: 10% of all heads per
 step, `--step-of total`, as in Michel et al.'s and Prasanna et al.'s code; `--step-of remaining`:
 10% of the heads still present, the earlier variant; importance recomputed on the masked model
 from `--importance-examples` training sentences, dev accuracy after each step) in three orders:
@@ -26,7 +26,7 @@ summary. A bad option value is one line on stderr and exit 2, before any work. C
     python experiments/prune_heads.py sentence-transformers/all-MiniLM-L6-v2 --seeds 0 --train 1000 \\
         --eval 300 --epochs 2 --lr 1e-4 --importance-examples 128 --threads 1 --out /tmp/prune-heads
 
-GPU: see docs/pruning.md (the whole task, 3 seeds, `--to-end --refinetune`). With the recipe of a
+GPU: see docs/evidence/pruning.md (the whole task, 3 seeds, `--to-end --refinetune`). With the recipe of a
 `bertology prune` sweep (so its full models are shared; copy the sweep's `full/seed-S` folders into
 `<runs root>/finetune/prune-heads-base/` and they are resumed, not retrained):
 
@@ -38,7 +38,7 @@ pruned on through the step where "good" stopped, and their masks at that step ar
 (the earlier equal-size comparison, by order rather than by Prasanna et al.'s construction).
 
 The `bertology prune` sweep runs the same curves and subnetworks (methods heads_good / heads_random
-/ heads_bad, `workbench.compress.heads.classifier_curve`, every step a masked checkpoint); this
+/ heads_bad, `workbench.compress.head_pruning.classifier_curve`, every step a masked checkpoint); this
 script is kept for what the sweep does not do: Prasanna et al.'s re-fine-tuning of the good /
 random / bad subnetworks from the *pretrained* weights (`--refinetune`), and the three curves of
 one fine-tuning in one report (prune_heads.json).
@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.compress import heads as H
+from workbench.compress import head_pruning as H
 from workbench.errors import ConfigError
 from workbench.finetune import load_classifier, load_finetune_config, prepare, run_finetune
 from workbench.io import atomic_write_json, read_yaml
@@ -179,7 +179,7 @@ def _without_rows(report: dict) -> dict:
 
 
 def write_rows(report: dict, rows_by_seed: dict) -> str:
-    """Every curve's rows (`workbench.compress.heads.curve_rows`) and the re-fine-tuned accuracies
+    """Every curve's rows (`workbench.compress.head_pruning.curve_rows`) and the re-fine-tuned accuracies
     as one results-store run named prune-heads (the app's surviving-heads matrix reads it)."""
     from workbench.results import ResultsStore
 

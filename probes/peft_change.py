@@ -22,9 +22,18 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.drivers import NOT_IDENTITY, DriverSpec, load_config
 from workbench.errors import ConfigError
+from workbench.progress import get_logger
+from workbench.rowschema import RowSchema
 
 PROBE = "peft"
+# The `extra` of the sweep's rows (checked by the results store, `workbench.rowschema`).
+EXTRA_SCHEMAS = (
+    RowSchema(PROBE, "per seed", required={"method": str, "lr": float, "trainable": int | None,
+                                           "total_parameters": int | None, "checkpoint": str, "finetune_run": str},
+              optional={"treebank": str}),
+)
 
 
 @dataclass
@@ -39,26 +48,20 @@ class PeftSweepConfig:
     cka_treebank: str = "en_ewt"
     cka_split: str = "dev"
     cka_sentences: int = 500                         # the first N sentences of the split
-    name: str | None = None                          # results-store run name
+    name: str | None = field(default=None, metadata=NOT_IDENTITY)  # results-store run name
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 def load_sweep_config(source, overrides: dict | None = None, methods: list[str] | None = None) -> PeftSweepConfig:
-    """A validated sweep config from YAML or a dict; `overrides` replace keys of `finetune`
-    (None values ignored), `methods` the method list. Every method's fine-tuning config is
-    validated here, before any work."""
-    from workbench.coerce import build_dataclass
-    from workbench.io import read_yaml
+    """A validated sweep config from YAML or a dict; `overrides` replace keys of `finetune`, `methods`
+    the method list (`workbench.drivers.load_config`'s rule: None values ignored, `finetune.KEY` for
+    a key of the fine-tuning). Every method's fine-tuning config is validated here, before any work."""
     from workbench.peft_methods import METHODS
 
-    where = "peft config" if isinstance(source, dict) else str(source)
-    data = dict(source) if isinstance(source, dict) else read_yaml(Path(source))
-    if methods is not None:
-        data["methods"] = methods
-    cfg = build_dataclass(PeftSweepConfig, data, where)
-    cfg.finetune = {**(cfg.finetune or {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    cfg, where = load_config(PeftSweepConfig, source, {"methods": methods, **{
+        f"finetune.{k}": v for k, v in (overrides or {}).items()}}, label="peft config")
     if not cfg.methods:
         raise ConfigError(f"{where}: methods: list at least one of {', '.join(METHODS)}")
     for m in list(cfg.methods) + list(cfg.lr):
@@ -107,47 +110,85 @@ def cka_to_start(start: np.ndarray, tuned: np.ndarray) -> list[float]:
     return [linear_cka(start[layer], tuned[layer]) for layer in range(start.shape[0])]
 
 
-def run_sweep(cfg: PeftSweepConfig, store=None, progress: bool = True) -> tuple[str, "object"]:
-    """Every method's fine-tuning run, then the per-layer CKA of each seed's best checkpoint against
-    the start; one results-store run of rows (module docstring). Returns (run id, rows)."""
-    import pandas as pd
+def cka_sentences(cfg: PeftSweepConfig) -> list[list[str]]:
+    """The sentences (lists of words) the layers are compared on: the first `cka_sentences` of the split."""
+    from workbench.data.conllu import load_treebank
 
-    from workbench.data.conllu import load_treebank, treebank_path
-    from workbench.finetune import resolve_checkpoint, run_finetune
+    return [list(s.words) for s in load_treebank(cfg.cka_treebank, cfg.cka_split)[: cfg.cka_sentences]]
+
+
+def method_rows(cfg: PeftSweepConfig, method: str, ft_cfg, store, start: np.ndarray | None = None,
+                progress: bool = True) -> tuple[str, list[dict]]:
+    """One method of the sweep, an executor unit (this process, a local process or a submitit job):
+    its fine-tuning run (`run_finetune`, its own results-store run in `store`, a store or its root),
+    then its seeds' rows (module docstring). `start`: the starting checkpoint's layer states,
+    computed here when not given (a worker computes them itself rather than receive them pickled).
+    Returns (the fine-tuning run id, the rows)."""
+    from workbench.checkpoints import single_checkpoint
+    from workbench.finetune import run_finetune
     from workbench.models import ModelHandle
     from workbench.results import ResultsStore
 
+    if isinstance(store, (str, Path)):
+        store = ResultsStore(store)
+    sentences = cka_sentences(cfg)
+    if start is None:
+        start = layer_states(ModelHandle.load(single_checkpoint(ft_cfg.checkpoint), device=_device(ft_cfg)), sentences)
+    if progress:
+        get_logger(__name__).info(f"== method {method} (lr {ft_cfg.lr:g})")
+    result = run_finetune(ft_cfg, store=store)
+    base = {"model": ft_cfg.checkpoint, "probe": PROBE, "task": ft_cfg.task}
+    rows = []
+    for seed_result in result.seeds:
+        trainable = seed_result.trainable or {}
+        extra = {"method": method, "lr": ft_cfg.lr, "trainable": trainable.get("parameters"),
+                 "total_parameters": trainable.get("total"), "checkpoint": seed_result.checkpoint,
+                 "finetune_run": result.run_id}
+        common = {**base, "seed": seed_result.seed, "step": seed_result.best_step}
+        for split in ("dev", "test"):
+            part = getattr(seed_result, split)
+            rows.append({**common, "split": split, "metric": "accuracy", "value": part["accuracy"],
+                         "n": part["n"], "extra": extra})
+        rows.append({**common, "metric": "trainable_parameters", "value": float(trainable.get("parameters", np.nan)),
+                     "extra": extra})
+        tuned = layer_states(ModelHandle.load(seed_result.checkpoint, device=_device(ft_cfg)), sentences)
+        for layer, value in enumerate(cka_to_start(start, tuned)):
+            rows.append({**common, "split": cfg.cka_split, "layer": layer, "metric": "cka_to_start",
+                         "value": value, "n": int(start.shape[1]), "extra": {**extra, "treebank": cfg.cka_treebank}})
+    return result.run_id, rows
+
+
+def run_sweep(cfg: PeftSweepConfig, store=None, progress: bool = True, executor=None) -> tuple[str, "object"]:
+    """Every method's fine-tuning run, then the per-layer CKA of each seed's best checkpoint against
+    the start; one results-store run of rows (module docstring). Returns (run id, rows). The methods
+    are the executor's units (`executor`: `workbench.executor.ExecutorOptions`, default this process;
+    `method_rows`), their rows joined in the config's method order."""
+    import pandas as pd
+
+    from workbench.checkpoints import single_checkpoint
+    from workbench.data.conllu import treebank_path
+    from workbench.executor import ExecutorOptions, Unit, replace_threads, run_units
+    from workbench.models import ModelHandle
+    from workbench.results import ResultsStore
+
+    options = (executor or ExecutorOptions()).validate()
     store = store or ResultsStore()
-    sentences = [list(s.words) for s in load_treebank(cfg.cka_treebank, cfg.cka_split)[: cfg.cka_sentences]]
     configs = {m: method_config(cfg, m) for m in cfg.methods}
     # the baselines (majority, bag of words) are the same for every method: computed with the first only
     configs = {m: c if i == 0 else dataclasses.replace(c, baselines=False) for i, (m, c) in enumerate(configs.items())}
     first = configs[cfg.methods[0]]
-    start_path = resolve_checkpoint(first.checkpoint)
-    start = layer_states(ModelHandle.load(start_path, device=_device(first)), sentences)
-    rows, runs = [], {}
-    for method, ft_cfg in configs.items():
-        if progress:
-            print(f"== method {method} (lr {ft_cfg.lr:g})", flush=True)
-        result = run_finetune(ft_cfg, store=store)
-        runs[method] = result.run_id
-        base = {"model": first.checkpoint, "probe": PROBE, "task": ft_cfg.task}
-        for seed_result in result.seeds:
-            trainable = seed_result.trainable or {}
-            extra = {"method": method, "lr": ft_cfg.lr, "trainable": trainable.get("parameters"),
-                     "total_parameters": trainable.get("total"), "checkpoint": seed_result.checkpoint,
-                     "finetune_run": result.run_id}
-            common = {**base, "seed": seed_result.seed, "step": seed_result.best_step}
-            for split in ("dev", "test"):
-                part = getattr(seed_result, split)
-                rows.append({**common, "split": split, "metric": "accuracy", "value": part["accuracy"],
-                             "n": part["n"], "extra": extra})
-            rows.append({**common, "metric": "trainable_parameters", "value": float(trainable.get("parameters", np.nan)),
-                         "extra": extra})
-            tuned = layer_states(ModelHandle.load(seed_result.checkpoint, device=_device(ft_cfg)), sentences)
-            for layer, value in enumerate(cka_to_start(start, tuned)):
-                rows.append({**common, "split": cfg.cka_split, "layer": layer, "metric": "cka_to_start",
-                             "value": value, "n": int(start.shape[1]), "extra": {**extra, "treebank": cfg.cka_treebank}})
+    start_path = single_checkpoint(first.checkpoint)
+    if options.runs_in_process(len(configs)):
+        start = layer_states(ModelHandle.load(start_path, device=_device(first)), cka_sentences(cfg))
+        units = [Unit(method_rows, (cfg, m, c, store, start, progress), name=m) for m, c in configs.items()]
+    else:
+        if options.folder is None:
+            options = dataclasses.replace(options, folder=str(store.root / "submitit" / (cfg.name or f"peft-{first.task}")))
+        units = [Unit(method_rows, (cfg, m, replace_threads(c), str(store.root), None, False), name=m)
+                 for m, c in configs.items()]
+    done = run_units(units, options, desc="methods")
+    runs = {m: run_id for m, (run_id, _) in zip(configs, done)}
+    rows = [row for _, method_rows_ in done for row in method_rows_]
     with store.start_run(PROBE, cfg.to_dict(), seeds=first.seeds, data_files=[treebank_path(cfg.cka_treebank, cfg.cka_split)],
                          checkpoints=[start_path], name=cfg.name or f"peft-{first.task}") as writer:
         writer.add(rows)
@@ -180,3 +221,7 @@ def format_summary(rows) -> str:
         lines.append(f"{method:<8} {n_train:>11,.0f} {acc.mean():>9.4f} {len(acc):>5}  "
                      f"{cka.loc[0]:.3f} / {cka.loc[L // 2]:.3f} / {cka.loc[L]:.3f}")
     return "\n".join(lines)
+
+
+DRIVER = DriverSpec("peft", PeftSweepConfig, load_sweep_config, run_sweep, units="methods",
+                    description="fine-tune with every method (full, head, bitfit, adapter, prompt, lora); CKA per layer")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from tests.seeding import seeded
 from workbench.paths import data_path
 
 # Tiny models run far faster on one thread, above all when several test runs share the 2 cores
@@ -74,19 +75,13 @@ def tokenizers(ewt_train) -> dict:
             for name, (kind, special) in TOKENIZER_SPECS.items()}
 
 
-def _seeded(seed: int, make):
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return make().eval()
-
-
 def tiny_bert(tokenizer, seed: int = 0, max_positions: int = 128, hidden: int = 32, layers: int = 2):
     from transformers import BertConfig, BertForMaskedLM
 
     cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
                      num_attention_heads=2, intermediate_size=2 * hidden, max_position_embeddings=max_positions,
                      pad_token_id=tokenizer.pad_token_id)
-    return _seeded(seed, lambda: BertForMaskedLM(cfg))
+    return seeded(seed, lambda: BertForMaskedLM(cfg))
 
 
 def tiny_gpt2(tokenizer, seed: int = 0, max_positions: int = 128, hidden: int = 32, layers: int = 2):
@@ -95,7 +90,7 @@ def tiny_gpt2(tokenizer, seed: int = 0, max_positions: int = 128, hidden: int = 
     eos = tokenizer.eos_token_id
     cfg = GPT2Config(vocab_size=len(tokenizer), n_embd=hidden, n_layer=layers, n_head=2, n_positions=max_positions,
                      bos_token_id=eos, eos_token_id=eos)
-    return _seeded(seed, lambda: GPT2LMHeadModel(cfg))
+    return seeded(seed, lambda: GPT2LMHeadModel(cfg))
 
 
 def tiny_t5(tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2):
@@ -104,7 +99,7 @@ def tiny_t5(tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2):
     cfg = T5Config(vocab_size=len(tokenizer), d_model=hidden, d_kv=hidden // 2, d_ff=2 * hidden, num_layers=layers,
                    num_decoder_layers=layers, num_heads=2, pad_token_id=tokenizer.pad_token_id,
                    eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id)
-    return _seeded(seed, lambda: T5ForConditionalGeneration(cfg))
+    return seeded(seed, lambda: T5ForConditionalGeneration(cfg))
 
 
 def tiny_bart(tokenizer, seed: int = 0, max_positions: int = 128, hidden: int = 32, layers: int = 2):
@@ -116,7 +111,7 @@ def tiny_bart(tokenizer, seed: int = 0, max_positions: int = 128, hidden: int = 
                      pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                      eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.eos_token_id,
                      forced_eos_token_id=None)
-    return _seeded(seed, lambda: BartForConditionalGeneration(cfg))
+    return seeded(seed, lambda: BartForConditionalGeneration(cfg))
 
 
 TINY_BUILDERS = {"bert": tiny_bert, "gpt": tiny_gpt2, "t5": tiny_t5, "bart": tiny_bart}

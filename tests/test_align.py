@@ -81,7 +81,7 @@ def tiny_folders(tmp_path_factory, tokenizers):
     return out
 
 
-def _run(folders, settings, tmp_path):
+def run_align(folders, settings, tmp_path):
     from probes.core.runner import run_probe
     from workbench.results import ResultsStore
 
@@ -98,7 +98,7 @@ def _values(rows, task, metric, model=None):
 
 @pytest.mark.slow
 def test_model_pair_identical_models_align_perfectly(tiny_folders, tmp_path):
-    rows = _run([tiny_folders["a"], tiny_folders["a-copy"], tiny_folders["b"]],
+    rows = run_align([tiny_folders["a"], tiny_folders["a-copy"], tiny_folders["b"]],
                 {"tasks": "model-pair", "pair_words": 400, "baselines": "random_rotation", "retrieval": "cosine",
                  "pair_cka": "linear,standardized"},
                 tmp_path)  # (CSLS need not retrieve an identical point: an anti-hub neighbour can outscore it)
@@ -126,7 +126,7 @@ def test_fake_language_against_itself_and_parallel_and_dutch_pair(tiny_folders, 
     a = str(tiny_folders["a"])
     same = tmp_path / "en-en.tsv"  # an English-English dictionary: word alignment on the same sentences
     same.write_text("".join(f"{w}\t{w}\n" for w in ("the", "be", "of", "and", "a", "in", "have", "say", "year")))
-    rows = _run([a], {"tasks": "fake-language,parallel", "target_checkpoint": str(tiny_folders["a-copy"]),
+    rows = run_align([a], {"tasks": "fake-language,parallel", "target_checkpoint": str(tiny_folders["a-copy"]),
                       "dictionary": f"tsv:{same}",
                       "shift_target": False, "fake_corpus": "ud:en_ewt:dev", "max_sentences": 300,
                       "vocab_size": 150, "parallel_src": "ud:en_pud", "parallel_tgt": "ud:en_pud",
@@ -143,7 +143,7 @@ def test_fake_language_against_itself_and_parallel_and_dutch_pair(tiny_folders, 
     assert set(twin["task"]) == {"fake-language", "parallel"}
 
     # a language pair the code was not written for runs from config alone: English <-> Dutch
-    nl = _run([a], {"tasks": "bli", "src_corpus": "ud:en_ewt:dev", "tgt_corpus": "columns:nltk/conll2002/ned.testa",
+    nl = run_align([a], {"tasks": "bli", "src_corpus": "ud:en_ewt:dev", "tgt_corpus": "columns:nltk/conll2002/ned.testa",
                     "dictionary": "swadesh:en-nl", "max_sentences": 600, "vocab_size": 300, "min_count": 2,
                     "baselines": ""}, tmp_path / "nl")
     p = _values(nl, "bli", "p_at_10")
@@ -154,7 +154,7 @@ def test_fake_language_against_itself_and_parallel_and_dutch_pair(tiny_folders, 
 
 @pytest.mark.slow
 def test_diachronic_same_corpus_does_not_move(tiny_folders, tmp_path):
-    rows = _run([str(tiny_folders["a"])], {"tasks": "diachronic", "old_corpus": "ud:en_ewt:dev",
+    rows = run_align([str(tiny_folders["a"])], {"tasks": "diachronic", "old_corpus": "ud:en_ewt:dev",
                                            "new_corpus": "ud:en_ewt:dev", "max_sentences": 0, "vocab_size": 200,
                                            "anchors": 100, "baselines": ""}, tmp_path)
     disp = _values(rows, "diachronic", "displacement")
@@ -172,4 +172,4 @@ def test_bad_settings_fail_before_loading(tiny_folders, tmp_path):
     for bad in ({"retrieval": "euclid"}, {"test_fraction": 1.5}, {"src_corpus": "brown"}, {"csls_k": 0},
                 {"baselines": "majority"}, {"seed_dictionary": "words"}, {"pair_cka": "rbf"}, {"pair_cka": ""}):
         with pytest.raises(ConfigError):
-            _run([tiny_folders["a"]], {"tasks": "bli", **bad}, tmp_path)
+            run_align([tiny_folders["a"]], {"tasks": "bli", **bad}, tmp_path)

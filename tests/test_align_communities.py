@@ -107,16 +107,16 @@ def _planted(seed=0, n_docs=12, vocab=60, H=8, shift=3.0):
 
 
 def test_permutation_baseline_finds_the_planted_move_and_nothing_else():
-    from probes.align import _displacement, _permutation_displacements
+    from probes.align import word_displacement, permutation_displacements
 
     words, (old, new), (ao, an) = _planted()
     settings = SimpleNamespace(lowercase=True, seed=0, permutations=200, center=True)
     anchor = np.arange(1, 41)  # the map is fitted on unmoved words
-    perm = _permutation_displacements(ao, an, old, new, words, anchor, settings)
+    perm = permutation_displacements(ao, an, old, new, words, anchor, settings)
     assert perm.shape == (1, 200, len(words)) and not np.isnan(perm).any()
     To = reps.type_vectors(ao.layers, old.sentences, words)
     Tn = reps.type_vectors(an.layers, new.sentences, words)
-    disp = _displacement(To[0], Tn[0], anchor, True)
+    disp = word_displacement(To[0], Tn[0], anchor, True)
     z = (disp - perm[0].mean(axis=0)) / perm[0].std(axis=0, ddof=1)
     p = (1 + (perm[0] >= disp).sum(axis=0)) / 201
     assert z[0] > 10 and p[0] == pytest.approx(1 / 201)  # the planted word beats every random split
@@ -126,12 +126,12 @@ def test_permutation_baseline_finds_the_planted_move_and_nothing_else():
 def test_one_permutation_equals_the_procedure_on_that_split():
     """A permutation's displacement is the plain procedure (type vectors, Procrustes on the anchors,
     1 - cos) on the documents it drew: recomputed here from masks through `reps.type_vectors`."""
-    from probes.align import _displacement, _permutation_displacements
+    from probes.align import word_displacement, permutation_displacements
 
     words, (old, new), (ao, an) = _planted(seed=1, n_docs=5)
     settings = SimpleNamespace(lowercase=True, seed=3, permutations=1, center=True)
     anchor = np.arange(1, 41)
-    got = _permutation_displacements(ao, an, old, new, words, anchor, settings)[0, 0]
+    got = permutation_displacements(ao, an, old, new, words, anchor, settings)[0, 0]
     doc_names = list(dict.fromkeys([("old", d) for d in old.docs] + [("new", d) for d in new.docs]))
     in_a = np.zeros(len(doc_names), bool)
     in_a[np.random.default_rng(settings.seed + 1).permutation(len(doc_names))[:5]] = True
@@ -142,19 +142,19 @@ def test_one_permutation_equals_the_procedure_on_that_split():
     layers = np.concatenate([ao.layers, an.layers], axis=1)
     A = reps.type_vectors(layers, sents, words, mask=mask)[0]
     B = reps.type_vectors(layers, sents, words, mask=~mask)[0]
-    assert np.allclose(got, _displacement(A, B, anchor, True), atol=1e-4)
+    assert np.allclose(got, word_displacement(A, B, anchor, True), atol=1e-4)
 
 
 @pytest.mark.slow
 def test_party_split_end_to_end_on_a_tiny_model(tmp_path, tokenizers):
     from tests.conftest import tiny_bert
-    from tests.test_align import _run
+    from tests.test_align import run_align
 
     folder = tmp_path / "m"
     tiny_bert(tokenizers["bert"], seed=0, max_positions=128, hidden=32, layers=2).save_pretrained(folder)
     tokenizers["bert"].save_pretrained(folder)
     (folder / "manifest.json").write_text(json.dumps({"family": "bert"}))
-    rows = _run([folder], {"tasks": "diachronic", "old_corpus": "split:state_union:party=Republican",
+    rows = run_align([folder], {"tasks": "diachronic", "old_corpus": "split:state_union:party=Republican",
                            "new_corpus": "split:state_union:party=Democratic", "max_sentences": 300,
                            "max_words": 32, "vocab_size": 150, "anchors": 100, "min_count": 5, "permutations": 10,
                            "top_moved": 5, "baselines": ""}, tmp_path)

@@ -46,7 +46,7 @@ def _null_corpora(seed=0, n_docs=16, sents_per_doc=12, vocab=80, H=16, layers=2,
 
 
 class _Unit:
-    """What `_diachronic` asks of a runner unit: cached activations by key, rows, a log."""
+    """What `diachronic_task` asks of a runner unit: cached activations by key, rows, a log."""
 
     def __init__(self, acts):
         self.acts = acts
@@ -67,7 +67,7 @@ class _Unit:
 
 def _diachronic(corpora, acts, monkeypatch=None, **overrides):
     from probes.align import Settings
-    from probes.align.tasks import _diachronic
+    from probes.align.tasks import diachronic_task
     from probes.core.runner import make_settings
 
     settings = make_settings(Settings, {"tasks": ["diachronic"], "old_corpus": "raw:old", "new_corpus": "raw:new",
@@ -75,7 +75,7 @@ def _diachronic(corpora, acts, monkeypatch=None, **overrides):
                                         "baselines": "", "progress": False, **overrides})
     prepared = SimpleNamespace(data={"corpora": {"raw:old": corpora[0], "raw:new": corpora[1]}})
     unit = _Unit({"old": acts[0], "new": acts[1]})
-    rows = pd.concat(_diachronic(unit, prepared, settings), ignore_index=True)
+    rows = pd.concat(diachronic_task(unit, prepared, settings), ignore_index=True)
     return rows, unit
 
 
@@ -84,7 +84,7 @@ def _per_layer(rows, metric):
 
 
 def test_the_halves_never_share_a_document(monkeypatch):
-    """Every mask `_diachronic` hands to `reps.type_vectors` for the old corpus puts each document's
+    """Every mask `diachronic_task` hands to `reps.type_vectors` for the old corpus puts each document's
     words on one side only (before: each sentence drew its side, so every document sat on both)."""
     corpora, acts = _null_corpora()
     old = corpora[0]

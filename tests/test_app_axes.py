@@ -13,8 +13,8 @@ import pytest
 from app import axes, figures
 from app.page_modules import cost, distill, finetune
 from app.page_modules import prune as prune_page
-from tests.test_app_distill import _rows as distill_rows_planted
-from tests.test_app_finetune_cost import _as_rows, _cost_rows, _finetune_rows
+from tests.test_app_distill import planted_distill_rows as distill_rows_planted
+from tests.test_app_finetune_cost import as_rows, planted_cost_rows, planted_finetune_rows
 from workbench.compress.sweep import build_rows
 
 # seeds far apart: the 1-bit and random points' mean +- sd leaves [0, 1] on both sides
@@ -57,7 +57,7 @@ def test_compression_figures_draw_accuracy_on_0_to_1_with_bands_clipped():
 
 
 def test_finetune_distill_and_cost_charts_draw_fractions_on_0_to_1():
-    rows = _as_rows(_finetune_rows())  # span F1
+    rows = as_rows(planted_finetune_rows())  # span F1
     for fn in (finetune.finetune_curves, finetune.finetune_test):
         _assert_unit(fn(rows, "t", {}).figure, fn.__name__)
     planted = distill_rows_planted()
@@ -66,7 +66,7 @@ def test_finetune_distill_and_cost_charts_draw_fractions_on_0_to_1():
               "layer": layer, "value": v + 0.1 * layer, "extra": {}}
              for m, v in (("r/seed-0/step-0000000", 0.2), ("r/seed-0/step-0000010", 0.5))
              for layer in range(3)]
-    drawn = cost.score_vs_flops(_as_rows(_cost_rows() + probe), "t", {"task": "upos", "metric": "accuracy"})
+    drawn = cost.score_vs_flops(as_rows(planted_cost_rows() + probe), "t", {"task": "upos", "metric": "accuracy"})
     _assert_unit(drawn.figure, "score vs flops")
 
 

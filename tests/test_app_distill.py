@@ -29,7 +29,7 @@ def _point(depth, init, t, a, accs, params, latency):
             "parameters": params, "file_bytes": 4 * params, "latency_ms": latency}
 
 
-def _rows():
+def planted_distill_rows():
     points = {"L3-teacher-T2-a0.5": _point(3, "teacher", 2.0, 0.5, [0.76, 0.78], 600, 5.0),
               "L2-random-Tnone-a0": _point(2, "random", None, 0.0, [0.60, 0.64], 500, 3.5)}
     return pd.DataFrame(distill_rows(points, TEACHER, "teacher", "bert", "sentence_polarity"))
@@ -38,7 +38,7 @@ def _rows():
 def _store(tmp_path, cka_rows=None):
     store = ResultsStore(tmp_path / "runs")
     with store.start_run("distill", {"k": 1}, name="d") as run:
-        run.add(_rows())
+        run.add(planted_distill_rows())
     if cka_rows is not None:
         with store.start_run("probe", {"probe": "align"}, name="a") as run:
             for f in cka_rows:
@@ -47,7 +47,7 @@ def _store(tmp_path, cka_rows=None):
 
 
 def test_tradeoff_table_and_plot_are_the_rows():
-    rows = _rows()
+    rows = planted_distill_rows()
     table = tradeoff_table(rows).set_index("model")
     s = table.loc["teacher/distill/L3-teacher-T2-a0.5"]
     assert s["accuracy"] == pytest.approx(0.77) and s["kept_pct"] == pytest.approx(100 * 0.77 / 0.80)

@@ -22,7 +22,7 @@ DEV = {0: [0.60, 0.70, 0.72], 1: [0.58, 0.74, 0.71], 2: [0.62, 0.69, 0.75]}   # 
 TEST = {0: 0.70, 1: 0.73, 2: 0.69}
 
 
-def _finetune_rows(metric="span_f1", task="conll2002_es"):
+def planted_finetune_rows(metric="span_f1", task="conll2002_es"):
     rows = []
     common = {"model": "m", "family": "bert", "probe": "finetune", "task": task}
     for seed, curve in DEV.items():
@@ -45,7 +45,7 @@ def _finetune_rows(metric="span_f1", task="conll2002_es"):
     return rows
 
 
-def _as_rows(records):
+def as_rows(records):
     df = pd.DataFrame(records)
     df["extra"] = [json.dumps(e) for e in df["extra"]]
     for c in ("seed", "layer", "ci_low", "ci_high", "step"):
@@ -55,7 +55,7 @@ def _as_rows(records):
 
 
 def test_epoch_curve_is_the_seed_mean_and_range():
-    curve = epoch_curve(_as_rows(_finetune_rows()), "span_f1")
+    curve = epoch_curve(as_rows(planted_finetune_rows()), "span_f1")
     arr = np.array(list(DEV.values()))
     assert curve["epoch"].tolist() == [1, 2, 3]
     assert np.allclose(curve["mean"], arr.mean(0))
@@ -64,7 +64,7 @@ def test_epoch_curve_is_the_seed_mean_and_range():
 
 
 def test_the_score_table_has_the_t_interval_and_the_baselines():
-    table = score_table(_as_rows(_finetune_rows()), "span_f1").set_index("model")
+    table = score_table(as_rows(planted_finetune_rows()), "span_f1").set_index("model")
     x = np.array(list(TEST.values()))
     half = stats.t.ppf(0.975, 2) * x.std(ddof=1) / np.sqrt(3)
     assert table.loc["m", "score"] == pytest.approx(x.mean())
@@ -75,14 +75,14 @@ def test_the_score_table_has_the_t_interval_and_the_baselines():
 
 
 def test_finetune_plots_draw_the_table_values():
-    rows = _as_rows(_finetune_rows())
+    rows = as_rows(planted_finetune_rows())
     curves = finetune_curves(rows, "t", {})
     model = curves.data[curves.data["kind"] == "model"]
     assert np.allclose(model["mean"], np.array(list(DEV.values())).mean(0))
     assert set(curves.data.loc[curves.data["kind"] == "baseline", "model"]) == {"majority", "word_majority"}
     test = finetune_test(rows, "t", {})
     assert test.data.set_index("model").loc["m", "score"] == pytest.approx(np.mean(list(TEST.values())))
-    acc = finetune_test(_as_rows(_finetune_rows("accuracy", "sentence_polarity")), "t", {})
+    acc = finetune_test(as_rows(planted_finetune_rows("accuracy", "sentence_polarity")), "t", {})
     assert acc.figure.layout.yaxis.title.text == "test accuracy"
 
 
@@ -94,7 +94,7 @@ def test_split_summary_reads_the_manifest_note():
     assert split_summary(None).empty
 
 
-def _cost_rows():
+def planted_cost_rows():
     """Two checkpoints of one run (step 0 at 0 FLOPs, step 10) and a fine-tuned child of step 10."""
     out = []
 
@@ -112,7 +112,7 @@ def _cost_rows():
 
 
 def test_cost_table_reproduces_the_stored_totals():
-    rows = _as_rows(_cost_rows()).assign(run_id="r1")
+    rows = as_rows(planted_cost_rows()).assign(run_id="r1")
     wide = cost_wide(rows).set_index("model")
     assert wide.loc["ft/seed-0/best", "total_flops"] == pytest.approx(1.2e9)
     assert wide.loc["ft/seed-0/best", "own_flops"] == pytest.approx(2e8)
@@ -131,7 +131,7 @@ def test_score_vs_flops_joins_by_checkpoint_and_takes_the_best_layer():
                           "metric": "accuracy", "value": a, "layer": layer, "extra": {}})
     probe.append({"model": "majority", "family": "baseline", "probe": "syntax", "task": "upos", "split": "test",
                   "metric": "accuracy", "value": 0.9, "extra": {"baseline": "majority"}})
-    rows = _as_rows(_cost_rows() + probe).assign(run_id="r1")
+    rows = as_rows(planted_cost_rows() + probe).assign(run_id="r1")
     best = best_scores(rows, "upos", "accuracy").set_index("model")
     assert best.loc["r/seed-0/step-0000010", "score"] == 0.8 and best.loc["r/seed-0/step-0000010", "layer"] == 1
     drawn = score_vs_flops(rows, "t", {"task": "upos", "metric": "accuracy"})
@@ -156,7 +156,7 @@ def test_pages_render_headless(tmp_path, monkeypatch):
 
     store = ResultsStore(tmp_path / "runs")
     with store.start_run("finetune", {"task": "conll2002_es"}, name="ner") as run:
-        run.add(_finetune_rows())
+        run.add(planted_finetune_rows())
         run.note("splits", {"split_seed": 0, "ids": {"train": ["x1", "x2"], "dev": ["d1"], "test": ["t1"]}})
     monkeypatch.setenv("BERTOLOGY_RUNS", str(store.root))
     at = AppTest.from_file(APP, default_timeout=120)

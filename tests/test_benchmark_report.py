@@ -1,4 +1,4 @@
-"""benchmarks/: the analytic FLOPs count behind MFU (hand computation) and the generated README table."""
+"""benchmarks/: the analytic FLOPs count behind MFU (hand computation) and the generated table of docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_paired_step_mfu_steps_both_models_window_by_window(tmp_path, monkeypatc
     """The paired measurement on a tiny BERT: one MFU per window, each its window's FLOP rate over the
     mean of the slices beside it, and the speed ratio the two models' tokens/s in the same window."""
     import torch
-    from bench_train import _hf_model, _packed_batches, _step_setup, flops_per_token, paired_step_mfu, paired_utilisation
+    from bench_train import _hf_model, _packed_batches, flops_per_token, step_setup, paired_step_mfu, paired_utilisation
 
     from tests.training_helpers import tiny_config
     from workbench.families import get_family
@@ -103,7 +103,7 @@ def test_paired_step_mfu_steps_both_models_window_by_window(tmp_path, monkeypatc
                       tokenizer={"vocab_size": 400}, max_len=32, batch_size=4,
                       **{"eval.batches": 0, "checkpoints.log_spaced": False})
     data = prepare_data(cfg, get_family("bert"))
-    family, batches = _step_setup(cfg, data, 1 + 3 * 2)
+    family, batches = step_setup(cfg, data, 1 + 3 * 2)
     model_cfg, vocab = get_family("bert").model_config(cfg.preset, cfg.model), len(data.tokenizer)
     hf_model, collator = _hf_model(cfg, data.tokenizer, "bert")
     hf_batches = _packed_batches(cfg, data, collator, 7)
@@ -151,7 +151,7 @@ def test_report_table_comes_from_the_newest_record_and_fills_the_readme(tmp_path
 
 
 def test_a_gpu_record_is_its_own_row_and_never_replaces_the_cpu_figure(tmp_path):
-    """A newer GPU extraction record must not take the place of the CPU one (the README table is per
+    """A newer GPU extraction record must not take the place of the CPU one (the table of docs/benchmarks.md is per
     device): both rows stay, the GPU one labelled with its device and machine."""
     import report
 

@@ -11,8 +11,9 @@ import torch
 
 from tests.conftest import tiny_bert
 from workbench.checkpoints import (expand_checkpoints, list_steps, read_manifest, seed_dir, step_dir, step_number,
-                                   weight_files, weights_hash)
+                                   weight_files)
 from workbench.errors import CheckpointError
+from workbench.identity import weights_hash
 from workbench.manifest import checkpoint_record
 from workbench.models import ModelHandle
 

@@ -50,7 +50,7 @@ HEADS_KEPT = {0: [[1, 0, 1], [1, 1, 0]], 1: [[1, 0, 1], [1, 1, 1]]}
 
 
 def _head_rows() -> list[dict]:
-    from workbench.compress.heads import PruningCurve, PruningStep, curve_rows
+    from workbench.compress.head_pruning import PruningCurve, PruningStep, curve_rows
 
     rows = []
     for seed, kept in HEADS_KEPT.items():

@@ -1,4 +1,4 @@
-"""Head and MLP pruning (workbench.compress.heads): gates, masks as weights, slicing, gradient
+"""Head and MLP pruning (workbench.compress.head_pruning): gates, masks as weights, slicing, gradient
 importance and the iterative procedure, on tiny random models of every family it supports.
 
 transformers 5 ignores `head_mask`, so every masking test also checks that the outputs move."""
@@ -15,13 +15,13 @@ from transformers import (AlbertConfig, AlbertForSequenceClassification, AutoMod
                           DebertaV2ForSequenceClassification, GPT2Config, GPT2ForSequenceClassification,
                           LlamaConfig, LlamaForSequenceClassification)
 
-from workbench.compress import heads as H
+from workbench.compress import head_pruning as H
 from workbench.errors import ConfigError, WorkbenchError
 
 L, NH, HID = 2, 4, 32  # layers, heads, hidden (head_dim 8)
 
 
-def _tiny(family: str, seed: int = 0):
+def tiny_classifier(family: str, seed: int = 0):
     torch.manual_seed(seed)
     common = dict(vocab_size=60, num_labels=2, pad_token_id=0)
     if family == "bert":
@@ -55,7 +55,7 @@ def _tiny(family: str, seed: int = 0):
 FAMILIES = ("bert", "deberta", "gpt2", "llama")
 
 
-def _batch(seed: int = 0, B: int = 3, T: int = 9):
+def tiny_batch(seed: int = 0, B: int = 3, T: int = 9):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(2, 60, (B, T), generator=g)
     mask = torch.ones(B, T, dtype=torch.long)
@@ -63,7 +63,7 @@ def _batch(seed: int = 0, B: int = 3, T: int = 9):
     return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 1])[:B]}
 
 
-def _logits(model, batch):
+def head_logits(model, batch):
     with torch.no_grad():
         return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
 
@@ -84,27 +84,27 @@ def _reference_zeroed_context(model, layer: int, head: int):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_masking_one_head_equals_zeroing_its_context_vector(family):
-    model, batch = _tiny(family), _batch()
-    full = _logits(model, batch)
+    model, batch = tiny_classifier(family), tiny_batch()
+    full = head_logits(model, batch)
     handle = _reference_zeroed_context(model, layer=1, head=2)
-    reference = _logits(model, batch)
+    reference = head_logits(model, batch)
     handle.remove()
     assert not torch.allclose(full, reference, atol=1e-4), "zeroing a head must change the outputs"
 
     kept = np.ones((L, NH), bool)
     kept[1, 2] = False
     masked = H.apply_mask(copy.deepcopy(model), kept)
-    torch.testing.assert_close(_logits(masked, batch), reference, atol=1e-6, rtol=0)
+    torch.testing.assert_close(head_logits(masked, batch), reference, atol=1e-6, rtol=0)
     with H.gates(model, torch.tensor(kept, dtype=torch.float32)):
-        torch.testing.assert_close(_logits(model, batch), reference, atol=1e-6, rtol=0)
+        torch.testing.assert_close(head_logits(model, batch), reference, atol=1e-6, rtol=0)
     # the gates are gone after the block, the model untouched
-    torch.testing.assert_close(_logits(model, batch), full, atol=0, rtol=0)
+    torch.testing.assert_close(head_logits(model, batch), full, atol=0, rtol=0)
 
 
 def test_masking_every_head_of_a_layer_leaves_only_the_residual_path():
     """BERT's attention block is LayerNorm(W_O ctx + b_O + x): with every head of layer 0 masked
     its output must be LayerNorm(x + b_O), computed here by hand from the captured input x."""
-    model, batch = _tiny("bert"), _batch()
+    model, batch = tiny_classifier("bert"), tiny_batch()
     kept = np.ones((L, NH), bool)
     kept[0] = False
     masked = H.apply_mask(copy.deepcopy(model), kept)
@@ -112,7 +112,7 @@ def test_masking_every_head_of_a_layer_leaves_only_the_residual_path():
     seen = {}
     h = block.register_forward_hook(lambda m, args, out: seen.update(x=args[0].detach(), y=out[0].detach()
                                                                       if isinstance(out, tuple) else out.detach()))
-    _logits(masked, batch)
+    head_logits(masked, batch)
     h.remove()
     ln = block.output.LayerNorm
     z = seen["x"] + block.output.dense.bias
@@ -120,41 +120,41 @@ def test_masking_every_head_of_a_layer_leaves_only_the_residual_path():
     var = ((z - mean) ** 2).mean(-1, keepdim=True)
     expected = (z - mean) / torch.sqrt(var + ln.eps) * ln.weight + ln.bias
     torch.testing.assert_close(seen["y"], expected, atol=1e-5, rtol=0)
-    assert not torch.allclose(_logits(model, batch), _logits(masked, batch), atol=1e-4)
+    assert not torch.allclose(head_logits(model, batch), head_logits(masked, batch), atol=1e-4)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_slicing_gives_the_masked_outputs_with_fewer_parameters(family):
-    model, batch = _tiny(family), _batch()
+    model, batch = tiny_classifier(family), tiny_batch()
     kept = np.ones((L, NH), bool)
     kept[0, [0, 3]] = False   # half a layer: for Llama one of each K/V group
     kept[1] = False           # a whole layer
     mlps = np.array([True, False])
     masked = H.apply_mask(copy.deepcopy(model), kept, mlps)
     sliced = H.slice_heads(copy.deepcopy(model), kept, mlps)
-    assert not torch.allclose(_logits(model, batch), _logits(masked, batch), atol=1e-4)
-    torch.testing.assert_close(_logits(sliced, batch), _logits(masked, batch), atol=1e-5, rtol=0)
+    assert not torch.allclose(head_logits(model, batch), head_logits(masked, batch), atol=1e-4)
+    torch.testing.assert_close(head_logits(sliced, batch), head_logits(masked, batch), atol=1e-5, rtol=0)
     assert H.parameter_count(sliced) < H.parameter_count(masked)
     site = H.attention_sites(sliced)[0]
     assert site.num_heads == 2
 
 
 def test_mlp_gate_zero_equals_removing_the_mlp_output():
-    model, batch = _tiny("bert"), _batch()
+    model, batch = tiny_classifier("bert"), tiny_batch()
     out = model.bert.encoder.layer[1].output.dense
     h = out.register_forward_hook(lambda m, a, o: torch.zeros_like(o))
-    reference = _logits(model, batch)
+    reference = head_logits(model, batch)
     h.remove()
     masked = H.apply_mask(copy.deepcopy(model), np.ones((L, NH), bool), [True, False])
-    torch.testing.assert_close(_logits(masked, batch), reference, atol=1e-6, rtol=0)
-    assert not torch.allclose(_logits(model, batch), reference, atol=1e-4)
+    torch.testing.assert_close(head_logits(masked, batch), reference, atol=1e-6, rtol=0)
+    assert not torch.allclose(head_logits(model, batch), reference, atol=1e-4)
 
 
 @pytest.mark.parametrize("family", ("bert", "gpt2"))
 def test_gradient_importance_matches_a_finite_difference(family):
     """raw_heads = |dL/dxi_h| / tokens for one batch; checked against a central difference of the
     loss in each gate (float64), and likewise for the MLP gates."""
-    model, batch = _tiny(family).double(), _batch()
+    model, batch = tiny_classifier(family).double(), tiny_batch()
     imp = H.head_importance(model, [batch])
     tokens = int(batch["attention_mask"].sum())
     assert imp.tokens == tokens
@@ -189,9 +189,9 @@ def test_importance_normalisation_is_per_layer_l2_then_global_min_max():
 
 
 def test_importance_sums_batches_and_does_not_touch_the_model():
-    model = _tiny("bert")
+    model = tiny_classifier("bert")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    b1, b2 = _batch(1), _batch(2)
+    b1, b2 = tiny_batch(1), tiny_batch(2)
     one = H.head_importance(model, [b1])
     two = H.head_importance(model, [b2])
     both = H.head_importance(model, [b1, b2])
@@ -202,7 +202,7 @@ def test_importance_sums_batches_and_does_not_touch_the_model():
 
 
 def test_a_head_index_out_of_range_is_one_clear_error():
-    model = _tiny("bert")
+    model = tiny_classifier("bert")
     with pytest.raises(ConfigError, match=r"head \(1, 4\) is out of range: the model has layers 0-1 and heads 0-3"):
         H.mask_from_removed(model, [(0, 1), (1, 4)])
     with pytest.raises(ConfigError, match=r"head \(2, 0\) is out of range"):
@@ -223,7 +223,7 @@ def test_albert_is_refused_with_the_reason():
 def test_the_mask_keeper_holds_the_mask_through_training():
     """AdamW with weight decay moves every weight with a gradient; the after-step hook re-zeroes
     the removed heads' columns, so the trained model still equals its gate-masked self."""
-    model, batch = _tiny("bert"), _batch()
+    model, batch = tiny_classifier("bert"), tiny_batch()
     kept = np.ones((L, NH), bool)
     kept[0, 1] = kept[1, 0] = False
     H.apply_mask(model, kept)
@@ -239,8 +239,8 @@ def test_the_mask_keeper_holds_the_mask_through_training():
     cols = model.bert.encoder.layer[0].attention.output.dense.weight[:, 8:16]
     assert torch.count_nonzero(cols) == 0
     with H.gates(model, torch.tensor(kept, dtype=torch.float32)):
-        gated = _logits(model, batch)
-    torch.testing.assert_close(_logits(model, batch), gated, atol=1e-6, rtol=0)
+        gated = head_logits(model, batch)
+    torch.testing.assert_close(head_logits(model, batch), gated, atol=1e-6, rtol=0)
 
 
 def test_masked_handle_is_a_derived_checkpoint_that_opens_in_plain_transformers(tiny_checkpoint, tmp_path):
@@ -464,7 +464,7 @@ def test_the_scripts_three_subnetworks_on_planted_curves(how, monkeypatch):
     args = SimpleNamespace(batch_size=4, importance_examples=8, to_end=False, step_of="total", subnetworks=how,
                            refinetune=False, checkpoint="tiny")
     run = SimpleNamespace(dev="dev", test="test", pad_id=0, family="bert")
-    out = script.prune_seed(_tiny("bert"), run, args, seed=0)
+    out = script.prune_seed(tiny_classifier("bert"), run, args, seed=0)
     good = np.array(out["good"]["subnetwork"]["heads_kept"])
     # good: 10% of 8 heads is one per step; the 4 small heads go (0.96 of the value), the 0.3 head would leave 0.86
     assert out["good"]["prunable"] == 4 and good.tolist() == [[False] * 4, [True] * 4]
@@ -576,7 +576,7 @@ def test_curve_rows_and_the_surviving_heads_matrix():
 def test_settings_coerce_and_refuse_bad_values_naming_the_key():
     s = H.load_settings({"orders": "good,bad", "fraction": "0.2", "threshold": 0.8, "remove": [[0, 1]]}, "prune.yaml")
     assert s.orders == ["good", "bad"] and s.fraction == 0.2 and s.remove == [[0, 1]]
-    kept = s.check_removed(_tiny("bert"))
+    kept = s.check_removed(tiny_classifier("bert"))
     assert kept.sum() == L * NH - 1 and not kept[0, 1]
     for values, message in [({"orders": ["best"]}, r"prune.yaml: orders: unknown order\(s\) \['best'\]"),
                             ({"fraction": 1.2}, r"prune.yaml: fraction: 1.2 is not in \(0, 1\]"),
@@ -589,4 +589,4 @@ def test_settings_coerce_and_refuse_bad_values_naming_the_key():
         with pytest.raises(ConfigError, match=message):
             H.load_settings(values, "prune.yaml")
     with pytest.raises(ConfigError, match=r"prune.yaml: remove: head \(0, 4\) is out of range"):
-        H.load_settings({"remove": [[0, 4]]}, "prune.yaml").check_removed(_tiny("bert"), "prune.yaml")
+        H.load_settings({"remove": [[0, 4]]}, "prune.yaml").check_removed(tiny_classifier("bert"), "prune.yaml")

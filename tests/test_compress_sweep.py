@@ -357,7 +357,7 @@ def head_sweep(pretrained, tmp_path_factory):
 def test_head_points_are_masked_checkpoints_whose_outputs_equal_gating(head_sweep, tokenizer):
     from transformers import AutoModelForSequenceClassification
 
-    from workbench.compress import heads as H
+    from workbench.compress import head_pruning as H
     from workbench.finetune import load_classifier
 
     result, store = head_sweep
@@ -426,7 +426,7 @@ PLANTED = np.array([[0.01, 0.02], [0.5, 1.0]])
 def _planted_curve(model, run, order, settings, seed, batch_size, min_steps=0):
     """`heads.classifier_curve` on planted head values (the sweep's wiring is under test, not a
     tiny model's accuracies, which differ between CPU kinds)."""
-    from workbench.compress import heads as H
+    from workbench.compress import head_pruning as H
 
     assert H.head_shape(model) == PLANTED.shape
     return H.iterative_pruning(PLANTED.shape, lambda kept: float((PLANTED * kept).sum() / PLANTED.sum()),
@@ -438,7 +438,7 @@ def _planted_curve(model, run, order, settings, seed, batch_size, min_steps=0):
 def order_sweeps(pretrained, tmp_path_factory):
     """heads_random listed before heads_good, on planted curves; the default (equal_size) and
     subnetworks: threshold."""
-    from workbench.compress import heads as H
+    from workbench.compress import head_pruning as H
 
     root = tmp_path_factory.mktemp("orders")
     out = {}

@@ -9,7 +9,7 @@ import pytest
 
 from probes.core.statistics import auc, ratio_bootstrap
 from probes.coref import (CorefSettings, best_head_rows, choose_heads, format_summary, SpanView, gap_scores_ci,
-                          mention_pairs, pair_probe, sample_anaphors, _subset)
+                          mention_pairs, pair_probe, sample_anaphors, subset_pairs)
 from probes.coref.items import DocMention, Document
 from probes.coref.gap_scorer import pronoun_gender, read_submission, score_gap
 from workbench.data.gap import read_gap
@@ -61,7 +61,7 @@ def test_planted_chain_layer_gives_peak_pair_auc(span):
         docs, acts, offsets = _synthetic(n, seed)
         views[name] = _views(docs, acts, offsets, span)
         pairs[name] = mention_pairs(docs, settings.k)
-    fit = _subset(pairs["fit"], sample_anaphors(pairs["fit"], settings.max_train_pairs, 0))
+    fit = subset_pairs(pairs["fit"], sample_anaphors(pairs["fit"], settings.max_train_pairs, 0))
     assert 0 < len(fit.label) <= 2000
     res, logits = pair_probe(views["fit"], fit, views["stop"], pairs["stop"], views["eval"], pairs["eval"], settings)
     scores = logits[..., 1] - logits[..., 0]
@@ -140,7 +140,7 @@ def test_best_head_is_chosen_on_the_selection_split_not_on_the_report_split():
     np.testing.assert_allclose(acc, dev.mean(0))
     units = np.arange(n_test) // 5
     rows = pd.concat(best_head_rows(_RowsUnit(), "best_head_accuracy", dev, test, units,
-                                    CorefSettings(n_boot=50), split="test", chosen_on="gum-dev", extra={"x": 1}))
+                                    CorefSettings(n_boot=50), split="test", chosen_on="gum-dev", extra={"evaluated": 1}))
     per = rows[rows["metric"] == "best_head_accuracy"].sort_values("layer")
     assert per["value"].tolist() == pytest.approx([test[:, 0, 1].mean(), test[:, 1, 2].mean()])
     assert per["value"].iloc[1] < test[:, 1].mean(0).max() - 0.1  # the test-best head was not chosen

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from workbench.activations import cache_path, extract
-from workbench.checkpoints import read_manifest, weights_hash
+from workbench.checkpoints import read_manifest
 from workbench.data.conllu import load_treebank
 from workbench.errors import CheckpointError, WorkbenchError
-from workbench.models import ModelHandle, random_init_twin, state_dict_hash
+from workbench.identity import state_dict_hash, weights_hash
+from workbench.models import ModelHandle, random_init_twin
 
 HEAD = 1  # the attention head masked in layer 0 (tiny BERT: 2 heads of 16 dimensions)
 

@@ -238,7 +238,7 @@ def test_saved_classifier_opens_and_gives_the_same_logits(checkpoints, tmp_path,
     with torch.no_grad():
         reloaded = load_classifier(tmp_path / "ck")(**batch).logits
     torch.testing.assert_close(reloaded, logits, atol=1e-6, rtol=0)
-    if pooling != "encoder_mean":  # transformers' own Auto class opens it (ELMo once workbench.heads is imported)
+    if pooling != "encoder_mean":  # transformers' own Auto class opens it (ELMo once workbench.classifier_heads is imported)
         auto = AutoModelForSequenceClassification.from_pretrained(tmp_path / "ck").eval()
         with torch.no_grad():
             torch.testing.assert_close(auto(**batch).logits, logits, atol=1e-6, rtol=0)
@@ -365,10 +365,10 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, match, capsys):
 
 
 def test_missing_checkpoint_is_a_checkpoint_error(tmp_path):
-    from workbench.finetune import resolve_checkpoint
+    from workbench.checkpoints import single_checkpoint
 
     with pytest.raises(CheckpointError):
-        resolve_checkpoint(str(tmp_path / "nothing"))
+        single_checkpoint(str(tmp_path / "nothing"))
 
 
 # ------------------------------------------------------------------------- pinned weights
@@ -381,7 +381,7 @@ def test_finetune_keeps_its_pinned_weights(checkpoints, tmp_path, family, kw, up
     """A tiny `bertology finetune` run (warm-up, clipping, dropout on; a frozen body; a token task)
     ends with the weights and dev curve recorded before the loops were shared (tests/weight_pins.py)."""
     from tests.weight_pins import check_pin
-    from workbench.checkpoints import weights_hash
+    from workbench.identity import weights_hash
 
     cfg = _cfg(checkpoints[family], tmp_path / "run", **kw)
     res = run_finetune(cfg, store=ResultsStore(tmp_path / "store"), data=upos if cfg.task == "upos" else None)

@@ -192,7 +192,7 @@ def test_shadows_are_a_lazy_runner_role_and_the_target_run_is_never_a_shadow(tin
     from types import SimpleNamespace
 
     from probes.core import runner
-    from workbench.checkpoints import weights_hash
+    from workbench.identity import weights_hash
 
     folder = _copied_shadow_set(tmp_path / "pre", tiny_checkpoint, "pretrain")
     settings = runner.make_settings(mem.Settings, {"tasks": ["attacks"], "attacks": ["loss", "lira"], "shadows": str(folder)})
@@ -239,12 +239,12 @@ def test_each_shadow_set_is_loaded_and_checked_under_its_own_folder(monkeypatch)
 
     monkeypatch.setattr(ShadowSet, "load", staticmethod(lambda folder: SimpleNamespace(folder=folder, kind="pretrain")))
     prepared = SimpleNamespace(data={})
-    a = mem._shadow_set(prepared, SimpleNamespace(shadows="set-a", setting="pretrain"))
-    b = mem._shadow_set(prepared, SimpleNamespace(shadows="set-b", setting="pretrain"))
+    a = mem.loaded_shadow_set(prepared, SimpleNamespace(shadows="set-a", setting="pretrain"))
+    b = mem.loaded_shadow_set(prepared, SimpleNamespace(shadows="set-b", setting="pretrain"))
     assert (a.folder, b.folder) == ("set-a", "set-b")
-    assert mem._shadow_set(prepared, SimpleNamespace(shadows="set-a", setting="pretrain")) is a  # loaded once
+    assert mem.loaded_shadow_set(prepared, SimpleNamespace(shadows="set-a", setting="pretrain")) is a  # loaded once
     with pytest.raises(ConfigError, match="set-a: a pretrain shadow set; the finetune setting"):
-        mem._shadow_set(prepared, SimpleNamespace(shadows="set-a", setting="finetune"))
+        mem.loaded_shadow_set(prepared, SimpleNamespace(shadows="set-a", setting="finetune"))
 
 
 def test_settings_are_checked_before_loading():

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import tiny_bert, tiny_gpt2
+from tests.seeding import seeded
 from tests.training_helpers import tiny_finetune_config
 from workbench.errors import ConfigError
 from workbench.finetune import build_classifier, load_classifier, load_finetune_config, run_finetune
@@ -36,18 +37,12 @@ from workbench.results import ResultsStore
 H, LAYERS, FFN = 32, 2, 64
 
 
-def _seeded(seed, make):
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return make().eval()
-
-
 def tiny_roberta(tokenizer):
     from transformers import RobertaConfig, RobertaForMaskedLM
 
     cfg = RobertaConfig(vocab_size=len(tokenizer), hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=2,
                         intermediate_size=FFN, max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id)
-    return _seeded(0, lambda: RobertaForMaskedLM(cfg))
+    return seeded(0, lambda: RobertaForMaskedLM(cfg))
 
 
 def tiny_deberta(tokenizer):
@@ -56,7 +51,7 @@ def tiny_deberta(tokenizer):
     cfg = DebertaV2Config(vocab_size=len(tokenizer), hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=2,
                           intermediate_size=FFN, max_position_embeddings=128, relative_attention=True,
                           position_buckets=32, pos_att_type=["p2c", "c2p"], pad_token_id=tokenizer.pad_token_id)
-    return _seeded(0, lambda: DebertaV2ForMaskedLM(cfg))
+    return seeded(0, lambda: DebertaV2ForMaskedLM(cfg))
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from tests.conftest import _seeded, tiny_bert, tiny_gpt2
+from tests.conftest import tiny_bert, tiny_gpt2
+from tests.seeding import seeded
 from tests.training_helpers import tiny_finetune_config
 from workbench.errors import ConfigError
 from workbench.finetune import build_classifier, load_classifier, load_finetune_config, run_finetune
@@ -60,7 +61,7 @@ def folders(tokenizers, tmp_path_factory):
     tiny_bert(tok, hidden=H).save_pretrained(root / "bert_mlm")
     cfg = BertConfig(vocab_size=len(tok), hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=2,
                      intermediate_size=2 * H, pad_token_id=tok.pad_token_id)
-    pretraining = _seeded(0, lambda: BertForPreTraining(cfg))
+    pretraining = seeded(0, lambda: BertForPreTraining(cfg))
     for name in ("bert_nsp", "bert_no_nsp"):
         pretraining.save_pretrained(root / name)
     (root / "bert_no_nsp" / "manifest.json").write_text(json.dumps({"objective": {"objective": "mlm+nsp", "nsp": False}}))
@@ -201,7 +202,7 @@ def test_every_model_type_gets_two_adapters_a_layer_in_its_forward(model_type):
     from transformers import AutoModel
 
     config = _tiny_config(model_type)
-    body = _seeded(0, lambda: AutoModel.from_config(config))
+    body = seeded(0, lambda: AutoModel.from_config(config))
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     kwargs = {"input_ids": ids, **({"decoder_input_ids": ids} if config.is_encoder_decoder else {})}
     with torch.no_grad():
@@ -261,7 +262,7 @@ def test_deberta_v1_lora_follows_its_per_head_layout():
     from transformers import AutoModel
 
     config = _tiny_config("deberta")
-    body = _seeded(0, lambda: AutoModel.from_config(config)).eval()
+    body = seeded(0, lambda: AutoModel.from_config(config)).eval()
     proj = body.encoder.layer[0].attention.self.in_proj
     start = copy.deepcopy(proj)
     add_lora(body, "deberta", 4, 8.0, "qv")

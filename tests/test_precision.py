@@ -122,7 +122,7 @@ def test_auto_on_a_bf16_cpu_trains_in_bf16_and_records_why(tmp_path, monkeypatch
     run.json and the manifest say which and why, and the two run.json hashes differ."""
     import workbench.precision as precision
     from tests.training_helpers import run_tiny_training
-    from workbench.checkpoints import weights_hash
+    from workbench.identity import weights_hash
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     torch.set_num_threads(1)

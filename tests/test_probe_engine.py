@@ -244,7 +244,7 @@ def test_layer_rows_follow_the_results_schema():
     rows = layer_rows(
         {"accuracy": acc, "selectivity": acc - 0.3}, ci={"accuracy": (acc - 0.01, acc + 0.01)},
         probe="syntax", task="upos", split="dev", n=1234, model="tiny-bert", family="bert", seed=0,
-        extra={"probe_kind": "linear"},
+        extra={"classifier": "linear"},
     )  # fmt: skip
     assert list(rows.columns) == RESULT_COLUMNS and len(rows) == 6
     a = rows[rows.metric == "accuracy"].sort_values("layer")

@@ -53,7 +53,7 @@ def test_recipe_resumes_the_sweeps_full_model_and_refinetunes_equal_sized_subnet
     # reaches a later step than "bad" and the script must prune "bad" past its own threshold
     from types import SimpleNamespace
 
-    from workbench.compress import heads as H
+    from workbench.compress import head_pruning as H
 
     value = np.array([[0.05, 3.0], [0.1, 0.3]])  # the tiny BERT: 2 layers x 2 heads
     monkeypatch.setattr(H, "masked_accuracy", lambda model, enc, kept, *a, **k: float((value * kept).sum() / value.sum()))

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.test_compress_heads import FAMILIES, L, NH, _batch, _logits, _tiny
-from workbench.compress import heads as H
+from tests.test_compress_heads import FAMILIES, L, NH, tiny_batch, head_logits, tiny_classifier
+from workbench.compress import head_pruning as H
 from workbench.errors import ConfigError
 
 
@@ -80,13 +80,13 @@ def test_random_and_bad_orders_over_mlps_are_seeded_and_worse_than_good():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_removed_mlp_sliced_to_zero_width_gives_the_masked_outputs(family):
-    model, batch = _tiny(family), _batch()
+    model, batch = tiny_classifier(family), tiny_batch()
     heads = np.ones((L, NH), bool)
     mlps = np.array([False, True])
     masked = H.apply_mask(copy.deepcopy(model), heads, mlps)
     sliced = H.slice_heads(copy.deepcopy(model), heads, mlps)
-    assert not torch.allclose(_logits(model, batch), _logits(masked, batch), atol=1e-4)  # the MLP mattered
-    torch.testing.assert_close(_logits(sliced, batch), _logits(masked, batch), atol=1e-5, rtol=0)
+    assert not torch.allclose(head_logits(model, batch), head_logits(masked, batch), atol=1e-4)  # the MLP mattered
+    torch.testing.assert_close(head_logits(sliced, batch), head_logits(masked, batch), atol=1e-5, rtol=0)
     site = H.attention_sites(sliced)[0]
     width = 1 if family == "gpt2" else 0  # GPT-2's Conv1D keeps one unit with zero output weights
     for parent, name in site.mlp_parents:

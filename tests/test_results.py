@@ -40,7 +40,7 @@ def _rows(probe="syntax", task="upos", layers=range(3)):
     return [
         {"model": "tiny-bert", "family": "bert", "seed": 0, "step": 1000, "probe": probe, "task": task,
          "split": "dev", "stack": "encoder", "layer": layer, "metric": "accuracy", "value": 0.5 + 0.1 * layer,
-         "n": 2001, "ci_low": 0.45 + 0.1 * layer, "ci_high": 0.55 + 0.1 * layer, "extra": {"control": 0.3}}
+         "n": 2001, "ci_low": 0.45 + 0.1 * layer, "ci_high": 0.55 + 0.1 * layer, "extra": {"n_train": 3}}
         for layer in layers
     ]  # fmt: skip
 
@@ -76,7 +76,7 @@ def test_round_trip_rows_and_manifest(tmp_path):
         "step": [None, 500, 1000], "probe": ["syntax"] * 3, "task": ["upos", "upos", "deprel"],
         "split": ["dev", "test", "dev"], "layer": [0, 1, 2], "metric": ["accuracy", "accuracy", "uuas"],
         "value": [0.25, float("nan"), 0.875], "n": [2001, 2077, None],
-        "extra": [{"control": 0.5, "selectivity": 0.1}, None, '{"k": [1, 2]}'],
+        "extra": [{"lr_decay": 0.5, "n_train": 10}, None, '{"boot": [1, 2]}'],
     })  # fmt: skip
     config = {"probe": "syntax", "tasks": ["upos", "deprel"], "lr": 0.001, "path": str(gap)}
     with store.start_run("probe", config, seeds=[0, 1, 2], data_files=[gap],
@@ -93,14 +93,14 @@ def test_round_trip_rows_and_manifest(tmp_path):
         "split": ["dev", "test", "dev"], "stack": [pd.NA] * 3, "layer": [0, 1, 2],
         "metric": ["accuracy", "accuracy", "uuas"], "value": [0.25, np.nan, 0.875], "n": [2001, 2077, pd.NA],
         "ci_low": [np.nan] * 3, "ci_high": [np.nan] * 3,
-        "extra": ['{"control": 0.5, "selectivity": 0.1}', pd.NA, '{"k": [1, 2]}'],
+        "extra": ['{"lr_decay": 0.5, "n_train": 10}', pd.NA, '{"boot": [1, 2]}'],
     }).astype(DTYPES)  # fmt: skip
     got = store.read(run_id)
     assert list(got.columns) == RESULT_COLUMNS
     pd.testing.assert_frame_equal(got, expected)
-    assert json.loads(got["extra"][0]) == {"control": 0.5, "selectivity": 0.1}
+    assert json.loads(got["extra"][0]) == {"lr_decay": 0.5, "n_train": 10}
     # how every reader gets `extra` back: a dict per row, {} where there is none
-    assert [decode_extra(e) for e in got["extra"]] == [{"control": 0.5, "selectivity": 0.1}, {}, {"k": [1, 2]}]
+    assert [decode_extra(e) for e in got["extra"]] == [{"lr_decay": 0.5, "n_train": 10}, {}, {"boot": [1, 2]}]
     assert [decode_extra(e) for e in ({"a": 1}, "", None, float("nan"), "[1, 2]", "{not json")] == [{"a": 1}, {}, {}, {}, {}, {}]
 
     m = store.manifest(run_id)

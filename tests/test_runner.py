@@ -241,7 +241,7 @@ def test_role_checkpoint_loaded_once_keyed_and_whole_model_rows(training_folder,
     """A probe's `teacher` role: resolved and loaded once per run (not per unit), handed to every unit,
     its hash in each unit's resume key (another teacher -> other keys, nothing reused) and in the run's
     notes; its scalar metrics are whole-model rows, layer NA."""
-    from workbench.checkpoints import weights_hash
+    from workbench.identity import weights_hash
     from workbench.models import ModelHandle
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
@@ -313,7 +313,7 @@ def test_many_role_takes_every_step_and_loads_each_checkpoint_once(training_fold
     """A `many` role (shadow models, an ensemble of teachers): a list or comma-separated string, a
     training folder giving every step; a checkpoint two roles name is loaded once; the resume key
     holds every hash, in order."""
-    from workbench.checkpoints import weights_hash
+    from workbench.identity import weights_hash
 
     @dataclass
     class ManySettings(runner.Settings):
@@ -367,7 +367,7 @@ def test_lazy_role_is_hashed_not_loaded_and_a_changed_shadow_reruns_the_unit(tin
 
     from safetensors.torch import load_file, save_file
 
-    from workbench.checkpoints import weights_hash
+    from workbench.identity import weights_hash
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     shadows = []
@@ -438,8 +438,8 @@ def test_align_target_and_membership_reference_are_roles(tiny_checkpoint):
     texts = [" ".join(x.words) for x in load_treebank("en_ewt", "dev")[:8]]
     sample = mem.Sample(ids=[str(i) for i in range(8)], doc_ids=[str(i) for i in range(8)], texts=texts,
                         is_member=np.arange(8) < 4, lengths=np.array([len(t.split()) for t in texts]))
-    stats = mem._reference_stats(SimpleNamespace(roles={"reference": handle}), sample,
-                                 runner.Prepared(data={"samples": {}, "stats": {}}), used)
+    stats = mem.reference_stats(SimpleNamespace(roles={"reference": handle}), sample,
+                                runner.Prepared(data={"samples": {}, "stats": {}}), used)
     direct = mem.lm_stats(handle, texts, used.batch_size, moments=False, electra_head=used.electra_head)
     np.testing.assert_allclose(stats.nll, direct.nll, rtol=1e-6)
 

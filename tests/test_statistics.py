@@ -81,7 +81,7 @@ def test_ratio_bootstrap_rejects_mismatched_units():
 # --------------------------------------------------------------------------- the syntax rows stay identical
 # Verbatim copies of the bootstrap the syntax probe used before probes/core/statistics.py (probes/core/engine.py
 # `per_sentence_sums`, `bootstrap_ci`, `sentence_bootstrap` and the draws of probes/syntax/
-# `_length_averaged_ci`, at commit 20902e4), kept here as the reference: the probe now calls
+# `length_averaged_ci`, at commit 20902e4), kept here as the reference: the probe now calls
 # `ratio_bootstrap` and `resample_counts`, and its rows must not change.
 def _old_per_sentence_sums(values, sentence_ids, num_sentences=None):
     values = np.asarray(values, dtype=np.float64)
@@ -158,10 +158,10 @@ def test_ratio_bootstrap_is_bit_identical_to_the_old_sentence_bootstrap(n_boot):
 
 
 def test_length_averaged_ci_of_the_syntax_probe_is_unchanged():
-    """DSpr/NSpr intervals (probes/syntax/ `_length_averaged_ci`) now draw through `resample_counts`:
+    """DSpr/NSpr intervals (probes/syntax/ `length_averaged_ci`) now draw through `resample_counts`:
     the same intervals as the old loop with its own generator (its statistic, copied verbatim)."""
     from probes.syntax import structural
-    from probes.syntax import _length_averaged_ci
+    from probes.syntax import length_averaged_ci
 
     rng = np.random.default_rng(5)
     lengths = rng.integers(3, 40, 80)
@@ -193,7 +193,7 @@ def test_length_averaged_ci_of_the_syntax_probe_is_unchanged():
         boot = np.concatenate(boots)
         return np.nanquantile(boot, 0.025, axis=0), np.nanquantile(boot, 0.975, axis=0)
 
-    for a, b in zip(_length_averaged_ci(values, lengths, 700, 11), old(values, lengths, 700, 11)):
+    for a, b in zip(length_averaged_ci(values, lengths, 700, 11), old(values, lengths, 700, 11)):
         np.testing.assert_array_equal(a, b)
 
 

@@ -283,12 +283,12 @@ def test_interrupted_run_resumes_with_the_finished_units(tmp_path, tiny_checkpoi
     _, clean = run_syntax_probes([tiny_checkpoint], tasks, store=ResultsStore(tmp_path / "clean"), **kw)
 
     store = ResultsStore(tmp_path / "runs")
-    real_structural = syntax._structural
+    real_structural = syntax.fit_structural_task
 
     def interrupted(ctx, task):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(syntax, "_structural", interrupted)
+    monkeypatch.setattr(syntax, "fit_structural_task", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_syntax_probes([tiny_checkpoint], tasks, store=store, **kw)
     assert store.runs().empty
@@ -296,8 +296,8 @@ def test_interrupted_run_resumes_with_the_finished_units(tmp_path, tiny_checkpoi
     assert len(saved) == 1 and saved[0].name.startswith("tiny-bert_encoder_upos")
 
     calls = []
-    monkeypatch.setattr(syntax, "_structural", lambda ctx, task: calls.append(task) or real_structural(ctx, task))
-    monkeypatch.setattr(syntax, "_classification", lambda ctx, task: pytest.fail(f"{task} was recomputed"))
+    monkeypatch.setattr(syntax, "fit_structural_task", lambda ctx, task: calls.append(task) or real_structural(ctx, task))
+    monkeypatch.setattr(syntax, "fit_classification_task", lambda ctx, task: pytest.fail(f"{task} was recomputed"))
     run_id, resumed = run_syntax_probes([tiny_checkpoint], tasks, store=store, **kw)
     assert calls == ["structural-depth"]
     m = store.manifest(run_id)

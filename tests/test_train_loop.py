@@ -219,7 +219,7 @@ def test_cpu_bf16_autocast_trains_and_is_part_of_the_training_hash(cache, tiny_r
     loss within a few hundredths of the fp32 run's), the weights differ from fp32's (bf16 rounding,
     so the autocast really ran), the manifest records it, and it changes the training hash (a resume
     never mixes the two)."""
-    from workbench.checkpoints import weights_hash
+    from workbench.identity import weights_hash
 
     torch.set_num_threads(1)
     bf16 = run_tiny_training("gpt", STEPS, tmp_path / "bf16", cpu_bf16=True)
@@ -289,7 +289,7 @@ def test_tiny_run_of_every_family_keeps_its_pinned_weights(cache, tmp_path, fami
     apply them inside the attention function (`train/<family>/pcg16_attention/...`, recorded then),
     and the other families' `pcg16` keeps its 2026-11-26 pins."""
     from tests.weight_pins import check_pin, log_hash, state_hash
-    from workbench.checkpoints import weights_hash
+    from workbench.identity import weights_hash
 
     torch.set_num_threads(1)
     cfg = tiny_config(family, 3, tmp_path, corpus={"sources": ["inaugural"], "max_documents": 12,

@@ -46,15 +46,12 @@ def machine_key() -> str:
 
 
 def state_hash(state: dict) -> str:
-    """sha256 over a state dict's names, dtypes, shapes and raw bytes, in name order."""
-    import torch
+    """sha256 over a state dict's names, dtypes, shapes and raw bytes, in name order: the workbench's
+    one tensor hash (`workbench.identity.tensors_hash`) in the pins' format, a `|` after the shape
+    (the pinned values of every CPU kind were recorded with it)."""
+    from workbench.identity import tensors_hash
 
-    h = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    return tensors_hash(state.items(), header_end="|")
 
 
 def log_hash(records: list[dict]) -> str:

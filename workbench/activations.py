@@ -24,6 +24,13 @@ reads the parent's entry) + tokenizer + dataset key + pooling + stack + dtype + 
 themselves (so a reused dataset key with different sentences can never return stale vectors).
 `dtype` is how the vectors are stored; the precision the forward computed in (fp32 or bf16,
 `ModelHandle.compute_dtype`) is part of the model fingerprint and recorded in meta.json.
+
+Storage in half precision (`dtype="float16"` or `"bfloat16"`, a probe's `cache_dtype: fp16 | bf16`)
+halves the disk and every read of the cache. float16 keeps 10 mantissa bits but overflows above
+65,504 (a Llama-style model's massive activations reach ~10^4, close to it); bfloat16 keeps the
+float32 range with 7 mantissa bits. numpy has no bfloat16, so those caches hold the raw 16-bit
+patterns and `Activations.layers` is a `Bfloat16Array` that widens whatever is indexed to float32
+(exact: a bfloat16 is the top half of a float32).
 """
 
 from __future__ import annotations
@@ -44,14 +51,16 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from workbench.errors import CheckpointError, ConfigError, WorkbenchError
+from workbench.identity import backend_tokenizer_hash
 from workbench.io import atomic_write_json
 from workbench.paths import cache_root
+from workbench.progress import progress as progress_bar
 
 POOLINGS = ("first", "mean", "last")
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "bfloat16")
+CACHE_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # a probe's `cache_dtype:` -> storage
 FORMAT_VERSION = 1
 _LAYERS_FILE = "layers.npy"
 _OFFSETS_FILE = "sentence_offsets.npy"
@@ -68,7 +77,7 @@ class Activations:
     words mapped to no subword, ...): probes copy it into their run manifest.
     """
 
-    layers: np.ndarray  # memmap [L+1, N_words, H], float32 (or float16)
+    layers: np.ndarray  # memmap [L+1, N_words, H], float32 or float16 (bfloat16: a Bfloat16Array over one)
     sentence_offsets: np.ndarray  # int64 [S+1]
     stats: dict[str, int]
     path: Path
@@ -80,6 +89,8 @@ class Activations:
         try:
             meta = json.loads((path / _META_FILE).read_text(encoding="utf-8"))
             layers = np.load(path / _LAYERS_FILE, mmap_mode="r")
+            if meta.get("dtype") == "bfloat16":
+                layers = Bfloat16Array(layers)
             offsets = np.load(path / _OFFSETS_FILE)
         except (OSError, ValueError) as e:
             raise WorkbenchError(f"{path}: unreadable activation cache ({e}); delete the folder to re-extract") from e
@@ -129,6 +140,69 @@ class Activations:
         return base + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
+class Bfloat16Array:
+    """A read-only `[L, N, H]` view of bfloat16 values kept as their uint16 bit patterns (numpy has no
+    bfloat16): indexing works as on the underlying array and returns float32 (the bits shifted into
+    the top half of a float32, exact), so readers see an ordinary float array of `shape`."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, raw: np.ndarray):
+        if raw.dtype != np.uint16:
+            raise WorkbenchError(f"bfloat16 storage must be uint16 bit patterns, got {raw.dtype}")
+        self.raw = raw
+
+    shape = property(lambda self: self.raw.shape)
+    ndim = property(lambda self: self.raw.ndim)
+    nbytes = property(lambda self: self.raw.nbytes)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __getitem__(self, key) -> np.ndarray:
+        return bfloat16_to_float32(np.asarray(self.raw[key]))
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[...]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest even as torch rounds (NaN kept NaN)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) >> 16
+    nan = np.isnan(x)
+    if nan.any():
+        rounded = np.where(nan, np.uint32(0x7FC0), rounded)
+    return rounded.astype(np.uint16)
+
+
+def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32 (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def _storage(dtype: str) -> np.dtype:
+    """The numpy dtype a cache of `dtype` is written in (bfloat16: its uint16 bit patterns)."""
+    return np.dtype(np.uint16) if dtype == "bfloat16" else np.dtype(dtype)
+
+
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def _to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
+    """One layer's rows in the storage dtype; float16 refuses values it cannot hold (they would turn
+    into inf and poison every probe): a massive activation beyond 65,504 asks for bfloat16."""
+    if dtype == "bfloat16":
+        return float32_to_bfloat16(x)
+    if dtype == "float16":
+        peak = float(np.abs(x).max()) if x.size else 0.0
+        if not peak <= FLOAT16_MAX:
+            raise ConfigError(f"an activation of magnitude {peak:.4g} does not fit float16 (max {FLOAT16_MAX:.0f}); "
+                              "store the cache in bf16 (cache_dtype: bf16) or fp32")
+    return np.ascontiguousarray(x, dtype=dtype)
+
+
 def sentences_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
     """sha256 over the words and sentence boundaries (part of the cache key)."""
     h = hashlib.sha256()
@@ -164,8 +238,7 @@ def model_fingerprint(handle) -> str:
     window += f"+start{start}" if start is not None else ""
     if backend is None:
         return handle.checkpoint_hash + chars + window + precision
-    return (handle.checkpoint_hash + "+" + hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest() + chars + window
-            + precision)
+    return handle.checkpoint_hash + "+" + backend_tokenizer_hash(backend) + chars + window + precision
 
 
 def _activations_dir(cache_dir: str | Path | None) -> Path:
@@ -175,9 +248,104 @@ def _activations_dir(cache_dir: str | Path | None) -> Path:
 
 def cache_path(handle, sentences, dataset_key, pooling="first", stack=None, dtype="float32", cache_dir=None) -> Path:
     """Where `extract` keeps (or would keep) these activations."""
-    stack = _resolve_stack(handle, stack)
+    stack = resolve_stack(handle, stack)
     root = _activations_dir(cache_dir)
     return root / cache_key(model_fingerprint(handle), dataset_key, pooling, stack, dtype, sentences_fingerprint(sentences))
+
+
+def _write_remaining(handle, sentences: list[list[str]], partial: Path, plan: dict, chunks: list, done: int,
+                     stats: dict, lengths: np.ndarray, offsets: np.ndarray, progress: bool,
+                     checkpoint_every_s: float) -> None:
+    """Run the batches `chunks[done:]` through `handle` and pwrite their states into the partial
+    layers file, saving the resume record every `checkpoint_every_s` seconds; `stats` (the handle's
+    counters) is updated in place.
+
+    Kept apart from `extract` (which plans the file, resumes and publishes it) because this is the
+    part that overlaps I/O with the forward pass: a writer thread, one batch in flight, and the
+    ordering data-then-record that makes an interrupted run fall back to a consistent state.
+    The sizes and settings come from `plan` (shape, dataset_key, pooling, stack, dtype, batch_size).
+    """
+    n_layers, n_words, hidden = plan["shape"]
+    dataset_key, pooling, stack, dtype = plan["dataset_key"], plan["pooling"], plan["stack"], plan["dtype"]
+    batch_size = plan["batch_size"]
+    data_offset = _npy_data_offset(partial / _LAYERS_FILE)
+    itemsize = _storage(dtype).itemsize
+    layer_stride = n_words * hidden * itemsize
+
+    fd = os.open(partial / _LAYERS_FILE, os.O_RDWR)
+    try:
+        bar = progress_bar(
+            total=n_words,
+            initial=int(sum(lengths[c].sum() for c in chunks[:done])),
+            unit="word",
+            desc=f"activations {dataset_key}",
+            disable=not progress,
+            leave=False,
+        )
+        last_save = time.monotonic()
+        # Writes overlap the next batch's forward: a writer thread converts and pwrite()s
+        # batch k while the main thread runs batch k+1 (both release the GIL). At most one
+        # batch is in flight, so memory stays flat; a write error surfaces at the next wait.
+        writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="activations-writer")
+        trim_heap = _HeapTrimmer()
+        pending = None
+
+        def write_batch(items, housekeeping: bool):
+            for si, arr in items:
+                start = data_offset + int(offsets[si]) * hidden * itemsize
+                for layer in range(n_layers):  # each layer's rows are contiguous (no copy for float32)
+                    block = _to_storage(arr[layer], dtype)
+                    _pwrite_all(fd, memoryview(block).cast("B"), start + layer * layer_stride)
+            if housekeeping:  # off the forward pass' thread: flush written pages
+                os.fdatasync(fd)
+            trim_heap()  # off the forward pass' thread: return freed heap once RSS has grown
+
+        # One generator over every remaining sentence, in batch order: the handle tokenises
+        # the next batch while this one runs. It yields a batch's sentences only after it has
+        # run the batch, so the handle's stats are diffed per batch for the resume record.
+        remaining = [int(i) for c in chunks[done:] for i in c]
+        states_iter = handle.word_states([sentences[i] for i in remaining], pooling=pooling, stack=stack,
+                                         batch_size=batch_size, chunk_size=batch_size)
+        try:
+            for ci in range(done, len(chunks)):
+                chunk = chunks[ci]
+                before = Counter(handle.stats)
+                states = itertools.islice(states_iter, len(chunk))
+                items = []
+                for si, arr in zip(chunk, states):
+                    arr = np.asarray(arr)
+                    if arr.shape != (n_layers, lengths[si], hidden):
+                        raise CheckpointError(
+                            f"{getattr(handle, 'path', None) or 'model handle'}: word_states returned shape "
+                            f"{arr.shape} for sentence {si} of {dataset_key!r}, expected {(n_layers, int(lengths[si]), hidden)}"
+                        )
+                    items.append((si, arr))
+                if len(items) != len(chunk):
+                    raise CheckpointError(
+                        f"{getattr(handle, 'path', None) or 'model handle'}: word_states yielded {len(items)} arrays "
+                        f"for {len(chunk)} sentences"
+                    )
+                if pending is not None:
+                    pending.result()
+                pending = writer.submit(write_batch, [(si, a) for si, a in items if lengths[si] > 0], ci % 8 == 7)
+                del items, states
+                for k, v in (Counter(handle.stats) - before).items():
+                    stats[k] = stats.get(k, 0) + int(v)
+                bar.update(int(lengths[chunk].sum()))
+                if time.monotonic() - last_save >= checkpoint_every_s and ci + 1 < len(chunks):
+                    pending.result()  # every batch up to ci is written
+                    os.fsync(fd)  # data first, then the record that says it is there
+                    atomic_write_json(partial / _PROGRESS_FILE, {"plan": plan, "chunks_done": ci + 1, "stats": stats})
+                    last_save = time.monotonic()
+            if pending is not None:
+                pending.result()
+        finally:
+            states_iter.close()
+            writer.shutdown(wait=True)
+        bar.close()
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def extract(
@@ -210,7 +378,7 @@ def extract(
         for w in words:
             if not isinstance(w, str):
                 raise ConfigError(f"sentence {i} of {dataset_key!r}: words must be str, got {type(w).__name__}")
-    stack = _resolve_stack(handle, stack)
+    stack = resolve_stack(handle, stack)
     final = cache_path(handle, sentences, dataset_key, pooling, stack, dtype, cache_dir)
     root, name = final.parent, final.name
     if (final / _META_FILE).is_file():
@@ -249,87 +417,11 @@ def extract(
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
             # creates the .npy header and a sparse file of the final size; no pages stay resident
-            mm = np.lib.format.open_memmap(partial / _LAYERS_FILE, mode="w+", dtype=dtype, shape=(n_layers, n_words, hidden))
+            mm = np.lib.format.open_memmap(partial / _LAYERS_FILE, mode="w+", dtype=_storage(dtype), shape=(n_layers, n_words, hidden))
             del mm
             atomic_write_json(partial / _PROGRESS_FILE, {"plan": plan, "chunks_done": 0, "stats": {}})
-        data_offset = _npy_data_offset(partial / _LAYERS_FILE)
-        itemsize = np.dtype(dtype).itemsize
-        layer_stride = n_words * hidden * itemsize
-
-        fd = os.open(partial / _LAYERS_FILE, os.O_RDWR)
-        try:
-            bar = tqdm(
-                total=n_words,
-                initial=int(sum(lengths[c].sum() for c in chunks[:done])),
-                unit="word",
-                desc=f"activations {dataset_key}",
-                disable=not progress,
-                leave=False,
-            )
-            last_save = time.monotonic()
-            # Writes overlap the next batch's forward: a writer thread converts and pwrite()s
-            # batch k while the main thread runs batch k+1 (both release the GIL). At most one
-            # batch is in flight, so memory stays flat; a write error surfaces at the next wait.
-            writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="activations-writer")
-            trim_heap = _HeapTrimmer()
-            pending = None
-
-            def write_batch(items, housekeeping: bool):
-                for si, arr in items:
-                    start = data_offset + int(offsets[si]) * hidden * itemsize
-                    for layer in range(n_layers):  # each layer's rows are contiguous (no copy for float32)
-                        block = np.ascontiguousarray(arr[layer], dtype=dtype)
-                        _pwrite_all(fd, memoryview(block).cast("B"), start + layer * layer_stride)
-                if housekeeping:  # off the forward pass' thread: flush written pages
-                    os.fdatasync(fd)
-                trim_heap()  # off the forward pass' thread: return freed heap once RSS has grown
-
-            # One generator over every remaining sentence, in batch order: the handle tokenises
-            # the next batch while this one runs. It yields a batch's sentences only after it has
-            # run the batch, so the handle's stats are diffed per batch for the resume record.
-            remaining = [int(i) for c in chunks[done:] for i in c]
-            states_iter = handle.word_states([sentences[i] for i in remaining], pooling=pooling, stack=stack,
-                                             batch_size=batch_size, chunk_size=batch_size)
-            try:
-                for ci in range(done, len(chunks)):
-                    chunk = chunks[ci]
-                    before = Counter(handle.stats)
-                    states = itertools.islice(states_iter, len(chunk))
-                    items = []
-                    for si, arr in zip(chunk, states):
-                        arr = np.asarray(arr)
-                        if arr.shape != (n_layers, lengths[si], hidden):
-                            raise CheckpointError(
-                                f"{getattr(handle, 'path', None) or 'model handle'}: word_states returned shape "
-                                f"{arr.shape} for sentence {si} of {dataset_key!r}, expected {(n_layers, int(lengths[si]), hidden)}"
-                            )
-                        items.append((si, arr))
-                    if len(items) != len(chunk):
-                        raise CheckpointError(
-                            f"{getattr(handle, 'path', None) or 'model handle'}: word_states yielded {len(items)} arrays "
-                            f"for {len(chunk)} sentences"
-                        )
-                    if pending is not None:
-                        pending.result()
-                    pending = writer.submit(write_batch, [(si, a) for si, a in items if lengths[si] > 0], ci % 8 == 7)
-                    del items, states
-                    for k, v in (Counter(handle.stats) - before).items():
-                        stats[k] = stats.get(k, 0) + int(v)
-                    bar.update(int(lengths[chunk].sum()))
-                    if time.monotonic() - last_save >= checkpoint_every_s and ci + 1 < len(chunks):
-                        pending.result()  # every batch up to ci is written
-                        os.fsync(fd)  # data first, then the record that says it is there
-                        atomic_write_json(partial / _PROGRESS_FILE, {"plan": plan, "chunks_done": ci + 1, "stats": stats})
-                        last_save = time.monotonic()
-                if pending is not None:
-                    pending.result()
-            finally:
-                states_iter.close()
-                writer.shutdown(wait=True)
-            bar.close()
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_remaining(handle, sentences, partial, plan, chunks, done, stats, lengths, offsets,
+                         progress, checkpoint_every_s)
 
         np.save(partial / _OFFSETS_FILE, offsets)
         meta = dict(plan, stats=stats, family=getattr(handle, "family", None), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -448,7 +540,7 @@ def prune_cache(max_bytes: int | None = None, older_than_s: float | None = None,
     return removed
 
 
-def _resolve_stack(handle, stack: str | None) -> str:
+def resolve_stack(handle, stack: str | None) -> str:
     stacks = tuple(handle.stacks)
     if stack is None:
         return stacks[0]

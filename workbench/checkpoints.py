@@ -10,7 +10,7 @@ local Hugging Face cache the way `from_pretrained(name)` does offline, and never
 Every command that takes a checkpoint goes through `resolve_checkpoint` (via `expand_checkpoints`
 or `ModelHandle.load`).
 
-Which files are the weights (`weight_files`, hashed by `weights_hash`): exactly the files that
+Which files are the weights (`weight_files`, hashed by `workbench.identity.weights_hash`): exactly the files that
 `from_pretrained` reads, in its order of preference: `model.safetensors`, else the shards named
 by `model.safetensors.index.json`, else `pytorch_model.bin`, else the shards named by
 `pytorch_model.bin.index.json`. Everything else in the folder leaves the hash alone: config and
@@ -18,7 +18,7 @@ tokenizer files, our `manifest.json` and `trainer_state/`, a Trainer's `training
 `optimizer.pt` / `rng_state.pth`, sub-folders (SpanBERT's `sbo_head/`, sentence-transformers'
 `1_Pooling/`) and other frameworks' weights (`tf_model.h5`, `flax_model.msgpack`, `onnx/`), none
 of which change the hidden states a `ModelHandle` computes. The results manifest and the handle
-(whose hash keys the activation cache) both use `weights_hash`, so they agree on every folder.
+(whose hash keys the activation cache) both use `identity.weights_hash`, so they agree on every folder.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from workbench.errors import CheckpointError, ConfigError
-from workbench.io import sha256_files
 
 STEP_PREFIX = "step-"
 SEED_PREFIX = "seed-"
@@ -124,7 +123,9 @@ def hub_cache() -> Path:
     return Path(os.path.expandvars(os.path.expanduser(cache)))
 
 
-def _is_hub_id(name: str) -> bool:
+def is_hub_id(name: str) -> bool:
+    """Whether `name` is a valid Hugging Face Hub repository id (`name` or `org/name`), by
+    `huggingface_hub.utils.validate_repo_id`: what may be looked up in the local Hub cache."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
@@ -153,7 +154,7 @@ def resolve_checkpoint(item: str | Path) -> Path:
     if path.exists():
         return path
     name = str(item)
-    if not _is_hub_id(name):
+    if not is_hub_id(name):
         raise CheckpointError(f"{path}: checkpoint does not exist")
     import huggingface_hub.errors
     from huggingface_hub import snapshot_download
@@ -196,11 +197,14 @@ READING_KEYS = ("family", "config")
 
 
 def derived_manifest(parent: Mapping[str, Any] | None, derived_from: Mapping[str, Any] | None, *,
-                     family: str | None = None, content_sha256: str | None = None) -> dict[str, Any]:
+                     family: str | None = None, content_sha256: str | None = None,
+                     cost: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The manifest of a checkpoint made from another (`ModelHandle.save`): the parent's manifest
     (its training record still describes weights made from it: corpus, step, seed; only the reading
     keys when the weights are fresh) plus `derived_from` = the lineage (parent folder and sha256,
-    transform, parameters, the parent's own lineage) and the in-memory content hash it had."""
+    transform, parameters, the parent's own lineage) and the in-memory content hash it had, and
+    `cost` = its cost record (`workbench.cost.derived_cost`, computed by the caller: this module
+    sits below `workbench.cost`, which reads checkpoints)."""
     fresh = bool((derived_from or {}).get("fresh_weights"))
     base = {k: v for k, v in dict(parent or {}).items() if not fresh or k in READING_KEYS}
     base.pop("derived_from", None)  # the parent's lineage lives inside the new record
@@ -208,10 +212,8 @@ def derived_manifest(parent: Mapping[str, Any] | None, derived_from: Mapping[str
         base.setdefault("family", family)
     if derived_from is not None:
         base["derived_from"] = {**derived_from, "content_sha256": content_sha256}
-        # its cost: the transform trains nothing; the parent's total carries over (`workbench.cost`)
-        from workbench.cost import derived_cost
-
-        base["cost"] = derived_cost(parent, derived_from.get("parent"), str(derived_from.get("transform")), fresh)
+        if cost is not None:
+            base["cost"] = dict(cost)
     return base
 
 
@@ -233,25 +235,6 @@ def weight_files(folder: str | Path) -> list[Path]:
                 raise CheckpointError(f"{folder / index}: names shard(s) that are missing: {missing[:3]}")
             return [folder / s for s in shards]
     return []
-
-
-# (file name, size, mtime_ns) of every weight file -> hash, so the handle and the run manifest of one
-# process read a large checkpoint once.
-_HASH_CACHE: dict[tuple, str] = {}
-
-
-def weights_hash(folder: str | Path) -> str:
-    """sha256 over a checkpoint folder's weight files (names relative to the folder included;
-    `workbench.io.sha256_files`)."""
-    folder = Path(folder).expanduser()
-    files = weight_files(folder)
-    if not files:
-        raise CheckpointError(f"{folder}: no weight files (model.safetensors or pytorch_model.bin, "
-                              f"or a sharded index of either)")
-    key = tuple((str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    if key not in _HASH_CACHE:
-        _HASH_CACHE[key] = sha256_files(files, root=folder)
-    return _HASH_CACHE[key]
 
 
 # ---- checkpoint lists --------------------------------------------------------------------------------
@@ -285,6 +268,21 @@ def expand_checkpoints(items: Iterable[Any]) -> list[Checkpoint]:
     if dup:
         raise ConfigError(f"two checkpoints have the same name {dup[0]!r}; rows could not tell them apart")
     return out
+
+
+def single_checkpoint(spec: str | Path) -> Path:
+    """One checkpoint folder from a folder, a training output folder (its last step; one seed) or a
+    Hub name (`expand_checkpoints` resolves those): what a command that trains or reads one model
+    from a checkpoint argument takes (fine-tuning, generation, the prune sweep)."""
+    found = expand_checkpoints([spec])
+    if len(found) > 1:
+        seeds = {c.path.parent for c in found}
+        if len(seeds) > 1:
+            raise ConfigError(f"{spec}: holds checkpoints of {len(seeds)} seeds; give one seed-S folder or one step folder")
+    path = found[-1].path
+    if path is None:
+        raise CheckpointError(f"{spec}: not a checkpoint on disk")
+    return Path(path)
 
 
 def _from_path(path: Path) -> Checkpoint:

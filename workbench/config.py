@@ -56,7 +56,7 @@ hashes like plain fp32. `cpu_bf16: true` with `precision: fp32` is refused (they
 `dropout_masks` (default `pcg16` since 2026-11-26): every `nn.Dropout` module of the training model
 draws its CPU mask from 16-bit PCG64 lanes (`workbench/dropout.py`; keep probability quantised to
 1/65536) instead of torch's `bernoulli_`: measured 14% less CPU time per step of the main job's
-DeBERTa-style `small` model on the 2-core Intel Xeon with AMX (docs/benchmarks.md). `bernoulli`
+DeBERTa-style `small` model on the 2-core Intel Xeon with AMX (docs/evidence/benchmarks.md). `bernoulli`
 trains exactly as before (the runs before that date); the weights differ between the two, so
 `pcg16` enters the training hash (and `bernoulli` hashes as the configs before the key did).
 Since 2026-11-27 `pcg16` also covers the attention-probability dropout that HF's BERT-style

@@ -73,6 +73,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from workbench.rowschema import RowSchema
+
 DEFAULT_CPU_WATTS_PER_CORE = 12.5
 DEFAULT_GPU_WATTS = 400.0
 DEFAULT_PUE = 1.58          # Strubell et al. 2019, Sec. 2 (the 2018 industry average)
@@ -785,6 +787,14 @@ def format_cost_table(folders: list[str], grid: float | None = None) -> str:
     lines.append(f"kWh include a PUE of {pue:g} (Strubell et al. 2019); CO2e at {g}; total = own + the parent's total; "
                  f"'unknown' = not knowable (never counted as zero); estimated* = reconstructed from an old manifest.")
     return "\n".join(lines)
+
+
+# The `extra` of `cost_rows` (checked by the results store, `workbench.rowschema`).
+EXTRA_SCHEMAS = (
+    RowSchema("cost", "training cost", required={
+        "path": str, "hardware": str | None, "untracked": bool, "energy_source": str, "known": bool, "lineage": list,
+        "reconstructed": bool, "grid_gco2_per_kwh": float | None, "pue": float | None}),
+)
 
 
 def cost_rows(folders: list[str | Path]) -> list[dict]:

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer, models
-from tqdm.auto import tqdm
 
 from workbench.errors import CheckpointError
+from workbench.identity import tokenizer_hash
 from workbench.io import atomic_dir, sha256_file
 from workbench.paths import cache_root
-from workbench.tokenization import tokenizer_hash
+from workbench.progress import progress
 
 CACHE_FORMAT_VERSION = 2  # 2: spellings of unknown words (word-level tokenizers)
 
@@ -161,7 +161,7 @@ class TokenizedCorpus:
         unknown_word_ids: list[int] = []
         unknown_index: dict[str, int] = {}
         n_seen = 0
-        bar = tqdm(total=len(lines), desc=f"tokenising {split}", unit="sent", disable=not show_progress)
+        bar = progress(total=len(lines), desc=f"tokenising {split}", unit="sent", disable=not show_progress)
         for start in range(0, len(lines), batch_lines):
             encs = backend.encode_batch(lines[start : start + batch_lines], add_special_tokens=False)
             for j, enc in enumerate(encs):

@@ -33,7 +33,8 @@ resumes a point's unfinished seed where it stopped.
 
 Points are independent runs (`run_point`): `run_distill(..., jobs=N)` runs N at once in spawned
 local processes (one torch thread each unless `threads` is set) and `executor="submitit-local"` or
-`"slurm"` hands each point to submitit, as the experiment runner does (`app.experiments`). The
+`"slurm"` hands each point to submitit: the points are units of the one executor layer
+(`workbench.executor`), as every driver's are. The
 parent prepares what the points share first (initial students, the teacher's evaluation, the
 latency batch), and writes the rows from the `point.json` files at the end, so a parallel sweep's
 rows equal a sequential one's (each point is seeded by its seeds alone; latencies are timings).
@@ -55,12 +56,20 @@ from typing import Any
 
 import torch
 
-from workbench.coerce import settings_hash
+from workbench.drivers import NOT_IDENTITY, DriverSpec, identity_hash, load_config
 from workbench.errors import ConfigError
 from workbench.io import atomic_write_json
+from workbench.rowschema import RowSchema
 from workbench.loop import TrainingHooks, kl_to_teacher
 
 PROBE = "distill"
+# The `extra` of `distill_rows` (checked by the results store, `workbench.rowschema`); the
+# pretraining distillation's rows are declared in `workbench.distill_pretraining`.
+EXTRA_SCHEMAS = (
+    RowSchema(PROBE, "teacher", required={"role": str, "depth": int}),
+    RowSchema(PROBE, "student", required={"role": str, "depth": int, "init": str, "temperature": float | None, "alpha": float,
+                                          "teacher": str}, optional={"teacher_value": float, "fraction_of_teacher": float}),
+)
 INITS = ("teacher", "random")
 # The state-dict key of a transformer block: "<...>.<list>.<i>.<rest>" for the layer lists of the
 # families a student can be cut from (BERT/RoBERTa/ELECTRA/DeBERTa "encoder.layer", DistilBERT
@@ -137,11 +146,12 @@ def classifier_handle(folder: Path):
     LM class `ModelHandle.load` opens), keeping the folder's identity (weight-file hash, manifest)."""
     from workbench.checkpoints import read_manifest, weight_files
     from workbench.finetune import load_classifier
-    from workbench.models import ModelHandle, _quiet_transformers
+    from workbench.hf_quiet import quiet_transformers
+    from workbench.models import ModelHandle
     from transformers import AutoTokenizer
 
     model = load_classifier(folder)
-    with _quiet_transformers():
+    with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     manifest = read_manifest(folder) or {}
     return ModelHandle(model, tokenizer, folder, family=manifest.get("family"), weight_files=weight_files(folder),
@@ -241,7 +251,7 @@ class DistillConfig:
 
     teacher: str                                                  # a fine-tuned classifier folder (finetune/<name>/seed-S/best)
     kind: str = "task"                                            # task | pretraining (workbench.distill_pretraining)
-    name: str | None = None                                       # sweep folder name; default <teacher run name>
+    name: str | None = field(default=None, metadata=NOT_IDENTITY)  # sweep folder name; default <teacher run name>
     depths: list[int] = field(default_factory=lambda: [3, 2])     # student layers (each <= the teacher's)
     inits: list[str] = field(default_factory=lambda: ["teacher", "random"])
     temperatures: list[float] = field(default_factory=lambda: [2.0])
@@ -259,35 +269,25 @@ class DistillConfig:
     max_eval_examples: int | None = None
     latency_batch: int = 32                                       # sentences per timed CPU forward
     latency_repeats: int = 5
-    device: str = "auto"                                          # auto (cuda when available) | cpu | cuda | cuda:N
-    threads: int | None = None
-    output_dir: str | None = None                                 # default <runs root>/distill/<name>
-    progress: bool = True
+    device: str = field(default="auto", metadata=NOT_IDENTITY)  # auto (cuda when available) | cpu | cuda | cuda:N
+    threads: int | None = field(default=None, metadata=NOT_IDENTITY)
+    output_dir: str | None = field(default=None, metadata=NOT_IDENTITY)  # default <runs root>/distill/<name>
+    progress: bool = field(default=True, metadata=NOT_IDENTITY)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def key(self) -> str:
-        """What changes the sweep's results (not display, device, threads or folders)."""
-        d = self.to_dict()
-        for k in ("name", "output_dir", "progress", "threads", "device"):
-            d.pop(k)
-        return settings_hash(d)
+        """What changes the sweep's results: the identity fields (`workbench.drivers.identity_hash`;
+        not display, device, threads or folders)."""
+        return identity_hash(self)
 
 
 def load_distill_config(source: str | Path | dict, overrides: dict | None = None) -> DistillConfig:
     """A validated config (YAML file or dict, `overrides` on top); the teacher is checked too (it
-    must be a classifier with at least as many layers as every student) before any work."""
-    from workbench.coerce import build_dataclass
-    from workbench.io import read_yaml
-
-    if isinstance(source, dict):
-        data, where = dict(source), "distill config"
-    else:
-        where = str(source)
-        data = read_yaml(Path(source))
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    cfg = build_dataclass(DistillConfig, data, where)
+    must be a classifier with at least as many layers as every student) before any work. `overrides`
+    by `workbench.drivers.load_config`'s rule (None values ignored)."""
+    cfg, where = load_config(DistillConfig, source, overrides, label="distill config")
     _validate(cfg, where)
     return cfg
 
@@ -426,9 +426,6 @@ class DistillResult:
     folder: Path
 
 
-EXECUTORS = ("local", "submitit-local", "slurm")
-
-
 def _finetune_cfg(cfg: DistillConfig, point: Point, seeds: list[int], folder: Path, student: Path,
                   task_keys: dict):
     """The fine-tuning config of one point: its student, the teacher's task and split, the sweep's
@@ -482,47 +479,20 @@ def run_point(cfg: DistillConfig, point: Point, shared: dict, store_root: str | 
     return doc
 
 
-def _run_points_in_processes(cfg: DistillConfig, todo: list[Point], shared: dict, store_root: str,
-                             jobs: int) -> dict[str, dict]:
-    """The points in `jobs` spawned local processes (a clean torch in each)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    out = {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {point.name: pool.submit(run_point, cfg, point, shared, store_root) for point in todo}
-        for name, fut in futures.items():
-            out[name] = fut.result()
-    return out
-
-
-def _run_points_with_submitit(cfg: DistillConfig, todo: list[Point], shared: dict, store_root: str,
-                              executor: str) -> dict[str, dict]:
-    """One submitit job per point (Slurm, or submitit's local executor); logs under the sweep folder."""
-    import submitit
-
-    ex = submitit.AutoExecutor(folder=str(Path(shared["folder"]) / "submitit"),
-                               cluster="local" if executor == "submitit-local" else "slurm")
-    ex.update_parameters(timeout_min=240)
-    submitted = [(point.name, ex.submit(run_point, cfg, point, shared, store_root)) for point in todo]
-    return {name: job.result() for name, job in submitted}
-
-
-def run_distill(cfg: DistillConfig, store=None, jobs: int = 1, executor: str = "local") -> DistillResult:
+def run_distill(cfg: DistillConfig, store=None, jobs: int | None = None, executor="local") -> DistillResult:
     """Run (or resume) every point of the sweep, then write one results-store run (module docstring).
-    `jobs` > 1 runs points in parallel local processes; `executor` submitit-local | slurm hands each
-    point to submitit."""
+    The points are the executor's units (`workbench.executor`): `jobs` > 1 runs them in parallel
+    local processes; `executor` submitit-local | slurm (or `ExecutorOptions`) hands each to submitit,
+    job files under the sweep folder's `submitit/`."""
     import pandas as pd
 
     from workbench.checkpoints import checkpoint_name
+    from workbench.executor import Unit, replace_threads, resolve_options, run_units
     from workbench.finetune import collate, evaluate, prepare
     from workbench.paths import runs_root
     from workbench.results import ResultsStore
 
-    if jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
-    if executor not in EXECUTORS:
-        raise ConfigError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    options = resolve_options(executor, jobs)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     teacher_folder = Path(cfg.teacher).expanduser().resolve()
@@ -601,13 +571,12 @@ def run_distill(cfg: DistillConfig, store=None, jobs: int = 1, executor: str = "
             done[point.name] = json.loads(point_file.read_text(encoding="utf-8"))
         else:
             todo.append(point)
-    if executor != "local":
-        done.update(_run_points_with_submitit(_one_thread(cfg), todo, shared, str(store.root), executor))
-    elif jobs > 1 and len(todo) > 1:
-        done.update(_run_points_in_processes(_one_thread(cfg), todo, shared, str(store.root), jobs))
-    else:
-        for point in todo:
-            done[point.name] = run_point(cfg, point, shared, str(store.root))
+    if options.folder is None:
+        options = dataclasses.replace(options, folder=str(folder / "submitit"))
+    unit_cfg = cfg if options.runs_in_process(len(todo)) else replace_threads(cfg)  # parallel: one thread, no bars
+    docs = run_units([Unit(run_point, (unit_cfg, point, shared, str(store.root)), name=point.name) for point in todo],
+                     options, desc="points")
+    done.update({point.name: doc for point, doc in zip(todo, docs)})
     done = {p.name: done[p.name] for p in points}  # the sweep's order, whatever finished first
 
     rows = distill_rows(done, teacher_doc, teacher_name, teacher.family, task_keys["task"])
@@ -619,12 +588,6 @@ def run_distill(cfg: DistillConfig, store=None, jobs: int = 1, executor: str = "
         writer.note("folder", str(folder))
         run_id = writer.run_id
     return DistillResult(run_id, pd.DataFrame(rows), folder)
-
-
-def _one_thread(cfg: DistillConfig) -> DistillConfig:
-    """Parallel points share the cores: one torch thread each unless the config says otherwise, and
-    no progress bars (several would interleave)."""
-    return dataclasses.replace(cfg, threads=1 if cfg.threads is None else cfg.threads, progress=False)
 
 
 def distill_rows(points: dict[str, dict], teacher: dict, teacher_name: str, family: str, task: str) -> list[dict]:
@@ -670,3 +633,8 @@ def format_table(rows) -> str:
         lines.append(f"{str(model)[-44:]:<44} {acc.mean():7.4f} {kept_text} {int(params.iloc[0]):>10d} "
                      f"{float(lat.iloc[0]):10.1f} {len(acc)}")
     return "\n".join(lines)
+
+
+DRIVER = DriverSpec("distill", DistillConfig, load_distill_config, run_distill, units="points",
+                    description="distil a fine-tuned classifier into smaller students (a sweep)",
+                    identity=DistillConfig.key)

@@ -50,10 +50,19 @@ import torch
 import torch.nn.functional as F
 
 from workbench.distill import INITS, cut_student, student_layers
+from workbench.drivers import NOT_IDENTITY, DriverSpec, load_config
 from workbench.errors import ConfigError
+from workbench.rowschema import RowSchema
 from workbench.loop import TrainingHooks, kl_to_teacher
 
 PROBE = "distill"
+# The `extra` of the held-out MLM loss rows (checked by the results store, `workbench.rowschema`).
+EXTRA_SCHEMAS = (
+    RowSchema(PROBE, "pretraining teacher", required={"role": str, "depth": int, "parameters": int}),
+    RowSchema(PROBE, "pretraining student", required={"role": str, "depth": int, "init": str}, optional={
+        "teacher": str, "teacher_layers": list | None, "temperature": float, "alpha_ce": float, "alpha_mlm": float,
+        "alpha_cos": float, "soft_loss_positions": str, "checkpoint": str, "teacher_loss": float, "parameters": int}),
+)
 FAMILIES = ("bert", "deberta", "distilbert")  # pretrainers whose outputs carry the masked logits and hidden states
 STUDENT_FAMILY = {"bert": "distilbert"}  # the student's family where it is not the teacher's
 
@@ -150,7 +159,7 @@ class PretrainDistillConfig:
 
     teacher: str                                   # a checkpoint folder of a run trained here (train/<name>/seed-S/step-N)
     kind: str = "pretraining"
-    name: str | None = None                        # student runs: <name>-L<depth>-<init>; default <teacher run>-distil
+    name: str | None = field(default=None, metadata=NOT_IDENTITY)  # student runs: <name>-L<depth>-<init>; default <teacher run>-distil
     depths: list[int] | None = None                # default [half the teacher's layers]
     inits: list[str] = field(default_factory=lambda: ["teacher", "random"])
     seeds: list[int] = field(default_factory=lambda: [0])
@@ -163,20 +172,17 @@ class PretrainDistillConfig:
     alpha_cos: float = 1.0
     restrict_soft_loss_to_mask: bool = False       # true: soft-target term at the masked positions only (distiller.py's --restrict_ce_to_mask)
     heldout_batches: int = 32                      # fixed held-out batches for teacher and students
-    device: str = "auto"
-    progress: bool = True
+    device: str = field(default="auto", metadata=NOT_IDENTITY)
+    progress: bool = field(default=True, metadata=NOT_IDENTITY)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 def load_pretrain_distill_config(source: str | Path | dict, overrides: dict | None = None) -> PretrainDistillConfig:
-    from workbench.coerce import build_dataclass
-    from workbench.io import read_yaml
-
-    data, where = (dict(source), "distill config") if isinstance(source, dict) else (read_yaml(Path(source)), str(source))
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    cfg = build_dataclass(PretrainDistillConfig, data, where)
+    """A validated config (YAML file or dict, `overrides` by `workbench.drivers.load_config`'s rule),
+    the teacher checked, before any work."""
+    cfg, where = load_config(PretrainDistillConfig, source, overrides, label="distill config")
 
     def fail(key, msg):
         raise ConfigError(f"{where}: {key}: {msg}")
@@ -254,15 +260,16 @@ def _setup(cfg: PretrainDistillConfig):
     student family, the depths and the sweep name (built in the parent and again in each worker)."""
     from types import SimpleNamespace
 
-    from workbench.checkpoints import checkpoint_name, weights_hash
+    from workbench.checkpoints import checkpoint_name
+    from workbench.identity import weights_hash
     from workbench.families import get_family
-    from workbench.models import _quiet_transformers
+    from workbench.hf_quiet import quiet_transformers
 
     teacher_folder = Path(cfg.teacher).expanduser().resolve()
     tm = _read_manifest(teacher_folder)
     family_name = tm["family"]
     module = importlib.import_module(f"workbench.families.{family_name}")
-    with _quiet_transformers():
+    with quiet_transformers():
         teacher = module.load_pretrainer(teacher_folder).eval()
     teacher_depth = int(teacher.model.config.num_hidden_layers)
     student_family_name = STUDENT_FAMILY.get(family_name, family_name)
@@ -280,7 +287,7 @@ def _setup(cfg: PretrainDistillConfig):
 
 def _student_data(cfg: PretrainDistillConfig, setup, depth: int, init: str):
     """The student's training config and data (the teacher's corpus and tokenizer, checked)."""
-    from workbench.tokenization import tokenizer_hash
+    from workbench.identity import tokenizer_hash
     from workbench.train import prepare_data
 
     scfg = student_train_config(cfg, setup.manifest, depth, init, setup.name)
@@ -311,24 +318,21 @@ def train_student(cfg: PretrainDistillConfig, depth: int, init: str, threads: in
     return [str(f) for f in train_from_config(scfg, hooks=hooks)]
 
 
-def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int = 1,
-                         executor: str = "local") -> PretrainDistillResult:
-    """Train every (depth, init, seed) student (resuming finished ones for free; `jobs` > 1: the
-    (depth, init) students in parallel local processes, one thread each; `executor` submitit-local |
-    slurm: one submitit job each), then evaluate teacher and students on the same held-out batches
-    and write the rows."""
+def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int | None = None,
+                         executor="local") -> PretrainDistillResult:
+    """Train every (depth, init, seed) student (resuming finished ones for free), the (depth, init)
+    students as the executor's units (`workbench.executor`: `jobs` > 1 in parallel local processes,
+    one thread each; `executor` submitit-local | slurm, or `ExecutorOptions`: one submitit job each),
+    then evaluate teacher and students on the same held-out batches and write the rows."""
     import pandas as pd
 
     from workbench.checkpoints import checkpoint_name
-    from workbench.distill import EXECUTORS
-    from workbench.models import _quiet_transformers
+    from workbench.executor import Unit, resolve_options, run_units
+    from workbench.hf_quiet import quiet_transformers
     from workbench.results import ResultsStore
     from workbench.train import evaluate_heldout, init_distributed, resolve_device
 
-    if jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
-    if executor not in EXECUTORS:
-        raise ConfigError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    options = resolve_options(executor, jobs)
     setup = _setup(cfg)
     grid = [(depth, init) for depth in setup.depths for init in cfg.inits]
     # the data (corpus, tokenizer, tokenised splits) is built once here, before any worker reads it
@@ -337,24 +341,15 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int = 1,
     teacher_loss = evaluate_heldout(setup.reader.to(device), setup.student_family, data.heldout, data.tokenizer,
                                     scfg, cfg.heldout_batches, device)["loss"]
     setup.reader.to("cpu")
-    if executor != "local":
-        import submitit
-
-        ex = submitit.AutoExecutor(folder=str(ResultsStore(None if store is None else store.root).root / "submitit"
-                                              / setup.name), cluster="local" if executor == "submitit-local" else "slurm")
-        ex.update_parameters(timeout_min=240)
-        submitted = [ex.submit(train_student, cfg, d, i, 1) for d, i in grid]
-        finals = {point: job.result() for point, job in zip(grid, submitted)}
-    elif jobs > 1 and len(grid) > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        quiet = dataclasses.replace(cfg, progress=False)
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {point: pool.submit(train_student, quiet, *point, 1) for point in grid}
-            finals = {point: fut.result() for point, fut in futures.items()}
-    else:
-        finals = {point: train_student(cfg, *point) for point in grid}
+    if options.folder is None:
+        options = dataclasses.replace(options, folder=str(ResultsStore(None if store is None else store.root).root
+                                                          / "submitit" / setup.name))
+    if options.runs_in_process(len(grid)):
+        units = [Unit(train_student, (cfg, *point), name=f"L{point[0]}-{point[1]}") for point in grid]
+    else:  # parallel students: one thread each (the unit's own argument), no progress bars locally
+        quiet = cfg if options.executor != "local" else dataclasses.replace(cfg, progress=False)
+        units = [Unit(train_student, (quiet, *point, 1), name=f"L{point[0]}-{point[1]}") for point in grid]
+    finals = dict(zip(grid, run_units(units, options, desc="students")))
 
     common = {"family": setup.family_name, "probe": PROBE, "task": "mlm", "split": "heldout",
               "metric": "heldout_mlm_loss"}
@@ -365,7 +360,7 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int = 1,
     for (depth, init), folders in finals.items():
         layers = student_layers(setup.teacher_depth, depth) if init == "teacher" else None
         for seed, final in zip(cfg.seeds, map(Path, folders)):
-            with _quiet_transformers():
+            with quiet_transformers():
                 student = setup.student_module.load_pretrainer(final).to(device).eval()
             loss = evaluate_heldout(student, setup.student_family, data.heldout, data.tokenizer, scfg,
                                     cfg.heldout_batches, device)["loss"]
@@ -385,3 +380,6 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int = 1,
         run_id = w.run_id
     return PretrainDistillResult(run_id, pd.DataFrame(rows), students)
 
+
+DRIVER = DriverSpec("distill_pretraining", PretrainDistillConfig, load_pretrain_distill_config, run_pretrain_distill,
+                    units="students", description="DistilBERT-style pretraining distillation (kind: pretraining)")

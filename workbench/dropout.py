@@ -3,7 +3,7 @@
 Dropout (Srivastava et al. 2014): in training, each element is kept independently with probability
 1 - p and scaled by 1 / (1 - p), else zeroed. torch draws the CPU mask with `bernoulli_`, one 32-bit
 draw of its Mersenne Twister per element (plus a float conversion); on the 2-core Intel Xeon with
-AMX that was 20% of the training step's CPU time (docs/benchmarks.md). Here the mask is drawn as
+AMX that was 20% of the training step's CPU time (docs/evidence/benchmarks.md). Here the mask is drawn as
 16-bit uniform integers, four per 64-bit output of numpy's PCG64 (O'Neill 2014; `random_raw`), each
 element kept when its integer is below round((1 - p) * 65536): the keep probability is quantised
 to 1/65536 (|rate - (1 - p)| <= 2^-17, e.g. 0.899994 for p = 0.1), every element independent.
@@ -29,7 +29,7 @@ drawn by `dropout` above. Outside training it computes what eager attention comp
 DeBERTa applies its attention dropout through a module (already swapped); ELMo has no attention.
 On the 2-core Intel Xeon with AMX one attention call (forward + backward, 32 x 4 x 128 x 128, one
 thread) took 44.6 ms against SDPA's 64.7 ms with `bernoulli_`, and the BERT `small` training step
-5% less CPU time than with the module masks alone (docs/benchmarks.md, 2026-11-27).
+5% less CPU time than with the module masks alone (docs/evidence/benchmarks.md, 2026-11-27).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def keep_and_scale(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.T
     values as `torch.where(mask, x, 0) * scale` (the kept ones rounded once, the dropped ones +0.0;
     only an exactly -0.0 input that is kept comes out +0.0, which no later sum can tell apart), in
     about 40% of its time on the 2-core Intel Xeon with AMX (1.45 vs 3.74 ms for a 32 x 4 x 128 x 128
-    fp32 tensor, 1.09 vs 3.81 ms in bf16, one thread; docs/benchmarks.md)."""
+    fp32 tensor, 1.09 vs 3.81 ms in bf16, one thread; docs/evidence/benchmarks.md)."""
     return torch.addcmul(x.new_zeros(()), x, mask.view(torch.uint8), value=scale)
 
 

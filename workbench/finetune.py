@@ -18,12 +18,12 @@ these are the *members* a membership attack must find, every other id is a non-m
 How each family classifies a sentence (`pooling`, "auto" picks the first listed):
 | family | pooling | class |
 |---|---|---|
-| bert, spanbert, roberta, albert, electra, deberta | first ([CLS] / <s>) / encoder_mean | transformers `AutoModelForSequenceClassification` / `workbench.heads` |
+| bert, spanbert, roberta, albert, electra, deberta | first ([CLS] / <s>) / encoder_mean | transformers `AutoModelForSequenceClassification` / `workbench.classifier_heads` |
 | gpt | last (last non-pad token) | `GPT2ForSequenceClassification` |
-| t5, bart | decoder_last (decoder state at the final </s>) / encoder_mean | transformers' class / `workbench.heads` |
-| elmo | scalar_mix (Peters et al. 2018, mean over tokens) | `workbench.heads.ElmoForSequenceClassification` |
+| t5, bart | decoder_last (decoder state at the final </s>) / encoder_mean | transformers' class / `workbench.classifier_heads` |
+| elmo | scalar_mix (Peters et al. 2018, mean over tokens) | `workbench.classifier_heads.ElmoForSequenceClassification` |
 Token classification uses `AutoModelForTokenClassification` (T5: the encoder) or, for ELMo and
-BART, the heads in `workbench.heads`.
+BART, the heads in `workbench.classifier_heads`.
 
 Training: AdamW with linear warm-up and decay (Devlin et al. 2019's fine-tuning recipe), dev
 accuracy after every epoch, early stopping after `patience` epochs without a new best, test
@@ -46,9 +46,10 @@ finetune/<name>/seed-S/resume/         trainer state while the seed runs
 finetune/<name>/seed-S/result.json     dev curve, best epoch, dev/test accuracy (the seed is done)
 ```
 Rows go to the results store (probe="finetune"): per seed `accuracy` on dev and test (the best
-epoch), the per-epoch curve `accuracy_epoch` (dev) and `train_loss_epoch`, a seed-less `accuracy`
-row per split holding the mean over seeds with a 95% t-interval, and the baselines (model
-`majority`, and `bow_logreg` (sentences) or `word_majority` (UPOS)) on the same split.
+epoch), the per-epoch curve `accuracy_epoch` (dev) and `train_loss_epoch`, and the baselines (model
+`majority`, and `bow_logreg` (sentences) or `word_majority` (UPOS)) on the same split. The mean over
+seeds with its 95% t-interval is computed where it is shown (`workbench.aggregate`); runs written
+before issue 41 also stored it as a seed-less `accuracy` row per split, which readers still use.
 """
 
 from __future__ import annotations
@@ -67,10 +68,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.checkpoints import seed_dir, step_dir
-from workbench.coerce import settings_hash
+from workbench.checkpoints import seed_dir, single_checkpoint, step_dir
+from workbench.drivers import IDENTITY, NOT_IDENTITY, DriverSpec, identity_hash, load_config
 from workbench.errors import CheckpointError, ConfigError
 from workbench.io import atomic_dir, atomic_write_json, sha256_file
+from workbench.rowschema import RowSchema
 from workbench.loop import (
     NO_HOOKS,
     TrainingHooks,
@@ -86,6 +88,18 @@ from workbench.loop import (
 )
 
 PROBE = "finetune"
+# The `extra` of the rows `run_finetune` writes (checked by the results store, `workbench.rowschema`).
+_METHOD_KEYS = {"lora_r": int, "lora_alpha": float, "lora_targets": str, "pooler": str, "adapter_size": int,
+                "adapter_norms": str, "prompt_tokens": int}  # `method_record`: the options its method reads
+EXTRA_SCHEMAS = (
+    RowSchema(PROBE, "per seed", required={"best_epoch": int, "checkpoint": str, "pooling": str, "method": str},
+              optional={"trainable": int | None, "total_parameters": int | None, **_METHOD_KEYS}),
+    RowSchema(PROBE, "per epoch", required={"epoch": int}),
+    RowSchema(PROBE, "baseline", optional={"label": str, "C": float, "ngrams": list, "precision": float, "recall": float}),
+    # runs written before issue 41 also stored the mean over seeds as a seed-less row (still read)
+    RowSchema(PROBE, "over seeds (older runs)", required={"over": str},
+              optional={"interval": str, "method": str, **_METHOD_KEYS}),
+)
 SENTENCE_TASKS = {"sentence_polarity": "sentence_polarity", "subjectivity": "subjectivity"}
 TOKEN_TASKS = {"upos": "en_ewt"}
 # span tasks: token classification over BIO tags, scored by span F1 (`workbench.conlleval`)
@@ -103,6 +117,12 @@ FAMILY_POOLINGS = {
 DEFAULT_POOLINGS = ("first", "encoder_mean")
 STATE_DIR = "resume"
 METHOD_OPTIONS = ("lora_r", "lora_alpha", "adapter_size", "prompt_tokens", "lora_targets", "adapter_norms", "pooler")
+
+
+def _reads(option: str):
+    """The identity rule of a method option (`workbench.drivers`): it counts when the config's method
+    (not full) reads it (`method_record`)."""
+    return lambda cfg: cfg.method != "full" and option in method_record(cfg)
 BEST_DIR = "best"
 
 
@@ -114,8 +134,8 @@ class FinetuneConfig:
 
     checkpoint: str                       # a checkpoint folder, a training folder (its last step) or a Hub name
     task: str = "sentence_polarity"       # one of TASKS
-    name: str | None = None               # run folder name; default <task>-<checkpoint name>
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    name: str | None = field(default=None, metadata=NOT_IDENTITY)  # run folder name; default <task>-<checkpoint name>
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata=NOT_IDENTITY)  # a seed's weights: the seed
     epochs: int = 3
     lr: float = 5e-5
     batch_size: int = 32
@@ -126,58 +146,42 @@ class FinetuneConfig:
     patience: int = 2                     # epochs without a new best dev accuracy before stopping
     pooling: str = "auto"                 # see the module table
     freeze_body: bool = False             # train only the head (ELMo's original setting; = method head)
-    method: str = "full"                  # full | head | bitfit | adapter | prompt | lora (workbench.peft_methods)
-    lora_r: int = 8                       # lora: rank of each update
-    lora_alpha: float = 16.0              # lora: the update is scaled by alpha / r
-    adapter_size: int = 64                # adapter: bottleneck width m
-    prompt_tokens: int = 20               # prompt: number of trained input vectors
-    lora_targets: str = "qv"              # lora: qv (Hu et al.) | qkv (GPT-2: the whole fused c_attn)
-    adapter_norms: str = "train"          # adapter: train (Houlsby et al.) | frozen: the body's layer norms
-    pooler: str = "auto"                  # every method but full: BERT's pooler trains when not pretrained | train | frozen
+    # the method and the options it reads count for the identity (full fine-tuning reads none: its
+    # hash is the one from before methods)
+    method: str = field(default="full", metadata={IDENTITY: lambda c: c.method != "full"})  # full | head | bitfit | adapter | prompt | lora (workbench.peft_methods)
+    lora_r: int = field(default=8, metadata={IDENTITY: _reads("lora_r")})              # lora: rank of each update
+    lora_alpha: float = field(default=16.0, metadata={IDENTITY: _reads("lora_alpha")})  # lora: the update is scaled by alpha / r
+    adapter_size: int = field(default=64, metadata={IDENTITY: _reads("adapter_size")})  # adapter: bottleneck width m
+    prompt_tokens: int = field(default=20, metadata={IDENTITY: _reads("prompt_tokens")})  # prompt: number of trained input vectors
+    lora_targets: str = field(default="qv", metadata={IDENTITY: _reads("lora_targets")})  # lora: qv (Hu et al.) | qkv (GPT-2: the whole fused c_attn)
+    adapter_norms: str = field(default="train", metadata={IDENTITY: _reads("adapter_norms")})  # adapter: train (Houlsby et al.) | frozen: the body's layer norms
+    pooler: str = field(default="auto", metadata={IDENTITY: _reads("pooler")})  # every method but full: BERT's pooler trains when not pretrained | train | frozen
     split_seed: int = 0
     dev_fraction: float = 0.1             # sentence tasks: fractions of the whole set
     test_fraction: float = 0.1
     max_train_examples: int | None = None # train on the first N of the shuffled train split
     max_eval_examples: int | None = None  # cap dev and test (quick runs)
-    save_every: int = 200                 # optimizer steps between resume states
+    save_every: int = field(default=200, metadata=NOT_IDENTITY)  # optimizer steps between resume states
     keep_epoch_checkpoints: bool = False  # a step-N checkpoint at every epoch end
-    baselines: bool = True
-    threads: int | None = None
-    device: str = "auto"                  # auto (cuda when available) | cpu | cuda | cuda:N
-    output_dir: str | None = None         # default <runs root>/finetune/<name>
-    progress: bool = True
+    baselines: bool = field(default=True, metadata=NOT_IDENTITY)
+    threads: int | None = field(default=None, metadata=NOT_IDENTITY)
+    device: str = field(default="auto", metadata=NOT_IDENTITY)  # auto (cuda when available) | cpu | cuda | cuda:N
+    output_dir: str | None = field(default=None, metadata=NOT_IDENTITY)  # default <runs root>/finetune/<name>
+    progress: bool = field(default=True, metadata=NOT_IDENTITY)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def training_hash(self) -> str:
-        """What changes a seed's trained weights (not the seed list, paths, display, baselines)."""
-        d = self.to_dict()
-        for k in ("seeds", "name", "output_dir", "progress", "threads", "baselines", "save_every", "device"):
-            d.pop(k)
-        # the method and the options it reads (full fine-tuning reads none: its hash is the one from before methods)
-        read = method_record(self)
-        for k in ("method",) + METHOD_OPTIONS:
-            if k not in read or self.method == "full":
-                d.pop(k)
-        return settings_hash(d)
+        """What changes a seed's trained weights: the identity fields (`workbench.drivers.identity_hash`;
+        not the seed list, paths, display, baselines)."""
+        return identity_hash(self)
 
 
 def load_finetune_config(source: str | Path | dict | FinetuneConfig, overrides: dict | None = None) -> FinetuneConfig:
-    """A validated config from a YAML file or a dict, with `overrides` (None values ignored) on top."""
-    from workbench.io import read_yaml
-    from workbench.coerce import build_dataclass
-
-    if isinstance(source, FinetuneConfig):
-        data, where = source.to_dict(), "<config>"
-    elif isinstance(source, dict):
-        data, where = dict(source), "finetune config"
-    else:
-        path = Path(source)
-        where = str(path)
-        data = read_yaml(path)
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    cfg = build_dataclass(FinetuneConfig, data, where)
+    """A validated config from a YAML file or a dict, with `overrides` on top (`workbench.drivers.load_config`:
+    None values ignored)."""
+    cfg, where = load_config(FinetuneConfig, source, overrides, label="finetune config")
     _validate(cfg, where)
     return cfg
 
@@ -413,22 +417,6 @@ def collate(enc: Encoded, rows: list[int], pad_id: int) -> dict[str, torch.Tenso
 
 # ---------------------------------------------------------------------------------------- models
 
-def resolve_checkpoint(spec: str) -> Path:
-    """A checkpoint folder from a folder, a training output folder (its last step; one seed) or a
-    Hub name (`workbench.checkpoints.expand_checkpoints` resolves those)."""
-    from workbench.checkpoints import expand_checkpoints
-
-    found = expand_checkpoints([spec])
-    if len(found) > 1:
-        seeds = {c.path.parent for c in found}
-        if len(seeds) > 1:
-            raise ConfigError(f"{spec}: holds checkpoints of {len(seeds)} seeds; give one seed-S folder or one step folder")
-    path = found[-1].path
-    if path is None:
-        raise CheckpointError(f"{spec}: not a checkpoint on disk")
-    return Path(path)
-
-
 def choose_pooling(family: str, kind: str, pooling: str) -> str:
     """The pooling a (family, task kind) uses: `pooling`, or the family's default for "auto"."""
     if kind == "token":
@@ -443,7 +431,7 @@ def choose_pooling(family: str, kind: str, pooling: str) -> str:
 
 def _head_class(family: str, kind: str, pooling: str):
     """A workbench head class, or None where transformers' Auto class is the one to use."""
-    from workbench import heads
+    from workbench import classifier_heads as heads
 
     if family == "elmo":
         return heads.ElmoForTokenClassification if kind == "token" else heads.ElmoForSequenceClassification
@@ -464,7 +452,7 @@ def build_classifier(path: Path, family: str, kind: str, pooling: str, label_nam
     )
 
     import workbench.families  # noqa: F401  (registers ELMo)
-    from workbench.models import _quiet_transformers
+    from workbench.hf_quiet import quiet_transformers
 
     labels = {"id2label": dict(enumerate(label_names)),
               "label2id": {n: i for i, n in enumerate(label_names)}}
@@ -473,7 +461,7 @@ def build_classifier(path: Path, family: str, kind: str, pooling: str, label_nam
         config.pad_token_id = pad_id  # GPT-2 finds the last non-pad token through it
     cls = _head_class(family, kind, pooling)
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             if cls is None:
                 auto = AutoModelForTokenClassification if kind == "token" else AutoModelForSequenceClassification
                 model, info = auto.from_pretrained(path, config=config, local_files_only=True,
@@ -502,7 +490,7 @@ def build_classifier(path: Path, family: str, kind: str, pooling: str, label_nam
 
 
 def load_classifier(path: str | Path):
-    """Open a fine-tuned classifier folder: transformers' Auto classes, or a `workbench.heads` class
+    """Open a fine-tuned classifier folder: transformers' Auto classes, or a `workbench.classifier_heads` class
     named in `config.architectures` (ELMo; T5/BART encoder_mean)."""
     from transformers import (
         AutoConfig,
@@ -511,12 +499,12 @@ def load_classifier(path: str | Path):
     )
 
     import workbench.families  # noqa: F401
-    from workbench import heads
+    from workbench import classifier_heads as heads
 
     path = Path(path)
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: no config.json (not a fine-tuned checkpoint)")
-    from workbench.models import _quiet_transformers
+    from workbench.hf_quiet import quiet_transformers
 
     config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     arch = (getattr(config, "architectures", None) or [""])[0]
@@ -525,7 +513,7 @@ def load_classifier(path: str | Path):
     from workbench.checkpoints import read_manifest
     from workbench.peft_methods import reattach_saved
 
-    with _quiet_transformers():
+    with quiet_transformers():
         model = cls.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     return reattach_saved(model, path, read_manifest(path) or {}).eval()
 
@@ -560,7 +548,7 @@ def evaluate(model, enc: Encoded, rows: list[int], pad_id: int, batch_size: int)
     gold_tags, pred_tags = [], []
     with evaluating(model):
         for b0 in range(0, len(order), batch_size):
-            batch = _to(collate(enc, order[b0: b0 + batch_size], pad_id), model)
+            batch = to_model_device(collate(enc, order[b0: b0 + batch_size], pad_id), model)
             out = model(**batch)
             pred = out.logits.argmax(-1)
             keep = batch["labels"] != -100
@@ -579,7 +567,8 @@ def evaluate(model, enc: Encoded, rows: list[int], pad_id: int, batch_size: int)
     return (correct / total if total else float("nan")), total, (loss_sum / total if total else float("nan"))
 
 
-def _to(batch: dict, model) -> dict:
+def to_model_device(batch: dict, model) -> dict:
+    """`batch`'s tensors moved to the device of `model`'s parameters."""
     device = next(model.parameters()).device
     return {k: v.to(device) for k, v in batch.items()}
 
@@ -589,7 +578,10 @@ def evaluate_count(enc: Encoded) -> int:
     return sum(1 if isinstance(y, int) else int((y != -100).sum()) for y in enc.labels)
 
 
-def _epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The order the training examples 0..n-1 are visited in epoch `epoch` of seed `seed`: a
+    permutation from its own generator (seeded by seed and epoch), so a resumed run and a script
+    that replays the loop see the same batches."""
     return np.random.default_rng([seed, epoch, 7211]).permutation(n)
 
 
@@ -697,6 +689,40 @@ class SeedResult:
     trainable: dict | None = None  # count_trainable's record (older result files lack it)
 
 
+def _end_epoch(cfg: FinetuneConfig, run: Prepared, seed: int, out: Path, model, loop: dict, manifest: dict,
+               method: dict | None, cost: Callable[[int], dict]) -> None:
+    """The end of an epoch of `train_seed`: dev accuracy, the curve's point, the epoch's and the
+    best checkpoint, early stopping; `loop` is updated in place (the next epoch starts at batch 0).
+
+    `cost(epoch)` is the checkpoint's cost record, called after the dev pass so its seconds and
+    energy include it. Apart from the step loop because it runs once per epoch and only reads the
+    running sums `train_seed` has already put into `loop`.
+    """
+    from workbench.progress import get_logger
+
+    metric = run.data.metric
+    acc, _, _ = evaluate(model, run.dev, list(range(len(run.dev.ids))), run.pad_id, cfg.batch_size)
+    epoch = loop["epoch"] + 1
+    loop["curve"].append({"epoch": epoch, "step": loop["step"], f"dev_{metric}": acc,
+                          "train_loss": loop["loss_sum"] / max(1, loop["loss_n"])})
+    if "term_sums" in loop:
+        loop["curve"][-1]["train_terms"] = {k: v / max(1, loop["loss_n"]) for k, v in loop["term_sums"].items()}
+        loop["term_sums"] = {}
+    ck_manifest = {**manifest, "epoch": epoch, "step": loop["step"], f"dev_{metric}": acc, "cost": cost(epoch)}
+    if cfg.keep_epoch_checkpoints:
+        _save_checkpoint(step_dir(out, loop["step"]), model, run.tokenizer, ck_manifest, method)
+    if acc > loop["best"]:
+        loop.update(best=acc, best_epoch=epoch, best_step=loop["step"], bad_epochs=0)
+        _save_checkpoint(out / BEST_DIR, model, run.tokenizer, ck_manifest, method)
+    else:
+        loop["bad_epochs"] += 1
+        loop["stopped"] = loop["bad_epochs"] >= cfg.patience
+    if cfg.progress:
+        get_logger(__name__).info(f"{run.name} seed {seed} epoch {epoch}: dev {metric} {acc:.4f} "
+                                  f"(best {loop['best']:.4f} at epoch {loop['best_epoch']})")
+    loop.update(epoch=epoch, batch=0, loss_sum=0.0, loss_n=0)
+
+
 def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
                on_step: Callable[[int], None] | None = None, hooks: TrainingHooks | None = None) -> SeedResult:
     """Fine-tune one seed (resuming its saved state if any) and return its results.
@@ -704,7 +730,7 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
     `on_step(step)` is called after every optimizer step (a test interrupts training through it);
     `hooks` (`workbench.loop.TrainingHooks`) add an after-step hook, a teacher and the loss that
     reads it, or a parameter filter; a composite loss's terms are kept per epoch in the curve."""
-    from tqdm.auto import tqdm
+    from workbench.progress import progress
 
     hooks = hooks or NO_HOOKS
     out = seed_dir(run.folder, seed)
@@ -762,17 +788,17 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
     manifest = {**run.manifest_base, "seed": seed, "trainable": trainable}
     if hooks.describe():
         manifest["hooks"] = hooks.describe()
-    bar = tqdm(total=total, initial=loop["step"], desc=f"{run.name} seed {seed}", unit="step", disable=not cfg.progress)
+    bar = progress(total=total, initial=loop["step"], desc=f"{run.name} seed {seed}", unit="step", disable=not cfg.progress)
     # ---- the epochs: steps, then evaluate on dev and save
     while loop["epoch"] < cfg.epochs and not loop["stopped"]:
-        order = _epoch_order(seed, loop["epoch"], len(train_rows))
+        order = epoch_order(seed, loop["epoch"], len(train_rows))
         model.train()
         while loop["batch"] < per_epoch:
             b0 = loop["batch"] * cfg.batch_size
             host_batch = collate(run.train, [train_rows[i] for i in order[b0: b0 + cfg.batch_size]], run.pad_id)
             # tokens for the cost record, counted on the host copy (no wait for the device)
             loop["tokens"] = loop.get("tokens", 0) + int(host_batch["attention_mask"].sum())
-            batch = _to(host_batch, model)
+            batch = to_model_device(host_batch, model)
             terms = loss_terms(model, batch, hooks, classification_loss)
             terms["loss"].backward()
             optimizer_step(model, optimizer, scheduler, cfg.clip, hooks, loop["step"] + 1)
@@ -793,28 +819,9 @@ def train_seed(cfg: FinetuneConfig, seed: int, run: Prepared,
                 on_step(loop["step"])
         # end of an epoch: dev accuracy, best checkpoint, early stopping
         read_sums()
-        acc, _, _ = evaluate(model, run.dev, list(range(len(run.dev.ids))), run.pad_id, cfg.batch_size)
-        epoch = loop["epoch"] + 1
-        loop["curve"].append({"epoch": epoch, "step": loop["step"], f"dev_{metric}": acc,
-                              "train_loss": loop["loss_sum"] / max(1, loop["loss_n"])})
-        if "term_sums" in loop:
-            loop["curve"][-1]["train_terms"] = {k: v / max(1, loop["loss_n"]) for k, v in loop["term_sums"].items()}
-            loop["term_sums"] = {}
-        ck_manifest = {**manifest, "epoch": epoch, "step": loop["step"], f"dev_{metric}": acc,
-                       "cost": finetune_cost(run, meter, loop.get("tokens", 0), seconds_before + time.time() - t0,
-                                             manifest.get("hooks"), teacher_tokens(hooks.teacher, loop.get("tokens", 0), epoch))}
-        if cfg.keep_epoch_checkpoints:
-            _save_checkpoint(step_dir(out, loop["step"]), model, run.tokenizer, ck_manifest, method)
-        if acc > loop["best"]:
-            loop.update(best=acc, best_epoch=epoch, best_step=loop["step"], bad_epochs=0)
-            _save_checkpoint(out / BEST_DIR, model, run.tokenizer, ck_manifest, method)
-        else:
-            loop["bad_epochs"] += 1
-            loop["stopped"] = loop["bad_epochs"] >= cfg.patience
-        if cfg.progress:
-            bar.write(f"{run.name} seed {seed} epoch {epoch}: dev {metric} {acc:.4f} "
-                      f"(best {loop['best']:.4f} at epoch {loop['best_epoch']})")
-        loop.update(epoch=epoch, batch=0, loss_sum=0.0, loss_n=0)
+        _end_epoch(cfg, run, seed, out, model, loop, manifest, method, lambda epoch: finetune_cost(
+            run, meter, loop.get("tokens", 0), seconds_before + time.time() - t0, manifest.get("hooks"),
+            teacher_tokens(hooks.teacher, loop.get("tokens", 0), epoch)))
         loss_sum, term_sums = on_device(0.0), {}
         save_state()
     bar.close()
@@ -889,15 +896,10 @@ def baselines(data: TaskData, splits: dict[str, list[int]]) -> list[dict]:
 
 
 def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): Student-t interval over seeds; NaN bounds for a single seed."""
-    from scipy import stats
+    """(mean, low, high): Student-t interval over seeds; NaN bounds for a single seed (`workbench.aggregate`)."""
+    from workbench.aggregate import t_interval as interval
 
-    x = np.asarray(values, dtype=float)
-    mean = float(x.mean())
-    if len(x) < 2:
-        return mean, float("nan"), float("nan")
-    half = float(stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
-    return mean, mean - half, mean + half
+    return interval(values, confidence)
 
 
 # -------------------------------------------------------------------------------------- the run
@@ -923,7 +925,9 @@ class Prepared:
     manifest_base: dict
 
 
-def _slug(text: str) -> str:
+def run_slug(text: str) -> str:
+    """`text` as a run-folder name part: runs of characters other than word characters, `.`, `+`
+    and `-` become one `_` ("model" when nothing is left)."""
     return re.sub(r"[^\w.+-]+", "_", text).strip("_") or "model"
 
 
@@ -936,13 +940,13 @@ def prepare(cfg: FinetuneConfig, data: TaskData | None = None, hooks: TrainingHo
 
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    path = resolve_checkpoint(cfg.checkpoint)
+    path = single_checkpoint(cfg.checkpoint)
     handle = ModelHandle.load(path)
     family = handle.family
     pooling = choose_pooling(family, "sentence" if cfg.task in SENTENCE_TASKS else "token", cfg.pooling)
     # a folder is named as the workbench names checkpoints; a Hub name stays as it was given
     model_name = checkpoint_name(path) if Path(cfg.checkpoint).expanduser().exists() else cfg.checkpoint
-    name = cfg.name or f"{cfg.task}-{_slug(model_name)}" + ("" if cfg.method == "full" else f"-{cfg.method}")
+    name = cfg.name or f"{cfg.task}-{run_slug(model_name)}" + ("" if cfg.method == "full" else f"-{cfg.method}")
     folder = Path(cfg.output_dir) if cfg.output_dir else runs_root() / "finetune" / name
     data = data or load_task(cfg)
     splits = used_splits(data, cfg)
@@ -1003,22 +1007,43 @@ class FinetuneResult:
     folder: Path
 
 
+def train_seed_unit(cfg: FinetuneConfig, seed: int, data: TaskData | None = None,
+                    hooks: TrainingHooks | None = None) -> SeedResult:
+    """One seed as an executor unit (a local process or a submitit job): the run prepared again (the
+    parent claimed the folder and wrote the split; this finds them), then `train_seed`. A seed's
+    weights depend on its seed alone (data order, head, dropout), so they equal the in-process ones."""
+    return train_seed(cfg, seed, prepare(cfg, data, hooks), hooks=hooks)
+
+
 def run_finetune(cfg: FinetuneConfig, store=None, on_step: Callable[[int], None] | None = None,
-                 data: TaskData | None = None, hooks: TrainingHooks | None = None) -> FinetuneResult:
+                 data: TaskData | None = None, hooks: TrainingHooks | None = None,
+                 executor=None) -> FinetuneResult:
     """Fine-tune every seed of `cfg`, then write one results-store run (rows + manifest).
 
     `data` replaces the task's own examples and split (tests plant a task in it); `hooks` as in
-    `train_seed`."""
+    `train_seed`; `executor` (`workbench.executor.ExecutorOptions`, default: this process) runs the
+    seeds as independent units (`train_seed_unit`)."""
     import pandas as pd
 
+    from workbench.executor import ExecutorOptions, Unit, replace_threads, run_units
     from workbench.results import ResultsStore
 
+    executor = (executor or ExecutorOptions()).validate()
     run = prepare(cfg, data, hooks)
     store = store or ResultsStore()
     base_rows = baselines(run.data, run.splits) if cfg.baselines else []
-    if cfg.baselines and cfg.progress:
-        print(format_table(pd.DataFrame(base_rows)))
-    results = [train_seed(cfg, s, run, on_step=on_step, hooks=hooks) for s in cfg.seeds]
+    if cfg.baselines and cfg.progress:  # a message while it runs: the command prints every row at the end
+        from workbench.progress import get_logger
+
+        get_logger(__name__).info("baselines:\n%s", format_table(pd.DataFrame(base_rows)))
+    if executor.in_process:
+        results = [train_seed(cfg, s, run, on_step=on_step, hooks=hooks) for s in cfg.seeds]
+    else:
+        if executor.folder is None:
+            executor = dataclasses.replace(executor, folder=str(run.folder / "submitit"))
+        worker_cfg = replace_threads(cfg)
+        results = run_units([Unit(train_seed_unit, (worker_cfg, s, data, hooks), name=f"seed {s}")
+                             for s in cfg.seeds], executor, desc="seeds")
 
     common = {"model": run.model_name, "family": run.family, "probe": PROBE, "task": cfg.task}
     metric = run.data.metric
@@ -1035,10 +1060,8 @@ def run_finetune(cfg: FinetuneConfig, store=None, on_step: Callable[[int], None]
                          "value": c[f"dev_{metric}"], "n": len(run.dev.ids), "extra": {"epoch": c["epoch"]}})
             rows.append({**common, "seed": r.seed, "step": c["step"], "split": "train", "metric": "train_loss_epoch",
                          "value": c["train_loss"], "n": len(run.train.ids), "extra": {"epoch": c["epoch"]}})
-    for s in ("dev", "test"):
-        mean, lo, hi = t_interval([getattr(r, s)[metric] for r in results])
-        rows.append({**common, "split": s, "metric": metric, "value": mean, "n": len(results),
-                     "ci_low": lo, "ci_high": hi, "extra": {"over": "seeds", "interval": "t, 95%", **method_record(cfg)}})
+    # per-seed rows only: the mean over seeds with its 95% t-interval is computed where it is shown
+    # (`workbench.aggregate`: `format_table`, the app's fine-tuning page)
     with store.start_run("finetune", cfg.to_dict(), seeds=cfg.seeds, data_files=run.data.files,
                          checkpoints=[run.checkpoint], name=run.name) as writer:
         writer.add(rows)
@@ -1064,6 +1087,10 @@ def format_table(rows) -> str:
     for (model, split), g in df.groupby(["model", "split"], sort=False):
         seeded = g[g["seed"].notna()] if "seed" in g else g.iloc[0:0]
         agg = g[g["seed"].isna()] if "seed" in g else g
+        if agg.empty and len(seeded):  # per-seed rows: the mean over seeds and its 95% t-interval
+            from workbench.aggregate import aggregate
+
+            agg = aggregate(seeded, over="seed", by=["model", "split"], interval="t")
         value = float(agg["value"].iloc[0]) if len(agg) else float(seeded["value"].mean())
         ci = ""
         if len(agg) and "ci_low" in agg and pd.notna(agg["ci_low"].iloc[0]):
@@ -1071,3 +1098,8 @@ def format_table(rows) -> str:
         per = " ".join(f"{v:.4f}" for v in seeded["value"]) if len(seeded) else ""
         lines.append(f"{str(model)[:34]:<34} {split:<5} {value:>9.4f}  {ci:<19} {per}")
     return "\n".join(lines)
+
+
+DRIVER = DriverSpec("finetune", FinetuneConfig, load_finetune_config, run_finetune, units="seeds",
+                    description="fine-tune a checkpoint on a classification task over seeds",
+                    identity=FinetuneConfig.training_hash)

@@ -107,11 +107,11 @@ def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -
 
 def generator_head(handle):
     """(kind, model) of the head that generates; ConfigError for a model that cannot."""
-    from workbench.lm_scores import _find_head, _where
+    from workbench.lm_scores import find_lm_head, handle_location
 
-    where = _where(handle)
+    where = handle_location(handle)
     try:
-        kind, model = _find_head(handle)
+        kind, model = find_lm_head(handle)
     except CheckpointError as e:
         raise ConfigError(f"{where}: cannot generate: {str(e).removeprefix(where + ': ')}") from None
     if kind not in GENERATING_KINDS:
@@ -173,9 +173,9 @@ def generate(handle, prompts: Sequence[str] | Sequence[Sequence[int]], sampling:
                   for j in range(0, len(idx), sampling.batch_size)]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from workbench.progress import progress as progress_bar
 
-        bar = tqdm(total=len(rows), desc="generate", unit="prompt")
+        bar = progress_bar(total=len(rows), desc="generate", unit="prompt")
     with torch.inference_mode():
         for idx in groups:
             out = _GENERATORS[kind](handle, model, [rows[i] for i in idx], sampling, gen)
@@ -220,12 +220,12 @@ def _bilm(handle, model, rows, sampling, gen) -> list[np.ndarray]:
 
 
 def _seq2seq(handle, model, rows, sampling, gen) -> list[np.ndarray]:
-    from workbench.lm_scores import _pad
-    from workbench.models import _first_not_none
+    from workbench.lm_inputs import pad_rows
+    from workbench.models import first_not_none
 
-    src, att = _pad(rows, handle.pad_id, handle.device)
+    src, att = pad_rows(rows, handle.pad_id, handle.device)
     enc = model.get_encoder()(input_ids=src, attention_mask=att)
-    start = _first_not_none(getattr(handle.config, "decoder_start_token_id", None), handle.pad_id)
+    start = first_not_none(getattr(handle.config, "decoder_start_token_id", None), handle.pad_id)
     dec = torch.full((len(rows), 1), int(start), dtype=torch.long, device=handle.device)
     out = model(encoder_outputs=enc, attention_mask=att, decoder_input_ids=dec, use_cache=True)
     past, steps = out.past_key_values, []
@@ -248,7 +248,7 @@ def cli_main(argv: Sequence[str]) -> int:
     import argparse
     import json
 
-    from workbench.finetune import resolve_checkpoint
+    from workbench.checkpoints import single_checkpoint
     from workbench.models import ModelHandle
 
     p = argparse.ArgumentParser(prog="bertology generate", description="generate text with a model's own LM head "
@@ -272,7 +272,7 @@ def cli_main(argv: Sequence[str]) -> int:
         raise ConfigError(f"--num must be >= 1, got {args.num}")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     # a training folder (`runs/train/NAME/seed-0`, as the README writes it) -> its last saved step
-    handle = ModelHandle.load(resolve_checkpoint(args.checkpoint), device=device)
+    handle = ModelHandle.load(single_checkpoint(args.checkpoint), device=device)
     generator_head(handle)  # an encoder fails here, before anything is generated
     prompts = [q for q in args.prompts for _ in range(args.num)]
     g = generate(handle, prompts, sampling)

@@ -67,17 +67,19 @@ import numpy as np
 import torch
 
 from workbench.errors import CheckpointError, ConfigError, WorkbenchError
-from workbench.models import ModelHandle, _first_not_none, _quiet_transformers
+from workbench.hf_quiet import quiet_transformers
+from workbench.lm_inputs import BLANK, LMInputs, filled_items, pad_rows, text_start  # noqa: F401 (BLANK, pad_rows re-exported)
+from workbench.models import ModelHandle
 from workbench.models import DOCUMENT_SEPARATOR, causal_start_id  # noqa: F401 (their home moved there; re-exported)
+from workbench.running import ModelRunner
 
-BLANK = "<blank>"
 KINDS = ("mlm", "causal", "seq2seq", "bilm", "rtd")
 ELECTRA_HEADS = ("generator", "discriminator")
 
 # Masked-LM classes whose head can be applied to the hidden states of the masked positions alone
 # (the head over every position of every copy would cost about as much as the body); any other
 # masked LM takes the full logits and reads the masked positions (same numbers, slower).
-_MLM_HEADS: dict[str, Callable] = {
+MLM_HEADS: dict[str, Callable] = {
     "BertForMaskedLM": lambda m, h: m.cls(h),
     "RobertaForMaskedLM": lambda m, h: m.lm_head(h),
     "DebertaV2ForMaskedLM": lambda m, h: deberta_mlm_logits(m, h),
@@ -134,20 +136,6 @@ class CandidateScores:
         return [int(np.argmax(s)) if len(s) else -1 for s in self.scores]
 
 
-def filled_items(contexts: Sequence[str], candidates: Sequence[Sequence[str]]) -> list[tuple[int, str, str, str]]:
-    """(context index, left, candidate, right) for every candidate of every context, in order: how
-    a cloze context is cut at its one `<blank>` (anything else is a ConfigError naming the context)."""
-    if len(contexts) != len(candidates):
-        raise ConfigError(f"{len(contexts)} contexts but {len(candidates)} candidate lists")
-    items = []
-    for i, (ctx, cands) in enumerate(zip(contexts, candidates)):
-        if ctx.count(BLANK) != 1:
-            raise ConfigError(f"context {i} must hold exactly one {BLANK}: {ctx!r}")
-        left, right = ctx.split(BLANK)
-        items += [(i, left, c, right) for c in cands]
-    return items
-
-
 def lm_kind(model) -> str:
     """'mlm', 'causal', 'seq2seq' (a model class with that LM head), 'bilm' (ELMo's LM) or 'base'."""
     name = type(model).__name__
@@ -173,7 +161,7 @@ def lm_scorer(handle: ModelHandle, electra_head: str = "generator") -> "LMScorer
     ELECTRA's generator or discriminator head load from disk)."""
     if handle.shifted_position_offset:
         # Its shifted-alphabet text must read offset positions, which the scorer's forwards do not pass.
-        raise WorkbenchError(f"{_where(handle)}: LM scores are not supported for a model trained with separate "
+        raise WorkbenchError(f"{handle_location(handle)}: LM scores are not supported for a model trained with separate "
                              f"positions for shifted text (objective.shifted_position_offset)")
     key = "_lm_scorer" if electra_head == "generator" else f"_lm_scorer_{electra_head}"
     scorer = handle.__dict__.get(key)
@@ -199,16 +187,17 @@ class LMScorer:
             raise ConfigError(f"electra_head must be one of {list(ELECTRA_HEADS)}, got {electra_head!r}")
         if electra_head == "discriminator":
             if not is_electra(handle):
-                raise ConfigError(f"{_where(handle)}: only ELECTRA has a discriminator to score with "
+                raise ConfigError(f"{handle_location(handle)}: only ELECTRA has a discriminator to score with "
                                   f"(model type {getattr(handle.config, 'model_type', '?')!r})")
             self.kind, self.model = "rtd", _electra_discriminator(handle)
         else:
-            self.kind, self.model = _find_head(handle)
+            self.kind, self.model = find_lm_head(handle)
         self.model.eval()
-        tok = handle.tokenizer
-        self.mask_id = tok.mask_token_id
+        self.runner = ModelRunner(self.model)  # every forward of the scorer goes through it
+        self.inputs = LMInputs(handle)
+        self.mask_id = self.inputs.mask_id
         if self.kind == "mlm" and self.mask_id is None:
-            raise CheckpointError(f"{_where(handle)}: masked LM whose tokenizer has no mask token")
+            raise CheckpointError(f"{handle_location(handle)}: masked LM whose tokenizer has no mask token")
 
     # ------------------------------------------------------------------ texts
 
@@ -226,7 +215,7 @@ class LMScorer:
             return self.pseudo_log_likelihood(texts, batch_size or 64, moments, progress)
         if self.kind == "rtd":
             return self.rtd_logprobs(texts, batch_size or 32, moments, progress)
-        raise ConfigError(f"{_where(self.handle)}: a seq2seq model scores a target given a source; "
+        raise ConfigError(f"{handle_location(self.handle)}: a seq2seq model scores a target given a source; "
                           f"use seq2seq_logprobs(sources, targets)")
 
     def pseudo_log_likelihood(self, texts: Sequence[str], batch_size: int = 64, moments: bool = False,
@@ -235,9 +224,9 @@ class LMScorer:
         = masked copies per forward; a sentence's copies are never split across batches, so a
         sentence longer than `batch_size` tokens gets a batch of its own."""
         self._need("mlm", "pseudo-log-likelihood")
-        rows = self._encode_texts(texts, "text")
+        rows = self.inputs.encode_texts(texts, "text")
         scored = [np.nonzero(~special)[0] for _, special in rows]
-        out = self._masked_scores([ids for ids, _ in rows], scored, batch_size, moments, progress)
+        out = _masked_scores(self, [ids for ids, _ in rows], scored, batch_size, moments, progress)
         return [self._text_score(rows[i][0][pos], out[i], "pll") for i, pos in enumerate(scored)]
 
     def causal_logprobs(self, texts: Sequence[str], batch_size: int = 32, moments: bool = False,
@@ -245,8 +234,8 @@ class LMScorer:
         """log p(w_t | w_<t) of every token after the first (a bos/eos is put in front when the
         tokenizer adds no special token there)."""
         self._need("causal", "causal log-probabilities")
-        rows = [self.causal_row(ids, special, f"text {i} ({_start(texts[i])})")
-                for i, (ids, special) in enumerate(self._encode_texts(texts, "text"))]
+        rows = [self.causal_row(ids, special, f"text {i} ({text_start(texts[i])})")
+                for i, (ids, special) in enumerate(self.inputs.encode_texts(texts, "text"))]
         out = self._causal_scores(rows, batch_size, moments, progress)
         return [self._text_score(ids[1:], o, "causal") for ids, o in zip(rows, out)]
 
@@ -254,7 +243,7 @@ class LMScorer:
                       progress: bool = False) -> list[TextScore]:
         """ELMo: per token of `<S> text </S>`, forward log p(w_t | w_<t) + backward log p(w_t | w_>t)."""
         self._need("bilm", "forward/backward LM log-probabilities")
-        rows = [ids for ids, _ in self._encode_texts(texts, "text")]
+        rows = [ids for ids, _ in self.inputs.encode_texts(texts, "text")]
         out = self._bilm_scores(rows, batch_size, moments, progress)
         return [self._text_score(ids, o, "bilm") for ids, o in zip(rows, out)]
 
@@ -263,7 +252,7 @@ class LMScorer:
         """ELECTRA's discriminator on the unmodified text: log P(original) = log sigmoid(-z_t) of
         every content token (special tokens are context, not scored)."""
         self._need("rtd", "replaced-token log-probabilities")
-        rows = self._encode_texts(texts, "text")
+        rows = self.inputs.encode_texts(texts, "text")
         out = self._rtd_scores([ids for ids, _ in rows], [np.nonzero(~sp)[0] for _, sp in rows], batch_size,
                                moments, progress)
         return [self._text_score(ids[~sp], o, "rtd") for (ids, sp), o in zip(rows, out)]
@@ -275,8 +264,8 @@ class LMScorer:
         self._need("seq2seq", "seq2seq log-probabilities")
         if len(sources) != len(targets):
             raise ConfigError(f"{len(sources)} sources but {len(targets)} targets")
-        src = [ids for ids, _ in self._encode_texts(sources, "source")]
-        tgt = [ids for ids, _ in self._encode_texts(targets, "target")]
+        src = [ids for ids, _ in self.inputs.encode_texts(sources, "source")]
+        tgt = [ids for ids, _ in self.inputs.encode_texts(targets, "target")]
         out = self._seq2seq_scores(src, tgt, [0] * len(tgt), batch_size, moments, progress)
         return [self._text_score(t, o, "seq2seq") for t, o in zip(tgt, out)]
 
@@ -288,7 +277,7 @@ class LMScorer:
         of the model's kind (module docstring). `batch_size`: filled sentences per forward (masked
         LM: masked copies per forward, a sentence's copies never split)."""
         if self.kind == "rtd":
-            raise ConfigError(f"{_where(self.handle)}: ELECTRA's discriminator scores whole texts, not cloze "
+            raise ConfigError(f"{handle_location(self.handle)}: ELECTRA's discriminator scores whole texts, not cloze "
                               f"candidates; candidates are scored by its generator")
         items = filled_items(contexts, candidates)
         self.handle.stats["candidates"] += len(items)
@@ -308,22 +297,12 @@ class LMScorer:
     def _candidates_mlm(self, items, batch_size):
         rows, scored, methods, pieces = self.mlm_candidate_rows(items)
         self.handle.stats["candidates_by_pll"] += methods.count("pll")
-        out = self._masked_scores(rows, scored, batch_size, False, False)
+        out = _masked_scores(self, rows, scored, batch_size, False, False)
         return [float(o[0].sum()) for o in out], methods, pieces
 
     def mlm_candidate_rows(self, items):
-        """The masked-LM cloze inputs of (context index, left, candidate, right) items: (filled rows,
-        positions to mask and score one at a time per row, method per row, candidate pieces per
-        row). A context whose candidates are all one piece reads that piece ("mask"); one with a
-        longer candidate scores every filled sentence of that context by PLL ("pll")."""
-        filled = [self.encode_filled(*it) for it in items]
-        single = {}
-        for (i, *_), (_, _, pos) in zip(items, filled):
-            single[i] = single.get(i, True) and len(pos) == 1
-        scored = [pos if single[i] else np.nonzero(~special)[0]
-                  for (i, *_), (_, special, pos) in zip(items, filled)]
-        methods = ["mask" if single[i] else "pll" for i, *_ in items]
-        return [ids for ids, _, _ in filled], scored, methods, [len(pos) for _, _, pos in filled]
+        """`LMInputs.mlm_candidate_rows`: (filled rows, positions to mask, method, pieces) per item."""
+        return self.inputs.mlm_candidate_rows(items)
 
     def _candidates_causal(self, items, batch_size):
         rows, pieces = self.causal_candidate_rows(items)
@@ -331,12 +310,8 @@ class LMScorer:
         return [float(o[0].sum()) for o in out], ["causal"] * len(items), pieces
 
     def causal_candidate_rows(self, items):
-        """The causal cloze inputs of (context index, left, candidate, right) items: (filled rows
-        behind the start token, candidate pieces per row); the whole filled sentence is scored."""
-        filled = [self.encode_filled(*it) for it in items]
-        rows = [self.causal_row(ids, special, f"context {i} filled with {cand!r}")
-                for (ids, special, _), (i, _, cand, _) in zip(filled, items)]
-        return rows, [len(p) for _, _, p in filled]
+        """`LMInputs.causal_candidate_rows`: (filled rows behind the start token, pieces)."""
+        return self.inputs.causal_candidate_rows(items)
 
     def _candidates_bilm(self, items, batch_size):
         filled = [self.encode_filled(*it) for it in items]
@@ -349,93 +324,23 @@ class LMScorer:
         return [float(o[0].sum()) for o in out], [method] * len(items), pieces
 
     def seq2seq_candidate_rows(self, items):
-        """The seq2seq cloze inputs of (context index, left, candidate, right) items: (source rows,
-        target rows, index of the first scored target token per row, candidate pieces per row,
-        method). T5: source with the first sentinel, target sentinel0 + candidate + sentinel1
-        (sentinel0 given, not scored); BART: source with one <mask>, target the filled sentence.
-        The decoder reads `decoder_start_id` + target[:-1] (teacher forcing)."""
-        h, tok = self.handle, self.handle.tokenizer
-        sentinels = _sentinels(tok)
-        if sentinels is None and tok.mask_token is None:
-            raise CheckpointError(f"{_where(h)}: seq2seq tokenizer has neither sentinel tokens nor a mask token")
-        src_rows, tgt_rows, first, pieces = [], [], [], []
-        for i, left, cand, right in items:
-            if sentinels is not None:
-                s0 = tok.convert_ids_to_tokens(sentinels[0])
-                src = h._backend.encode(left + s0 + right).ids
-                piece_ids = h._backend.encode(" " + cand, add_special_tokens=False).ids
-                target = [sentinels[0], *piece_ids, sentinels[1]]
-                first.append(1)  # sentinel0 is given, not predicted
-                pieces.append(len(piece_ids))
-            else:
-                src = h._backend.encode(left + tok.mask_token + right).ids
-                target, _, pos = self.encode_filled(i, left, cand, right)
-                first.append(0)
-                pieces.append(len(pos))
-            src_rows.append(self._check_len(np.asarray(src, dtype=np.int64), f"context {i}"))
-            tgt_rows.append(self._check_len(np.asarray(target, dtype=np.int64), f"context {i} (target)"))
-        method = "seq2seq-sentinel" if sentinels is not None else "seq2seq-infill"
-        return src_rows, tgt_rows, first, pieces, method
+        """`LMInputs.seq2seq_candidate_rows`: (sources, targets, first scored, pieces, method)."""
+        return self.inputs.seq2seq_candidate_rows(items)
 
     @property
     def decoder_start_id(self) -> int:
         """The token a seq2seq decoder starts from (config.decoder_start_token_id, else pad)."""
-        return _first_not_none(getattr(self.handle.config, "decoder_start_token_id", None), self.handle.pad_id)
+        return self.inputs.decoder_start_id
 
     # ------------------------------------------------------------------ encoding
 
-    def _encode_texts(self, texts: Sequence[str], what: str):
-        """[(ids, special mask)] of each text with the tokenizer's special tokens, length-checked."""
-        if isinstance(texts, str):
-            raise ConfigError(f"expected a list of {what}s, got one string")
-        encs = self.handle._backend.encode_batch(list(texts), add_special_tokens=True)
-        rows = []
-        for i, e in enumerate(encs):
-            ids = self._check_len(np.asarray(e.ids, dtype=np.int64), f"{what} {i} ({_start(texts[i])})")
-            rows.append((ids, np.asarray(e.special_tokens_mask, dtype=bool)))
-        self.handle.stats["lm_texts"] += len(rows)
-        return rows
-
     def encode_filled(self, i: int, left: str, cand: str, right: str):
-        """(ids, special mask, positions of the candidate's pieces) of left + cand + right, with
-        special tokens; a piece that mixes candidate and context characters is an error."""
-        text = left + cand + right
-        enc = self.handle._backend.encode(text, add_special_tokens=True)
-        a, b = len(left), len(left) + len(cand)
-        nonspace = np.array([not ch.isspace() for ch in text] + [True])
-        nxt = np.empty(len(text) + 1, dtype=np.int64)  # next non-space position at or after p
-        nxt_val = len(text)
-        for p in range(len(text), -1, -1):
-            if nonspace[p]:
-                nxt_val = p
-            nxt[p] = nxt_val
-        pos = []
-        for t, ((s, e), special) in enumerate(zip(enc.offsets, enc.special_tokens_mask)):
-            if special:
-                continue
-            chars = [p for p in range(s, e) if nonspace[p]] or [nxt[s]]
-            inside = [a <= p < b for p in chars]
-            if all(inside):
-                pos.append(t)
-            elif any(inside):
-                raise ConfigError(f"context {i}: candidate {cand!r} shares a token with its context in {text!r}")
-        if not pos:
-            raise ConfigError(f"context {i}: candidate {cand!r} has no tokens in {text!r}")
-        ids = self._check_len(np.asarray(enc.ids, dtype=np.int64), f"context {i} filled with {cand!r}")
-        return ids, np.asarray(enc.special_tokens_mask, dtype=bool), np.asarray(pos, dtype=np.int64)
+        """`LMInputs.encode_filled`: (ids, special mask, candidate positions) of left + cand + right."""
+        return self.inputs.encode_filled(i, left, cand, right)
 
     def causal_row(self, ids: np.ndarray, special: np.ndarray, what: str) -> np.ndarray:
-        start = causal_start_id(self.handle.tokenizer)
-        if start is not None and (len(ids) == 0 or not special[0]):
-            ids = np.concatenate([[start], ids]).astype(np.int64)
-            self._check_len(ids, f"{what} behind its start token")
-        return ids
-
-    def _check_len(self, ids: np.ndarray, what: str) -> np.ndarray:
-        if len(ids) > self.handle.max_length:
-            raise ConfigError(f"{what}: {len(ids)} tokens exceed max_length={self.handle.max_length} of "
-                              f"{_where(self.handle)}")
-        return ids
+        """`LMInputs.causal_row`: the row behind the model's start token."""
+        return self.inputs.causal_row(ids, special, what)
 
     def _text_score(self, ids, scored, method) -> TextScore:
         lp, mu, sigma, directions = scored
@@ -444,82 +349,18 @@ class LMScorer:
 
     def _need(self, kind: str, what: str) -> None:
         if self.kind != kind:
-            raise ConfigError(f"{_where(self.handle)}: {what} need a {kind} head; this model's LM head is {self.kind!r}")
+            raise ConfigError(f"{handle_location(self.handle)}: {what} need a {kind} head; this model's LM head is {self.kind!r}")
 
     # ------------------------------------------------------------------ forward passes
 
     def pad(self, rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        return _pad(rows, self.handle.pad_id, self.handle.device)
-
-    def _masked_scores(self, rows, positions, batch_size, moments, progress):
-        """For each row and each position p in positions[row]: log p(rows[row][p]) with p masked.
-
-        A masked copy is made once even when several rows give the same one (a cloze context with
-        one-piece candidates: one copy, every candidate read from it). Copies are packed into
-        batches by row, all copies of a row in one batch, rows sorted by length so batches pad
-        little. Returns per row (logprobs, mu, sigma, {})."""
-        entries_row = np.repeat(np.arange(len(rows)), [len(p) for p in positions])
-        entries_pos = np.concatenate([np.asarray(p, dtype=np.int64) for p in positions]) if rows else np.zeros(0, np.int64)
-        unique: dict[bytes, int] = {}
-        copy_row, copy_pos, entry_copy = [], [], np.empty(len(entries_row), dtype=np.int64)
-        for e, (r, p) in enumerate(zip(entries_row.tolist(), entries_pos.tolist())):
-            m = rows[r].copy()
-            m[p] = self.mask_id
-            key = m.tobytes()
-            if key not in unique:
-                unique[key] = len(copy_row)
-                copy_row.append(r)
-                copy_pos.append(p)
-            entry_copy[e] = unique[key]
-        copy_row_a, copy_pos_a = np.asarray(copy_row, dtype=np.int64), np.asarray(copy_pos, dtype=np.int64)
-        # pack rows (with their copies) into batches of <= batch_size copies, longest rows first
-        by_row = {}
-        for c, r in enumerate(copy_row):
-            by_row.setdefault(r, []).append(c)
-        order = sorted(by_row, key=lambda r: -len(rows[r]))
-        batches, cur, n = [], [], 0
-        for r in order:
-            k = len(by_row[r])
-            if cur and n + k > batch_size:
-                batches.append(cur)
-                cur, n = [], 0
-            cur += by_row[r]
-            n += k
-        if cur:
-            batches.append(cur)
-        C = len(copy_row)
-        target_of_entry = np.array([rows[r][p] for r, p in zip(entries_row, entries_pos)], dtype=np.int64)
-        lp = np.zeros(len(entries_row))
-        mu = np.zeros(len(entries_row)) if moments else None
-        sd = np.zeros(len(entries_row)) if moments else None
-        # entries grouped by copy, to read every entry of a batch's copies at once
-        entry_order = np.argsort(entry_copy, kind="stable")
-        copy_start = np.searchsorted(entry_copy[entry_order], np.arange(C + 1))
-        bar = _bar(progress, len(batches), "PLL batches")
-        for batch in batches:
-            cb = np.asarray(batch, dtype=np.int64)
-            ids, att = self.pad([rows[r] for r in copy_row_a[cb]])
-            rr = torch.arange(len(cb), device=ids.device)
-            cols = torch.from_numpy(copy_pos_a[cb]).to(ids.device)
-            ids[rr, cols] = self.mask_id
-            logp = torch.log_softmax(_mlm_logits_at(self.model, ids, att, rr, cols), dim=-1)  # [R, V]
-            self.handle.stats["mlm_forward_rows"] += len(cb)
-            ents = np.concatenate([entry_order[copy_start[c]: copy_start[c + 1]] for c in cb])
-            local = np.repeat(np.arange(len(cb)), copy_start[cb + 1] - copy_start[cb])
-            li = torch.from_numpy(local).to(logp.device)
-            lp[ents] = logp[li, torch.from_numpy(target_of_entry[ents]).to(logp.device)].double().cpu().numpy()
-            if moments:
-                m, s = _moments(logp)
-                mu[ents], sd[ents] = m[local], s[local]
-            _tick(bar)
-        _close(bar)
-        return _split_per_row(lp, mu, sd, [len(p) for p in positions])
+        return self.inputs.pad(rows)
 
     def _causal_scores(self, rows, batch_size, moments, progress):
         """log p(row[t] | row[<t]) for t >= 1 of each row."""
         def run(idx):
             ids, att = self.pad([rows[i] for i in idx])
-            logits = self.model(input_ids=ids, attention_mask=att, return_dict=True).logits[:, :-1].float()
+            logits = self.runner.run(ids, att, head=True).output.logits[:, :-1].float()
             return self._gather(torch.log_softmax(logits, -1), ids[:, 1:], [len(rows[i]) - 1 for i in idx], moments)
         return self._batched(rows, batch_size, run, progress, "causal LM")
 
@@ -528,7 +369,7 @@ class LMScorer:
         (0 for the last); both directions kept."""
         def run(idx):
             ids, att = self.pad([rows[i] for i in idx])
-            out = self.model(input_ids=ids, attention_mask=att, return_logits=True)
+            out = self.runner.run(ids, att, head=True, return_logits=True).output
             lens = [len(rows[i]) for i in idx]
             fwd = self._gather(torch.log_softmax(out.forward_logits[:, :-1].float(), -1), ids[:, 1:],
                                [n - 1 for n in lens], moments)
@@ -551,7 +392,7 @@ class LMScorer:
         discriminator logit z = "replaced"); moments of the two-way distribution when asked."""
         def run(idx):
             ids, att = self.pad([rows[i] for i in idx])
-            z = self.model(input_ids=ids, attention_mask=att, return_dict=True).logits.float()  # [B, T]
+            z = self.runner.run(ids, att, head=True).output.logits.float()  # [B, T]
             lp_orig = torch.nn.functional.logsigmoid(-z).double().cpu().numpy()
             lp_repl = torch.nn.functional.logsigmoid(z).double().cpu().numpy()
             res = []
@@ -574,8 +415,8 @@ class LMScorer:
             src, src_att = self.pad([src_rows[i] for i in idx])
             tgt, _ = self.pad([tgt_rows[i] for i in idx])
             dec, dec_att = self.pad([np.concatenate([[start], tgt_rows[i][:-1]]).astype(np.int64) for i in idx])
-            logits = self.model(input_ids=src, attention_mask=src_att, decoder_input_ids=dec,
-                                decoder_attention_mask=dec_att, return_dict=True).logits.float()
+            logits = self.runner.run(src, src_att, decoder_input_ids=dec, decoder_attention_mask=dec_att,
+                                     head=True).output.logits.float()
             full = self._gather(torch.log_softmax(logits, -1), tgt, [len(tgt_rows[i]) for i in idx], moments)
             return [(lp[f], None if m is None else m[f], None if s is None else s[f], {})
                     for (lp, m, s, _), f in zip(full, (slice(first_scored[i], None) for i in idx))]
@@ -612,8 +453,8 @@ class LMScorer:
 
 def mlm_head(model) -> Callable | None:
     """`head(model, h) -> logits` of a masked LM that can be applied to hidden states alone (the MLM
-    transform + decoder), or None when the class is not known (`_MLM_HEADS`)."""
-    return _MLM_HEADS.get(type(model).__name__)
+    transform + decoder), or None when the class is not known (`MLM_HEADS`)."""
+    return MLM_HEADS.get(type(model).__name__)
 
 
 def final_norm(model):
@@ -675,11 +516,12 @@ def layer_head(model, kind: str) -> Callable[[torch.Tensor, bool], torch.Tensor]
 # ---------------------------------------------------------------------- finding the head
 
 
-def _where(handle: ModelHandle) -> str:
+def handle_location(handle: ModelHandle) -> str:
+    """Where a handle's model comes from, for messages: its folder, or "in-memory model"."""
     return str(handle.path) if handle.path is not None else "in-memory model"
 
 
-def _find_head(handle: ModelHandle):
+def find_lm_head(handle: ModelHandle):
     """(kind, model with the LM head) for a handle; CheckpointError naming the folder if none."""
     model, config = handle.model, handle.config
     model_type = getattr(config, "model_type", "")
@@ -696,7 +538,7 @@ def _find_head(handle: ModelHandle):
         archs = getattr(config, "architectures", None) or ["an unnamed architecture"]
         what = f"the checkpoint was saved as {', '.join(archs)}, without LM head weights"
     raise CheckpointError(
-        f"{_where(handle)}: no trained LM head to score with: {what} (a bare model body, as sentence-embedding "
+        f"{handle_location(handle)}: no trained LM head to score with: {what} (a bare model body, as sentence-embedding "
         f"models such as sentence-transformers/all-MiniLM-L6-v2 ship); LM scores need a checkpoint saved with its "
         f"masked-LM, causal-LM or seq2seq head")
 
@@ -712,7 +554,7 @@ def _elmo_lm(handle: ModelHandle):
     if handle.path is None:
         raise CheckpointError("in-memory ELMo model has no LM softmax: wrap an ElmoForBiLM in the handle")
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             lm, info = ElmoForBiLM.from_pretrained(handle.path, local_files_only=True, output_loading_info=True)
     except Exception as e:
         raise CheckpointError(f"{handle.path}: cannot load ELMo's biLM ({type(e).__name__}: {e})") from e
@@ -732,11 +574,11 @@ def _electra_generator(handle: ModelHandle):
 
     folder = handle.path / GENERATOR_DIR if handle.path is not None else None
     if folder is None or not (folder / "config.json").is_file():
-        raise CheckpointError(f"{_where(handle)}: ELECTRA discriminator without its generator (no {GENERATOR_DIR}/ "
+        raise CheckpointError(f"{handle_location(handle)}: ELECTRA discriminator without its generator (no {GENERATOR_DIR}/ "
                               f"folder beside it): the discriminator has no LM head; ELECTRA is scored through "
                               f"its generator")
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             gen, info = AutoModelForMaskedLM.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
                                                              output_loading_info=True)
     except Exception as e:
@@ -759,10 +601,10 @@ def _electra_discriminator(handle: ModelHandle):
     if isinstance(handle.model, ElectraForPreTraining):
         return handle.model
     if handle.path is None:
-        raise CheckpointError(f"{_where(handle)}: {type(handle.model).__name__} has no discriminator head "
+        raise CheckpointError(f"{handle_location(handle)}: {type(handle.model).__name__} has no discriminator head "
                               f"(wrap an ElectraForPreTraining in the handle)")
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             disc, info = ElectraForPreTraining.from_pretrained(handle.path, local_files_only=True,
                                                                output_loading_info=True)
     except Exception as e:
@@ -775,25 +617,83 @@ def _electra_discriminator(handle: ModelHandle):
     return disc.to(handle.device).eval()
 
 
-def _sentinels(tokenizer) -> tuple[int, int] | None:
-    vocab = tokenizer.get_vocab()
-    for a, b in (("<extra_id_0>", "<extra_id_1>"), ("<sentinel_0>", "<sentinel_1>")):
-        if a in vocab and b in vocab:
-            return vocab[a], vocab[b]
-    return None
-
-
 # ---------------------------------------------------------------------- small helpers
 
 
-def _mlm_logits_at(model, ids, att, rows, cols) -> torch.Tensor:
+def _masked_scores(scorer: "LMScorer", rows, positions, batch_size, moments, progress):
+    """For each row and each position p in positions[row]: log p(rows[row][p]) with p masked.
+
+    A masked copy is made once even when several rows give the same one (a cloze context with
+    one-piece candidates: one copy, every candidate read from it). Copies are packed into
+    batches by row, all copies of a row in one batch, rows sorted by length so batches pad
+    little. Returns per row (logprobs, mu, sigma, {})."""
+    entries_row = np.repeat(np.arange(len(rows)), [len(p) for p in positions])
+    entries_pos = np.concatenate([np.asarray(p, dtype=np.int64) for p in positions]) if rows else np.zeros(0, np.int64)
+    unique: dict[bytes, int] = {}
+    copy_row, copy_pos, entry_copy = [], [], np.empty(len(entries_row), dtype=np.int64)
+    for e, (r, p) in enumerate(zip(entries_row.tolist(), entries_pos.tolist())):
+        m = rows[r].copy()
+        m[p] = scorer.mask_id
+        key = m.tobytes()
+        if key not in unique:
+            unique[key] = len(copy_row)
+            copy_row.append(r)
+            copy_pos.append(p)
+        entry_copy[e] = unique[key]
+    copy_row_a, copy_pos_a = np.asarray(copy_row, dtype=np.int64), np.asarray(copy_pos, dtype=np.int64)
+    # pack rows (with their copies) into batches of <= batch_size copies, longest rows first
+    by_row = {}
+    for c, r in enumerate(copy_row):
+        by_row.setdefault(r, []).append(c)
+    order = sorted(by_row, key=lambda r: -len(rows[r]))
+    batches, cur, n = [], [], 0
+    for r in order:
+        k = len(by_row[r])
+        if cur and n + k > batch_size:
+            batches.append(cur)
+            cur, n = [], 0
+        cur += by_row[r]
+        n += k
+    if cur:
+        batches.append(cur)
+    C = len(copy_row)
+    target_of_entry = np.array([rows[r][p] for r, p in zip(entries_row, entries_pos)], dtype=np.int64)
+    lp = np.zeros(len(entries_row))
+    mu = np.zeros(len(entries_row)) if moments else None
+    sd = np.zeros(len(entries_row)) if moments else None
+    # entries grouped by copy, to read every entry of a batch's copies at once
+    entry_order = np.argsort(entry_copy, kind="stable")
+    copy_start = np.searchsorted(entry_copy[entry_order], np.arange(C + 1))
+    bar = _bar(progress, len(batches), "PLL batches")
+    for batch in batches:
+        cb = np.asarray(batch, dtype=np.int64)
+        ids, att = scorer.pad([rows[r] for r in copy_row_a[cb]])
+        rr = torch.arange(len(cb), device=ids.device)
+        cols = torch.from_numpy(copy_pos_a[cb]).to(ids.device)
+        ids[rr, cols] = scorer.mask_id
+        logp = torch.log_softmax(_mlm_logits_at(scorer.runner, ids, att, rr, cols), dim=-1)  # [R, V]
+        scorer.handle.stats["mlm_forward_rows"] += len(cb)
+        ents = np.concatenate([entry_order[copy_start[c]: copy_start[c + 1]] for c in cb])
+        local = np.repeat(np.arange(len(cb)), copy_start[cb + 1] - copy_start[cb])
+        li = torch.from_numpy(local).to(logp.device)
+        lp[ents] = logp[li, torch.from_numpy(target_of_entry[ents]).to(logp.device)].double().cpu().numpy()
+        if moments:
+            m, s = _moments(logp)
+            mu[ents], sd[ents] = m[local], s[local]
+        _tick(bar)
+    _close(bar)
+    return _split_per_row(lp, mu, sd, [len(p) for p in positions])
+
+
+def _mlm_logits_at(runner: ModelRunner, ids, att, rows, cols) -> torch.Tensor:
     """Logits [R, V] of a masked LM at (rows[r], cols[r]): the head on those positions only when
-    the class is known (`_MLM_HEADS`), else the full logits read there."""
+    the class is known (`MLM_HEADS`), else the full logits read there."""
     with torch.inference_mode():
+        model = runner.model
         head = mlm_head(model)
         if head is None:
-            return model(input_ids=ids, attention_mask=att, return_dict=True).logits[rows, cols].float()
-        hidden = model.base_model(input_ids=ids, attention_mask=att, return_dict=True).last_hidden_state
+            return runner.run(ids, att, head=True).output.logits[rows, cols].float()
+        hidden = runner.run(ids, att).output.last_hidden_state
         return head(model, hidden[rows, cols]).float()
 
 
@@ -813,26 +713,12 @@ def _split_per_row(lp, mu, sd, counts):
     return out
 
 
-def _pad(rows: list[np.ndarray], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    T = max(1, max(len(r) for r in rows))
-    ids = np.full((len(rows), T), pad_id, dtype=np.int64)
-    att = np.zeros((len(rows), T), dtype=np.int64)
-    for b, r in enumerate(rows):
-        ids[b, : len(r)] = r
-        att[b, : len(r)] = 1
-    return torch.from_numpy(ids).to(device), torch.from_numpy(att).to(device)
-
-
-def _start(text: str, n: int = 40) -> str:
-    return repr(text if len(text) <= n else text[:n] + "...")
-
-
 def _bar(on: bool, total: int, desc: str):
     if not on:
         return None
-    from tqdm.auto import tqdm
+    from workbench.progress import progress
 
-    return tqdm(total=total, desc=desc, unit="it")
+    return progress(total=total, desc=desc, unit="it")
 
 
 def _tick(bar, n: int = 1) -> None:

@@ -44,6 +44,16 @@ def candidate_scores(scorer: LMScorer, contexts: Sequence[str], candidates: Sequ
     return run[scorer.kind](scorer, ctx, cands, K, batch_size)
 
 
+def _layers(scorer: LMScorer, ids: torch.Tensor, att: torch.Tensor, head: bool = False,
+            **kwargs) -> tuple[torch.Tensor, ...]:
+    """The L+1 layer states the lens reads (`ActivationCache.layers`: embedding output, each block,
+    the last one after the final norm) of the scorer's last stack, through its `ModelRunner`: the
+    bodies (`head=False`, masked and causal LMs) or the whole model (seq2seq, ELMo's biLM)."""
+    stack = scorer.runner.stacks[-1].name
+    run = scorer.runner.run(ids, att, names=scorer.runner.layer_names(stack), head=head, **kwargs)
+    return run.cache.layers(stack)
+
+
 def _lens_mlm(scorer, ctx, cands, K, batch_size):
     model = scorer.model
     head = layer_head(model, "mlm")
@@ -75,8 +85,7 @@ def _lens_mlm(scorer, ctx, cands, K, batch_size):
         if not len(sel):
             continue
         ids, att = scorer.pad(row_ids[r0: r0 + batch_size])
-        hs = model.base_model(input_ids=ids, attention_mask=att, output_hidden_states=True,
-                              return_dict=True).hidden_states
+        hs = _layers(scorer, ids, att)
         r = torch.as_tensor(sel[:, 0] - r0, device=ids.device)
         p = torch.as_tensor(sel[:, 1], device=ids.device)
         t = torch.as_tensor(sel[:, 2], device=ids.device)
@@ -94,8 +103,7 @@ def _lens_causal(scorer, ctx, cands, K, batch_size):
     out = np.zeros((L + 1, len(flat)))
     for b0 in range(0, len(flat), batch_size):
         ids, att = scorer.pad(flat[b0: b0 + batch_size])
-        hs = model.base_model(input_ids=ids, attention_mask=att, output_hidden_states=True,
-                              return_dict=True).hidden_states
+        hs = _layers(scorer, ids, att)
         tgt = ids[:, 1:, None]
         keep = att[:, 1:].float()
         for layer, h in enumerate(hs):
@@ -117,8 +125,7 @@ def _lens_seq2seq(scorer, ctx, cands, K, batch_size):
         s_ids, s_att = scorer.pad(src[sl])
         t_ids, t_att = scorer.pad(tgt[sl])
         d_ids, d_att = scorer.pad([np.concatenate([[start], t[:-1]]).astype(np.int64) for t in tgt[sl]])
-        hs = model(input_ids=s_ids, attention_mask=s_att, decoder_input_ids=d_ids, decoder_attention_mask=d_att,
-                   output_hidden_states=True, return_dict=True).decoder_hidden_states
+        hs = _layers(scorer, s_ids, s_att, head=True, decoder_input_ids=d_ids, decoder_attention_mask=d_att)
         L = len(hs) - 1
         if out is None:
             out = np.zeros((L + 1, len(tgt)))
@@ -140,7 +147,7 @@ def _lens_bilm(scorer, ctx, cands, K, batch_size):
     out = np.zeros((L + 1, len(rows)))
     for b0 in range(0, len(rows), batch_size):
         ids, att = scorer.pad(rows[b0: b0 + batch_size])
-        hs = model(input_ids=ids, attention_mask=att, output_hidden_states=True).hidden_states
+        hs = _layers(scorer, ids, att, head=True)
         keep = att[:, 1:].float()
         for layer, h in enumerate(hs):
             lg = head(h, layer == L).float()  # [B, T, 2, V]
@@ -175,24 +182,21 @@ def blank_topk(scorer: LMScorer, context: str, k: int = 5) -> pd.DataFrame:
     if kind == "mlm":
         ids[p] = scorer.mask_id
         t_ids, att = scorer.pad([ids])
-        hs = model.base_model(input_ids=t_ids, attention_mask=att, output_hidden_states=True,
-                              return_dict=True).hidden_states
+        hs = _layers(scorer, t_ids, att)
         read_at, reads = p, "the masked-LM distribution at the mask"
     elif kind == "causal":
         enc = tok(left.rstrip(), return_special_tokens_mask=True)
         row = scorer.causal_row(np.asarray(enc["input_ids"], dtype=np.int64),
                                 np.asarray(enc["special_tokens_mask"], dtype=bool), "the words before the blank")
         t_ids, att = scorer.pad([row])
-        hs = model.base_model(input_ids=t_ids, attention_mask=att, output_hidden_states=True,
-                              return_dict=True).hidden_states
+        hs = _layers(scorer, t_ids, att)
         read_at, reads = -1, "the next token after the words before the blank"
     elif kind == "seq2seq":
         src, tgt, first, _, method = scorer.seq2seq_candidate_rows([(0, left, PLACEHOLDER, right)])
         at = first[0] if method == "seq2seq-sentinel" else int(scorer.encode_filled(0, left, PLACEHOLDER, right)[2][0])
         dec = np.concatenate([[scorer.decoder_start_id], tgt[0][:at]]).astype(np.int64)
         s_ids, s_att = scorer.pad(src)
-        hs = model(input_ids=s_ids, attention_mask=s_att, decoder_input_ids=scorer.pad([dec])[0],
-                   output_hidden_states=True, return_dict=True).decoder_hidden_states
+        hs = _layers(scorer, s_ids, s_att, head=True, decoder_input_ids=scorer.pad([dec])[0])
         read_at = -1
         reads = ("the decoder's first piece after the sentinel" if method == "seq2seq-sentinel"
                  else "the decoder's token at the mask, the sentence before it given")
@@ -200,7 +204,7 @@ def blank_topk(scorer: LMScorer, context: str, k: int = 5) -> pd.DataFrame:
         if p == 0 or p == len(ids) - 1:
             raise ConfigError("ELMo's blank needs a token on each side (<S> and </S> count)")
         t_ids, att = scorer.pad([ids])
-        hs = model(input_ids=t_ids, attention_mask=att, output_hidden_states=True).hidden_states
+        hs = _layers(scorer, t_ids, att, head=True)
         logp = []
         for i, h in enumerate(hs):
             lg = head(h[0], i == len(hs) - 1).float()  # [T, 2, V]

@@ -269,9 +269,9 @@ def evaluating(model: torch.nn.Module):
 def write_model_folder(folder: Path, model, tokenizer, manifest: dict) -> None:
     """A plain `save_pretrained` folder with the tokenizer and `manifest.json` into `folder` (a
     temporary folder of `workbench.io.atomic_dir`: the caller makes the write atomic)."""
-    from workbench.models import _quiet_transformers
+    from workbench.hf_quiet import quiet_transformers
 
-    with _quiet_transformers():
+    with quiet_transformers():
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     atomic_write_json(Path(folder) / "manifest.json", manifest)

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from workbench.checkpoints import weights_hash
 from workbench.errors import CheckpointError, DataRootError
-from workbench.io import sha256_file, sha256_files
+from workbench.identity import checkpoint_hash, file_sha256
+from workbench.io import sha256_files
 from workbench.paths import REPO_ROOT, data_root
 
 # Distribution names (as pip knows them) whose versions can change a number in a results table.
@@ -88,18 +88,6 @@ def git_state(repo: str | Path = REPO_ROOT) -> dict[str, Any] | None:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
-# (resolved path, size, mtime_ns) -> sha256, so a data file read by many runs of one process is hashed once.
-_HASH_CACHE: dict[tuple[str, int, int], str] = {}
-
-
-def _cached_sha256(path: Path) -> str:
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _HASH_CACHE:
-        _HASH_CACHE[key] = sha256_file(path)
-    return _HASH_CACHE[key]
-
-
 def data_file_record(path: str | Path) -> dict[str, Any]:
     """`{"path", "data_relpath", "bytes", "sha256"}` of one input file.
 
@@ -114,7 +102,7 @@ def data_file_record(path: str | Path) -> dict[str, Any]:
         rel = str(p.relative_to(data_root(required=False)))
     except ValueError:
         pass
-    return {"path": str(p), "data_relpath": rel, "bytes": p.stat().st_size, "sha256": _cached_sha256(p)}
+    return {"path": str(p), "data_relpath": rel, "bytes": p.stat().st_size, "sha256": file_sha256(p)}
 
 
 def source_fingerprint(packages: Iterable[str] = ("workbench", "probes")) -> str:
@@ -125,19 +113,6 @@ def source_fingerprint(packages: Iterable[str] = ("workbench", "probes")) -> str
     """
     files = sorted(f for pkg in packages for f in (REPO_ROOT / pkg).rglob("*.py") if "__pycache__" not in f.parts)
     return sha256_files(files, root=REPO_ROOT)
-
-
-def checkpoint_hash(path: str | Path) -> str:
-    """sha256 over a checkpoint's weights: a folder through `workbench.checkpoints.weights_hash`
-    (the same hash as `ModelHandle.checkpoint_hash`; which files count is documented there); a
-    single weights file hashes its bytes.
-    """
-    p = Path(path).expanduser().resolve()
-    if p.is_file():
-        return _cached_sha256(p)
-    if not p.is_dir():
-        raise CheckpointError(f"checkpoint {p} does not exist")
-    return weights_hash(p)
 
 
 def checkpoint_record(ckpt: Any) -> dict[str, Any]:

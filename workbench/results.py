@@ -55,6 +55,7 @@ from workbench.errors import ConfigError, WorkbenchError
 from workbench.io import atomic_dir, atomic_path, atomic_write_json
 from workbench.manifest import build_manifest, utc_now_iso
 from workbench.paths import runs_root
+from workbench.rowschema import check_extra, schemas
 
 RESULT_COLUMNS = [
     "run_id", "model", "family", "seed", "step", "probe", "task", "split", "stack", "layer",
@@ -200,7 +201,8 @@ def validate_rows(rows: pd.DataFrame | Iterable[Mapping[str, Any]], run_id: str 
     for c in RESULT_COLUMNS:
         values = cols.get(c, [None] * n_rows)
         if c == "extra":
-            out[c] = pd.Series([_encode_extra(v, i) for i, v in enumerate(values)], dtype=DTYPES[c])
+            parsed: list[Any] = []  # each row's extra as an object, for the producer's schema check
+            out[c] = pd.Series([_encode_extra(v, i, parsed) for i, v in enumerate(values)], dtype=DTYPES[c])
         elif c in STRING_COLUMNS:
             for i, v in enumerate(values):
                 if _is_missing(v):
@@ -240,6 +242,7 @@ def validate_rows(rows: pd.DataFrame | Iterable[Mapping[str, Any]], run_id: str 
                     floats.append(float(v))
             out[c] = pd.Series(floats, dtype=DTYPES[c])
 
+    _check_declared_extras(cols.get("probe", []), parsed)
     df = pd.DataFrame(out, columns=RESULT_COLUMNS)
     if run_id is not None:
         given = df["run_id"].dropna()
@@ -252,17 +255,32 @@ def validate_rows(rows: pd.DataFrame | Iterable[Mapping[str, Any]], run_id: str 
     return df
 
 
-def _encode_extra(v: Any, i: int) -> str | None:
+def _check_declared_extras(probes: list, extras: list) -> None:
+    """Each row's `extra` against its producer's declared schema (`workbench.rowschema`): an
+    undeclared key or a wrong type is an error now, naming the producer, the row and the key."""
+    for i, (probe, extra) in enumerate(zip(probes, extras)):
+        if not isinstance(probe, str) or not schemas(probe):
+            continue
+        problem = check_extra(probe, extra if isinstance(extra, Mapping) else {})
+        if problem is not None:
+            raise ResultsError(f"row {i} of producer {probe!r}: extra does not fit its declared schema: {problem} "
+                               f"(declare new keys in {probe!r}'s RowSchema, workbench.rowschema)")
+
+
+def _encode_extra(v: Any, i: int, parsed: list[Any]) -> str | None:
+    """The JSON text of a row's extra; appends the object it holds to `parsed`."""
     if _is_missing(v):
+        parsed.append(None)
         return None
     if isinstance(v, str):
         try:
-            json.loads(v)
+            parsed.append(json.loads(v))
         except json.JSONDecodeError as e:
             msg = f"column 'extra', row {i}: a string must be JSON ({e}); pass a dict instead"
             raise ResultsError(msg) from None
         return v
     if isinstance(v, (Mapping, list, tuple)):
+        parsed.append(v)
         return to_json(v, f"column 'extra', row {i}")
     raise ResultsError(f"column 'extra', row {i}: expected a dict or a JSON string, got {type(v).__name__} {v!r}")
 
@@ -634,18 +652,7 @@ class ResultsStore:
             config, seeds=seeds, data_files=list(data_files), checkpoints=list(checkpoints), started=started
         )
         provenance["created"] = provenance.pop("started")  # one name for a run's start time
-        for _ in range(100):
-            run_id = new_run_id()
-            lock_path = self.writers_dir / f"{run_id}.lock"
-            if (self.results_dir / run_id).exists():
-                continue
-            try:
-                fd = os.open(lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                continue
-            break
-        else:  # pragma: no cover - 100 collisions of 32 random bits within a microsecond
-            raise ResultsError(f"could not allocate a unique run id under {self.results_dir}")
+        run_id, fd, lock_path = _claim_run_id(self.results_dir, self.writers_dir)
         fcntl.flock(fd, fcntl.LOCK_EX)
         # Written after the flock: gc treats an unlocked, empty lock file younger than a minute as
         # a writer that has not locked yet.
@@ -673,7 +680,7 @@ class ResultsStore:
                 r[c] = _split_list(r[c])
             r["path"] = str(self.root / r["path"])
         if include_running:
-            rows += self._running()
+            rows += _running_writers(self.writers_dir)
         for key, want in filters.items():
             col = _CATALOG_ALIASES.get(key, key)
             if col not in CATALOG_COLUMNS:
@@ -694,22 +701,6 @@ class ResultsStore:
             else:
                 df[c] = df[c].astype(pd.StringDtype())
         return df
-
-    def _running(self) -> list[dict[str, Any]]:
-        out = []
-        for lock in sorted(self.writers_dir.glob("*.lock")):
-            if not _lock_is_held(lock):
-                continue
-            try:
-                info = json.loads(lock.read_text() or "{}")
-            except (FileNotFoundError, json.JSONDecodeError):
-                continue
-            if not info:
-                continue
-            out.append({"run_id": info["run_id"], "kind": info.get("kind"), "name": info.get("name"),
-                        "status": "running", "created": info.get("created"), "finished": None, "n_rows": None,
-                        **{c: [] for c in _LIST_COLUMNS}, "path": None})  # fmt: skip
-        return out
 
     def read(self, run_id: str) -> pd.DataFrame:
         """One run's rows, with exactly RESULT_COLUMNS and DTYPES."""
@@ -745,28 +736,11 @@ class ResultsStore:
                            and v is not None
                            and not (isinstance(v, (list, tuple, set, frozenset)) and None in v)}  # fmt: skip
         run_ids = self.runs(**catalog_filters)["run_id"].tolist()
-        # Each file is read with its strings as dictionaries and filtered by a boolean mask before
-        # anything else is materialised: the cheapest path measured on a loaded 2-core machine, well
-        # ahead of a pyarrow dataset scan and of read_table(filters=) or Table.filter(expression),
-        # which start an Acero plan per file (benchmarks/bench_app_queries.py).
-        def read(rid: str) -> pa.Table | None:
-            path = self.results_dir / rid / ROWS_NAME
-            try:
-                table = pq.ParquetFile(path, read_dictionary=_DICTIONARY_COLUMNS).read(use_threads=False)
-            except FileNotFoundError:  # deleted since the catalog was read
-                return None
-            except (OSError, pa.ArrowException, KeyError, ValueError) as e:
-                raise ResultsError(f"{path}: cannot read the run's rows ({type(e).__name__}: {e})") from None
-            if filters:
-                table = table.filter(_filter_mask(table, filters))
-            try:
-                return table.cast(ARROW_SCHEMA) if table.num_rows else None
-            except (pa.ArrowException, ValueError) as e:
-                raise ResultsError(f"{path}: rows do not fit the results schema ({e})") from None
-
-        # pyarrow releases the GIL while decoding, so a few threads read files side by side.
+        # Each run's rows are filtered as they are read (`_read_run_rows` says why that way); pyarrow
+        # releases the GIL while decoding, so a few threads read files side by side.
         with ThreadPoolExecutor(max_workers=min(4, (os.cpu_count() or 1) + 1)) as pool:
-            tables = [t for t in pool.map(read, run_ids) if t is not None]
+            tables = [t for t in pool.map(lambda rid: _read_run_rows(self.results_dir / rid / ROWS_NAME, filters),
+                                          run_ids) if t is not None]
         if not tables:
             return empty_rows()
         return coerce_rows(pa.concat_tables(tables))
@@ -796,44 +770,117 @@ class ResultsStore:
         younger than `min_age_s` (a writer between creating and locking its file). Saved units of
         interrupted runs (`FinishedUnits`) untouched for `partials_max_age_days` are removed.
         """
-        removed: list[Path] = []
-        partials = self.root / "partials"
-        if partials.is_dir():
-            cutoff = time.time() - partials_max_age_days * 86400
-            for folder in partials.iterdir():
-                newest = max((f.stat().st_mtime for f in folder.iterdir()), default=folder.stat().st_mtime)
-                if newest < cutoff:
-                    shutil.rmtree(folder, ignore_errors=True)
-                    removed.append(folder)
-        live: set[str] = set()
-        for lock in self.writers_dir.glob("*.lock"):
-            run_id = lock.name[: -len(".lock")]
-            if _lock_is_held(lock):
-                live.add(run_id)
-                continue
-            try:
-                st = lock.stat()
-            except FileNotFoundError:
-                continue
-            if st.st_size == 0 and time.time() - st.st_mtime < min_age_s:
-                live.add(run_id)
-                continue
+        return _collect_garbage(self, min_age_s, partials_max_age_days)
+
+
+# --------------------------------------------------------------------------- store internals
+# Parts of ResultsStore that need only a folder or a path, not the catalog: kept out of the class
+# so it reads as the store's API (write, read, query, housekeeping) with the mechanics below.
+
+def _claim_run_id(results_dir: Path, writers_dir: Path) -> tuple[str, int, Path]:
+    """A fresh run id with its lock file created exclusively -> (run_id, open fd, lock path).
+
+    O_EXCL on the lock file is what makes the id ours among concurrent writers (a published
+    folder of that id is skipped too); the caller flocks the fd before writing into it."""
+    for _ in range(100):
+        run_id = new_run_id()
+        lock_path = writers_dir / f"{run_id}.lock"
+        if (results_dir / run_id).exists():
+            continue
+        try:
+            fd = os.open(lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            continue
+        break
+    else:  # pragma: no cover - 100 collisions of 32 random bits within a microsecond
+        raise ResultsError(f"could not allocate a unique run id under {results_dir}")
+    return run_id, fd, lock_path
+
+
+def _running_writers(writers_dir: Path) -> list[dict[str, Any]]:
+    """Catalog-shaped rows (status "running") of the open writers: lock files whose flock is held
+    (a dead writer's is not, so it never shows as running)."""
+    out = []
+    for lock in sorted(writers_dir.glob("*.lock")):
+        if not _lock_is_held(lock):
+            continue
+        try:
+            info = json.loads(lock.read_text() or "{}")
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        if not info:
+            continue
+        out.append({"run_id": info["run_id"], "kind": info.get("kind"), "name": info.get("name"),
+                    "status": "running", "created": info.get("created"), "finished": None, "n_rows": None,
+                    **{c: [] for c in _LIST_COLUMNS}, "path": None})  # fmt: skip
+    return out
+
+
+def _read_run_rows(path: Path, filters: Mapping[str, Any]) -> pa.Table | None:
+    """One run's rows (`path`: its rows.parquet) matching `filters`, in ARROW_SCHEMA; None when
+    none match or the run was deleted since the catalog was read.
+
+    Each file is read with its strings as dictionaries and filtered by a boolean mask before
+    anything else is materialised: the cheapest path measured on a loaded 2-core machine, well
+    ahead of a pyarrow dataset scan and of read_table(filters=) or Table.filter(expression),
+    which start an Acero plan per file (benchmarks/bench_app_queries.py).
+    """
+    try:
+        table = pq.ParquetFile(path, read_dictionary=_DICTIONARY_COLUMNS).read(use_threads=False)
+    except FileNotFoundError:  # deleted since the catalog was read
+        return None
+    except (OSError, pa.ArrowException, KeyError, ValueError) as e:
+        raise ResultsError(f"{path}: cannot read the run's rows ({type(e).__name__}: {e})") from None
+    if filters:
+        table = table.filter(_filter_mask(table, filters))
+    try:
+        return table.cast(ARROW_SCHEMA) if table.num_rows else None
+    except (pa.ArrowException, ValueError) as e:
+        raise ResultsError(f"{path}: rows do not fit the results schema ({e})") from None
+
+
+def _collect_garbage(store: ResultsStore, min_age_s: float, partials_max_age_days: float) -> list[Path]:
+    """`ResultsStore.gc` (see there for the rules): stale partials, unlocked lock files, and hidden
+    folders in results/ whose writer is gone. Outside the class because it is maintenance of the
+    folders only: it never reads or writes the catalog."""
+    removed: list[Path] = []
+    partials = store.root / "partials"
+    if partials.is_dir():
+        cutoff = time.time() - partials_max_age_days * 86400
+        for folder in partials.iterdir():
+            newest = max((f.stat().st_mtime for f in folder.iterdir()), default=folder.stat().st_mtime)
+            if newest < cutoff:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+    live: set[str] = set()
+    for lock in store.writers_dir.glob("*.lock"):
+        run_id = lock.name[: -len(".lock")]
+        if _lock_is_held(lock):
+            live.add(run_id)
+            continue
+        try:
+            st = lock.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_size == 0 and time.time() - st.st_mtime < min_age_s:
+            live.add(run_id)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+            removed.append(lock)
+    for entry in os.scandir(store.results_dir):
+        if not entry.name.startswith(".") or entry.name == store.writers_dir.name:
+            continue
+        if any(entry.name.startswith(f".{rid}.") for rid in live):
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
             with contextlib.suppress(FileNotFoundError):
-                lock.unlink()
-                removed.append(lock)
-        for entry in os.scandir(self.results_dir):
-            if not entry.name.startswith(".") or entry.name == self.writers_dir.name:
-                continue
-            if any(entry.name.startswith(f".{rid}.") for rid in live):
-                continue
-            path = Path(entry.path)
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-            removed.append(path)
-        return sorted(removed)
+                path.unlink()
+        removed.append(path)
+    return sorted(removed)
 
 
 class FinishedUnits:

@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from workbench.errors import ConfigError, DataFormatError
 from workbench.io import atomic_write_json, sha256_file
+from workbench.progress import progress as progress_bar
 
 SET_FILE = "shadows.json"
 SET_FORMAT = 1
@@ -80,7 +80,7 @@ def pool_documents(sources: list[str], max_documents: int | None, seed: int):
 def write_corpus_split(out_dir: Path, train, heldout, sources: list[str], method: str, seed: int):
     """A corpus folder in `workbench.data.corpus`'s format (train.jsonl, heldout.jsonl, manifest.json)
     from explicit document lists; returns the loaded `CorpusSplit`."""
-    from workbench.data.corpus import MANIFEST_FORMAT, _counts, write_corpus
+    from workbench.data.corpus import MANIFEST_FORMAT, text_counts, write_corpus
     from workbench.data.raw import source_files
     from workbench.paths import data_root
 
@@ -91,7 +91,7 @@ def write_corpus_split(out_dir: Path, train, heldout, sources: list[str], method
         "split_method": method,
         "doc_ids": {"train": [d.doc_id for d in train], "heldout": [d.doc_id for d in heldout]},
         "source_files": {s: {str(p.relative_to(root)): sha256_file(p) for p in source_files(s)} for s in sources},
-        "counts": {"train": _counts(train), "heldout": _counts(heldout)},
+        "counts": {"train": text_counts(train), "heldout": text_counts(heldout)},
     }
     return write_corpus(out_dir, {"train": train, "heldout": heldout}, manifest)
 
@@ -158,7 +158,7 @@ def train_shadow_set(train_config, pool: dict, n_models: int, out_dir: str | Pat
                        if not (pool_dir / "manifest.json").is_file() else _load_corpus(pool_dir))
         shared = train_tokenizer(family, pool_corpus, base.tokenizer.vocab_size, show_progress=False)
     models = []
-    for m in tqdm(range(n_models), desc="shadow models", disable=not progress):
+    for m in progress_bar(range(n_models), desc="shadow models", disable=not progress):
         corpus_dir = out / f"corpus-{m:02d}"
         train = [d for d, k in zip(docs, keep[m]) if k]
         held = [d for d, k in zip(docs, keep[m]) if not k]
@@ -217,7 +217,7 @@ def train_finetune_shadow_set(finetune_config, pool: dict, n_models: int, out_di
         raise ConfigError(f"finetune shadow pool has {len(idx)} examples; need at least 4")
     keep = balanced_keep(len(idx), n_models, seed)
     models = []
-    for m in tqdm(range(n_models), desc="shadow classifiers", disable=not progress):
+    for m in progress_bar(range(n_models), desc="shadow classifiers", disable=not progress):
         ins = [i for i, k in zip(idx, keep[m]) if k]
         outs = [i for i, k in zip(idx, keep[m]) if not k]
         data_m = dataclasses.replace(data, splits={"train": ins + outs, "dev": data.splits["dev"],

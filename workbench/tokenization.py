@@ -284,11 +284,6 @@ def build_tokenizer(
     return wrapped
 
 
-def tokenizer_hash(tokenizer: PreTrainedTokenizerFast) -> str:
-    """sha256 of the serialised backend tokenizer (vocab, merges, normalizer, post-processor)."""
-    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8")).hexdigest()
-
-
 def corpus_sentences(corpus, split: str = "train") -> Iterator[str]:
     """Every non-empty line of every document of `split`: the unit tokenizers are trained on."""
     for doc in corpus.documents(split):

@@ -59,7 +59,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import transformers
-from tqdm.auto import tqdm
 
 from workbench.checkpoints import STEP_PREFIX, list_steps, seed_dir, step_dir
 from workbench.config import TrainConfig, load_config
@@ -68,6 +67,7 @@ from workbench.dropout import use_fast_attention_dropout, use_fast_dropout
 from workbench.errors import CheckpointError, ConfigError, yaml_problem
 from workbench.families import get_family
 from workbench.families.base import FamilySpec
+from workbench.identity import tokenizer_hash
 from workbench.io import atomic_dir, atomic_write_json, atomic_write_text
 from workbench.loop import (
     NO_HOOKS,
@@ -85,7 +85,8 @@ from workbench.loop import (
 from workbench.paths import cache_root, runs_root
 from workbench.precision import PRECISIONS
 from workbench.precision import autocast as precision_autocast
-from workbench.tokenization import reuse_tokenizer, tokenizer_hash, train_tokenizer
+from workbench.progress import is_quiet, progress
+from workbench.tokenization import reuse_tokenizer, train_tokenizer
 
 STATE_DIR = "trainer_state"
 # What the `--family F --preset P` shortcut trains when no config file is given. `small` is the
@@ -198,7 +199,7 @@ def prepare_data(cfg: TrainConfig, family: FamilySpec, d: Dist | None = None) ->
     from workbench.data.corpus import CorpusSplit, build_corpus
 
     d = d or Dist()
-    show = cfg.progress and d.main
+    show = cfg.progress and d.main and not is_quiet()  # also the tokenizers library's own (Rust) bar
 
     def build():
         out = corpus_dir_for(cfg)
@@ -657,6 +658,74 @@ def pretraining_loss(out, batch) -> dict[str, torch.Tensor]:
     return {"loss": out.loss, **out.loss_terms}
 
 
+def _build_trainable(cfg: TrainConfig, family: FamilySpec, tok, seed: int, device: torch.device, hooks: TrainingHooks):
+    """(model, optimizer, scheduler) of one seed, in this order: deterministic mode, the seeded
+    model, the hooks' initial weights and trainable filter, then the optimizer over what trains."""
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+        # Deterministic mode also fills every new tensor with NaN (so a read of uninitialised memory
+        # is reproducible): a fill kernel per allocation, ~2,100 per step of BERT base on a GPU
+        # (benchmarks/bench_gpu.py --profile-steps), and the loop reads no uninitialised memory.
+        torch.utils.deterministic.fill_uninitialized_memory = False
+    model = build_model(cfg, family, tok, seed, device)
+    if hooks.initial is not None:
+        hooks.initial(model)  # e.g. a student's layers copied from its teacher (workbench.loop)
+    apply_param_filter(model, hooks.trainable)  # frozen before the optimizer: it never holds them
+    optimizer = build_optimizer(model, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_factory(cfg.warmup_steps(), cfg.total_steps))
+    return model, optimizer, scheduler
+
+
+def _seed_and_resume(seed: int, d: Dist, resume_from: Path | None, model, optimizer, scheduler) -> tuple:
+    """Seed the global RNGs (dropout etc. draw from them: one stream per (seed, rank), saved and
+    restored) and restore a resumed run's state; (start_step, tokens_seen, elapsed_before, epoch,
+    batch_index)."""
+    torch.manual_seed(_mix_seed(seed, d.rank, 0xD0))
+    np.random.seed(_mix_seed(seed, d.rank) % (2**32))
+    random.seed(_mix_seed(seed, d.rank, 0x9))
+    if resume_from is None:
+        return 0, 0, 0.0, 0, 0
+    m_state, o_state, state = load_trainer_state(resume_from)
+    if state["world_size"] != d.world:
+        raise CheckpointError(f"{resume_from}: saved with world size {state['world_size']}, resuming with {d.world}")
+    model.load_state_dict(m_state)
+    optimizer.load_state_dict(o_state)
+    scheduler.load_state_dict(state["scheduler"])
+    _set_rng_state(state["rng"][d.rank])
+    return state["step"], state["tokens_seen"], state["elapsed"], state["epoch"], state["batch_index"]
+
+
+def _freeze_unused(model, cfg: TrainConfig, family: FamilySpec) -> None:
+    """Parameters the objective never trains (BERT's pooler and NSP head with objective.nsp: false)
+    are frozen after the optimizer is built (its groups, and so resuming, stay the same): they
+    would get no gradient anyway, and DDP must not wait for one."""
+    for p in getattr(model, "unused_parameters", lambda objective: [])(objective_settings(cfg, family)):
+        p.requires_grad_(False)
+
+
+def _open_log(out: Path, d: Dist, keep_up_to: int):
+    """The run's log.jsonl opened for appending on the main rank (None elsewhere): lines up to a
+    resumed checkpoint (`keep_up_to`) stay, since each step is logged before its checkpoint is
+    written; a fresh start (-1) starts a fresh log. Half-written checkpoints of a killed run go."""
+    if not d.main:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "log.jsonl"
+    _repair_log(log_path, keep_up_to)
+    for stale in out.glob(f".{STEP_PREFIX}*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    return open(log_path, "a", encoding="utf-8")
+
+
+def _global_terms(terms: dict, step_tokens: int, d: Dist) -> tuple[dict, int]:
+    """The loss terms averaged over ranks and the step's tokens summed (one all-reduce)."""
+    names = sorted(terms)
+    vec = torch.stack([terms[k] for k in names] + [torch.tensor(float(step_tokens), dtype=torch.float64,
+                                                               device=terms[names[0]].device)])
+    dist.all_reduce(vec)
+    return {k: vec[i] / d.world for i, k in enumerate(names)}, int(vec[-1])
+
+
 def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist | None, hooks: TrainingHooks) -> Path:
     # ---- setup: data, run folder, model, optimizer, RNG streams, resume
     family = get_family(cfg.family)
@@ -677,42 +746,12 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
         return existing[-1][1]
     resume_from = next((p for s, p in reversed(existing) if (p / STATE_DIR / "state.pt").exists()), None)
 
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
-        # Deterministic mode also fills every new tensor with NaN (so a read of uninitialised memory
-        # is reproducible): a fill kernel per allocation, ~2,100 per step of BERT base on a GPU
-        # (benchmarks/bench_gpu.py --profile-steps), and the loop reads no uninitialised memory.
-        torch.utils.deterministic.fill_uninitialized_memory = False
-    model = build_model(cfg, family, tok, seed, device)
-    if hooks.initial is not None:
-        hooks.initial(model)  # e.g. a student's layers copied from its teacher (workbench.loop)
-    apply_param_filter(model, hooks.trainable)  # frozen before the optimizer: it never holds them
-    optimizer = build_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_factory(cfg.warmup_steps(), total))
+    model, optimizer, scheduler = _build_trainable(cfg, family, tok, seed, device, hooks)
     collate = family.make_collator(objective_settings(cfg, family), tok)
-
-    start_step, tokens_seen, elapsed_before, epoch, batch_index = 0, 0, 0.0, 0, 0
-    # Dropout etc. draw from the global RNG: one stream per (seed, rank), saved and restored.
-    torch.manual_seed(_mix_seed(seed, d.rank, 0xD0))
-    np.random.seed(_mix_seed(seed, d.rank) % (2**32))
-    random.seed(_mix_seed(seed, d.rank, 0x9))
-    if resume_from is not None:
-        m_state, o_state, state = load_trainer_state(resume_from)
-        if state["world_size"] != d.world:
-            raise CheckpointError(f"{resume_from}: saved with world size {state['world_size']}, resuming with {d.world}")
-        model.load_state_dict(m_state)
-        optimizer.load_state_dict(o_state)
-        scheduler.load_state_dict(state["scheduler"])
-        start_step, tokens_seen, elapsed_before = state["step"], state["tokens_seen"], state["elapsed"]
-        epoch, batch_index = state["epoch"], state["batch_index"]
-        _set_rng_state(state["rng"][d.rank])
+    start_step, tokens_seen, elapsed_before, epoch, batch_index = _seed_and_resume(
+        seed, d, resume_from, model, optimizer, scheduler)
     position = (epoch, batch_index)  # where the data stream stands after the last step
-
-    # Parameters the objective never trains (BERT's pooler and NSP head with objective.nsp: false)
-    # are frozen after the optimizer is built (its groups, and so resuming, stay the same): they
-    # would get no gradient anyway, and DDP must not wait for one.
-    for p in getattr(model, "unused_parameters", lambda objective: [])(objective_settings(cfg, family)):
-        p.requires_grad_(False)
+    _freeze_unused(model, cfg, family)
     manifest = checkpoint_manifest(cfg, family, data, seed, d, count_trainable(model, hooks.trainable), hooks, device)
     cost = pretraining_cost_meter(manifest, device, d, resume_from)
     prepare_teacher(hooks, device)
@@ -720,15 +759,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     if d.world > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     train_model.train()
-    log_path = out / "log.jsonl"
-    if d.main:
-        out.mkdir(parents=True, exist_ok=True)
-        # Lines up to the resumed checkpoint stay (each step is logged before its checkpoint is
-        # written); a fresh start (nothing resumable) starts a fresh log.
-        _repair_log(log_path, start_step if resume_from is not None else -1)
-        for stale in out.glob(f".{STEP_PREFIX}*.tmp"):  # half-written checkpoints of a killed run
-            shutil.rmtree(stale, ignore_errors=True)
-    log_file = open(log_path, "a", encoding="utf-8") if d.main else None
+    log_file = _open_log(out, d, start_step if resume_from is not None else -1)
     t0 = time.perf_counter()
     tokens_at_start = tokens_seen
 
@@ -762,8 +793,8 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
                         tok, d, heldout0)
 
     # ---- the steps
-    bar = tqdm(total=total, initial=start_step, desc=f"{cfg.name} seed {seed}", unit="step",
-               disable=not (cfg.progress and d.main), dynamic_ncols=True)
+    bar = progress(total=total, initial=start_step, desc=f"{cfg.name} seed {seed}", unit="step",
+                   disable=not (cfg.progress and d.main), dynamic_ncols=True)
     make_batches = functools.partial(step_batches, family, data.train, cfg, seed, d, collate, tok, epoch, batch_index,
                                      start_step, total)
     try:
@@ -784,12 +815,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
                 lr = optimizer_step(model, optimizer, scheduler, cfg.clip, hooks, step + 1)
 
                 if d.world > 1:  # log the global mean loss and the global token count
-                    names = sorted(terms)
-                    vec = torch.stack([terms[k] for k in names] + [torch.tensor(float(step_tokens), dtype=torch.float64,
-                                                                               device=terms[names[0]].device)])
-                    dist.all_reduce(vec)
-                    terms = {k: vec[i] / d.world for i, k in enumerate(names)}
-                    step_tokens = int(vec[-1])
+                    terms, step_tokens = _global_terms(terms, step_tokens, d)
                 tokens_seen += step_tokens
                 position = (step_batch.epoch, step_batch.batch_index)
                 elapsed = elapsed_before + time.perf_counter() - t0

@@ -16,6 +16,7 @@ import pandas as pd
 
 from app import figures
 from app.axes import is_fraction, unit_axis
+from workbench.aggregate import aggregate
 from workbench.results import decode_extra
 
 TITLE = "Cost"
@@ -98,8 +99,8 @@ def best_scores(rows: pd.DataFrame, task: str | None, metric: str | None) -> pd.
         sub = sub[~(data.baseline_mask(sub).to_numpy() | data.twin_mask(sub).to_numpy())]
     if sub.empty:
         return pd.DataFrame(columns=["model", "task", "metric", "score", "layer"])
-    mean = (sub.assign(layer=sub["layer"].astype("Float64").fillna(-1))
-            .groupby(["model", "task", "metric", "layer"], sort=False)["value"].mean().reset_index())
+    mean = aggregate(sub.assign(layer=sub["layer"].astype("Float64").fillna(-1)), over="seed",
+                     by=["model", "task", "metric", "layer"], interval="none")  # mean over seeds, workbench.aggregate
     best = mean.loc[mean.groupby(["model", "task", "metric"], sort=False)["value"].idxmax()]
     best = best.assign(layer=best["layer"].where(best["layer"] >= 0, None))
     return best.rename(columns={"value": "score"})[["model", "task", "metric", "score", "layer"]].reset_index(drop=True)

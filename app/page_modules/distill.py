@@ -12,6 +12,7 @@ import pandas as pd
 
 from app import figures
 from app.axes import unit_axis
+from workbench.aggregate import aggregate
 from workbench.results import decode_extra
 
 TITLE = "Distillation"
@@ -22,19 +23,29 @@ def tradeoff_table(rows: pd.DataFrame) -> pd.DataFrame:
     """One line per model of a distill run: role, depth, init, T, alpha, test accuracy (mean over
     seeds, min and max), accuracy kept (% of the teacher), parameters, file bytes, latency."""
     out = []
+    # over seeds (`workbench.aggregate`): the test accuracy's mean and range, the accuracy kept's mean
+    acc = _over_seeds(rows[(rows["metric"] == "accuracy") & (rows["split"] == "test")])
+    kept = _over_seeds(rows[rows["metric"] == "accuracy_kept"])
     for model, g in rows.groupby("model", sort=False):
         extra = decode_extra(g["extra"].iloc[0])
-        acc = g[(g["metric"] == "accuracy") & (g["split"] == "test")]["value"]
-        kept = g[g["metric"] == "accuracy_kept"]["value"]
+        a = acc.loc[model] if model in acc.index else None
         one = lambda m, g=g: float(g[g["metric"] == m]["value"].iloc[0]) if (g["metric"] == m).any() else np.nan  # noqa: E731
         out.append({"model": model, "role": extra.get("role"), "depth": extra.get("depth"), "init": extra.get("init"),
                     "temperature": extra.get("temperature"), "alpha": extra.get("alpha"),
-                    "accuracy": float(acc.mean()) if len(acc) else np.nan,
-                    "accuracy_min": float(acc.min()) if len(acc) else np.nan,
-                    "accuracy_max": float(acc.max()) if len(acc) else np.nan, "seeds": int(len(acc)),
-                    "kept_pct": 100 * float(kept.mean()) if len(kept) else (100.0 if extra.get("role") == "teacher" else np.nan),
+                    "accuracy": float(a["value"]) if a is not None else np.nan,
+                    "accuracy_min": float(a["ci_low"]) if a is not None else np.nan,
+                    "accuracy_max": float(a["ci_high"]) if a is not None else np.nan,
+                    "seeds": int(a["rows"]) if a is not None else 0,
+                    "kept_pct": 100 * float(kept.loc[model, "value"]) if model in kept.index else
+                    (100.0 if extra.get("role") == "teacher" else np.nan),
                     "parameters": one("parameters"), "file_bytes": one("file_bytes"), "latency_ms": one("latency_ms")})
     return pd.DataFrame(out)
+
+
+def _over_seeds(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per model: mean over seeds with the min-max range (`workbench.aggregate`) and the number of rows."""
+    out = aggregate(rows, over="seed", by=["model"], interval="minmax")
+    return out.assign(rows=rows.groupby("model", sort=False).size().reindex(out["model"]).to_numpy()).set_index("model")
 
 
 def tradeoff_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
@@ -150,11 +161,12 @@ def pretraining_table(rows: pd.DataFrame) -> pd.DataFrame:
     2019) is judged by what its student keeps; here the loss gap is that measure before any task."""
     mlm = rows[rows["metric"] == "heldout_mlm_loss"]
     out = []
+    loss = _over_seeds(mlm)
     for model, g in mlm.groupby("model", sort=False):
         extra = decode_extra(g["extra"].iloc[0])
         out.append({"model": model, "role": extra.get("role"), "depth": extra.get("depth"), "init": extra.get("init"),
-                    "loss": float(g["value"].mean()), "loss_min": float(g["value"].min()),
-                    "loss_max": float(g["value"].max()), "seeds": int(g["seed"].notna().sum()) or 1,
+                    "loss": float(loss.loc[model, "value"]), "loss_min": float(loss.loc[model, "ci_low"]),
+                    "loss_max": float(loss.loc[model, "ci_high"]), "seeds": int(g["seed"].notna().sum()) or 1,
                     "parameters": extra.get("parameters")})
     table = pd.DataFrame(out)
     if table.empty:

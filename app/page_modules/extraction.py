@@ -10,6 +10,7 @@ import pandas as pd
 
 from app.axes import unit_axis
 from app.figures import Drawn, MissingData, tidy_rows
+from workbench.aggregate import aggregate
 from workbench.results import decode_extra
 
 TITLE = "Extraction"
@@ -29,7 +30,9 @@ def exposure_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) -> Dr
     if sub.empty:
         raise MissingData(f"nothing to draw for {title!r}: no exposure rows")
     sub = sub.assign(repetitions=_with(sub, "repetitions").astype(int), step=sub["step"].fillna(-1).astype(int))
-    agg = sub.groupby(["model", "step", "repetitions"])["value"].agg(["mean", "min", "max", "count"]).reset_index()
+    agg = aggregate(sub, over="canary", by=["model", "step", "repetitions"], interval="minmax")
+    agg = agg.sort_values(["model", "step", "repetitions"], kind="stable").reset_index(drop=True)
+    agg = agg.rename(columns={"value": "mean"})
     fig = go.Figure()
     for (model, step), g in agg.groupby(["model", "step"], sort=False):
         fig.add_trace(go.Scatter(x=g["repetitions"].clip(lower=0.5), y=g["mean"], mode="lines+markers",

@@ -14,6 +14,7 @@ import pandas as pd
 
 from app import data, figures
 from app.axes import is_fraction, unit_axis
+from workbench.aggregate import aggregate
 from workbench.results import decode_extra
 
 TITLE = "Fine-tuning"
@@ -36,9 +37,10 @@ def epoch_curve(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
     if cur.empty:
         return pd.DataFrame(columns=["task", "model", "epoch", "mean", "low", "high", "sd", "seeds"])
     cur["epoch"] = [int(decode_extra(e).get("epoch")) for e in cur["extra"]]
-    g = cur.groupby(["task", "model", "epoch"], sort=True)["value"]
-    out = pd.DataFrame({"mean": g.mean(), "low": g.min(), "high": g.max(), "sd": g.std(ddof=1), "seeds": g.count()})
-    return out.reset_index()
+    out = aggregate(cur, over="seed", by=["task", "model", "epoch"], interval="minmax")
+    out = out.rename(columns={"value": "mean", "ci_low": "low", "ci_high": "high", "count": "seeds"})
+    out = out.sort_values(["task", "model", "epoch"], kind="stable").reset_index(drop=True)
+    return out[["task", "model", "epoch", "mean", "low", "high", "sd", "seeds"]]
 
 
 def score_table(rows: pd.DataFrame, metric: str, split: str = "test") -> pd.DataFrame:
@@ -48,12 +50,16 @@ def score_table(rows: pd.DataFrame, metric: str, split: str = "test") -> pd.Data
     out = []
     for (task, model), g in sub.groupby(["task", "model"], sort=False):
         seeded = g[g["seed"].notna()]
+        # a run's stored mean over seeds (runs written before rows were per-seed only), else the same
+        # statistic computed here from the per-seed rows (`workbench.aggregate`, Student-t 95%)
         agg = g[g["seed"].isna()]
+        if agg.empty and len(seeded):
+            agg = aggregate(seeded, over="seed", by=["task", "model"], interval="t")
         is_base = (g["family"] == "baseline").all()
         line = {"task": task, "model": model, "kind": "baseline" if is_base else "fine-tuned",
-                "score": float(agg["value"].iloc[0]) if len(agg) else float(seeded["value"].mean()),
-                "ci_low": float(agg["ci_low"].iloc[0]) if len(agg) and pd.notna(agg["ci_low"].iloc[0]) else None,
-                "ci_high": float(agg["ci_high"].iloc[0]) if len(agg) and pd.notna(agg["ci_high"].iloc[0]) else None,
+                "score": float(agg["value"].iloc[0]),
+                "ci_low": float(agg["ci_low"].iloc[0]) if pd.notna(agg["ci_low"].iloc[0]) else None,
+                "ci_high": float(agg["ci_high"].iloc[0]) if pd.notna(agg["ci_high"].iloc[0]) else None,
                 "seeds": len(seeded) if not is_base else None,
                 "per_seed": ", ".join(f"{v:.4f}" for v in seeded["value"]) if not is_base else "",
                 "n": int(g["n"].dropna().iloc[0]) if g["n"].notna().any() and is_base else

@@ -11,6 +11,7 @@ import streamlit as st
 
 from app import figures, ui
 from app.axes import unit_axis
+from workbench.aggregate import aggregate
 from workbench.results import decode_extra
 
 TITLE = "Fine-tuning methods"
@@ -36,12 +37,13 @@ def method_table(rows: pd.DataFrame, split: str = "test") -> pd.DataFrame:
     total = [decode_extra(e).get("total_parameters") for e in acc["extra"]]
     acc = acc.assign(total=total)
     out = []
-    for (model, method), g in acc.groupby(["model", "method"], sort=False):
+    over = aggregate(acc, over="seed", by=["model", "method"], interval="minmax")  # workbench.aggregate
+    for ((model, method), g), (_, a) in zip(acc.groupby(["model", "method"], sort=False), over.iterrows()):
         trainable = float(g["trainable"].astype(float).mean())
         out.append({"model": model, "method": method, "trainable": int(trainable),
                     "share_of_model": trainable / float(g["total"].astype(float).mean()),
-                    "accuracy": float(g["value"].mean()), "min": float(g["value"].min()),
-                    "max": float(g["value"].max()), "seeds": int(g["seed"].nunique())})
+                    "accuracy": float(a["value"]), "min": float(a["ci_low"]),
+                    "max": float(a["ci_high"]), "seeds": int(g["seed"].nunique())})
     table = pd.DataFrame(out)
     if table.empty:
         return table
@@ -89,7 +91,8 @@ def cka_lines(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
     data = []
     for method in _order(cka["method"]):
         for model, g in cka[cka["method"] == method].groupby("model", sort=False):
-            agg = g.groupby("layer")["value"].agg(["mean", "min", "max"]).reset_index().sort_values("layer")
+            agg = aggregate(g, over="seed", by=["layer"], interval="minmax").rename(columns={"value": "mean"})
+            agg = agg.sort_values("layer", kind="stable").reset_index(drop=True)
             name = method if cka["model"].nunique() == 1 else f"{model} / {method}"
             fig.add_trace(go.Scatter(x=agg["layer"].astype(int), y=agg["mean"], mode="lines+markers", name=name,
                                      error_y={"type": "data", "symmetric": False, "array": agg["max"] - agg["mean"],

@@ -7,7 +7,7 @@ sit at chance (about one half). This script measures that share on a null (the s
 pooled and re-divided at random by speech, so that nothing separates the two sides) and on the real
 split, with halves of documents and the per-word-count rescaling (today's rule), halves of sentences
 rescaled as if even (the rule before), and halves of sentences with per-word counts, through the
-task's own pieces (`split_half_mask`, `_displacement`, `reps.type_vectors`) on model-free vectors:
+task's own pieces (`split_half_mask`, `word_displacement`, `reps.type_vectors`) on model-free vectors:
 random indexing (Kanerva et al. 2000; Sahlgren 2005), each occurrence the sum of fixed random vectors
 of the words within `--window` positions of it, plus w (each of `--self-weights`) times the word's
 own random vector (a residual stream's token
@@ -61,11 +61,11 @@ def sentence_halves(corpus, seed: int) -> np.ndarray:
 
 def measure(old, new, args, self_weight: float) -> dict:
     """Per rule: mean displacement, mean floor and the share of words above their floor (the task's
-    `moved_fraction`), over the words present in both halves, as `_diachronic` computes them (the
-    vocabulary, the anchors, `_displacement`, `reps.type_vectors`; the document rule is the task's own
+    `moved_fraction`), over the words present in both halves, as `diachronic_task` computes them (the
+    vocabulary, the anchors, `word_displacement`, `reps.type_vectors`; the document rule is the task's own
     `split_half_mask` and its floor formula)."""
     from probes.align import reps
-    from probes.align.tasks import _displacement, split_half_mask
+    from probes.align.tasks import word_displacement, split_half_mask
 
     vo, co = reps.build_vocabulary(old.sentences, 10**9, args.min_count, True)
     vn, cn = reps.build_vocabulary(new.sentences, 10**9, args.min_count, True)
@@ -77,13 +77,13 @@ def measure(old, new, args, self_weight: float) -> dict:
     anchor = np.arange(min(args.anchors, len(vocab)))
     lo = random_index_vectors(old.sentences, args.dim, args.window, self_weight)
     ln = random_index_vectors(new.sentences, args.dim, args.window, self_weight)
-    disp = _displacement(reps.type_vectors(lo, old.sentences, vocab)[0], reps.type_vectors(ln, new.sentences, vocab)[0],
+    disp = word_displacement(reps.type_vectors(lo, old.sentences, vocab)[0], reps.type_vectors(ln, new.sentences, vocab)[0],
                          anchor, True)
     pos = reps.word_index(old.sentences, vocab)
     out = {"words": len(vocab)}
     for rule in RULES:
         mask = split_half_mask(old, args.seed)[0] if rule.startswith("documents") else sentence_halves(old, args.seed)
-        split = _displacement(reps.type_vectors(lo, old.sentences, vocab, mask=mask)[0],
+        split = word_displacement(reps.type_vectors(lo, old.sentences, vocab, mask=mask)[0],
                               reps.type_vectors(lo, old.sentences, vocab, mask=~mask)[0], anchor, True)
         n1 = np.bincount(pos[(pos >= 0) & mask], minlength=len(vocab)).astype(np.float64)
         n2 = np.bincount(pos[(pos >= 0) & ~mask], minlength=len(vocab)).astype(np.float64)

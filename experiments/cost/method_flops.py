@@ -30,11 +30,11 @@ def measure(checkpoint: str, method: str, batch: int, seq: int, labels: int = 2)
     from workbench.checkpoints import resolve_checkpoint
     from workbench.cost import finetune_flops, method_forward_flops
     from workbench.loop import apply_param_filter
-    from workbench.models import _quiet_transformers
+    from workbench.hf_quiet import quiet_transformers
     from workbench.peft_methods import attach
 
     torch.manual_seed(0)
-    with _quiet_transformers():
+    with quiet_transformers():
         model = AutoModelForSequenceClassification.from_pretrained(
             resolve_checkpoint(checkpoint), num_labels=labels, attn_implementation="eager",
             local_files_only=True, trust_remote_code=False)

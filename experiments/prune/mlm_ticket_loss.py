@@ -35,7 +35,7 @@ def main(argv=None) -> dict:
     from workbench.compress.sweep import load_prune_config, mlm_sparsities
     from workbench.compress.unstructured import dense_layers, magnitude_masks, random_masks
     from workbench.families import get_family
-    from workbench.finetune import resolve_checkpoint
+    from workbench.checkpoints import single_checkpoint
     from workbench.io import atomic_write_json
     from workbench.train import evaluate_heldout, prepare_data
 
@@ -53,7 +53,7 @@ def main(argv=None) -> dict:
     settings = load_mlm_settings(cfg.mlm, args.config)
     rounds = Path(args.rounds or settings.output_dir)
     amounts = [float(x) for x in args.sparsities.split(",")] if args.sparsities else mlm_sparsities(cfg)
-    checkpoint = resolve_checkpoint(ft.checkpoint).resolve()
+    checkpoint = single_checkpoint(ft.checkpoint).resolve()
     manifest = pretraining_manifest(checkpoint)
     family = get_family(manifest["family"])
     tickets, pretrained, _ = mlm_tickets(checkpoint, max(amounts), cfg.imp_step, settings, rounds, device="cpu",

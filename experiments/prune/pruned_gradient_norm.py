@@ -31,7 +31,7 @@ def main(argv=None) -> dict:
     from workbench.compress.sweep import load_prune_config, rewound
     from workbench.compress.unstructured import dense_layers, magnitude_masks
     from workbench.errors import ConfigError
-    from workbench.finetune import _epoch_order, _to, build_classifier, collate, load_classifier, prepare
+    from workbench.finetune import build_classifier, collate, epoch_order, load_classifier, prepare, to_model_device
     from workbench.io import atomic_write_json
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,10 +60,10 @@ def main(argv=None) -> dict:
                              run.pad_id).state_dict()
     model = rewound(full, start, masks).train()
     params = dict(model.named_parameters())
-    order = _epoch_order(seed, 0, len(run.train.ids))
+    order = epoch_order(seed, 0, len(run.train.ids))
     rows = []
     for b in range(min(args.batches, -(-len(order) // ft.batch_size))):
-        batch = _to(collate(run.train, [int(i) for i in order[b * ft.batch_size:(b + 1) * ft.batch_size]], run.pad_id),
+        batch = to_model_device(collate(run.train, [int(i) for i in order[b * ft.batch_size:(b + 1) * ft.batch_size]], run.pad_id),
                     model)
         model(**batch).loss.backward()
         all_sq = sum(float(p.grad.double().pow(2).sum()) for p in params.values() if p.grad is not None)

@@ -47,7 +47,7 @@ over test items for P@1 and retrieval accuracy.
 
 The package, one concern per module: `settings` (tasks, `Settings`, the corpus-spec check and the
 small helpers the tasks share), `prepare` (corpora, dictionaries and parallel pairs, loaded once per
-run), `tasks` (one function per task, and `_finish`: the model x model matrices), `summary` (the
+run), `tasks` (one function per task, and `model_pair_matrices`: the model x model matrices), `summary` (the
 printed tables); where vectors come from in `reps`, the `split:` community corpora in `communities`.
 Here: the task table, `run_task` and `PROBE`.
 """
@@ -57,22 +57,22 @@ from __future__ import annotations
 import pandas as pd
 
 from probes.align import communities, reps
-from probes.align.prepare import _parallel_pairs, prepare
+from probes.align.prepare import parallel_pairs, prepare
 from probes.align.settings import KS, NAME, TASKS, Settings
 from probes.align.summary import summary
-from probes.align.tasks import (_bli, _diachronic, _displacement, _fake_language, _finish, _model_pair, _parallel,
-                                _permutation_displacements, split_half_mask)
+from probes.align.tasks import (bli_task, diachronic_task, fake_language_task, model_pair_matrices, model_pair_task,
+                                parallel_task, permutation_displacements, split_half_mask, word_displacement)
 from probes.core import runner
 
 __all__ = ["NAME", "TASKS", "KS", "Settings", "prepare", "run_task", "summary", "PROBE", "communities", "reps",
-           "_parallel_pairs", "_finish", "_displacement", "_permutation_displacements", "split_half_mask"]
+           "parallel_pairs", "model_pair_matrices", "word_displacement", "permutation_displacements", "split_half_mask"]
 
 
 # --------------------------------------------------------------------------- entry points
 
 
-_TASK_FUNCS = {"bli": _bli, "fake-language": _fake_language, "parallel": _parallel, "model-pair": _model_pair,
-               "diachronic": _diachronic}
+_TASK_FUNCS = {"bli": bli_task, "fake-language": fake_language_task, "parallel": parallel_task,
+               "model-pair": model_pair_task, "diachronic": diachronic_task}
 
 
 def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: Settings) -> list[pd.DataFrame]:
@@ -80,7 +80,7 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
 
 
 PROBE = runner.ProbeSpec(
-    name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task, finish=_finish, summary=summary,
+    name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task, finish=model_pair_matrices, summary=summary,
     default_tasks=("bli",), roles={"target": runner.Role("target_checkpoint")},
     description="Cross-lingual and cross-model alignment per layer: Procrustes, CSLS, BLI, CKA (Conneau et al. 2018; "
                 "Kornblith et al. 2019).",

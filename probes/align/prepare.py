@@ -45,7 +45,7 @@ def prepare(settings: Settings) -> runner.Prepared:
     if "fake-language" in tasks:
         corpus(settings.fake_corpus)
     if "parallel" in tasks:
-        data["parallel"] = _parallel_pairs(settings)
+        data["parallel"] = parallel_pairs(settings)
         files.extend(data["parallel"]["files"])
         notes["parallel"] = {"pairs": len(data["parallel"]["src"])}
     if "model-pair" in tasks:
@@ -59,7 +59,7 @@ def prepare(settings: Settings) -> runner.Prepared:
     return runner.Prepared(data=data, files=sorted(set(files)), notes=notes)
 
 
-def _parallel_pairs(settings: Settings) -> dict[str, Any]:
+def parallel_pairs(settings: Settings) -> dict[str, Any]:
     a, b = reps.load_corpus(settings.parallel_src), reps.load_corpus(settings.parallel_tgt)
     if a.sent_ids is None or b.sent_ids is None:
         raise ConfigError("parallel_src and parallel_tgt must be UD treebanks (pairs are matched by sent_id)")

@@ -112,13 +112,13 @@ def _check_spec(name: str, spec: str) -> None:
 # --------------------------------------------------------------------------- helpers
 
 
-def _prep(X: np.ndarray, center: bool) -> np.ndarray:
+def unit_center_unit(X: np.ndarray, center: bool) -> np.ndarray:
     """Artetxe et al. (2018)'s 'unit, center, unit' (or unit length only)."""
     X = ac.normalize(X)
     return ac.normalize(X, center=True) if center else X
 
 
-def _target_handle(unit: runner.Unit, settings: Settings):
+def target_side(unit: runner.Unit, settings: Settings):
     """The handle reading the target side: the unit's own, or the `target` role (`target_checkpoint`,
     loaded once per run by the runner; its random-init twin for a twin unit)."""
     target = unit.roles.get("target")
@@ -134,25 +134,25 @@ def _target_handle(unit: runner.Unit, settings: Settings):
     return unit.state["target_twin"], name + runner.RANDOM_INIT_SUFFIX
 
 
-def _activations(handle, unit: runner.Unit, sentences, key: str, settings: Settings):
+def word_activations(handle, unit: runner.Unit, sentences, key: str, settings: Settings):
     """Cached word activations from any handle (the unit's accessor when it is the unit's model)."""
     if handle is unit.handle:
         return unit.activations(sentences, key)
-    from workbench.activations import extract
+    from workbench.activations import CACHE_DTYPES, extract
 
     stack = handle.stacks[0] if unit.stack not in handle.stacks else unit.stack
     return extract(handle, sentences, key, stack=stack, batch_size=settings.batch_size,
-                   cache_dir=settings.cache_dir, progress=settings.progress)
+                   cache_dir=settings.cache_dir, dtype=CACHE_DTYPES[settings.cache_dtype], progress=settings.progress)
 
 
-def _layer_map(n_src: int, n_tgt: int) -> list[int]:
+def paired_layers(n_src: int, n_tgt: int) -> list[int]:
     """Target layer paired with each source layer: the same relative depth (identity for equal depths)."""
     if n_src == n_tgt:
         return list(range(n_src))
     return [int(round(l * (n_tgt - 1) / max(n_src - 1, 1))) for l in range(n_src)]
 
 
-def _ci(correct: np.ndarray, settings: Settings, offset: int = 0):
+def layer_accuracy_ci(correct: np.ndarray, settings: Settings, offset: int = 0):
     """95% bootstrap over test items (each its own unit) of per-layer accuracies; correct: [L, n] bool."""
     from probes.core import statistics  # imported here: this hunk stays apart from the module's imports
 

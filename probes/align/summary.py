@@ -6,7 +6,17 @@ import numpy as np
 import pandas as pd
 
 from probes.core import runner
+from probes.core.rows import probe_schema
 from workbench.results import decode_extra
+
+# The `extra` of the align probe's rows (`probes.align.tasks`; checked when written, `workbench.rowschema`).
+EXTRA_SCHEMA = probe_schema("align", optional={
+    "target_model": str, "target_layers": list, "dictionary_pairs": int, "src_vocab": int, "tgt_vocab": int,
+    "retrieval": str, "train_pairs": int, "test_words": int, "seed_pairs": int, "induced_pairs": list,
+    "representation": str, "chance": float, "word_train_pairs": int, "corpus": str, "other_model": str,
+    "other_stack": str | None, "other_layer": int, "old_corpus": str, "new_corpus": str, "words": int, "anchors": int,
+    "split_half_words": int, "split_half_unit": str, "split_half_sizes": list, "permutations": int, "documents": list,
+    "top_moved": list})
 
 
 def summary(rows: pd.DataFrame) -> str:

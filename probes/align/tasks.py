@@ -1,4 +1,4 @@
-"""The alignment tasks, one function each, and `_finish` (the model-pair matrices; see the package docstring)."""
+"""The alignment tasks, one function each, and `model_pair_matrices` (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 from probes.align import reps
-from probes.align.settings import KS, NAME, Settings, _activations, _ci, _layer_map, _prep, _target_handle
+from probes.align.settings import (KS, NAME, Settings, layer_accuracy_ci, paired_layers, target_side, unit_center_unit,
+                                   word_activations)
 from probes.core import baselines, runner
 from probes.core import geometry as ac
 from workbench.errors import ConfigError
@@ -29,7 +30,7 @@ def _bli_layers(X: np.ndarray, Y: np.ndarray, lex: ac.Lexicon, settings: Setting
     correct1, correct1_seed = [], []
     info: dict[str, Any] = {"train_pairs": len(train), "test_words": len(gold), "seed_pairs": len(seed_pairs)}
     for layer in range(len(X)):
-        x, y = _prep(X[layer], settings.center), _prep(Y[layer], settings.center)
+        x, y = unit_center_unit(X[layer], settings.center), unit_center_unit(Y[layer], settings.center)
         R = ac.procrustes(x[ts], y[tt])
         res = ac.bli(x, y, gold, R, method, k, KS)
         for kk in KS:
@@ -47,9 +48,9 @@ def _bli_layers(X: np.ndarray, Y: np.ndarray, lex: ac.Lexicon, settings: Setting
             metrics.setdefault("p_at_1_seeded", []).append(r.p_at(1))
             correct1_seed.append(r.correct[1])
             info.setdefault("induced_pairs", []).append(len(sl.pairs))
-    ci = {"p_at_1": _ci(np.array(correct1), settings, twin_offset)}
+    ci = {"p_at_1": layer_accuracy_ci(np.array(correct1), settings, twin_offset)}
     if correct1_seed:
-        ci["p_at_1_seeded"] = _ci(np.array(correct1_seed), settings, twin_offset + 1)
+        ci["p_at_1_seeded"] = layer_accuracy_ci(np.array(correct1_seed), settings, twin_offset + 1)
     return {m: np.array(v) for m, v in metrics.items()}, ci, len(gold), info
 
 
@@ -71,7 +72,7 @@ def _type_space(handle, unit, settings, corpus: reps.Corpus, keep: Sequence[str]
                                               settings.lowercase, keep)
     else:
         counts = None
-    acts = _activations(handle, unit, corpus.sentences, key, settings)
+    acts = word_activations(handle, unit, corpus.sentences, key, settings)
     T = reps.type_vectors(acts.layers, corpus.sentences, vocab, settings.lowercase)
     return vocab, counts, T, reps.static_vectors(handle, vocab)
 
@@ -92,7 +93,7 @@ def _bli_rows(unit, task, settings, prepared, src_corpus, tgt_corpus, lexicon_pa
                           f"(>= {settings.min_count} times); use larger corpora or a lower min_count")
     _, gold = lex.split(settings.test_fraction, settings.seed)
     seeds = _seed_pairs(settings, prepared, vs, vt, set(gold)) if seeds_allowed else []
-    lmap = _layer_map(len(X), len(Y))
+    lmap = paired_layers(len(X), len(Y))
     Y = Y[lmap]
     off = 17 if unit.is_twin else 0
     metrics, ci, n, info = _bli_layers(X, Y, lex, settings, seeds, same_space, off)
@@ -108,15 +109,18 @@ def _bli_rows(unit, task, settings, prepared, src_corpus, tgt_corpus, lexicon_pa
     return rows
 
 
-def _bli(unit, prepared, settings) -> list[pd.DataFrame]:
+def bli_task(unit, prepared, settings) -> list[pd.DataFrame]:
+    """Task `bli`: bilingual lexicon induction between the two corpora's word vectors with the
+    dictionary (Procrustes, CSLS; Conneau et al. 2018), per layer."""
     d = prepared.data
-    tgt_handle, tgt_name = _target_handle(unit, settings)
+    tgt_handle, tgt_name = target_side(unit, settings)
     return _bli_rows(unit, "bli", settings, prepared, d["corpora"][settings.src_corpus],
                      d["corpora"][settings.tgt_corpus], d["dictionary"], tgt_handle, tgt_name,
                      same_space=tgt_handle is unit.handle)
 
 
-def _fake_language(unit, prepared, settings) -> list[pd.DataFrame]:
+def fake_language_task(unit, prepared, settings) -> list[pd.DataFrame]:
+    """Task `fake-language`: BLI between a corpus and its shifted copy (the exact dictionary), per layer."""
     from workbench.data.fake_language import shift_text
 
     src = prepared.data["corpora"][settings.fake_corpus]
@@ -125,7 +129,7 @@ def _fake_language(unit, prepared, settings) -> list[pd.DataFrame]:
                       [[shift(w) for w in s] for s in src.sentences], src.files)
     vocab, _ = reps.build_vocabulary(src.sentences, settings.vocab_size, settings.min_count, settings.lowercase)
     pairs = [(w, shift(w)) for w in vocab]  # the exact dictionary
-    tgt_handle, tgt_name = _target_handle(unit, settings)
+    tgt_handle, tgt_name = target_side(unit, settings)
     return _bli_rows(unit, "fake-language", settings, prepared, src, tgt, pairs, tgt_handle, tgt_name,
                      same_space=tgt_handle is unit.handle, seeds_allowed=False,
                      tgt_vocab_fn=lambda vs: [shift(w) for w in vs])
@@ -134,15 +138,17 @@ def _fake_language(unit, prepared, settings) -> list[pd.DataFrame]:
 # --------------------------------------------------------------------------- parallel sentences
 
 
-def _parallel(unit, prepared, settings) -> list[pd.DataFrame]:
+def parallel_task(unit, prepared, settings) -> list[pd.DataFrame]:
+    """Task `parallel`: sentence retrieval between parallel treebanks after a map fitted on a train
+    share of the pairs, per layer."""
     p = prepared.data["parallel"]
-    tgt_handle, tgt_name = _target_handle(unit, settings)
+    tgt_handle, tgt_name = target_side(unit, settings)
     same = tgt_handle is unit.handle
-    a = _activations(unit.handle, unit, p["src"], "align:parallel:src", settings)
-    b = _activations(tgt_handle, unit, p["tgt"], "align:parallel:tgt", settings)
+    a = word_activations(unit.handle, unit, p["src"], "align:parallel:src", settings)
+    b = word_activations(tgt_handle, unit, p["tgt"], "align:parallel:tgt", settings)
     S = reps.sentence_vectors(a.layers, a.sentence_offsets)
     T = reps.sentence_vectors(b.layers, b.sentence_offsets)
-    lmap = _layer_map(len(S), len(T))
+    lmap = paired_layers(len(S), len(T))
     T = T[lmap]
     n = S.shape[1]
     perm = np.random.default_rng(settings.seed).permutation(n)
@@ -152,7 +158,7 @@ def _parallel(unit, prepared, settings) -> list[pd.DataFrame]:
     metrics: dict[str, list] = {}
     correct = []
     for layer in range(len(S)):
-        x, y = _prep(S[layer], settings.center), _prep(T[layer], settings.center)
+        x, y = unit_center_unit(S[layer], settings.center), unit_center_unit(T[layer], settings.center)
         R = ac.procrustes(x[train], y[train])
         c = ac.retrieval_accuracy(ac.apply_map(x[test], R), y[test], method, k)
         correct.append(c)
@@ -164,7 +170,7 @@ def _parallel(unit, prepared, settings) -> list[pd.DataFrame]:
             metrics.setdefault("accuracy_rotation", []).append(
                 ac.retrieval_accuracy(ac.apply_map(x[test], Rr), y[test], method, k).mean())
     off = 17 if unit.is_twin else 0
-    ci = {"accuracy": _ci(np.array(correct), settings, off)}
+    ci = {"accuracy": layer_accuracy_ci(np.array(correct), settings, off)}
     extra = {"target_model": tgt_name, "target_layers": lmap, "train_pairs": len(train), "chance": 1 / len(test),
              "retrieval": method}
     rows = [unit.rows("parallel", {m: np.array(v) for m, v in metrics.items()}, split="test", n=len(test), ci=ci,
@@ -219,7 +225,7 @@ def _word_alignment(a, b, lmap, p, train, test, dictionary, settings):
         metrics["word_alignment"].append(np.mean(c))
         metrics["word_alignment_unmapped"].append(np.mean(cu) if cu else float("nan"))
         metrics["word_alignment_chance"].append(np.mean([len(g) / len(cands) for _, _, g, cands in te]))
-    ci = {"word_alignment": _ci(np.array(correct), settings, 5)}
+    ci = {"word_alignment": layer_accuracy_ci(np.array(correct), settings, 5)}
     return ({m: np.array(v) for m, v in metrics.items()}, ci, len(te), {"word_train_pairs": len(tr)})
 
 
@@ -232,15 +238,17 @@ def _pair_vectors(handle, unit_or_none, prepared, settings, stack=None) -> np.nd
     if unit_or_none is not None:
         acts = unit_or_none.activations(c.sentences, key)
     else:
-        from workbench.activations import extract
+        from workbench.activations import CACHE_DTYPES, extract
 
         acts = extract(handle, c.sentences, key, stack=stack, batch_size=settings.batch_size,
-                       cache_dir=settings.cache_dir, progress=settings.progress)
+                       cache_dir=settings.cache_dir, dtype=CACHE_DTYPES[settings.cache_dtype], progress=settings.progress)
     idx = prepared.data["pair_index"]
     return np.stack([np.asarray(acts.layers[l][idx], dtype=np.float32) for l in range(acts.num_layers)])
 
 
-def _model_pair(unit, prepared, settings) -> list[pd.DataFrame]:
+def model_pair_task(unit, prepared, settings) -> list[pd.DataFrame]:
+    """Task `model-pair`: one model's per-layer vectors of the pair corpus (kept for
+    `model_pair_matrices`) and their CKA to layer 0 (Kornblith et al. 2019)."""
     V = _pair_vectors(unit.handle, unit, prepared, settings)
     prepared.data["pair_vectors"][(unit.model, unit.stack)] = V
     metrics = {"cka_to_layer0": [ac.linear_cka(V[0], V[l]) for l in range(len(V))]}
@@ -249,7 +257,7 @@ def _model_pair(unit, prepared, settings) -> list[pd.DataFrame]:
     return [unit.rows("model-pair", metrics, split="all", n=V.shape[1], extra={"corpus": settings.pair_corpus})]
 
 
-def _finish(results: list[runner.UnitResult], prepared, settings) -> list[pd.DataFrame]:
+def model_pair_matrices(results: list[runner.UnitResult], prepared, settings) -> list[pd.DataFrame]:
     """i x j CKA and Procrustes-retrieval matrices for every pair of models of the run."""
     from workbench.results import validate_rows
 
@@ -298,9 +306,9 @@ def _finish(results: list[runner.UnitResult], prepared, settings) -> list[pd.Dat
 def _rotation_matrix(A, B, test, settings) -> np.ndarray:
     out = np.zeros((len(A), len(B)))
     for i in range(len(A)):
-        x = _prep(A[i], settings.center)
+        x = unit_center_unit(A[i], settings.center)
         for j in range(len(B)):
-            y = _prep(B[j], settings.center)
+            y = unit_center_unit(B[j], settings.center)
             Rr = ac.random_rotation(max(x.shape[1], y.shape[1]), settings.seed + 1000 + 31 * i + j)
             out[i, j] = ac.retrieval_accuracy(ac.apply_map(x[test], Rr), y[test], settings.retrieval,
                                               settings.csls_k).mean()
@@ -310,15 +318,15 @@ def _rotation_matrix(A, B, test, settings) -> np.ndarray:
 # --------------------------------------------------------------------------- diachronic
 
 
-def _displacement(x: np.ndarray, y: np.ndarray, anchor: np.ndarray, center: bool) -> np.ndarray:
+def word_displacement(x: np.ndarray, y: np.ndarray, anchor: np.ndarray, center: bool) -> np.ndarray:
     """1 - cos between each word's two vectors after a Procrustes map fitted on the anchor words
     (Hamilton et al. 2016; a word absent on one side has a zero row and gets displacement 1)."""
-    x, y = _prep(x, center), _prep(y, center)
+    x, y = unit_center_unit(x, center), unit_center_unit(y, center)
     R = ac.procrustes(x[anchor], y[anchor])
     return 1 - np.sum(ac.normalize(ac.apply_map(x, R)) * ac.normalize(y), axis=1)
 
 
-def _permutation_displacements(ao, an, old, new, vocab, anchor, settings) -> np.ndarray:
+def permutation_displacements(ao, an, old, new, vocab, anchor, settings) -> np.ndarray:
     """[L, P, V] displacements of the same procedure on random splits of the pooled documents of both
     corpora (each split gives side A as many documents as the old corpus has; whole documents move,
     the independent unit, so a speech's repeated phrasing cannot pass for a community's). A word
@@ -355,7 +363,7 @@ def _permutation_displacements(ao, an, old, new, vocab, anchor, settings) -> np.
             sums_a = sum(mats[k] @ np.asarray(layers[k][l], dtype=np.float32) for k in (0, 1))
             mean_a = sums_a / np.maximum(counts_a, 1)[:, None]
             mean_b = (total_sums[l] - sums_a) / np.maximum(counts_b, 1)[:, None]
-            d = _displacement(mean_a.astype(np.float64), mean_b.astype(np.float64), anchor, settings.center)
+            d = word_displacement(mean_a.astype(np.float64), mean_b.astype(np.float64), anchor, settings.center)
             out[l, p] = np.where(ok, d, np.nan)
     return out
 
@@ -385,7 +393,7 @@ def split_half_mask(corpus: reps.Corpus, seed: int) -> tuple[np.ndarray, str, li
     return np.repeat(by_sentence, lengths), unit, counts
 
 
-def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
+def diachronic_task(unit, prepared, settings) -> list[pd.DataFrame]:
     """Two corpora (two periods, or two communities: `split:` specs) through the same model; see the
     module docstring. With `permutations`, each word's displacement also gets a z-score and a
     permutation p-value against the same procedure on random document splits, and the most-moved
@@ -418,7 +426,7 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
     n_half2 = np.bincount(positions[(positions >= 0) & ~ids], minlength=len(vocab)).astype(np.float64)
     n_anchor = min(settings.anchors, len(vocab))
     anchor = np.arange(n_anchor)
-    perm = (_permutation_displacements(ao, an, old, new, vocab, anchor, settings)
+    perm = (permutation_displacements(ao, an, old, new, vocab, anchor, settings)
             if settings.permutations else None)
     freq = np.log(np.array([min(fo[w], fn[w]) for w in vocab], dtype=np.float64))
     n_old = np.array([fo[w] for w in vocab], dtype=np.float64)
@@ -428,14 +436,14 @@ def _diachronic(unit, prepared, settings) -> list[pd.DataFrame]:
     from scipy.stats import spearmanr
 
     for layer in range(len(Told)):
-        disp = _displacement(Told[layer], Tnew[layer], anchor, settings.center)
-        split = _displacement(T1[layer], T2[layer], anchor, settings.center)
+        disp = word_displacement(Told[layer], Tnew[layer], anchor, settings.center)
+        split = word_displacement(T1[layer], T2[layer], anchor, settings.center)
         # for averages of n1 and n2 draws the expected 1 - cos grows like 1/n1 + 1/n2 (while it is
         # small), so the noise floor of the old-vs-new comparison is split * (1/n_old + 1/n_new) /
         # (1/n1 + 1/n2) with each word's counts in the two halves (a first-order correction; before
         # issue 40 the halves were taken as even, n_old/2 each: split * (1 + n_old/n_new) / 4). Where
         # 1 - cos is not small the rescaling understates the floor; the permutation null needs none
-        # (docs/align.md: model-free checks, experiments/align/noise_floor_check.py)
+        # (docs/evidence/align.md: model-free checks, experiments/align/noise_floor_check.py)
         floor = split * (1 / n_old + 1 / n_new) / (1 / np.maximum(n_half1, 1) + 1 / np.maximum(n_half2, 1))
         excess = disp - floor
         # frequency control: residual of displacement after a least-squares line on log frequency

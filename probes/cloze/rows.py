@@ -13,8 +13,15 @@ from probes.cloze.scoring import accuracy_ci, content_free_word, lens_correct_ru
 from probes.cloze.tasks import content_free
 from probes.cloze.settings import FIXED_CHOICE_TASKS, Settings
 from probes.core import baselines, fitting, runner
+from probes.core.rows import probe_schema
 from workbench.errors import CheckpointError
 from workbench.lm_scores import LMScorer, lm_scorer
+
+# The `extra` of the cloze probe's rows (checked when written, `workbench.rowschema`).
+EXTRA_SCHEMA = probe_schema("cloze", optional={
+    "methods": list, "items_with_multipiece_candidates": int, "head": str, "answer_counts": list, "scoring": str,
+    "content_free_word": str, "domain_premise": str, "head_model": str, "train_size": int, "seeds": int, "steps": int,
+    "accuracies": list, "train_sizes": list, "position": str, "blank": str})
 
 
 def _scorer(unit) -> LMScorer | None:

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 from workbench.errors import ConfigError
+from workbench.progress import progress as progress_bar
 
 
 # --------------------------------------------------------------------------- configuration
@@ -340,7 +340,7 @@ def train_heads(module: Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.
             total.backward()
             return total
 
-        bar = tqdm(total=cfg.max_iter, desc="probe (lbfgs)", disable=not cfg.progress, leave=False)
+        bar = progress_bar(total=cfg.max_iter, desc="probe (lbfgs)", disable=not cfg.progress, leave=False)
         while steps < cfg.max_iter:
             opt.step(closure)
             done = opt.state[opt.param_groups[0]["params"][0]]["n_iter"]
@@ -354,7 +354,7 @@ def train_heads(module: Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.
         bar.close()
     else:
         opt, sched, epochs = _adam_plan(module, cfg, n)
-        bar = tqdm(total=epochs, desc="probe (adam)", disable=not cfg.progress, leave=False)
+        bar = progress_bar(total=epochs, desc="probe (adam)", disable=not cfg.progress, leave=False)
         module.train()
         # Shuffle the words once (one copy of the training features), then each epoch cuts the
         # shuffled words into contiguous minibatches at a fresh random offset and visits them in
@@ -654,16 +654,7 @@ def fit_probe_tasks(
     xd = layer_tensor(x_dev, layers, dev) if with_dev else None
     mu, sd = standardisation(x, cfg.standardize)
     S, T, L, H = len(seeds), len(names), len(layers), x.shape[2]
-    # One standardised copy of the training features in the first seed's shuffled order (fit_probe
-    # keeps one shuffled copy too): the steps skip the per-step fold of mean and scale into the
-    # weights, the first seed reads contiguous slices, the others gather through the inverse order.
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
-    perms = [torch.randperm(n, generator=g).to(dev) for g in gens]
-    where = torch.empty_like(perms[0])
-    where[perms[0]] = torch.arange(n, device=dev)  # original index -> row of xs
-    xs = torch.empty_like(x)
-    for k in range(0, n, 4096):
-        torch.div(x.index_select(1, perms[0][k : k + 4096]) - mu[:, None], sd[:, None], out=xs[:, k : k + 4096])
+    gens, perms, where, xs = _shuffled_standardised(x, mu, sd, seeds, dev)
     module = _TaskSeedHeads(S, T, L, H, c, mu, sd).to(dev)
 
     def per_head(y):  # [T, N] -> [M, N], head order (s, t, l)
@@ -685,7 +676,7 @@ def fit_probe_tasks(
     module.train()
     steps, xb = 0, None
     y_t = y_tr.t().contiguous()  # [N, T]: one gather per seed gives every task's labels
-    bar = tqdm(total=epochs, desc=f"probes ({S} seeds x {T} tasks x {L} layers)", disable=not cfg.progress, leave=False)
+    bar = progress_bar(total=epochs, desc=f"probes ({S} seeds x {T} tasks x {L} layers)", disable=not cfg.progress, leave=False)
     for epoch in range(epochs):
         bounds = _epoch_bounds(n, cfg.batch_size, gens[0])
         orders = [torch.randperm(len(bounds) - 1, generator=g).tolist() for g in gens]
@@ -703,28 +694,9 @@ def fit_probe_tasks(
                 idx = [i if len(i) == size else i[torch.arange(size, device=dev) % len(i)] for i in idx]
             if xb is None or xb.shape[1] != size:
                 xb = torch.empty(S * L, size, H, device=dev)
-            for si, i in enumerate(idx):  # each seed's batch straight into place
-                lo, hi = bounds[orders[0][j]], bounds[orders[0][j] + 1]
-                if si == 0 and hi - lo == size:  # a full batch of the first seed (not padded)
-                    xb[:L].copy_(xs[:, lo:hi])
-                else:
-                    torch.index_select(xs, 1, where[i], out=xb[si * L : (si + 1) * L])
-            # The objective is the sum over heads of (mean CE + lambda/2 ||W||^2); each head's
-            # gradient depends on its own term only. Softmax regression has a closed-form gradient,
-            # d(mean CE)/d logits = (softmax - one-hot) / B, so the step skips autograd: one
-            # softmax and one batched matmul (x^T g) in the grouped layout [S*L, B, T*C]; the L2
-            # term's gradient is Adam's weight decay on W (see _adam_plan).
+            _gather_batch(xb, xs, where, idx, bounds[orders[0][j]], bounds[orders[0][j] + 1], L)
             yb = torch.stack([y_t.index_select(0, i) for i in idx]).unsqueeze(1).expand(S, L, size, T)  # [S, L, B, T]
-            with torch.no_grad():
-                g = torch.softmax(module.forward_seeded(xb).view(S, L, size, T, c), -1)
-                g.view(-1, c).scatter_add_(1, yb.reshape(-1, 1), torch.full((g.numel() // c, 1), -1.0, device=dev))
-                if full:
-                    g.div_(size)
-                else:
-                    g.mul_(wts.view(S, 1, size, 1, 1))
-                g = g.view(S * L, size, T * c)
-                module.w.grad = torch.bmm(xb.transpose(1, 2), g)
-                module.b.grad = g.sum(1, keepdim=True)
+            _closed_form_gradient(module, xb, yb, None if full else wts, c)
             opt.step()
             sched.step()
         steps = epoch + 1
@@ -737,10 +709,77 @@ def fit_probe_tasks(
         tracker.restore()
     best_step = tracker.best_step.numpy() if tracker is not None else np.full(S * T * L, steps)
 
+    return _task_seed_results(module, x, per_head(y_tr), xd, y_dev_heads, seeds, names, layers, c,
+                              best_step, steps, cfg)
+
+
+def _shuffled_standardised(x: torch.Tensor, mu: torch.Tensor, sd: torch.Tensor, seeds: list[int], dev):
+    """Each seed's generator and shuffle, and ONE standardised copy of the training features `x`
+    [L, N, H] in the first seed's shuffled order -> (gens, perms, where, xs).
+
+    fit_probe keeps one shuffled copy too: the steps skip the per-step fold of mean and scale into
+    the weights, the first seed reads contiguous slices of `xs`, the others gather through the
+    inverse order `where` (original index -> row of `xs`). Each generator draws its permutation
+    here first, before any batch order, as fit_probe's does (the draw order fixes the results).
+    """
+    n = x.shape[1]
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    perms = [torch.randperm(n, generator=g).to(dev) for g in gens]
+    where = torch.empty_like(perms[0])
+    where[perms[0]] = torch.arange(n, device=dev)  # original index -> row of xs
+    xs = torch.empty_like(x)
+    for k in range(0, n, 4096):
+        torch.div(x.index_select(1, perms[0][k : k + 4096]) - mu[:, None], sd[:, None], out=xs[:, k : k + 4096])
+    return gens, perms, where, xs
+
+
+def _gather_batch(xb: torch.Tensor, xs: torch.Tensor, where: torch.Tensor, idx: list, lo: int, hi: int,
+                  L: int) -> None:
+    """Each seed's batch (`idx`: original row indices, one tensor per seed) straight into its place
+    of `xb` [S*L, B, H]: the first seed's unpadded batch is the contiguous slice `lo:hi` of `xs`
+    (no gather), the others go through `where`. In place, so one buffer serves every step."""
+    size = xb.shape[1]
+    for si, i in enumerate(idx):
+        if si == 0 and hi - lo == size:  # a full batch of the first seed (not padded)
+            xb[:L].copy_(xs[:, lo:hi])
+        else:
+            torch.index_select(xs, 1, where[i], out=xb[si * L : (si + 1) * L])
+
+
+@torch.no_grad()
+def _closed_form_gradient(module: _TaskSeedHeads, xb: torch.Tensor, yb: torch.Tensor, wts, c: int) -> None:
+    """Set `module.w.grad` and `module.b.grad` for one step on the batch `xb` [S*L, B, H] with labels
+    `yb` [S, L, B, T]; `wts` [S, B]: per-row weights of padded batches (None: every row 1/B).
+
+    The objective is the sum over heads of (mean CE + lambda/2 ||W||^2); each head's gradient
+    depends on its own term only. Softmax regression has a closed-form gradient,
+    d(mean CE)/d logits = (softmax - one-hot) / B, so the step skips autograd: one softmax and one
+    batched matmul (x^T g) in the grouped layout [S*L, B, T*C]; the L2 term's gradient is Adam's
+    weight decay on W (see _adam_plan).
+    """
+    S, L, size, T = yb.shape
+    g = torch.softmax(module.forward_seeded(xb).view(S, L, size, T, c), -1)
+    g.view(-1, c).scatter_add_(1, yb.reshape(-1, 1), torch.full((g.numel() // c, 1), -1.0, device=xb.device))
+    if wts is None:
+        g.div_(size)
+    else:
+        g.mul_(wts.view(S, 1, size, 1, 1))
+    g = g.view(S * L, size, T * c)
+    module.w.grad = torch.bmm(xb.transpose(1, 2), g)
+    module.b.grad = g.sum(1, keepdim=True)
+
+
+def _task_seed_results(module: _TaskSeedHeads, x, y_heads, xd, y_dev_heads, seeds: list[int], names: list[str],
+                       layers: list[int], c: int, best_step: np.ndarray, steps: int,
+                       cfg: ProbeConfig) -> dict[tuple[str, int], ProbeResult]:
+    """{(task, seed): ProbeResult} of the fitted heads (order (s, t, l)): train accuracy and loss on
+    `x`, dev accuracy and predictions on `xd` when there is a dev split (`y_dev_heads` not None).
+    Each result is what fit_probe would return for that task and seed, so callers treat both alike."""
+    S, T, L = len(seeds), len(names), len(layers)
     weights = module.export()
-    _, _, tr_acc, tr_loss = evaluate_heads(module, x, per_head(y_tr))
+    _, _, tr_acc, tr_loss = evaluate_heads(module, x, y_heads)
     dv_pred = dv_acc = None
-    if with_dev:
+    if y_dev_heads is not None:
         _, dv_pred, dv_acc, _ = evaluate_heads(module, xd, y_dev_heads)
         dv_pred, dv_acc = dv_pred.cpu().numpy().reshape(S, T, L, -1), dv_acc.cpu().numpy().reshape(S, T, L)
     tr_acc, tr_loss = tr_acc.cpu().numpy().reshape(S, T, L), tr_loss.cpu().numpy().reshape(S, T, L)

@@ -13,7 +13,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from probes.core.fitting import (
     ProbeConfig,
@@ -25,6 +24,7 @@ from probes.core.fitting import (
     standardisation,
 )
 from workbench.errors import ConfigError
+from workbench.progress import progress
 
 
 MDL_FRACTIONS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.0625, 0.125, 0.25, 0.5, 1.0)
@@ -86,7 +86,7 @@ def mdl_online_code(
         xg = layer_tensor(x, sel, cfg.device)[:, torch.as_tensor(perm)]
         yg = y_all[torch.as_tensor(perm)].to(cfg.device)
         stats = standardisation(xg, cfg.standardize)
-        for i in tqdm(range(len(ends) - 1), desc="MDL blocks", disable=not cfg.progress, leave=False):
+        for i in progress(range(len(ends) - 1), desc="MDL blocks", disable=not cfg.progress, leave=False):
             a, b = int(ends[i]), int(ends[i + 1])
             block_cfg = replace(cfg, seed=cfg.seed + i)
             n_hold = int(round(holdout * a)) if cfg.early_stopping and a >= 10 else 0

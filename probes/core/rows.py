@@ -11,6 +11,22 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from workbench.errors import ConfigError
+from workbench.rowschema import RowSchema
+
+# `extra` keys every probe's rows may carry, written by the shared machinery rather than the probe:
+# a baseline row's declaration (`baselines.mark_baselines`, the runner's random-init twins), the
+# paired bootstrap replicates of a per-layer metric (`depth.boot_extras`) and their count.
+COMMON_EXTRA: dict[str, Any] = {"baseline": str, "baseline_for": str, "boot": list, "n_boot": int}
+
+
+def probe_schema(probe: str, kind: str = "rows", *, required: Mapping[str, Any] | None = None,
+                 optional: Mapping[str, Any] | None = None) -> RowSchema:
+    """Declare (register) the `extra` of one kind of a probe's rows, `COMMON_EXTRA` allowed on every
+    one: the results store then refuses a row with an undeclared key or a wrong type when it is
+    written (`workbench.rowschema`)."""
+    required = dict(required or {})
+    return RowSchema(probe, kind, required=required,
+                     optional={**{k: v for k, v in COMMON_EXTRA.items() if k not in required}, **(optional or {})})
 
 
 def layer_rows(

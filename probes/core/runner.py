@@ -49,7 +49,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import sys
 import time
 import typing
 from dataclasses import dataclass, field
@@ -58,14 +57,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from probes.core.statistics import N_BOOT
-from workbench.checkpoints import Checkpoint, expand_checkpoints, weights_hash
+from workbench.activations import CACHE_DTYPES
+from workbench.checkpoints import Checkpoint, expand_checkpoints
 from workbench.coerce import build_dataclass, coerce_value
 from workbench.errors import CheckpointError, ConfigError, DataFormatError, yaml_problem
+from workbench.identity import weights_hash
 from workbench.io import read_yaml
 from workbench.precision import COMPUTE_DTYPES, resolve_compute_dtype
+from workbench.progress import get_logger, progress
 
 TWIN_SEED_OFFSET = 7919  # random-init twins use probe seed + this (never a checkpoint's own step-0 init)
 RANDOM_INIT_SUFFIX = " (random init)"
@@ -92,6 +93,9 @@ class Settings:
     dtype: str = field(default="fp32", metadata={
         "help": "precision of the model's forward: fp32 | bf16 | auto (bf16 on a CPU with amx_bf16/avx512_bf16, "
                 "workbench.precision); activations reach the probes in fp32 either way"})
+    cache_dtype: str = field(default="fp32", metadata={
+        "help": "how the activation cache stores the vectors: fp32 | fp16 | bf16 (half the disk and reads; "
+                "fp16 fails on values beyond +-65504, bf16 keeps the range with 8 bits of mantissa)"})
     progress: bool = field(default=True, metadata={"help": "progress bars", "cli": False})
 
     # Fields that change how a run is executed, not what it computes: not part of the resume key.
@@ -118,6 +122,8 @@ class Settings:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.dtype not in COMPUTE_DTYPES:
             raise ConfigError(f"dtype must be one of {list(COMPUTE_DTYPES)}, got {self.dtype!r}")
+        if self.cache_dtype not in CACHE_DTYPES:
+            raise ConfigError(f"cache_dtype must be one of {list(CACHE_DTYPES)}, got {self.cache_dtype!r}")
         if self.stack is not None and self.stack not in STACK_NAMES:
             raise ConfigError(f"stack must be one of {list(STACK_NAMES)} (or unset), got {self.stack!r}")
 
@@ -126,8 +132,12 @@ class Settings:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def resume_key(self) -> dict[str, Any]:
-        """What decides the rows: the settings without the execution-only fields."""
-        return {k: v for k, v in self.as_config().items() if k not in self.EXECUTION_FIELDS}
+        """What decides the rows: the settings without the execution-only fields. (`cache_dtype` at its
+        default fp32 is left out, so the keys of runs started before the option existed still hold.)"""
+        key = {k: v for k, v in self.as_config().items() if k not in self.EXECUTION_FIELDS}
+        if key.get("cache_dtype") == "fp32":
+            del key["cache_dtype"]
+        return key
 
 
 def _plain(value):
@@ -191,7 +201,7 @@ class RoleCheckpoint:
     """A checkpoint of a `lazy` role: resolved and hashed by the runner, loaded by the probe (`load`)."""
 
     checkpoint: Checkpoint
-    checkpoint_hash: str  # `workbench.checkpoints.weights_hash`: what a loaded handle's hash would be
+    checkpoint_hash: str  # `workbench.identity.weights_hash`: what a loaded handle's hash would be
 
     @property
     def name(self) -> str:
@@ -285,7 +295,7 @@ class Unit:
             t0 = time.perf_counter()
             self._acts[memo] = extract(self.handle, sentences, dataset_key, pooling=pooling, stack=self.stack,
                                        batch_size=self.settings.batch_size, cache_dir=self.settings.cache_dir,
-                                       progress=self.progress)
+                                       dtype=CACHE_DTYPES[self.settings.cache_dtype], progress=self.progress)
             self.timings[f"extract:{dataset_key}"] = round(time.perf_counter() - t0, 3)
         return self._acts[memo]
 
@@ -319,7 +329,7 @@ class Unit:
 
     def log(self, message: str) -> None:
         if self.progress:
-            tqdm.write(f"[{self.probe}] {self.key}: {message}", file=sys.stderr)
+            get_logger(__name__).info(f"[{self.probe}] {self.key}: {message}")
 
 
 @dataclass
@@ -509,7 +519,7 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store,
 
     with store.start_run("probe", config, seeds={"probe": settings.seed}, data_files=prepared.files,
                          checkpoints=records, name=settings.name or spec.name) as run:
-        for ck in tqdm(ckpts, desc="checkpoints", disable=not settings.progress or len(ckpts) < 2):
+        for ck in progress(ckpts, desc="checkpoints", disable=not settings.progress or len(ckpts) < 2):
             t0 = time.perf_counter()
             handle = ck.handle if ck.handle is not None else _load_handle(ck)
             if getattr(handle, "compute_dtype", "fp32") != settings.dtype:  # the same model, run in that precision
@@ -546,7 +556,7 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store,
                     parts_by_task = {}
                     if share_key is not None:
                         shared_twins[(share_key, stk)] = (model_name, parts_by_task)
-                    for task in tqdm(settings.tasks, desc=f"tasks {model_name}", disable=not settings.progress,
+                    for task in progress(settings.tasks, desc=f"tasks {model_name}", disable=not settings.progress,
                                      leave=False):
                         name = f"{model_name}|{stk}|{task}|{h.checkpoint_hash[:16]}{role_key}"
                         saved = units.load(name)

@@ -65,12 +65,12 @@ from probes.coref.prepare import CorefData, prepare
 from probes.coref.settings import (BASELINES, GAP_LABELS, HEAD_CRITERIA, MENTION_TYPES, SPANS, TASKS,
                                    CorefSettings)
 from probes.coref.summary import format_summary
-from probes.coref.tasks import (_subset, best_head_rows, choose_heads, gap_heads_select_split, pair_probe, run_task,
-                                sample_anaphors)
+from probes.coref.tasks import (best_head_rows, choose_heads, gap_heads_select_split, pair_probe, run_task,
+                                sample_anaphors, subset_pairs)
 
 __all__ = ["NAME", "TASKS", "BASELINES", "SPANS", "GAP_LABELS", "MENTION_TYPES", "HEAD_CRITERIA", "CorefSettings",
            "CorefData", "prepare", "run_task", "format_summary", "PROBE", "SpanView", "PairView", "binary_scores",
-           "pair_metrics", "gap_scores_ci", "mention_pairs", "pair_probe", "sample_anaphors", "_subset",
+           "pair_metrics", "gap_scores_ci", "mention_pairs", "pair_probe", "sample_anaphors", "subset_pairs",
            "choose_heads", "best_head_rows", "gap_heads_select_split"]
 
 NAME = "coref"

@@ -4,7 +4,7 @@ Document windows. A document (a GUM text, a GAP snippet) is one long word sequen
 reads it in windows of its own length, half a window apart, and every word is read from the
 window where it is most central (causal stacks: where it has most left context) — the same plan
 `ModelHandle.word_states` follows for hidden states (`workbench.models.plan_windows` and
-`_choose_windows`), so a word's attention row and its hidden state come from the same window.
+`choose_windows`), so a word's attention row and its hidden state come from the same window.
 `document_windows` also says how much left context each word had there.
 
 Word-level attention (Clark et al. 2019, "What does BERT look at?", sec. 2): attention TO a word
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from workbench.errors import ConfigError
-from workbench.models import _choose_windows, plan_windows
+from workbench.models import choose_windows, plan_windows
 
 
 # --------------------------------------------------------------------------- document windows
@@ -57,7 +57,7 @@ def document_windows(handle, words: Sequence[str], stack: str | None = None, str
         return DocWindows(np.zeros((0, 2), dtype=np.int64), z, z, z.astype(bool))
     cap = handle.capacity
     starts = plan_windows(len(enc.ids), cap, stride or max(1, cap // 2))
-    home, cut = _choose_windows(enc.first, enc.last, starts, cap, stack == "decoder")
+    home, cut = choose_windows(enc.first, enc.last, starts, cap, stack == "decoder")
     ranges = np.array([[np.searchsorted(enc.first, s, side="left"),
                         np.searchsorted(enc.last, s + cap - 1, side="right")] for s in starts], dtype=np.int64)
     left = np.arange(n) - ranges[home, 0]
@@ -157,9 +157,9 @@ def attention_rows(handle, docs: Sequence[Sequence[str]], queries: Sequence[Sequ
         raise ConfigError(f"stack {stack!r} not in this model's stacks {handle.stacks}")
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from workbench.progress import progress as progress_bar
 
-        bar = tqdm(total=len(docs), desc="attention", unit="doc")
+        bar = progress_bar(total=len(docs), desc="attention", unit="doc")
     chunk = max(1, batch_size * 4)
     for c0 in range(0, len(docs), chunk):
         ids = range(c0, min(len(docs), c0 + chunk))

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pandas as pd
 
 from probes.core import runner
+from probes.core.rows import probe_schema
 from workbench.results import decode_extra
+
+# The `extra` of the coref probe's rows (`probes.coref.tasks`; checked when written, `workbench.rowschema`).
+EXTRA_SCHEMA = probe_schema("coref", optional={
+    "k": int, "span": str, "pooling": str, "n_train": int, "positive_rate": float, "pair_features": str,
+    "probe_seed": int, "num_classes": int, "features": str, "train": str, "stop": str, "paper_parallelism_f1": float,
+    "data": str, "evaluated": int, "out_of_window": int, "head": int, "criterion": str, "best_head": int,
+    "chosen_on": str, "chosen_value": float, "best_layer": int, "candidates": list, "lm_kind": str})
 
 
 # --------------------------------------------------------------------------- summary

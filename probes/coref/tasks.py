@@ -78,7 +78,8 @@ def sample_anaphors(pairs: Pairs, max_pairs: int, seed: int) -> np.ndarray:
     return np.flatnonzero(np.isin(pairs.anaphor, take))
 
 
-def _subset(p: Pairs, idx: np.ndarray) -> Pairs:
+def subset_pairs(p: Pairs, idx: np.ndarray) -> Pairs:
+    """The mention pairs at positions `idx`."""
     return Pairs(p.anaphor[idx], p.candidate[idx], p.label[idx], p.doc[idx], p.distance[idx])
 
 
@@ -139,7 +140,7 @@ def _gum_pairs(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
     pairs = {k: mention_pairs(getattr(d, k), s.k) for k in acts}
     fit_idx = sample_anaphors(pairs["fit"], s.max_train_pairs, s.seed)
     stop_idx = sample_anaphors(pairs["stop"], max(1, s.max_train_pairs // 4), s.seed + 1)
-    fit, stop, ev = _subset(pairs["fit"], fit_idx), _subset(pairs["stop"], stop_idx), pairs["eval"]
+    fit, stop, ev = subset_pairs(pairs["fit"], fit_idx), subset_pairs(pairs["stop"], stop_idx), pairs["eval"]
     unit.notes["items"]["gum-pairs"] = {
         split: {"pairs": int(len(p.label)), "positive": int(p.label.sum()), "anaphors": int(len(np.unique(p.anaphor)))}
         for split, p in (("fit", fit), ("stop", stop), ("eval", ev))}

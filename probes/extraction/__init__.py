@@ -55,6 +55,7 @@ import torch
 
 from probes.core import runner
 from probes.core.statistics import ratio_bootstrap
+from probes.extraction.rows import EXTRA_SCHEMA  # noqa: F401  (registers the rows' schema)
 from workbench.errors import ConfigError
 
 NAME = "extraction"
@@ -177,7 +178,7 @@ class Streams:
 def streams_for(unit, prepared, settings: Settings) -> Streams:
     from probes.membership import corpus_of
     from workbench.data_cache import TokenizedCorpus
-    from workbench.tokenization import tokenizer_hash
+    from workbench.identity import tokenizer_hash
     from workbench.verbatim import NgramIndex
 
     if unit.checkpoint.path is None:

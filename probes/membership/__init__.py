@@ -61,41 +61,22 @@ logit-scaled confidence on the true label, z_y - logsumexp(z_other).
 The package, one concern per module: `settings` (attacks, `Settings`), `samples` (ground truth and
 the length-matched sample), `scores` (per-example likelihoods and confidences), `attacks` (the
 attacks' scores and ROC metrics), `tasks` (`run_task`: the attacks with their reference model and
-shadows, the layer probe, their rows), `summary` (the printed table).
+shadows, the layer probe, their rows; the registry's `PROBE`), `summary` (the printed table).
 """
 
 from __future__ import annotations
 
-from probes.core import runner
 from probes.membership.samples import (Sample, check_disjoint, corpus_of, finetune_sample, passages,
                                        pretrain_sample)
 from probes.membership.scores import Stats, classifier_stats, lm_stats, scored_by
 from probes.membership.settings import ATTACKS, CONTROL_TASK, LM_ONLY, REFERENCE_ATTACKS, SETTINGS_KINDS, Settings
 from probes.membership.summary import summary
-from probes.membership.tasks import (_reference_stats, _shadow_set, attack_scores, documents_per_group, fits_window,
-                                     layer_probe_rows, metric_rows, prepare, run_task, shadow_checkpoints,
-                                     shadow_matrix, target_in_shadow_set)
+from probes.membership.tasks import (NAME, PROBE, TASKS, attack_scores, documents_per_group, fits_window,
+                                     layer_probe_rows, loaded_shadow_set, metric_rows, prepare, reference_stats,
+                                     run_task, shadow_checkpoints, shadow_matrix, target_in_shadow_set)
 
 __all__ = ["NAME", "TASKS", "SETTINGS_KINDS", "ATTACKS", "CONTROL_TASK", "REFERENCE_ATTACKS", "LM_ONLY", "Settings",
            "prepare", "run_task", "summary", "PROBE", "Sample", "check_disjoint", "passages", "corpus_of",
            "pretrain_sample", "finetune_sample", "Stats", "scored_by", "lm_stats", "classifier_stats", "fits_window",
            "shadow_checkpoints", "shadow_matrix", "target_in_shadow_set", "attack_scores", "metric_rows",
-           "documents_per_group", "layer_probe_rows", "_reference_stats", "_shadow_set"]
-
-NAME = "membership"
-TASKS = ("attacks", "layers")
-
-
-def _twin_same_for_every_step(settings: Settings) -> bool:
-    """Pretraining: the steps of a run share the sample (one corpus split) and the twin runs no LiRA,
-    so its rows are the same beside every step. Fine-tuning: kept per epoch (conservative)."""
-    return settings.setting == "pretrain"
-
-
-PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task,
-                         description="membership inference from manifests: LOSS, zlib, reference, Min-K%, Min-K%++, "
-                                     "LiRA; layer-wise membership probe",
-                         summary=summary, twin_once_per_run=_twin_same_for_every_step,
-                         roles={"reference": runner.Role("reference", used=lambda s: bool(set(s.attacks) & set(REFERENCE_ATTACKS))),
-                                "shadows": runner.Role("shadows", many=True, lazy=True, checkpoints=shadow_checkpoints,
-                                                       used=lambda s: "lira" in s.attacks)})
+           "documents_per_group", "layer_probe_rows", "reference_stats", "loaded_shadow_set"]

@@ -14,6 +14,7 @@ from probes.membership import attacks as ma
 from probes.membership.samples import Sample, corpus_of, finetune_sample, pretrain_sample
 from probes.membership.scores import Stats, classifier_stats, lm_stats, scored_by
 from probes.membership.settings import CONTROL_TASK, REFERENCE_ATTACKS, Settings
+from probes.membership.summary import summary
 from workbench.errors import CheckpointError, ConfigError
 
 
@@ -30,7 +31,7 @@ def _sample_for(unit, prepared, settings: Settings) -> Sample:
     if settings.setting == "finetune":
         key = _finetune_key(path)
         if key not in memo:
-            pool = _shadow_set(prepared, settings).record["pool"]["ids"] if "lira" in settings.attacks else None
+            pool = loaded_shadow_set(prepared, settings).record["pool"]["ids"] if "lira" in settings.attacks else None
             memo[key] = finetune_sample(path, settings.n_examples, settings.seed, settings.length_bin, within=pool)
         sample, _ = memo[key]
     else:
@@ -63,7 +64,7 @@ def _finetune_key(checkpoint) -> tuple[str, str]:
     return ("finetune", str(checkpoint))
 
 
-def _shadow_set(prepared, settings: Settings):
+def loaded_shadow_set(prepared, settings: Settings):
     """LiRA's shadow set (`settings.shadows`), loaded once per run and set (finetune: its pool bounds
     the sample; its models give the shadow matrix); its kind must match the setting."""
     from workbench.shadows import ShadowSet
@@ -113,7 +114,7 @@ def _stats(handle, checkpoint, sample: Sample, prepared, settings: Settings) -> 
                     progress=settings.progress, electra_head=settings.electra_head)
 
 
-def _reference_stats(unit, sample: Sample, prepared, settings: Settings) -> Stats:
+def reference_stats(unit, sample: Sample, prepared, settings: Settings) -> Stats:
     """The reference model's statistics on the sample; the model is the runner's `reference` role
     (`settings.reference`, loaded once per run)."""
     h = unit.roles["reference"]
@@ -140,11 +141,9 @@ def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Setting
     if key in prepared.data["stats"]:
         return prepared.data["stats"][key]
     if shadows is None:
-        from probes.membership import PROBE
-
         shadows = runner.load_roles(PROBE, {"shadows": runner.resolve_roles(PROBE, settings)["shadows"]})["shadows"]
     resolved = {Path(c.path).resolve(): c for c in shadows}
-    sset = _shadow_set(prepared, settings)
+    sset = loaded_shadow_set(prepared, settings)
     target_run = Path(target_path).resolve().parent
     epoch = _finetune_epoch(target_path) if settings.setting == "finetune" else None
     phis, ins, outs, names = [], [], [], []
@@ -331,7 +330,7 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
         unit.notes.setdefault("no_lm_head", []).append({"model": unit.model, "why": str(e)})
         unit.log(f"no LM head, attacks skipped for the twin ({e})")
         return []
-    ref = _reference_stats(unit, sample, prepared, settings) if set(settings.attacks) & set(REFERENCE_ATTACKS) else None
+    ref = reference_stats(unit, sample, prepared, settings) if set(settings.attacks) & set(REFERENCE_ATTACKS) else None
     shadows = None
     if "lira" in settings.attacks:
         if unit.is_twin:
@@ -348,10 +347,31 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
             if settings.equal_counts is None:  # auto: thin the counts exactly when the design ties them
                 import dataclasses
 
-                in_set = target_in_shadow_set(unit.checkpoint.path, _shadow_set(prepared, settings))
+                in_set = target_in_shadow_set(unit.checkpoint.path, loaded_shadow_set(prepared, settings))
                 settings = dataclasses.replace(settings, equal_counts=in_set)
                 unit.notes.setdefault("lira_equal_counts", {})[unit.checkpoint.name] = in_set
     how = "classifier" if settings.setting == "finetune" else scored_by(unit.handle, settings.electra_head)
     unit.notes.setdefault("lm_score", {})[unit.model] = how
     scores = attack_scores(sample, st, settings, ref, shadows)
     return metric_rows(unit, scores, sample, settings, how)
+
+
+# The probe's registry entry (`probes.PROBES`, re-exported by the package): here beside `prepare` and
+# `run_task`, so that `shadow_matrix` reads its roles without importing the package (no import circle).
+NAME = "membership"
+TASKS = ("attacks", "layers")
+
+
+def _twin_same_for_every_step(settings: Settings) -> bool:
+    """Pretraining: the steps of a run share the sample (one corpus split) and the twin runs no LiRA,
+    so its rows are the same beside every step. Fine-tuning: kept per epoch (conservative)."""
+    return settings.setting == "pretrain"
+
+
+PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task,
+                         description="membership inference from manifests: LOSS, zlib, reference, Min-K%, Min-K%++, "
+                                     "LiRA; layer-wise membership probe",
+                         summary=summary, twin_once_per_run=_twin_same_for_every_step,
+                         roles={"reference": runner.Role("reference", used=lambda s: bool(set(s.attacks) & set(REFERENCE_ATTACKS))),
+                                "shadows": runner.Role("shadows", many=True, lazy=True, checkpoints=shadow_checkpoints,
+                                                       used=lambda s: "lira" in s.attacks)})

@@ -82,17 +82,17 @@ from probes.syntax.items import build_items
 from probes.syntax.prepare import plan_splits, prepare
 from probes.syntax.settings import BASELINES, NAME, STRUCTURAL_TASKS, TASKS, SyntaxSettings
 from probes.syntax.summary import format_layer_table
-from probes.syntax.tasks import _classification, _context, _length_averaged_ci, _structural
+from probes.syntax.tasks import fit_classification_task, make_context, length_averaged_ci, fit_structural_task
 from workbench.errors import ConfigError
 
 __all__ = ["NAME", "TASKS", "BASELINES", "SyntaxSettings", "prepare", "plan_splits", "run_task", "run_syntax_probes",
            "format_layer_table", "syntax_cli_main", "PROBE", "FeatureView", "sentence_rows", "build_items",
-           "_length_averaged_ci", "ConfigError"]
+           "length_averaged_ci", "ConfigError"]
 
 
 def run_task(unit, prepared: runner.Prepared, task: str, settings: SyntaxSettings) -> list[pd.DataFrame]:
-    ctx = _context(unit, prepared, settings)
-    return _structural(ctx, task) if task in STRUCTURAL_TASKS else _classification(ctx, task)
+    ctx = make_context(unit, prepared, settings)
+    return fit_structural_task(ctx, task) if task in STRUCTURAL_TASKS else fit_classification_task(ctx, task)
 
 
 # --------------------------------------------------------------------------- public entry point

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from scipy.sparse.csgraph import minimum_spanning_tree
 from scipy.stats import rankdata, spearmanr
-from tqdm import tqdm
+
+from workbench.progress import progress as progress_bar
 
 PUNCT_UPOS = frozenset({"PUNCT"})
 SPEARMAN_LENGTHS = (5, 50)
@@ -378,7 +379,7 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
     dev_batches = [dev.batch(list(range(i, min(i + batch_size, len(dev))))) for i in range(0, len(dev), batch_size)]
     dev_batches = [(_scaled(x, scaling), *rest) for x, *rest in dev_batches]
     epoch = 0
-    for epoch in tqdm(range(1, epochs + 1), desc=f"{kind} probe", disable=not progress):
+    for epoch in progress_bar(range(1, epochs + 1), desc=f"{kind} probe", disable=not progress):
         for batch_idx in _length_buckets(train, batch_size, order_rng):
             x, mask, dist, depth = train.batch(batch_idx)
             x = _scaled(x, scaling)

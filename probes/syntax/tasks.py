@@ -25,20 +25,20 @@ EXTRACTION_COUNTS = ("sentences", "words", "windowed_sentences", "windows", "wor
 
 
 # --------------------------------------------------------------------------- fitting helpers
-def _encode(labels: Sequence[str], vocab: dict[str, int]) -> np.ndarray:
+def encode_labels(labels: Sequence[str], vocab: dict[str, int]) -> np.ndarray:
     """Label strings -> indices; a label unseen in training gets len(vocab) (never counted correct)."""
     unk = len(vocab)
     return np.fromiter((vocab.get(l, unk) for l in labels), dtype=np.int64, count=len(labels))
 
 
-def _layer_batch(n_layers: int, n_items: int, dim: int, budget_bytes: float) -> int | None:
+def layers_per_fit(n_layers: int, n_items: int, dim: int, budget_bytes: float) -> int | None:
     """Layers per batched fit so that one group's float32 features stay under the budget."""
     per_layer = max(1, n_items * dim * 4)
     k = int(budget_bytes // per_layer)
     return None if k >= n_layers else max(1, k)
 
 
-def _length_averaged_ci(values: np.ndarray, lengths: np.ndarray, n_boot: int, seed: int):
+def length_averaged_ci(values: np.ndarray, lengths: np.ndarray, n_boot: int, seed: int):
     """Bootstrap CI of a statistic averaged within sentence lengths, then over lengths 5-50
     (Hewitt & Manning's DSpr/NSpr). values [L, S] per-sentence scores (NaN = not counted).
     Sentences are resampled with `statistics.resample_counts`: the same resamples as the sentence
@@ -115,7 +115,7 @@ class _Context:
         return self.settings.memory_budget_gb * 2**30
 
 
-def _context(unit, prepared: runner.Prepared, settings: SyntaxSettings) -> _Context:
+def make_context(unit, prepared: runner.Prepared, settings: SyntaxSettings) -> _Context:
     """The unit's activations (extracted once, cached on disk) and shared settings, memoised on the unit."""
     if "ctx" not in unit.state:
         d: SyntaxData = prepared.data
@@ -141,7 +141,9 @@ def _rows(ctx: _Context, task: str, metrics, *, split=None, layers=None, n=None,
     return ctx.unit.rows(task, metrics, split=split or ctx.plan.eval_split, layers=layers, n=n, ci=ci, extra=merged)
 
 
-def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
+def fit_classification_task(ctx: _Context, task: str) -> list[pd.DataFrame]:
+    """Rows of one classification task (UPOS, XPOS, deprel, arc): every probe kind on every layer, with
+    its control task and MDL / scalar mix where the settings ask for them."""
     plan = ctx.plan
     t_off, e_off = ctx.train_acts.sentence_offsets, ctx.eval_acts.sentence_offsets
     seed = ctx.seed
@@ -154,7 +156,7 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
         raise ConfigError(f"task {task}: no training or evaluation items")
     vocab = {l: i for i, l in enumerate(sorted(set(fit.labels)))}
     c = len(vocab)
-    y_fit, y_stop, y_ev = _encode(fit.labels, vocab), _encode(stop.labels, vocab), _encode(ev.labels, vocab)
+    y_fit, y_stop, y_ev = encode_labels(fit.labels, vocab), encode_labels(stop.labels, vocab), encode_labels(ev.labels, vocab)
     known = y_ev < c
     unseen = int((~known).sum())
     if unseen:
@@ -164,7 +166,7 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
     x_stop = FeatureView(ctx.train_acts.layers, stop.cols, product)
     x_ev = FeatureView(ctx.eval_acts.layers, ev.cols, product)
     n_layers = x_fit.shape[0]
-    layer_batch = _layer_batch(n_layers, len(fit), x_fit.shape[2], ctx.memory_budget)
+    layer_batch = layers_per_fit(n_layers, len(fit), x_fit.shape[2], ctx.memory_budget)
     out = []
     extra = {"n_train": len(fit), "num_classes": c, "unseen_eval_labels": unseen}
     if task in ("deprel", "arc"):
@@ -229,7 +231,8 @@ def _classification(ctx: _Context, task: str) -> list[pd.DataFrame]:
     return out
 
 
-def _tree_set(acts, sentences, ids=None) -> st.TreeSet:
+def tree_set(acts, sentences, ids=None) -> st.TreeSet:
+    """The structural probes' `TreeSet` of the given sentences (all when `ids` is None) of `acts`."""
     if ids is None:
         return st.TreeSet(acts.layers, np.asarray(acts.sentence_offsets), [np.asarray(s.heads) for s in sentences],
                           [s.upos for s in sentences])
@@ -239,15 +242,16 @@ def _tree_set(acts, sentences, ids=None) -> st.TreeSet:
                       [s.upos for s in chosen])
 
 
-def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
+def fit_structural_task(ctx: _Context, task: str) -> list[pd.DataFrame]:
+    """Rows of a structural probe (Hewitt & Manning's distance or depth) on every layer."""
     plan, seed = ctx.plan, ctx.seed
     fit_ids = plan.fit
     cap = ctx.settings.structural_max_train_sentences
     if cap is not None and len(fit_ids) > cap:
         fit_ids = np.sort(np.random.default_rng([seed, 3]).choice(fit_ids, cap, replace=False))
-    train = _tree_set(ctx.train_acts, plan.train, fit_ids)
-    stop = _tree_set(ctx.train_acts, plan.train, plan.stop)
-    ev = _tree_set(ctx.eval_acts, plan.eval)
+    train = tree_set(ctx.train_acts, plan.train, fit_ids)
+    stop = tree_set(ctx.train_acts, plan.train, plan.stop)
+    ev = tree_set(ctx.eval_acts, plan.eval)
     kind = "distance" if task == "structural-distance" else "depth"
     t0 = time.perf_counter()
     fitted = st.fit_structural_probe(train, stop, kind=kind, seed=seed, progress=ctx.progress, **ctx.settings.structural)
@@ -264,7 +268,7 @@ def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
         correct, total = scores["uuas_correct"], scores["uuas_total"]
         uuas, lo, hi = stats.ratio_bootstrap(correct, total, n_boot=ctx.n_boot, seed=seed)  # per-sentence sums
         dspr = st.length_averaged(scores["dspr"], lengths)
-        dlo, dhi = _length_averaged_ci(scores["dspr"], lengths, ctx.n_boot, seed)
+        dlo, dhi = length_averaged_ci(scores["dspr"], lengths, ctx.n_boot, seed)
         out.append(_rows(ctx, task, {"uuas": uuas}, n=int(total.sum()), ci={"uuas": (lo, hi)}, extra=extra))
         out.append(_rows(ctx, task, {"dspr": dspr}, n=len(ev), ci={"dspr": (dlo, dhi)}, extra=extra))
         if "majority" in ctx.baselines and not ctx.is_twin:  # data-only baseline, written with the others
@@ -277,7 +281,7 @@ def _structural(ctx: _Context, task: str) -> list[pd.DataFrame]:
         counted = np.isfinite(hits[0])
         acc, lo, hi = stats.ratio_bootstrap(hits[:, counted], None, n_boot=ctx.n_boot, seed=seed)  # one hit per sentence
         nspr = st.length_averaged(scores["nspr"], lengths)
-        nlo, nhi = _length_averaged_ci(scores["nspr"], lengths, ctx.n_boot, seed)
+        nlo, nhi = length_averaged_ci(scores["nspr"], lengths, ctx.n_boot, seed)
         out.append(_rows(ctx, task, {"root_acc": acc}, n=int(counted.sum()), ci={"root_acc": (lo, hi)}, extra=extra))
         out.append(_rows(ctx, task, {"nspr": nspr}, n=len(ev), ci={"nspr": (nlo, nhi)}, extra=extra))
     ctx.timings[task] = round(time.perf_counter() - t0, 3)

@@ -145,7 +145,7 @@ def mlm_tickets(checkpoint: str | Path, max_sparsity: float, imp_step: float, se
     run is `folder/round-r`; the masked weights of every round's trained checkpoint are checked to
     be exactly zero."""
     from workbench.families import get_family
-    from workbench.tokenization import tokenizer_hash
+    from workbench.identity import tokenizer_hash
     from workbench.train import prepare_data, train_from_config
 
     checkpoint = Path(checkpoint).expanduser().resolve()

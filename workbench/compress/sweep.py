@@ -16,7 +16,7 @@ Methods (`METHODS`; amounts in brackets):
 | imp_mlm | pretraining ticket (Chen et al. 2020, Sec. 5): IMP for the masked-LM loss on the checkpoint's own pretraining corpus (`mlm:` settings, `workbench.compress.pretraining_ticket`), then the task fine-tuning of the pretrained weights times that mask [sparsities] | yes: pretrained weights, fresh optimizer |
 | quantize | k-bit fake quantization of the fine-tuned weights, `quantize_scheme`: per_channel (one scale per output channel, the prunable set) or q8bert (one scale per tensor, every embedding and dense layer, Zafrir et al. 2019) [bits] | no |
 | lowrank | rank-r SVD of every block matrix, and magnitude pruning of each matrix to the same number of parameters (`lowrank_magnitude`) [ranks] | no |
-| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.compress.heads.iterative_pruning`): `heads.fraction` of all heads per step (`heads.step_of: total`; `remaining`: of those still present), least important / random / most important first, until dev accuracy falls below `heads.threshold` x the full model's; with `heads.units: mlps` or `both` the MLPs too (Prasanna et al. 2020); every step is a point [fraction of the pruned units removed]. With `heads.subnetworks: equal_size` (the default; needs heads_good) heads_random / heads_bad also write Prasanna et al.'s random / bad subnetwork of the good one's size as a point of `heads_random_equal_size` / `heads_bad_equal_size` | no |
+| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.compress.head_pruning.iterative_pruning`): `heads.fraction` of all heads per step (`heads.step_of: total`; `remaining`: of those still present), least important / random / most important first, until dev accuracy falls below `heads.threshold` x the full model's; with `heads.units: mlps` or `both` the MLPs too (Prasanna et al. 2020); every step is a point [fraction of the pruned units removed]. With `heads.subnetworks: equal_size` (the default; needs heads_good) heads_random / heads_bad also write Prasanna et al.'s random / bad subnetwork of the good one's size as a point of `heads_random_equal_size` / `heads_bad_equal_size` | no |
 | heads_remove | the heads listed in `heads.remove` ((layer, head) pairs, checked against the checkpoint's config before any work) masked at once [fraction of heads removed] | no |
 The prunable set (`include_pooler`, on by default): the block matrices and the base model's pooler,
 as Chen et al.'s code prunes `bert.pooler.dense` (`workbench.compress.unstructured`); `false` keeps
@@ -34,9 +34,9 @@ classifier folder holding the rewound weights times the mask, with
 weights re-zeroed after every step); the measured sparsity of the trained weights (zeros counted)
 must equal the mask's, or the point fails.
 A heads point is the fine-tuned model with the removed heads' columns of the attention output
-projection zeroed (`workbench.compress.heads.apply_mask`: the same outputs as gating their context
+projection zeroed (`workbench.compress.head_pruning.apply_mask`: the same outputs as gating their context
 vectors), saved like every point; its manifest params hold `heads_kept` (layer x head bools), the
-order and the pruning step. The `heads:` mapping is `workbench.compress.heads.HeadPruningSettings`
+order and the pruning step. The `heads:` mapping is `workbench.compress.head_pruning.HeadPruningSettings`
 less `orders` (the methods say which) and `refinetune` (experiments/prune_heads.py re-fine-tunes).
 
 Layout (resumable: a point whose `point.json` exists is read back, not recomputed):
@@ -56,7 +56,7 @@ Rows (probe "prune", task = the fine-tuning task, model = the method, `full` for
 per seed and split `accuracy` (extra: method, amount, sparsity measured, bits, rank, parameters,
 nonzero parameters, mask hash, checkpoint; heads points: n_removed, n_heads, order, pruning_step);
 for each heads order and seed `heads_prunable` and one `head_kept` row per (layer, head) of the
-subnetwork at the threshold (`workbench.compress.heads.curve_rows`, model "heads": the Compression
+subnetwork at the threshold (`workbench.compress.head_pruning.curve_rows`, model "heads": the Compression
 page's surviving-heads matrix); per method, amount and split a seed-less `accuracy`
 row (mean, 95% t-interval, extra sd) and, for the retrained methods, `wins` = 1.0 when the mean
 is within one standard deviation over seeds of the full model's mean (Chen et al. 2020's
@@ -79,7 +79,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.compress import heads as H
+from workbench.compress import head_pruning as H
 from workbench.compress.lowrank import equal_parameter_sparsity, lowrank_product
 from workbench.compress.masks import (
     MASKS_FILE,
@@ -100,10 +100,26 @@ from workbench.compress.unstructured import (
     pooler_layers,
     random_masks,
 )
+from workbench.drivers import IDENTITY, NOT_IDENTITY, DriverSpec, identity, load_config
 from workbench.errors import CheckpointError, ConfigError
 from workbench.io import atomic_dir, atomic_path, atomic_write_json
+from workbench.progress import get_logger
+from workbench.rowschema import RowSchema
 
 PROBE = "prune"
+# The `extra` of a sweep's rows (`build_rows`; checked by the results store, `workbench.rowschema`);
+# the head-pruning curves it adds are declared in `workbench.compress.head_pruning`.
+_POINT_KEYS = {"amount": float, "sparsity": float, "bits": int, "scheme": str, "quantized_parameters": int,
+               "rank": int, "round": int, "rewind_step": int, "from_step": int, "parameters": int, "prunable": int,
+               "nonzero_parameters": int, "nonzero_prunable": int, "sparsity_measured": float, "mask_sha256": str,
+               "checkpoint": str, "n_heads_kept": int, "n_heads": int, "order": str, "pruning_step": int,
+               "mlm_steps": int, "n_mlps_kept": int, "n_mlps": int, "units": str}
+EXTRA_SCHEMAS = (
+    RowSchema(PROBE, "per seed", required={"sweep": str}, optional=_POINT_KEYS),
+    RowSchema(PROBE, "over seeds", required={"amount": float, "over": str, "interval": str, "sd": float, "seeds": int,
+                                             "sparsity_measured": float, "sweep": str},
+              optional={"full_mean": float, "full_sd": float, "rule": str}),
+)
 # rewind_step N > 0: retraining continues from step N (Frankle et al. 2020) or restarts at step 0
 REWIND_SCHEDULES = ("continue", "restart")
 RETRAINED = ("imp", "oneshot", "random", "reinit", "imp_mlm")
@@ -138,43 +154,43 @@ class PruneConfig:
     bits: list[int] = field(default_factory=lambda: [8, 4, 3, 2, 1])
     ranks: list[int] = field(default_factory=list)
     heads: dict = field(default_factory=dict)  # HeadPruningSettings less orders and refinetune (module docstring)
-    mlm: dict = field(default_factory=dict)    # imp_mlm: MlmTicketSettings (MLM steps per round, lr, seed)
+    # imp_mlm: MlmTicketSettings (MLM steps per round, lr, seed); not in the identity when empty (sweeps
+    # written before `mlm:` existed resume unchanged)
+    mlm: dict = field(default_factory=dict, metadata={IDENTITY: lambda c: bool(c.mlm)})
     include_embeddings: bool = False      # prune the input embedding matrix too
     include_head: bool = False            # prune the task head's matrices too
     include_pooler: bool = True           # prune the base model's pooler too (Chen et al. 2020's set)
     rewind_schedule: str = "continue"     # rewind_step N > 0: retrain from step N (Frankle et al.) | restart at 0
     quantize_scheme: str = "per_channel"  # per_channel | q8bert (per tensor, embeddings too: Zafrir et al. 2019)
-    keep_checkpoints: bool = True         # False: drop each point's weights when its seed is done
+    keep_checkpoints: bool = field(default=True, metadata=NOT_IDENTITY)  # False: drop each point's weights when its seed is done
     name: str | None = None               # default prune-<task>-<checkpoint folder or Hub name>
-    output_dir: str | None = None         # default <runs root>/prune/<name>
-    progress: bool = True
+    output_dir: str | None = field(default=None, metadata=NOT_IDENTITY)  # default <runs root>/prune/<name>
+    progress: bool = field(default=True, metadata=NOT_IDENTITY)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def key(self, ft) -> dict:
+        """The sweep's identity (`workbench.drivers.identity`; its folder's config.json): the identity
+        fields, `finetune` standing for the fine-tuning's own identity (training hash, checkpoint, seeds)."""
+        return identity(self, finetune={"training_hash": ft.training_hash(), "checkpoint": ft.checkpoint,
+                                        "seeds": ft.seeds})
 
 
 def load_prune_config(source: str | Path | dict, overrides: dict | None = None,
                       finetune_overrides: dict | None = None) -> tuple[PruneConfig, Any]:
     """(sweep config, its FinetuneConfig), validated before any work; every error names the file
-    and the key. `overrides` replace sweep keys, `finetune_overrides` keys of `finetune:` (None
-    values are ignored)."""
-    from workbench.coerce import build_dataclass
+    and the key. `overrides` replace sweep keys, `finetune_overrides` keys of `finetune:`, both by
+    `workbench.drivers.load_config`'s rule (None values are ignored)."""
     from workbench.finetune import load_finetune_config
-    from workbench.io import read_yaml
 
-    if isinstance(source, dict):
-        data, where = dict(source), "prune config"
-    else:
-        where = str(source)
-        data = read_yaml(Path(source))
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    cfg = build_dataclass(PruneConfig, data, where)
+    cfg, where = load_config(PruneConfig, source, overrides, label="prune config")
     ft_cfg = load_finetune_config({"progress": cfg.progress, **cfg.finetune}, finetune_overrides)
     _validate(cfg, ft_cfg, where)
     head_settings(cfg, where)
     if "imp_mlm" in cfg.methods:
         from workbench.compress.pretraining_ticket import load_mlm_settings, pretraining_manifest
-        from workbench.finetune import resolve_checkpoint
+        from workbench.checkpoints import single_checkpoint
 
         mlm = load_mlm_settings(cfg.mlm, where)
         for i, x in enumerate(mlm.sparsities or []):
@@ -183,7 +199,7 @@ def load_prune_config(source: str | Path | dict, overrides: dict | None = None,
             except ConfigError:
                 raise ConfigError(f"{where}: mlm: sparsities[{i}]: {x} is not a multiple of imp_step "
                                   f"{cfg.imp_step} (IMP reaches only those)") from None
-        pretraining_manifest(resolve_checkpoint(ft_cfg.checkpoint), where=f"{where}: methods: imp_mlm")
+        pretraining_manifest(single_checkpoint(ft_cfg.checkpoint), where=f"{where}: methods: imp_mlm")
     elif cfg.mlm:
         raise ConfigError(f"{where}: mlm: settings for method imp_mlm, which methods does not list")
     if "heads_remove" in cfg.methods:
@@ -217,9 +233,9 @@ def checkpoint_head_shape(checkpoint: str) -> tuple[int, int]:
     """(layers, heads per layer) from a checkpoint's config.json, without loading its weights."""
     from transformers import AutoConfig
 
-    from workbench.finetune import resolve_checkpoint
+    from workbench.checkpoints import single_checkpoint
 
-    config = AutoConfig.from_pretrained(resolve_checkpoint(checkpoint))
+    config = AutoConfig.from_pretrained(single_checkpoint(checkpoint))
     return int(config.num_hidden_layers), int(config.num_attention_heads)
 
 
@@ -385,13 +401,13 @@ class Sweep:
         self.points: list[dict] = []
         self.head_rows: list[dict] = []  # surviving-heads rows of the heads orders (module docstring)
         self.mlm = None  # imp_mlm: ({sparsity: masks of the pretraining module}, that module, settings)
-        self.head_curves: dict[tuple[int, str], Any] = {}  # (seed, order) -> heads.PruningCurve
+        self.derived = DerivedPoints(self)  # the points that need no retraining
 
     # -- helpers -----------------------------------------------------------------------------------
 
     def log(self, text: str) -> None:
         if self.cfg.progress:
-            print(text, flush=True)
+            get_logger(__name__).info(text)
 
     def point_dir(self, method: str, amount, seed: int) -> Path:
         return self.folder / "points" / method / amount_label(method, amount) / f"seed-{seed}"
@@ -407,14 +423,6 @@ class Sweep:
             out[split] = {"accuracy": acc, "n": n}
         model.to("cpu")
         return out
-
-    def counts(self, model, names: list[str]) -> dict:
-        params = dict(model.named_parameters())
-        prunable = sum(params[n].numel() for n in names)
-        zeros = sum(int((params[n] == 0).sum()) for n in names)
-        total = sum(p.numel() for p in model.parameters())
-        return {"parameters": total, "prunable": prunable, "nonzero_prunable": prunable - zeros,
-                "nonzero_parameters": total - zeros, "sparsity_measured": zeros / prunable if prunable else 0.0}
 
     def save_point(self, s: Seeded, method: str, amount, model, masks: dict | None, params: dict,
                    result: dict, seconds: float, retrained: tuple | None = None) -> dict:
@@ -440,7 +448,7 @@ class Sweep:
         if masks is not None:
             save_masks(model_dir, masks)
         record = {**full_params, "amount": amount, **result,
-                  **self.counts(model, s.names), "checkpoint": str(model_dir), "seconds": round(seconds, 2),
+                  **weight_counts(model, s.names), "checkpoint": str(model_dir), "seconds": round(seconds, 2),
                   "content_sha256": derived.checkpoint_hash}
         atomic_write_json(target / "point.json", record)
         self.log(f"  {method} {amount_label(method, amount)} seed {s.seed}: dev {result['dev']['accuracy']:.4f} "
@@ -569,9 +577,29 @@ class Sweep:
             current = masks
         return out
 
-    def run_seed(self, seed: int) -> None:
+    def retrained_point(self, s: Seeded, method: str, amount: float, imp_masks: dict) -> dict:
+        """One retrained point (oneshot, random or reinit at a sparsity; imp_mlm: `pretraining_ticket`),
+        computed or read back: what `run_seed` and an executor unit (`run_unit`) both call. reinit
+        takes IMP's masks (`imp_masks`, {sparsity: masks})."""
         from workbench.models import DERIVATIONS
 
+        rewind, k, seed = self.rewind_params(), self.from_step(), s.seed
+        if method == "oneshot":
+            masks = magnitude_masks(s.full, s.names, amount)
+            return self.retrain(s, "oneshot", amount, masks, s.start, {"sparsity": amount, **rewind}, from_step=k)
+        if method == "random":
+            masks = random_masks(s.full, s.names, amount, seed=seed * 1000 + round(amount * 1000))
+            return self.retrain(s, "random", amount, masks, s.start, {"sparsity": amount, **rewind}, from_step=k)
+        if method == "reinit":  # from the ticket's step too (open_lth's randomly_reinitialize)
+            fresh = DERIVATIONS["random_init"].apply(s.full, seed=seed).state_dict()
+            return self.retrain(s, "reinit", amount, imp_masks[amount], fresh,
+                                {"sparsity": amount, "init_seed": seed, **({"from_step": k} if k else {})},
+                                prior=self.done("imp", amount, seed)["checkpoint"], from_step=k)
+        if method == "imp_mlm":
+            return self.pretraining_ticket(s, amount)
+        raise ValueError(f"{method}: not a retrained point")
+
+    def run_seed(self, seed: int) -> None:
         s = self.full_model(seed)
         self.log(f"seed {seed}: full model dev {s.full_result['dev']['accuracy']:.4f} "
                  f"test {s.full_result['test']['accuracy']:.4f}; {len(s.names)} prunable matrices")
@@ -582,39 +610,27 @@ class Sweep:
         imp_masks = self.imp(s) if "imp" in methods else {}
         for amount in imp_masks:
             self.points.append(self.done("imp", amount, seed))
-        rewind, k = self.rewind_params(), self.from_step()
         for amount in self.cfg.sparsities:
-            if "oneshot" in methods:
-                masks = magnitude_masks(s.full, s.names, amount)
-                self.points.append(self.retrain(s, "oneshot", amount, masks, s.start, {"sparsity": amount, **rewind},
-                                                from_step=k))
-            if "random" in methods:
-                masks = random_masks(s.full, s.names, amount, seed=seed * 1000 + round(amount * 1000))
-                self.points.append(self.retrain(s, "random", amount, masks, s.start, {"sparsity": amount, **rewind},
-                                                from_step=k))
-            if "reinit" in methods:  # from the ticket's step too (open_lth's randomly_reinitialize)
-                fresh = DERIVATIONS["random_init"].apply(s.full, seed=seed).state_dict()
-                self.points.append(self.retrain(s, "reinit", amount, imp_masks[amount], fresh,
-                                                {"sparsity": amount, "init_seed": seed,
-                                                 **({"from_step": k} if k else {})},
-                                                prior=self.done("imp", amount, seed)["checkpoint"], from_step=k))
+            for method in ("oneshot", "random", "reinit"):
+                if method in methods:
+                    self.points.append(self.retrained_point(s, method, amount, imp_masks))
         if "imp_mlm" in methods:
             for amount in mlm_sparsities(self.cfg):
-                self.points.append(self.pretraining_ticket(s, amount))
+                self.points.append(self.retrained_point(s, "imp_mlm", amount, imp_masks))
         if "quantize" in methods:
             flags = (self.cfg.include_embeddings, self.cfg.include_head, self.cfg.include_pooler)
             scheme = self.cfg.quantize_scheme
             quantized = sum(m.weight.numel() for m in quantized_layers(s.full, scheme, *flags).values())
             for bits in self.cfg.bits:
-                self.points.append(self.post_hoc(s, "quantize", bits, lambda m, b=bits: fake_quantize(
+                self.points.append(self.derived.post_hoc(s, "quantize", bits, lambda m, b=bits: fake_quantize(
                     m, b, *flags, scheme=scheme), {"bits": bits, "scheme": scheme, "quantized_parameters": quantized}))
         for method in (m for m in methods if m in HEAD_METHODS):
-            self.points.extend(self.heads(s, method))
+            self.points.extend(self.derived.heads(s, method))
         if "lowrank" in methods:
             for rank in self.cfg.ranks:
-                self.points.append(self.post_hoc(s, "lowrank", rank, lambda m, r=rank: lowrank_product(m, r),
-                                                 {"rank": rank}))
-                self.points.append(self.lowrank_magnitude(s, rank))
+                self.points.append(self.derived.post_hoc(s, "lowrank", rank, lambda m, r=rank: lowrank_product(m, r),
+                                                         {"rank": rank}))
+                self.points.append(self.derived.lowrank_magnitude(s, rank))
         if not self.cfg.keep_checkpoints:
             self.drop_weights(seed)
 
@@ -647,16 +663,45 @@ class Sweep:
             self.mlm = (masks, pretrainer, settings, found_by)
         return self.mlm
 
-    # -- post-hoc points (no retraining) --------------------------------------------------------------
+    def drop_weights(self, seed: int) -> None:
+        for point in (self.folder / "points").glob(f"*/*/seed-{seed}/*-seed{seed}"):
+            for f in point.iterdir():
+                if f.name not in ("manifest.json", MASKS_FILE):
+                    f.unlink()
+
+
+def weight_counts(model, names: list[str]) -> dict:
+    """The parameter counts a point records: all parameters, the prunable ones (`names`) and how
+    many of each are nonzero, and the measured sparsity of the prunable set (what the mask actually
+    left, which the tables and figures plot rather than the requested amount)."""
+    params = dict(model.named_parameters())
+    prunable = sum(params[n].numel() for n in names)
+    zeros = sum(int((params[n] == 0).sum()) for n in names)
+    total = sum(p.numel() for p in model.parameters())
+    return {"parameters": total, "prunable": prunable, "nonzero_prunable": prunable - zeros,
+            "nonzero_parameters": total - zeros, "sparsity_measured": zeros / prunable if prunable else 0.0}
+
+
+class DerivedPoints:
+    """The points of a `Sweep` that need no retraining: post-hoc transforms of a seed's full model
+    (quantize, lowrank, lowrank_magnitude) and the heads orders' masks. Apart from `Sweep` (which
+    keeps the full models and the retrained points) because these only transform, evaluate and save
+    through the sweep; the one state they own is the heads curves, computed once per (seed, order)."""
+
+    def __init__(self, sweep: Sweep):
+        self.sweep = sweep
+        self.curves: dict[tuple[int, str], Any] = {}  # (seed, order) -> heads.PruningCurve
 
     def post_hoc(self, s: Seeded, method: str, amount, transform: Callable, params: dict,
                  masks: dict | None = None) -> dict:
-        found = self.done(method, amount, s.seed)
+        """The point `transform` makes of a copy of the seed's full model (read back when saved)."""
+        found = self.sweep.done(method, amount, s.seed)
         if found is not None:
             return found
         t0 = time.time()
         model = transform(copy.deepcopy(s.full))
-        return self.save_point(s, method, amount, model, masks, params, self.evaluate(model), time.time() - t0)
+        return self.sweep.save_point(s, method, amount, model, masks, params, self.sweep.evaluate(model),
+                                     time.time() - t0)
 
     def lowrank_magnitude(self, s: Seeded, rank: int) -> dict:
         """Magnitude pruning of each block matrix (no retraining) to as many nonzero weights as its
@@ -670,40 +715,38 @@ class Sweep:
         return self.post_hoc(s, "lowrank_magnitude", rank, lambda m: apply_masks(m, masks),
                              {"rank": rank, "equal_parameters_to": f"lowrank r{rank}"}, masks=masks)
 
-    # -- heads points (no retraining) ---------------------------------------------------------------
-
     def head_curve(self, s: Seeded, order: str, settings) -> Any:
         """An order's curve for seed `s` (`heads.classifier_curve`), computed once per seed: the
         random and bad methods size their equal-size subnetworks by the good curve."""
         key = (s.seed, order)
-        if key not in self.head_curves:
-            model = copy.deepcopy(s.full).to(self.run.device)
-            self.head_curves[key] = H.classifier_curve(model, self.run, order, settings, s.seed, self.ft.batch_size)
+        if key not in self.curves:
+            model = copy.deepcopy(s.full).to(self.sweep.run.device)
+            self.curves[key] = H.classifier_curve(model, self.sweep.run, order, settings, s.seed, self.sweep.ft.batch_size)
             model.to("cpu")
-        return self.head_curves[key]
+        return self.curves[key]
 
     def head_point(self, s: Seeded, method: str, step, params: dict, units: str = "heads") -> dict:
         """A heads point: the fine-tuned model with `step`'s mask as zeroed weights. A point found
         on disk is read back only when it holds the same mask (a point of another schedule,
         `heads.step_of`, at the same amount is recomputed)."""
         amount = float(step.fraction_removed(units))  # the share of the pruned units removed
-        found = self.done(method, amount, s.seed)
+        found = self.sweep.done(method, amount, s.seed)
         record = H.mask_record(step.heads_kept, step.mlps_kept)
         if found is not None and all(found.get(k) == v for k, v in record.items()):
             return found
         t0 = time.time()
         masked = H.apply_mask(copy.deepcopy(s.full), step.heads_kept, step.mlps_kept)
-        return self.save_point(s, method, amount, masked, None, {**record, **params}, self.evaluate(masked),
-                               time.time() - t0)
+        return self.sweep.save_point(s, method, amount, masked, None, {**record, **params},
+                                     self.sweep.evaluate(masked), time.time() - t0)
 
     def heads(self, s: Seeded, method: str) -> list[dict]:
         """Every step of one order's iterative head pruning (or the `remove` mask) as a point; the
-        surviving-heads rows of the order's subnetwork go to `self.head_rows`: its curve's
+        surviving-heads rows of the order's subnetwork go to `self.sweep.head_rows`: its curve's
         threshold mask, or with `heads.subnetworks: equal_size` for random and bad Prasanna et
         al.'s subnetwork of the good one's size (`heads.order_subnetwork`), itself a point too
         (`EQUAL_SIZE_POINTS`). Importance and the stopping rule use the train and dev splits only;
         the test accuracy of each point is measured afterwards."""
-        settings = head_settings(self.cfg)
+        settings = head_settings(self.sweep.cfg)
         order = HEAD_METHODS[method]
         common = {"fraction": settings.fraction, "step_of": settings.step_of, "threshold": settings.threshold}
         if order is None:
@@ -715,13 +758,13 @@ class Sweep:
         sized = settings.subnetworks == "equal_size" and method in EQUAL_SIZE_POINTS
         chosen = H.order_subnetwork({order: curve, "good": self.head_curve(s, "good", settings)} if sized
                                     else {order: curve}, order, s.seed, "equal_size" if sized else "threshold")
-        self.head_rows += [r for r in H.curve_rows(curve, model=H.METHOD, family=self.run.family, seed=s.seed,
-                                                   task=self.ft.task, subnetwork=chosen,
-                                                   subnetwork_kind="equal_size" if sized else "threshold")
-                           if r["metric"] in ("head_kept", "heads_prunable", "mlp_kept", "mlps_prunable")]
+        self.sweep.head_rows += [r for r in H.curve_rows(curve, model=H.METHOD, family=self.sweep.run.family,
+                                                         seed=s.seed, task=self.sweep.ft.task, subnetwork=chosen,
+                                                         subnetwork_kind="equal_size" if sized else "threshold")
+                                 if r["metric"] in ("head_kept", "heads_prunable", "mlp_kept", "mlps_prunable")]
         mlps_note = f", {curve.mlps_prunable}/{len(curve.steps[0].heads_kept)} MLPs" if units != "heads" else ""
-        self.log(f"  {method} seed {s.seed}: {curve.prunable}/{curve.steps[0].heads_kept.size} heads{mlps_note} "
-                 f"prunable at {curve.threshold:.0%} of the full model's dev accuracy")
+        self.sweep.log(f"  {method} seed {s.seed}: {curve.prunable}/{curve.steps[0].heads_kept.size} heads{mlps_note} "
+                       f"prunable at {curve.threshold:.0%} of the full model's dev accuracy")
         unit_params = {"units": units} if units != "heads" else {}
         out = [self.head_point(s, method, step, {"order": order, "pruning_step": step.step, **unit_params, **common},
                                units)
@@ -731,12 +774,6 @@ class Sweep:
                                        {"order": order, "subnetwork": "equal_size", "pruning_step": chosen.step,
                                         "size_of": "heads_good", **unit_params, **common}, units))
         return out
-
-    def drop_weights(self, seed: int) -> None:
-        for point in (self.folder / "points").glob(f"*/*/seed-{seed}/*-seed{seed}"):
-            for f in point.iterdir():
-                if f.name not in ("manifest.json", MASKS_FILE):
-                    f.unlink()
 
 
 # The amounts of every kind of point, for folder names: the config's methods plus the comparison
@@ -796,22 +833,69 @@ class PruneResult:
     folder: Path
 
 
-def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
+def unit_stages(cfg: PruneConfig, ft) -> list[list[tuple[int | None, str, float | None]]]:
+    """The sweep's trainings as executor units, (seed, method, amount), in stages whose units are
+    independent: 1. each seed's full model and the masked-LM ticket search (imp_mlm, once per
+    sweep); 2. each seed's IMP rounds (one unit: a round prunes the previous round's weights) and
+    every oneshot, random and imp_mlm point; 3. every reinit point (IMP's masks). The post-hoc
+    points (quantize, lowrank, heads: no training) are made afterwards in the parent (`run_seed`)."""
+    methods = cfg.methods
+    first = [(seed, "full", None) for seed in ft.seeds] + ([(None, "mlm", None)] if "imp_mlm" in methods else [])
+    second, third = [], []
+    for seed in ft.seeds:
+        if "imp" in methods:
+            second.append((seed, "imp", None))
+        second += [(seed, m, amount) for amount in cfg.sparsities for m in ("oneshot", "random") if m in methods]
+        if "imp_mlm" in methods:
+            second += [(seed, "imp_mlm", amount) for amount in mlm_sparsities(cfg)]
+        if "reinit" in methods:
+            third += [(seed, "reinit", amount) for amount in cfg.sparsities]
+    return [stage for stage in (first, second, third) if stage]
+
+
+def _unit_name(seed: int | None, method: str, amount: float | None) -> str:
+    return " ".join([method] + ([amount_label(method, amount)] if amount is not None else [])
+                    + ([f"seed {seed}"] if seed is not None else []))
+
+
+def run_unit(cfg: PruneConfig, ft, folder: str, data, seed: int | None, method: str, amount: float | None) -> None:
+    """One unit of `unit_stages` in a worker (a local process or a submitit job): the sweep set up
+    again over its folder (the parent claimed it), the unit's training done, its point written
+    (`point.json`, read back by the parent). Each point is seeded by its seed alone (the same
+    weights as in-process)."""
+    from workbench.finetune import prepare
+
+    folder = Path(folder)
+    sweep = Sweep(cfg, ft, prepare(dataclasses.replace(ft, output_dir=str(folder / "full")), data), folder)
+    if method == "mlm":
+        sweep.mlm_tickets()
+        return
+    s = sweep.full_model(seed)
+    if method == "full":
+        return
+    imp_masks = sweep.imp(s) if method in ("imp", "reinit") else {}
+    if method != "imp":
+        sweep.retrained_point(s, method, amount, imp_masks)
+
+
+def run_prune(cfg: PruneConfig, ft, store=None, data=None, executor=None) -> PruneResult:
     """Run every point of the sweep (resuming finished ones) and write one results-store run.
-    `data` replaces the task's examples (tests plant a task, as `run_finetune` allows)."""
+    `data` replaces the task's examples (tests plant a task, as `run_finetune` allows); `executor`
+    (`workbench.executor.ExecutorOptions`, default: this process) runs the trainings as independent
+    units (`unit_stages`), job files under the sweep folder's `submitit/`."""
     import pandas as pd
 
-    from workbench.finetune import _slug, prepare, resolve_checkpoint
+    from workbench.checkpoints import single_checkpoint
+    from workbench.executor import ExecutorOptions, Unit, replace_threads, run_units
+    from workbench.finetune import prepare, run_slug
     from workbench.paths import runs_root
 
-    resolve_checkpoint(ft.checkpoint)  # a missing checkpoint is refused before the sweep folder is made
-    name = cfg.name or f"prune-{ft.task}-{_slug(Path(ft.checkpoint).name)}"
+    options = (executor or ExecutorOptions()).validate()
+    single_checkpoint(ft.checkpoint)  # a missing checkpoint is refused before the sweep folder is made
+    name = cfg.name or f"prune-{ft.task}-{run_slug(Path(ft.checkpoint).name)}"
     folder = Path(cfg.output_dir) if cfg.output_dir else runs_root() / "prune" / name
     folder.mkdir(parents=True, exist_ok=True)
-    key = {k: v for k, v in cfg.to_dict().items() if k not in ("progress", "output_dir", "keep_checkpoints")}
-    if not key["mlm"]:  # sweeps written before `mlm:` existed resume unchanged
-        del key["mlm"]
-    key["finetune"] = {"training_hash": ft.training_hash(), "checkpoint": ft.checkpoint, "seeds": ft.seeds}
+    key = cfg.key(ft)
     cfg_file = folder / "config.json"
     if cfg_file.is_file():
         old = json.loads(cfg_file.read_text(encoding="utf-8"))
@@ -826,6 +910,14 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
         raise ConfigError(f"rewind_step: {cfg.rewind_step} is not below the fine-tuning's {total} steps "
                           f"({len(run.train.ids)} examples, batch_size {ft.batch_size}, {ft.epochs} epochs)")
     sweep = Sweep(cfg, ft, run, folder)
+    if not options.in_process:  # the trainings as the executor's units; then every point is read back below
+        if options.folder is None:
+            options = dataclasses.replace(options, folder=str(folder / "submitit"))
+        worker_cfg, worker_ft = dataclasses.replace(cfg, progress=False), replace_threads(ft)  # one thread, quiet
+        for stage in unit_stages(cfg, ft):
+            run_units([Unit(run_unit, (worker_cfg, worker_ft, str(folder), data, seed, method, amount),
+                            name=_unit_name(seed, method, amount))
+                       for seed, method, amount in stage], options, desc="prune units")
     for seed in ft.seeds:
         sweep.run_seed(seed)
     rows = build_rows(sweep.points, ft.task, run.family, name)
@@ -837,7 +929,7 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None) -> PruneResult:
     try:
         from workbench.results import ResultsStore
     except ImportError as e:  # a GPU machine without pyarrow: say so, the rows are in rows.csv
-        print(f"results store unavailable ({e}); the rows are in {folder / 'rows.csv'}", flush=True)
+        get_logger(__name__).warning(f"results store unavailable ({e}); the rows are in {folder / 'rows.csv'}")
         return PruneResult("", frame, sweep.points, folder)
     store = store or ResultsStore()
     with store.start_run("prune", cfg.to_dict(), seeds=ft.seeds, data_files=run.data.files,
@@ -870,10 +962,23 @@ def format_table(rows) -> str:
     return "\n".join(lines)
 
 
-def prune_cli_main(config: str, overrides: dict | None = None, finetune_overrides: dict | None = None) -> int:
-    """`bertology prune CONFIG.yaml`."""
+def prune_cli_main(config: str, overrides: dict | None = None, finetune_overrides: dict | None = None,
+                   executor=None) -> int:
+    """`bertology prune CONFIG.yaml` (`executor`: `workbench.executor.ExecutorOptions`, from
+    --executor / --jobs)."""
     cfg, ft = load_prune_config(config, overrides, finetune_overrides)
-    result = run_prune(cfg, ft)
+    result = run_prune(cfg, ft, executor=executor)
     print(format_table(result.rows))
     print(f"run {result.run_id}; points under {result.folder / 'points'}")
     return 0
+
+
+def _run_loaded(loaded: tuple, store=None, executor=None) -> PruneResult:
+    """The driver's run: `load_prune_config` gives (sweep config, fine-tuning config)."""
+    cfg, ft = loaded
+    return run_prune(cfg, ft, store=store, executor=executor)
+
+
+DRIVER = DriverSpec("prune", PruneConfig, load_prune_config, _run_loaded, units="fine-tunings (full models, "
+                    "IMP rounds, retrained points)", description="compression sweep: lottery tickets, quantization, "
+                    "low rank", identity=lambda loaded: loaded[0].key(loaded[1]))

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from workbench.data.canaries import insert_canaries, spec_record, validate_spec
 from workbench.data.fake_language import base_source, is_shifted, shifted_documents
@@ -40,6 +39,7 @@ from workbench.data.raw import LANGUAGE, RAW_CORPORA, Document, count_words, loa
 from workbench.errors import ConfigError, DataFormatError
 from workbench.io import atomic_dir, sha256_file
 from workbench.paths import data_root
+from workbench.progress import progress
 
 SPLITS = ("train", "heldout")
 MANIFEST_FORMAT = 1
@@ -60,7 +60,8 @@ def default_pretraining_sources(include_probe_text: bool = False) -> list[str]:
     return list(PRETRAINING_SOURCES) + (list(PROBE_TEXT_SOURCES) if include_probe_text else [])
 
 
-def _counts(docs: list[Document]) -> dict[str, int]:
+def text_counts(docs: list[Document]) -> dict[str, int]:
+    """Documents, lines, characters and words (`count_words`) of `docs`: a corpus manifest's counts."""
     return {
         "documents": len(docs),
         "lines": sum(d.text.count("\n") + 1 for d in docs if d.text),
@@ -156,7 +157,7 @@ def build_corpus(
     by_source: dict[str, dict] = {}
     checksums: dict[str, dict[str, str]] = {}
     seen: set[str] = set()
-    for source in tqdm(sources, desc="corpus sources", unit="source"):
+    for source in progress(sources, desc="corpus sources", unit="source"):
         docs = shifted_documents(source) if is_shifted(source) else load_documents(source)
         dup = [d.doc_id for d in docs if d.doc_id in seen]
         if dup or len({d.doc_id for d in docs}) != len(docs):
@@ -165,7 +166,7 @@ def build_corpus(
         train, held = split_source(source, docs, heldout_fraction, seed, max_documents, recipe)
         splits["train"] += train
         splits["heldout"] += held
-        by_source[source] = {"train": _counts(train), "heldout": _counts(held), "language": LANGUAGE[base_source(source)] + ("-shifted" if is_shifted(source) else "")}
+        by_source[source] = {"train": text_counts(train), "heldout": text_counts(held), "language": LANGUAGE[base_source(source)] + ("-shifted" if is_shifted(source) else "")}
         checksums[source] = {str(p.relative_to(root)): sha256_file(p) for p in source_files(base_source(source))}
 
     planted = None
@@ -180,7 +181,7 @@ def build_corpus(
         "split_method": _RECIPE_1_METHOD if recipe == 1 else _RECIPE_2_METHOD,
         "doc_ids": {name: [d.doc_id for d in docs] for name, docs in splits.items()},
         "source_files": checksums,
-        "counts": {name: _counts(docs) for name, docs in splits.items()} | {"by_source": by_source},
+        "counts": {name: text_counts(docs) for name, docs in splits.items()} | {"by_source": by_source},
     }
     if recipe != 1:  # recipe 1's manifest stays byte-identical to the one built before recipes were numbered
         manifest["recipe"] = recipe
@@ -397,7 +398,7 @@ def checkpoint_corpus(checkpoint_dir: str | Path, manifest: dict, runs_root: str
 
 def source_sizes(sources: list[str]) -> dict[str, dict[str, int]]:
     """Documents / lines / characters / words of each named source (no split)."""
-    return {s: _counts(load_documents(s)) for s in sources}
+    return {s: text_counts(load_documents(s)) for s in sources}
 
 
 def main() -> None:

@@ -13,10 +13,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
-
 from workbench.errors import DataFormatError, DataRootError
 from workbench.io import atomic_path, sha256_file
+from workbench.progress import progress as progress_bar
 
 CHECKSUM_FILE = "SHA256SUMS"
 
@@ -66,7 +65,7 @@ def verify(root: str | Path, progress: bool = True) -> VerifyReport:
     root = Path(root)
     sums = read_checksums(root / CHECKSUM_FILE)
     report = VerifyReport(root=root)
-    for name, digest in tqdm(sorted(sums.items()), desc="verify", unit="file", disable=not progress):
+    for name, digest in progress_bar(sorted(sums.items()), desc="verify", unit="file", disable=not progress):
         report.checked += 1
         path = root / name
         if not path.is_file():
@@ -104,7 +103,7 @@ def fetch(source: str | Path, root: str | Path, progress: bool = True) -> Verify
         _copy_from(source, CHECKSUM_FILE, tmp)
         sums = read_checksums(tmp)
     report = VerifyReport(root=root)
-    for name, digest in tqdm(sorted(sums.items()), desc="fetch", unit="file", disable=not progress):
+    for name, digest in progress_bar(sorted(sums.items()), desc="fetch", unit="file", disable=not progress):
         report.checked += 1
         target = root / name
         if target.is_file() and sha256_file(target) == digest:

@@ -77,6 +77,9 @@ import torch
 from torch import nn
 
 from workbench.errors import ConfigError, WorkbenchError
+from workbench.running import ModelRunner
+from workbench.running.sites import LayerSites, attention_sites, is_conv1d  # noqa: F401 (LayerSites re-exported)
+from workbench.rowschema import RowSchema
 
 ORDERS = ("good", "random", "bad")
 UNITS = ("heads", "mlps", "both")  # what the iterative procedure prunes (module docstring)
@@ -85,73 +88,6 @@ SUBNETWORKS = ("equal_size", "threshold")  # how the random and bad subnetworks 
 
 
 # --------------------------------------------------------------------------------------- the sites
-
-
-@dataclass
-class LayerSites:
-    """Where one layer's heads and MLP live.
-
-    `kind` is "bert" (query/key/value Linears; DeBERTa's are query_proj/key_proj/value_proj),
-    "gpt2" (fused c_attn Conv1D) or "llama" (q/k/v/o_proj, grouped K/V). `out_proj` is the
-    attention output projection whose input holds the heads' context vectors, head h at
-    columns [h*head_dim, (h+1)*head_dim). `mlp_in` are the MLP's input projections, `mlp_out` its
-    last projection."""
-
-    kind: str
-    attention: nn.Module  # the module holding the Q/K/V projections and the head count
-    qkv: tuple[str, ...]  # attribute names on `attention` (one fused name for GPT-2)
-    out_parent: nn.Module
-    out_name: str
-    num_heads: int
-    head_dim: int
-    mlp_parents: tuple[tuple[nn.Module, str], ...]  # input projections (parent, attribute)
-    mlp_out_parent: nn.Module
-    mlp_out_name: str
-
-    @property
-    def out_proj(self) -> nn.Module:
-        return getattr(self.out_parent, self.out_name)
-
-    @property
-    def mlp_out(self) -> nn.Module:
-        return getattr(self.mlp_out_parent, self.mlp_out_name)
-
-
-def _is_conv1d(module) -> bool:
-    return type(module).__name__ == "Conv1D"  # transformers.pytorch_utils.Conv1D: weight [in, out]
-
-
-def attention_sites(model: nn.Module) -> list[LayerSites]:
-    """Every self-attention layer of `model` in depth order (a bare model or one under a task head).
-
-    Raises a `WorkbenchError` naming the model class when no layer is recognised, and for ALBERT."""
-    sites: list[LayerSites] = []
-    for _, m in model.named_modules():
-        cls = type(m).__name__
-        if cls.startswith("Albert") and cls.endswith("Layer"):
-            raise WorkbenchError(f"{type(model).__name__}: ALBERT shares one layer's weights across depth, so "
-                                 f"a per-layer head mask is not a weight mask; head pruning does not support it")
-        att = getattr(m, "attention", None)
-        if att is not None and hasattr(m, "intermediate") and hasattr(m, "output") and hasattr(att, "self"):
-            s = att.self  # BERT / RoBERTa / ELECTRA / DeBERTa-v2
-            names = ("query", "key", "value") if hasattr(s, "query") else ("query_proj", "key_proj", "value_proj")
-            sites.append(LayerSites("bert", s, names, att.output, "dense", int(s.num_attention_heads),
-                                    int(s.attention_head_size), ((m.intermediate, "dense"),), m.output, "dense"))
-        elif hasattr(m, "attn") and hasattr(getattr(m, "attn"), "c_attn") and hasattr(m, "mlp"):
-            a = m.attn  # GPT-2
-            if getattr(a, "is_cross_attention", False):
-                continue
-            sites.append(LayerSites("gpt2", a, ("c_attn",), a, "c_proj", int(a.num_heads), int(a.head_dim),
-                                    ((m.mlp, "c_fc"),), m.mlp, "c_proj"))
-        elif hasattr(m, "self_attn") and hasattr(getattr(m, "self_attn"), "o_proj") and hasattr(m, "mlp"):
-            a = m.self_attn  # Llama-style
-            n = int(a.config.num_attention_heads) if not hasattr(a, "workbench_num_heads") else int(a.workbench_num_heads)
-            sites.append(LayerSites("llama", a, ("q_proj", "k_proj", "v_proj"), a, "o_proj", n, int(a.head_dim),
-                                    ((m.mlp, "gate_proj"), (m.mlp, "up_proj")), m.mlp, "down_proj"))
-    if not sites:
-        raise WorkbenchError(f"{type(model).__name__}: no self-attention layer this module knows (BERT, RoBERTa, "
-                             f"ELECTRA, DeBERTa-v2, GPT-2, Llama)")
-    return sites
 
 
 def head_shape(model: nn.Module) -> tuple[int, int]:
@@ -200,41 +136,37 @@ def kept_from_removed(shape: tuple[int, int], removed: Iterable[tuple[int, int]]
 # ------------------------------------------------------------------------------------------ gates
 
 
-def _head_gate_hook(module, args):
-    gate = module.workbench_head_gate
-    x = args[0]
-    n = gate.shape[0]
-    shaped = x.view(*x.shape[:-1], n, x.shape[-1] // n) * gate.to(x.dtype).view(n, 1)
-    return (shaped.view(x.shape), *args[1:])
+def _head_gate(gate: torch.Tensor):
+    """An edit of `blocks.{i}.attn.z` (the heads' context vectors [..., heads x d_head]): head h's
+    slice times gate[h]."""
+    def edit(x: torch.Tensor) -> torch.Tensor:
+        n = gate.shape[0]
+        return (x.view(*x.shape[:-1], n, x.shape[-1] // n) * gate.to(x.dtype).view(n, 1)).view(x.shape)
+    return edit
 
 
-def _mlp_gate_hook(module, args, output):
-    return output * module.workbench_mlp_gate.to(output.dtype)
+def _mlp_gate(gate: torch.Tensor):
+    """An edit of `blocks.{i}.mlp_out`: the MLP's output times its gate."""
+    def edit(output: torch.Tensor) -> torch.Tensor:
+        return output * gate.to(output.dtype)
+    return edit
 
 
 @contextlib.contextmanager
 def gates(model: nn.Module, head_gates: torch.Tensor, mlp_gates: torch.Tensor | None = None):
     """Run `model` with head gates [layers, heads] on the context vectors and MLP gates [layers] on
-    the MLP outputs (module docstring). The gates may require grad (importance) or hold a 0/1 mask
-    (evaluation of a mask without copying the model). The hooks are removed on exit."""
-    sites = attention_sites(model)
-    handles = []
-    try:
-        for i, s in enumerate(sites):
-            out = s.out_proj
-            out.workbench_head_gate = head_gates[i, : s.num_heads]
-            handles.append(out.register_forward_pre_hook(_head_gate_hook))
-            if mlp_gates is not None:
-                s.mlp_out.workbench_mlp_gate = mlp_gates[i]
-                handles.append(s.mlp_out.register_forward_hook(_mlp_gate_hook))
+    the MLP outputs (module docstring): edits of the runner's `blocks.{i}.attn.z` and
+    `blocks.{i}.mlp_out` (`workbench.running.ModelRunner.hooks`). The gates may require grad
+    (importance) or hold a 0/1 mask (evaluation of a mask without copying the model). The hooks
+    are removed on exit."""
+    runner = ModelRunner(model)
+    edits = {}
+    for i, s in enumerate(runner.sites()):
+        edits[f"blocks.{i}.attn.z"] = _head_gate(head_gates[i, : s.num_heads])
+        if mlp_gates is not None:
+            edits[f"blocks.{i}.mlp_out"] = _mlp_gate(mlp_gates[i])
+    with runner.hooks(edits):
         yield
-    finally:
-        for h in handles:
-            h.remove()
-        for s in sites:
-            for mod, attr in ((s.out_proj, "workbench_head_gate"), (s.mlp_out, "workbench_mlp_gate")):
-                if attr in mod.__dict__:
-                    delattr(mod, attr)
 
 
 # ------------------------------------------------------------------------------------- importance
@@ -326,7 +258,7 @@ def apply_mask(model: nn.Module, heads_kept, mlps_kept=None) -> nn.Module:
         removed = [h for h in range(s.num_heads) if not heads[i, h]]
         if removed:
             cols = _head_columns(s, removed).to(s.out_proj.weight.device)
-            if _is_conv1d(s.out_proj):
+            if is_conv1d(s.out_proj):
                 s.out_proj.weight[cols, :] = 0
             else:
                 s.out_proj.weight[:, cols] = 0
@@ -443,16 +375,16 @@ def _slice_mlp(s: LayerSites) -> None:
     projection no input columns and a zero bias, so it costs no multiply-adds and adds exactly
     zero (the masked model's zeroed last projection, weight and bias). GPT-2's `Conv1D` cannot
     reshape a zero-width input, so there one unit is kept, with zero output weights and bias."""
-    width = 1 if _is_conv1d(s.mlp_out) else 0
+    width = 1 if is_conv1d(s.mlp_out) else 0
     keep = torch.arange(width)
     for parent, name in s.mlp_parents:
         lin = getattr(parent, name)
-        if _is_conv1d(lin):
+        if is_conv1d(lin):
             setattr(parent, name, _conv1d(lin.weight.data[:, keep], lin.bias.data[keep]))
         else:
             setattr(parent, name, _rows(lin, keep))
     lin = s.mlp_out
-    if _is_conv1d(lin):
+    if is_conv1d(lin):
         new = _conv1d(torch.zeros_like(lin.weight.data[keep, :]), torch.zeros_like(lin.bias.data))
     else:
         new = _cols(lin, keep, zero_bias=True)
@@ -813,6 +745,14 @@ def leave_one_out(shape: tuple[int, int], evaluate_loss: Callable[[np.ndarray], 
 
 PROBE = "prune"
 METHOD = "heads"
+# The `extra` of `curve_rows` (and of experiments/prune_heads.py's re-fine-tuned rows); a sweep adds
+# its name (`sweep`). Checked by the results store (`workbench.rowschema`).
+EXTRA_SCHEMAS = (
+    RowSchema(PROBE, "head pruning curve", required={"method": str, "order": str, "n_heads": int},
+              optional={"units": str, "pruning_step": int, "n_removed": int, "n_mlps_removed": int, "threshold": float,
+                        "full": float, "subnetwork": str, "at": str, "head": int, "sweep": str}),
+    RowSchema(PROBE, "re-fine-tuned subnetwork", required={"method": str, "order": str, "n_kept": int, "checkpoint": str}),
+)
 
 
 def curve_rows(curve: PruningCurve, *, model: str, family: str | None, seed: int, task: str,

@@ -16,7 +16,7 @@ non-pad token; T5/BART: the decoder state at the final `</s>`). This module adds
   (transformers has no BART token classifier).
 
 ELMo's heads are registered with `AutoModelForSequenceClassification` / `AutoModelForTokenClassification`
-when this module is imported, so after `import workbench.heads` those Auto classes open an ELMo
+when this module is imported, so after `import workbench.classifier_heads` those Auto classes open an ELMo
 classifier. The T5/BART encoder heads cannot be registered there (the config type already maps
 to transformers' decoder-based classes); `workbench.finetune.load_classifier` opens them through
 `config.architectures`.
