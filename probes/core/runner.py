@@ -95,7 +95,8 @@ class Settings:
                 "workbench.precision); activations reach the probes in fp32 either way"})
     cache_dtype: str = field(default="fp32", metadata={
         "help": "how the activation cache stores the vectors: fp32 | fp16 | bf16 (half the disk and reads; "
-                "fp16 fails on values beyond +-65504, bf16 keeps the range with 8 bits of mantissa)"})
+                "fp16 fails on values beyond +-65504, bf16 keeps the range with 8 bits of mantissa)",
+        "key_omits": "fp32"})
     progress: bool = field(default=True, metadata={"help": "progress bars", "cli": False})
 
     # Fields that change how a run is executed, not what it computes: not part of the resume key.
@@ -132,12 +133,12 @@ class Settings:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def resume_key(self) -> dict[str, Any]:
-        """What decides the rows: the settings without the execution-only fields. (`cache_dtype` at its
-        default fp32 is left out, so the keys of runs started before the option existed still hold.)"""
-        key = {k: v for k, v in self.as_config().items() if k not in self.EXECUTION_FIELDS}
-        if key.get("cache_dtype") == "fp32":
-            del key["cache_dtype"]
-        return key
+        """What decides the rows: the settings without the execution-only fields. A field added later
+        says, as metadata `key_omits`, the value that reproduces the old behaviour: at that value it is
+        left out, so the keys of runs started before it existed still hold (e.g. `cache_dtype: fp32`)."""
+        omitted = {f.name: f.metadata["key_omits"] for f in dataclasses.fields(self) if "key_omits" in f.metadata}
+        return {k: v for k, v in self.as_config().items()
+                if k not in self.EXECUTION_FIELDS and not (k in omitted and v == omitted[k])}
 
 
 def _plain(value):
