@@ -59,7 +59,7 @@ def _cmd_data_corpus(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- train
 def _cmd_train(args: argparse.Namespace) -> int:
-    from workbench.train import train_cli_main
+    from workbench.drivers.train import train_cli_main
 
     return train_cli_main(args.train_args) or 0
 
@@ -90,7 +90,7 @@ def _render_run_figures(names: list[str], run_id: str, store) -> None:
 # --------------------------------------------------------------------------- run
 def _cmd_run(args: argparse.Namespace) -> int:
     from app.experiments import run_experiment
-    from workbench.executor import options_from_args
+    from workbench.drivers.executor import options_from_args
 
     return run_experiment(args.config, quick=args.quick, executor=options_from_args(args),
                           runs_root=args.runs_root, precision=args.precision) or 0
@@ -99,8 +99,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- finetune
 def _cmd_finetune(args: argparse.Namespace) -> int:
     from workbench.errors import ConfigError
-    from workbench.executor import options_from_args
-    from workbench.finetune import format_table, load_finetune_config, run_finetune
+    from workbench.drivers.executor import options_from_args
+    from workbench.drivers.finetune import format_table, load_finetune_config, run_finetune
 
     def number(flag, text, kind):
         try:
@@ -116,7 +116,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
                        ("max_eval_examples", int), ("patience", int), ("max_len", int),
                        ("lora_r", int), ("lora_alpha", float), ("adapter_size", int), ("prompt_tokens", int)):
         overrides[flag] = number(f"--{flag.replace('_', '-')}", getattr(args, flag), kind)
-    for flag in ("lora_targets", "adapter_norms", "pooler"):  # checked by workbench.peft_methods.check_method
+    for flag in ("lora_targets", "adapter_norms", "pooler"):  # checked by workbench.running.peft_methods.check_method
         overrides[flag] = getattr(args, flag)
     if args.keep_epoch_checkpoints:
         overrides["keep_epoch_checkpoints"] = True
@@ -133,14 +133,14 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- distill
 def _cmd_distill(args: argparse.Namespace) -> int:
     from workbench.errors import ConfigError
-    from workbench.distill import format_table, load_distill_config, run_distill
-    from workbench.executor import options_from_args
+    from workbench.drivers.distill import format_table, load_distill_config, run_distill
+    from workbench.drivers.executor import options_from_args
     from workbench.io import read_yaml
 
     options = options_from_args(args)  # bad --jobs / --executor: one line, before any work
     data = read_yaml(Path(args.config))
     if isinstance(data, dict) and data.get("kind") == "pretraining":  # DistilBERT-style, on the masked LM
-        from workbench.distill_pretraining import load_pretrain_distill_config, run_pretrain_distill
+        from workbench.drivers.distill_pretraining import load_pretrain_distill_config, run_pretrain_distill
 
         if any(v is not None for v in (args.threads, args.output_dir, args.depths, args.inits, args.seeds)):
             raise ConfigError("--threads, --output-dir, --depths, --inits and --seeds apply to task distillation "
@@ -170,7 +170,7 @@ def _cmd_distill(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- peft
 def _cmd_peft(args: argparse.Namespace) -> int:
     from probes.peft_change import format_summary, load_sweep_config, run_sweep
-    from workbench.executor import options_from_args
+    from workbench.drivers.executor import options_from_args
 
     options = options_from_args(args)  # bad --jobs / --executor: one line, before any work
     overrides = {"checkpoint": args.checkpoint, "device": args.device, "output_dir": None}
@@ -184,8 +184,8 @@ def _cmd_peft(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- prune
 def _cmd_prune(args: argparse.Namespace) -> int:
-    from workbench.compress.sweep import prune_cli_main
-    from workbench.executor import options_from_args
+    from workbench.drivers.prune_sweep import prune_cli_main
+    from workbench.drivers.executor import options_from_args
 
     return prune_cli_main(args.config, {"output_dir": args.output_dir, "name": args.name},
                           {"checkpoint": args.checkpoint, "device": args.device, "seeds": args.seeds},
@@ -194,13 +194,13 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- runs
 def _store(args: argparse.Namespace):
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     return ResultsStore(args.runs_root)
 
 
 def _cmd_runs_list(args: argparse.Namespace) -> int:
-    from workbench.results import format_runs
+    from workbench.store.results import format_runs
 
     filters = {k: v for k, v in (("kind", args.kind), ("model", args.model), ("probe", args.probe),
                                  ("task", args.task)) if v}
@@ -209,7 +209,7 @@ def _cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs_show(args: argparse.Namespace) -> int:
-    from workbench.results import format_manifest, format_rows
+    from workbench.store.results import format_manifest, format_rows
 
     store = _store(args)
     print(format_manifest(store.manifest(args.run_id)))
@@ -315,8 +315,8 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from workbench.drivers import describe as describe_driver  # the driver registry (no torch import)
-    from workbench.executor import add_executor_arguments
+    from workbench.drivers.spec import describe as describe_driver  # the driver registry (no torch import)
+    from workbench.drivers.executor import add_executor_arguments
 
     parser = argparse.ArgumentParser(prog="bertology", description=__doc__.splitlines()[0])
     parser.add_argument("--quiet", action="store_true", help=QUIET_HELP + " (also accepted after any command)")
@@ -494,8 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["probe"] and len(argv) > 1:
         # every probe option goes to the probe's own parser, --help included
         args = argparse.Namespace(func=_cmd_probe, probe=argv[1], probe_args=argv[2:])
-    elif argv[:1] == ["generate"]:  # its own parser (workbench.generate.cli_main), --help included
-        from workbench.generate import cli_main as generate_main
+    elif argv[:1] == ["generate"]:  # its own parser (workbench.running.generate.cli_main), --help included
+        from workbench.running.generate import cli_main as generate_main
 
         args = argparse.Namespace(func=lambda a: generate_main(argv[1:]))
     elif argv[:1] == ["train"]:

@@ -15,10 +15,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from workbench.checkpoints import hub_cache
-from workbench.aggregate import aggregate
+from workbench.store.checkpoints import hub_cache
+from workbench.store.aggregate import aggregate
 from workbench.errors import ConfigError, WorkbenchError
-from workbench.results import (
+from workbench.store.results import (
     ARROW_SCHEMA,
     MANIFEST_NAME,
     RESULT_COLUMNS,
@@ -65,8 +65,8 @@ def confine(text: str | Path, roots: list[Path]) -> Path:
 
 def resolve_model(text: str, roots: list[Path]) -> Path:
     """A checkpoint typed into the explorer: a folder under the runs root, or a Hub name cached
-    locally (`workbench.checkpoints.resolve_checkpoint`); the folder must lie under `roots`."""
-    from workbench.checkpoints import is_hub_id, resolve_checkpoint
+    locally (`workbench.store.checkpoints.resolve_checkpoint`); the folder must lie under `roots`."""
+    from workbench.store.checkpoints import is_hub_id, resolve_checkpoint
 
     raw = str(text).strip()
     local = Path(raw).expanduser()
@@ -85,9 +85,9 @@ def is_checkpoint(folder: Path) -> bool:
     """A folder `ModelHandle.load` can open: config.json, weight files (a complete shard index) and a
     tokenizer. A sweep's own folder (its config.json is the sweep's config), `full/`, a run folder or a
     `points/` folder whose weights were dropped (`keep_checkpoints: false`) is not one."""
-    from workbench.checkpoints import weight_files
+    from workbench.store.checkpoints import weight_files
     from workbench.errors import CheckpointError
-    from workbench.models import TOKENIZER_FILES
+    from workbench.running.models import TOKENIZER_FILES
 
     if not (folder / "config.json").is_file() or not any((folder / f).is_file() for f in TOKENIZER_FILES):
         return False
@@ -98,7 +98,7 @@ def is_checkpoint(folder: Path) -> bool:
 
 
 def _weights_mtime(folder: Path) -> float:
-    from workbench.checkpoints import weight_files
+    from workbench.store.checkpoints import weight_files
 
     try:
         return max(f.stat().st_mtime for f in weight_files(folder))
@@ -150,7 +150,7 @@ def _amount(text: str) -> str:
 
 def _part(name: str) -> str:
     """seed-3 -> seed 3, step-0000100 -> step 100, other folder names as they are."""
-    from workbench.checkpoints import step_number
+    from workbench.store.checkpoints import step_number
 
     step = step_number(name)
     if step is not None:
@@ -422,7 +422,7 @@ def strip_seed(model: str) -> str:
     runs of several seeds of one configuration aggregate."""
     import re
 
-    from workbench.checkpoints import SEED_PREFIX
+    from workbench.store.checkpoints import SEED_PREFIX
 
     return re.sub(rf"(^|/){SEED_PREFIX}\d+(?=/|$| )", "", str(model)).strip("/")
 
@@ -468,7 +468,7 @@ def aggregate_seeds(rows: pd.DataFrame, series: list[str] | tuple[str, ...] = ()
     spec.update({c: (c, "min") for c in ("run_id",) if c in rows.columns})
     spec.update({c: (c, "first") for c in ("probe", "family", "n") if c in rows.columns})
     out = groups.agg(**spec).reset_index()
-    # the mean and the min-max band: the one seed statistic (`workbench.aggregate`), same group order
+    # the mean and the min-max band: the one seed statistic (`workbench.store.aggregate`), same group order
     band = aggregate(rows, over="seed", by=keys, interval="minmax")
     out = out.assign(value=band["value"].to_numpy(), lo=band["min"].to_numpy(), hi=band["max"].to_numpy())
     out = out[[*keys, "value", "lo", "hi", *spec]]

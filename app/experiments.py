@@ -16,7 +16,7 @@ The runner expands it into runs (checkpoint group x probe x grid point), each ke
 probe, checkpoints and settings and named `<experiment>:<key>` in the results store. A run whose
 key is already in the store is skipped; an interrupted one resumes from its finished units
 (`probes.core.runner`); so after a crash, a kill -9 or Ctrl-C the same command finishes the rest. Runs are
-independent: they are the units of the one executor layer (`workbench.executor`): `--jobs N` runs
+independent: they are the units of the one executor layer (`workbench.drivers.executor`): `--jobs N` runs
 N at once in local processes, `--executor submitit-local` or `--executor slurm` hands each to
 submitit (one job per run, results written to the shared runs root; the store is safe for
 concurrent writers), through the same `execute_run` function.
@@ -48,7 +48,7 @@ def load_experiment(path: str | Path) -> dict:
         raise ConfigError(f"{path}: give exactly one of 'train' (a training config), 'checkpoints' (a list) or "
                           f"'prune' (a bertology prune config: every point is probed)")
     if "prune" in spec:  # checked now, before anything is trained
-        from workbench.compress.sweep import load_prune_config
+        from workbench.drivers.prune_sweep import load_prune_config
 
         load_prune_config(path.resolve().parent / spec["prune"])
     from probes import get_probe, probe_names
@@ -99,7 +99,7 @@ def _check_settings(probe_spec, settings: dict, where: str) -> None:
 
 
 def _checkpoints_from_training(spec: dict, quick: bool, which: str) -> list[Path]:
-    from workbench.train import list_checkpoints, train_from_config
+    from workbench.drivers.train import list_checkpoints, train_from_config
 
     train = spec["train"]
     source = str(spec["_dir"] / train) if isinstance(train, str) else train
@@ -120,7 +120,7 @@ def _checkpoints_from_training(spec: dict, quick: bool, which: str) -> list[Path
 def _checkpoints_from_pruning(spec: dict, quick: bool) -> list[Path]:
     """Run the prune sweep (resuming its finished points) and return every point's checkpoint, the
     full fine-tuned models first (the probe's rows then hold each sparsity / bits / rank)."""
-    from workbench.compress.sweep import load_prune_config, run_prune
+    from workbench.drivers.prune_sweep import load_prune_config, run_prune
 
     overrides = dict(spec.get("quick", {}).get("prune", {})) if quick else {}
     cfg, ft = load_prune_config(spec["_dir"] / spec["prune"], overrides)
@@ -169,7 +169,7 @@ def execute_run(job: dict, runs_root: str | None = None, progress: bool = True) 
     """Run one planned run (in this process, a local worker or a submitit job) and return its run id."""
     from probes import get_probe
     from probes.core.runner import run_probe
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     settings = dict(job["settings"], name=f"{job['experiment']}:{job['key']}")
     settings.setdefault("progress", progress)
@@ -187,14 +187,14 @@ def run_experiment(path: str | Path, quick: bool = False, jobs: int | None = Non
     """Train (or take the listed checkpoints), run every planned probe run not already in the store,
     print each run's table (one run) or where the results are (a sweep). `precision` (auto | fp32 |
     bf16) overrides the training config's, in a run folder named after it. The runs are the
-    executor's units (`executor` a name with `jobs`, or `workbench.executor.ExecutorOptions`;
+    executor's units (`executor` a name with `jobs`, or `workbench.drivers.executor.ExecutorOptions`;
     `slurm`: further submitit parameters, e.g. timeout_min, slurm_partition)."""
     import dataclasses
 
     from probes import get_probe
     from probes.core.runner import format_layer_table
-    from workbench.executor import Unit, resolve_options, run_units
-    from workbench.results import ResultsStore
+    from workbench.drivers.executor import Unit, resolve_options, run_units
+    from workbench.store.results import ResultsStore
 
     options = resolve_options(executor, jobs)
     if slurm:

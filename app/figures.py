@@ -31,7 +31,7 @@ one checkpoint's runs of several probes), `run: RUN_ID` or a list,
 `name: PREFIX` (every run whose name starts with it, e.g. a sweep `pooling-sweep:`); `models:` keeps
 only those models; `twins: false` drops random-init twins. Twins and baselines are what the rows
 declare (`app.data.row_kinds`); seeds are aggregated by `app.data.aggregate_seeds`, the function
-the app uses too, through the one seed statistic `workbench.aggregate.aggregate` (as every page's).
+the app uses too, through the one seed statistic `workbench.store.aggregate.aggregate` (as every page's).
 
 `--all` (or several names) draws every figure whose data is in the store and lists every other one:
 a figure whose runs are not in the store (`MissingData`) with its `produced_by` command, exit status
@@ -57,12 +57,12 @@ import psutil
 from app.axes import is_fraction, unit_axis, unit_panels
 from app.data import MODEL, TWIN, aggregate_seeds, baseline_mask, parent_model, row_kinds, twin_mask
 from probes.core import depth
-from workbench.aggregate import aggregate
+from workbench.store.aggregate import aggregate
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.io import read_yaml
 from workbench.paths import REPO_ROOT
 from workbench.progress import get_logger
-from workbench.results import decode_extra
+from workbench.store.results import decode_extra
 
 FIGURES_DIR = REPO_ROOT / "experiments" / "figures"
 FORMATS = ("png", "svg", "pdf", "html")
@@ -420,7 +420,7 @@ def training_heatmap(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     if sub.empty or sub["step"].isna().all():
         raise MissingData(f"nothing to draw for {title!r}: no {task}/{metric} rows with training steps")
     sub = sub.assign(step=sub["step"].astype(int), layer=sub["layer"].astype(int))
-    # several rows of one (step, layer) (seeds, runs): their mean (`workbench.aggregate`)
+    # several rows of one (step, layer) (seeds, runs): their mean (`workbench.store.aggregate`)
     mean = aggregate(sub, over="seed", by=["step", "layer"], interval="none")
     table = mean.pivot(index="step", columns="layer", values="value").sort_index().dropna(axis=1, how="all")
     fig = go.Figure(go.Heatmap(z=table.to_numpy(), x=[str(c) for c in table.columns], y=[str(i) for i in table.index],
@@ -597,8 +597,8 @@ def render(name_or_path: str | Path, store=None, out: str | Path | None = None,
     `run_id` replaces the spec's run selection (draw this figure for one given run); `timeout`:
     seconds for the static export (`export_timeout`), after which only the HTML is written."""
     from workbench.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-    from workbench.manifest import git_state, package_versions, utc_now_iso
-    from workbench.results import ResultsStore
+    from workbench.store.manifest import git_state, package_versions, utc_now_iso
+    from workbench.store.results import ResultsStore
 
     bad = set(formats) - set(FORMATS)
     if bad:
@@ -670,7 +670,7 @@ def figures_cli(names: list[str], all_: bool, out: str | None, formats: str | No
     command that shows its traceback) and the others are still drawn, exit status 1; a single
     named figure keeps the traceback. Each drawn figure writes its own manifest (`render`); a
     skipped or failed one leaves its folder as an earlier render left it."""
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     if all_ and names:
         raise ConfigError(f"give figure names or --all, not both (got --all and {' '.join(names)})")

@@ -1,6 +1,6 @@
 """The numbers behind the model explorer, without Streamlit: attention maps of one sentence, how
 each word's vector moves across layers, and the logit lens (top-k predictions at every layer, for
-every family through the one implementation, `workbench.logit_lens.blank_topk`).
+every family through the one implementation, `workbench.running.logit_lens.blank_topk`).
 
 Attention needs eager attention (`ModelHandle.load(..., attentions=True)`; sdpa returns none).
 """
@@ -14,8 +14,8 @@ import pandas as pd
 import torch
 
 from workbench.errors import CheckpointError, ConfigError
-from workbench.lm_scores import BLANK, is_electra, lm_scorer
-from workbench.models import ModelHandle
+from workbench.running.lm_scores import BLANK, is_electra, lm_scorer
+from workbench.running.models import ModelHandle
 
 
 def load(path) -> ModelHandle:
@@ -128,7 +128,7 @@ def layer_view(handle: ModelHandle, words: list[str], pooling: str = "first") ->
 
 def lens_scorer(handle: ModelHandle):
     """(the scorer whose head the logit lens applies, None) or (None, why there is none): the same
-    head the cloze probe reads (`workbench.lm_scores.lm_scorer`: ELECTRA through its generator,
+    head the cloze probe reads (`workbench.running.lm_scores.lm_scorer`: ELECTRA through its generator,
     ELMo through its biLM softmax), refused with the scorer's own reason (a bare model body, an
     ELECTRA without generator/, an ELMo without its softmax)."""
     try:
@@ -143,7 +143,7 @@ def lens_notes(scorer) -> list[str]:
     if scorer.kind == "seq2seq":
         notes.append("The lens reads the decoder's layers (0 = its embeddings). The encoder has no logit lens: its "
                      "states never meet the output head; the decoder reads them through cross-attention "
-                     "(workbench.lm_scores.layer_head).")
+                     "(workbench.running.lm_scores.layer_head).")
     if is_electra(scorer.handle) and scorer.model is not scorer.handle.model:
         notes.append(f"ELECTRA: the lens reads its generator ({type(scorer.model).__name__}, "
                      f"{scorer.model.config.num_hidden_layers} layers, hidden {scorer.model.config.hidden_size}), the "
@@ -158,13 +158,13 @@ def lens_notes(scorer) -> list[str]:
 def logit_lens(handle: ModelHandle, words: list[str], position: int, k: int = 5) -> pd.DataFrame:
     """Top-k predictions for word `position` at every layer, through the model's own output head
     (nostalgebraist 2020's logit lens): the word is replaced by a blank and read exactly as the
-    cloze probe's live box reads it (`workbench.logit_lens.blank_topk`, one implementation for every
+    cloze probe's live box reads it (`workbench.running.logit_lens.blank_topk`, one implementation for every
     family): masked LMs at the mask; causal LMs the next token after the words before it (the
     words after are unseen); T5 the first piece after the sentinel, BART the token at the mask
     (decoder layers); ELMo forward from the left x backward from the right. Columns: layer, rank,
     token (`readable_tokens`: the text it adds, not the vocabulary string), prob, id, piece (the
     vocabulary string); `attrs["reads"]` says what was read."""
-    from workbench.logit_lens import blank_topk
+    from workbench.running.logit_lens import blank_topk
 
     scorer, why = lens_scorer(handle)
     if why:
@@ -184,8 +184,8 @@ def readable_lens(scorer, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def cannot_generate(handle: ModelHandle) -> str | None:
-    """Why this model cannot generate (`workbench.generate.generator_head`'s one line), or None."""
-    from workbench.generate import generator_head
+    """Why this model cannot generate (`workbench.running.generate.generator_head`'s one line), or None."""
+    from workbench.running.generate import generator_head
 
     try:
         generator_head(handle)
@@ -197,9 +197,9 @@ def cannot_generate(handle: ModelHandle) -> str | None:
 def generations(handle: ModelHandle, prompt: str, strategy: str = "greedy", temperature: float = 1.0,
                 top_k: int | None = None, top_p: float | None = None, seed: int = 0, n: int = 1,
                 max_new_tokens: int = 30) -> pd.DataFrame:
-    """`n` continuations of one prompt (`workbench.generate.generate`, one seeded generator for the
+    """`n` continuations of one prompt (`workbench.running.generate.generate`, one seeded generator for the
     batch): columns sample, prompt, continuation, tokens."""
-    from workbench.generate import Sampling, generate
+    from workbench.running.generate import Sampling, generate
 
     g = generate(handle, [prompt] * n, Sampling(strategy, temperature, top_k, top_p, max_new_tokens, seed))
     return pd.DataFrame({"sample": range(n), "prompt": [prompt] * n, "continuation": g.texts,

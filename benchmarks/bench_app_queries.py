@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app import data
-from workbench.results import (
+from workbench.store.results import (
     ARROW_SCHEMA,
     RESULT_COLUMNS,
     SCHEMA_VERSION,

@@ -26,9 +26,9 @@ import torch
 def main(argv=None) -> int:
     from probes.coref.attention import attention_rows
     from probes.coref.items import anaphoric_mentions, gum_documents
-    from workbench.checkpoints import expand_checkpoints
+    from workbench.store.checkpoints import expand_checkpoints
     from workbench.data.conllu import load_treebank, read_gum_coref
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", default="sentence-transformers/all-MiniLM-L6-v2")

@@ -1,4 +1,4 @@
-"""Task-distillation step throughput (workbench/distill.py) as a fraction of this machine's matmul peak,
+"""Task-distillation step throughput (workbench/drivers/distill.py) as a fraction of this machine's matmul peak,
 and the teacher's cost per step with and without caching its logits (`CachedTeacher`).
 
 The step is the workbench's own: `workbench.loop.loss_terms` (student forward, teacher forward under
@@ -52,7 +52,7 @@ def step_flops(d: int, f: int, layers: int, seq: int, batch: int, classes: int, 
 def main(argv=None) -> dict:
     from transformers import BertConfig, BertForSequenceClassification
 
-    from workbench.distill import CachedTeacher, TaskKD, cut_student, student_layers
+    from workbench.drivers.distill import CachedTeacher, TaskKD, cut_student, student_layers
     from workbench.loop import TrainingHooks, adamw, loss_terms, optimizer_step, prepare_teacher
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -2,7 +2,7 @@
 
 The docs' method under load (docs/evidence/benchmarks.md, "Dropout masks and bf16 on the Intel Xeon with
 AMX"): one torch thread, CPU seconds of this process per step (`time.process_time`, which counts the
-numpy PCG64 draws too), the loop's own model (`workbench.train.build_model`, same init) on the same
+numpy PCG64 draws too), the loop's own model (`workbench.drivers.train.build_model`, same init) on the same
 collated batches, forward + backward + clip + AdamW + scheduler. Under load a step's CPU time
 varies by +-15% from minute to minute, so the variants are interleaved step by step (every
 variant's model steps batch i before any steps batch i+1, the order rotating) and each variant is
@@ -40,7 +40,7 @@ VARIANTS = ("bernoulli", "pcg16_modules", "eager_modules", "pcg16")
 
 
 def _model(cfg, family, tokenizer, variant: str):
-    from workbench.train import build_model
+    from workbench.drivers.train import build_model
 
     masks = "pcg16_modules" if variant == "eager_modules" else variant
     model = build_model(dataclasses.replace(cfg, dropout_masks=masks), family, tokenizer, 0, torch.device("cpu"))
@@ -57,7 +57,7 @@ def _interleaved_steps(cfg, data, family, batches, variants, rounds: int) -> dic
     """CPU seconds of each step of each variant: every variant's model and optimizer are built first,
     then each batch is stepped by every variant in turn (the order rotating), `rounds` times over the
     batches, so a change of the machine's load hits all variants alike."""
-    from workbench.train import build_optimizer, lr_lambda_factory, objective_settings
+    from workbench.drivers.train import build_optimizer, lr_lambda_factory, objective_settings
 
     runs = {}
     for v in variants:
@@ -89,7 +89,7 @@ def _profile(cfg, data, family, batches, variant: str) -> dict:
     from bench_train import profile_summary
     from torch.profiler import ProfilerActivity, profile
 
-    from workbench.train import build_optimizer
+    from workbench.drivers.train import build_optimizer
 
     model = _model(cfg, family, data.tokenizer, variant).train()
     optimizer = build_optimizer(model, cfg)
@@ -154,7 +154,7 @@ def main(argv=None) -> dict:
 
     from workbench.config import load_config
     from workbench.families import get_family
-    from workbench.train import prepare_data
+    from workbench.drivers.train import prepare_data
 
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as out:

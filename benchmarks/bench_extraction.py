@@ -57,7 +57,7 @@ def build_random_bert(layers: int = 4, hidden: int = 256, vocab: int = 8000, see
     from transformers import BertConfig, BertModel
 
     from workbench.data.conllu import load_treebank
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
     from workbench.tokenization import build_tokenizer
 
     train = load_treebank("en_ewt", "train")

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def speed(names: list[str], n_sentences: int, repeats: int, batch_size: int) -> dict:
     from workbench.activations import extract
     from workbench.data.conllu import load_treebank
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     train = load_treebank("en_ewt", "train")
     rng = np.random.default_rng(0)
@@ -72,7 +72,7 @@ def speed(names: list[str], n_sentences: int, repeats: int, batch_size: int) -> 
 def compare(run_a: str, run_b: str, runs_roots: list[str] | None, task: str, metric: str = "accuracy") -> list[dict]:
     """Per (model, layer): accuracy in run a and run b and b - a with a paired percentile CI.
     `runs_roots`: one results store for both runs, or one for each (None: the default store)."""
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     roots = list(runs_roots or [None])
     stores = [ResultsStore(r) if r else ResultsStore() for r in (roots * 2)[:2]]

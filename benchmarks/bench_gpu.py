@@ -2,7 +2,7 @@
 
 The GPU counterpart of `bench_train.py` (which measures CPUs): the same analytic FLOPs per token
 (`bench_train.flops_per_token`: 3 x the forward's matmul FLOPs, MLM head on the predicted
-positions), the same loop (`workbench.train.train_seed`, bf16 autocast on CUDA as the config's
+positions), the same loop (`workbench.drivers.train.train_seed`, bf16 autocast on CUDA as the config's
 `bf16: true` default), and the same strongest plain-HF peer (HF `Trainer` on `run_mlm`'s packed
 blocks, here with `bf16=True`), all in one run. The denominator is measured in the same run too:
 the best of `--peak-reps` timed 8192^3 bf16 matmuls after warm-up (Chowdhery et al. 2022,
@@ -69,7 +69,7 @@ def profile_steps(cfg, data, steps: int, skip: int = 5) -> dict:
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from workbench.loop import TrainingHooks
-    from workbench.train import Dist, train_seed
+    from workbench.drivers.train import Dist, train_seed
 
     walls: list[float] = []
     cuda = torch.cuda.is_available()
@@ -101,7 +101,7 @@ def profile_steps(cfg, data, steps: int, skip: int = 5) -> dict:
 
     # The host's share alone: building the steps' batches (examples, masking, padding), no model.
     from workbench.families import get_family
-    from workbench.train import objective_settings, step_batches
+    from workbench.drivers.train import objective_settings, step_batches
 
     family = get_family(cfg.family)
     collate = family.make_collator(objective_settings(cfg, family), data.tokenizer)
@@ -139,7 +139,7 @@ def main(argv=None) -> dict:
 
     from workbench.config import load_config
     from workbench.families import get_family
-    from workbench.train import prepare_data
+    from workbench.drivers.train import prepare_data
 
     peak = gpu_matmul_peak(reps=args.peak_reps)
     name = torch.cuda.get_device_name()

@@ -1,6 +1,6 @@
 """Gradient head importance vs leave-one-head-out ablation: time and agreement (Michel et al. 2019).
 
-Same model, same sentences, same loss: (a) `workbench.compress.head_pruning.head_importance`, one
+Same model, same sentences, same loss: (a) `workbench.drivers.head_pruning.head_importance`, one
 forward and backward pass per batch with gates on every head's context vector (I_h = E|dL/dxi_h|);
 (b) `leave_one_out`: the loss with each head alone masked (gate 0), minus the full model's loss:
 L x H + 1 forward passes over the same batches. Reported: CPU (process) and wall time of each, the
@@ -44,8 +44,8 @@ def main(argv=None) -> dict:
     from transformers import AutoTokenizer
 
     from results_io import record_start, write_result
-    from workbench.compress import head_pruning as H
-    from workbench.finetune import FinetuneConfig, load_classifier, load_task, used_splits
+    from workbench.drivers import head_pruning as H
+    from workbench.drivers.finetune import FinetuneConfig, load_classifier, load_task, used_splits
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("classifier", help="a fine-tuned sequence classifier folder")

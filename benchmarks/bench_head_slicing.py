@@ -3,7 +3,7 @@ at 50% of heads plus 50% of the MLP blocks removed.
 
 Model: a pretrained encoder (default all-MiniLM-L6-v2, 6 x 12 heads, from the local Hugging Face
 cache). Half the heads of every layer are removed, chosen by a seeded permutation:
-- masked: `workbench.compress.head_pruning.apply_mask` (the removed heads' output-projection columns are
+- masked: `workbench.drivers.head_pruning.apply_mask` (the removed heads' output-projection columns are
   zero; the model keeps its full shape: what a saved pruned checkpoint runs);
 - sliced: `slice_heads` on the same mask (Q/K/V rows and O columns cut out).
 The outputs must agree (max abs difference reported; checked <= 1e-4). Both run the same batch
@@ -48,7 +48,7 @@ def block_macs(model, tokens: int) -> int:
     counted on the modules as they are (a sliced model has smaller matrices): every dense layer of
     a block (Q/K/V, output, MLP projections) costs its weight's size per token, and the attention
     products (Q K^T and the weighted sum of V) 2 x T x (heads x head_dim) per token."""
-    from workbench.compress import head_pruning as H
+    from workbench.drivers import head_pruning as H
     from workbench.compress.unstructured import dense_layers
 
     macs = sum(m.weight.numel() for m in dense_layers(model).values()) * tokens
@@ -62,8 +62,8 @@ def main(argv=None) -> dict:
     from transformers import AutoModel, AutoTokenizer
 
     from results_io import record_start, write_result
-    from workbench.checkpoints import resolve_checkpoint
-    from workbench.compress import head_pruning as H
+    from workbench.store.checkpoints import resolve_checkpoint
+    from workbench.drivers import head_pruning as H
     from workbench.data.conllu import load_treebank
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

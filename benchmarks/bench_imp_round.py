@@ -1,7 +1,7 @@
 """One IMP round vs one plain fine-tuning epoch: what the masks cost (target: overhead <= 10%).
 
-The same classifier, data and recipe (`workbench.finetune.train_seed`, one epoch): plain, then
-one round of iterative magnitude pruning as the sweep runs it (`workbench.compress.sweep`): the
+The same classifier, data and recipe (`workbench.drivers.finetune.train_seed`, one epoch): plain, then
+one round of iterative magnitude pruning as the sweep runs it (`workbench.drivers.prune_sweep`): the
 global magnitude masks of the trained weights, the rewound start written as a classifier folder,
 and the epoch with the `keep_masked` after-step hook. Both are timed alternately `--repeats`
 times in one run with the same thread count; the overhead is the ratio of the medians minus 1,
@@ -33,9 +33,9 @@ from benchmarks.results_io import record_start, write_result  # noqa: E402
 
 def main(argv=None) -> int:
     from workbench.compress.masks import keep_masked
-    from workbench.compress.sweep import rewound
+    from workbench.drivers.prune_sweep import rewound
     from workbench.compress.unstructured import magnitude_masks, prunable_weights
-    from workbench.finetune import build_classifier, load_finetune_config, prepare, train_seed
+    from workbench.drivers.finetune import build_classifier, load_finetune_config, prepare, train_seed
     from workbench.loop import TrainingHooks, write_model_folder
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         start_model = build_classifier(run.checkpoint, run.family, run.data.kind, run.pooling, run.data.label_names,
                                        run.pad_id)
         start = {k: v.clone() for k, v in start_model.state_dict().items()}
-        from workbench.finetune import load_classifier
+        from workbench.drivers.finetune import load_classifier
 
         times = {"plain_epoch": [], "imp_round": [], "masks": [], "rewind_and_write": [], "masked_epoch": []}
         for rep in range(args.repeats):

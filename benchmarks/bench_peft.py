@@ -1,6 +1,6 @@
 """Step time and peak memory of each fine-tuning method vs full fine-tuning, on one model.
 
-Every method (`workbench.peft_methods.METHODS`) runs in its own fresh Python process, so that its
+Every method (`workbench.running.peft_methods.METHODS`) runs in its own fresh Python process, so that its
 peak memory is its own: the classifier is built from the checkpoint (default all-MiniLM-L6-v2,
 BERT 6 x 384) exactly as `bertology finetune` builds it, the method attached, AdamW over what
 trains, then `--steps` optimizer steps (forward, backward, clip, step; the fine-tuning loop's own
@@ -44,10 +44,10 @@ def one_method(args) -> dict:
     import psutil
 
     from workbench.data.raw import load_labelled
-    from workbench.finetune import build_classifier, classification_loss, load_finetune_config, method_options
+    from workbench.drivers.finetune import build_classifier, classification_loss, load_finetune_config, method_options
     from workbench.loop import NO_HOOKS, adamw, apply_param_filter, loss_terms, optimizer_step
-    from workbench.models import ModelHandle
-    from workbench.peft_methods import attach, insert_prompt
+    from workbench.running.models import ModelHandle
+    from workbench.running.peft_methods import attach, insert_prompt
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

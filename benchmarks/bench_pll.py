@@ -2,7 +2,7 @@
 
 PLL (Salazar et al. 2020) needs one masked copy of a sentence per token. Compared on the same
 sentences, same model, same threads:
-- batched: `workbench.lm_scores.LMScorer.pseudo_log_likelihood` (every masked copy of a sentence
+- batched: `workbench.running.lm_scores.LMScorer.pseudo_log_likelihood` (every masked copy of a sentence
   in ONE batch, several sentences per batch up to `--batch-size` copies, sentences sorted by
   length, the MLM head applied at the masked position of each copy only);
 - per token: for each sentence and each content token, one forward of the sentence with that token
@@ -43,7 +43,7 @@ def build(layers: int, hidden: int, vocab: int, seed: int):
     from transformers import BertConfig, BertForMaskedLM
 
     from workbench.data.conllu import load_treebank
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
     from workbench.tokenization import build_tokenizer
 
     tok = build_tokenizer("wordpiece", SPECIALS, [s.text for s in load_treebank("en_ewt", "train")], vocab_size=vocab)
@@ -94,8 +94,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from workbench.data.conllu import load_treebank
-    from workbench.lm_scores import LMScorer
-    from workbench.manifest import environment, git_state, package_versions
+    from workbench.running.lm_scores import LMScorer
+    from workbench.store.manifest import environment, git_state, package_versions
 
     handle = build(args.layers, args.hidden, args.vocab, args.seed)
     dev = [s.text for s in load_treebank("en_ewt", "dev")]
@@ -106,7 +106,7 @@ def main() -> None:
     print(f"{len(texts)} EWT dev sentences, {sum(n_tok)} content tokens (mean {np.mean(n_tok):.1f}, max {max(n_tok)}); "
           f"BERT {args.layers}x{args.hidden}, vocab {len(handle.tokenizer)}; threads {torch.get_num_threads()}")
 
-    import workbench.lm_scores as lm
+    import workbench.running.lm_scores as lm
 
     def full_logits():
         heads, lm.MLM_HEADS = lm.MLM_HEADS, {}
@@ -133,7 +133,7 @@ def main() -> None:
     total = sum(n_tok)
     report = {
         "benchmark": "bench_pll",
-        "what": "pseudo-log-likelihood: batched masked copies (workbench.lm_scores) vs one masked forward per token",
+        "what": "pseudo-log-likelihood: batched masked copies (workbench.running.lm_scores) vs one masked forward per token",
         "sentences": len(texts), "content_tokens": total, "mean_tokens": float(np.mean(n_tok)), "max_tokens": max(n_tok),
         "model": {"family": "bert", "layers": args.layers, "hidden": args.hidden, "vocab": len(handle.tokenizer),
                   "weights": f"random, seed {args.seed}"},

@@ -1,6 +1,6 @@
 """The whole syntax probe on a real model: where the time goes (issue 42, item 1).
 
-For each model (a Hub name or a checkpoint folder, loaded with `workbench.models.ModelHandle.load`):
+For each model (a Hub name or a checkpoint folder, loaded with `workbench.running.models.ModelHandle.load`):
 
 (a) extraction: all-layer word vectors (`workbench.activations.extract`, fp32, into a fresh
     temporary cache so nothing is reused) of a seeded sample of `--sentences` EWT train sentences
@@ -161,7 +161,7 @@ def measure(model: str, sentences: int = 1000, eval_sentences: int = 500, trees:
     from probes.syntax.tasks import encode_labels, layers_per_fit
     from workbench.activations import resolve_stack, extract
     from workbench.errors import ConfigError
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     defaults = SyntaxSettings(structural=dict(structural or {}))
     split_kw = dict(early_stopping_fraction=defaults.early_stopping_fraction,

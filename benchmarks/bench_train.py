@@ -5,7 +5,7 @@ number of optimizer steps with the same batch size and max_len (so the same toke
 and the same torch thread count; the figure is NON-PADDING tokens per second (special tokens
 included, padding excluded), measured after a few warm-up steps.
 
-- ours: `workbench.train` (the family's examples: for BERT, NSP sentence pairs packed up to
+- ours: `workbench.drivers.train` (the family's examples: for BERT, NSP sentence pairs packed up to
   max_len; masked-LM logits only at the predicted positions);
 - padded baseline: the common tutorial recipe, one sentence per example, `BertForMaskedLM`, HF
   `Trainer` with `DataCollatorForLanguageModeling` (dynamic padding to the longest sentence in the
@@ -182,7 +182,7 @@ def paired_step_mfu(cfg, data, family, batches, flops_per_token: float, steps_pe
     not `Trainer`, whose bookkeeping only adds to its time), so the two models' speeds are compared
     seconds apart, window by window (`ratio_vs_hf_packed_step`)."""
     from workbench.loop import TrainingHooks, optimizer_step
-    from workbench.train import build_model, build_optimizer, count_tokens, lr_lambda_factory, objective_settings
+    from workbench.drivers.train import build_model, build_optimizer, count_tokens, lr_lambda_factory, objective_settings
 
     torch.manual_seed(1)
     model = build_model(cfg, family, data.tokenizer, 0, torch.device("cpu"))
@@ -241,7 +241,7 @@ def paired_step_mfu(cfg, data, family, batches, flops_per_token: float, steps_pe
 def workbench_run(cfg, data) -> dict:
     """Tokens, seconds, steps and final loss of the workbench's own training loop (`train_seed`) on
     `cfg`, from its log after the warm-up steps."""
-    from workbench.train import Dist, read_log, train_seed
+    from workbench.drivers.train import Dist, read_log, train_seed
 
     final = train_seed(cfg, 0, data, Dist())
     log = [r for r in read_log(final.parent) if r["step"] > 0]
@@ -364,7 +364,7 @@ def hf_trainer_baseline(cfg, data, family_name: str, recipe: str, bf16: bool = F
 def step_setup(cfg, data, steps: int):
     """The loop's model (same init) and `steps` collated batches of its example stream."""
     from workbench.families import get_family
-    from workbench.train import Dist, objective_settings, step_batches
+    from workbench.drivers.train import Dist, objective_settings, step_batches
 
     family = get_family(cfg.family)
     collate = family.make_collator(objective_settings(cfg, family), data.tokenizer)
@@ -384,7 +384,7 @@ def _weights_hash(model) -> str:
 def _run_steps(cfg, data, family, batches, variant: str, profile: bool = False) -> dict:
     """Time the loop's step (forward, backward, clip, AdamW, scheduler) on `batches` under one option."""
     from workbench.loop import TrainingHooks, optimizer_step
-    from workbench.train import build_optimizer, count_tokens, lr_lambda_factory, objective_settings
+    from workbench.drivers.train import build_optimizer, count_tokens, lr_lambda_factory, objective_settings
 
     torch.manual_seed(1)
     model = family.build_model(family.model_config(cfg.preset, cfg.model), data.tokenizer)
@@ -478,7 +478,7 @@ def main(argv=None) -> dict:
 
     from workbench.config import load_config
     from workbench.families import available_families, get_family
-    from workbench.train import prepare_data
+    from workbench.drivers.train import prepare_data
 
     family = args.family if args.family in available_families() else "gpt"
     peak_before = matmul_peak(seconds=args.peak_seconds)

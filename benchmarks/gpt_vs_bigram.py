@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     from workbench.config import load_config
     from workbench.families import get_family
     from workbench.ngram import bigram_perplexity
-    from workbench.train import evaluate_heldout, prepare_data
+    from workbench.drivers.train import evaluate_heldout, prepare_data
 
     ckpt = Path(args.checkpoint)
     manifest = json.loads((ckpt / "manifest.json").read_text())

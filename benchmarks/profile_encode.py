@@ -2,7 +2,7 @@
 32 (best of 5), and a sha256 of its outputs, to compare two trees: PYTHONPATH=TREE python
 benchmarks/profile_encode.py TREE (needs sentence-transformers/all-MiniLM-L6-v2 in the HF cache)."""
 import resource, sys, numpy as np
-from workbench.models import ModelHandle
+from workbench.running.models import ModelHandle
 from workbench.data.conllu import load_treebank
 h = ModelHandle.load("sentence-transformers/all-MiniLM-L6-v2")
 sents = [s.words for s in load_treebank("en_ewt", "train")[:1500]] + [[], ["\u00ad"], ["a", "\u200b", "b"]]

@@ -74,7 +74,7 @@ def record_start() -> dict:
 def write_result(name: str, payload: dict, start: dict, path: Path | None = None) -> Path:
     """Write `payload` plus the machine/versions/load record to benchmarks/results/<name>-<host>-<time>.json."""
     from workbench.io import atomic_write_json
-    from workbench.manifest import environment, git_state, package_versions
+    from workbench.store.manifest import environment, git_state, package_versions
 
     record = {
         "benchmark": name, **payload,

@@ -21,7 +21,7 @@ import torch
 from probes.core.fitting import fit_probe
 from probes.core.statistics import ratio_bootstrap
 from workbench.data.conllu import load_treebank
-from workbench.models import ModelHandle
+from workbench.running.models import ModelHandle
 
 
 def states(handle: ModelHandle, sentences) -> np.ndarray:

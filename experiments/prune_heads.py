@@ -1,7 +1,7 @@
 """Good, random and bad head pruning of a fine-tuned classifier (Michel et al. 2019; Prasanna et al. 2020).
 
-For each seed: fine-tune CHECKPOINT on sentence_polarity (`workbench.finetune.run_finetune`), then
-prune its heads iteratively (`workbench.compress.head_pruning.iterative_pruning`: 10% of all heads per
+For each seed: fine-tune CHECKPOINT on sentence_polarity (`workbench.drivers.finetune.run_finetune`), then
+prune its heads iteratively (`workbench.drivers.head_pruning.iterative_pruning`: 10% of all heads per
 step, `--step-of total`, as in Michel et al.'s and Prasanna et al.'s code; `--step-of remaining`:
 10% of the heads still present, the earlier variant; importance recomputed on the masked model
 from `--importance-examples` training sentences, dev accuracy after each step) in three orders:
@@ -38,7 +38,7 @@ pruned on through the step where "good" stopped, and their masks at that step ar
 (the earlier equal-size comparison, by order rather than by Prasanna et al.'s construction).
 
 The `bertology prune` sweep runs the same curves and subnetworks (methods heads_good / heads_random
-/ heads_bad, `workbench.compress.head_pruning.classifier_curve`, every step a masked checkpoint); this
+/ heads_bad, `workbench.drivers.head_pruning.classifier_curve`, every step a masked checkpoint); this
 script is kept for what the sweep does not do: Prasanna et al.'s re-fine-tuning of the good /
 random / bad subnetworks from the *pretrained* weights (`--refinetune`), and the three curves of
 one fine-tuning in one report (prune_heads.json).
@@ -56,9 +56,9 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.compress import head_pruning as H
+from workbench.drivers import head_pruning as H
 from workbench.errors import ConfigError
-from workbench.finetune import load_classifier, load_finetune_config, prepare, run_finetune
+from workbench.drivers.finetune import load_classifier, load_finetune_config, prepare, run_finetune
 from workbench.io import atomic_write_json, read_yaml
 from workbench.loop import TrainingHooks
 from workbench.paths import runs_root
@@ -120,7 +120,7 @@ def refinetune(args, base_cfg: dict, curves: dict, seed: int) -> dict:
     (`--subnetworks equal_size`: Prasanna et al.'s random and bad subnetworks; `threshold`: the
     random and bad curves' masks at that step, `prune_seed` pruned them that far), with the base
     recipe."""
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     step = curves["good"]["threshold_step"]
     base = ModelHandle.load(args.checkpoint)
@@ -179,9 +179,9 @@ def _without_rows(report: dict) -> dict:
 
 
 def write_rows(report: dict, rows_by_seed: dict) -> str:
-    """Every curve's rows (`workbench.compress.head_pruning.curve_rows`) and the re-fine-tuned accuracies
+    """Every curve's rows (`workbench.drivers.head_pruning.curve_rows`) and the re-fine-tuned accuracies
     as one results-store run named prune-heads (the app's surviving-heads matrix reads it)."""
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     rows = []
     for seed, entry in report["seeds"].items():

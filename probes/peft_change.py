@@ -1,7 +1,7 @@
 """What each fine-tuning method changes, layer by layer: a sweep over `bertology finetune --method`.
 
 `bertology peft CONFIG.yaml` (experiments/peft/*.yaml) fine-tunes one checkpoint with every
-method of `workbench.peft_methods.METHODS` it lists, each through the ordinary fine-tuning runner
+method of `workbench.running.peft_methods.METHODS` it lists, each through the ordinary fine-tuning runner
 (its own run folder `finetune/<name>-<method>/`, resumable, its own results-store run), then
 compares every seed's best checkpoint with the starting checkpoint on the same sentences (UD EWT
 dev by default): the linear CKA (Kornblith et al. 2019; `probes.core.geometry.linear_cka`) of
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.drivers import NOT_IDENTITY, DriverSpec, load_config
+from workbench.drivers.spec import NOT_IDENTITY, DriverSpec, load_config
 from workbench.errors import ConfigError
 from workbench.progress import get_logger
-from workbench.rowschema import RowSchema
+from workbench.store.rowschema import RowSchema
 
 PROBE = "peft"
-# The `extra` of the sweep's rows (checked by the results store, `workbench.rowschema`).
+# The `extra` of the sweep's rows (checked by the results store, `workbench.store.rowschema`).
 EXTRA_SCHEMAS = (
     RowSchema(PROBE, "per seed", required={"method": str, "lr": float, "trainable": int | None,
                                            "total_parameters": int | None, "checkpoint": str, "finetune_run": str},
@@ -56,9 +56,9 @@ class PeftSweepConfig:
 
 def load_sweep_config(source, overrides: dict | None = None, methods: list[str] | None = None) -> PeftSweepConfig:
     """A validated sweep config from YAML or a dict; `overrides` replace keys of `finetune`, `methods`
-    the method list (`workbench.drivers.load_config`'s rule: None values ignored, `finetune.KEY` for
+    the method list (`workbench.drivers.spec.load_config`'s rule: None values ignored, `finetune.KEY` for
     a key of the fine-tuning). Every method's fine-tuning config is validated here, before any work."""
-    from workbench.peft_methods import METHODS
+    from workbench.running.peft_methods import METHODS
 
     cfg, where = load_config(PeftSweepConfig, source, {"methods": methods, **{
         f"finetune.{k}": v for k, v in (overrides or {}).items()}}, label="peft config")
@@ -83,7 +83,7 @@ def load_sweep_config(source, overrides: dict | None = None, methods: list[str] 
 
 def method_config(cfg: PeftSweepConfig, method: str, where: str = "peft config"):
     """The fine-tuning config of one method of the sweep (its own run folder name)."""
-    from workbench.finetune import load_finetune_config
+    from workbench.drivers.finetune import load_finetune_config
 
     ft = {**cfg.finetune, "method": method}
     if method in cfg.lr:
@@ -124,10 +124,10 @@ def method_rows(cfg: PeftSweepConfig, method: str, ft_cfg, store, start: np.ndar
     then its seeds' rows (module docstring). `start`: the starting checkpoint's layer states,
     computed here when not given (a worker computes them itself rather than receive them pickled).
     Returns (the fine-tuning run id, the rows)."""
-    from workbench.checkpoints import single_checkpoint
-    from workbench.finetune import run_finetune
-    from workbench.models import ModelHandle
-    from workbench.results import ResultsStore
+    from workbench.store.checkpoints import single_checkpoint
+    from workbench.drivers.finetune import run_finetune
+    from workbench.running.models import ModelHandle
+    from workbench.store.results import ResultsStore
 
     if isinstance(store, (str, Path)):
         store = ResultsStore(store)
@@ -161,15 +161,15 @@ def method_rows(cfg: PeftSweepConfig, method: str, ft_cfg, store, start: np.ndar
 def run_sweep(cfg: PeftSweepConfig, store=None, progress: bool = True, executor=None) -> tuple[str, "object"]:
     """Every method's fine-tuning run, then the per-layer CKA of each seed's best checkpoint against
     the start; one results-store run of rows (module docstring). Returns (run id, rows). The methods
-    are the executor's units (`executor`: `workbench.executor.ExecutorOptions`, default this process;
+    are the executor's units (`executor`: `workbench.drivers.executor.ExecutorOptions`, default this process;
     `method_rows`), their rows joined in the config's method order."""
     import pandas as pd
 
-    from workbench.checkpoints import single_checkpoint
+    from workbench.store.checkpoints import single_checkpoint
     from workbench.data.conllu import treebank_path
-    from workbench.executor import ExecutorOptions, Unit, replace_threads, run_units
-    from workbench.models import ModelHandle
-    from workbench.results import ResultsStore
+    from workbench.drivers.executor import ExecutorOptions, Unit, replace_threads, run_units
+    from workbench.running.models import ModelHandle
+    from workbench.store.results import ResultsStore
 
     options = (executor or ExecutorOptions()).validate()
     store = store or ResultsStore()

@@ -131,7 +131,7 @@ def probe_store(tmp_path_factory, tokenizers):
     import json
 
     from probes.syntax import run_syntax_probes
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     root = tmp_path_factory.mktemp("probe-store")
     train = root / "train" / "tinyrun" / "seed-0"

@@ -177,7 +177,7 @@ def bert_handle():
     on the first 2,000 EWT train sentences."""
     from tests.conftest import TOKENIZER_SPECS, tiny_bert
     from workbench.data.conllu import load_treebank
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
     from workbench.tokenization import build_tokenizer
 
     train = load_treebank("en_ewt", "train")
@@ -228,7 +228,7 @@ def test_same_weights_with_another_tokenizer_get_another_cache_entry(tmp_path, b
     """The weight hash alone would hand vectors made through tokenizer A to a run using tokenizer B."""
     from tests.conftest import TOKENIZER_SPECS
     from workbench.data.conllu import load_treebank
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
     from workbench.tokenization import build_tokenizer
 
     handle, sents = bert_handle

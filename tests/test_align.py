@@ -83,7 +83,7 @@ def tiny_folders(tmp_path_factory, tokenizers):
 
 def run_align(folders, settings, tmp_path):
     from probes.core.runner import run_probe
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     base = {"progress": False, "n_boot": 50, "cache_dir": str(tmp_path / "cache"), "threads": 1}
     return run_probe("align", [str(f) for f in folders], {**base, **settings}, store=ResultsStore(tmp_path / "runs"))[1]

@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest
 from app import data, model_views
 from tests.conftest import tiny_bert, tiny_gpt2
 from workbench.paths import REPO_ROOT
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 APP = str(REPO_ROOT / "app" / "streamlit_app.py")
 TINY = "train/tiny/seed-0/step-0000001"
@@ -296,7 +296,7 @@ def test_model_views_against_reference(app_env, tokenizers):
 
 
 def test_logit_lens_of_a_causal_lm(tokenizers):
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     model = tiny_gpt2(tokenizers["gpt"])
     handle = ModelHandle(model, tokenizers["gpt"])

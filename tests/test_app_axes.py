@@ -15,7 +15,7 @@ from app.page_modules import cost, distill, finetune
 from app.page_modules import prune as prune_page
 from tests.test_app_distill import planted_distill_rows as distill_rows_planted
 from tests.test_app_finetune_cost import as_rows, planted_cost_rows, planted_finetune_rows
-from workbench.compress.sweep import build_rows
+from workbench.drivers.prune_sweep import build_rows
 
 # seeds far apart: the 1-bit and random points' mean +- sd leaves [0, 1] on both sides
 SPREAD = {0: 0.02, 1: 0.98}

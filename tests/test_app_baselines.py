@@ -9,7 +9,7 @@ import pandas as pd
 
 from app import data, figures
 from app.cli import main
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 LAYERS = range(4)
 

@@ -18,11 +18,11 @@ from probes import cloze
 from probes.core import runner
 from tests.test_app import charts
 from tests.conftest import tiny_bert, tiny_gpt2
-from workbench import logit_lens
-from workbench.lm_scores import lm_scorer
-from workbench.models import ModelHandle
+from workbench.running import logit_lens
+from workbench.running.lm_scores import lm_scorer
+from workbench.running.models import ModelHandle
 from workbench.paths import REPO_ROOT
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 APP = str(REPO_ROOT / "app" / "streamlit_app.py")
 TASKS = ("age", "objects")

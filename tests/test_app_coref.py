@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from app.page_modules.coref import best_heads, head_matrix
 from probes.core.rows import layer_rows
 from workbench.paths import REPO_ROOT
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 APP = str(REPO_ROOT / "app" / "streamlit_app.py")
 L, H = 3, 4

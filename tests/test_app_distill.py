@@ -1,5 +1,5 @@
 """The distillation page and figures: the accuracy/size table and scatter draw exactly the stored
-rows (`workbench.distill.distill_rows`), the layer map is each student layer's most similar teacher
+rows (`workbench.drivers.distill.distill_rows`), the layer map is each student layer's most similar teacher
 layer whichever way the model-pair rows are oriented, and the page renders headless (AppTest)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from app.figures import render
 from app.page_modules.distill import implied_layer_map, layer_map_plot, tradeoff_plot, tradeoff_table
 from probes.core.rows import layer_rows
-from workbench.distill import distill_rows
+from workbench.drivers.distill import distill_rows
 from workbench.paths import REPO_ROOT
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 APP = str(REPO_ROOT / "app" / "streamlit_app.py")
 TEACHER = {"test_accuracy": 0.80, "test_n": 100, "dev_accuracy": 0.8, "dev_n": 100, "parameters": 1000,
@@ -106,7 +106,7 @@ def test_distill_page_renders_headless(tmp_path, monkeypatch):
 
 
 def _pretraining_rows():
-    """Rows as `workbench.distill_pretraining` writes them: the teacher once, each student per seed."""
+    """Rows as `workbench.drivers.distill_pretraining` writes them: the teacher once, each student per seed."""
     common = {"family": "deberta", "probe": "distill", "task": "mlm", "split": "heldout", "metric": "heldout_mlm_loss"}
     rows = [{**common, "model": "teacher", "value": 4.8, "extra": {"role": "teacher", "depth": 4, "parameters": 5000}}]
     for init, losses in (("teacher", [5.1, 5.3]), ("random", [7.7, 7.9])):

@@ -1,7 +1,7 @@
 """The model explorer's logit-lens tab for every family the backend trains: tiny checkpoints
 (random weights) saved as the training loop saves them under a runs root; the explorer page
 (headless AppTest) shows, for each, the top-k the cloze probe's one lens implementation
-(`workbench.logit_lens.blank_topk`) gives at the blanked-out word, layer by layer; the masked LMs'
+(`workbench.running.logit_lens.blank_topk`) gives at the blanked-out word, layer by layer; the masked LMs'
 last layer is also checked against the full model's own MLM output at the mask; a model
 without an LM head gets one line saying why, and T5/BART say why their encoder has no lens."""
 
@@ -15,10 +15,10 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from app import model_views
-from workbench.logit_lens import blank_topk
+from workbench.running.logit_lens import blank_topk
 from tests.test_app import APP, charts, no_errors, shown_table
 from workbench.families import FAMILIES, get_family
-from workbench.lm_scores import BLANK, lm_scorer
+from workbench.running.lm_scores import BLANK, lm_scorer
 
 WORDS = "the cat sat on the mat".split()
 POSITION = 2  # "sat": a word with words on both sides (ELMo's and BART's reading need them)

@@ -1,7 +1,7 @@
 """The extraction page (app/page_modules/extraction.py), its figures (experiments/figures/extraction_*.yaml) and
 the model explorer's generation tab, on a store holding a real extraction run of a tiny GPT trained
 with canaries under the runs root: the page and the figures draw exactly the stored numbers; the
-explorer's continuation is `workbench.generate`'s; an encoder gets one line saying why it cannot generate."""
+explorer's continuation is `workbench.running.generate`'s; an encoder gets one line saying why it cannot generate."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from probes.core import runner
 from tests.conftest import tiny_bert
 from tests.test_app import APP, charts, no_errors, shown_table
 from workbench.paths import REPO_ROOT
-from workbench.results import ResultsStore, decode_extra
+from workbench.store.results import ResultsStore, decode_extra
 
 pytestmark = pytest.mark.slow
 
@@ -106,8 +106,8 @@ def test_page_shows_every_task(extraction_store, monkeypatch):
 
 
 def test_explorer_generates_and_refuses_an_encoder(extraction_store, monkeypatch, tmp_path):
-    from workbench.generate import Sampling, generate
-    from workbench.models import ModelHandle
+    from workbench.running.generate import Sampling, generate
+    from workbench.running.models import ModelHandle
 
     root, gpt, bert = extraction_store
     monkeypatch.setenv("BERTOLOGY_RUNS", str(root))

@@ -13,9 +13,9 @@ from scipy import stats
 
 from app.page_modules.cost import best_scores, checkpoints_under, cost_table, cost_wide, score_vs_flops
 from app.page_modules.finetune import epoch_curve, finetune_curves, finetune_test, split_summary, score_table
-from workbench.finetune import t_interval
+from workbench.drivers.finetune import t_interval
 from workbench.paths import REPO_ROOT
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 APP = str(REPO_ROOT / "app" / "streamlit_app.py")
 DEV = {0: [0.60, 0.70, 0.72], 1: [0.58, 0.74, 0.71], 2: [0.62, 0.69, 0.75]}   # seed -> dev score per epoch

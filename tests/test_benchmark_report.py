@@ -94,7 +94,7 @@ def test_paired_step_mfu_steps_both_models_window_by_window(tmp_path, monkeypatc
 
     from tests.training_helpers import tiny_config
     from workbench.families import get_family
-    from workbench.train import prepare_data
+    from workbench.drivers.train import prepare_data
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""workbench.checkpoints: step folders, a training folder's steps, a checkpoint's manifest, the weights hash."""
+"""workbench.store.checkpoints: step folders, a training folder's steps, a checkpoint's manifest, the weights hash."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from tests.conftest import tiny_bert
-from workbench.checkpoints import (expand_checkpoints, list_steps, read_manifest, seed_dir, step_dir, step_number,
+from workbench.store.checkpoints import (expand_checkpoints, list_steps, read_manifest, seed_dir, step_dir, step_number,
                                    weight_files)
 from workbench.errors import CheckpointError
-from workbench.identity import weights_hash
-from workbench.manifest import checkpoint_record
-from workbench.models import ModelHandle
+from workbench.store.identity import weights_hash
+from workbench.store.manifest import checkpoint_record
+from workbench.running.models import ModelHandle
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ from probes import cloze
 from probes.cloze import tasks as ct
 from tests.conftest import tiny_bert
 from workbench.errors import ConfigError
-from workbench import logit_lens
-from workbench.lm_scores import BLANK, filled_items, lm_scorer
-from workbench.models import ModelHandle
+from workbench.running import logit_lens
+from workbench.running.lm_scores import BLANK, filled_items, lm_scorer
+from workbench.running.models import ModelHandle
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +151,7 @@ def test_lens_rows_on_the_runner_for_seq2seq_and_elmo(handles, tmp_path, monkeyp
     """The probe writes lens rows for T5 (decoder stack, decoder layers 0..L) and ELMo; the last
     layer's accuracy equals the zero-shot accuracy."""
     from probes.core import runner
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     settings = {"tasks": ("antonym",), "n_train": 40, "n_test": 20, "n_boot": 50, "progress": False,
@@ -206,7 +206,7 @@ def test_finetuned_tiny_model_learns_age_comparison(tokenizers):
 @pytest.mark.slow
 def test_probe_on_the_runner(handles, tmp_path, monkeypatch):
     from probes.core import runner
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     settings = {"tasks": ("age", "taxonomy"), "n_train": 60, "n_test": 30, "n_boot": 200, "progress": False,
@@ -308,7 +308,7 @@ def test_lens_nonsense_rows_on_the_runner(handles, tmp_path, monkeypatch, family
     recomputed on the control; its last layer = `nonsense_acc`; the gap = lens_acc minus it, with a
     paired CI around it; the printed table carries the three per layer."""
     from probes.core import runner
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     values = {"tasks": ("age", "antonym"), "n_train": 40, "n_test": 30, "n_boot": 200, "progress": False,

@@ -17,7 +17,7 @@ from probes.cloze import rows as cloze_rows
 from probes.cloze import tasks as ct
 from tests.test_cloze import LENS_STACK, handles, small_items  # noqa: F401 (fixtures)
 from workbench.errors import ConfigError
-from workbench.lm_scores import BLANK, CandidateScores, lm_scorer
+from workbench.running.lm_scores import BLANK, CandidateScores, lm_scorer
 
 AGE_PREMISE = "A N/A year old person is " + BLANK + " than me in age, if I am a N/A year old person."
 
@@ -80,7 +80,7 @@ def test_planted_prior_through_the_runner(handles, tmp_path, monkeypatch):  # no
     """`scoring: raw,pmi` on the runner: both rules' rows side by side under their own metric names,
     the rule in every row's extra, the setting in the run's manifest and resume key."""
     from probes.core import runner
-    from workbench.results import ResultsStore, decode_extra
+    from workbench.store.results import ResultsStore, decode_extra
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(cloze_rows, "lm_scorer", lambda handle: PriorLM())
@@ -190,7 +190,7 @@ def test_pmi_rows_with_the_lens_on_the_runner(handles, tmp_path, monkeypatch, fa
     rows equal the rule recomputed outside the runner, the raw rows are those of a raw-only run,
     and the summary prints the PMI lens block."""
     from probes.core import runner
-    from workbench.results import ResultsStore, decode_extra
+    from workbench.store.results import ResultsStore, decode_extra
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     values = {"tasks": ("age",), "n_train": 20, "n_test": 20, "n_boot": 50, "progress": False,

@@ -46,8 +46,8 @@ def test_every_yaml_reader_goes_through_read_yaml(tmp_path):
     from app.experiments import load_experiment
     from app.figures import load_spec
     from workbench.config import load_config
-    from workbench.finetune import load_finetune_config
-    from workbench.shadows import main as shadows_main
+    from workbench.drivers.finetune import load_finetune_config
+    from workbench.drivers.shadows import main as shadows_main
 
     path = tmp_path / "list.yaml"
     path.write_text("- a\n- b\n")
@@ -126,7 +126,7 @@ def test_the_three_settings_kinds_share_the_coercion():
     from probes import get_probe
     from probes.core import runner
     from workbench.config import load_config
-    from workbench.finetune import load_finetune_config
+    from workbench.drivers.finetune import load_finetune_config
 
     syntax = get_probe("syntax").settings
     for build, wrong, right in ((lambda v: runner.make_settings(syntax, v), "sed", "seed"),

@@ -9,9 +9,9 @@ import pytest
 
 from app.figures import load_spec, render
 from app.page_modules import prune as page
-from workbench.compress.sweep import build_rows
+from workbench.drivers.prune_sweep import build_rows
 from workbench.paths import REPO_ROOT
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 APP = str(REPO_ROOT / "app" / "streamlit_app.py")
 FULL = {0: 0.80, 1: 0.82, 2: 0.78}
@@ -50,7 +50,7 @@ HEADS_KEPT = {0: [[1, 0, 1], [1, 1, 0]], 1: [[1, 0, 1], [1, 1, 1]]}
 
 
 def _head_rows() -> list[dict]:
-    from workbench.compress.head_pruning import PruningCurve, PruningStep, curve_rows
+    from workbench.drivers.head_pruning import PruningCurve, PruningStep, curve_rows
 
     rows = []
     for seed, kept in HEADS_KEPT.items():

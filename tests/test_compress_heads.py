@@ -1,4 +1,4 @@
-"""Head and MLP pruning (workbench.compress.head_pruning): gates, masks as weights, slicing, gradient
+"""Head and MLP pruning (workbench.drivers.head_pruning): gates, masks as weights, slicing, gradient
 importance and the iterative procedure, on tiny random models of every family it supports.
 
 transformers 5 ignores `head_mask`, so every masking test also checks that the outputs move."""
@@ -15,7 +15,7 @@ from transformers import (AlbertConfig, AlbertForSequenceClassification, AutoMod
                           DebertaV2ForSequenceClassification, GPT2Config, GPT2ForSequenceClassification,
                           LlamaConfig, LlamaForSequenceClassification)
 
-from workbench.compress import head_pruning as H
+from workbench.drivers import head_pruning as H
 from workbench.errors import ConfigError, WorkbenchError
 
 L, NH, HID = 2, 4, 32  # layers, heads, hidden (head_dim 8)
@@ -244,7 +244,7 @@ def test_the_mask_keeper_holds_the_mask_through_training():
 
 
 def test_masked_handle_is_a_derived_checkpoint_that_opens_in_plain_transformers(tiny_checkpoint, tmp_path):
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     parent = ModelHandle.load(tiny_checkpoint)
     Lp, Hp = H.head_shape(parent.model)
@@ -492,8 +492,8 @@ def test_prune_heads_recipe_is_the_sweeps_so_the_full_models_are_shared(tmp_path
     import importlib.util
     from pathlib import Path
 
-    from workbench.compress.sweep import load_prune_config
-    from workbench.finetune import load_finetune_config
+    from workbench.drivers.prune_sweep import load_prune_config
+    from workbench.drivers.finetune import load_finetune_config
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("prune_heads_script", root / "experiments" / "prune_heads.py")

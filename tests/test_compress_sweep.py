@@ -1,4 +1,4 @@
-"""The compression sweep (workbench.compress.sweep, `bertology prune`): lottery-ticket rounds,
+"""The compression sweep (workbench.drivers.prune_sweep, `bertology prune`): lottery-ticket rounds,
 kept masks, rewinding, derived checkpoints that plain transformers opens, rows, resume, bad configs.
 
 A tiny BERT (2 layers, hidden 32) fine-tuned for one epoch on 64 real sentence_polarity sentences:
@@ -16,9 +16,9 @@ import yaml
 
 from tests.conftest import tiny_bert
 from workbench.compress.masks import load_masks, mask_hash
-from workbench.compress.sweep import load_prune_config, rewound, run_prune
+from workbench.drivers.prune_sweep import load_prune_config, rewound, run_prune
 from workbench.compress.unstructured import prunable_weights
-from workbench.results import ResultsStore, decode_extra
+from workbench.store.results import ResultsStore, decode_extra
 
 FT = {"task": "sentence_polarity", "seeds": [0, 1], "epochs": 1, "lr": 1e-3, "max_train_examples": 64,
       "max_eval_examples": 32, "batch_size": 16, "baselines": False, "device": "cpu"}
@@ -86,7 +86,7 @@ def test_imp_rounds_prune_exactly_a_tenth_of_the_original_weights_each(sweep):
 def test_points_are_derived_checkpoints_that_plain_transformers_opens(sweep, tokenizer):
     from transformers import AutoModel
 
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     result = sweep[0]
     p = _point(result, "imp", 0.2, 1)
@@ -117,7 +117,7 @@ def test_points_are_derived_checkpoints_that_plain_transformers_opens(sweep, tok
 
 @pytest.mark.slow
 def test_masked_weights_stay_zero_and_kept_ones_train(sweep):
-    from workbench.finetune import load_classifier
+    from workbench.drivers.finetune import load_classifier
 
     result = sweep[0]
     for method in ("oneshot", "random", "reinit"):
@@ -184,7 +184,7 @@ def test_rows_wins_and_post_hoc_points(sweep):
 
 @pytest.mark.slow
 def test_a_rerun_resumes_every_point_without_training(sweep, monkeypatch):
-    import workbench.finetune as finetune
+    import workbench.drivers.finetune as finetune
 
     result, store, cfg, ft = sweep
     calls = []
@@ -258,7 +258,7 @@ def test_rewinding_to_an_early_fine_tuning_step(pretrained, tmp_path):
     the ticket records its rewind step (the rewound start itself: test_rewinding_restores_...)."""
     import dataclasses
 
-    from workbench.finetune import load_classifier, prepare, train_seed
+    from workbench.drivers.finetune import load_classifier, prepare, train_seed
     from workbench.loop import TrainingHooks
 
     cfg, ft = _config(pretrained, tmp_path / "sweep", methods=["imp"], sparsities=[0.1], rewind_step=2,
@@ -282,7 +282,7 @@ def test_rewinding_to_an_early_fine_tuning_step(pretrained, tmp_path):
 
 def _recorded_training(monkeypatch):
     """(step, learning rate, batch checksum) of every optimizer step of every fine-tuning, in order."""
-    import workbench.finetune as finetune
+    import workbench.drivers.finetune as finetune
 
     steps, batches = [], []
     real_step, real_terms = finetune.optimizer_step, finetune.loss_terms
@@ -357,8 +357,8 @@ def head_sweep(pretrained, tmp_path_factory):
 def test_head_points_are_masked_checkpoints_whose_outputs_equal_gating(head_sweep, tokenizer):
     from transformers import AutoModelForSequenceClassification
 
-    from workbench.compress import head_pruning as H
-    from workbench.finetune import load_classifier
+    from workbench.drivers import head_pruning as H
+    from workbench.drivers.finetune import load_classifier
 
     result, store = head_sweep
     full = load_classifier(Path(_point(result, "full", 0.0, 0)["checkpoint"])).eval()
@@ -426,7 +426,7 @@ PLANTED = np.array([[0.01, 0.02], [0.5, 1.0]])
 def _planted_curve(model, run, order, settings, seed, batch_size, min_steps=0):
     """`heads.classifier_curve` on planted head values (the sweep's wiring is under test, not a
     tiny model's accuracies, which differ between CPU kinds)."""
-    from workbench.compress import head_pruning as H
+    from workbench.drivers import head_pruning as H
 
     assert H.head_shape(model) == PLANTED.shape
     return H.iterative_pruning(PLANTED.shape, lambda kept: float((PLANTED * kept).sum() / PLANTED.sum()),
@@ -438,7 +438,7 @@ def _planted_curve(model, run, order, settings, seed, batch_size, min_steps=0):
 def order_sweeps(pretrained, tmp_path_factory):
     """heads_random listed before heads_good, on planted curves; the default (equal_size) and
     subnetworks: threshold."""
-    from workbench.compress import head_pruning as H
+    from workbench.drivers import head_pruning as H
 
     root = tmp_path_factory.mktemp("orders")
     out = {}

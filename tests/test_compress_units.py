@@ -97,7 +97,7 @@ def test_pretraining_masks_of_the_pooler_transfer_to_the_classifier():
     the classifier's pooler (`bert.pooler.dense.weight`) like the block matrices do."""
     from transformers import BertConfig, BertForPreTraining
 
-    from workbench.compress.pretraining_ticket import transfer_masks
+    from workbench.drivers.pretraining_ticket import transfer_masks
     from workbench.families.bert import BertPretrainer
 
     torch.manual_seed(0)
@@ -117,7 +117,7 @@ def test_a_pooler_the_pretraining_module_lacks_stays_dense_in_the_ticket():
     not pretrained, so the masked-LM ticket keeps it whole (a mask of ones) and prunes the blocks."""
     from transformers import BertConfig, BertForMaskedLM
 
-    from workbench.compress.sweep import ticket_masks
+    from workbench.drivers.prune_sweep import ticket_masks
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

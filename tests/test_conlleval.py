@@ -106,7 +106,7 @@ def test_finetune_unknown_task_is_exit_2(capsys, tiny_checkpoint):
 # ---- the NER fine-tuning task ---------------------------------------------------------------------------
 
 def test_span_task_loads_bio_labels_and_fixed_splits():
-    from workbench.finetune import load_finetune_config, load_task
+    from workbench.drivers.finetune import load_finetune_config, load_task
 
     cfg = load_finetune_config({"checkpoint": "x", "task": "conll2002_es"})
     data = load_task(cfg)
@@ -124,9 +124,9 @@ def test_ner_finetune_reports_conlleval_span_f1_of_its_predictions(tmp_path, tok
     run by hand over the best checkpoint's first-piece predictions; baselines are span-scored."""
     from tests.conftest import tiny_bert
     from tests.training_helpers import tiny_finetune_config
-    from workbench.finetune import collate, encode, load_classifier, run_finetune
-    from workbench.models import ModelHandle
-    from workbench.results import ResultsStore
+    from workbench.drivers.finetune import collate, encode, load_classifier, run_finetune
+    from workbench.running.models import ModelHandle
+    from workbench.store.results import ResultsStore
 
     ck = tmp_path / "bert"
     tiny_bert(tokenizers["bert"], hidden=64).save_pretrained(ck)
@@ -140,7 +140,7 @@ def test_ner_finetune_reports_conlleval_span_f1_of_its_predictions(tmp_path, tok
     assert len(reported) == 1
 
     # conlleval by hand over the saved best model's predictions at each word's first piece
-    from workbench.finetune import load_task, used_splits
+    from workbench.drivers.finetune import load_task, used_splits
 
     data = load_task(cfg)
     test_idx = used_splits(data, cfg)["test"]

@@ -11,7 +11,7 @@ from probes.coref.attention import (attention_rows, document_windows, gap_head_s
 from probes.coref.items import Document, gum_documents
 from workbench.data.conllu import load_treebank, read_gum_coref
 from workbench.data.gap import read_gap
-from workbench.models import ModelHandle
+from workbench.running.models import ModelHandle
 from workbench.paths import data_path
 
 PLANT = (1, 1)  # (layer index into attentions, head): attends to the antecedent's head word

@@ -95,7 +95,7 @@ def test_coref_depth_figure_on_a_planted_results_table(tmp_path):
     figure's expected layers are the hand computation, ordered, with CIs from the stored replicates;
     it reads the syntax run of the coref run's model, not a newer one of another model."""
     from app.figures import render
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     rng = np.random.default_rng(0)
     boot_a = CURVE_A + rng.normal(0, 0.01, (200, 4))

@@ -188,7 +188,7 @@ def tiny_checkpoint(tmp_path_factory):
 @pytest.mark.slow
 def test_end_to_end_every_task(tiny_checkpoint, tmp_path):
     from probes.core.runner import run_probe
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     settings = {"max_train_documents": 6, "max_eval_documents": 3, "max_gap_examples": 60, "n_boot": 20,
                 "max_train_pairs": 3000, "gap_predictions_dir": str(tmp_path / "gap"), "cache_dir": str(tmp_path / "cache"),

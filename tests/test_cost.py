@@ -152,10 +152,10 @@ def test_a_lora_fine_tuning_records_its_methods_flops(tmp_path, monkeypatch):
     head, 3x the A and B matrices measured on the attached model), not full fine-tuning's 3x; own
     FLOPs = that per token x the tokens trained."""
     from tests.training_helpers import run_tiny_training, tiny_finetune_config
-    from workbench.checkpoints import read_manifest
+    from workbench.store.checkpoints import read_manifest
     from workbench.cost import finetune_flops
-    from workbench.finetune import run_finetune
-    from workbench.results import ResultsStore
+    from workbench.drivers.finetune import run_finetune
+    from workbench.store.results import ResultsStore
 
     monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
     run = run_tiny_training("bert", 2, tmp_path / "train", max_len=S)
@@ -178,10 +178,10 @@ def test_costs_add_along_a_lineage(tmp_path, monkeypatch):
     """Pretrain a tiny BERT -> fine-tune it -> derive (mask a head) and save: each checkpoint's
     total = own + parent's total; the pretraining FLOPs = hand count x tokens seen."""
     from tests.training_helpers import run_tiny_training, tiny_finetune_config
-    from workbench.checkpoints import read_manifest
-    from workbench.finetune import run_finetune
-    from workbench.models import ModelHandle
-    from workbench.results import ResultsStore
+    from workbench.store.checkpoints import read_manifest
+    from workbench.drivers.finetune import run_finetune
+    from workbench.running.models import ModelHandle
+    from workbench.store.results import ResultsStore
 
     monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
     run = run_tiny_training("bert", 3, tmp_path / "train", max_len=S)
@@ -355,7 +355,7 @@ def _tiny_token_classifier(method: str):
     from transformers import BertConfig, BertForTokenClassification
 
     from workbench.loop import apply_param_filter
-    from workbench.peft_methods import attach
+    from workbench.running.peft_methods import attach
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

@@ -134,7 +134,7 @@ def test_corpus_recipe_is_a_training_setting_that_leaves_recipe_1_hashes_alone(t
     import hashlib
 
     from workbench.config import load_config
-    from workbench.train import corpus_dir_for
+    from workbench.drivers.train import corpus_dir_for
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path))
     base = {"family": "bert", "preset": "tiny", "steps": 3}

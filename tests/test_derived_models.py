@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from workbench.activations import cache_path, extract
-from workbench.checkpoints import read_manifest
+from workbench.store.checkpoints import read_manifest
 from workbench.data.conllu import load_treebank
 from workbench.errors import CheckpointError, WorkbenchError
-from workbench.identity import state_dict_hash, weights_hash
-from workbench.models import ModelHandle, random_init_twin
+from workbench.store.identity import state_dict_hash, weights_hash
+from workbench.running.models import ModelHandle, random_init_twin
 
 HEAD = 1  # the attention head masked in layer 0 (tiny BERT: 2 heads of 16 dimensions)
 
@@ -207,7 +207,7 @@ def test_probe_run_records_the_lineage_of_a_derived_checkpoint(tiny_checkpoint, 
     """A saved derived folder is probed like any checkpoint; the run manifest records its lineage and
     `bertology runs show` prints it. Its rows are its own values, not the parent's."""
     from probes.core import runner
-    from workbench.results import ResultsStore, format_manifest
+    from workbench.store.results import ResultsStore, format_manifest
 
     def run_task(unit, prepared, task, s):
         acts = unit.activations(prepared.data, "ewt-dev-12")

@@ -1,4 +1,4 @@
-"""Task distillation (workbench.distill): the layer map, the students' initial weights, the KD loss
+"""Task distillation (workbench.drivers.distill): the layer map, the students' initial weights, the KD loss
 against torch's kl_div by hand, the teacher cache, bad configs, and a tiny sweep end to end.
 
 Tiny models: a 4-layer BERT (hidden 32) fine-tuned for one epoch on 64 sentence_polarity sentences.
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tests.conftest import tiny_bert
 from tests.tolerances import assert_same_outputs, assert_same_state
 from tests.training_helpers import tiny_finetune_config
-from workbench.distill import (
+from workbench.drivers.distill import (
     CachedTeacher,
     TaskKD,
     classifier_handle,
@@ -30,8 +30,8 @@ from workbench.distill import (
     sweep_points,
 )
 from workbench.errors import ConfigError
-from workbench.finetune import load_classifier, run_finetune
-from workbench.results import ResultsStore
+from workbench.drivers.finetune import load_classifier, run_finetune
+from workbench.store.results import ResultsStore
 
 
 @pytest.fixture(scope="module")
@@ -296,7 +296,7 @@ def test_two_jobs_give_the_rows_of_a_sequential_run_and_resume(teacher, tmp_path
         a = load_classifier(Path(doc["seeds"]["0"]["checkpoint"])).state_dict()
         b = load_classifier(Path(want["seeds"]["0"]["checkpoint"])).state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a), name
-    from workbench.distill import run_distill as again
+    from workbench.drivers.distill import run_distill as again
 
     par = again(load_distill_config(path), store=ResultsStore(tmp_path / "runs"), jobs=2)
     stamps = {p: (par_folder / "points" / p / "point.json").stat().st_mtime_ns for p in docs}

@@ -11,7 +11,7 @@ DISTILL = REPO_ROOT / "experiments" / "distill"
 
 
 def test_task_grid_has_the_issue_points_with_ce_and_t1_at_the_same_size():
-    from workbench.distill import DistillConfig, sweep_points
+    from workbench.drivers.distill import DistillConfig, sweep_points
 
     path = DISTILL / "polarity_minilm_grid_cpu3.yaml"
     cfg = build_dataclass(DistillConfig, read_yaml(path), str(path))
@@ -24,7 +24,7 @@ def test_task_grid_has_the_issue_points_with_ce_and_t1_at_the_same_size():
 
 
 def test_pretraining_config_uses_distilbert_loss_weights():
-    from workbench.distill_pretraining import PretrainDistillConfig
+    from workbench.drivers.distill_pretraining import PretrainDistillConfig
 
     path = DISTILL / "pretrain_reference_cpu3.yaml"
     cfg = build_dataclass(PretrainDistillConfig, read_yaml(path), str(path))

@@ -1,4 +1,4 @@
-"""Pretraining distillation (workbench.distill_pretraining) and the DistilBERT checkpoint format
+"""Pretraining distillation (workbench.drivers.distill_pretraining) and the DistilBERT checkpoint format
 (workbench.families.distilbert): the triple loss by hand, the student's initial weights, the BERT
 -> DistilBERT conversion (same logits in plain transformers), bad configs, a tiny run end to end.
 """
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from tests.tolerances import assert_same_outputs, assert_same_state
 from tests.training_helpers import tiny_config
-from workbench.distill_pretraining import (
+from workbench.drivers.distill_pretraining import (
     TeacherLayers,
     TripleLoss,
     load_pretrain_distill_config,
@@ -22,8 +22,8 @@ from workbench.distill_pretraining import (
 )
 from workbench.errors import ConfigError
 from workbench.families.distilbert import bert_to_distilbert
-from workbench.results import ResultsStore
-from workbench.train import train_from_config
+from workbench.store.results import ResultsStore
+from workbench.drivers.train import train_from_config
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +239,7 @@ def test_bert_students_train_as_distilbert(bert_teacher, tmp_path):
     assert parts["teacher_forward"] > 0 and parts["soft_loss_student_head"] > 0
     student_only = training_flops_per_token({k: v for k, v in manifest.items() if k != "hooks"})["total"]
     assert own["flops_per_token"] > student_only + parts["teacher_forward"]
-    from workbench.train import read_log
+    from workbench.drivers.train import read_log
 
     log = read_log(final.parent)
     assert all({"ce", "mlm", "cos"} <= set(r) for r in log[1:]), log[1]
@@ -257,7 +257,7 @@ def test_a_bert_teachers_distilbert_student_starts_as_the_cut_bert(bert_teacher)
     """The DistilBERT student's initial weights are the teacher's layers [0, 3] (through the
     conversion): on one-segment input it computes what the cut BERT computes, and its blocks are
     bit-for-bit the teacher's blocks 0 and 3."""
-    from workbench.distill import cut_student
+    from workbench.drivers.distill import cut_student
     from workbench.families.bert import load_pretrainer
     from workbench.families.distilbert import build_model
 

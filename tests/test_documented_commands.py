@@ -58,7 +58,7 @@ def commands_in(text: str) -> list[tuple[str, list[str]]]:
     its inline code spans (a span may wrap across lines).
 
     program is "bertology" or a benchmarks/ script path ("benchmarks/bench_train.py");
-    `torchrun ... -m workbench.train ARGS` and `python -m workbench.train ARGS` count as
+    `torchrun ... -m workbench.drivers.train ARGS` and `python -m workbench.drivers.train ARGS` count as
     `bertology train ARGS` (the same parser)."""
     found = []
     for lang, body in FENCE.findall(text):
@@ -90,7 +90,7 @@ def _collect(tokens: list[str], found: list) -> None:
         if re.fullmatch(r"(.*/)?benchmarks/[\w-]+\.py", token) and i > 0 and "python" in tokens[i - 1]:
             found.append(("benchmarks/" + token.rsplit("/", 1)[-1], tokens[i + 1:]))
             return
-        if token == "-m" and i + 1 < len(tokens) and tokens[i + 1] == "workbench.train":
+        if token == "-m" and i + 1 < len(tokens) and tokens[i + 1] == "workbench.drivers.train":
             found.append(("bertology", ["train", *tokens[i + 2:]]))
             return
 
@@ -239,7 +239,7 @@ HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/bertology prune experiments/prune/minilm_p
     --seeds 0,1 --no-such-flag 3   # a comment --comment-flag
 bertology data verify --quiet && bertology runs show RUN_ID --manifest-only | head
 for S in 0 1; do bertology probe syntax --checkpoint X --tasks upos --made-up=2 & done
-torchrun --nproc_per_node 2 -m workbench.train CONFIG.yaml --seeds 1
+torchrun --nproc_per_node 2 -m workbench.drivers.train CONFIG.yaml --seeds 1
 .venv/bin/python benchmarks/report.py --readme docs/benchmarks.md
 ```
 

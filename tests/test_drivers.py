@@ -1,4 +1,4 @@
-"""The driver contract (workbench/drivers.py) and its executor units.
+"""The driver contract (workbench/drivers/spec.py) and its executor units.
 
 - Identity: every driver's run hash / sweep key is now computed generically from field metadata;
   for every example config under experiments/ (and every fine-tuning method) it equals what the
@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from workbench.coerce import build_dataclass, settings_hash
-from workbench.drivers import DRIVERS, apply_overrides, get_driver, identity, identity_fields, identity_hash
+from workbench.drivers.spec import DRIVERS, apply_overrides, get_driver, identity, identity_fields, identity_hash
 from workbench.errors import ConfigError
 from workbench.io import read_yaml
 
@@ -45,7 +45,7 @@ def _configs(folder: str, pattern: str, cls):
 
 # --------------------------------------------------------------------- the old formulas, verbatim
 def _old_training_hash(cfg) -> str:
-    from workbench.finetune import METHOD_OPTIONS, method_record
+    from workbench.drivers.finetune import METHOD_OPTIONS, method_record
 
     d = cfg.to_dict()
     for k in ("seeds", "name", "output_dir", "progress", "threads", "baselines", "save_every", "device"):
@@ -73,7 +73,7 @@ def _old_prune_key(cfg, ft) -> dict:
 
 
 def test_finetune_hashes_of_the_examples_and_of_every_method_are_unchanged():
-    from workbench.finetune import FinetuneConfig, load_finetune_config
+    from workbench.drivers.finetune import FinetuneConfig, load_finetune_config
 
     for path, cfg in _configs("experiments", "finetune_*.yaml", FinetuneConfig).items():
         assert cfg.training_hash() == _old_training_hash(cfg), path
@@ -84,7 +84,7 @@ def test_finetune_hashes_of_the_examples_and_of_every_method_are_unchanged():
 
 
 def test_distill_keys_of_the_examples_are_unchanged():
-    from workbench.distill import DistillConfig
+    from workbench.drivers.distill import DistillConfig
 
     for path, cfg in _configs("experiments/distill", "polarity*.yaml", DistillConfig).items():
         assert cfg.key() == _old_distill_key(cfg), path
@@ -96,8 +96,8 @@ def test_distill_keys_of_the_examples_are_unchanged():
 
 
 def test_prune_keys_of_the_examples_are_unchanged():
-    from workbench.compress.sweep import PruneConfig
-    from workbench.finetune import load_finetune_config
+    from workbench.drivers.prune_sweep import PruneConfig
+    from workbench.drivers.finetune import load_finetune_config
 
     for path, cfg in _configs("experiments/prune", "*.yaml", PruneConfig).items():
         ft = load_finetune_config({"progress": cfg.progress, **cfg.finetune})
@@ -121,7 +121,7 @@ def test_identity_reads_the_field_metadata():
     derived value replaces a field's."""
     from dataclasses import dataclass, field
 
-    from workbench.drivers import IDENTITY, NOT_IDENTITY
+    from workbench.drivers.spec import IDENTITY, NOT_IDENTITY
 
     @dataclass
     class Toy:
@@ -145,7 +145,7 @@ def test_one_override_rule():
 
 def test_loaders_apply_the_rule_and_name_the_file(tmp_path):
     from probes.peft_change import load_sweep_config
-    from workbench.finetune import load_finetune_config
+    from workbench.drivers.finetune import load_finetune_config
 
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump({"finetune": {"checkpoint": "a", "lr": 0.01}, "methods": ["head", "lora"]}))
@@ -158,10 +158,10 @@ def test_loaders_apply_the_rule_and_name_the_file(tmp_path):
 
 def test_the_registry_names_every_driver_and_its_config():
     from probes.peft_change import PeftSweepConfig
-    from workbench.compress.sweep import PruneConfig
-    from workbench.distill import DistillConfig
-    from workbench.distill_pretraining import PretrainDistillConfig
-    from workbench.finetune import FinetuneConfig
+    from workbench.drivers.prune_sweep import PruneConfig
+    from workbench.drivers.distill import DistillConfig
+    from workbench.drivers.distill_pretraining import PretrainDistillConfig
+    from workbench.drivers.finetune import FinetuneConfig
 
     want = {"finetune": FinetuneConfig, "distill": DistillConfig, "distill_pretraining": PretrainDistillConfig,
             "peft": PeftSweepConfig, "prune": PruneConfig}
@@ -220,8 +220,8 @@ def test_a_prune_sweep_as_submitit_jobs_writes_the_rows_of_the_in_process_sweep(
     units (the full model; IMP and one-shot; reinit) as submitit jobs, up to four in flight (the
     seeds' own parallel path: the fine-tuning test below)."""
     from app.cli import main
-    from workbench.compress.sweep import load_prune_config, run_prune
-    from workbench.results import ResultsStore
+    from workbench.drivers.prune_sweep import load_prune_config, run_prune
+    from workbench.store.results import ResultsStore
 
     config = {"finetune": {"checkpoint": str(tiny_checkpoint), "task": "sentence_polarity", "seeds": [1],
                            "epochs": 1, "lr": 1e-3, "max_train_examples": 48, "max_eval_examples": 32,
@@ -249,7 +249,7 @@ def test_a_peft_sweep_as_submitit_jobs_writes_the_rows_of_the_in_process_sweep(t
     """Head-only and LoRA, one seed, CKA on 20 sentences: each method a submitit job."""
     from app.cli import main
     from probes.peft_change import load_sweep_config, run_sweep
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     config = {"finetune": {"checkpoint": str(tiny_checkpoint), "seeds": [0], "epochs": 1, "max_train_examples": 48,
                            "max_eval_examples": 32, "batch_size": 16, "baselines": False, "progress": False,
@@ -276,8 +276,8 @@ def test_finetune_seeds_in_two_local_processes_write_the_rows_of_the_in_process_
     path, beside the submitit one above) give the per-seed and per-epoch rows of the in-process
     run, value for value (the parent's own `train_seed` is replaced by one that fails)."""
     from app.cli import main
-    from workbench.finetune import load_finetune_config, run_finetune
-    from workbench.results import ResultsStore
+    from workbench.drivers.finetune import load_finetune_config, run_finetune
+    from workbench.store.results import ResultsStore
 
     config = {"checkpoint": str(tiny_checkpoint), "task": "sentence_polarity", "seeds": [0, 1], "epochs": 2,
               "lr": 1e-3, "max_train_examples": 48, "max_eval_examples": 32, "batch_size": 16, "baselines": False,
@@ -291,7 +291,7 @@ def test_finetune_seeds_in_two_local_processes_write_the_rows_of_the_in_process_
     def not_here(*a, **k):
         raise AssertionError("a seed was trained in this process, not in a worker")
 
-    monkeypatch.setattr("workbench.finetune.train_seed", not_here)  # the spawned workers import their own
+    monkeypatch.setattr("workbench.drivers.finetune.train_seed", not_here)  # the spawned workers import their own
     assert main(["finetune", str(path), "--output-dir", str(tmp_path / "par"), "--jobs", "2"]) == 0
     store = ResultsStore(tmp_path / "runs")
     par = store.read(store.runs(name="tiny-ft")["run_id"].iloc[-1])

@@ -140,7 +140,7 @@ def test_the_training_loop_builds_its_model_with_the_masks_the_config_names():
 
     from workbench.config import load_config
     from workbench.errors import ConfigError
-    from workbench.train import build_model
+    from workbench.drivers.train import build_model
 
     family = SimpleNamespace(model_config=lambda preset, model: {},
                              build_model=lambda cfg, tok: nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1),
@@ -165,7 +165,7 @@ def test_a_run_folder_of_the_old_masks_is_refused_with_the_way_to_reuse_it(tmp_p
     from workbench.config import load_config
     from workbench.errors import ConfigError
     from workbench.loop import NO_HOOKS
-    from workbench.train import Dist, claim_run_folder
+    from workbench.drivers.train import Dist, claim_run_folder
 
     base = {"family": "gpt", "steps": 3}
     old = load_config({**base, "dropout_masks": "bernoulli"})
@@ -311,7 +311,7 @@ def test_a_bert_training_forward_draws_every_mask_with_pcg16_and_bernoulli_mode_
     import workbench.dropout as wd
     from workbench.config import load_config
     from workbench.families import get_family
-    from workbench.train import build_model
+    from workbench.drivers.train import build_model
 
     _, tok = family_model("bert")
     family = get_family("bert")
@@ -374,7 +374,7 @@ def test_a_run_folder_of_the_module_only_masks_is_refused_with_the_way_to_reuse_
     from workbench.config import load_config
     from workbench.errors import ConfigError
     from workbench.loop import NO_HOOKS
-    from workbench.train import Dist, claim_run_folder, dropout_record
+    from workbench.drivers.train import Dist, claim_run_folder, dropout_record
 
     cpu = torch.device("cpu")
     old = load_config({"family": "bert", "steps": 3, "dropout_masks": "pcg16_modules"})

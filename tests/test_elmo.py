@@ -28,7 +28,7 @@ from workbench.families.elmo import (
     word_characters,
 )
 from workbench.families.elmo_modules import fit_char_width
-from workbench.models import ModelHandle
+from workbench.running.models import ModelHandle
 from workbench.paths import data_path
 from workbench.tokenization import build_tokenizer
 

@@ -1,4 +1,4 @@
-"""The one executor layer (workbench/executor.py): units run in this process, in spawned local
+"""The one executor layer (workbench/drivers/executor.py): units run in this process, in spawned local
 processes (`--jobs N`) and as submitit jobs (submitit's local executor: the code path a Slurm
 cluster takes) give their results in unit order; a failing unit is named; bad options are one
 ConfigError before any work; and 8 processes writing runs to one results store at once lose
@@ -15,7 +15,7 @@ import sqlite3
 import pytest
 
 from workbench.errors import ConfigError
-from workbench.executor import ExecutorOptions, Unit, UnitError, add_executor_arguments, options_from_args, run_units
+from workbench.drivers.executor import ExecutorOptions, Unit, UnitError, add_executor_arguments, options_from_args, run_units
 
 
 def square_after(x: int, delay: float = 0.0) -> tuple[int, int]:
@@ -106,7 +106,7 @@ def test_command_line_flags_give_the_options():
 # ------------------------------------------------------------------------- concurrent writers
 def write_runs(root: str, writer: int, n_runs: int) -> list[str]:
     """Runs of one writer process: each with rows naming the writer and the run (a value to check)."""
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     store = ResultsStore(root)
     ids = []
@@ -129,7 +129,7 @@ def _catalog(root) -> list[tuple]:
 
 @pytest.mark.slow
 def test_eight_concurrent_writers_lose_nothing_and_the_catalog_equals_a_reindex(tmp_path):
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     root = tmp_path / "runs"
     ResultsStore(root)  # the catalog exists before the writers race to register

@@ -6,7 +6,7 @@ import yaml
 from app.experiments import load_experiment, run_experiment
 from workbench.errors import ConfigError
 from workbench.paths import REPO_ROOT
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 
 def test_main_experiment_yaml_is_valid():

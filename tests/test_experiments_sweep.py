@@ -18,7 +18,7 @@ import yaml
 
 from app.experiments import load_experiment, plan_runs, run_experiment
 from workbench.errors import ConfigError
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 REPO = Path(__file__).parent.parent
 PROBE_SETTINGS = {"tasks": ["upos"], "max_train_sentences": 60, "max_eval_sentences": 30, "baselines": ["majority"],

@@ -142,8 +142,8 @@ def test_rankings_by_hand(tiny_models, tokenizers):
 
     from probes.extraction import ranking_scores
     from tests.conftest import tiny_gpt2
-    from workbench.lm_scores import lm_scorer
-    from workbench.models import ModelHandle
+    from workbench.running.lm_scores import lm_scorer
+    from workbench.running.models import ModelHandle
 
     target = ModelHandle(*tiny_models["gpt"])
     reference = ModelHandle(tiny_gpt2(tokenizers["gpt"], seed=5), tokenizers["gpt"])
@@ -227,8 +227,8 @@ def test_exposure_scores_every_generating_family(tiny_models, family):
     """Exposure ranks the filled template by the model's own likelihood: GPT left to right, T5 and
     BART as the target of itself (the samples rankings' reading); checked against the scorer."""
     from probes.extraction import _secret_logps, exposure_exact
-    from workbench.lm_scores import lm_scorer
-    from workbench.models import ModelHandle
+    from workbench.running.lm_scores import lm_scorer
+    from workbench.running.models import ModelHandle
 
     handle = ModelHandle(*tiny_models[family])
     secrets = [f"{i:02d}" for i in range(100)]

@@ -13,7 +13,7 @@ import torch
 from tests.conftest import tiny_bert
 from workbench.activations import cache_path, extract
 from workbench.errors import ConfigError
-from workbench.models import ModelHandle
+from workbench.running.models import ModelHandle
 from workbench.precision import autocast, cpu_has_native_bf16, resolve_compute_dtype
 
 SENTENCES = [["The", "cat", "sat", "on", "the", "mat", "."], ["Dogs", "bark", "."], ["A", "very", "long", "word", "list"]]
@@ -157,7 +157,7 @@ def test_probe_dtype_auto_is_resolved_and_recorded(tiny_checkpoint, tmp_path, mo
     import workbench.precision as precision
     from probes.core import runner
     import probes
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     spec = probes.get_probe("syntax")

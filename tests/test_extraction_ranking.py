@@ -31,9 +31,9 @@ def _run_samples(tiny_models, monkeypatch, **overrides):
     """samples_rows on the tiny GPT with `streams_for` giving a synthetic stream; returns the
     generations `generate` produced and, per source, the texts `ranking_scores` received and its scores."""
     import probes.extraction as extraction
-    import workbench.generate as wg
+    import workbench.running.generate as wg
     from probes.core.runner import make_settings
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
     from workbench.verbatim import NgramIndex
 
     model, tok = tiny_models["gpt"]
@@ -106,7 +106,7 @@ def test_continuation_scoring_is_kept_as_an_option(tiny_models, monkeypatch):
 
 def test_scored_texts_cut_the_continuation_at_eos_and_leave_seq2seq_alone(tiny_models):
     from probes.extraction import scored_texts
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     model, tok = tiny_models["gpt"]
     handle = ModelHandle(model, tok)

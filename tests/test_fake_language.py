@@ -43,8 +43,8 @@ import torch  # noqa: E402
 from tests.training_helpers import tiny_config  # noqa: E402
 from workbench.data.fake_language import is_shifted_piece, separate_position_ids  # noqa: E402
 from workbench.errors import ConfigError  # noqa: E402
-from workbench.models import ModelHandle  # noqa: E402
-from workbench.train import train_from_config  # noqa: E402
+from workbench.running.models import ModelHandle  # noqa: E402
+from workbench.drivers.train import train_from_config  # noqa: E402
 
 
 def test_separate_positions_are_decided_per_segment():
@@ -97,7 +97,7 @@ def test_separate_positions_train_and_are_read_back_by_the_handle(tmp_path, monk
     n_a = len(pair["a"]) + 2  # [CLS] a [SEP]
     assert batch["position_ids"][0].tolist() == list(range(n_a)) + [128 + i for i in range(n_a, batch["input_ids"].shape[1])]
     from workbench.errors import WorkbenchError
-    from workbench.lm_scores import lm_scorer
+    from workbench.running.lm_scores import lm_scorer
 
     with pytest.raises(WorkbenchError, match="separate positions"):  # its forwards would read default positions
         lm_scorer(handle)
@@ -116,7 +116,7 @@ def test_random_next_zero_keeps_every_sequence_in_one_language(tmp_path, monkeyp
 
     from workbench.families import get_family
     from workbench.data.fake_language import shifted_vocabulary_mask
-    from workbench.train import prepare_data
+    from workbench.drivers.train import prepare_data
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     cfg = tiny_config("deberta", 1, tmp_path / "run", corpus={"sources": ["inaugural", "shifted:inaugural"],

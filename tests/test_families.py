@@ -18,11 +18,11 @@ from workbench.errors import ConfigError
 from workbench.families import get_family
 from workbench.families.bert import word_ids, word_start_table
 from workbench.families.roberta import full_sentence_blocks
-from workbench.models import ModelHandle
+from workbench.running.models import ModelHandle
 from workbench.objectives.mlm import IGNORE_INDEX
 from workbench.objectives.seq2seq import t5_reconstruct
 from tests.training_helpers import run_tiny_training, tiny_config
-from workbench.train import evaluate_heldout, prepare_data
+from workbench.drivers.train import evaluate_heldout, prepare_data
 
 STEPS = 30
 MAX_LEN = 64

@@ -23,7 +23,7 @@ import pytest
 from app import figures
 from app.cli import main
 from app.figures import MissingData, figure_names, load_spec, produced_by, query_rows
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 MAIN_JOB_FIGURES = {"syntax_depth_summary", "syntax_layer_curves", "training_time_heatmap",
                     "training_time_heatmap_uuas"}
@@ -178,7 +178,7 @@ def _align_rows() -> pd.DataFrame:
 
 
 def _prune_rows() -> list[dict]:
-    from workbench.compress.sweep import build_rows
+    from workbench.drivers.prune_sweep import build_rows
 
     points = []
     for seed, acc in enumerate((0.80, 0.82)):
@@ -192,7 +192,7 @@ def _prune_rows() -> list[dict]:
 
 
 def _distill_rows() -> list[dict]:
-    from workbench.distill import distill_rows
+    from workbench.drivers.distill import distill_rows
 
     teacher = {"test_accuracy": 0.80, "test_n": 100, "dev_accuracy": 0.8, "dev_n": 100, "parameters": 1000,
                "file_bytes": 4000, "latency_ms": 10.0, "depth": 6, "sha256": "x", "path": "/t"}

@@ -1,4 +1,4 @@
-"""Fine-tuning runner (workbench.finetune): splits, learning, exact resume, saved checkpoints, heads.
+"""Fine-tuning runner (workbench.drivers.finetune): splits, learning, exact resume, saved checkpoints, heads.
 
 Tiny random models (2 layers, hidden 32) on small slices of the real sentence sets and EWT.
 """
@@ -16,7 +16,7 @@ from scipy import stats
 from tests.conftest import tiny_bart, tiny_bert, tiny_gpt2, tiny_t5
 from tests.training_helpers import tiny_finetune_config
 from workbench.errors import CheckpointError, ConfigError
-from workbench.finetune import (
+from workbench.drivers.finetune import (
     TaskData,
     _save_checkpoint,
     build_classifier,
@@ -32,8 +32,8 @@ from workbench.finetune import (
     t_interval,
     used_splits,
 )
-from workbench.models import ModelHandle
-from workbench.results import ResultsStore
+from workbench.running.models import ModelHandle
+from workbench.store.results import ResultsStore
 
 
 def _save(model, tokenizer, path):
@@ -136,7 +136,7 @@ def test_tiny_bert_learns_a_planted_task_from_real_sentences(checkpoints, tmp_pa
 def test_epoch_train_loss_is_the_python_float_mean_of_the_step_losses(checkpoints, tmp_path, monkeypatch):
     """The runner sums the step losses on the device (no read per step); the curve's train_loss must be
     what summing them as Python floats, step by step, gives: equal, not approximately."""
-    import workbench.finetune as F
+    import workbench.drivers.finetune as F
 
     seen = []
 
@@ -238,7 +238,7 @@ def test_saved_classifier_opens_and_gives_the_same_logits(checkpoints, tmp_path,
     with torch.no_grad():
         reloaded = load_classifier(tmp_path / "ck")(**batch).logits
     torch.testing.assert_close(reloaded, logits, atol=1e-6, rtol=0)
-    if pooling != "encoder_mean":  # transformers' own Auto class opens it (ELMo once workbench.classifier_heads is imported)
+    if pooling != "encoder_mean":  # transformers' own Auto class opens it (ELMo once workbench.running.classifier_heads is imported)
         auto = AutoModelForSequenceClassification.from_pretrained(tmp_path / "ck").eval()
         with torch.no_grad():
             torch.testing.assert_close(auto(**batch).logits, logits, atol=1e-6, rtol=0)
@@ -305,7 +305,7 @@ def test_bow_baseline_matches_a_direct_sklearn_fit():
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    from workbench.finetune import baselines
+    from workbench.drivers.finetune import baselines
 
     cfg = load_finetune_config({"checkpoint": "x", "task": "sentence_polarity", "max_train_examples": 2000})
     data = load_task(cfg)
@@ -365,7 +365,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, match, capsys):
 
 
 def test_missing_checkpoint_is_a_checkpoint_error(tmp_path):
-    from workbench.checkpoints import single_checkpoint
+    from workbench.store.checkpoints import single_checkpoint
 
     with pytest.raises(CheckpointError):
         single_checkpoint(str(tmp_path / "nothing"))
@@ -381,7 +381,7 @@ def test_finetune_keeps_its_pinned_weights(checkpoints, tmp_path, family, kw, up
     """A tiny `bertology finetune` run (warm-up, clipping, dropout on; a frozen body; a token task)
     ends with the weights and dev curve recorded before the loops were shared (tests/weight_pins.py)."""
     from tests.weight_pins import check_pin
-    from workbench.identity import weights_hash
+    from workbench.store.identity import weights_hash
 
     cfg = _cfg(checkpoints[family], tmp_path / "run", **kw)
     res = run_finetune(cfg, store=ResultsStore(tmp_path / "store"), data=upos if cfg.task == "upos" else None)
@@ -393,7 +393,7 @@ def test_finetune_keeps_its_pinned_weights(checkpoints, tmp_path, family, kw, up
 @pytest.mark.parametrize("family,pooling", [("bert", "auto"), ("bert", "encoder_mean"), ("t5", "encoder_mean")])
 def test_a_saved_classifier_folder_rebuilds_with_its_own_head(checkpoints, tmp_path, family, pooling):
     """The compression sweep retrains from a classifier folder holding rewound weights times a mask
-    (`workbench.compress.sweep.Sweep.retrain`): building from that folder must keep every saved
+    (`workbench.drivers.prune_sweep.Sweep.retrain`): building from that folder must keep every saved
     tensor, the head included, whatever the pooling (encoder_mean once re-initialised its head)."""
     handle = ModelHandle.load(checkpoints[family])
     pooling = choose_pooling(handle.family, "sentence", pooling)

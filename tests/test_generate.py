@@ -1,4 +1,4 @@
-"""Generation (`workbench.generate`): the decoding loop against a cache-free hand loop per family,
+"""Generation (`workbench.running.generate`): the decoding loop against a cache-free hand loop per family,
 seeded reproducibility, batching, and the allowed sets of top-k and nucleus sampling."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from workbench.errors import ConfigError
-from workbench.generate import Sampling, allowed_logits, generate, pick
-from workbench.models import ModelHandle
+from workbench.running.generate import Sampling, allowed_logits, generate, pick
+from workbench.running.models import ModelHandle
 
 PROMPTS = ["The city is", "We went to the", "I like"]
 

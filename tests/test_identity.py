@@ -1,8 +1,8 @@
-"""`workbench.identity`: every checkpoint-identity hash in one module with one cache (issue 41, item 3).
+"""`workbench.store.identity`: every checkpoint-identity hash in one module with one cache (issue 41, item 3).
 
 The values must not move: stored run ids, manifests, resume keys and activation caches hold them.
 The constants below were recorded by running the code this module replaced, taken from git
-(`git show e783439:workbench/checkpoints.py`, `.../manifest.py`, the `state_dict_hash` function of
+(`git show e783439:workbench/store/checkpoints.py`, `.../manifest.py`, the `state_dict_hash` function of
 `.../models.py` and `tests/weight_pins.py`), on the planted files and tensors built here. The files
 are planted bytes and the tensors exact values (arange / powers of two), so the hashes depend on no
 CPU kind and no library version.
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench import identity
+from workbench.store import identity
 from workbench.errors import CheckpointError
-from workbench.manifest import checkpoint_record, data_file_record
+from workbench.store.manifest import checkpoint_record, data_file_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -157,7 +157,7 @@ def test_a_folder_without_weights_is_one_checkpoint_error(tmp_path):
 
 def test_no_other_module_defines_an_identity_hash():
     """One place: no module of workbench/, probes/ or app/ defines a module-level function of these
-    names but `workbench.identity` (the replaced ones lived in checkpoints, manifest, models and
+    names but `workbench.store.identity` (the replaced ones lived in checkpoints, manifest, models and
     tokenization; `ModelHandle.checkpoint_hash` is a property that calls it)."""
     names = {"weights_hash", "checkpoint_hash", "state_dict_hash", "tokenizer_hash", "backend_tokenizer_hash",
              "file_sha256", "tensors_hash"}

@@ -36,7 +36,7 @@ PACKAGES = ("workbench", "probes", "app")
 SCRIPT_DIRS = ("experiments", "benchmarks")
 
 # The layer order, lowest first. A module belongs to the layer of the longest prefix that matches
-# it (a prefix "m" matches "m" and "m.*"), so "workbench.finetune" is a driver, "workbench.models"
+# it (a prefix "m" matches "m" and "m.*"), so "workbench.drivers.finetune" is a driver, "workbench.running.models"
 # the library. What an AST scan found (issue 41) and the direction kept:
 # - the library (`workbench.*` but the drivers: model loading and running, checkpoints and their
 #   identity, the results store, data, tokenization, families, objectives, compression primitives,
@@ -44,22 +44,13 @@ SCRIPT_DIRS = ("experiments", "benchmarks")
 # - the drivers train or transform models (pretraining, fine-tuning, distillation, the prune
 #   sweep with its head-pruning curves and pretraining tickets, shadow sets). None imports a probe;
 # - probes/ read what the library loads and the drivers wrote: the membership probe needs the
-#   fine-tuning task's members and the shadow sets (`workbench.finetune`, `workbench.shadows`), and
+#   fine-tuning task's members and the shadow sets (`workbench.drivers.finetune`, `workbench.drivers.shadows`), and
 #   `probes.peft_change` runs fine-tunings (a PEFT sweep living among the probes). So the drivers
 #   sit BELOW the probes; a driver that wants to run a probe must go through app/ (or the
 #   probes move below it and membership's driver reads move to the library);
 # - app/ (the CLI and the Streamlit pages) drives everything;
 # - experiments/ and benchmarks/ are scripts at the top: nothing imports them but other scripts.
-DRIVERS = (
-    "workbench.train",
-    "workbench.finetune",
-    "workbench.distill",
-    "workbench.distill_pretraining",
-    "workbench.compress.sweep",
-    "workbench.compress.head_pruning",  # its `classifier_curve`/`masked_accuracy` evaluate a fine-tuned classifier
-    "workbench.compress.pretraining_ticket",
-    "workbench.shadows",
-)
+DRIVERS = ("workbench.drivers",)  # the package: spec, executor, train, finetune, distill, ... (its docstring)
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("library", ("workbench",)),
     ("drivers", DRIVERS),
@@ -82,7 +73,7 @@ COORDINATOR_OWNED = (
 
 @dataclass(frozen=True)
 class Module:
-    name: str  # dotted name: "workbench.models", "benchmarks.bench_train", "experiments.prune.x"
+    name: str  # dotted name: "workbench.running.models", "benchmarks.bench_train", "experiments.prune.x"
     path: Path
     is_package: bool  # an __init__.py
     script: bool  # under experiments/ or benchmarks/ (imported by bare name from its own folder)
@@ -353,7 +344,7 @@ def cycles(edges: list[Edge], nodes: set[str]) -> list[list[str]]:
 
 
 def layer_of(name: str) -> int:
-    """The rank in `LAYERS` of the longest prefix that matches `name` ("workbench.finetune" is a
+    """The rank in `LAYERS` of the longest prefix that matches `name` ("workbench.drivers.finetune" is a
     driver although "workbench" is the library)."""
     matches = [(len(p), rank) for rank, (_, prefixes) in enumerate(LAYERS) for p in prefixes
                if name == p or name.startswith(p + ".")]
@@ -457,13 +448,13 @@ def test_checker_finds_a_cycle_behind_a_function_level_import(tmp_path):
 def test_checker_finds_upward_and_private_imports(tmp_path):
     modules = _planted(tmp_path, {
         "workbench/__init__.py": "",
-        "workbench/models.py": "def f():\n    from probes.core import runner\n",
-        "workbench/finetune.py": "from probes.core.statistics import t_interval\n",
-        "workbench/train.py": "from workbench.models import load\n",
+        "workbench/running/models.py": "def f():\n    from probes.core import runner\n",
+        "workbench/drivers/finetune.py": "from probes.core.statistics import t_interval\n",
+        "workbench/drivers/train.py": "from workbench.running.models import load\n",
         "probes/__init__.py": "",
         "probes/core/__init__.py": "",
-        "probes/core/runner.py": "from workbench.models import _quiet\n",
-        "probes/core/statistics.py": "from workbench.finetune import members\n",
+        "probes/core/runner.py": "from workbench.running.models import _quiet\n",
+        "probes/core/statistics.py": "from workbench.drivers.finetune import members\n",
         "benchmarks/bench_a.py": "from bench_b import _helper\n",
         "benchmarks/bench_b.py": "",
     })
@@ -471,6 +462,6 @@ def test_checker_finds_upward_and_private_imports(tmp_path):
     edges, private = g.edges, g.private
     up = {(e.source, e.target) for e in upward_imports(edges, set(modules))}
     # finetune is a driver: above the library, below the probes
-    assert up == {("workbench.models", "probes.core.runner"), ("workbench.finetune", "probes.core.statistics")}
+    assert up == {("workbench.running.models", "probes.core.runner"), ("workbench.drivers.finetune", "probes.core.statistics")}
     assert {(p.source, p.target, p.name) for p in private} == {
-        ("probes.core.runner", "workbench.models", "_quiet"), ("benchmarks.bench_a", "benchmarks.bench_b", "_helper")}
+        ("probes.core.runner", "workbench.running.models", "_quiet"), ("benchmarks.bench_a", "benchmarks.bench_b", "_helper")}

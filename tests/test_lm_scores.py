@@ -1,4 +1,4 @@
-"""LM scores with a model's own head (workbench.lm_scores) on tiny models, real EWT text.
+"""LM scores with a model's own head (workbench.running.lm_scores) on tiny models, real EWT text.
 
 Every score is checked against a hand computation straight on the model: one masked forward per
 position for PLL, log-softmax at the right positions for causal, seq2seq and ELMo; planted
@@ -15,8 +15,8 @@ import torch
 
 from tests.conftest import tiny_bart, tiny_bert, tiny_gpt2, tiny_t5
 from workbench.errors import CheckpointError, ConfigError
-from workbench.lm_scores import LMScorer, lm_kind, lm_scorer
-from workbench.models import ModelHandle
+from workbench.running.lm_scores import LMScorer, lm_kind, lm_scorer
+from workbench.running.models import ModelHandle
 
 FAMILIES = ["bert", "gpt", "t5", "bart"]
 
@@ -87,7 +87,7 @@ def test_pll_batched_equals_unbatched(handles, texts):
 
 def test_pll_head_at_masked_positions_equals_full_logits(handles, texts, monkeypatch):
     """The shortcut (MLM head on the masked positions only) gives what the full logits give."""
-    import workbench.lm_scores as lm
+    import workbench.running.lm_scores as lm
 
     fast = LMScorer(handles["bert"]).pseudo_log_likelihood(texts[:3])
     monkeypatch.setattr(lm, "MLM_HEADS", {})
@@ -446,7 +446,7 @@ def test_deberta_mlm_head_on_hidden_states_equals_full_logits(legacy):
     legacy BERT-style `cls` and (config legacy=False) `lm_predictions` with the word embeddings."""
     from transformers import DebertaV2Config, DebertaV2ForMaskedLM
 
-    from workbench.lm_scores import mlm_head
+    from workbench.running.lm_scores import mlm_head
 
     torch.manual_seed(0)
     model = DebertaV2ForMaskedLM(DebertaV2Config(vocab_size=50, hidden_size=16, num_hidden_layers=1,

@@ -110,7 +110,7 @@ def test_length_matched_samples_have_equal_histograms():
 
 
 def test_balanced_keep():
-    from workbench.shadows import balanced_keep
+    from workbench.drivers.shadows import balanced_keep
 
     keep = balanced_keep(100, 9, seed=3)
     assert keep.shape == (9, 100) and (keep.sum(0) == 5).all()
@@ -192,7 +192,7 @@ def test_shadows_are_a_lazy_runner_role_and_the_target_run_is_never_a_shadow(tin
     from types import SimpleNamespace
 
     from probes.core import runner
-    from workbench.identity import weights_hash
+    from workbench.store.identity import weights_hash
 
     folder = _copied_shadow_set(tmp_path / "pre", tiny_checkpoint, "pretrain")
     settings = runner.make_settings(mem.Settings, {"tasks": ["attacks"], "attacks": ["loss", "lira"], "shadows": str(folder)})
@@ -235,7 +235,7 @@ def test_each_shadow_set_is_loaded_and_checked_under_its_own_folder(monkeypatch)
     kind check applies to every setting."""
     from types import SimpleNamespace
 
-    from workbench.shadows import ShadowSet
+    from workbench.drivers.shadows import ShadowSet
 
     monkeypatch.setattr(ShadowSet, "load", staticmethod(lambda folder: SimpleNamespace(folder=folder, kind="pretrain")))
     prepared = SimpleNamespace(data={})
@@ -273,7 +273,7 @@ TINY_SHADOW = {"name": "mia-test", "family": "gpt", "preset": "tiny", "tokenizer
 def shadow_set(tmp_path_factory):
     """9 tiny GPTs on balanced random halves of 96 real sentences (one tokenizer trained on the pool):
     model 0 is the target, models 1-8 its shadows."""
-    from workbench.shadows import train_shadow_set
+    from workbench.drivers.shadows import train_shadow_set
 
     root = tmp_path_factory.mktemp("shadows")
     with pytest.MonkeyPatch.context() as mp:
@@ -285,7 +285,7 @@ def shadow_set(tmp_path_factory):
 
 @pytest.mark.slow
 def test_shadow_models_record_their_split(shadow_set):
-    from workbench.shadows import ShadowSet
+    from workbench.drivers.shadows import ShadowSet
 
     again = ShadowSet.load(shadow_set.folder)
     assert len(again.checkpoints) == 9
@@ -299,7 +299,7 @@ def test_shadow_models_record_their_split(shadow_set):
 @pytest.mark.slow
 def test_loss_memorised_and_lira_with_8_shadows(shadow_set, tmp_path):
     from probes.core import runner
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     target = shadow_set.checkpoints[0]
     settings = {"tasks": ["attacks"], "attacks": ["loss", "zlib", "mink", "minkpp", "lira"], "shadows": str(shadow_set.folder),
@@ -384,7 +384,7 @@ def test_attacks_recover_a_planted_signal(shadow_set, tmp_path, monkeypatch, del
     chance. Margins: 3 standard errors of an AUC at this sample size (Hanley & McNeil). LiRA with one
     global deviation (fix_variance), which the planted noise has."""
     from probes.core import runner
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     sigma, tau, calls = 1.0, 6.0, []
     from probes.membership import tasks as mem_tasks  # the target's and the shadows' statistics are read there
@@ -418,7 +418,7 @@ def test_attacks_recover_a_planted_signal(shadow_set, tmp_path, monkeypatch, del
 def test_model_trained_on_neither_split_is_at_chance(shadow_set, tmp_path):
     """A tiny GPT trained on sentence_polarity, scored on a subjectivity split it never saw: AUC ~ 0.5."""
     from workbench.data.corpus import build_corpus
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     corpus = build_corpus(["subjectivity"], tmp_path / "subj", heldout_fraction=0.5, seed=0, max_documents=2600)
     handle = ModelHandle.load(shadow_set.checkpoints[0])
@@ -435,7 +435,7 @@ def test_finetune_members_come_from_splits_json(tmp_path):
     """The fine-tuning ground truth: members = the first n_train ids of splits.json's train split
     (what `bertology finetune --max-train-examples` trains on), the rest non-members; a planted
     overlap (a member id also listed in dev) is caught."""
-    from workbench.finetune import load_finetune_config, load_task
+    from workbench.drivers.finetune import load_finetune_config, load_task
     from workbench.io import sha256_file
 
     cfg = load_finetune_config({"checkpoint": "unused", "task": "sentence_polarity", "max_train_examples": 300})
@@ -471,8 +471,8 @@ def test_each_family_is_scored_with_its_own_likelihood(tiny_models, family):
     text as its own source), Min-K%++ moments present, phi = logit of the geometric-mean probability."""
     import torch
 
-    from workbench.lm_scores import lm_scorer
-    from workbench.models import ModelHandle
+    from workbench.running.lm_scores import lm_scorer
+    from workbench.running.models import ModelHandle
 
     model, tok = tiny_models[family]
     handle = ModelHandle(model, tok, family=family)

@@ -12,8 +12,8 @@ import torch
 
 from probes import membership as mem
 from workbench.errors import ConfigError
-from workbench.lm_scores import LMScorer, lm_scorer
-from workbench.models import ModelHandle
+from workbench.running.lm_scores import LMScorer, lm_scorer
+from workbench.running.models import ModelHandle
 
 TEXTS = ["the cat sat on the mat .", "a dog barked at the postman all morning .", "yes ."]
 
@@ -80,7 +80,7 @@ TINY_ELECTRA = {"name": "mia-electra-test", "family": "electra", "preset": "tiny
 def trained_electra(tmp_path_factory):
     """Two tiny ELECTRAs on balanced halves of 96 sentence_polarity sentences (one pool tokenizer);
     model 0 is the target, its held-out half the non-members."""
-    from workbench.shadows import train_shadow_set
+    from workbench.drivers.shadows import train_shadow_set
 
     root = tmp_path_factory.mktemp("electra-mia")
     with pytest.MonkeyPatch.context() as mp:
@@ -93,7 +93,7 @@ def trained_electra(tmp_path_factory):
 @pytest.mark.slow
 def test_discriminator_separates_members_on_real_text(trained_electra, tmp_path):
     from probes.core import runner
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     aucs, ci_low = {}, {}
     for head in ("discriminator", "generator"):

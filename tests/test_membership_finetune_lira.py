@@ -1,5 +1,5 @@
 """LiRA for fine-tuned classifiers (issue 12): 9 tiny BERT classifiers fine-tuned by
-`workbench.finetune` on balanced random halves of 160 real sentence_polarity examples; model 0 is
+`workbench.drivers.finetune` on balanced random halves of 160 real sentence_polarity examples; model 0 is
 the target, the other 8 its shadows. LiRA equals a scipy.stats.norm hand computation on the shadow
 statistics the probe produced, and the overfit target's members are found."""
 
@@ -24,7 +24,7 @@ N_MODELS, POOL = 9, 160
 
 @pytest.fixture(scope="module")
 def shadow_set(tokenizers, tmp_path_factory):
-    from workbench.shadows import train_finetune_shadow_set
+    from workbench.drivers.shadows import train_finetune_shadow_set
 
     root = tmp_path_factory.mktemp("ft-shadows")
     base = root / "base"
@@ -44,8 +44,8 @@ def shadow_set(tokenizers, tmp_path_factory):
 
 @pytest.mark.slow
 def test_finetune_shadows_record_their_halves(shadow_set):
-    from workbench.checkpoints import read_manifest, seed_dir, step_dir
-    from workbench.finetune import load_finetune_config, load_task, members
+    from workbench.store.checkpoints import read_manifest, seed_dir, step_dir
+    from workbench.drivers.finetune import load_finetune_config, load_task, members
 
     assert shadow_set.kind == "finetune" and len(shadow_set.checkpoints) == N_MODELS
     pool = shadow_set.record["pool"]["ids"]
@@ -57,7 +57,7 @@ def test_finetune_shadows_record_their_halves(shadow_set):
     assert all(sum(i in m for m in ins) == (N_MODELS + 1) // 2 for i in pool)  # balanced: each in 5 of 9
     outs = set(members(shadow_set.checkpoints[0])[1])
     assert set(pool) - ins[0] <= outs and not ins[0] & outs
-    # use="last": each recorded checkpoint is the step folder `workbench.finetune` saved at the last
+    # use="last": each recorded checkpoint is the step folder `workbench.drivers.finetune` saved at the last
     # epoch (both name it through `checkpoints.seed_dir` / `step_dir`)
     for m, ck in enumerate(shadow_set.checkpoints):
         saved = read_manifest(ck)
@@ -68,10 +68,10 @@ def test_finetune_shadows_record_their_halves(shadow_set):
 def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp_path, monkeypatch):
     from probes import get_probe
     from probes.core import runner
-    from workbench.finetune import load_classifier
-    from workbench.models import ModelHandle
-    from workbench.results import ResultsStore
-    from workbench.shadows import ShadowSet
+    from workbench.drivers.finetune import load_classifier
+    from workbench.running.models import ModelHandle
+    from workbench.store.results import ResultsStore
+    from workbench.drivers.shadows import ShadowSet
 
     loads = []
     real_load = ShadowSet.load.__func__
@@ -142,7 +142,7 @@ def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp
 @pytest.mark.slow
 def test_finetune_lira_needs_a_finetune_shadow_set(shadow_set, tmp_path):
     from probes.core import runner
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     target = shadow_set.checkpoints[0]
     record = json.loads((shadow_set.folder / "shadows.json").read_text())
@@ -160,7 +160,7 @@ def test_finetune_lira_needs_a_finetune_shadow_set(shadow_set, tmp_path):
 def test_finetune_shadows_follow_the_target_epoch(shadow_set):
     """A target saved at epoch 3 is compared with every shadow's epoch-3 checkpoint, not its last."""
     from probes import get_probe
-    from workbench.checkpoints import read_manifest
+    from workbench.store.checkpoints import read_manifest
 
     spec = get_probe("membership")
     settings = spec.settings(setting="finetune", tasks=("attacks",), attacks=("loss", "lira"),
@@ -181,7 +181,7 @@ def test_equal_shadow_counts_removes_the_balanced_design_bias():
     """A planted null: phi = per-model offset + per-example difficulty + noise, no memorisation. With
     the target taken from a balanced set (each example IN for 5 of 9), online LiRA reads below 0.5;
     thinned to equal IN/OUT counts per example it is back at 0.5."""
-    from workbench.shadows import balanced_keep
+    from workbench.drivers.shadows import balanced_keep
 
     raw, equal = [], []
     for rep in range(40):
@@ -206,8 +206,8 @@ def test_use_last_without_the_last_step_folder_is_a_config_error(tmp_path, monke
     ConfigError naming that folder (training stubbed: a result whose last epoch was not kept)."""
     from types import SimpleNamespace
 
-    import workbench.finetune as ft
-    from workbench.shadows import train_finetune_shadow_set
+    import workbench.drivers.finetune as ft
+    from workbench.drivers.shadows import train_finetune_shadow_set
 
     monkeypatch.setattr(ft, "prepare", lambda cfg, data: SimpleNamespace(folder=tmp_path / "set" / "model-00"))
     monkeypatch.setattr(ft, "train_seed", lambda cfg, seed, run: SimpleNamespace(

@@ -155,7 +155,7 @@ def tiny_gpt_run(tmp_path_factory):
 
 def _probe(checkpoint, store_root, runs_root, monkeypatch, tasks=("attacks", "layers")):
     from probes.core import runner
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     monkeypatch.setenv("BERTOLOGY_RUNS", str(runs_root))
     settings = {"tasks": list(tasks), "attacks": ["loss"], "n_examples": 60, "min_words": 4, "n_boot": 100,
@@ -186,7 +186,7 @@ def test_probe_rows_report_documents_and_the_tfidf_control(tiny_gpt_run, tmp_pat
 
 
 def test_checkpoint_copied_alone_rebuilds_and_verifies_its_corpus(tiny_gpt_run, tmp_path, monkeypatch):
-    from workbench.checkpoints import read_manifest
+    from workbench.store.checkpoints import read_manifest
     from workbench.data.corpus import CorpusSplit, resolve_corpus_manifest
     from workbench.errors import CheckpointError, DataFormatError
 
@@ -267,7 +267,7 @@ def test_recipe_1_manifest_is_unchanged_and_recipe_2_holds_out_blocks_of_every_w
 def test_checkpoint_from_before_the_recipe_rebuilds_from_its_corpus_record(tiny_gpt_run, tmp_path, monkeypatch):
     """A manifest without `corpus_recipe` (trained before it was recorded): recipe 1 from its `corpus`
     record, verified by the corpus manifest's sha256; a planted change of the split is refused."""
-    from workbench.checkpoints import read_manifest
+    from workbench.store.checkpoints import read_manifest
     from workbench.errors import CheckpointError
 
     run, root = tiny_gpt_run

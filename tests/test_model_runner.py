@@ -19,7 +19,7 @@ import torch
 
 from tests.conftest import TINY_BUILDERS
 from workbench.errors import ConfigError
-from workbench.models import ModelHandle
+from workbench.running.models import ModelHandle
 from workbench.running import ModelRunner
 
 FAMILIES = ["bert", "gpt", "t5", "bart"]

@@ -1,4 +1,4 @@
-"""Parameter-efficient fine-tuning (workbench/peft_methods.py through workbench/finetune.py).
+"""Parameter-efficient fine-tuning (workbench/running/peft_methods.py through workbench/drivers/finetune.py).
 
 - trainable-parameter counts equal the methods' formulas (LoRA r*(d_in+d_out) per adapted matrix,
   query and value by default, the key too with lora_targets: qkv; a bottleneck adapter 2*d*m + m + d
@@ -28,11 +28,11 @@ from tests.conftest import tiny_bert, tiny_gpt2
 from tests.seeding import seeded
 from tests.training_helpers import tiny_finetune_config
 from workbench.errors import ConfigError
-from workbench.finetune import build_classifier, load_classifier, load_finetune_config, run_finetune
+from workbench.drivers.finetune import build_classifier, load_classifier, load_finetune_config, run_finetune
 from workbench.loop import apply_param_filter
-from workbench.models import ModelHandle
-from workbench.peft_methods import METHODS, MethodOptions, attach
-from workbench.results import ResultsStore
+from workbench.running.models import ModelHandle
+from workbench.running.peft_methods import METHODS, MethodOptions, attach
+from workbench.store.results import ResultsStore
 
 H, LAYERS, FFN = 32, 2, 64
 
@@ -162,7 +162,7 @@ def test_bitfit_and_head_leave_every_other_tensor_bit_identical(checkpoints, tmp
 def test_lora_checkpoint_is_merged_and_gives_the_trained_models_outputs(checkpoints, tmp_path):
     from transformers import AutoModel, AutoModelForSequenceClassification
 
-    from workbench.finetune import _save_checkpoint
+    from workbench.drivers.finetune import _save_checkpoint
 
     handle = ModelHandle.load(checkpoints["bert"])
     model = _classifier(checkpoints["bert"])
@@ -244,7 +244,7 @@ def test_full_hash_is_unchanged_by_the_method_fields():
     """The hash of a config without a method is the one before methods existed (resumable runs)."""
     import hashlib
 
-    from workbench.finetune import FinetuneConfig, METHOD_OPTIONS
+    from workbench.drivers.finetune import FinetuneConfig, METHOD_OPTIONS
 
     d = FinetuneConfig(checkpoint="x").to_dict()
     for k in ("seeds", "name", "output_dir", "progress", "threads", "baselines", "save_every", "device",
@@ -421,7 +421,7 @@ def test_peft_page_on_an_empty_store_says_what_to_run(tmp_path, monkeypatch):
 def test_prompt_ids_follow_embedding_rows_that_no_token_names(checkpoints, tmp_path):
     """A model whose embedding has more rows than its tokenizer has tokens: the saved prompt tokens
     still get the ids of their rows (the gap is named), and the probe reads the prompted model."""
-    from workbench.finetune import _save_checkpoint
+    from workbench.drivers.finetune import _save_checkpoint
 
     handle = ModelHandle.load(checkpoints["bert"])
     model = _classifier(checkpoints["bert"])

@@ -29,9 +29,9 @@ from tests.conftest import tiny_bert, tiny_gpt2
 from tests.seeding import seeded
 from tests.training_helpers import tiny_finetune_config
 from workbench.errors import ConfigError
-from workbench.finetune import build_classifier, load_classifier, load_finetune_config, run_finetune
+from workbench.drivers.finetune import build_classifier, load_classifier, load_finetune_config, run_finetune
 from workbench.loop import apply_param_filter
-from workbench.peft_methods import (
+from workbench.running.peft_methods import (
     ADAPTER_TARGETS,
     ADAPTER_TARGETS_BEFORE_DROPOUT,
     Adapted,
@@ -44,7 +44,7 @@ from workbench.peft_methods import (
     checkpoint_pooler_pretrained,
     merge_lora,
 )
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 H, LAYERS = 32, 2
 
@@ -335,7 +335,7 @@ def test_head_only_fine_tuning_of_a_bert_without_nsp_trains_its_pooler(folders, 
 # ------------------------------------------------------------------- old adapter checkpoints reopen
 
 def test_an_adapter_checkpoint_saved_before_the_move_reopens_with_its_adapters_after_the_projection(folders, tmp_path):
-    from workbench.finetune import _save_checkpoint
+    from workbench.drivers.finetune import _save_checkpoint
 
     model = _classifier(folders, "bert_nsp")
     body = model.bert

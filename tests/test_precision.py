@@ -95,7 +95,7 @@ def test_cli_switches_reach_the_config(monkeypatch):
     """`bertology train --precision` overrides the file (even its `cpu_bf16: true`), and `bertology run
     --precision` trains the experiment's model under it in a run folder named after it."""
     import app.experiments as experiments
-    import workbench.train as train_mod
+    import workbench.drivers.train as train_mod
     from app.cli import build_parser
 
     seen = []
@@ -122,7 +122,7 @@ def test_auto_on_a_bf16_cpu_trains_in_bf16_and_records_why(tmp_path, monkeypatch
     run.json and the manifest say which and why, and the two run.json hashes differ."""
     import workbench.precision as precision
     from tests.training_helpers import run_tiny_training
-    from workbench.identity import weights_hash
+    from workbench.store.identity import weights_hash
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     torch.set_num_threads(1)

@@ -22,8 +22,8 @@ from probes.core.mdl import MDL_FRACTIONS, mdl_online_code
 from probes.core.rows import layer_rows
 from probes.core.scalar_mix import centre_of_gravity, expected_layer, fit_scalar_mix
 from workbench.data.conllu import load_treebank
-from workbench.models import random_init_twin
-from workbench.results import RESULT_COLUMNS
+from workbench.running.models import random_init_twin
+from workbench.store.results import RESULT_COLUMNS
 
 K = 2  # planted layer
 N_LAYERS = 5  # L+1
@@ -272,7 +272,7 @@ def test_config_errors():
 @pytest.mark.slow
 def test_random_init_twin_of_a_real_handle():
     from tests.conftest import TOKENIZER_SPECS, tiny_bert
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
     from workbench.tokenization import build_tokenizer
 
     train = load_treebank("en_ewt", "train")[:1000]

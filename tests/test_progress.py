@@ -159,17 +159,17 @@ def test_quiet_silences_progress_but_not_the_output_or_errors(tmp_path, capsys, 
 
 
 def test_quiet_drops_info_messages_and_keeps_warnings(tmp_path, capsys, monkeypatch):
-    import workbench.results
+    import workbench.store.results
 
-    real = workbench.results.format_runs
+    real = workbench.store.results.format_runs
 
     def format_runs(runs):  # a message of each kind while the real command runs
-        log = wp.get_logger("workbench.results")
+        log = wp.get_logger("workbench.store.results")
         log.info("an info message")
         log.warning("a warning")
         return real(runs)
 
-    monkeypatch.setattr(workbench.results, "format_runs", format_runs)
+    monkeypatch.setattr(workbench.store.results, "format_runs", format_runs)
     for quiet in (False, True):
         assert main(["runs", "list", "--root", str(tmp_path / "runs")] + ["--quiet"] * quiet) == 0
         out, err = capsys.readouterr()

@@ -16,9 +16,9 @@ import pytest
 import torch
 import yaml
 
-from workbench.compress.sweep import load_prune_config, run_prune
-from workbench.finetune import load_classifier
-from workbench.results import ResultsStore
+from workbench.drivers.prune_sweep import load_prune_config, run_prune
+from workbench.drivers.finetune import load_classifier
+from workbench.store.results import ResultsStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def test_recipe_resumes_the_sweeps_full_model_and_refinetunes_equal_sized_subnet
     # reaches a later step than "bad" and the script must prune "bad" past its own threshold
     from types import SimpleNamespace
 
-    from workbench.compress import head_pruning as H
+    from workbench.drivers import head_pruning as H
 
     value = np.array([[0.05, 3.0], [0.1, 0.3]])  # the tiny BERT: 2 layers x 2 heads
     monkeypatch.setattr(H, "masked_accuracy", lambda model, enc, kept, *a, **k: float((value * kept).sum() / value.sum()))

@@ -1,4 +1,4 @@
-"""The pretraining ticket (workbench.compress.pretraining_ticket, `bertology prune` method imp_mlm):
+"""The pretraining ticket (workbench.drivers.pretraining_ticket, `bertology prune` method imp_mlm):
 IMP for the masked-LM loss of a tiny BERT pretrained here, then the task fine-tuning with the
 mask kept (Chen et al. 2020, Sec. 5). Exact invariants: after k rounds the sparsity is 0.1 k,
 counted in the weights; masks are nested; pruned weights stay zero through the MLM rounds and
@@ -13,12 +13,12 @@ import torch
 
 from tests.training_helpers import tiny_config
 from workbench.compress.masks import load_masks
-from workbench.compress.pretraining_ticket import MaskedStart, MlmTicketSettings, mlm_tickets, transfer_masks
-from workbench.compress.sweep import load_prune_config, run_prune
+from workbench.drivers.pretraining_ticket import MaskedStart, MlmTicketSettings, mlm_tickets, transfer_masks
+from workbench.drivers.prune_sweep import load_prune_config, run_prune
 from workbench.compress.unstructured import dense_layers, magnitude_masks
 from workbench.errors import ConfigError
-from workbench.results import ResultsStore
-from workbench.train import train_from_config
+from workbench.store.results import ResultsStore
+from workbench.drivers.train import train_from_config
 
 FT = {"task": "sentence_polarity", "seeds": [0], "epochs": 1, "lr": 1e-3, "max_train_examples": 48,
       "max_eval_examples": 16, "batch_size": 16, "baselines": False, "device": "cpu"}
@@ -92,7 +92,7 @@ def test_mlm_rounds_prune_a_tenth_each_and_keep_the_mask_through_training(sweep,
 
 @pytest.mark.slow
 def test_ticket_fine_tuned_with_the_mask_kept_and_the_sparsity_counted(sweep):
-    from workbench.finetune import load_classifier
+    from workbench.drivers.finetune import load_classifier
 
     result, masks, pretrainer, _, _ = sweep
     points = {p["amount"]: p for p in result.points if p["method"] == "imp_mlm"}

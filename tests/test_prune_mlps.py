@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.test_compress_heads import FAMILIES, L, NH, tiny_batch, head_logits, tiny_classifier
-from workbench.compress import head_pruning as H
+from workbench.drivers import head_pruning as H
 from workbench.errors import ConfigError
 
 
@@ -137,9 +137,9 @@ from tests.test_compress_sweep import FT, pretrained, tokenizer  # noqa: E402,F4
 def test_the_sweep_prunes_heads_and_mlps_and_saves_masked_checkpoints(pretrained, tmp_path):
     import json
 
-    from workbench.compress.sweep import load_prune_config, run_prune
-    from workbench.finetune import load_classifier
-    from workbench.results import ResultsStore
+    from workbench.drivers.prune_sweep import load_prune_config, run_prune
+    from workbench.drivers.finetune import load_classifier
+    from workbench.store.results import ResultsStore
 
     cfg, ft = load_prune_config({"finetune": {**FT, "checkpoint": str(pretrained), "seeds": [0]},
                                  "methods": ["heads_good"], "heads": {"units": "both", "importance_examples": 16,

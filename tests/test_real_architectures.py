@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.lm_scores import LMScorer, causal_start_id
-from workbench.models import ModelHandle
+from workbench.running.lm_scores import LMScorer, causal_start_id
+from workbench.running.models import ModelHandle
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_llama_logit_lens_last_layer_is_the_model_output(llama):
     """The lens at the last layer must equal the model's own scores (no double RMSNorm), and every
     layer's lens equals a hand computation: final norm (except on the last, already normed) + tied
     unembedding, log-softmax, summed over the filled sentence's tokens."""
-    from workbench import logit_lens
+    from workbench.running import logit_lens
 
     model, tok = llama
     scorer = LMScorer(ModelHandle(model, tok))

@@ -21,9 +21,9 @@ import pytest
 
 from workbench.errors import CheckpointError, ConfigError
 from workbench.io import sha256_files
-from workbench.manifest import checkpoint_record, git_state
+from workbench.store.manifest import checkpoint_record, git_state
 from workbench.paths import REPO_ROOT, data_path
-from workbench.results import (
+from workbench.store.results import (
     DTYPES,
     RESULT_COLUMNS,
     ResultsError,
@@ -242,7 +242,7 @@ def test_exception_inside_run_publishes_nothing(tmp_path):
 WRITER = """
 import sys, time
 from pathlib import Path
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 root, writer, go = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 store = ResultsStore(root)
 Path(f"{go}.ready{writer}").touch()
@@ -296,7 +296,7 @@ def test_two_concurrent_writer_processes(tmp_path):
 CRASH_BEFORE_RENAME = """
 import sys, time
 from pathlib import Path
-from workbench import results
+from workbench.store import results
 from workbench.io import atomic_write_text
 root, ready = sys.argv[1], Path(sys.argv[2])
 def hook(tmp):
@@ -341,7 +341,7 @@ def test_crash_mid_write_leaves_no_visible_run(tmp_path):
 
 CRASH_AFTER_RENAME = """
 import os, signal, sys
-from workbench import results
+from workbench.store import results
 results.ResultsStore._register = lambda self, manifest: os.kill(os.getpid(), signal.SIGKILL)
 store = results.ResultsStore(sys.argv[1])
 with store.start_run("probe", {}, name="orphan") as run:
@@ -398,7 +398,7 @@ def test_manifest_helpers(tmp_path):
 def test_finished_units_discard_leaves_a_concurrent_runs_units(tmp_path):
     """Two runs of one sweep that differ only in their models share a partials folder and may run
     at once (submitit); the first to publish removes its own units, not the folder under the other."""
-    from workbench.results import FinishedUnits
+    from workbench.store.results import FinishedUnits
 
     store = ResultsStore(tmp_path)
     rows = pd.DataFrame([{"model": "m", "probe": "linear", "task": "upos", "layer": 0, "metric": "accuracy",
@@ -416,7 +416,7 @@ def test_finished_units_discard_leaves_a_concurrent_runs_units(tmp_path):
 
 
 def test_finished_units_round_trip_key_and_gc(tmp_path):
-    from workbench.results import FinishedUnits
+    from workbench.store.results import FinishedUnits
 
     store = ResultsStore(tmp_path)
     rows = [{"model": "m", "probe": "linear", "task": "upos", "layer": 2, "metric": "accuracy", "value": 0.75,

@@ -1,5 +1,5 @@
-"""Declared `extra` schemas checked at write time (workbench.rowschema) and the one seed statistic
-(workbench.aggregate) behind the app's pages and figures (issue 41, item 4)."""
+"""Declared `extra` schemas checked at write time (workbench.store.rowschema) and the one seed statistic
+(workbench.store.aggregate) behind the app's pages and figures (issue 41, item 4)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from workbench.aggregate import aggregate, t_interval
+from workbench.store.aggregate import aggregate, t_interval
 from workbench.errors import ConfigError
-from workbench.results import ResultsError, ResultsStore, validate_rows
-from workbench.rowschema import RowSchema, check_extra, declared_producers
+from workbench.store.results import ResultsError, ResultsStore, validate_rows
+from workbench.store.rowschema import RowSchema, check_extra, declared_producers
 
 
 # ------------------------------------------------------------------------------------ schemas
@@ -24,7 +24,7 @@ def _row(probe: str, extra) -> dict:
 @pytest.fixture
 def declared():
     """A producer declared for the test only, removed afterwards."""
-    from workbench import rowschema
+    from workbench.store import rowschema
 
     RowSchema("test-producer", "per seed", required={"epoch": int}, optional={"note": str | None, "lr": float})
     RowSchema("test-producer", "over seeds", required={"over": str})
@@ -63,10 +63,10 @@ def test_every_producer_declares_its_extra():
     import probes.membership  # noqa: F401
     import probes.peft_change  # noqa: F401
     import probes.syntax  # noqa: F401
-    import workbench.compress.sweep  # noqa: F401
+    import workbench.drivers.prune_sweep  # noqa: F401
     import workbench.cost  # noqa: F401
-    import workbench.distill_pretraining  # noqa: F401
-    import workbench.finetune  # noqa: F401
+    import workbench.drivers.distill_pretraining  # noqa: F401
+    import workbench.drivers.finetune  # noqa: F401
 
     assert {"syntax", "align", "cloze", "coref", "extraction", "membership", "finetune", "prune", "distill",
             "peft", "cost"} <= set(declared_producers())
@@ -74,8 +74,8 @@ def test_every_producer_declares_its_extra():
 
 def test_driver_rows_pass_their_declarations():
     """The rows the drivers' row builders write today fit what they declare (no store needed)."""
-    from workbench.compress.sweep import build_rows
-    from workbench.distill import distill_rows
+    from workbench.drivers.prune_sweep import build_rows
+    from workbench.drivers.distill import distill_rows
 
     points = [{"method": m, "seed": s, "amount": a, "sparsity": a, "parameters": 10, "prunable": 8,
                "nonzero_parameters": 9, "nonzero_prunable": 7, "sparsity_measured": a, "checkpoint": "/c",
@@ -158,7 +158,7 @@ def test_finetune_epoch_curve_and_score_table_keep_their_numbers():
 
 def test_prune_derives_its_seedless_rows_as_the_sweep_stores_them():
     from app.page_modules import prune as page
-    from workbench.compress.sweep import build_rows
+    from workbench.drivers.prune_sweep import build_rows
 
     points = [{"method": m, "seed": s, "amount": a, "sparsity_measured": a, "nonzero_parameters": 9,
                "dev": {"accuracy": v, "n": 10}, "test": {"accuracy": v + 0.01, "n": 10}}
@@ -208,7 +208,7 @@ def test_distill_and_peft_tables_keep_their_numbers():
 def test_finetune_table_prints_the_same_mean_and_interval_from_per_seed_rows():
     """Fine-tuning runs store per-seed rows only (issue 41); the printed table derives the mean and
     t-interval that older runs stored as a seed-less row, to the same digits."""
-    from workbench.finetune import format_table, t_interval
+    from workbench.drivers.finetune import format_table, t_interval
 
     seeded = [{"model": "m", "probe": "finetune", "task": "sp", "split": s, "metric": "accuracy", "seed": i,
                "value": v + (0.01 if s == "dev" else 0.0)} for s in ("dev", "test") for i, v in enumerate((0.71, 0.74, 0.80))]

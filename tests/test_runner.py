@@ -19,7 +19,7 @@ import probes
 from app.cli import main
 from probes.core import runner
 from workbench.data.conllu import load_treebank, treebank_path
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 GOLDEN = Path(__file__).parent / "fixtures" / "syntax_rows_before_runner.csv"
 
@@ -84,7 +84,7 @@ def _run_cli(args, capsys):
 
 # --------------------------------------------------------------------------- tests
 def test_toy_probe_end_to_end_with_twin_table_and_direct_values(toy_probe, tiny_checkpoint, tmp_path, capsys, monkeypatch):
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     runs = tmp_path / "runs"
@@ -241,8 +241,8 @@ def test_role_checkpoint_loaded_once_keyed_and_whole_model_rows(training_folder,
     """A probe's `teacher` role: resolved and loaded once per run (not per unit), handed to every unit,
     its hash in each unit's resume key (another teacher -> other keys, nothing reused) and in the run's
     notes; its scalar metrics are whole-model rows, layer NA."""
-    from workbench.identity import weights_hash
-    from workbench.models import ModelHandle
+    from workbench.store.identity import weights_hash
+    from workbench.running.models import ModelHandle
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     loads = []
@@ -313,7 +313,7 @@ def test_many_role_takes_every_step_and_loads_each_checkpoint_once(training_fold
     """A `many` role (shadow models, an ensemble of teachers): a list or comma-separated string, a
     training folder giving every step; a checkpoint two roles name is loaded once; the resume key
     holds every hash, in order."""
-    from workbench.identity import weights_hash
+    from workbench.store.identity import weights_hash
 
     @dataclass
     class ManySettings(runner.Settings):
@@ -367,7 +367,7 @@ def test_lazy_role_is_hashed_not_loaded_and_a_changed_shadow_reruns_the_unit(tin
 
     from safetensors.torch import load_file, save_file
 
-    from workbench.identity import weights_hash
+    from workbench.store.identity import weights_hash
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path / "cache"))
     shadows = []
@@ -425,7 +425,7 @@ def test_align_target_and_membership_reference_are_roles(tiny_checkpoint):
 
     from probes import align
     from probes import membership as mem
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     target = runner.resolve_roles(align.PROBE, runner.make_settings(align.Settings, {"target_checkpoint": str(tiny_checkpoint)}))
     assert [c.path for c in target["target"]] == [tiny_checkpoint]
@@ -525,7 +525,7 @@ def test_syntax_rows_same_fresh_cached_and_resumed(fresh_syntax_rows, tiny_check
     with fresh activations equal, bit for bit, the rows of a run interrupted after three units
     (Ctrl-C) and resumed, reading every activation from the cache the first run wrote. Both runs
     in this process, so the same CPU kernels: no tolerance."""
-    from workbench.results import FinishedUnits
+    from workbench.store.results import FinishedUnits
 
     fresh, cache = fresh_syntax_rows
     runs = tmp_path / "runs"
@@ -568,7 +568,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("args,message", BAD_INPUTS, ids=[" ".join(a[1:]) for a, _ in BAD_INPUTS])
 def test_bad_probe_input_fails_before_loading(args, message, tiny_checkpoint, tmp_path, capsys, monkeypatch):
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     def no_loading(*a, **k):
         raise AssertionError("a model was loaded before the settings were checked")
@@ -594,7 +594,7 @@ def test_missing_checkpoint_and_unknown_hub_name(tmp_path, capsys, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("argv,message", [
     (["-m", "app.cli", "train", "--family", "bert", "--preset", "tiny", "--set", "lr=["], "--set lr=[: not a YAML value"),
-    (["-m", "workbench.train", "/no/such/config.yaml"], "config file does not exist"),
+    (["-m", "workbench.drivers.train", "/no/such/config.yaml"], "config file does not exist"),
     (["-m", "app.cli", "run", "/no/such/experiment.yaml"], "experiment file does not exist"),
 ])
 def test_training_and_experiment_bad_input_one_line_exit_2(argv, message):

@@ -13,7 +13,7 @@ import torch
 from workbench.config import load_config
 from workbench.errors import ConfigError
 from workbench.families import FAMILIES, get_family
-from workbench.train import DataPosition, Dist, prepare_data, read_log, train_from_config
+from workbench.drivers.train import DataPosition, Dist, prepare_data, read_log, train_from_config
 
 from tests.training_helpers import tiny_config
 

@@ -13,11 +13,11 @@ import pytest
 
 from probes import syntax
 from probes.syntax import FeatureView, build_items, run_syntax_probes, syntax_cli_main
-from workbench.checkpoints import expand_checkpoints
+from workbench.store.checkpoints import expand_checkpoints
 from workbench.data.conllu import load_treebank, treebank_path
 from workbench.errors import CheckpointError
 from workbench.io import sha256_file
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +244,7 @@ def test_cli_end_to_end_all_tasks_tiny_bert(tmp_path, tiny_checkpoint, capsys, m
 @pytest.mark.slow
 def test_long_sentences_are_windowed_and_counted(tmp_path, tokenizers):
     from tests.conftest import tiny_bert
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     tok = tokenizers["bert"]
     handle = ModelHandle(tiny_bert(tok, max_positions=24), tok, max_length=24)

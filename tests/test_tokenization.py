@@ -15,7 +15,7 @@ from tokenizers import trainers
 from workbench.data.corpus import build_corpus
 from workbench.data_cache import TokenizedCorpus
 from workbench.families.base import FamilySpec, add_special_tokens, contiguous_blocks, special_tokens_mask, t5_sentinels
-from workbench.identity import tokenizer_hash
+from workbench.store.identity import tokenizer_hash
 from workbench.tokenization import train_tokenizer
 
 WORDS = ["Fellow", "citizens", "of", "the", "Senate", "preserve", "protect"]

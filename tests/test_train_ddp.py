@@ -60,7 +60,7 @@ def _one_and_two_ranks(tmp_path, monkeypatch, config: str):
     monkeypatch.setenv("BERTOLOGY_CACHE", str(cache))
 
     # One process, global batch 8 (in-process; this also builds the shared corpus/tokenizer cache).
-    from workbench.train import train_from_config
+    from workbench.drivers.train import train_from_config
 
     torch.set_num_threads(1)
     (one,) = train_from_config(cfg, {"output_dir": str(tmp_path / "one")})
@@ -68,7 +68,7 @@ def _one_and_two_ranks(tmp_path, monkeypatch, config: str):
     # Two processes under torchrun, gloo backend, 4 sequences each.
     env = {**os.environ, "BERTOLOGY_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "workbench.train", str(cfg), "--output-dir", str(tmp_path / "two")]
+           "-m", "workbench.drivers.train", str(cfg), "--output-dir", str(tmp_path / "two")]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     two = tmp_path / "two" / "seed-0" / f"step-{STEPS:07d}"

@@ -12,7 +12,7 @@ import torch
 from workbench.config import load_config
 from workbench.errors import ConfigError
 from workbench.families.base import contiguous_blocks
-from workbench.train import (
+from workbench.drivers.train import (
     checkpoint_steps,
     list_checkpoints,
     lr_lambda_factory,
@@ -182,7 +182,7 @@ def test_tokens_budget_converts_to_steps():
 
 
 def test_cli_shortcut_trains_and_prints_checkpoint(cache, tmp_path, capsys):
-    from workbench.train import train_cli_main
+    from workbench.drivers.train import train_cli_main
 
     argv = ["--family", "gpt", "--preset", "tiny", "--steps", "2", "--output-dir", str(tmp_path),
             "--set", "corpus.sources=[inaugural]", "--set", "corpus.max_documents=12",
@@ -199,7 +199,7 @@ def test_cli_shortcut_trains_and_prints_checkpoint(cache, tmp_path, capsys):
 def test_cli_small_shortcut_uses_the_measured_cpu_recipe(monkeypatch):
     """`--family bert --preset small` trains the recipe of docs/training-plateau.md, not the
     schema's generic defaults; explicit flags still win."""
-    import workbench.train as train_mod
+    import workbench.drivers.train as train_mod
 
     seen = []
     monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides: seen.append(
@@ -219,7 +219,7 @@ def test_cpu_bf16_autocast_trains_and_is_part_of_the_training_hash(cache, tiny_r
     loss within a few hundredths of the fp32 run's), the weights differ from fp32's (bf16 rounding,
     so the autocast really ran), the manifest records it, and it changes the training hash (a resume
     never mixes the two)."""
-    from workbench.identity import weights_hash
+    from workbench.store.identity import weights_hash
 
     torch.set_num_threads(1)
     bf16 = run_tiny_training("gpt", STEPS, tmp_path / "bf16", cpu_bf16=True)
@@ -289,7 +289,7 @@ def test_tiny_run_of_every_family_keeps_its_pinned_weights(cache, tmp_path, fami
     apply them inside the attention function (`train/<family>/pcg16_attention/...`, recorded then),
     and the other families' `pcg16` keeps its 2026-11-26 pins."""
     from tests.weight_pins import check_pin, log_hash, state_hash
-    from workbench.identity import weights_hash
+    from workbench.store.identity import weights_hash
 
     torch.set_num_threads(1)
     cfg = tiny_config(family, 3, tmp_path, corpus={"sources": ["inaugural"], "max_documents": 12,
@@ -298,9 +298,9 @@ def test_tiny_run_of_every_family_keeps_its_pinned_weights(cache, tmp_path, fami
                       **{"eval.batches": 1, "checkpoints.log_spaced": False, "dropout_masks": masks})
     (final,) = train_from_config(cfg)
     module = torch.load(final / "trainer_state" / "model.pt", weights_only=True)
-    from workbench.checkpoints import read_manifest
+    from workbench.store.checkpoints import read_manifest
     from workbench.dropout import FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES
-    from workbench.train import dropout_record
+    from workbench.drivers.train import dropout_record
 
     assert read_manifest(final)["dropout_masks"] == dropout_record(cfg)
     case = {"bernoulli": f"train/{family}", "pcg16_modules": f"train/{family}/pcg16",
@@ -320,7 +320,7 @@ def test_step_batches_built_in_a_worker_equal_those_built_in_process(cache, tmp_
     import functools
 
     from workbench.families import get_family
-    from workbench.train import Dist, host_batches, objective_settings, prepare_data, step_batches
+    from workbench.drivers.train import Dist, host_batches, objective_settings, prepare_data, step_batches
 
     cfg = tiny_config(family, 12, tmp_path, grad_accum=2, seq_len_warmup={"start": 16, "steps": 6})
     fam = get_family(family)

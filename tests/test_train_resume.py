@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from workbench.train import checkpoint_steps, list_checkpoints
+from workbench.drivers.train import checkpoint_steps, list_checkpoints
 
 STEPS = 24
 CONFIG = f"""
@@ -39,7 +39,7 @@ progress: false
 
 def _train(cfg: Path, out: Path, env: dict) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "workbench.train", str(cfg), "--output-dir", str(out)],
+        [sys.executable, "-m", "workbench.drivers.train", str(cfg), "--output-dir", str(out)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
@@ -104,7 +104,7 @@ def test_sigkill_then_resume_is_bit_identical(setup, warmup):
 
 def test_changed_config_refuses_to_resume(setup, monkeypatch):
     from workbench.errors import ConfigError
-    from workbench.train import train_from_config
+    from workbench.drivers.train import train_from_config
 
     cfg, env, tmp = setup
     monkeypatch.setenv("BERTOLOGY_CACHE", env["BERTOLOGY_CACHE"])
@@ -121,7 +121,7 @@ def test_copied_runs_folder_resolves_its_corpus_manifest(setup, monkeypatch):
 
     from workbench.data.corpus import resolve_corpus_manifest
     from workbench.errors import CheckpointError
-    from workbench.train import train_from_config
+    from workbench.drivers.train import train_from_config
 
     cfg, _, tmp = setup
     runs = tmp / "machine-a" / "runs"

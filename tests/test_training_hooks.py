@@ -28,7 +28,7 @@ from tests.conftest import tiny_bert
 from tests.training_helpers import tiny_config, tiny_finetune_config
 from workbench.errors import ConfigError
 from workbench.loop import ParamFilter, TrainingHooks, biases_only, kl_to_teacher, loss_terms
-from workbench.train import read_log, train_from_config
+from workbench.drivers.train import read_log, train_from_config
 
 STEPS = 8
 NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
@@ -159,7 +159,7 @@ def kl_only(student, batch, teacher) -> dict:
 def _student_at_step_0(cfg):
     """The training module `train_seed` starts from (same seed, same build)."""
     from workbench.families import get_family
-    from workbench.train import build_model, prepare_data
+    from workbench.drivers.train import build_model, prepare_data
 
     family = get_family("gpt")
     return build_model(cfg, family, prepare_data(cfg, family).tokenizer, cfg.seeds[0], torch.device("cpu"))
@@ -250,9 +250,9 @@ def _finetune_cfg(checkpoint, out, **kw):
 
 
 def test_bitfit_finetuning_leaves_every_other_tensor_bit_identical(bert_checkpoint, tmp_path):
-    from workbench.finetune import build_classifier, run_finetune
-    from workbench.models import ModelHandle
-    from workbench.results import ResultsStore
+    from workbench.drivers.finetune import build_classifier, run_finetune
+    from workbench.running.models import ModelHandle
+    from workbench.store.results import ResultsStore
 
     res = run_finetune(_finetune_cfg(bert_checkpoint, tmp_path / "run"), store=ResultsStore(tmp_path / "s"),
                        hooks=TrainingHooks(trainable=biases_only()))
@@ -288,8 +288,8 @@ def ce_plus_kl(student, batch, teacher) -> dict:
 def test_finetuning_with_a_teacher_logs_every_term_and_pulls_toward_it(bert_checkpoint, tmp_path):
     """Every term's epoch mean is in the curve; the KL to the planted teacher falls (measured: epoch
     means 0.47, 0.11, 0.04) while the gold-label cross-entropy, weighted 0.1, rises."""
-    from workbench.finetune import run_finetune
-    from workbench.results import ResultsStore
+    from workbench.drivers.finetune import run_finetune
+    from workbench.store.results import ResultsStore
 
     cfg = _finetune_cfg(bert_checkpoint, tmp_path / "run", epochs=3, patience=3, max_train_examples=32,
                         batch_size=8, warmup=0.0, lr=1e-2)
@@ -310,8 +310,8 @@ def test_finetuning_with_a_teacher_logs_every_term_and_pulls_toward_it(bert_chec
 def test_cloze_finetuning_takes_the_hooks(tokenizers):
     from probes import cloze
     from probes.cloze import tasks as ct
-    from workbench.lm_scores import lm_scorer
-    from workbench.models import ModelHandle
+    from workbench.running.lm_scores import lm_scorer
+    from workbench.running.models import ModelHandle
 
     tok = tokenizers["bert"]
     items = ct.generate("age", seed=0, sizes={"train": 40, "dev": 4, "test": 16})
@@ -369,8 +369,8 @@ def test_bad_hooks_are_config_errors():
 
 
 def test_freeze_body_and_a_filter_together_are_refused(bert_checkpoint, tmp_path):
-    from workbench.finetune import run_finetune
-    from workbench.results import ResultsStore
+    from workbench.drivers.finetune import run_finetune
+    from workbench.store.results import ResultsStore
 
     with pytest.raises(ConfigError, match="freeze_body and a parameter filter"):
         run_finetune(_finetune_cfg(bert_checkpoint, tmp_path / "run", freeze_body=True),

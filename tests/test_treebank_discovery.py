@@ -56,7 +56,7 @@ def test_treebanks_are_discovered_from_the_data_root(new_data_root):
 @pytest.mark.slow
 def test_syntax_probe_reads_a_new_treebank(new_data_root, tiny_checkpoint, tmp_path, capsys):
     from app.cli import main
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     runs = tmp_path / "runs"
     code = main(["probe", "syntax", "--treebank", "xx_new", "--tasks", "upos", "--checkpoint", str(tiny_checkpoint),
@@ -76,7 +76,7 @@ def test_syntax_probe_reads_a_new_treebank(new_data_root, tiny_checkpoint, tmp_p
 
 def test_align_parallel_task_reads_a_new_pair(new_data_root, tiny_checkpoint, tmp_path):
     from probes.core.runner import run_probe
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     same = tmp_path / "en-en.tsv"
     same.write_text("".join(f"{w}\t{w}\n" for w in ("the", "of", "and", "a", "in", "is", "to")))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.checkpoints import read_manifest, step_dir
+from workbench.store.checkpoints import read_manifest, step_dir
 from workbench.config import TrainConfig, load_config
-from workbench.train import read_log, train_from_config
+from workbench.drivers.train import read_log, train_from_config
 
 
 @dataclass
@@ -54,7 +54,7 @@ def run_tiny_training(family: str, steps: int, output_dir: str | Path, **overrid
 def tiny_finetune_config(checkpoint, output_dir, **overrides):
     """A seconds-long `bertology finetune` config: one seed, one epoch, 64 training examples of
     sentence polarity, no baselines; `overrides` replace any key."""
-    from workbench.finetune import load_finetune_config
+    from workbench.drivers.finetune import load_finetune_config
 
     base = {"checkpoint": str(checkpoint), "task": "sentence_polarity", "seeds": [0], "epochs": 1, "lr": 1e-3,
             "max_train_examples": 64, "max_eval_examples": 32, "batch_size": 16, "output_dir": str(output_dir),

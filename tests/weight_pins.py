@@ -47,9 +47,9 @@ def machine_key() -> str:
 
 def state_hash(state: dict) -> str:
     """sha256 over a state dict's names, dtypes, shapes and raw bytes, in name order: the workbench's
-    one tensor hash (`workbench.identity.tensors_hash`) in the pins' format, a `|` after the shape
+    one tensor hash (`workbench.store.identity.tensors_hash`) in the pins' format, a `|` after the shape
     (the pinned values of every CPU kind were recorded with it)."""
-    from workbench.identity import tensors_hash
+    from workbench.store.identity import tensors_hash
 
     return tensors_hash(state.items(), header_end="|")
 

@@ -53,7 +53,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from workbench.errors import CheckpointError, ConfigError, WorkbenchError
-from workbench.identity import backend_tokenizer_hash
+from workbench.store.identity import backend_tokenizer_hash
 from workbench.io import atomic_write_json
 from workbench.paths import cache_root
 from workbench.progress import progress as progress_bar
@@ -362,7 +362,7 @@ def extract(
 ) -> Activations:
     """All-layer word representations of `sentences` from `handle`, cached on disk.
 
-    `handle` is a `workbench.models.ModelHandle` (or anything with its `word_states`,
+    `handle` is a `workbench.running.models.ModelHandle` (or anything with its `word_states`,
     `checkpoint_hash`, `num_layers`, `hidden_size`, `stacks` and `stats`). `cache_dir` defaults to
     `cache_root()/activations`. The partial result is made durable every `checkpoint_every_s`
     seconds, which is how far an interrupted extraction can fall back.

@@ -1,5 +1,5 @@
 """One way to build a settings dataclass from a mapping: probe `Settings` (probes/core/runner.py),
-`TrainConfig` (workbench/config.py) and `FinetuneConfig` (workbench/finetune.py) all come through
+`TrainConfig` (workbench/config.py) and `FinetuneConfig` (workbench/drivers/finetune.py) all come through
 `build_dataclass`.
 
 Values arrive from YAML files, from `--set key=value` and from command-line options, so a value

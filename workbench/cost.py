@@ -73,7 +73,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.rowschema import RowSchema
+from workbench.store.rowschema import RowSchema
 
 DEFAULT_CPU_WATTS_PER_CORE = 12.5
 DEFAULT_GPU_WATTS = 400.0
@@ -264,7 +264,7 @@ def _teacher_manifest(folder: str | Path | None) -> dict | None:
     if folder is None:
         return None
     try:
-        from workbench.checkpoints import resolve_checkpoint
+        from workbench.store.checkpoints import resolve_checkpoint
 
         path = Path(resolve_checkpoint(folder))
     except Exception:  # noqa: BLE001 - a teacher that is gone: its forwards cannot be counted
@@ -280,7 +280,7 @@ def training_flops_per_token(manifest: Mapping) -> dict:
     `total`: the family's step (`flops_per_token`) and, with a distillation teacher in the hooks
     (`TrainingHooks.describe`), the teacher's forward on the same batches (1x: no backward; its
     MLM head at the student's masked share, as its forward computes it) and, for DistilBERT's triple
-    loss over every non-pad token (`workbench.distill_pretraining.TripleLoss`), both heads at every
+    loss over every non-pad token (`workbench.drivers.distill_pretraining.TripleLoss`), both heads at every
     position (the student's 3x, the teacher's 1x). `total` is None when the teacher's shape
     cannot be read (unknown, never zero)."""
     family, mc = manifest["family"], manifest["model_config"]
@@ -376,7 +376,7 @@ def finetune_flops_per_token(family: str, model_config: Mapping, seq_len: int, n
 
 def method_forward_flops(model) -> float:
     """Forward FLOPs per token of the trainable matrices inside a classifier's body after a
-    parameter-efficient method is attached (`workbench.peft_methods.attach`, then the parameter
+    parameter-efficient method is attached (`workbench.running.peft_methods.attach`, then the parameter
     filter applied): 2 x the weights of every trainable `nn.Linear` of the body, each applied once
     per token (LoRA's A and B, the adapters' down and up projections). 0 for head, BitFit and
     prompt tuning (no trainable matrix in the body); not meant for full fine-tuning (every body
@@ -391,7 +391,7 @@ def method_forward_flops(model) -> float:
 
 
 def with_method_modules(basis: Mapping, model) -> dict:
-    """A fine-tuning cost basis (`workbench.finetune.finetune_cost_basis`: `flops` from
+    """A fine-tuning cost basis (`workbench.drivers.finetune.finetune_cost_basis`: `flops` from
     `finetune_flops`) with the attached method's own matrices counted (`method_forward_flops` of
     `model`); recomputed from the forward parts, so calling it again gives the same record."""
     basis = dict(basis)
@@ -433,7 +433,7 @@ def finetune_cost_flops(basis: Mapping, tokens: int, teacher: str | Path | None 
 def teacher_tokens(teacher_module, tokens: int, epochs_done: int) -> int:
     """Tokens a distillation teacher ran on while a student trained on `tokens` over `epochs_done`
     full epochs: all of them, or, for a teacher that keeps its logits per example
-    (`workbench.distill.CachedTeacher`, which has a `cache`), one epoch's (each example once)."""
+    (`workbench.drivers.distill.CachedTeacher`, which has a `cache`), one epoch's (each example once)."""
     if getattr(teacher_module, "cache", None) is not None and epochs_done > 0:
         return int(round(tokens / epochs_done))
     return int(tokens)
@@ -591,7 +591,7 @@ def cost_record(own: Mapping, parent: str | Path | None, teacher: str | Path | N
 def _in_lineage(folder: str | Path, descendant: str | Path) -> bool:
     """Whether `folder` is `descendant` or one of its ancestors (`lineage_chain`), compared as
     resolved paths (a Hub name through the local cache), so two spellings of one folder match."""
-    from workbench.checkpoints import resolve_checkpoint
+    from workbench.store.checkpoints import resolve_checkpoint
 
     def key(item) -> str:
         try:
@@ -625,13 +625,13 @@ def derived_cost(parent_manifest: Mapping | None, parent_folder: str | None, tra
 def add_retraining(folder: str | Path, own: Mapping | None, prior: str | Path | None = None,
                    search: Sequence[str | Path] = ()) -> dict:
     """Rewrite a derived checkpoint's cost (`derived_cost`, own = 0) for a transform followed by
-    training, e.g. a lottery ticket (pruned, rewound, retrained: `workbench.compress.sweep`): own =
+    training, e.g. a lottery ticket (pruned, rewound, retrained: `workbench.drivers.prune_sweep`): own =
     that training's own record (unknown when None), total = own + the total of `prior` (the
     checkpoint whose weights the mask was found in: an earlier IMP round, which holds the rounds
     before it) plus the own cost of every run in `search` (training after `prior` that found the
     mask: a pretraining ticket's masked-LM rounds, Chen et al. 2020) or, without a prior, the
     derivation's parent's total. Returns the new record."""
-    from workbench.checkpoints import read_manifest
+    from workbench.store.checkpoints import read_manifest
     from workbench.io import atomic_write_json
 
     folder = Path(folder)
@@ -687,7 +687,7 @@ def cost_of_manifest(manifest: Mapping, folder: str | Path | None = None) -> dic
 
 def checkpoint_cost(folder: str | Path) -> dict:
     """`cost_of_manifest` of a checkpoint folder (a Hub name resolves through the HF cache)."""
-    from workbench.checkpoints import read_manifest, resolve_checkpoint
+    from workbench.store.checkpoints import read_manifest, resolve_checkpoint
 
     path = resolve_checkpoint(folder)
     return cost_of_manifest(read_manifest(path) or {}, path)
@@ -712,7 +712,7 @@ def cost_targets(items: list[str]) -> list[Path]:
     """Checkpoint folders to cost: a checkpoint itself; a training folder -> the last step of each
     seed; a fine-tuning run folder -> each seed's `best/`. A CheckpointError names a path that is
     none of these (before any work)."""
-    from workbench.checkpoints import list_steps, resolve_checkpoint
+    from workbench.store.checkpoints import list_steps, resolve_checkpoint
     from workbench.errors import CheckpointError
 
     out: list[Path] = []
@@ -739,7 +739,7 @@ def cost_targets(items: list[str]) -> list[Path]:
 
 def display_name(path: Path) -> str:
     """A checkpoint's name in tables: `<run>/seed-S/best` for a fine-tuned best folder."""
-    from workbench.checkpoints import checkpoint_name
+    from workbench.store.checkpoints import checkpoint_name
 
     path = Path(path)
     if path.name == "best" and path.parent.name.startswith("seed-"):
@@ -751,7 +751,7 @@ def format_cost_table(folders: list[str], grid: float | None = None) -> str:
     """Strubell et al. (2019) Table 3's shape: model, hardware, then own and lineage-total FLOPs,
     device-hours, kWh (PUE included) and CO2e, where the energy comes from, and the parent chain.
     `grid` (gCO2/kWh) re-expresses CO2e from the recorded kWh."""
-    from workbench.checkpoints import resolve_checkpoint
+    from workbench.store.checkpoints import resolve_checkpoint
 
     def num(x, fmt):
         return "unknown" if x is None else format(x, fmt)
@@ -789,7 +789,7 @@ def format_cost_table(folders: list[str], grid: float | None = None) -> str:
     return "\n".join(lines)
 
 
-# The `extra` of `cost_rows` (checked by the results store, `workbench.rowschema`).
+# The `extra` of `cost_rows` (checked by the results store, `workbench.store.rowschema`).
 EXTRA_SCHEMAS = (
     RowSchema("cost", "training cost", required={
         "path": str, "hardware": str | None, "untracked": bool, "energy_source": str, "known": bool, "lineage": list,
@@ -802,7 +802,7 @@ def cost_rows(folders: list[str | Path]) -> list[dict]:
     one row per (own | total) x (flops, device_hours, energy_kwh, co2e_kg); an unknown value is
     NaN with `known: false` in extra (never 0). Model names are the workbench's checkpoint names,
     so the rows join with probe rows of the same checkpoints (score vs FLOPs)."""
-    from workbench.checkpoints import read_manifest, resolve_checkpoint
+    from workbench.store.checkpoints import read_manifest, resolve_checkpoint
 
     rows = []
     for f in folders:
@@ -830,7 +830,7 @@ def cost_rows(folders: list[str | Path]) -> list[dict]:
 
 def record_costs(folders: list[str | Path], store=None, name: str | None = None) -> str:
     """Write `cost_rows` as one results-store run (kind "cost"); returns its run id."""
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     store = store or ResultsStore()
     with store.start_run("cost", {"checkpoints": [str(f) for f in folders]}, checkpoints=[Path(f) for f in folders],

@@ -28,7 +28,7 @@ import numpy as np
 from tokenizers import Tokenizer, models
 
 from workbench.errors import CheckpointError
-from workbench.identity import tokenizer_hash
+from workbench.store.identity import tokenizer_hash
 from workbench.io import atomic_dir, sha256_file
 from workbench.paths import cache_root
 from workbench.progress import progress

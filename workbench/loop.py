@@ -1,6 +1,6 @@
 """The pieces every training loop of the workbench shares, and the hooks that change what it trains.
 
-Three loops use them: pretraining (`workbench.train`), fine-tuning (`workbench.finetune`) and the
+Three loops use them: pretraining (`workbench.drivers.train`), fine-tuning (`workbench.drivers.finetune`) and the
 cloze probe's multiple-choice fine-tuning (`probes.cloze.finetune_mc`). Each loop stays readable
 top to bottom, in the manner of nanoGPT's train.py: its own data order, evaluation and
 bookkeeping, and these pieces for what every loop does the same way:
@@ -26,7 +26,7 @@ did before they existed (tests pin the weights of every family, tests/weight_pin
   read afterwards. `kl_to_teacher` is the soft-target term of Hinton, Vinyals & Dean (2015).
 - `initial(model)`: sets the initial weights of the model the loop built, in place, before the
   optimizer is made (a resumed run then loads its saved state over them): a distillation student
-  initialised from its teacher's layers (DistilBERT, Sanh et al. 2019; `workbench.distill_pretraining`).
+  initialised from its teacher's layers (DistilBERT, Sanh et al. 2019; `workbench.drivers.distill_pretraining`).
 - `after_step(model, step)`: called after every optimizer step with the (unwrapped) model and
   the number of steps done, e.g. to re-apply pruning masks so that pruned weights stay exactly
   zero, or to rewind weights (Frankle & Carbin 2019).

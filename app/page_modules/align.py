@@ -10,7 +10,7 @@ import streamlit as st
 
 from app import figures, ui
 from app.views.probe import panel_curves, probe_rows, twin_toggle
-from workbench.results import decode_extra
+from workbench.store.results import decode_extra
 
 TITLE = "Alignment"
 # (task, metric) panels; the baselines drawn dashed in each are the ones the rows declare for it

@@ -23,10 +23,10 @@ import streamlit as st
 from app import data, figures, ui
 from app.axes import unit_axis
 from app.views.probe import twin_toggle
-from workbench.checkpoints import SEED_PREFIX, STEP_PREFIX
+from workbench.store.checkpoints import SEED_PREFIX, STEP_PREFIX
 from workbench.errors import ConfigError
 from workbench.families import FAMILIES
-from workbench.results import decode_extra
+from workbench.store.results import decode_extra
 
 TITLE = "Cloze (oLMpics)"
 TABLE_METRICS = ("zero_shot_acc", "nonsense_acc", "majority_acc", "random_acc")
@@ -144,7 +144,7 @@ def checkpoints_of(store, runs: pd.DataFrame) -> list[str]:
 def to_blank(sentence: str, mask_token: str | None) -> str:
     """The sentence with its one blank written as `<blank>` (typed as <blank>, [MASK], <mask>, ___ or
     the model's own mask token); ConfigError unless there is exactly one."""
-    from workbench.lm_scores import BLANK
+    from workbench.running.lm_scores import BLANK
 
     marks = [m for m in dict.fromkeys((*BLANK_MARKS, mask_token)) if m]
     text, n = sentence, 0
@@ -200,7 +200,7 @@ PLOTS = {"cloze_zero_shot": zero_shot_families}
 @st.cache_resource(max_entries=2, show_spinner="loading the model")
 def _scorer(path: str):
     from app import model_views
-    from workbench.lm_scores import lm_scorer
+    from workbench.running.lm_scores import lm_scorer
 
     return lm_scorer(model_views.load(path))
 
@@ -289,9 +289,9 @@ def render(store) -> None:
 
 def live_box(store, runs) -> None:
     """Type a sentence with one blank, pick a checkpoint the runs probed: top-k at the blank per
-    layer (workbench.logit_lens.blank_topk), tokens as the text a person reads (app.model_views.readable_lens)."""
+    layer (workbench.running.logit_lens.blank_topk), tokens as the text a person reads (app.model_views.readable_lens)."""
     from app.model_views import TOKEN_NOTE, readable_lens
-    from workbench.logit_lens import blank_topk
+    from workbench.running.logit_lens import blank_topk
 
     st.subheader("Live cloze box: top-k at the blank, layer by layer")
     paths = checkpoints_of(store, runs)

@@ -12,7 +12,7 @@ import streamlit as st
 from app import data, figures, ui
 from app.views.probe import panel_curves, probe_rows, twin_toggle
 from workbench.errors import ConfigError
-from workbench.results import decode_extra
+from workbench.store.results import decode_extra
 
 TITLE = "Coreference"
 # (task, metric) panels; the data-only baselines drawn in each are the ones the rows declare for it

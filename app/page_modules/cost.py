@@ -16,8 +16,8 @@ import pandas as pd
 
 from app import figures
 from app.axes import is_fraction, unit_axis
-from workbench.aggregate import aggregate
-from workbench.results import decode_extra
+from workbench.store.aggregate import aggregate
+from workbench.store.results import decode_extra
 
 TITLE = "Cost"
 MAKE = "bertology train experiments/train/bert_small.yaml"  # makes checkpoints, this page's rows
@@ -100,7 +100,7 @@ def best_scores(rows: pd.DataFrame, task: str | None, metric: str | None) -> pd.
     if sub.empty:
         return pd.DataFrame(columns=["model", "task", "metric", "score", "layer"])
     mean = aggregate(sub.assign(layer=sub["layer"].astype("Float64").fillna(-1)), over="seed",
-                     by=["model", "task", "metric", "layer"], interval="none")  # mean over seeds, workbench.aggregate
+                     by=["model", "task", "metric", "layer"], interval="none")  # mean over seeds, workbench.store.aggregate
     best = mean.loc[mean.groupby(["model", "task", "metric"], sort=False)["value"].idxmax()]
     best = best.assign(layer=best["layer"].where(best["layer"] >= 0, None))
     return best.rename(columns={"value": "score"})[["model", "task", "metric", "score", "layer"]].reset_index(drop=True)

@@ -1,4 +1,4 @@
-"""The distillation page (`bertology distill`, workbench/distill.py): what each student keeps of its
+"""The distillation page (`bertology distill`, workbench/drivers/distill.py): what each student keeps of its
 teacher at what size and speed (Hinton et al. 2015; Sanh et al. 2019), and where its layers sit in
 the teacher's: test accuracy against parameters and CPU latency (teacher included), the accuracy
 kept per point of the sweep, teacher and student probe curves overlaid (syntax runs over both), and
@@ -12,8 +12,8 @@ import pandas as pd
 
 from app import figures
 from app.axes import unit_axis
-from workbench.aggregate import aggregate
-from workbench.results import decode_extra
+from workbench.store.aggregate import aggregate
+from workbench.store.results import decode_extra
 
 TITLE = "Distillation"
 MAKE = "bertology distill experiments/distill/polarity_minilm_cpu.yaml"  # what makes this page's rows
@@ -23,7 +23,7 @@ def tradeoff_table(rows: pd.DataFrame) -> pd.DataFrame:
     """One line per model of a distill run: role, depth, init, T, alpha, test accuracy (mean over
     seeds, min and max), accuracy kept (% of the teacher), parameters, file bytes, latency."""
     out = []
-    # over seeds (`workbench.aggregate`): the test accuracy's mean and range, the accuracy kept's mean
+    # over seeds (`workbench.store.aggregate`): the test accuracy's mean and range, the accuracy kept's mean
     acc = _over_seeds(rows[(rows["metric"] == "accuracy") & (rows["split"] == "test")])
     kept = _over_seeds(rows[rows["metric"] == "accuracy_kept"])
     for model, g in rows.groupby("model", sort=False):
@@ -43,7 +43,7 @@ def tradeoff_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _over_seeds(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per model: mean over seeds with the min-max range (`workbench.aggregate`) and the number of rows."""
+    """Per model: mean over seeds with the min-max range (`workbench.store.aggregate`) and the number of rows."""
     out = aggregate(rows, over="seed", by=["model"], interval="minmax")
     return out.assign(rows=rows.groupby("model", sort=False).size().reindex(out["model"]).to_numpy()).set_index("model")
 
@@ -155,7 +155,7 @@ def layer_map_plot(rows: pd.DataFrame, title: str, options: dict) -> figures.Dra
 
 
 def pretraining_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """One line per model of a pretraining-distillation run (`workbench.distill_pretraining`, metric
+    """One line per model of a pretraining-distillation run (`workbench.drivers.distill_pretraining`, metric
     `heldout_mlm_loss`): role, depth, init, held-out masked-LM loss (mean over seeds, min, max), its
     gap to the teacher's loss on the same held-out batches, and parameters. DistilBERT (Sanh et al.
     2019) is judged by what its student keeps; here the loss gap is that measure before any task."""

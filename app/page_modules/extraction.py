@@ -10,8 +10,8 @@ import pandas as pd
 
 from app.axes import unit_axis
 from app.figures import Drawn, MissingData, tidy_rows
-from workbench.aggregate import aggregate
-from workbench.results import decode_extra
+from workbench.store.aggregate import aggregate
+from workbench.store.results import decode_extra
 
 TITLE = "Extraction"
 

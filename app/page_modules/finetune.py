@@ -1,4 +1,4 @@
-"""The fine-tuning page (`bertology finetune`, workbench/finetune.py): the dev curve per epoch with
+"""The fine-tuning page (`bertology finetune`, workbench/drivers/finetune.py): the dev curve per epoch with
 its spread over seeds, the test score of the best epoch with its 95% t-interval over seeds next to
 the baselines (majority; bag-of-words logistic regression, per-word majority tag, scored as spans
 for CoNLL-2002 NER), and the split the run recorded (ids per split, the members a membership
@@ -14,8 +14,8 @@ import pandas as pd
 
 from app import data, figures
 from app.axes import is_fraction, unit_axis
-from workbench.aggregate import aggregate
-from workbench.results import decode_extra
+from workbench.store.aggregate import aggregate
+from workbench.store.results import decode_extra
 
 TITLE = "Fine-tuning"
 MAKE = "bertology finetune experiments/finetune_polarity.yaml --checkpoint PATH_OR_HUB_NAME"  # this page's rows
@@ -51,7 +51,7 @@ def score_table(rows: pd.DataFrame, metric: str, split: str = "test") -> pd.Data
     for (task, model), g in sub.groupby(["task", "model"], sort=False):
         seeded = g[g["seed"].notna()]
         # a run's stored mean over seeds (runs written before rows were per-seed only), else the same
-        # statistic computed here from the per-seed rows (`workbench.aggregate`, Student-t 95%)
+        # statistic computed here from the per-seed rows (`workbench.store.aggregate`, Student-t 95%)
         agg = g[g["seed"].isna()]
         if agg.empty and len(seeded):
             agg = aggregate(seeded, over="seed", by=["task", "model"], interval="t")

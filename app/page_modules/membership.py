@@ -9,8 +9,8 @@ import streamlit as st
 
 from app import data, figures, ui
 from app.views.probe import probe_rows
-from workbench.checkpoints import STEP_PREFIX
-from workbench.results import decode_extra
+from workbench.store.checkpoints import STEP_PREFIX
+from workbench.store.results import decode_extra
 
 TITLE = "Membership"
 

@@ -11,8 +11,8 @@ import streamlit as st
 
 from app import figures, ui
 from app.axes import unit_axis
-from workbench.aggregate import aggregate
-from workbench.results import decode_extra
+from workbench.store.aggregate import aggregate
+from workbench.store.results import decode_extra
 
 TITLE = "Fine-tuning methods"
 MAKE = "bertology peft experiments/peft/minilm_polarity_cpu.yaml"  # what makes this page's rows
@@ -37,7 +37,7 @@ def method_table(rows: pd.DataFrame, split: str = "test") -> pd.DataFrame:
     total = [decode_extra(e).get("total_parameters") for e in acc["extra"]]
     acc = acc.assign(total=total)
     out = []
-    over = aggregate(acc, over="seed", by=["model", "method"], interval="minmax")  # workbench.aggregate
+    over = aggregate(acc, over="seed", by=["model", "method"], interval="minmax")  # workbench.store.aggregate
     for ((model, method), g), (_, a) in zip(acc.groupby(["model", "method"], sort=False), over.iterrows()):
         trainable = float(g["trainable"].astype(float).mean())
         out.append({"model": model, "method": method, "trainable": int(trainable),

@@ -1,4 +1,4 @@
-"""The compression page (`bertology prune`, workbench/compress/sweep.py): what survives pruning,
+"""The compression page (`bertology prune`, workbench/drivers/prune_sweep.py): what survives pruning,
 quantization and low rank.
 
 - task metric vs sparsity per method (IMP tickets, one-shot, random, reinit, and the pretraining
@@ -25,8 +25,8 @@ import pandas as pd
 from app.axes import clip, unit_axis
 from app.views.prune_heads import PLOTS as HEAD_PLOTS
 from app.views.prune_heads import render as render_heads
-from workbench.aggregate import aggregate
-from workbench.results import decode_extra
+from workbench.store.aggregate import aggregate
+from workbench.store.results import decode_extra
 
 TITLE = "Compression"
 PROBE = "prune"
@@ -52,8 +52,8 @@ def _aggregates(rows: pd.DataFrame, split: str, metric: str = "accuracy") -> pd.
 
 
 def _over_seeds(rows: pd.DataFrame, split: str, metric: str) -> pd.DataFrame:
-    """What `workbench.compress.sweep.build_rows` stores as seed-less rows, from the per-seed rows:
-    per (method, amount) the mean accuracy, its 95% t-interval and sd over seeds (`workbench.aggregate`);
+    """What `workbench.drivers.prune_sweep.build_rows` stores as seed-less rows, from the per-seed rows:
+    per (method, amount) the mean accuracy, its 95% t-interval and sd over seeds (`workbench.store.aggregate`);
     `wins` (Chen et al. 2020): 1.0 where a retrained method's mean is within one sd of the full model's."""
     seeded = _seeded(rows, split)
     seeded = seeded[seeded["amount"].notna()].assign(amount=lambda d: d["amount"].astype(float))

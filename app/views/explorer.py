@@ -3,8 +3,8 @@ sentence, and look inside. The runs root offers checkpoints only (`app.data.list
 folders with weights, config and tokenizer, newest first, a sweep's points named by their lineage
 with `app.data.checkpoint_label`), and the page opens on the newest one that loads. Then: attention heatmaps per layer and head, how each word's vector moves
 across layers, and the logit lens (top-k predictions for a blanked-out word at every layer, for every
-family with an LM head: `workbench.logit_lens.blank_topk`; T5/BART read the decoder, the encoder has none),
-and generation (`workbench.generate`: greedy, temperature, top-k, nucleus; seeded) for the families that generate."""
+family with an LM head: `workbench.running.logit_lens.blank_topk`; T5/BART read the decoder, the encoder has none),
+and generation (`workbench.running.generate`: greedy, temperature, top-k, nucleus; seeded) for the families that generate."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def vectors(handle, words) -> None:
 
 def lens(handle, words) -> None:
     """Top-k at a chosen word, replaced by a blank, at every layer (app.model_views.logit_lens, i.e.
-    workbench.logit_lens.blank_topk): every family with an LM head, or one line saying why there is none."""
+    workbench.running.logit_lens.blank_topk): every family with an LM head, or one line saying why there is none."""
     scorer, why = model_views.lens_scorer(handle)
     if why:
         st.info(why)

@@ -1,7 +1,7 @@
 """The surviving-heads matrix of head pruning (Michel et al. 2019; Prasanna et al. 2020): layer x
 head, one panel per order ("good", "random", "bad"), for one model and task.
 
-Reads the rows `workbench.compress.head_pruning.curve_rows` writes (probe "prune", metric "head_kept":
+Reads the rows `workbench.drivers.head_pruning.curve_rows` writes (probe "prune", metric "head_kept":
 value 1 where the head survives in the subnetwork at 90% of the full model's metric, `layer` =
 block + 1, `extra.head`). Over several seeds a cell is the share of seeds that keep the head, so
 heads every seed keeps stand out (Prasanna et al.'s observation: the surviving heads vary between
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from workbench.results import decode_extra
+from workbench.store.results import decode_extra
 
 ORDER_NAMES = ("good", "random", "bad")
 

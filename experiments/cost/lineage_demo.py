@@ -15,7 +15,7 @@ import torch
 
 from workbench.cost import checkpoint_cost, format_cost_table, lineage_chain
 from workbench.errors import cli_errors
-from workbench.models import ModelHandle
+from workbench.running.models import ModelHandle
 
 
 def magnitude_prune(model, fraction: float):

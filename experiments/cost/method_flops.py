@@ -1,7 +1,7 @@
 """What one fine-tuning step of each method computes, measured against the count (docs/cost.md,
 "Fine-tuning methods and distillation: what a step costs").
 
-For every method of `workbench.peft_methods.METHODS` but ELMo's: the classifier of a checkpoint (eager
+For every method of `workbench.running.peft_methods.METHODS` but ELMo's: the classifier of a checkpoint (eager
 attention, so every matmul is one torch op), the method attached and its parameter filter applied
 as the fine-tuning runner does, then one forward + backward of a batch of B x S tokens (no padding)
 under torch's FlopCounterMode. Printed beside it: the count `workbench.cost.finetune_flops` gives
@@ -27,11 +27,11 @@ def measure(checkpoint: str, method: str, batch: int, seq: int, labels: int = 2)
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForSequenceClassification
 
-    from workbench.checkpoints import resolve_checkpoint
+    from workbench.store.checkpoints import resolve_checkpoint
     from workbench.cost import finetune_flops, method_forward_flops
     from workbench.loop import apply_param_filter
     from workbench.hf_quiet import quiet_transformers
-    from workbench.peft_methods import attach
+    from workbench.running.peft_methods import attach
 
     torch.manual_seed(0)
     with quiet_transformers():
@@ -60,7 +60,7 @@ def measure(checkpoint: str, method: str, batch: int, seq: int, labels: int = 2)
 
 
 def main(argv=None) -> int:
-    from workbench.peft_methods import METHODS
+    from workbench.running.peft_methods import METHODS
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("checkpoint", nargs="?", default="sentence-transformers/all-MiniLM-L6-v2")

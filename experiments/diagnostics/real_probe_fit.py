@@ -34,7 +34,7 @@ def features(model: str, tag: str, out: Path) -> None:
     from probes.syntax.settings import SyntaxSettings
     from probes.syntax.tasks import encode_labels
     from workbench.activations import extract
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     out.mkdir(parents=True, exist_ok=True)
     d = SyntaxSettings()

@@ -20,8 +20,8 @@ import torch
 
 from probes.syntax import structural as st
 from probes.syntax.prepare import plan_splits
-from workbench.lm_scores import causal_start_id
-from workbench.models import ModelHandle
+from workbench.running.lm_scores import causal_start_id
+from workbench.running.models import ModelHandle
 
 LAYERS = [0, 2, 5, 10, 15, 20, 25, 30]
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

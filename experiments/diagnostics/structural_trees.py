@@ -25,7 +25,7 @@ import torch
 
 from probes.syntax import structural as st
 from probes.syntax.prepare import plan_splits
-from workbench.models import ModelHandle
+from workbench.running.models import ModelHandle
 
 LONG_CAP = 80  # the higher epoch cap (the probe's patience, 4 epochs without a better dev loss, still stops it)
 

@@ -31,7 +31,7 @@ tail -n 12 "$OUT"/distill_L*.txt
 python3 - <<'PY'
 import os
 import pandas as pd
-from workbench.results import ResultsStore
+from workbench.store.results import ResultsStore
 store = ResultsStore(os.environ["BERTOLOGY_RUNS"])
 ids = store.runs(probe="distill")["run_id"].tolist()
 rows = pd.concat([store.read(r).assign(run_id=r) for r in ids], ignore_index=True)

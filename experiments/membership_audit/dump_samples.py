@@ -2,7 +2,7 @@
 whichever code is on PYTHONPATH (main's or the worktree's): sampling is compared like for like."""
 import json, sys
 from probes import membership as mem
-from workbench.models import ModelHandle
+from workbench.running.models import ModelHandle
 
 ckpt, out = sys.argv[1], sys.argv[2]
 handle = ModelHandle.load(ckpt)

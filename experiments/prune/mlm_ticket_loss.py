@@ -1,10 +1,10 @@
 """Held-out masked-LM loss of the pretraining tickets against one-shot and random masks.
 
-The pretraining ticket (Chen et al. 2020, Sec. 5; `workbench.compress.pretraining_ticket`) is the
+The pretraining ticket (Chen et al. 2020, Sec. 5; `workbench.drivers.pretraining_ticket`) is the
 pretrained weights theta_0 times the mask IMP finds for the masked-LM loss. Before any task
 fine-tuning, how much of the pretrained model's masked-LM ability does each subnetwork keep? For
 each sparsity this evaluates, on the same fixed held-out batches of the checkpoint's own corpus
-(`workbench.train.evaluate_heldout`): theta_0 x the MLM-IMP mask, theta_0 x a one-shot global
+(`workbench.drivers.train.evaluate_heldout`): theta_0 x the MLM-IMP mask, theta_0 x a one-shot global
 magnitude mask of theta_0 (`magnitude_masks`), and theta_0 x a uniformly random mask of the same
 sparsity (`random_masks`), all without retraining; the unpruned model is the reference.
 
@@ -30,14 +30,14 @@ def main(argv=None) -> dict:
     import torch
 
     from workbench.compress.masks import apply_masks, mask_sparsity, sparsity
-    from workbench.compress.pretraining_ticket import (load_mlm_settings, mlm_tickets, pretraining_manifest,
+    from workbench.drivers.pretraining_ticket import (load_mlm_settings, mlm_tickets, pretraining_manifest,
                                                        round_config)
-    from workbench.compress.sweep import load_prune_config, mlm_sparsities
+    from workbench.drivers.prune_sweep import load_prune_config, mlm_sparsities
     from workbench.compress.unstructured import dense_layers, magnitude_masks, random_masks
     from workbench.families import get_family
-    from workbench.checkpoints import single_checkpoint
+    from workbench.store.checkpoints import single_checkpoint
     from workbench.io import atomic_write_json
-    from workbench.train import evaluate_heldout, prepare_data
+    from workbench.drivers.train import evaluate_heldout, prepare_data
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="the prune sweep config (its finetune: and mlm: sections)")

@@ -35,9 +35,9 @@ def main(argv=None) -> dict:
     import torch
 
     from workbench.compress.quantize import fake_quantize, quantized_layers
-    from workbench.compress.sweep import load_prune_config
+    from workbench.drivers.prune_sweep import load_prune_config
     from workbench.errors import ConfigError
-    from workbench.finetune import evaluate, load_classifier, prepare
+    from workbench.drivers.finetune import evaluate, load_classifier, prepare
     from workbench.io import atomic_write_json
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

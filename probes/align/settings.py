@@ -124,7 +124,7 @@ def target_side(unit: runner.Unit, settings: Settings):
     target = unit.roles.get("target")
     if target is None:
         return unit.handle, unit.model
-    from workbench.checkpoints import checkpoint_name
+    from workbench.store.checkpoints import checkpoint_name
 
     name = checkpoint_name(target.path)
     if not unit.is_twin:

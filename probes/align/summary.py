@@ -7,9 +7,9 @@ import pandas as pd
 
 from probes.core import runner
 from probes.core.rows import probe_schema
-from workbench.results import decode_extra
+from workbench.store.results import decode_extra
 
-# The `extra` of the align probe's rows (`probes.align.tasks`; checked when written, `workbench.rowschema`).
+# The `extra` of the align probe's rows (`probes.align.tasks`; checked when written, `workbench.store.rowschema`).
 EXTRA_SCHEMA = probe_schema("align", optional={
     "target_model": str, "target_layers": list, "dictionary_pairs": int, "src_vocab": int, "tgt_vocab": int,
     "retrieval": str, "train_pairs": int, "test_words": int, "seed_pairs": int, "induced_pairs": list,

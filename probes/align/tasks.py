@@ -259,7 +259,7 @@ def model_pair_task(unit, prepared, settings) -> list[pd.DataFrame]:
 
 def model_pair_matrices(results: list[runner.UnitResult], prepared, settings) -> list[pd.DataFrame]:
     """i x j CKA and Procrustes-retrieval matrices for every pair of models of the run."""
-    from workbench.results import validate_rows
+    from workbench.store.results import validate_rows
 
     if "model-pair" not in settings.tasks:
         return []
@@ -267,7 +267,7 @@ def model_pair_matrices(results: list[runner.UnitResult], prepared, settings) ->
     vecs = prepared.data["pair_vectors"]
     for model, stack, ck, is_twin in units:
         if (model, stack) not in vecs:  # a unit reused from an interrupted attempt: re-read its cached vectors
-            from workbench.models import ModelHandle
+            from workbench.running.models import ModelHandle
 
             h = ck.handle.with_dtype(settings.dtype) if ck.handle is not None else ModelHandle.load(ck.path, dtype=settings.dtype)
             if is_twin:

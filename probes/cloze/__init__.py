@@ -4,7 +4,7 @@ and layer by layer.
 For each task of `probes.cloze.tasks` (age, always-never, antonym, objects, taxonomy, multihop) and
 each model, on the test split:
 
-- zero-shot multiple choice with the family's own head (`workbench.lm_scores`: MC-MLM at the mask
+- zero-shot multiple choice with the family's own head (`workbench.running.lm_scores`: MC-MLM at the mask
   for masked LMs, PLL when a candidate is several pieces, flagged in `extra.methods`; the filled
   sentence's log-likelihood for causal LMs and ELMo; sentinel / infilling targets for T5 / BART;
   ELECTRA through its generator): `zero_shot_acc` with a bootstrap CI over items, next to

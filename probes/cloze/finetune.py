@@ -9,7 +9,7 @@ import torch
 
 from probes.cloze.scoring import contexts_of
 from workbench.errors import ConfigError
-from workbench.lm_scores import LMScorer, filled_items, mlm_head
+from workbench.running.lm_scores import LMScorer, filled_items, mlm_head
 from workbench.loop import (NO_HOOKS, TrainingHooks, adamw, apply_param_filter, evaluating, loss_terms, optimizer_step,
                             prepare_teacher)
 

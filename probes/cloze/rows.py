@@ -15,9 +15,9 @@ from probes.cloze.settings import FIXED_CHOICE_TASKS, Settings
 from probes.core import baselines, fitting, runner
 from probes.core.rows import probe_schema
 from workbench.errors import CheckpointError
-from workbench.lm_scores import LMScorer, lm_scorer
+from workbench.running.lm_scores import LMScorer, lm_scorer
 
-# The `extra` of the cloze probe's rows (checked when written, `workbench.rowschema`).
+# The `extra` of the cloze probe's rows (checked when written, `workbench.store.rowschema`).
 EXTRA_SCHEMA = probe_schema("cloze", optional={
     "methods": list, "items_with_multipiece_candidates": int, "head": str, "answer_counts": list, "scoring": str,
     "content_free_word": str, "domain_premise": str, "head_model": str, "train_size": int, "seeds": int, "steps": int,

@@ -42,9 +42,9 @@ import numpy as np
 
 from probes.cloze import tasks as ct
 from probes.core import statistics
-from workbench import logit_lens
+from workbench.running import logit_lens
 from workbench.errors import ConfigError
-from workbench.lm_scores import CandidateScores, LMScorer
+from workbench.running.lm_scores import CandidateScores, LMScorer
 
 SCORING = ("raw", "pmi")
 CONTENT_FREE_WORD = "N/A"  # Zhao et al. (2021)'s content-free input, for heads without a mask token of their own
@@ -143,7 +143,7 @@ def _check_scoring(scoring: str) -> None:
 
 def lens_scores(scorer: LMScorer, items, batch_size: int = 32, scoring: str = "raw") -> np.ndarray:
     """Candidate scores [L+1, N, K] of the items at every layer (the logit lens,
-    `workbench.logit_lens.candidate_scores`, the one implementation the app's explorer reads too);
+    `workbench.running.logit_lens.candidate_scores`, the one implementation the app's explorer reads too);
     with scoring "pmi", minus the same layer's scores in the content-free context, so the last
     layer is the zero-shot rule of the same name."""
     return lens_scores_rules(scorer, items, batch_size, (scoring,))[scoring]

@@ -8,7 +8,7 @@
   app and the figures draw any probe's baselines without a table of names.
 
 The randomly initialised twin is a derived model, not a function here:
-`ModelHandle.derive("random_init", ...)` (workbench/models.py).
+`ModelHandle.derive("random_init", ...)` (workbench/running/models.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def mark_baselines(rows, baselines: Mapping[str, str | tuple[str, str]]):
     reference for, e.g. majority for accuracy) on the rows of that metric. The app and the figures
     draw a row by this marker (app/data.py `row_kinds`), so a new probe's baselines need no app
     change. A row already marked keeps its marker (the runner marks every row of a random-init twin)."""
-    from workbench.results import decode_extra, to_json
+    from workbench.store.results import decode_extra, to_json
 
     rows = rows.copy()
     for metric, spec in baselines.items():

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from probes.core.statistics import ALPHA, percentile_interval
-from workbench.results import decode_extra
+from workbench.store.results import decode_extra
 
 BOOT_KEY = "boot"  # extra key of a per-layer row: the metric on each bootstrap resample
 BOOT_DECIMALS = 5

@@ -1,4 +1,4 @@
-"""Per-layer numbers as tidy rows of the results schema (`workbench.results.RESULT_COLUMNS`).
+"""Per-layer numbers as tidy rows of the results schema (`workbench.store.results.RESULT_COLUMNS`).
 
 `layer_rows` turns {metric: [L]} (with CIs, sample sizes and extra data) into validated rows; the
 runner's `Unit.rows` adds the model's name, family, seed, step and stack.
@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from workbench.errors import ConfigError
-from workbench.rowschema import RowSchema
+from workbench.store.rowschema import RowSchema
 
 # `extra` keys every probe's rows may carry, written by the shared machinery rather than the probe:
 # a baseline row's declaration (`baselines.mark_baselines`, the runner's random-init twins), the
@@ -23,7 +23,7 @@ def probe_schema(probe: str, kind: str = "rows", *, required: Mapping[str, Any] 
                  optional: Mapping[str, Any] | None = None) -> RowSchema:
     """Declare (register) the `extra` of one kind of a probe's rows, `COMMON_EXTRA` allowed on every
     one: the results store then refuses a row with an undeclared key or a wrong type when it is
-    written (`workbench.rowschema`)."""
+    written (`workbench.store.rowschema`)."""
     required = dict(required or {})
     return RowSchema(probe, kind, required=required,
                      optional={**{k: v for k, v in COMMON_EXTRA.items() if k not in required}, **(optional or {})})
@@ -45,12 +45,12 @@ def layer_rows(
     seed: int | None = None,
     step: int | None = None,
 ):
-    """Per-layer metrics -> a DataFrame in the results schema (`workbench.results.RESULT_COLUMNS`).
+    """Per-layer metrics -> a DataFrame in the results schema (`workbench.store.results.RESULT_COLUMNS`).
 
     metrics: {"accuracy": [L], "selectivity": [L], ...}; ci: {"accuracy": (low [L], high [L])};
     extra: one dict for all rows or one per layer. Rows are validated by the results store.
     """
-    from workbench.results import validate_rows
+    from workbench.store.results import validate_rows
 
     lengths = {len(np.atleast_1d(v)) for v in metrics.values()}
     if len(lengths) != 1:

@@ -17,7 +17,7 @@ specific to it (in the spirit of structural-probes' one-concern modules and nano
 
 What the runner does, in order, so that bad input fails before any expensive work:
 1. settings are coerced and validated (`Settings.validate`), then every checkpoint is resolved
-   (folders, training folders, Hub names in the local cache: `workbench.checkpoints`) and its
+   (folders, training folders, Hub names in the local cache: `workbench.store.checkpoints`) and its
    stacks checked against `settings.stack` from its config.json alone; so is every checkpoint a
    role's setting names (`Role`);
 2. `prepare` loads the data once;
@@ -33,7 +33,7 @@ What the runner does, in order, so that bad input fails before any expensive wor
    per training folder: the steps of one run share config, tokenizer and seed, hence one twin
    (same weight hash), and its rows are copied to the other steps rather than recomputed;
 4. for each (model, stack, task) a *unit*: reused from `<runs root>/partials/` when an interrupted
-   attempt finished it (`workbench.results.FinishedUnits`), else computed and saved at once;
+   attempt finished it (`workbench.store.results.FinishedUnits`), else computed and saved at once;
 5. the optional `finish` hook sees every unit's result (cross-model comparisons), notes and
    timings are written, the run is published and the partials are removed.
 
@@ -60,10 +60,10 @@ import pandas as pd
 
 from probes.core.statistics import N_BOOT
 from workbench.activations import CACHE_DTYPES
-from workbench.checkpoints import Checkpoint, expand_checkpoints
+from workbench.store.checkpoints import Checkpoint, expand_checkpoints
 from workbench.coerce import build_dataclass, coerce_value
 from workbench.errors import CheckpointError, ConfigError, DataFormatError, yaml_problem
-from workbench.identity import weights_hash
+from workbench.store.identity import weights_hash
 from workbench.io import read_yaml
 from workbench.precision import COMPUTE_DTYPES, resolve_compute_dtype
 from workbench.progress import get_logger, progress
@@ -202,7 +202,7 @@ class RoleCheckpoint:
     """A checkpoint of a `lazy` role: resolved and hashed by the runner, loaded by the probe (`load`)."""
 
     checkpoint: Checkpoint
-    checkpoint_hash: str  # `workbench.identity.weights_hash`: what a loaded handle's hash would be
+    checkpoint_hash: str  # `workbench.store.identity.weights_hash`: what a loaded handle's hash would be
 
     @property
     def name(self) -> str:
@@ -457,7 +457,7 @@ def checkpoint_stacks(ck: Checkpoint) -> tuple[str, ...] | None:
         return tuple(ck.handle.stacks)
     if ck.path is None or not (ck.path / "config.json").is_file():
         return None
-    from workbench.models import CAUSAL_MODEL_TYPES
+    from workbench.running.models import CAUSAL_MODEL_TYPES
 
     try:
         cfg = json.loads((ck.path / "config.json").read_text(encoding="utf-8"))
@@ -490,7 +490,7 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store,
          roles: Mapping[str, list[Checkpoint]] | None = None) -> tuple[str, pd.DataFrame]:
     import torch
 
-    from workbench.results import FinishedUnits, ResultsStore
+    from workbench.store.results import FinishedUnits, ResultsStore
 
     t_start = time.perf_counter()
     prepared = spec.prepare(settings)
@@ -631,8 +631,8 @@ def _checkpoint_record(ck: Checkpoint):
             return ck.handle
         return {"path": None, "sha256": ck.handle.checkpoint_hash, "family": ck.handle.family,
                 "derived_from": lineage.record(), "lineage": lineage.describe()}
-    from workbench.checkpoints import read_manifest
-    from workbench.models import Lineage
+    from workbench.store.checkpoints import read_manifest
+    from workbench.running.models import Lineage
 
     derived = (read_manifest(ck.path) or {}).get("derived_from") if ck.path is not None else None
     if derived is None:
@@ -647,7 +647,7 @@ def _role_record(ck: Checkpoint, handle) -> dict[str, Any]:
 
 
 def _load_handle(ck: Checkpoint):
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
 
     return ModelHandle.load(ck.path)
 
@@ -727,7 +727,7 @@ def cli_main(name: str, argv: Sequence[str] | None = None,
 
     from probes import get_probe
     from workbench.paths import CACHE_ENV
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     spec = get_probe(name)
     parser, apply = build_parser(spec)

@@ -6,9 +6,9 @@ import pandas as pd
 
 from probes.core import runner
 from probes.core.rows import probe_schema
-from workbench.results import decode_extra
+from workbench.store.results import decode_extra
 
-# The `extra` of the coref probe's rows (`probes.coref.tasks`; checked when written, `workbench.rowschema`).
+# The `extra` of the coref probe's rows (`probes.coref.tasks`; checked when written, `workbench.store.rowschema`).
 EXTRA_SCHEMA = probe_schema("coref", optional={
     "k": int, "span": str, "pooling": str, "n_train": int, "positive_rate": float, "pair_features": str,
     "probe_seed": int, "num_classes": int, "features": str, "train": str, "stop": str, "paper_parallelism_f1": float,

@@ -441,7 +441,7 @@ def _gap_cloze(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
         unit.notes.setdefault("gap_cloze", {})[unit.key] = "LM head not trained (missing from the checkpoint): skipped"
         return []
     from workbench.errors import CheckpointError
-    from workbench.lm_scores import lm_scorer
+    from workbench.running.lm_scores import lm_scorer
 
     try:
         scorer = lm_scorer(handle)

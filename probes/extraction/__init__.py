@@ -8,7 +8,7 @@ and indexed by `workbench.verbatim.NgramIndex` (hashed k-token windows, hits ver
 
 Tasks (each reads like a method section; rows are whole-model, layer NA):
 - `samples` (Carlini et al. 2021, "Extracting Training Data from Large Language Models"): `n_samples`
-  continuations of `max_new_tokens` tokens are sampled (`workbench.generate`, top-k 40 by default as in
+  continuations of `max_new_tokens` tokens are sampled (`workbench.running.generate`, top-k 40 by default as in
   the paper) from each prompt source: `empty` (the start token alone), `train` and `heldout` (the
   first `prompt_tokens` tokens of a random window of that split's stream). Each generation is ranked
   by the paper's membership metrics, higher = more likely memorised: `perplexity` (-log-perplexity),
@@ -128,7 +128,7 @@ class Settings(runner.Settings):
             raise ConfigError(f"extraction: device {self.device!r} asked for, but torch sees no CUDA device")
 
     def sampling(self, seed: int, greedy: bool = False, max_new_tokens: int | None = None):
-        from workbench.generate import Sampling
+        from workbench.running.generate import Sampling
 
         return Sampling(strategy="greedy" if greedy else "sample", temperature=self.temperature, top_k=self.top_k,
                         top_p=self.top_p, max_new_tokens=max_new_tokens or self.max_new_tokens, seed=seed,
@@ -143,12 +143,12 @@ def prepare(settings: Settings) -> runner.Prepared:
 
 def check(checkpoints, settings: Settings) -> None:
     """Before any work (tokenising the corpus, generating): every checkpoint records the corpus it
-    trained on, has a head that generates (`workbench.generate.generator_head`, one load each; for
+    trained on, has a head that generates (`workbench.running.generate.generator_head`, one load each; for
     `k_extraction` one that continues its prompt), and, for `exposure`, was trained with canaries
     (the corpus recipe carries the spec)."""
-    from workbench.checkpoints import read_manifest
-    from workbench.generate import generator_head
-    from workbench.models import ModelHandle
+    from workbench.store.checkpoints import read_manifest
+    from workbench.running.generate import generator_head
+    from workbench.running.models import ModelHandle
 
     for ck in checkpoints:
         manifest = read_manifest(ck.path) if ck.path is not None else None
@@ -178,7 +178,7 @@ class Streams:
 def streams_for(unit, prepared, settings: Settings) -> Streams:
     from probes.membership import corpus_of
     from workbench.data_cache import TokenizedCorpus
-    from workbench.identity import tokenizer_hash
+    from workbench.store.identity import tokenizer_hash
     from workbench.verbatim import NgramIndex
 
     if unit.checkpoint.path is None:
@@ -233,12 +233,12 @@ def ranking_scores(handle, texts: list[str], rankings, batch_size: int, referenc
 
 
 def scored_texts(handle, g, scored_text: str = "sequence") -> list[str]:
-    """The text each ranking scores for a generation `g` (`workbench.generate.Generation`).
+    """The text each ranking scores for a generation `g` (`workbench.running.generate.Generation`).
 
     `sequence` (Carlini et al. 2021: perplexity, zlib, lowercase and the reference ratio are computed
     on the whole sample, prompt included): the prompt's tokens followed by the continuation's, decoded
     together, special tokens (the start token, a document separator inside a training prompt) dropped,
-    the continuation cut at its first end-of-sequence token as `workbench.generate.decode` cuts it. An
+    the continuation cut at its first end-of-sequence token as `workbench.running.generate.decode` cuts it. An
     empty prompt (the start token alone) gives the continuation's text. A seq2seq generation keeps its
     continuation: the decoder's output is a new sequence, not a continuation of the encoder's input.
     `continuation`: the new tokens alone (`g.texts`)."""
@@ -271,7 +271,7 @@ def _prompt_windows(stream: np.ndarray, n: int, length: int, seed: int) -> np.nd
 
 
 def samples_rows(unit, prepared, settings: Settings) -> list[pd.DataFrame]:
-    from workbench.generate import generate
+    from workbench.running.generate import generate
 
     st = streams_for(unit, prepared, settings)
     ref = unit.roles.get("reference")
@@ -331,7 +331,7 @@ def duplicate_windows(index, buckets=REPETITION_BUCKETS, per_bucket: int = 100, 
 
 
 def k_extraction_rows(unit, prepared, settings: Settings) -> list[pd.DataFrame]:
-    from workbench.generate import generate
+    from workbench.running.generate import generate
     from workbench.verbatim import NgramIndex
 
     st = streams_for(unit, prepared, settings)
@@ -401,7 +401,7 @@ def _secret_logps(handle, template: str, secrets: list[str], batch_size: int) ->
     reconstructs its input, T5's span corruption does not, so for T5 it is a likelihood reading,
     not its training loss)."""
     from workbench.data.canaries import render
-    from workbench.lm_scores import lm_scorer
+    from workbench.running.lm_scores import lm_scorer
 
     scorer = lm_scorer(handle)
     texts = [render(template, s) for s in secrets]
@@ -412,7 +412,7 @@ def _secret_logps(handle, template: str, secrets: list[str], batch_size: int) ->
 
 def exposure_rows(unit, prepared, settings: Settings) -> list[pd.DataFrame]:
     from workbench.data.canaries import prefix_of, recorded_canaries
-    from workbench.generate import generate
+    from workbench.running.generate import generate
 
     st = streams_for(unit, prepared, settings)
     canaries = recorded_canaries(st.corpus.manifest)
@@ -453,7 +453,7 @@ def exposure_rows(unit, prepared, settings: Settings) -> list[pd.DataFrame]:
 def on_device(handle, device: str):
     """The handle with its model on `device` ("auto": cuda when available). Execution only: the weights,
     and so the checkpoint hash and the rows' identity, are unchanged; sampling draws on the CPU
-    generator (`workbench.generate`), so a seed picks the same tokens wherever the logits agree."""
+    generator (`workbench.running.generate`), so a seed picks the same tokens wherever the logits agree."""
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     if handle.device != dev:
         handle.model.to(dev)
@@ -474,7 +474,7 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
 
 
 def _extra(row) -> dict:
-    from workbench.results import decode_extra
+    from workbench.store.results import decode_extra
 
     return decode_extra(row.get("extra"))
 

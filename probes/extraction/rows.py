@@ -1,5 +1,5 @@
 """The `extra` of the extraction probe's rows (`probes.extraction`), declared for the results store,
-which refuses a row with an undeclared key or a wrong type when it is written (`workbench.rowschema`)."""
+which refuses a row with an undeclared key or a wrong type when it is written (`workbench.store.rowschema`)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Ground truth comes from manifests only, never guessed (what no web-scale study h
   `corpus` evaluates against another corpus folder instead (the null experiment: a model trained
   on neither split must sit at AUC 0.5).
 - `finetune`: a checkpoint of `bertology finetune`; members are the training examples it saw,
-  non-members every other example of the task (`workbench.finetune.members`).
+  non-members every other example of the task (`workbench.drivers.finetune.members`).
 A document id in both splits is an error (a planted overlap is caught); a text that occurs in both
 splits under different ids is dropped from both (its label is ambiguous) and counted.
 Members and non-members are then drawn in equal numbers (`n_examples` each) with identical
@@ -23,7 +23,7 @@ groups: at most c passages of any document, c the smallest cap that fills the sa
 the distinct documents per group (`documents`). Passages of one document are not independent: every CI resamples documents (`probes.core.statistics.auc_bootstrap`
 with the documents as units; fine-tuning: an example is its own unit).
 
-Per-example likelihood with each family's own head (`workbench.lm_scores`): causal NLL (GPT), forward +
+Per-example likelihood with each family's own head (`workbench.running.lm_scores`): causal NLL (GPT), forward +
 backward LM (ELMo), masked LMs by their full pseudo-log-likelihood (batched, Salazar et al. 2020),
 ELECTRA through its generator (PLL, default) or, with `electra_head="discriminator"`, through its
 discriminator's replaced-token probabilities: per content token of the UNMODIFIED text,
@@ -48,7 +48,7 @@ baseline, and a model-free control on the same split (TF-IDF + logistic regressi
 
 `reference_diff` (Watson et al. 2022) and `reference_ratio` (Carlini et al. 2021) need a reference
 checkpoint trained on disjoint data (`reference` is reference_diff's old name);
-`lira` needs a shadow set (`workbench.shadows`): the target's examples are looked up in each
+`lira` needs a shadow set (`workbench.drivers.shadows`): the target's examples are looked up in each
 shadow model's own manifest (IN = its train split, OUT = its held-out split; fine-tuned shadows:
 IN = the examples it trained on, OUT = the rest of its splits.json); shadows from the target's own
 training run are left out (per unit); the shadows are the runner's lazy `shadows` role

@@ -99,7 +99,7 @@ def _sample(chosen_m, chosen_n, info, labelled: bool) -> Sample:
 def corpus_of(checkpoint: str | Path):
     """(CorpusSplit, manifest path) the checkpoint's manifest names as its training corpus; rebuilt
     from the data root by its recorded recipe when the folder is not found (`checkpoint_corpus`)."""
-    from workbench.checkpoints import read_manifest
+    from workbench.store.checkpoints import read_manifest
     from workbench.data.corpus import checkpoint_corpus
 
     m = read_manifest(checkpoint)
@@ -144,8 +144,8 @@ def finetune_sample(checkpoint, n_examples: int | None = 1000, seed: int = 0, le
                     within: list[str] | None = None) -> tuple[Sample, object]:
     """Members = the examples the fine-tuned checkpoint trained on, non-members the task's others;
     `within`: only these example ids (LiRA: a shadow set's pool, the examples its shadows cover)."""
-    from workbench.checkpoints import read_manifest
-    from workbench.finetune import load_finetune_config, load_task, members
+    from workbench.store.checkpoints import read_manifest
+    from workbench.drivers.finetune import load_finetune_config, load_task, members
 
     mem_ids, non_ids = members(checkpoint)
     check_disjoint(mem_ids, non_ids, f"{checkpoint} (fine-tuning splits)")

@@ -26,7 +26,7 @@ class Stats:
 
 def scored_by(handle, electra_head: str = "generator") -> str:
     """What scores a model's texts: the LM kind, and for ELECTRA which of its two heads."""
-    from workbench.lm_scores import is_electra, lm_scorer
+    from workbench.running.lm_scores import is_electra, lm_scorer
 
     kind = lm_scorer(handle, electra_head if is_electra(handle) else "generator").kind
     return f"{kind} ({electra_head})" if is_electra(handle) else kind
@@ -36,7 +36,7 @@ def lm_stats(handle, texts: list[str], batch_size: int, moments: bool = True, pr
              electra_head: str = "generator") -> Stats:
     """The family's own likelihood of each text (see the module docstring); `electra_head` picks
     ELECTRA's generator or discriminator and is ignored for other families (`scored_by` says which)."""
-    from workbench.lm_scores import is_electra, lm_scorer
+    from workbench.running.lm_scores import is_electra, lm_scorer
 
     scorer = lm_scorer(handle, electra_head if is_electra(handle) else "generator")
     if scorer.kind == "seq2seq":
@@ -51,8 +51,8 @@ def lm_stats(handle, texts: list[str], batch_size: int, moments: bool = True, pr
 
 def classifier_stats(checkpoint, handle, data, sample: Sample, batch_size: int) -> Stats:
     """Cross-entropy on the true label and Carlini et al.'s logit-scaled confidence of a fine-tuned classifier."""
-    from workbench.checkpoints import read_manifest
-    from workbench.finetune import (
+    from workbench.store.checkpoints import read_manifest
+    from workbench.drivers.finetune import (
         collate,
         encode,
         load_classifier,

@@ -33,7 +33,7 @@ class Settings(runner.Settings):
     mink_ratios: tuple[float, ...] = field(default=ma.MINK_RATIOS, metadata={"help": "Min-K and Min-K++ fractions of the lowest-scored tokens"})
     reference: str | None = field(default=None, metadata={
         "help": "reference checkpoint trained on data disjoint from the target's (reference attack)"})
-    shadows: str | None = field(default=None, metadata={"help": "shadow-set folder (workbench.shadows) for LiRA"})
+    shadows: str | None = field(default=None, metadata={"help": "shadow-set folder (workbench.drivers.shadows) for LiRA"})
     fix_variance: bool = field(default=False, metadata={"help": "LiRA: one global deviation instead of per example"})
     equal_counts: bool | None = field(default=None, metadata={
         "help": "LiRA: thin shadows to equal IN and OUT counts per example (see docs/membership.md: a target "

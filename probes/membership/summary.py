@@ -10,7 +10,7 @@ from probes.core import runner
 from probes.core.rows import probe_schema
 from probes.membership.settings import CONTROL_TASK
 
-# The `extra` of the membership probe's rows (`probes.membership.tasks`; checked when written, `workbench.rowschema`).
+# The `extra` of the membership probe's rows (`probes.membership.tasks`; checked when written, `workbench.store.rowschema`).
 EXTRA_SCHEMA = probe_schema("membership", optional={
     "attack": str, "setting": str, "n_members": int, "n_nonmembers": int, "documents": dict, "ci_units": str,
     "scored_by": str | None, "roc_fpr": list, "roc_tpr": list, "sign": str, "fpr": float, "fp_allowed": int,

@@ -35,7 +35,7 @@ def _sample_for(unit, prepared, settings: Settings) -> Sample:
             memo[key] = finetune_sample(path, settings.n_examples, settings.seed, settings.length_bin, within=pool)
         sample, _ = memo[key]
     else:
-        from workbench.checkpoints import read_manifest
+        from workbench.store.checkpoints import read_manifest
 
         m = read_manifest(path) or {}
         window = unit.handle.max_length
@@ -67,7 +67,7 @@ def _finetune_key(checkpoint) -> tuple[str, str]:
 def loaded_shadow_set(prepared, settings: Settings):
     """LiRA's shadow set (`settings.shadows`), loaded once per run and set (finetune: its pool bounds
     the sample; its models give the shadow matrix); its kind must match the setting."""
-    from workbench.shadows import ShadowSet
+    from workbench.drivers.shadows import ShadowSet
 
     sets = prepared.data.setdefault("shadow_sets", {})
     if settings.shadows not in sets:
@@ -88,8 +88,8 @@ def shadow_checkpoints(settings: Settings) -> list[Path]:
     resolves and hashes them into each unit's resume key, `shadow_matrix` loads them one at a time):
     each model's recorded checkpoint and, for fine-tuned shadows, every step folder of its run
     (`_at_epoch` picks the one at the target's epoch, which depends on the unit)."""
-    from workbench.checkpoints import list_steps
-    from workbench.shadows import ShadowSet
+    from workbench.store.checkpoints import list_steps
+    from workbench.drivers.shadows import ShadowSet
 
     sset = _of_the_setting(ShadowSet.load(settings.shadows), settings)
     out = []
@@ -132,7 +132,7 @@ def reference_stats(unit, sample: Sample, prepared, settings: Settings) -> Stats
 
 def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Settings, data=None, shadows=None):
     """[n, S] shadow statistics phi and IN/OUT masks from each shadow's own manifest (pretrain: its
-    corpus split; finetune: its splits.json, `workbench.finetune.members`); shadows from the
+    corpus split; finetune: its splits.json, `workbench.drivers.finetune.members`); shadows from the
     target's training run are left out. `data`: the task (finetune). `shadows`: the runner's
     `shadows` role (`runner.RoleCheckpoint`s, hashed into the resume key), from which each shadow
     is loaded when it is read and let go after (resolved here the runner's way when not given).
@@ -156,7 +156,7 @@ def shadow_matrix(sample: Sample, target_path: Path, prepared, settings: Setting
             raise RuntimeError(f"{ck}: a shadow the runner's shadows role did not resolve (so not in the resume key)")
         h = resolved[ck.resolve()].load()
         if settings.setting == "finetune":
-            from workbench.finetune import members
+            from workbench.drivers.finetune import members
 
             mem_ids, non_ids = (set(x) for x in members(ck))
             st = classifier_stats(ck, h, data, sample, settings.batch_size)
@@ -187,7 +187,7 @@ def target_in_shadow_set(target_path, sset) -> bool:
 
 
 def _finetune_epoch(checkpoint) -> int | None:
-    from workbench.checkpoints import read_manifest
+    from workbench.store.checkpoints import read_manifest
 
     return (read_manifest(checkpoint) or {}).get("epoch")
 
@@ -196,7 +196,7 @@ def _at_epoch(checkpoint: Path, epoch: int) -> Path:
     """A fine-tuned shadow at the target's epoch: the step folder of its seed run saved at that epoch
     (`keep_epoch_checkpoints`, which `use: last` sets), so that a sweep over the target's epochs
     compares it with shadows trained as long; the recorded checkpoint when the run kept none."""
-    from workbench.checkpoints import list_steps
+    from workbench.store.checkpoints import list_steps
 
     if _finetune_epoch(checkpoint) == epoch:
         return checkpoint

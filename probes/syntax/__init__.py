@@ -35,7 +35,7 @@ A treebank without the requested splits is resolved: es_gsd (dev + test only) tr
 evaluates on test; PUD (test only) and any `train_split == eval_split` are split by sentence
 (seeded, `holdout_fraction` for eval). What was used is in the manifest (`notes.splits`).
 
-Rows (`workbench.results.RESULT_COLUMNS`): probe="syntax", task in TASKS, split = the eval split
+Rows (`workbench.store.results.RESULT_COLUMNS`): probe="syntax", task in TASKS, split = the eval split
 (scalar-mix rows: "<train_split>:stop", the stopping set they are scored on), stack, layer (0 =
 embeddings), model = checkpoint name ("<name> (random init)" for the twin, extra.baseline =
 "random_init"), family/seed/step from the checkpoint's manifest.json (None without one), n = eval
@@ -59,7 +59,7 @@ hashes (twins: `notes.random_init_twins`), the extraction counts per model and s
 mapped to no subword), pair counts (`notes.pairs`) and per-stage timings (`notes.timings_s`).
 
 Resuming: each finished (model, stack, task) is saved under `<runs root>/partials/` as it
-completes (`workbench.results.FinishedUnits`); rerunning the same command after a crash or Ctrl-C
+completes (`workbench.store.results.FinishedUnits`); rerunning the same command after a crash or Ctrl-C
 reuses those units (listed in `notes.reused_units`) and extracts nothing new (activation cache), so
 only the missing work is done. The saved units are removed when the run is published.
 

@@ -10,7 +10,7 @@ from probes.core import runner
 from probes.core.rows import probe_schema
 from probes.syntax.settings import NAME
 
-# The `extra` of the syntax probe's rows (`probes.syntax.tasks`; checked when written, `workbench.rowschema`).
+# The `extra` of the syntax probe's rows (`probes.syntax.tasks`; checked when written, `workbench.store.rowschema`).
 EXTRA_SCHEMA = probe_schema(NAME, optional={
     "treebank": str, "train_split": str, "pooling": str, "probe_seed": int, "n_train": int, "num_classes": int,
     "unseen_eval_labels": int, "pair_features": str, "classifier": str, "uniform_codelength": float,

@@ -9,8 +9,8 @@
   quantization on CPU for latency and size.
 - `lowrank`: truncated SVD of each block matrix (rank-r product in the same shapes, or two smaller
   Linear layers) and the sparsity with the same parameter count.
-- `heads`: head and MLP importance, masking and physical slicing (Michel et al. 2019; Prasanna et
-  al. 2020).
-- `sweep`: `bertology prune CONFIG.yaml`, the grid method x amount x seed over a fine-tuned
-  classifier, every point a derived checkpoint, rows in the results store.
+The drivers built on these primitives live in `workbench.drivers`: `head_pruning` (head and MLP
+importance, masking and physical slicing; Michel et al. 2019, Prasanna et al. 2020), `prune_sweep`
+(`bertology prune CONFIG.yaml`, the grid method x amount x seed over a fine-tuned classifier, every
+point a derived checkpoint), `pretraining_ticket`.
 """

@@ -1,7 +1,7 @@
 """Pruning masks: which weights of a model are kept, as {parameter name: bool tensor} (True = kept).
 
 One representation for every pruning method of the workbench (unstructured tickets here, head and
-MLP masks in `workbench.compress.head_pruning`), so that a mask is saved, hashed, counted and re-applied
+MLP masks in `workbench.drivers.head_pruning`), so that a mask is saved, hashed, counted and re-applied
 the same way whatever made it:
 
 - `save_masks(folder, masks)` writes `masks.safetensors` beside a checkpoint (`MASKS_FILE`);

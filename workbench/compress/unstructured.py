@@ -19,7 +19,7 @@ BERT Networks" (after Frankle & Carbin 2019):
   previous mask; the survivors are then rewound to the pretrained weights (or to an early
   fine-tuning step, Frankle et al. 2020, "Linear Mode Connectivity and the Lottery Ticket
   Hypothesis") and trained again with a fresh optimizer (the loop itself is in
-  `workbench.compress.sweep`, on `workbench.finetune`'s training with a `keep_masked` hook);
+  `workbench.drivers.prune_sweep`, on `workbench.drivers.finetune`'s training with a `keep_masked` hook);
 - the comparisons (Chen et al. Sec. 3): one-shot magnitude pruning to the target sparsity,
   random pruning (`random_masks`, same sparsity), and the ticket's mask on re-initialised weights.
 """

@@ -71,7 +71,7 @@ def text_counts(docs: list[Document]) -> dict[str, int]:
 
 
 # The split method texts of `build_corpus`: a corpus manifest with one can be rebuilt from the data
-# root by its recipe; shadow-set corpora (workbench.shadows) record other methods.
+# root by its recipe; shadow-set corpora (workbench.drivers.shadows) record other methods.
 _RECIPE_1_METHOD = ("per source: permutation by numpy default_rng([seed, crc32(source)]); "
                     "first round(fraction * n) held out")
 _RECIPE_2_METHOD = ("per source, and per file of a source in block_lines (its files cut into blocks of that many "
@@ -194,7 +194,7 @@ def build_corpus(
 def write_corpus(out_dir: str | Path, splits: dict[str, list[Document]], manifest: dict) -> CorpusSplit:
     """Write a corpus folder: one `<split>.jsonl` per split ({"doc_id", "source", "text"} per line)
     and `manifest.json`, atomically; returns it loaded. `build_corpus` and the shadow sets of
-    `workbench.shadows` both write through here, so every corpus folder has one format."""
+    `workbench.drivers.shadows` both write through here, so every corpus folder has one format."""
     out_dir = Path(out_dir)
     with atomic_dir(out_dir) as tmp:
         for name, docs in splits.items():

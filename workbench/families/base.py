@@ -1,7 +1,7 @@
 """What every model family tells the training loop: `FamilySpec`, plus small shared helpers.
 
 A family module (`workbench/families/<name>.py`) defines `FAMILY = FamilySpec(...)`. The one
-training loop (`workbench/train.py`) only ever talks to a family through this spec:
+training loop (`workbench/drivers/train.py`) only ever talks to a family through this spec:
 
 - `tokenizer_kind` + `special_tokens` (+ optional `special_roles`, `template`): how
   `workbench.tokenization` trains and wraps the tokenizer on the corpus' train split;

@@ -315,7 +315,7 @@ class BertPretrainer(PretrainingWrapper):
             terms["nsp"] = nsp.detach()
             terms["nsp_acc"] = (logits.argmax(-1) == next_sentence_label).float().mean().detach()
             loss = loss + nsp
-        # what a distillation loss reads (workbench.distill_pretraining): the logits at the masked
+        # what a distillation loss reads (workbench.drivers.distill_pretraining): the logits at the masked
         # positions, the last hidden states and the MLM head (for logits at every other position)
         return PretrainingOutput(loss=loss, loss_terms=terms, extra={"logits": logits, "hidden": out.last_hidden_state,
                                                                     "mlm_head": self.model.cls.predictions})

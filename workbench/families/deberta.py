@@ -40,7 +40,7 @@ from workbench.families.bert import (
     objective_options,
     truncate_pair_example,
 )
-from workbench.lm_scores import deberta_mlm_logits
+from workbench.running.lm_scores import deberta_mlm_logits
 from workbench.objectives.mlm import IGNORE_INDEX
 
 # Relative attention as in DeBERTa-v3 (shared key projections, log buckets, layer-normed
@@ -100,7 +100,7 @@ class DebertaPretrainer(PretrainingWrapper):
         logits = masked_lm_logits(head, hidden, labels)
         mlm = F.cross_entropy(logits.float(), labels[labels != IGNORE_INDEX])
         # the logits at the masked positions, the last hidden states and the MLM head ride along for
-        # a distillation loss (workbench.distill_pretraining)
+        # a distillation loss (workbench.drivers.distill_pretraining)
         return PretrainingOutput(loss=mlm, loss_terms={"mlm": mlm.detach()},
                                  extra={"logits": logits, "hidden": hidden, "mlm_head": head})
 

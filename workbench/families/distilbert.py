@@ -3,7 +3,7 @@ only, no token types, no pooler; presets tiny/small/base of BERT's shapes) and t
 BERT into it.
 
 `bertology train --family distilbert` trains one from scratch like any family. Pretraining
-distillation (`workbench.distill_pretraining`) trains a BERT teacher's student AS this family: the
+distillation (`workbench.drivers.distill_pretraining`) trains a BERT teacher's student AS this family: the
 student is built here and initialised with `bert_to_distilbert` of the teacher's chosen layers, so
 what it saves is a plain `DistilBertForMaskedLM` checkpoint with its manifest, no conversion after.
 
@@ -13,7 +13,7 @@ single-segment input, and DistilBERT has no such table, so that vector is added 
 the position embeddings. For inputs of one segment (token_type_ids all 0, as DistilBERT reads
 them) the converted model computes the same logits as the BERT it came from (tests check it).
 Reading a DistilBERT checkpoint (`ModelHandle`, `finetune` pooling "first") goes through the
-`distilbert` entries of `workbench.models.FAMILY_OF_MODEL_TYPE` and `workbench.finetune.FAMILY_POOLINGS`.
+`distilbert` entries of `workbench.running.models.FAMILY_OF_MODEL_TYPE` and `workbench.drivers.finetune.FAMILY_POOLINGS`.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def bert_to_distilbert(bert) -> torch.nn.Module:
 
 
 # ---- the trainable family: a DistilBERT masked LM trained from a config ---------------------------
-# (`bertology train --family distilbert`; `workbench.distill_pretraining` trains BERT teachers'
+# (`bertology train --family distilbert`; `workbench.drivers.distill_pretraining` trains BERT teachers'
 # students as this family, initialised from the teacher's layers through `bert_to_distilbert`)
 
 SPECIAL_TOKENS = bert.SPECIAL_TOKENS  # the same WordPiece tokenizer as BERT (same cache key, same hash)
@@ -145,7 +145,7 @@ def make_collator(objective: dict, tokenizer):
 class DistilBertPretrainer(PretrainingWrapper):
     """`DistilBertForMaskedLM`, the loss at the masked positions only (term mlm). Like
     `BertPretrainer` it returns the masked logits and the last hidden states in `extra`, what
-    DistilBERT's triple loss reads (`workbench.distill_pretraining.TripleLoss`)."""
+    DistilBERT's triple loss reads (`workbench.drivers.distill_pretraining.TripleLoss`)."""
 
     def __init__(self, model):
         super().__init__(model, term="mlm")

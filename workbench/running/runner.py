@@ -27,11 +27,11 @@ and the last block's un-normed output of a pre-LN stack come from forward hooks 
 Edits: `runner.hooks({name: fn})` (a context manager) registers `fn(tensor) -> tensor | None` at
 each named point (`attn.z`, `mlp_out`, `resid_post`) for every forward the model runs inside it,
 whoever calls the model; a returned tensor replaces the activation, and a run inside the block
-caches the edited value. Head gating (`workbench.compress.head_pruning.gates`, Michel et al. 2019)
+caches the edited value. Head gating (`workbench.drivers.head_pruning.gates`, Michel et al. 2019)
 is such an edit of `attn.z` and `mlp_out`.
 
-Who runs through it: `ModelHandle.forward` / `word_states` (`workbench.handle_running`), LM
-scoring (`workbench.lm_scores.LMScorer.runner`), the logit lens (`workbench.logit_lens`) and head
+Who runs through it: `ModelHandle.forward` / `word_states` (`workbench.running.handle_running`), LM
+scoring (`workbench.running.lm_scores.LMScorer.runner`), the logit lens (`workbench.running.logit_lens`) and head
 gating. Each keeps the call path it had (bodies for the handle, the whole model for LM scores and
 the seq2seq/ELMo lens), so every number is what it was, bit for bit.
 """

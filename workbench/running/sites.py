@@ -2,7 +2,7 @@
 
 The module-level map the runner's per-head and per-MLP activation points hook into
 (`workbench.running.runner`: "blocks.{i}.attn.z", "blocks.{i}.mlp_out") and that head pruning
-(`workbench.compress.head_pruning`) masks and slices: BERT (MiniLM), RoBERTa, ELECTRA, SpanBERT
+(`workbench.drivers.head_pruning`) masks and slices: BERT (MiniLM), RoBERTa, ELECTRA, SpanBERT
 (BERT modules), the DeBERTa-style reference encoder (DebertaV2), GPT-2 and Llama-style decoders
 (SmolLM2). ALBERT is refused: its layers share one set of weights, so a per-layer edit of a module
 is not a per-layer edit of the computation.

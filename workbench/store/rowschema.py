@@ -3,7 +3,7 @@
 A producer is what writes a row's `probe` column: a probe (`ProbeSpec.name`: syntax, cloze, ...)
 or a driver (finetune, prune, distill, peft, cost). Its declaration lists the keys its rows may
 carry in `extra` and their JSON types; the results store checks every row it validates
-(`workbench.results.validate_rows`: `RunWriter.add`, `FinishedUnits.save`, `layer_rows`), so an
+(`workbench.store.results.validate_rows`: `RunWriter.add`, `FinishedUnits.save`, `layer_rows`), so an
 undeclared key or a wrong type fails when the row is written, naming the producer, the row and the
 key, instead of reading as a blank chart in the app later.
 

@@ -1,7 +1,7 @@
 """Parameter-efficient fine-tuning: what trains, and how the trained model is saved so probes read it.
 
 `bertology finetune --method M` (or `method:` in the fine-tuning YAML) picks one of `METHODS`; the
-fine-tuning runner (`workbench.finetune.train_seed`) builds its classifier as always, then
+fine-tuning runner (`workbench.drivers.finetune.train_seed`) builds its classifier as always, then
 `attach(model, method, options)` changes the model where the method needs new modules and returns
 the `workbench.loop.ParamFilter` that freezes everything else. The classifier head always trains
 (it starts from random weights), as in every paper cited here.
@@ -60,7 +60,7 @@ What a saved checkpoint holds (the run's `best/` folder, a plain `save_pretraine
 - lora: the updates merged into the weights (W + (alpha/r) B A): a plain checkpoint.
 - adapter: the base architecture's weights plus `adapters.safetensors`; `reattach_saved(model, folder,
   manifest)` puts the adapters back into the forward at the sites their names record (`ModelHandle.load`
-  and `workbench.finetune.load_classifier` call it, so probes read the adapted layers; a checkpoint
+  and `workbench.drivers.finetune.load_classifier` call it, so probes read the adapted layers; a checkpoint
   saved before the placement moved after the dropout gets its adapters back after the projection,
   where it was trained).
 - prompt: the embedding matrix grows by n rows holding the prompt vectors and the tokenizer by n
@@ -249,7 +249,7 @@ def checkpoint_pooler_pretrained(model: nn.Module) -> tuple[bool, str]:
     folder = Path(str(getattr(model, "name_or_path", "") or ""))
     if not str(folder) or not folder.is_dir():
         return True, "no checkpoint folder to read: assumed pretrained"
-    from workbench.checkpoints import read_manifest
+    from workbench.store.checkpoints import read_manifest
 
     objective = (read_manifest(folder) or {}).get("objective") or {}
     if isinstance(objective, dict) and objective.get("nsp") is False:

@@ -2,7 +2,7 @@
 
 Layout under the runs root (`workbench.paths.runs_root()` unless a root is given)::
 
-    <root>/results/<run_id>/manifest.json   provenance (see workbench.manifest) + notes + summary
+    <root>/results/<run_id>/manifest.json   provenance (see workbench.store.manifest) + notes + summary
     <root>/results/<run_id>/rows.parquet    the run's rows, columns RESULT_COLUMNS
     <root>/results/.writers/<run_id>.lock   held (flock) by a live writer while the run is open
     <root>/catalog.sqlite                   index of the runs, for listing and filtering
@@ -53,9 +53,9 @@ import pyarrow.parquet as pq
 
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.io import atomic_dir, atomic_path, atomic_write_json
-from workbench.manifest import build_manifest, utc_now_iso
+from workbench.store.manifest import build_manifest, utc_now_iso
 from workbench.paths import runs_root
-from workbench.rowschema import check_extra, schemas
+from workbench.store.rowschema import check_extra, schemas
 
 RESULT_COLUMNS = [
     "run_id", "model", "family", "seed", "step", "probe", "task", "split", "stack", "layer",
@@ -256,7 +256,7 @@ def validate_rows(rows: pd.DataFrame | Iterable[Mapping[str, Any]], run_id: str 
 
 
 def _check_declared_extras(probes: list, extras: list) -> None:
-    """Each row's `extra` against its producer's declared schema (`workbench.rowschema`): an
+    """Each row's `extra` against its producer's declared schema (`workbench.store.rowschema`): an
     undeclared key or a wrong type is an error now, naming the producer, the row and the key."""
     for i, (probe, extra) in enumerate(zip(probes, extras)):
         if not isinstance(probe, str) or not schemas(probe):
@@ -264,7 +264,7 @@ def _check_declared_extras(probes: list, extras: list) -> None:
         problem = check_extra(probe, extra if isinstance(extra, Mapping) else {})
         if problem is not None:
             raise ResultsError(f"row {i} of producer {probe!r}: extra does not fit its declared schema: {problem} "
-                               f"(declare new keys in {probe!r}'s RowSchema, workbench.rowschema)")
+                               f"(declare new keys in {probe!r}'s RowSchema, workbench.store.rowschema)")
 
 
 def _encode_extra(v: Any, i: int, parsed: list[Any]) -> str | None:
@@ -635,7 +635,7 @@ class ResultsStore:
         """Open a run: record provenance now (hashing data files and checkpoints), publish on finish().
 
         `checkpoints` entries may be paths, `(path, sha256)` pairs, dicts or model handles (see
-        `workbench.manifest.checkpoint_record`).
+        `workbench.store.manifest.checkpoint_record`).
         """
         if not isinstance(kind, str) or not kind:
             raise ConfigError(f"run kind must be a non-empty string (e.g. 'probe', 'train'), got {kind!r}")
@@ -894,13 +894,13 @@ class FinishedUnits:
     publishing must not delete the other's work under it. Units live under
     `<runs root>/partials/<kind>-<key>/`, one parquet file each, written atomically; `key` hashes
     the run's settings (pass them without the list of models, so a sweep that grows reuses what
-    it has) and the source of the code (`workbench.manifest.source_fingerprint`), so rows are only
+    it has) and the source of the code (`workbench.store.manifest.source_fingerprint`), so rows are only
     reused by the same settings and the same code. Put what identifies the model (its weights'
     hash) in the unit name.
     """
 
     def __init__(self, store: ResultsStore, kind: str, settings: Mapping[str, Any]):
-        from workbench.manifest import source_fingerprint
+        from workbench.store.manifest import source_fingerprint
 
         material = to_json({"kind": kind, "settings": settings, "source": source_fingerprint()}, "settings")
         self.key = hashlib.sha256(material.encode()).hexdigest()[:20]

@@ -1,8 +1,8 @@
 """Pretraining distillation, DistilBERT-style (Sanh et al. 2019): a student with fewer layers learns
-the masked LM from a teacher trained here, through the one pretraining loop (`workbench.train`).
+the masked LM from a teacher trained here, through the one pretraining loop (`workbench.drivers.train`).
 
 The student is the teacher's family and shape with `depth` layers (default half the teacher's),
-initialised from the teacher's layers (`workbench.distill.student_layers`: evenly spread, first
+initialised from the teacher's layers (`workbench.drivers.distill.student_layers`: evenly spread, first
 and last kept; DistilBERT's [0, 2, 4, 7, 9, 11] for 12 -> 6; embeddings and the MLM head copied)
 or randomly (the training loop's own initialisation under the seed). It trains on the teacher's
 corpus, tokenizer and masking (the teacher's training config, depth and length changed) with
@@ -49,14 +49,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from workbench.distill import INITS, cut_student, student_layers
-from workbench.drivers import NOT_IDENTITY, DriverSpec, load_config
+from workbench.drivers.distill import INITS, cut_student, student_layers
+from workbench.drivers.spec import NOT_IDENTITY, DriverSpec, load_config
 from workbench.errors import ConfigError
-from workbench.rowschema import RowSchema
+from workbench.store.rowschema import RowSchema
 from workbench.loop import TrainingHooks, kl_to_teacher
 
 PROBE = "distill"
-# The `extra` of the held-out MLM loss rows (checked by the results store, `workbench.rowschema`).
+# The `extra` of the held-out MLM loss rows (checked by the results store, `workbench.store.rowschema`).
 EXTRA_SCHEMAS = (
     RowSchema(PROBE, "pretraining teacher", required={"role": str, "depth": int, "parameters": int}),
     RowSchema(PROBE, "pretraining student", required={"role": str, "depth": int, "init": str}, optional={
@@ -180,7 +180,7 @@ class PretrainDistillConfig:
 
 
 def load_pretrain_distill_config(source: str | Path | dict, overrides: dict | None = None) -> PretrainDistillConfig:
-    """A validated config (YAML file or dict, `overrides` by `workbench.drivers.load_config`'s rule),
+    """A validated config (YAML file or dict, `overrides` by `workbench.drivers.spec.load_config`'s rule),
     the teacher checked, before any work."""
     cfg, where = load_config(PretrainDistillConfig, source, overrides, label="distill config")
 
@@ -260,8 +260,8 @@ def _setup(cfg: PretrainDistillConfig):
     student family, the depths and the sweep name (built in the parent and again in each worker)."""
     from types import SimpleNamespace
 
-    from workbench.checkpoints import checkpoint_name
-    from workbench.identity import weights_hash
+    from workbench.store.checkpoints import checkpoint_name
+    from workbench.store.identity import weights_hash
     from workbench.families import get_family
     from workbench.hf_quiet import quiet_transformers
 
@@ -287,8 +287,8 @@ def _setup(cfg: PretrainDistillConfig):
 
 def _student_data(cfg: PretrainDistillConfig, setup, depth: int, init: str):
     """The student's training config and data (the teacher's corpus and tokenizer, checked)."""
-    from workbench.identity import tokenizer_hash
-    from workbench.train import prepare_data
+    from workbench.store.identity import tokenizer_hash
+    from workbench.drivers.train import prepare_data
 
     scfg = student_train_config(cfg, setup.manifest, depth, init, setup.name)
     data = prepare_data(scfg, setup.student_family)
@@ -302,7 +302,7 @@ def _student_data(cfg: PretrainDistillConfig, setup, depth: int, init: str):
 def train_student(cfg: PretrainDistillConfig, depth: int, init: str, threads: int | None = None) -> list[str]:
     """Train (or resume; a finished run is free) one student of the sweep over its seeds, in this
     process, a local worker or a submitit job; the final checkpoint folder of each seed."""
-    from workbench.train import train_from_config
+    from workbench.drivers.train import train_from_config
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -321,16 +321,16 @@ def train_student(cfg: PretrainDistillConfig, depth: int, init: str, threads: in
 def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int | None = None,
                          executor="local") -> PretrainDistillResult:
     """Train every (depth, init, seed) student (resuming finished ones for free), the (depth, init)
-    students as the executor's units (`workbench.executor`: `jobs` > 1 in parallel local processes,
+    students as the executor's units (`workbench.drivers.executor`: `jobs` > 1 in parallel local processes,
     one thread each; `executor` submitit-local | slurm, or `ExecutorOptions`: one submitit job each),
     then evaluate teacher and students on the same held-out batches and write the rows."""
     import pandas as pd
 
-    from workbench.checkpoints import checkpoint_name
-    from workbench.executor import Unit, resolve_options, run_units
+    from workbench.store.checkpoints import checkpoint_name
+    from workbench.drivers.executor import Unit, resolve_options, run_units
     from workbench.hf_quiet import quiet_transformers
-    from workbench.results import ResultsStore
-    from workbench.train import evaluate_heldout, init_distributed, resolve_device
+    from workbench.store.results import ResultsStore
+    from workbench.drivers.train import evaluate_heldout, init_distributed, resolve_device
 
     options = resolve_options(executor, jobs)
     setup = _setup(cfg)

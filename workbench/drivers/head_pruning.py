@@ -79,7 +79,7 @@ from torch import nn
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.running import ModelRunner
 from workbench.running.sites import LayerSites, attention_sites, is_conv1d  # noqa: F401 (LayerSites re-exported)
-from workbench.rowschema import RowSchema
+from workbench.store.rowschema import RowSchema
 
 ORDERS = ("good", "random", "bad")
 UNITS = ("heads", "mlps", "both")  # what the iterative procedure prunes (module docstring)
@@ -692,9 +692,9 @@ def order_subnetwork(curves: dict[str, PruningCurve], order: str, seed: int, how
 
 def masked_accuracy(model: nn.Module, enc, kept: np.ndarray, pad_id: int, batch_size: int,
                     mlps_kept: np.ndarray | None = None) -> float:
-    """Accuracy of a `workbench.finetune` classifier on the encoded split `enc` with the heads of
+    """Accuracy of a `workbench.drivers.finetune` classifier on the encoded split `enc` with the heads of
     `kept` (and the MLPs of `mlps_kept`) gated (no copy of the model)."""
-    from workbench.finetune import evaluate
+    from workbench.drivers.finetune import evaluate
 
     device = next(model.parameters()).device
     gate = torch.tensor(np.asarray(kept, bool), dtype=torch.float32, device=device)
@@ -705,11 +705,11 @@ def masked_accuracy(model: nn.Module, enc, kept: np.ndarray, pad_id: int, batch_
 
 def classifier_curve(model: nn.Module, run, order: str, settings: HeadPruningSettings, seed: int,
                      batch_size: int, min_steps: int = 0) -> PruningCurve:
-    """`iterative_pruning` of a fine-tuned classifier of a `workbench.finetune.Prepared` run: dev
+    """`iterative_pruning` of a fine-tuned classifier of a `workbench.drivers.finetune.Prepared` run: dev
     accuracy after each step, importance from the first `settings.importance_examples` training
     sentences (the test split is not looked at). The one home of this wiring: the `bertology prune`
     sweep's heads_* methods and experiments/prune_heads.py both call it."""
-    from workbench.finetune import collate
+    from workbench.drivers.finetune import collate
 
     rows = list(range(min(settings.importance_examples, len(run.train.ids))))
     batches = [collate(run.train, rows[i: i + batch_size], run.pad_id) for i in range(0, len(rows), batch_size)]
@@ -746,7 +746,7 @@ def leave_one_out(shape: tuple[int, int], evaluate_loss: Callable[[np.ndarray], 
 PROBE = "prune"
 METHOD = "heads"
 # The `extra` of `curve_rows` (and of experiments/prune_heads.py's re-fine-tuned rows); a sweep adds
-# its name (`sweep`). Checked by the results store (`workbench.rowschema`).
+# its name (`sweep`). Checked by the results store (`workbench.store.rowschema`).
 EXTRA_SCHEMAS = (
     RowSchema(PROBE, "head pruning curve", required={"method": str, "order": str, "n_heads": int},
               optional={"units": str, "pruning_step": int, "n_removed": int, "n_mlps_removed": int, "threshold": float,
@@ -758,7 +758,7 @@ EXTRA_SCHEMAS = (
 def curve_rows(curve: PruningCurve, *, model: str, family: str | None, seed: int, task: str,
                test_at_threshold: float | None = None, subnetwork: PruningStep | None = None,
                subnetwork_kind: str = "threshold") -> list[dict]:
-    """An order's curve as results-store rows (`workbench.results` schema), probe "prune":
+    """An order's curve as results-store rows (`workbench.store.results` schema), probe "prune":
 
     - metric "accuracy", split "dev", one row per pruning step (`extra`: method, order,
       pruning_step, n_removed, n_heads);

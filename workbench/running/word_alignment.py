@@ -1,6 +1,6 @@
 """Pre-split words -> subword ids with each word's token span: the tokenisation every probe reads.
 
-`WordTokenizer` is `ModelHandle`'s tokenisation (`workbench.models`, whose module docstring states
+`WordTokenizer` is `ModelHandle`'s tokenisation (`workbench.running.models`, whose module docstring states
 the conventions): words joined into running text `" " + " ".join(words)` and tokenised in one piece,
 every subword given to the word whose characters it starts in, special tokens of the tokenizer's
 post-processor around every sequence, ELMo's unknown words named by spelling ids past the
@@ -122,7 +122,7 @@ class WordTokenizer:
         return list(enc.ids[: content[0]]), list(enc.ids[content[-1] + 1:])
 
     def encode(self, sentences: Sequence[Sequence[str]]) -> list[EncodedSentence]:
-        """Content tokens of each sentence and each word's token span (see `workbench.models`).
+        """Content tokens of each sentence and each word's token span (see `workbench.running.models`).
 
         Vectorised over the whole list: words and tokens of all sentences are numbered globally,
         so the character -> word and token -> word maps are a handful of numpy calls."""

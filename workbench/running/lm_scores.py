@@ -68,9 +68,9 @@ import torch
 
 from workbench.errors import CheckpointError, ConfigError, WorkbenchError
 from workbench.hf_quiet import quiet_transformers
-from workbench.lm_inputs import BLANK, LMInputs, filled_items, pad_rows, text_start  # noqa: F401 (BLANK, pad_rows re-exported)
-from workbench.models import ModelHandle
-from workbench.models import DOCUMENT_SEPARATOR, causal_start_id  # noqa: F401 (their home moved there; re-exported)
+from workbench.running.lm_inputs import BLANK, LMInputs, filled_items, pad_rows, text_start  # noqa: F401 (BLANK, pad_rows re-exported)
+from workbench.running.models import ModelHandle
+from workbench.running.models import DOCUMENT_SEPARATOR, causal_start_id  # noqa: F401 (their home moved there; re-exported)
 from workbench.running import ModelRunner
 
 KINDS = ("mlm", "causal", "seq2seq", "bilm", "rtd")

@@ -1,10 +1,10 @@
 """Opening a checkpoint folder and making models from models: what `ModelHandle.load` and
-`ModelHandle.derive` (`workbench.models`) do before a handle wraps the model.
+`ModelHandle.derive` (`workbench.running.models`) do before a handle wraps the model.
 
 `open_checkpoint` reads a folder (config, tokenizer, weights with the LM head class the model was
 trained with, the workbench manifest), checks that the body's weights are all there and that the
 tokenizer belongs to them, and re-attaches a parameter-efficient fine-tuning's adapters
-(`workbench.peft_methods.reattach_saved`). `Lineage` records where a derived model comes from;
+(`workbench.running.peft_methods.reattach_saved`). `Lineage` records where a derived model comes from;
 `derive_model` makes one (`Derivation`s such as the random-init twin, Hewitt & Manning 2019).
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from workbench.checkpoints import MANIFEST_NAME, read_manifest, resolve_checkpoint, weight_files
+from workbench.store.checkpoints import MANIFEST_NAME, read_manifest, resolve_checkpoint, weight_files
 from workbench.errors import CheckpointError, WorkbenchError
 from workbench.hf_quiet import quiet_transformers
 from workbench.running.runner import CAUSAL_MODEL_TYPES
@@ -221,9 +221,9 @@ def open_checkpoint(path: str | Path, device: str | torch.device, attentions: bo
     if n_emb is not None and len(tokenizer) > n_emb:
         raise CheckpointError(f"{path}: tokenizer has {len(tokenizer)} tokens but the model's embedding "
                               f"matrix only {n_emb} rows (tokenizer does not belong to these weights)")
-    # parameter-efficient fine-tuning (workbench.peft_methods): adapters back into the forward,
+    # parameter-efficient fine-tuning (workbench.running.peft_methods): adapters back into the forward,
     # their file into the hash; a prompt-tuned model's prompt ids after the tokenizer's prefix
-    from workbench.peft_methods import ADAPTER_FILE, reattach_saved
+    from workbench.running.peft_methods import ADAPTER_FILE, reattach_saved
 
     model = reattach_saved(model, path, manifest)
     if (path / ADAPTER_FILE).is_file():

@@ -10,7 +10,7 @@ local Hugging Face cache the way `from_pretrained(name)` does offline, and never
 Every command that takes a checkpoint goes through `resolve_checkpoint` (via `expand_checkpoints`
 or `ModelHandle.load`).
 
-Which files are the weights (`weight_files`, hashed by `workbench.identity.weights_hash`): exactly the files that
+Which files are the weights (`weight_files`, hashed by `workbench.store.identity.weights_hash`): exactly the files that
 `from_pretrained` reads, in its order of preference: `model.safetensors`, else the shards named
 by `model.safetensors.index.json`, else `pytorch_model.bin`, else the shards named by
 `pytorch_model.bin.index.json`. Everything else in the folder leaves the hash alone: config and

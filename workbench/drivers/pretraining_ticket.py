@@ -15,10 +15,10 @@ holds the pretraining config, so the same corpus, tokenizer and recipe are reuse
 2. round r > 1: rewind to theta_0 * m_{r-1} (Chen et al. rewind to the pretrained weights), train
    `steps` MLM steps with the mask kept (`keep_masked` after every optimizer step), prune to
    r * imp_step of the *original* weights, nested in m_{r-1};
-3. the ticket at sparsity s is theta_0 * m_s; the sweep (`workbench.compress.sweep`, method
+3. the ticket at sparsity s is theta_0 * m_s; the sweep (`workbench.drivers.prune_sweep`, method
    `imp_mlm`) fine-tunes it on the task with the mask kept, exactly like the task tickets.
 
-Each round is one `workbench.train.train_from_config` run with the hooks `initial` (`MaskedStart`:
+Each round is one `workbench.drivers.train.train_from_config` run with the hooks `initial` (`MaskedStart`:
 the built pretraining module gets theta_0 times the mask before its first forward and before the
 optimizer is made) and those of every masked training (`masked_training`: the pruned weights'
 gradients zeroed before clipping, the weights re-zeroed after each step). Runs are resumable like every
@@ -145,8 +145,8 @@ def mlm_tickets(checkpoint: str | Path, max_sparsity: float, imp_step: float, se
     run is `folder/round-r`; the masked weights of every round's trained checkpoint are checked to
     be exactly zero."""
     from workbench.families import get_family
-    from workbench.identity import tokenizer_hash
-    from workbench.train import prepare_data, train_from_config
+    from workbench.store.identity import tokenizer_hash
+    from workbench.drivers.train import prepare_data, train_from_config
 
     checkpoint = Path(checkpoint).expanduser().resolve()
     manifest = pretraining_manifest(checkpoint)

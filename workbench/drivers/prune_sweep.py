@@ -1,8 +1,8 @@
 """`bertology prune CONFIG.yaml`: compression sweeps whose every point is a checkpoint.
 
-One sweep = one task fine-tuning (`finetune:`, a `workbench.finetune.FinetuneConfig` mapping: the
+One sweep = one task fine-tuning (`finetune:`, a `workbench.drivers.finetune.FinetuneConfig` mapping: the
 pretrained checkpoint, the task, the seeds, the training recipe) and a grid of method x amount x
-seed. For each seed the full model is fine-tuned first (`workbench.finetune.train_seed`, the same
+seed. For each seed the full model is fine-tuned first (`workbench.drivers.finetune.train_seed`, the same
 data, split and loop as `bertology finetune`); it is the parent of every point of that seed and
 its accuracy over seeds is the band a compressed model is held against.
 
@@ -13,10 +13,10 @@ Methods (`METHODS`; amounts in brackets):
 | oneshot | global magnitude pruning of the fine-tuned weights to the sparsity at once [sparsities] | yes: rewound |
 | random | a random mask at the sparsity [sparsities] | yes: rewound |
 | reinit | IMP's mask at the sparsity on re-initialised weights [sparsities] | yes |
-| imp_mlm | pretraining ticket (Chen et al. 2020, Sec. 5): IMP for the masked-LM loss on the checkpoint's own pretraining corpus (`mlm:` settings, `workbench.compress.pretraining_ticket`), then the task fine-tuning of the pretrained weights times that mask [sparsities] | yes: pretrained weights, fresh optimizer |
+| imp_mlm | pretraining ticket (Chen et al. 2020, Sec. 5): IMP for the masked-LM loss on the checkpoint's own pretraining corpus (`mlm:` settings, `workbench.drivers.pretraining_ticket`), then the task fine-tuning of the pretrained weights times that mask [sparsities] | yes: pretrained weights, fresh optimizer |
 | quantize | k-bit fake quantization of the fine-tuned weights, `quantize_scheme`: per_channel (one scale per output channel, the prunable set) or q8bert (one scale per tensor, every embedding and dense layer, Zafrir et al. 2019) [bits] | no |
 | lowrank | rank-r SVD of every block matrix, and magnitude pruning of each matrix to the same number of parameters (`lowrank_magnitude`) [ranks] | no |
-| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.compress.head_pruning.iterative_pruning`): `heads.fraction` of all heads per step (`heads.step_of: total`; `remaining`: of those still present), least important / random / most important first, until dev accuracy falls below `heads.threshold` x the full model's; with `heads.units: mlps` or `both` the MLPs too (Prasanna et al. 2020); every step is a point [fraction of the pruned units removed]. With `heads.subnetworks: equal_size` (the default; needs heads_good) heads_random / heads_bad also write Prasanna et al.'s random / bad subnetwork of the good one's size as a point of `heads_random_equal_size` / `heads_bad_equal_size` | no |
+| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.drivers.head_pruning.iterative_pruning`): `heads.fraction` of all heads per step (`heads.step_of: total`; `remaining`: of those still present), least important / random / most important first, until dev accuracy falls below `heads.threshold` x the full model's; with `heads.units: mlps` or `both` the MLPs too (Prasanna et al. 2020); every step is a point [fraction of the pruned units removed]. With `heads.subnetworks: equal_size` (the default; needs heads_good) heads_random / heads_bad also write Prasanna et al.'s random / bad subnetwork of the good one's size as a point of `heads_random_equal_size` / `heads_bad_equal_size` | no |
 | heads_remove | the heads listed in `heads.remove` ((layer, head) pairs, checked against the checkpoint's config before any work) masked at once [fraction of heads removed] | no |
 The prunable set (`include_pooler`, on by default): the block matrices and the base model's pooler,
 as Chen et al.'s code prunes `bert.pooler.dense` (`workbench.compress.unstructured`); `false` keeps
@@ -34,9 +34,9 @@ classifier folder holding the rewound weights times the mask, with
 weights re-zeroed after every step); the measured sparsity of the trained weights (zeros counted)
 must equal the mask's, or the point fails.
 A heads point is the fine-tuned model with the removed heads' columns of the attention output
-projection zeroed (`workbench.compress.head_pruning.apply_mask`: the same outputs as gating their context
+projection zeroed (`workbench.drivers.head_pruning.apply_mask`: the same outputs as gating their context
 vectors), saved like every point; its manifest params hold `heads_kept` (layer x head bools), the
-order and the pruning step. The `heads:` mapping is `workbench.compress.head_pruning.HeadPruningSettings`
+order and the pruning step. The `heads:` mapping is `workbench.drivers.head_pruning.HeadPruningSettings`
 less `orders` (the methods say which) and `refinetune` (experiments/prune_heads.py re-fine-tunes).
 
 Layout (resumable: a point whose `point.json` exists is read back, not recomputed):
@@ -56,7 +56,7 @@ Rows (probe "prune", task = the fine-tuning task, model = the method, `full` for
 per seed and split `accuracy` (extra: method, amount, sparsity measured, bits, rank, parameters,
 nonzero parameters, mask hash, checkpoint; heads points: n_removed, n_heads, order, pruning_step);
 for each heads order and seed `heads_prunable` and one `head_kept` row per (layer, head) of the
-subnetwork at the threshold (`workbench.compress.head_pruning.curve_rows`, model "heads": the Compression
+subnetwork at the threshold (`workbench.drivers.head_pruning.curve_rows`, model "heads": the Compression
 page's surviving-heads matrix); per method, amount and split a seed-less `accuracy`
 row (mean, 95% t-interval, extra sd) and, for the retrained methods, `wins` = 1.0 when the mean
 is within one standard deviation over seeds of the full model's mean (Chen et al. 2020's
@@ -79,7 +79,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.compress import head_pruning as H
+from workbench.drivers import head_pruning as H
 from workbench.compress.lowrank import equal_parameter_sparsity, lowrank_product
 from workbench.compress.masks import (
     MASKS_FILE,
@@ -100,15 +100,15 @@ from workbench.compress.unstructured import (
     pooler_layers,
     random_masks,
 )
-from workbench.drivers import IDENTITY, NOT_IDENTITY, DriverSpec, identity, load_config
+from workbench.drivers.spec import IDENTITY, NOT_IDENTITY, DriverSpec, identity, load_config
 from workbench.errors import CheckpointError, ConfigError
 from workbench.io import atomic_dir, atomic_path, atomic_write_json
 from workbench.progress import get_logger
-from workbench.rowschema import RowSchema
+from workbench.store.rowschema import RowSchema
 
 PROBE = "prune"
-# The `extra` of a sweep's rows (`build_rows`; checked by the results store, `workbench.rowschema`);
-# the head-pruning curves it adds are declared in `workbench.compress.head_pruning`.
+# The `extra` of a sweep's rows (`build_rows`; checked by the results store, `workbench.store.rowschema`);
+# the head-pruning curves it adds are declared in `workbench.drivers.head_pruning`.
 _POINT_KEYS = {"amount": float, "sparsity": float, "bits": int, "scheme": str, "quantized_parameters": int,
                "rank": int, "round": int, "rewind_step": int, "from_step": int, "parameters": int, "prunable": int,
                "nonzero_parameters": int, "nonzero_prunable": int, "sparsity_measured": float, "mask_sha256": str,
@@ -171,7 +171,7 @@ class PruneConfig:
         return dataclasses.asdict(self)
 
     def key(self, ft) -> dict:
-        """The sweep's identity (`workbench.drivers.identity`; its folder's config.json): the identity
+        """The sweep's identity (`workbench.drivers.spec.identity`; its folder's config.json): the identity
         fields, `finetune` standing for the fine-tuning's own identity (training hash, checkpoint, seeds)."""
         return identity(self, finetune={"training_hash": ft.training_hash(), "checkpoint": ft.checkpoint,
                                         "seeds": ft.seeds})
@@ -181,16 +181,16 @@ def load_prune_config(source: str | Path | dict, overrides: dict | None = None,
                       finetune_overrides: dict | None = None) -> tuple[PruneConfig, Any]:
     """(sweep config, its FinetuneConfig), validated before any work; every error names the file
     and the key. `overrides` replace sweep keys, `finetune_overrides` keys of `finetune:`, both by
-    `workbench.drivers.load_config`'s rule (None values are ignored)."""
-    from workbench.finetune import load_finetune_config
+    `workbench.drivers.spec.load_config`'s rule (None values are ignored)."""
+    from workbench.drivers.finetune import load_finetune_config
 
     cfg, where = load_config(PruneConfig, source, overrides, label="prune config")
     ft_cfg = load_finetune_config({"progress": cfg.progress, **cfg.finetune}, finetune_overrides)
     _validate(cfg, ft_cfg, where)
     head_settings(cfg, where)
     if "imp_mlm" in cfg.methods:
-        from workbench.compress.pretraining_ticket import load_mlm_settings, pretraining_manifest
-        from workbench.checkpoints import single_checkpoint
+        from workbench.drivers.pretraining_ticket import load_mlm_settings, pretraining_manifest
+        from workbench.store.checkpoints import single_checkpoint
 
         mlm = load_mlm_settings(cfg.mlm, where)
         for i, x in enumerate(mlm.sparsities or []):
@@ -233,7 +233,7 @@ def checkpoint_head_shape(checkpoint: str) -> tuple[int, int]:
     """(layers, heads per layer) from a checkpoint's config.json, without loading its weights."""
     from transformers import AutoConfig
 
-    from workbench.checkpoints import single_checkpoint
+    from workbench.store.checkpoints import single_checkpoint
 
     config = AutoConfig.from_pretrained(single_checkpoint(checkpoint))
     return int(config.num_hidden_layers), int(config.num_attention_heads)
@@ -299,7 +299,7 @@ def continue_state(ft, run, seed: int, hooks, step: int) -> Path:
     retrain a ticket rewound to step k: open_lth's `train(start_step=k)` makes a fresh optimizer,
     steps the learning-rate schedule k times and skips the data loader to step k, then trains to
     the last step. Here that is the resume state `train_seed` reads when a run was interrupted
-    (`workbench.finetune.save_resume_state`, written where it looks: `<run folder>/seed-S/resume`): the
+    (`workbench.drivers.finetune.save_resume_state`, written where it looks: `<run folder>/seed-S/resume`): the
     weights of `run.checkpoint` (the rewound start), a fresh AdamW over the same parameters, the
     schedule of the full run (warm-up and linear decay over its T steps) advanced to `step`, the
     loop at epoch step // per_epoch, batch step % per_epoch (`train_seed`'s data order is a
@@ -308,8 +308,8 @@ def continue_state(ft, run, seed: int, hooks, step: int) -> Path:
     the seed. Returns the state folder."""
     import warnings
 
-    from workbench.checkpoints import seed_dir
-    from workbench.finetune import STATE_DIR, save_resume_state, build_classifier, trainable_filter
+    from workbench.store.checkpoints import seed_dir
+    from workbench.drivers.finetune import STATE_DIR, save_resume_state, build_classifier, trainable_filter
     from workbench.loop import adamw, apply_param_filter, linear_warmup_decay
 
     per_epoch = math.ceil(len(run.train.ids) / ft.batch_size)
@@ -341,7 +341,7 @@ def ticket_masks(masks: dict, pretrainer: torch.nn.Module, classifier: torch.nn.
     prunable set `names` (`transfer_masks`). A pooler the pretraining module does not have
     (SpanBERT's BertForMaskedLM) is not pretrained: the classifier's is a fresh layer of the head,
     kept dense (a mask of ones)."""
-    from workbench.compress.pretraining_ticket import transfer_masks
+    from workbench.drivers.pretraining_ticket import transfer_masks
 
     out = transfer_masks(masks, pretrainer, classifier)
     if pooler(pretrainer) is None:
@@ -356,8 +356,8 @@ def ticket_masks(masks: dict, pretrainer: torch.nn.Module, classifier: torch.nn.
 
 def _started(folder: Path, seed: int) -> bool:
     """Whether `train_seed` has a state or a result for this seed in `folder` already."""
-    from workbench.checkpoints import seed_dir
-    from workbench.finetune import STATE_DIR
+    from workbench.store.checkpoints import seed_dir
+    from workbench.drivers.finetune import STATE_DIR
 
     out = seed_dir(folder, seed)
     return (out / STATE_DIR).is_dir() or (out / "result.json").is_file()
@@ -365,7 +365,7 @@ def _started(folder: Path, seed: int) -> bool:
 
 def point_name(method: str, amount, seed: int) -> str:
     """A point's checkpoint folder name, unique in a sweep: what the probes' rows call the model
-    (`workbench.checkpoints.checkpoint_name` is the folder name), e.g. imp-0.7-seed0."""
+    (`workbench.store.checkpoints.checkpoint_name` is the folder name), e.g. imp-0.7-seed0."""
     return f"{method}-{amount_label(method, amount)}-seed{seed}"
 
 
@@ -413,7 +413,7 @@ class Sweep:
         return self.folder / "points" / method / amount_label(method, amount) / f"seed-{seed}"
 
     def evaluate(self, model) -> dict:
-        from workbench.finetune import evaluate
+        from workbench.drivers.finetune import evaluate
 
         model = model.to(self.run.device)
         out = {}
@@ -460,7 +460,7 @@ class Sweep:
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
     def trained_weights(self, record: dict):
-        from workbench.finetune import load_classifier
+        from workbench.drivers.finetune import load_classifier
 
         folder = Path(record["checkpoint"])
         if not (folder / "config.json").is_file():
@@ -471,10 +471,10 @@ class Sweep:
     # -- the full model --------------------------------------------------------------------------
 
     def full_model(self, seed: int) -> Seeded:
-        from workbench.checkpoints import read_manifest, weight_files
-        from workbench.finetune import load_classifier, train_seed
+        from workbench.store.checkpoints import read_manifest, weight_files
+        from workbench.drivers.finetune import load_classifier, train_seed
         from workbench.loop import TrainingHooks, write_model_folder
-        from workbench.models import ModelHandle
+        from workbench.running.models import ModelHandle
 
         full_run = dataclasses.replace(self.run, folder=self.folder / "full")
         seed_out = self.folder / "full" / f"seed-{seed}"
@@ -504,7 +504,7 @@ class Sweep:
 
     def pretrained_start(self, seed: int) -> dict:
         """The weights train_seed started from: the pretrained body under the seed's fresh head."""
-        from workbench.finetune import build_classifier
+        from workbench.drivers.finetune import build_classifier
 
         torch.manual_seed(seed)
         return build_classifier(self.run.checkpoint, self.run.family, self.run.data.kind, self.run.pooling,
@@ -529,8 +529,8 @@ class Sweep:
         (`masked_training`), from step `from_step` of the schedule to its end (`continue_state`).
         `prior`: the point whose trained weights gave the mask (IMP's previous round), for the cost;
         `search`: training runs after `prior` that found the mask (imp_mlm's masked-LM rounds)."""
-        from workbench.checkpoints import read_manifest
-        from workbench.finetune import load_classifier, train_seed
+        from workbench.store.checkpoints import read_manifest
+        from workbench.drivers.finetune import load_classifier, train_seed
         from workbench.loop import write_model_folder
 
         found = self.done(method, amount, s.seed)
@@ -581,7 +581,7 @@ class Sweep:
         """One retrained point (oneshot, random or reinit at a sparsity; imp_mlm: `pretraining_ticket`),
         computed or read back: what `run_seed` and an executor unit (`run_unit`) both call. reinit
         takes IMP's masks (`imp_masks`, {sparsity: masks})."""
-        from workbench.models import DERIVATIONS
+        from workbench.running.models import DERIVATIONS
 
         rewind, k, seed = self.rewind_params(), self.from_step(), s.seed
         if method == "oneshot":
@@ -649,11 +649,11 @@ class Sweep:
                             prior=str(self.run.checkpoint), search=tuple(found_by[amount]))
 
     def mlm_tickets(self):
-        """The masked-LM IMP rounds (`workbench.compress.pretraining_ticket.mlm_tickets`), run once
+        """The masked-LM IMP rounds (`workbench.drivers.pretraining_ticket.mlm_tickets`), run once
         per sweep, when the first imp_mlm point needs them (after the first seed's other methods;
         a finished round is found, so sweeps sharing `mlm.output_dir` train each round once)."""
         if self.mlm is None:
-            from workbench.compress.pretraining_ticket import load_mlm_settings, mlm_tickets
+            from workbench.drivers.pretraining_ticket import load_mlm_settings, mlm_tickets
 
             settings = load_mlm_settings(self.cfg.mlm, "prune config")
             folder = Path(settings.output_dir) if settings.output_dir else self.folder / "mlm"
@@ -786,7 +786,7 @@ AMOUNT_OF = {**METHODS, "lowrank_magnitude": "ranks", "full": "sparsities",
 
 def build_rows(points: list[dict], task: str, family: str, run_name: str) -> list[dict]:
     """The results rows of a sweep (module docstring)."""
-    from workbench.finetune import t_interval
+    from workbench.drivers.finetune import t_interval
 
     common = {"family": family, "probe": PROBE, "task": task}
     rows = []
@@ -863,7 +863,7 @@ def run_unit(cfg: PruneConfig, ft, folder: str, data, seed: int | None, method: 
     again over its folder (the parent claimed it), the unit's training done, its point written
     (`point.json`, read back by the parent). Each point is seeded by its seed alone (the same
     weights as in-process)."""
-    from workbench.finetune import prepare
+    from workbench.drivers.finetune import prepare
 
     folder = Path(folder)
     sweep = Sweep(cfg, ft, prepare(dataclasses.replace(ft, output_dir=str(folder / "full")), data), folder)
@@ -881,13 +881,13 @@ def run_unit(cfg: PruneConfig, ft, folder: str, data, seed: int | None, method: 
 def run_prune(cfg: PruneConfig, ft, store=None, data=None, executor=None) -> PruneResult:
     """Run every point of the sweep (resuming finished ones) and write one results-store run.
     `data` replaces the task's examples (tests plant a task, as `run_finetune` allows); `executor`
-    (`workbench.executor.ExecutorOptions`, default: this process) runs the trainings as independent
+    (`workbench.drivers.executor.ExecutorOptions`, default: this process) runs the trainings as independent
     units (`unit_stages`), job files under the sweep folder's `submitit/`."""
     import pandas as pd
 
-    from workbench.checkpoints import single_checkpoint
-    from workbench.executor import ExecutorOptions, Unit, replace_threads, run_units
-    from workbench.finetune import prepare, run_slug
+    from workbench.store.checkpoints import single_checkpoint
+    from workbench.drivers.executor import ExecutorOptions, Unit, replace_threads, run_units
+    from workbench.drivers.finetune import prepare, run_slug
     from workbench.paths import runs_root
 
     options = (executor or ExecutorOptions()).validate()
@@ -927,7 +927,7 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None, executor=None) -> Pru
         frame.assign(extra=frame["extra"].map(lambda e: json.dumps(e, sort_keys=True, default=str))).to_csv(tmp, index=False)
     atomic_write_json(folder / "points.json", sweep.points)
     try:
-        from workbench.results import ResultsStore
+        from workbench.store.results import ResultsStore
     except ImportError as e:  # a GPU machine without pyarrow: say so, the rows are in rows.csv
         get_logger(__name__).warning(f"results store unavailable ({e}); the rows are in {folder / 'rows.csv'}")
         return PruneResult("", frame, sweep.points, folder)
@@ -964,7 +964,7 @@ def format_table(rows) -> str:
 
 def prune_cli_main(config: str, overrides: dict | None = None, finetune_overrides: dict | None = None,
                    executor=None) -> int:
-    """`bertology prune CONFIG.yaml` (`executor`: `workbench.executor.ExecutorOptions`, from
+    """`bertology prune CONFIG.yaml` (`executor`: `workbench.drivers.executor.ExecutorOptions`, from
     --executor / --jobs)."""
     cfg, ft = load_prune_config(config, overrides, finetune_overrides)
     result = run_prune(cfg, ft, executor=executor)

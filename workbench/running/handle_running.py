@@ -1,8 +1,8 @@
 """Forward passes of a `ModelHandle` over pre-split words: `forward` (raw states of one batch) and
-`word_states` (every layer pooled to words, `workbench.word_pooling`), both through the model's
+`word_states` (every layer pooled to words, `workbench.running.word_pooling`), both through the model's
 `workbench.running.ModelRunner`.
 
-`WordForwards` is the part of `ModelHandle` (`workbench.models`, whose module docstring states the
+`WordForwards` is the part of `ModelHandle` (`workbench.running.models`, whose module docstring states the
 conventions) that runs the model; it reads the attributes the handle's constructor sets (model,
 runner, words, stacks, read_prefix, max_length, compute_dtype, stats, ...).
 """
@@ -15,12 +15,12 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from workbench import word_pooling
+from workbench.running import word_pooling
 from workbench.data.fake_language import separate_position_ids
 from workbench.errors import WorkbenchError
 from workbench.precision import autocast
-from workbench.word_alignment import WordBatch, decoder_inputs, first_not_none
-from workbench.word_pooling import POOLINGS
+from workbench.running.word_alignment import WordBatch, decoder_inputs, first_not_none
+from workbench.running.word_pooling import POOLINGS
 
 
 @dataclass
@@ -155,7 +155,7 @@ class WordForwards:
         windows of `max_length` tokens (special tokens included) whose starts are `stride` content
         tokens apart (default half a window); each word is read from the window that gives it most
         context (`choose_windows`). Counts go to `stats`: sentences, words, empty_sentences,
-        windowed_sentences, windows, no_subword_words, words_cut_by_window. (`workbench.word_pooling`)
+        windowed_sentences, windows, no_subword_words, words_cut_by_window. (`workbench.running.word_pooling`)
         """
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")

@@ -2,10 +2,10 @@
 
 Sentences are taken in chunks, sorted by length within a chunk so that batches pad little, and
 given back in input order; a sentence longer than the handle's window is read in sliding windows
-(`workbench.word_alignment.plan_windows`), each word from the window that gives it most context
+(`workbench.running.word_alignment.plan_windows`), each word from the window that gives it most context
 (`choose_windows`). A word's vector is its first, last or mean subword's state ("first" is the
 convention of Tenney et al. 2019 and Hewitt & Manning 2019; "mean" that of Liu et al. 2019).
-Every function takes the `workbench.models.ModelHandle` whose states it pools (not imported here:
+Every function takes the `workbench.running.models.ModelHandle` whose states it pools (not imported here:
 the handle imports this module).
 """
 
@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from workbench.word_alignment import choose_windows, plan_windows, ranges
+from workbench.running.word_alignment import choose_windows, plan_windows, ranges
 
 POOLINGS = ("first", "mean", "last")
 

@@ -1,6 +1,6 @@
 """Classification heads that transformers' Auto classes lack, as plain `PreTrainedModel`s.
 
-`workbench.finetune` uses transformers' own `*ForSequenceClassification` / `*ForTokenClassification`
+`workbench.drivers.finetune` uses transformers' own `*ForSequenceClassification` / `*ForTokenClassification`
 classes wherever the family has one (BERT/RoBERTa/ALBERT/ELECTRA: the first token; GPT-2: the last
 non-pad token; T5/BART: the decoder state at the final `</s>`). This module adds the rest:
 
@@ -16,9 +16,9 @@ non-pad token; T5/BART: the decoder state at the final `</s>`). This module adds
   (transformers has no BART token classifier).
 
 ELMo's heads are registered with `AutoModelForSequenceClassification` / `AutoModelForTokenClassification`
-when this module is imported, so after `import workbench.classifier_heads` those Auto classes open an ELMo
+when this module is imported, so after `import workbench.running.classifier_heads` those Auto classes open an ELMo
 classifier. The T5/BART encoder heads cannot be registered there (the config type already maps
-to transformers' decoder-based classes); `workbench.finetune.load_classifier` opens them through
+to transformers' decoder-based classes); `workbench.drivers.finetune.load_classifier` opens them through
 `config.architectures`.
 
 Every head returns a `SequenceClassifierOutput` / `TokenClassifierOutput` with the cross-entropy
@@ -210,7 +210,7 @@ def _encoder_mean_heads() -> dict:
 
 # family -> its encoder-mean sentence classifier (pooling "encoder_mean")
 ENCODER_MEAN = _encoder_mean_heads()
-# class name (as saved in config.architectures) -> class, for `workbench.finetune.load_classifier`
+# class name (as saved in config.architectures) -> class, for `workbench.drivers.finetune.load_classifier`
 HEADS = {cls.__name__: cls for cls in (
     ElmoForSequenceClassification, ElmoForTokenClassification, BartEncoderForTokenClassification,
     *ENCODER_MEAN.values())}

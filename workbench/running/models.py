@@ -5,7 +5,7 @@ folders and plain HF ones such as BERT or GPT-2) with its tokenizer, and gives e
 same three things: subword tokenisation of pre-split words with word alignment, hidden states of
 every layer (and stack) pooled to words, and raw hidden states/attentions of a batch. Scores with
 the model's own LM head (token log-probs, pseudo-log-likelihood, cloze candidates) live in
-`workbench.lm_scores`.
+`workbench.running.lm_scores`.
 
 Conventions (the HF `hidden_states` convention, as in Tenney et al. 2019 and Liu et al. 2019):
 layer 0 is the embedding output, layers 1..L the blocks. Stacks are "encoder" (bidirectional
@@ -60,21 +60,21 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from workbench.checkpoints import MANIFEST_NAME, derived_manifest
+from workbench.store.checkpoints import MANIFEST_NAME, derived_manifest
 from workbench.cost import derived_cost
 from workbench.data.fake_language import shifted_vocabulary_mask
 from workbench.errors import CheckpointError
 from workbench.hf_quiet import quiet_transformers
-from workbench.identity import state_dict_hash, weights_hash
+from workbench.store.identity import state_dict_hash, weights_hash
 from workbench.io import atomic_dir, atomic_write_json
-from workbench.handle_running import ForwardOutput, WordForwards  # noqa: F401 (ForwardOutput re-exported)
-from workbench.model_loading import (DERIVATIONS, TOKENIZER_FILES, Derivation, Lineage,  # noqa: F401 (re-exported)
+from workbench.running.handle_running import ForwardOutput, WordForwards  # noqa: F401 (ForwardOutput re-exported)
+from workbench.running.model_loading import (DERIVATIONS, TOKENIZER_FILES, Derivation, Lineage,  # noqa: F401 (re-exported)
                                      derive_model, open_checkpoint)
 from workbench.precision import resolve_compute_dtype
 from workbench.running.runner import CAUSAL_MODEL_TYPES, ModelRunner, stack_names  # noqa: F401 (re-exported)
-from workbench.word_alignment import (DEFAULT_MAX_LENGTH, EncodedSentence, WordBatch,  # noqa: F401 (re-exported)
+from workbench.running.word_alignment import (DEFAULT_MAX_LENGTH, EncodedSentence, WordBatch,  # noqa: F401 (re-exported)
                                       WordTokenizer, choose_windows, first_not_none, model_max_length, plan_windows)
-from workbench.word_pooling import POOLINGS  # noqa: F401 (re-exported)
+from workbench.running.word_pooling import POOLINGS  # noqa: F401 (re-exported)
 
 # config.model_type -> workbench family name.
 FAMILY_OF_MODEL_TYPE = {
@@ -136,9 +136,9 @@ class ModelHandle(WordForwards):
 
     `ModelHandle(model, tokenizer)` wraps an in-memory model (tests); `ModelHandle.load(folder)`
     opens a checkpoint folder. The tokenizer must be a fast (Rust `tokenizers`) one: alignment
-    uses its character offsets. A facade: opening and deriving are `workbench.model_loading`'s,
-    tokenisation `workbench.word_alignment.WordTokenizer` (`words`), forwards
-    `workbench.running.ModelRunner` (`runner`), pooling to words `workbench.word_pooling`.
+    uses its character offsets. A facade: opening and deriving are `workbench.running.model_loading`'s,
+    tokenisation `workbench.running.word_alignment.WordTokenizer` (`words`), forwards
+    `workbench.running.ModelRunner` (`runner`), pooling to words `workbench.running.word_pooling`.
     """
 
     def __init__(self, model, tokenizer, path: str | Path | None = None, *, family: str | None = None,
@@ -176,7 +176,7 @@ class ModelHandle(WordForwards):
         self._prefix = self.words.prefix
         # A decoder-only LM whose tokenizer adds nothing in front is read (`forward`, `word_states`)
         # behind the token its pretraining put before a document (`causal_start_id`), as
-        # `workbench.lm_scores` scores it; the token belongs to no word, like [CLS]. Without it the
+        # `workbench.running.lm_scores` scores it; the token belongs to no word, like [CLS]. Without it the
         # first word is the attention sink (Xiao et al. 2024) and carries the massive activations
         # (Sun et al. 2024): in SmolLM2's middle layers a max |x| of ~23,000 against ~100-300 for the
         # other words (docs/real-models.md). `tokenize_words` (fine-tuning's encoding) is unchanged,
@@ -203,15 +203,15 @@ class ModelHandle(WordForwards):
     def load(cls, path: str | Path, device: str | torch.device = "cpu", attentions: bool = False,
              max_length: int | None = None, dtype: str = "fp32") -> "ModelHandle":
         """Open a checkpoint folder (config + weights + tokenizer; our `manifest.json` optional), or
-        a Hub name from the local Hugging Face cache (`workbench.checkpoints.resolve_checkpoint`).
+        a Hub name from the local Hugging Face cache (`workbench.store.checkpoints.resolve_checkpoint`).
 
         Loads the LM head class the model was trained with (masked LM, causal LM or seq2seq LM) so
-        that `workbench.lm_scores` can use it; families without one in the Auto registry (ELMo) fall
+        that `workbench.running.lm_scores` can use it; families without one in the Auto registry (ELMo) fall
         back to the bare `AutoModel`. `attentions=True` loads eager attention (sdpa returns none).
         `dtype` ("fp32" | "bf16" | "auto", `workbench.precision`) is the precision the handle's
         forward passes compute in; the weights are loaded in fp32 either way.
         Every failure is a `CheckpointError` naming the folder. Never runs remote code
-        (`workbench.model_loading.open_checkpoint`).
+        (`workbench.running.model_loading.open_checkpoint`).
         """
         c = open_checkpoint(path, device, attentions, max_length)
         handle = cls(c.model, c.tokenizer, c.path, family=c.family, max_length=c.max_length,
@@ -234,7 +234,7 @@ class ModelHandle(WordForwards):
         return other
 
     def insert_prompt(self, ids: Sequence[int]) -> None:
-        """A prompt-tuned checkpoint (Lester et al. 2021, `workbench.peft_methods`): its trained
+        """A prompt-tuned checkpoint (Lester et al. 2021, `workbench.running.peft_methods`): its trained
         prompt ids follow the tokenizer's prefix in every sequence this handle runs, as in training;
         like the prefix they belong to no word."""
         if ids:

@@ -18,12 +18,12 @@ these are the *members* a membership attack must find, every other id is a non-m
 How each family classifies a sentence (`pooling`, "auto" picks the first listed):
 | family | pooling | class |
 |---|---|---|
-| bert, spanbert, roberta, albert, electra, deberta | first ([CLS] / <s>) / encoder_mean | transformers `AutoModelForSequenceClassification` / `workbench.classifier_heads` |
+| bert, spanbert, roberta, albert, electra, deberta | first ([CLS] / <s>) / encoder_mean | transformers `AutoModelForSequenceClassification` / `workbench.running.classifier_heads` |
 | gpt | last (last non-pad token) | `GPT2ForSequenceClassification` |
-| t5, bart | decoder_last (decoder state at the final </s>) / encoder_mean | transformers' class / `workbench.classifier_heads` |
-| elmo | scalar_mix (Peters et al. 2018, mean over tokens) | `workbench.classifier_heads.ElmoForSequenceClassification` |
+| t5, bart | decoder_last (decoder state at the final </s>) / encoder_mean | transformers' class / `workbench.running.classifier_heads` |
+| elmo | scalar_mix (Peters et al. 2018, mean over tokens) | `workbench.running.classifier_heads.ElmoForSequenceClassification` |
 Token classification uses `AutoModelForTokenClassification` (T5: the encoder) or, for ELMo and
-BART, the heads in `workbench.classifier_heads`.
+BART, the heads in `workbench.running.classifier_heads`.
 
 Training: AdamW with linear warm-up and decay (Devlin et al. 2019's fine-tuning recipe), dev
 accuracy after every epoch, early stopping after `patience` epochs without a new best, test
@@ -48,7 +48,7 @@ finetune/<name>/seed-S/result.json     dev curve, best epoch, dev/test accuracy 
 Rows go to the results store (probe="finetune"): per seed `accuracy` on dev and test (the best
 epoch), the per-epoch curve `accuracy_epoch` (dev) and `train_loss_epoch`, and the baselines (model
 `majority`, and `bow_logreg` (sentences) or `word_majority` (UPOS)) on the same split. The mean over
-seeds with its 95% t-interval is computed where it is shown (`workbench.aggregate`); runs written
+seeds with its 95% t-interval is computed where it is shown (`workbench.store.aggregate`); runs written
 before issue 41 also stored it as a seed-less `accuracy` row per split, which readers still use.
 """
 
@@ -68,11 +68,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.checkpoints import seed_dir, single_checkpoint, step_dir
-from workbench.drivers import IDENTITY, NOT_IDENTITY, DriverSpec, identity_hash, load_config
+from workbench.store.checkpoints import seed_dir, single_checkpoint, step_dir
+from workbench.drivers.spec import IDENTITY, NOT_IDENTITY, DriverSpec, identity_hash, load_config
 from workbench.errors import CheckpointError, ConfigError
 from workbench.io import atomic_dir, atomic_write_json, sha256_file
-from workbench.rowschema import RowSchema
+from workbench.store.rowschema import RowSchema
 from workbench.loop import (
     NO_HOOKS,
     TrainingHooks,
@@ -88,7 +88,7 @@ from workbench.loop import (
 )
 
 PROBE = "finetune"
-# The `extra` of the rows `run_finetune` writes (checked by the results store, `workbench.rowschema`).
+# The `extra` of the rows `run_finetune` writes (checked by the results store, `workbench.store.rowschema`).
 _METHOD_KEYS = {"lora_r": int, "lora_alpha": float, "lora_targets": str, "pooler": str, "adapter_size": int,
                 "adapter_norms": str, "prompt_tokens": int}  # `method_record`: the options its method reads
 EXTRA_SCHEMAS = (
@@ -120,7 +120,7 @@ METHOD_OPTIONS = ("lora_r", "lora_alpha", "adapter_size", "prompt_tokens", "lora
 
 
 def _reads(option: str):
-    """The identity rule of a method option (`workbench.drivers`): it counts when the config's method
+    """The identity rule of a method option (`workbench.drivers.spec`): it counts when the config's method
     (not full) reads it (`method_record`)."""
     return lambda cfg: cfg.method != "full" and option in method_record(cfg)
 BEST_DIR = "best"
@@ -148,7 +148,7 @@ class FinetuneConfig:
     freeze_body: bool = False             # train only the head (ELMo's original setting; = method head)
     # the method and the options it reads count for the identity (full fine-tuning reads none: its
     # hash is the one from before methods)
-    method: str = field(default="full", metadata={IDENTITY: lambda c: c.method != "full"})  # full | head | bitfit | adapter | prompt | lora (workbench.peft_methods)
+    method: str = field(default="full", metadata={IDENTITY: lambda c: c.method != "full"})  # full | head | bitfit | adapter | prompt | lora (workbench.running.peft_methods)
     lora_r: int = field(default=8, metadata={IDENTITY: _reads("lora_r")})              # lora: rank of each update
     lora_alpha: float = field(default=16.0, metadata={IDENTITY: _reads("lora_alpha")})  # lora: the update is scaled by alpha / r
     adapter_size: int = field(default=64, metadata={IDENTITY: _reads("adapter_size")})  # adapter: bottleneck width m
@@ -173,13 +173,13 @@ class FinetuneConfig:
         return dataclasses.asdict(self)
 
     def training_hash(self) -> str:
-        """What changes a seed's trained weights: the identity fields (`workbench.drivers.identity_hash`;
+        """What changes a seed's trained weights: the identity fields (`workbench.drivers.spec.identity_hash`;
         not the seed list, paths, display, baselines)."""
         return identity_hash(self)
 
 
 def load_finetune_config(source: str | Path | dict | FinetuneConfig, overrides: dict | None = None) -> FinetuneConfig:
-    """A validated config from a YAML file or a dict, with `overrides` on top (`workbench.drivers.load_config`:
+    """A validated config from a YAML file or a dict, with `overrides` on top (`workbench.drivers.spec.load_config`:
     None values ignored)."""
     cfg, where = load_config(FinetuneConfig, source, overrides, label="finetune config")
     _validate(cfg, where)
@@ -232,7 +232,7 @@ def _validate(cfg: FinetuneConfig, where: str) -> None:
         fail("checkpoint", "give a checkpoint folder or a Hub model name")
     if cfg.name is not None and not re.fullmatch(r"[\w.+-]+", cfg.name):
         fail("name", f"use letters, digits and . _ + - only, got {cfg.name!r}")
-    from workbench.peft_methods import check_method
+    from workbench.running.peft_methods import check_method
 
     check_method(cfg.method, method_options(cfg), where)
     if cfg.freeze_body and cfg.method not in ("full", "head"):
@@ -242,8 +242,8 @@ def _validate(cfg: FinetuneConfig, where: str) -> None:
 
 
 def method_options(cfg: FinetuneConfig):
-    """The sizes of the config's fine-tuning method (`workbench.peft_methods.MethodOptions`)."""
-    from workbench.peft_methods import MethodOptions
+    """The sizes of the config's fine-tuning method (`workbench.running.peft_methods.MethodOptions`)."""
+    from workbench.running.peft_methods import MethodOptions
 
     return MethodOptions(**{k: getattr(cfg, k) for k in METHOD_OPTIONS})
 
@@ -431,7 +431,7 @@ def choose_pooling(family: str, kind: str, pooling: str) -> str:
 
 def _head_class(family: str, kind: str, pooling: str):
     """A workbench head class, or None where transformers' Auto class is the one to use."""
-    from workbench import classifier_heads as heads
+    from workbench.running import classifier_heads as heads
 
     if family == "elmo":
         return heads.ElmoForTokenClassification if kind == "token" else heads.ElmoForSequenceClassification
@@ -490,7 +490,7 @@ def build_classifier(path: Path, family: str, kind: str, pooling: str, label_nam
 
 
 def load_classifier(path: str | Path):
-    """Open a fine-tuned classifier folder: transformers' Auto classes, or a `workbench.classifier_heads` class
+    """Open a fine-tuned classifier folder: transformers' Auto classes, or a `workbench.running.classifier_heads` class
     named in `config.architectures` (ELMo; T5/BART encoder_mean)."""
     from transformers import (
         AutoConfig,
@@ -499,7 +499,7 @@ def load_classifier(path: str | Path):
     )
 
     import workbench.families  # noqa: F401
-    from workbench import classifier_heads as heads
+    from workbench.running import classifier_heads as heads
 
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -510,8 +510,8 @@ def load_classifier(path: str | Path):
     arch = (getattr(config, "architectures", None) or [""])[0]
     auto = AutoModelForTokenClassification if arch.endswith("ForTokenClassification") else AutoModelForSequenceClassification
     cls = heads.HEADS.get(arch, auto)
-    from workbench.checkpoints import read_manifest
-    from workbench.peft_methods import reattach_saved
+    from workbench.store.checkpoints import read_manifest
+    from workbench.running.peft_methods import reattach_saved
 
     with quiet_transformers():
         model = cls.from_pretrained(path, local_files_only=True, trust_remote_code=False)
@@ -588,7 +588,7 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 def save_resume_state(folder: Path, model, optimizer, scheduler, loop: dict) -> None:
     """Write what `run_finetune` resumes a seed from (weights, optimizer, schedule, loop counters);
     public because a pruning sweep writes it too, to retrain a ticket from a rewind step k with the
-    schedule continuing at k (workbench.compress.sweep)."""
+    schedule continuing at k (workbench.drivers.prune_sweep)."""
     with atomic_dir(folder) as tmp:
         torch.save(model.state_dict(), tmp / "model.pt")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -613,13 +613,13 @@ def _load_state(folder: Path, model, optimizer, scheduler) -> dict:
 
 def _save_checkpoint(folder: Path, model, tokenizer, manifest: dict, method: dict | None = None) -> None:
     """A plain checkpoint of `model`; with a fine-tuning `method` record (`method_record`) other than
-    full, the plain architecture `workbench.peft_methods.plain_copy` makes of it (LoRA merged,
+    full, the plain architecture `workbench.running.peft_methods.plain_copy` makes of it (LoRA merged,
     adapters in a file beside it, prompt rows in the vocabulary) and the record in the manifest."""
     if method is None or method["method"] == "full":
         with atomic_dir(folder) as tmp:
             write_model_folder(tmp, model, tokenizer, manifest)
         return
-    from workbench.peft_methods import plain_copy, save_extra
+    from workbench.running.peft_methods import plain_copy, save_extra
 
     plain, tokenizer, record = plain_copy(model, tokenizer, method["method"])
     with atomic_dir(folder) as tmp:
@@ -661,9 +661,9 @@ def classification_loss(out, batch) -> dict[str, torch.Tensor]:
 
 def trainable_filter(cfg: FinetuneConfig, model, hooks: TrainingHooks):
     """The parameter filter of a run: `freeze_body` (train the head only), the fine-tuning method's
-    (`workbench.peft_methods.attach`, which adds the modules the method trains to `model`), or the
+    (`workbench.running.peft_methods.attach`, which adds the modules the method trains to `model`), or the
     hooks' own."""
-    from workbench.peft_methods import attach
+    from workbench.running.peft_methods import attach
 
     if cfg.freeze_body and hooks.trainable is not None:
         raise ConfigError(f"freeze_body and a parameter filter ({hooks.trainable.name}) both choose what trains; "
@@ -896,8 +896,8 @@ def baselines(data: TaskData, splits: dict[str, list[int]]) -> list[dict]:
 
 
 def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): Student-t interval over seeds; NaN bounds for a single seed (`workbench.aggregate`)."""
-    from workbench.aggregate import t_interval as interval
+    """(mean, low, high): Student-t interval over seeds; NaN bounds for a single seed (`workbench.store.aggregate`)."""
+    from workbench.store.aggregate import t_interval as interval
 
     return interval(values, confidence)
 
@@ -934,8 +934,8 @@ def run_slug(text: str) -> str:
 def prepare(cfg: FinetuneConfig, data: TaskData | None = None, hooks: TrainingHooks | None = None) -> Prepared:
     """Resolve the checkpoint, load and split the task (or take `data`, e.g. a planted task in a
     test), tokenise, and claim the run folder (for this config and these training hooks)."""
-    from workbench.checkpoints import checkpoint_name
-    from workbench.models import ModelHandle
+    from workbench.store.checkpoints import checkpoint_name
+    from workbench.running.models import ModelHandle
     from workbench.paths import runs_root
 
     if cfg.threads is not None:
@@ -978,7 +978,7 @@ def prepare(cfg: FinetuneConfig, data: TaskData | None = None, hooks: TrainingHo
     enc = {s: encode(handle, data, idx, max_len - n_prompt) for s, idx in splits.items()}
     if n_prompt:
         # prompt tuning: n ids past the vocabulary, right after the tokenizer's prefix ([CLS], <s>)
-        from workbench.peft_methods import insert_prompt
+        from workbench.running.peft_methods import insert_prompt
 
         first = handle.model.get_input_embeddings().num_embeddings
         ids = list(range(first, first + n_prompt))
@@ -1021,12 +1021,12 @@ def run_finetune(cfg: FinetuneConfig, store=None, on_step: Callable[[int], None]
     """Fine-tune every seed of `cfg`, then write one results-store run (rows + manifest).
 
     `data` replaces the task's own examples and split (tests plant a task in it); `hooks` as in
-    `train_seed`; `executor` (`workbench.executor.ExecutorOptions`, default: this process) runs the
+    `train_seed`; `executor` (`workbench.drivers.executor.ExecutorOptions`, default: this process) runs the
     seeds as independent units (`train_seed_unit`)."""
     import pandas as pd
 
-    from workbench.executor import ExecutorOptions, Unit, replace_threads, run_units
-    from workbench.results import ResultsStore
+    from workbench.drivers.executor import ExecutorOptions, Unit, replace_threads, run_units
+    from workbench.store.results import ResultsStore
 
     executor = (executor or ExecutorOptions()).validate()
     run = prepare(cfg, data, hooks)
@@ -1061,7 +1061,7 @@ def run_finetune(cfg: FinetuneConfig, store=None, on_step: Callable[[int], None]
             rows.append({**common, "seed": r.seed, "step": c["step"], "split": "train", "metric": "train_loss_epoch",
                          "value": c["train_loss"], "n": len(run.train.ids), "extra": {"epoch": c["epoch"]}})
     # per-seed rows only: the mean over seeds with its 95% t-interval is computed where it is shown
-    # (`workbench.aggregate`: `format_table`, the app's fine-tuning page)
+    # (`workbench.store.aggregate`: `format_table`, the app's fine-tuning page)
     with store.start_run("finetune", cfg.to_dict(), seeds=cfg.seeds, data_files=run.data.files,
                          checkpoints=[run.checkpoint], name=run.name) as writer:
         writer.add(rows)
@@ -1088,7 +1088,7 @@ def format_table(rows) -> str:
         seeded = g[g["seed"].notna()] if "seed" in g else g.iloc[0:0]
         agg = g[g["seed"].isna()] if "seed" in g else g
         if agg.empty and len(seeded):  # per-seed rows: the mean over seeds and its 95% t-interval
-            from workbench.aggregate import aggregate
+            from workbench.store.aggregate import aggregate
 
             agg = aggregate(seeded, over="seed", by=["model", "split"], interval="t")
         value = float(agg["value"].iloc[0]) if len(agg) else float(seeded["value"].mean())

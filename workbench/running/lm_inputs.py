@@ -1,11 +1,11 @@
-"""The inputs of LM scoring (`workbench.lm_scores`): texts, cloze contexts cut at their blank and
+"""The inputs of LM scoring (`workbench.running.lm_scores`): texts, cloze contexts cut at their blank and
 filled with each candidate, as token rows of the handle's tokenizer, length-checked.
 
 `LMInputs(handle)` builds them per head type: masked-LM rows with the positions to mask ("mask":
 the candidate's one piece, Talmor et al. 2020; "pll": every content token, Salazar et al. 2020),
 causal rows behind the start token the model's pretraining put before a document
-(`workbench.models.causal_start_id`), seq2seq source/target rows (T5's sentinels, Raffel et al.
-2020; BART's `<mask>` infilling, Lewis et al. 2020). The logit lens (`workbench.logit_lens`) reads
+(`workbench.running.models.causal_start_id`), seq2seq source/target rows (T5's sentinels, Raffel et al.
+2020; BART's `<mask>` infilling, Lewis et al. 2020). The logit lens (`workbench.running.logit_lens`) reads
 the same rows, so its last layer is the zero-shot score.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from workbench.errors import CheckpointError, ConfigError
-from workbench.models import ModelHandle, causal_start_id, first_not_none
+from workbench.running.models import ModelHandle, causal_start_id, first_not_none
 
 BLANK = "<blank>"
 

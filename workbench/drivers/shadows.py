@@ -6,7 +6,7 @@ A shadow set is a folder:
                                 the training config, and one entry per model (checkpoint, corpus)
     <out>/corpus-II/            model II's corpus split in the corpus builder's format: train.jsonl =
                                 the pool documents it trains on, heldout.jsonl = the rest, manifest.json
-    <out>/model-II/seed-S/...   an ordinary training run (`workbench.train.train_seed`): its checkpoint
+    <out>/model-II/seed-S/...   an ordinary training run (`workbench.drivers.train.train_seed`): its checkpoint
                                 manifests reference corpus-II, so membership is read from manifests,
                                 exactly as for any backend checkpoint
 
@@ -20,7 +20,7 @@ in which documents it saw. Rerunning finishes an interrupted set (finished model
 
 Fine-tuned classifiers (`train_finetune_shadow_set`, record kind "finetune"): the pool is a seeded
 sample of the task's train split (dev and test stay out: they pick each model's epoch and report its
-accuracy, and no model trains on them); model m is `bertology finetune`'s recipe (`workbench.finetune`,
+accuracy, and no model trains on them); model m is `bertology finetune`'s recipe (`workbench.drivers.finetune`,
 one config for all) on the pool examples `balanced_keep(...)[m]` selects. Its `splits.json` lists
 train = its IN half followed by its OUT half and `n_train` = the IN half, so `finetune.members`
 reads IN = members, OUT (and dev/test) = non-members from the checkpoint as for any fine-tuned model.
@@ -28,7 +28,7 @@ Layout `<out>/model-II/seed-S/{best,step-NNNNNNN}` (S = m, unpadded: `checkpoint
 picks the recorded checkpoint of each model: "best" (best dev epoch, what `bertology finetune`
 reports) or "last" (the last epoch's step folder, which must exist).
 
-`python -m workbench.shadows CONFIG.yaml` trains the set a YAML file describes (its `shadows:`
+`python -m workbench.drivers.shadows CONFIG.yaml` trains the set a YAML file describes (its `shadows:`
 mapping: train (a training config), pool {sources, max_documents, seed}, n_models, seed, out; or for
 classifiers finetune (a fine-tuning config), pool {max_examples, seed}, use, n_models, seed, out).
 """
@@ -114,7 +114,7 @@ class ShadowSet:
         folder = Path(folder)
         path = folder / SET_FILE
         if not path.is_file():
-            raise DataFormatError(path, None, "not a shadow set (no shadows.json); train one with python -m workbench.shadows")
+            raise DataFormatError(path, None, "not a shadow set (no shadows.json); train one with python -m workbench.drivers.shadows")
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
             ckpts = [folder / m["checkpoint"] for m in record["models"]]
@@ -139,7 +139,7 @@ def train_shadow_set(train_config, pool: dict, n_models: int, out_dir: str | Pat
     from workbench.data_cache import TokenizedCorpus
     from workbench.families import get_family
     from workbench.tokenization import train_tokenizer
-    from workbench.train import TrainingData, train_seed
+    from workbench.drivers.train import TrainingData, train_seed
 
     out = Path(out_dir)
     sources = list(pool.get("sources") or [])
@@ -196,13 +196,13 @@ def finetune_pool(data, max_examples: int | None, seed: int) -> list[int]:
 
 def train_finetune_shadow_set(finetune_config, pool: dict, n_models: int, out_dir: str | Path, seed: int = 0,
                               use: str = "best", progress: bool = True) -> ShadowSet:
-    """`n_models` classifiers fine-tuned with one `workbench.finetune` config (a FinetuneConfig, dict
+    """`n_models` classifiers fine-tuned with one `workbench.drivers.finetune` config (a FinetuneConfig, dict
     or YAML path), model m on the pool examples `balanced_keep(...)[m]` selects (module docstring).
     The config's seeds, name, output folder and max_train_examples are set per model."""
     import dataclasses
 
-    from workbench.checkpoints import seed_dir, step_dir
-    from workbench.finetune import load_finetune_config, load_task, prepare, train_seed
+    from workbench.store.checkpoints import seed_dir, step_dir
+    from workbench.drivers.finetune import load_finetune_config, load_task, prepare, train_seed
 
     if use not in ("best", "last"):
         raise ConfigError(f"finetune shadow set: use must be best or last, got {use!r}")
@@ -249,14 +249,14 @@ def _load_corpus(folder: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m workbench.shadows CONFIG.yaml [--out DIR]`: train the shadow set a config describes."""
+    """`python -m workbench.drivers.shadows CONFIG.yaml [--out DIR]`: train the shadow set a config describes."""
     import argparse
 
     from workbench.errors import cli_errors
     from workbench.io import read_yaml
     from workbench.paths import runs_root
 
-    p = argparse.ArgumentParser(prog="python -m workbench.shadows", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m workbench.drivers.shadows", description=main.__doc__)
     p.add_argument("config")
     p.add_argument("--out", default=None, help="set folder (default: the config's shadows.out or <runs root>/shadows/<name>)")
     args = p.parse_args(argv)
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(s.checkpoints)} models in {s.folder}")
         return 0
 
-    return cli_errors(run, prog="python -m workbench.shadows")
+    return cli_errors(run, prog="python -m workbench.drivers.shadows")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import CheckpointError, DataRootError
-from workbench.identity import checkpoint_hash, file_sha256
+from workbench.store.identity import checkpoint_hash, file_sha256
 from workbench.io import sha256_files
 from workbench.paths import REPO_ROOT, data_root
 

@@ -34,7 +34,7 @@ pieces of `workbench.loop`, which fine-tuning and the cloze probe's MC fine-tuni
 
 Resume: running the same config again continues from the latest checkpoint; on CPU the final
 weights equal an uninterrupted run's bit for bit (tests/test_train_resume.py).
-Distributed: launch with `torchrun --nproc_per_node N -m workbench.train CONFIG.yaml`; `batch_size`
+Distributed: launch with `torchrun --nproc_per_node N -m workbench.drivers.train CONFIG.yaml`; `batch_size`
 is the GLOBAL micro-batch, so a config means the same optimisation at any world size.
 """
 
@@ -60,14 +60,14 @@ import torch
 import torch.distributed as dist
 import transformers
 
-from workbench.checkpoints import STEP_PREFIX, list_steps, seed_dir, step_dir
+from workbench.store.checkpoints import STEP_PREFIX, list_steps, seed_dir, step_dir
 from workbench.config import TrainConfig, load_config
 from workbench.data_cache import TokenizedCorpus
 from workbench.dropout import use_fast_attention_dropout, use_fast_dropout
 from workbench.errors import CheckpointError, ConfigError, yaml_problem
 from workbench.families import get_family
 from workbench.families.base import FamilySpec
-from workbench.identity import tokenizer_hash
+from workbench.store.identity import tokenizer_hash
 from workbench.io import atomic_dir, atomic_write_json, atomic_write_text
 from workbench.loop import (
     NO_HOOKS,
@@ -409,7 +409,7 @@ def objective_settings(cfg: TrainConfig, family: FamilySpec) -> dict:
 # ---- checkpoints ----------------------------------------------------------------------------------
 
 
-# The step folder layout (`step_dir`) and listing a run's steps live in workbench/checkpoints.py.
+# The step folder layout (`step_dir`) and listing a run's steps live in workbench/store/checkpoints.py.
 list_checkpoints = list_steps  # (step, folder) of a run folder's complete checkpoints, by step
 
 
@@ -634,7 +634,7 @@ def pretraining_cost_meter(manifest: dict, device, d: Dist, resume_from: Path | 
     """`cost(tokens_seen, elapsed)` -> the checkpoint's `cost` record (`workbench.cost`): analytic
     FLOPs of the family x tokens seen, device-hours, energy (measured, or estimated from power x
     time) and CO2e. A resumed run carries the measured energy of the checkpoint it resumed from."""
-    from workbench.checkpoints import read_manifest
+    from workbench.store.checkpoints import read_manifest
     from workbench.cost import EnergyMeter, cost_record, device_info, own_cost, teacher_folder, training_flops_per_token
 
     # the family's step, plus a distillation teacher's forwards (workbench.cost.training_flops_per_token)
@@ -929,11 +929,11 @@ def train_cli_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # `torchrun --nproc_per_node 2 -m workbench.train CONFIG.yaml`
+if __name__ == "__main__":  # `torchrun --nproc_per_node 2 -m workbench.drivers.train CONFIG.yaml`
     from workbench.errors import cli_errors
 
     try:
-        sys.exit(cli_errors(train_cli_main, "python -m workbench.train"))
+        sys.exit(cli_errors(train_cli_main, "python -m workbench.drivers.train"))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -16,7 +16,7 @@ the soft term's gradient scale independent of T. alpha = 0 is plain fine-tuning 
 
 A sweep (`DistillConfig`, `bertology distill CONFIG.yaml`) runs every point of
 depths x inits x temperatures x alphas (alpha = 0 does not depend on T: one point, T recorded as
-none) over the seeds, each point a fine-tuning run of `workbench.finetune` with the teacher as a
+none) over the seeds, each point a fine-tuning run of `workbench.drivers.finetune` with the teacher as a
 training hook (the one training loop, its resume and early stopping), in
 
     distill/<name>/config.json                 the sweep's config (a different one is refused)
@@ -34,7 +34,7 @@ resumes a point's unfinished seed where it stopped.
 Points are independent runs (`run_point`): `run_distill(..., jobs=N)` runs N at once in spawned
 local processes (one torch thread each unless `threads` is set) and `executor="submitit-local"` or
 `"slurm"` hands each point to submitit: the points are units of the one executor layer
-(`workbench.executor`), as every driver's are. The
+(`workbench.drivers.executor`), as every driver's are. The
 parent prepares what the points share first (initial students, the teacher's evaluation, the
 latency batch), and writes the rows from the `point.json` files at the end, so a parallel sweep's
 rows equal a sequential one's (each point is seeded by its seeds alone; latencies are timings).
@@ -56,15 +56,15 @@ from typing import Any
 
 import torch
 
-from workbench.drivers import NOT_IDENTITY, DriverSpec, identity_hash, load_config
+from workbench.drivers.spec import NOT_IDENTITY, DriverSpec, identity_hash, load_config
 from workbench.errors import ConfigError
 from workbench.io import atomic_write_json
-from workbench.rowschema import RowSchema
+from workbench.store.rowschema import RowSchema
 from workbench.loop import TrainingHooks, kl_to_teacher
 
 PROBE = "distill"
-# The `extra` of `distill_rows` (checked by the results store, `workbench.rowschema`); the
-# pretraining distillation's rows are declared in `workbench.distill_pretraining`.
+# The `extra` of `distill_rows` (checked by the results store, `workbench.store.rowschema`); the
+# pretraining distillation's rows are declared in `workbench.drivers.distill_pretraining`.
 EXTRA_SCHEMAS = (
     RowSchema(PROBE, "teacher", required={"role": str, "depth": int}),
     RowSchema(PROBE, "student", required={"role": str, "depth": int, "init": str, "temperature": float | None, "alpha": float,
@@ -144,10 +144,10 @@ def random_student(teacher, depth: int, seed: int):
 def classifier_handle(folder: Path):
     """The fine-tuned classifier of `folder` as a `ModelHandle` over its classifier class (not the
     LM class `ModelHandle.load` opens), keeping the folder's identity (weight-file hash, manifest)."""
-    from workbench.checkpoints import read_manifest, weight_files
-    from workbench.finetune import load_classifier
+    from workbench.store.checkpoints import read_manifest, weight_files
+    from workbench.drivers.finetune import load_classifier
     from workbench.hf_quiet import quiet_transformers
-    from workbench.models import ModelHandle
+    from workbench.running.models import ModelHandle
     from transformers import AutoTokenizer
 
     model = load_classifier(folder)
@@ -162,7 +162,7 @@ def make_student(teacher_handle, depth: int, init: str, seed: int = 0):
     """A derived handle (`ModelHandle.derive`) over the student: lineage = the teacher (folder,
     hash), transform "distill_student" with the layer map and init. A random student is derived
     as fresh weights (it keeps nothing the teacher learnt)."""
-    from workbench.models import DERIVATIONS, Derivation
+    from workbench.running.models import DERIVATIONS, Derivation
 
     teacher_depth = _depth(teacher_handle.model.config)
     if init == "teacher":
@@ -250,7 +250,7 @@ class DistillConfig:
     """One task-distillation sweep. Unknown keys and bad values are `ConfigError`s (`load_distill_config`)."""
 
     teacher: str                                                  # a fine-tuned classifier folder (finetune/<name>/seed-S/best)
-    kind: str = "task"                                            # task | pretraining (workbench.distill_pretraining)
+    kind: str = "task"                                            # task | pretraining (workbench.drivers.distill_pretraining)
     name: str | None = field(default=None, metadata=NOT_IDENTITY)  # sweep folder name; default <teacher run name>
     depths: list[int] = field(default_factory=lambda: [3, 2])     # student layers (each <= the teacher's)
     inits: list[str] = field(default_factory=lambda: ["teacher", "random"])
@@ -278,7 +278,7 @@ class DistillConfig:
         return dataclasses.asdict(self)
 
     def key(self) -> str:
-        """What changes the sweep's results: the identity fields (`workbench.drivers.identity_hash`;
+        """What changes the sweep's results: the identity fields (`workbench.drivers.spec.identity_hash`;
         not display, device, threads or folders)."""
         return identity_hash(self)
 
@@ -286,7 +286,7 @@ class DistillConfig:
 def load_distill_config(source: str | Path | dict, overrides: dict | None = None) -> DistillConfig:
     """A validated config (YAML file or dict, `overrides` on top); the teacher is checked too (it
     must be a classifier with at least as many layers as every student) before any work. `overrides`
-    by `workbench.drivers.load_config`'s rule (None values ignored)."""
+    by `workbench.drivers.spec.load_config`'s rule (None values ignored)."""
     cfg, where = load_config(DistillConfig, source, overrides, label="distill config")
     _validate(cfg, where)
     return cfg
@@ -297,7 +297,7 @@ def _validate(cfg: DistillConfig, where: str) -> None:
         raise ConfigError(f"{where}: {key}: {msg}")
 
     if cfg.kind != "task":
-        fail("kind", f"must be task here (pretraining: workbench.distill_pretraining), got {cfg.kind!r}")
+        fail("kind", f"must be task here (pretraining: workbench.drivers.distill_pretraining), got {cfg.kind!r}")
     for key in ("depths", "inits", "temperatures", "alphas", "seeds"):
         values = getattr(cfg, key)
         if not values:
@@ -414,7 +414,7 @@ def cpu_latency_ms(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 def _file_bytes(folder: Path) -> int:
-    from workbench.checkpoints import weight_files
+    from workbench.store.checkpoints import weight_files
 
     return sum(p.stat().st_size for p in weight_files(folder))
 
@@ -430,7 +430,7 @@ def _finetune_cfg(cfg: DistillConfig, point: Point, seeds: list[int], folder: Pa
                   task_keys: dict):
     """The fine-tuning config of one point: its student, the teacher's task and split, the sweep's
     training settings, its own run folder."""
-    from workbench.finetune import load_finetune_config
+    from workbench.drivers.finetune import load_finetune_config
 
     return load_finetune_config({
         "checkpoint": str(student), **task_keys, "name": point.name,
@@ -446,8 +446,8 @@ def run_point(cfg: DistillConfig, point: Point, shared: dict, store_root: str | 
     process, a local worker or a submitit job; writes and returns its `point.json` document.
     `shared` is what the parent prepared (`run_distill`): the sweep folder, the teacher (folder,
     hash, depth), the task keys, the initial students' folders and the latency batch."""
-    from workbench.finetune import load_classifier, run_finetune
-    from workbench.results import ResultsStore
+    from workbench.drivers.finetune import load_classifier, run_finetune
+    from workbench.store.results import ResultsStore
 
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
@@ -481,16 +481,16 @@ def run_point(cfg: DistillConfig, point: Point, shared: dict, store_root: str | 
 
 def run_distill(cfg: DistillConfig, store=None, jobs: int | None = None, executor="local") -> DistillResult:
     """Run (or resume) every point of the sweep, then write one results-store run (module docstring).
-    The points are the executor's units (`workbench.executor`): `jobs` > 1 runs them in parallel
+    The points are the executor's units (`workbench.drivers.executor`): `jobs` > 1 runs them in parallel
     local processes; `executor` submitit-local | slurm (or `ExecutorOptions`) hands each to submitit,
     job files under the sweep folder's `submitit/`."""
     import pandas as pd
 
-    from workbench.checkpoints import checkpoint_name
-    from workbench.executor import Unit, replace_threads, resolve_options, run_units
-    from workbench.finetune import collate, evaluate, prepare
+    from workbench.store.checkpoints import checkpoint_name
+    from workbench.drivers.executor import Unit, replace_threads, resolve_options, run_units
+    from workbench.drivers.finetune import collate, evaluate, prepare
     from workbench.paths import runs_root
-    from workbench.results import ResultsStore
+    from workbench.store.results import ResultsStore
 
     options = resolve_options(executor, jobs)
     if cfg.threads is not None:

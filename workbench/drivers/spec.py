@@ -11,7 +11,7 @@ distillation and pretraining distillation (`bertology distill`), the compression
                                 `predicate(config) -> bool` (fine-tuning's method options count only
                                 for the method that reads them)
     load(source, overrides)     `load_config` + its own validation, before any work
-    run(config, store, executor=ExecutorOptions)   its independent units through `workbench.executor`
+    run(config, store, executor=ExecutorOptions)   its independent units through `workbench.drivers.executor`
     DRIVER = DriverSpec(...)    registered in `DRIVERS` below
 
 The run's identity is computed generically (`identity`, `identity_hash`): every identity field,
@@ -132,13 +132,13 @@ class DriverSpec:
 
 # name -> (module defining DRIVER, one-line description); imported only when used (they pull in torch)
 DRIVERS: dict[str, tuple[str, str]] = {
-    "finetune": ("workbench.finetune", "fine-tune a checkpoint on a classification task over seeds"),
-    "distill": ("workbench.distill", "distil a fine-tuned classifier into smaller students (a sweep)"),
-    "distill_pretraining": ("workbench.distill_pretraining",
+    "finetune": ("workbench.drivers.finetune", "fine-tune a checkpoint on a classification task over seeds"),
+    "distill": ("workbench.drivers.distill", "distil a fine-tuned classifier into smaller students (a sweep)"),
+    "distill_pretraining": ("workbench.drivers.distill_pretraining",
                             "DistilBERT-style pretraining distillation (bertology distill, kind: pretraining)"),
     "peft": ("probes.peft_change",
              "fine-tune with every method (full, head, bitfit, adapter, prompt, lora); CKA per layer"),
-    "prune": ("workbench.compress.sweep",
+    "prune": ("workbench.drivers.prune_sweep",
               "compression sweep: lottery tickets, quantization, low rank (bertology prune CONFIG.yaml)"),
 }
 

@@ -1,6 +1,6 @@
 """Text generation with a model's own LM head: greedy, temperature, top-k and nucleus sampling.
 
-One decoding loop for every family that generates, through the head `workbench.lm_scores` finds:
+One decoding loop for every family that generates, through the head `workbench.running.lm_scores` finds:
 - "causal" (GPT): the prompt behind a start token (bos, else eos: the document separator the
   model trained on, as `LMScorer.causal_row` scores), then one token at a time with the key/value
   cache;
@@ -107,7 +107,7 @@ def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -
 
 def generator_head(handle):
     """(kind, model) of the head that generates; ConfigError for a model that cannot."""
-    from workbench.lm_scores import find_lm_head, handle_location
+    from workbench.running.lm_scores import find_lm_head, handle_location
 
     where = handle_location(handle)
     try:
@@ -220,8 +220,8 @@ def _bilm(handle, model, rows, sampling, gen) -> list[np.ndarray]:
 
 
 def _seq2seq(handle, model, rows, sampling, gen) -> list[np.ndarray]:
-    from workbench.lm_inputs import pad_rows
-    from workbench.models import first_not_none
+    from workbench.running.lm_inputs import pad_rows
+    from workbench.running.models import first_not_none
 
     src, att = pad_rows(rows, handle.pad_id, handle.device)
     enc = model.get_encoder()(input_ids=src, attention_mask=att)
@@ -248,8 +248,8 @@ def cli_main(argv: Sequence[str]) -> int:
     import argparse
     import json
 
-    from workbench.checkpoints import single_checkpoint
-    from workbench.models import ModelHandle
+    from workbench.store.checkpoints import single_checkpoint
+    from workbench.running.models import ModelHandle
 
     p = argparse.ArgumentParser(prog="bertology generate", description="generate text with a model's own LM head "
                                 "(GPT, T5, BART, ELMo's forward LM): greedy, temperature, top-k, nucleus; seeded")

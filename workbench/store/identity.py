@@ -3,7 +3,7 @@
 A model's identity keys the activation cache, a probe's resume units, every results row's
 checkpoint record and a derived model's lineage, so each hash has exactly one formula, here:
 
-- `weights_hash(folder)`: a checkpoint folder's weight files (`workbench.checkpoints.weight_files`:
+- `weights_hash(folder)`: a checkpoint folder's weight files (`workbench.store.checkpoints.weight_files`:
   exactly what `from_pretrained` reads), each file's sha256 behind its name relative to the folder
   (`workbench.io.sha256_files`). What `ModelHandle.checkpoint_hash` is for a loaded checkpoint.
 - `file_sha256(path)`: one file's bytes (a single weights file, a data file a manifest records).
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.checkpoints import weight_files
+from workbench.store.checkpoints import weight_files
 from workbench.errors import CheckpointError
 from workbench.io import sha256_file, sha256_files
 

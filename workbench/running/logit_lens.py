@@ -5,7 +5,7 @@ layer) and by the app's model explorer (the live top-k box). `candidate_scores` 
 multiple-choice blank at every layer with the same inputs and the same rule as
 `LMScorer.score_candidates`, so its last layer reproduces the model's zero-shot scores;
 `blank_topk` lists the head's top tokens at one blank, layer by layer. Which head and which norm a
-layer goes through is `workbench.lm_scores.layer_head`'s business (per family); the encoder of an
+layer goes through is `workbench.running.lm_scores.layer_head`'s business (per family); the encoder of an
 encoder-decoder has no lens (its states never meet the head).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from workbench.errors import ConfigError
-from workbench.lm_scores import BLANK, LMScorer, filled_items, layer_head
+from workbench.running.lm_scores import BLANK, LMScorer, filled_items, layer_head
 
 
 @torch.no_grad()
