@@ -96,100 +96,56 @@ def _cmd_run(args: argparse.Namespace) -> int:
                           runs_root=args.runs_root, precision=args.precision) or 0
 
 
-# --------------------------------------------------------------------------- finetune
-def _cmd_finetune(args: argparse.Namespace) -> int:
-    from workbench.errors import ConfigError
+# --------------------------------------------------------------------------- drivers
+def _cmd_driver(args: argparse.Namespace) -> int:
+    """`bertology <driver> [CONFIG] [flags]` for every driver with a command in the registry
+    (`workbench.drivers.spec.DRIVERS`): each flag an override of the config, then the driver's
+    load (validation before any work), run (through the executor) and report."""
     from workbench.drivers.executor import options_from_args
-    from workbench.drivers.finetune import format_table, load_finetune_config, run_finetune
-
-    def number(flag, text, kind):
-        try:
-            return None if text is None else kind(text)
-        except ValueError:
-            raise ConfigError(f"{flag}: expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
-
-    seeds = None if args.seeds is None else [number("--seeds", s, int) for s in args.seeds.split(",")]
-    overrides = {"checkpoint": args.checkpoint, "task": args.task, "seeds": seeds, "name": args.name,
-                 "pooling": args.pooling, "threads": args.threads, "output_dir": args.output_dir, "device": args.device}
-    overrides["method"] = args.method
-    for flag, kind in (("epochs", int), ("lr", float), ("batch_size", int), ("max_train_examples", int),
-                       ("max_eval_examples", int), ("patience", int), ("max_len", int),
-                       ("lora_r", int), ("lora_alpha", float), ("adapter_size", int), ("prompt_tokens", int)):
-        overrides[flag] = number(f"--{flag.replace('_', '-')}", getattr(args, flag), kind)
-    for flag in ("lora_targets", "adapter_norms", "pooler"):  # checked by workbench.running.peft_methods.check_method
-        overrides[flag] = getattr(args, flag)
-    if args.keep_epoch_checkpoints:
-        overrides["keep_epoch_checkpoints"] = True
-    if args.config is None and args.checkpoint is None:
-        raise ConfigError("give --checkpoint PATH_OR_HUB_NAME (or a config YAML)")
-    options = options_from_args(args)  # bad --jobs / --executor: one line, before any work
-    cfg = load_finetune_config(args.config or {"checkpoint": args.checkpoint}, overrides)
-    result = run_finetune(cfg, executor=options)
-    print(format_table(result.rows))
-    print(f"run {result.run_id}; checkpoints under {result.folder}")
-    return 0
-
-
-# --------------------------------------------------------------------------- distill
-def _cmd_distill(args: argparse.Namespace) -> int:
+    from workbench.drivers.spec import command, get_driver, parse_flag
     from workbench.errors import ConfigError
-    from workbench.drivers.distill import format_table, load_distill_config, run_distill
-    from workbench.drivers.executor import options_from_args
     from workbench.io import read_yaml
 
+    name, cmd = args.command, command(args.command)
+    flags = {f.dest: f for f in cmd.flags}
     options = options_from_args(args)  # bad --jobs / --executor: one line, before any work
-    data = read_yaml(Path(args.config))
-    if isinstance(data, dict) and data.get("kind") == "pretraining":  # DistilBERT-style, on the masked LM
-        from workbench.drivers.distill_pretraining import load_pretrain_distill_config, run_pretrain_distill
-
-        if any(v is not None for v in (args.threads, args.output_dir, args.depths, args.inits, args.seeds)):
-            raise ConfigError("--threads, --output-dir, --depths, --inits and --seeds apply to task distillation "
-                              "(kind: task) only; set them in the YAML")
-        cfg = load_pretrain_distill_config(args.config, {"teacher": args.teacher, "name": args.name,
-                                                         "device": args.device})
-        result = run_pretrain_distill(cfg, executor=options)
-        print(result.rows[["model", "value"]].rename(columns={"value": "heldout_mlm_loss"}).to_string(index=False))
-        print(f"run {result.run_id}")
-        return 0
-    def ints(flag, text):
-        try:
-            return None if text is None else [int(x) for x in text.split(",")]
-        except ValueError:
-            raise ConfigError(f"{flag}: expected comma-separated integers, got {text!r}") from None
-
-    cfg = load_distill_config(args.config, {"teacher": args.teacher, "name": args.name, "device": args.device,
-                                            "threads": args.threads, "output_dir": args.output_dir,
-                                            "depths": ints("--depths", args.depths), "seeds": ints("--seeds", args.seeds),
-                                            "inits": None if args.inits is None else args.inits.split(",")})
-    result = run_distill(cfg, executor=options)
-    print(format_table(result.rows))
-    print(f"run {result.run_id}; students under {result.folder}")
+    needed = cmd.needs_without_config
+    if args.config is None and needed and getattr(args, needed.lstrip("-").replace("-", "_")) is None:
+        raise ConfigError(f"give {needed} PATH_OR_HUB_NAME (or a config YAML)")
+    data = read_yaml(Path(args.config)) if cmd.variants and args.config is not None else None
+    for kind, variant, allowed in cmd.variants:  # another driver runs this kind of file
+        if isinstance(data, dict) and data.get("kind") == kind:
+            given = [f.name for f in cmd.flags if f.name not in allowed and getattr(args, f.dest) not in (None, False)]
+            if given:
+                raise ConfigError(f"{', '.join(given)} do not apply to a config of kind {kind!r}; set them in the YAML")
+            flags = {k: f for k, f in flags.items() if f.name in allowed}
+            name = variant
+            break
+    overrides = {f.override_key: parse_flag(f, getattr(args, dest)) for dest, f in flags.items()}
+    spec = get_driver(name)
+    cfg = spec.load(args.config if args.config is not None else {}, overrides)
+    print(spec.report(spec.run(cfg, executor=options)))
     return 0
 
 
-# --------------------------------------------------------------------------- peft
-def _cmd_peft(args: argparse.Namespace) -> int:
-    from probes.peft_change import format_summary, load_sweep_config, run_sweep
-    from workbench.drivers.executor import options_from_args
+def _add_driver_commands(sub) -> None:
+    """One subcommand per driver with a command in the registry, flags and all (no torch import)."""
+    from workbench.drivers.executor import add_executor_arguments
+    from workbench.drivers.spec import DRIVERS
 
-    options = options_from_args(args)  # bad --jobs / --executor: one line, before any work
-    overrides = {"checkpoint": args.checkpoint, "device": args.device, "output_dir": None}
-    methods = None if args.methods is None else [m.strip() for m in args.methods.split(",")]
-    cfg = load_sweep_config(args.config, overrides, methods=methods)
-    run_id, rows = run_sweep(cfg, executor=options)
-    print(format_summary(rows))
-    print(f"run {run_id}")
-    return 0
-
-
-# --------------------------------------------------------------------------- prune
-def _cmd_prune(args: argparse.Namespace) -> int:
-    from workbench.drivers.prune_sweep import prune_cli_main
-    from workbench.drivers.executor import options_from_args
-
-    return prune_cli_main(args.config, {"output_dir": args.output_dir, "name": args.name},
-                          {"checkpoint": args.checkpoint, "device": args.device, "seeds": args.seeds},
-                          executor=options_from_args(args))
+    for name, reg in DRIVERS.items():
+        if reg.command is None:
+            continue
+        cmd = reg.command
+        p = sub.add_parser(name, help=reg.description)
+        p.add_argument("config", nargs="?" if cmd.config_optional else None, help=cmd.config_help)
+        for flag in cmd.flags:
+            if flag.parse == "switch":
+                p.add_argument(flag.name, action="store_true", help=flag.help)
+            else:
+                p.add_argument(flag.name, type=flag.argtype, help=flag.help)
+        add_executor_arguments(p, cmd.units)
+        p.set_defaults(func=_cmd_driver)
 
 
 # --------------------------------------------------------------------------- runs
@@ -315,7 +271,6 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from workbench.drivers.spec import describe as describe_driver  # the driver registry (no torch import)
     from workbench.drivers.executor import add_executor_arguments
 
     parser = argparse.ArgumentParser(prog="bertology", description=__doc__.splitlines()[0])
@@ -361,56 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("generate", help="generate text from a checkpoint (GPT, T5, BART, ELMo): bertology generate --help")
 
-    p = sub.add_parser("finetune", help=describe_driver("finetune"))
-    p.add_argument("config", nargs="?", help="fine-tuning YAML (e.g. experiments/finetune_polarity.yaml); flags override it")
-    p.add_argument("--checkpoint", help="checkpoint folder, training folder (last step) or Hub model name")
-    p.add_argument("--task", help="sentence_polarity | subjectivity | upos | conll2002_es | conll2002_nl")
-    p.add_argument("--seeds", help="comma-separated, e.g. 0,1,2")
-    for flag in ("epochs", "lr", "batch-size", "max-train-examples", "max-eval-examples", "patience", "max-len"):
-        p.add_argument(f"--{flag}")
-    p.add_argument("--pooling", help="auto | first | last | decoder_last | encoder_mean | scalar_mix")
-    p.add_argument("--name", help="run folder name under <runs root>/finetune/")
-    p.add_argument("--output-dir", help="run folder (default <runs root>/finetune/<name>)")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
-    p.add_argument("--keep-epoch-checkpoints", action="store_true", help="save a checkpoint at every epoch end")
-    p.add_argument("--method", help="what trains: full (default) | head | bitfit | adapter | prompt | lora (docs/peft.md)")
-    for flag in ("lora-r", "lora-alpha", "adapter-size", "prompt-tokens"):
-        p.add_argument(f"--{flag}")
-    p.add_argument("--lora-targets", help="lora: qv (default, Hu et al.) | qkv")
-    p.add_argument("--adapter-norms", help="adapter: train (default, Houlsby et al.) | frozen")
-    p.add_argument("--pooler", help="BERT's pooler under a PEFT method: auto (default: trains when not pretrained) | train | frozen")
-    add_executor_arguments(p, "seeds")
-    p.set_defaults(func=_cmd_finetune)
-
-    p = sub.add_parser("distill", help=describe_driver("distill"))
-    p.add_argument("config", help="distillation YAML (e.g. experiments/distill/polarity_minilm.yaml)")
-    p.add_argument("--teacher", help="fine-tuned classifier folder (overrides the config's teacher)")
-    p.add_argument("--depths", help="student depths, comma-separated (overrides the config's)")
-    p.add_argument("--inits", help="teacher,random or one of them (overrides the config's)")
-    p.add_argument("--seeds", help="comma-separated, e.g. 0,1,2 (overrides the config's)")
-    p.add_argument("--name", help="sweep folder name under <runs root>/distill/")
-    p.add_argument("--output-dir", help="sweep folder (default <runs root>/distill/<name>)")
-    p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    add_executor_arguments(p, "grid points")
-    p.set_defaults(func=_cmd_distill)
-    p = sub.add_parser("peft", help=describe_driver("peft"))
-    p.add_argument("config", help="sweep YAML (e.g. experiments/peft/minilm_polarity_cpu.yaml)")
-    p.add_argument("--checkpoint", help="the starting checkpoint (overrides finetune.checkpoint)")
-    p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda | cuda:N")
-    p.add_argument("--methods", help="comma-separated subset of the config's methods, e.g. full,lora")
-    add_executor_arguments(p, "methods")
-    p.set_defaults(func=_cmd_peft)
-    p = sub.add_parser("prune", help=describe_driver("prune"))
-    p.add_argument("config", help="sweep YAML (e.g. experiments/prune/minilm_polarity_small.yaml)")
-    p.add_argument("--name", help="sweep folder name under <runs root>/prune/")
-    p.add_argument("--output-dir", help="sweep folder (default <runs root>/prune/<name>)")
-    p.add_argument("--checkpoint", help="the pretrained checkpoint (replaces finetune.checkpoint)")
-    p.add_argument("--device", help="auto | cpu | cuda | cuda:N (replaces finetune.device)")
-    p.add_argument("--seeds", help="comma-separated seeds (replaces finetune.seeds)")
-    add_executor_arguments(p, "fine-tunings (full models, IMP rounds, retrained points)")
-    p.set_defaults(func=_cmd_prune)
+    _add_driver_commands(sub)  # finetune, distill, peft, prune: from the driver registry
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")

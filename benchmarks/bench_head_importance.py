@@ -45,7 +45,8 @@ def main(argv=None) -> dict:
 
     from results_io import record_start, write_result
     from workbench.drivers import head_pruning as H
-    from workbench.drivers.finetune import FinetuneConfig, load_classifier, load_task, used_splits
+    from workbench.drivers.finetune import FinetuneConfig, load_task, used_splits
+    from workbench.running.classifier_loading import load_classifier
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("classifier", help="a fine-tuned sequence classifier folder")

@@ -35,7 +35,8 @@ def main(argv=None) -> int:
     from workbench.compress.masks import keep_masked
     from workbench.drivers.prune_sweep import rewound
     from workbench.compress.unstructured import magnitude_masks, prunable_weights
-    from workbench.drivers.finetune import build_classifier, load_finetune_config, prepare, train_seed
+    from workbench.drivers.finetune import load_finetune_config, prepare, train_seed
+    from workbench.running.classifier_loading import build_classifier
     from workbench.loop import TrainingHooks, write_model_folder
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
         start_model = build_classifier(run.checkpoint, run.family, run.data.kind, run.pooling, run.data.label_names,
                                        run.pad_id)
         start = {k: v.clone() for k, v in start_model.state_dict().items()}
-        from workbench.drivers.finetune import load_classifier
+        from workbench.running.classifier_loading import load_classifier
 
         times = {"plain_epoch": [], "imp_round": [], "masks": [], "rewind_and_write": [], "masked_epoch": []}
         for rep in range(args.repeats):

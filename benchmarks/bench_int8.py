@@ -29,7 +29,8 @@ from benchmarks.results_io import record_start, write_result  # noqa: E402
 
 def main(argv=None) -> int:
     from workbench.compress.quantize import int8_dynamic, state_size_bytes
-    from workbench.drivers.finetune import collate, encode, evaluate, load_classifier, load_finetune_config, load_task
+    from workbench.drivers.finetune import collate, encode, evaluate, load_finetune_config, load_task
+    from workbench.running.classifier_loading import load_classifier
     from workbench.running.models import ModelHandle
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

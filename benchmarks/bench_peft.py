@@ -44,7 +44,8 @@ def one_method(args) -> dict:
     import psutil
 
     from workbench.data.raw import load_labelled
-    from workbench.drivers.finetune import build_classifier, classification_loss, load_finetune_config, method_options
+    from workbench.drivers.finetune import classification_loss, load_finetune_config, method_options
+    from workbench.running.classifier_loading import build_classifier
     from workbench.loop import NO_HOOKS, adamw, apply_param_filter, loss_terms, optimizer_step
     from workbench.running.models import ModelHandle
     from workbench.running.peft_methods import attach, insert_prompt

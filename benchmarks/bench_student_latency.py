@@ -31,7 +31,7 @@ def main(argv=None) -> dict:
     from transformers import AutoTokenizer
 
     from workbench.data.raw import load_labelled
-    from workbench.drivers.finetune import load_classifier
+    from workbench.running.classifier_loading import load_classifier
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("teacher")

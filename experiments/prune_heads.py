@@ -58,7 +58,8 @@ import numpy as np
 
 from workbench.drivers import head_pruning as H
 from workbench.errors import ConfigError
-from workbench.drivers.finetune import load_classifier, load_finetune_config, prepare, run_finetune
+from workbench.drivers.finetune import load_finetune_config, prepare, run_finetune
+from workbench.running.classifier_loading import load_classifier
 from workbench.io import atomic_write_json, read_yaml
 from workbench.loop import TrainingHooks
 from workbench.paths import runs_root

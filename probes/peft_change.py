@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.drivers.spec import NOT_IDENTITY, DriverSpec, load_config
+from workbench.drivers.spec import NOT_IDENTITY, DriverSpec, split_section
+from workbench.coerce import load_config
 from workbench.errors import ConfigError
 from workbench.progress import get_logger
 from workbench.store.rowschema import RowSchema
@@ -56,7 +57,7 @@ class PeftSweepConfig:
 
 def load_sweep_config(source, overrides: dict | None = None, methods: list[str] | None = None) -> PeftSweepConfig:
     """A validated sweep config from YAML or a dict; `overrides` replace keys of `finetune`, `methods`
-    the method list (`workbench.drivers.spec.load_config`'s rule: None values ignored, `finetune.KEY` for
+    the method list (`workbench.coerce.load_config`'s rule: None values ignored, `finetune.KEY` for
     a key of the fine-tuning). Every method's fine-tuning config is validated here, before any work."""
     from workbench.running.peft_methods import METHODS
 
@@ -223,5 +224,20 @@ def format_summary(rows) -> str:
     return "\n".join(lines)
 
 
-DRIVER = DriverSpec("peft", PeftSweepConfig, load_sweep_config, run_sweep, units="methods",
+def load_driver_config(source, overrides: dict | None = None) -> PeftSweepConfig:
+    """The registry's load: overrides keyed like the YAML (`methods`, `finetune.KEY`)."""
+    outer, finetune = split_section(overrides, "finetune")
+    unknown = set(outer) - {"methods"}
+    if unknown:
+        raise ConfigError(f"peft overrides: {sorted(unknown)} are not sweep keys (methods, finetune.KEY)")
+    return load_sweep_config(source, finetune, methods=outer.get("methods"))
+
+
+def report(result) -> str:
+    """What `bertology peft` prints: the summary per method, then the run id."""
+    run_id, rows = result
+    return f"{format_summary(rows)}\nrun {run_id}"
+
+
+DRIVER = DriverSpec("peft", PeftSweepConfig, load_driver_config, run_sweep, report,
                     description="fine-tune with every method (full, head, bitfit, adapter, prompt, lora); CKA per layer")

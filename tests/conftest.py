@@ -59,6 +59,19 @@ def read_ewt_minimal(path) -> list[EwtSentence]:
     return out
 
 
+@pytest.fixture
+def one_thread():
+    """One torch and BLAS thread for the test (shared 2-core machines: no spin-waiting under
+    oversubscription; fits whose numbers are compared run the same reductions every time)."""
+    from threadpoolctl import threadpool_limits
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with threadpool_limits(1):
+        yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="session")
 def ewt_train() -> list[EwtSentence]:
     return read_ewt_minimal(data_path(*EWT_TRAIN))

@@ -141,9 +141,14 @@ def test_cloze_page_shows_the_stored_values(cloze_store, monkeypatch):
 
     curves = at.container("cloze-curve-table").dataframe[0].value  # BERT only (twins hidden), both tasks
     curves = curves[curves["task"] == "age"]
-    mean = bert[bert["metric"] == "curve_acc_mean"]
-    assert sorted(curves["train_size"]) == [10, 20]
-    assert sorted(curves["mean"].round(6)) == sorted(mean["value"].round(6))
+    # per fine-tuning seed rows (issue 41); the page shows their mean, population sd and max per size
+    per_seed = bert[bert["metric"] == "curve_acc"]
+    size = per_seed["extra"].map(lambda e: json.loads(e)["train_size"])
+    assert sorted(curves["train_size"]) == [10, 20] and len(per_seed) == 2 * 2
+    for n, g in per_seed.groupby(size):
+        line = curves[curves["train_size"] == n].iloc[0]
+        x = g["value"].to_numpy(dtype=float)
+        assert [line["mean"], line["sd"], line["max"], line["seeds"]] == pytest.approx([x.mean(), x.std(), x.max(), 2])
     ws = at.container("cloze-weighted").dataframe[0].value
     ws = ws[ws["task"] == "age"]
     assert ws["weighted_score"].item() == pytest.approx(

@@ -24,7 +24,7 @@ def record(tiny_checkpoint, tmp_path_factory):
     from bench_real_probe import measure
 
     return measure(str(tiny_checkpoint), sentences=24, eval_sentences=12, trees=20,
-                   work_dir=tmp_path_factory.mktemp("bench-real-probe"))
+                   work_dir=tmp_path_factory.mktemp("bench-real-probe"), reference=True)
 
 
 def test_measure_records_times_ratios_memory_and_accuracies(record):
@@ -54,6 +54,13 @@ def test_measure_records_times_ratios_memory_and_accuracies(record):
     assert upos["config"]["early_stopping"] is True and upos["steps"] >= 1
     mem = upos["memory"]
     assert mem["rss_peak"] >= mem["rss_before"] > 0 and mem["samples"] >= 1
+    assert upos["anon_increase_over_features"] == pytest.approx(
+        (mem["anon_peak"] - mem["anon_before"]) / upos["feature_bytes"])
+    ref = upos["reference"]  # L-BFGS to convergence on the same split: the gap per layer, in points
+    assert len(ref["accuracy"]) == n_states and ref["steps"] >= 1
+    gap = (np.asarray(ref["accuracy"]) - np.asarray(upos["accuracy"])) * 100
+    np.testing.assert_allclose(ref["below_reference_points"], gap, atol=1e-9)
+    assert ref["worst_below_points"] == pytest.approx(gap.max())
 
     sd = rec["structural_distance"]
     _check_phase_times(sd["fit"])

@@ -226,7 +226,9 @@ def test_probe_on_the_runner(handles, tmp_path, monkeypatch):
         assert m(real, "majority_acc", task).value.iloc[0] == pytest.approx(1 / k)  # balanced splits
         assert len(m(real, "nonsense_acc", task)) == 1
         assert len(m(twin, "zero_shot_acc", task)) == 1
-        assert len(m(real, "curve_acc_mean", task)) == 1 and len(m(real, "weighted_score", task)) == 1
+        # the learning curve per fine-tuning seed (one size, 2 seeds), no statistic over them stored
+        assert len(m(real, "curve_acc", task)) == 2 and len(m(real, "weighted_score", task)) == 2
+        assert m(real, "curve_acc_mean", task).empty
     # the blank probe: fixed-choice tasks only, every layer, with the control task
     assert sorted(m(real, "probe_acc", "age").layer) == list(range(L + 1))
     assert len(m(real, "control_acc", "age")) == L + 1

@@ -155,3 +155,32 @@ def test_probe_command_line_names_the_option_or_the_file(tmp_path, capsys):
     path.write_text("n_boot: many\n")
     assert main(["probe", "syntax", "--config", str(path), "--checkpoint", str(tmp_path)]) == 2
     assert f"{path}: n_boot: expected an integer, got 'many'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the one override rule
+def test_apply_overrides_is_one_rule_for_dotted_keys_mappings_and_unset_flags():
+    from workbench.coerce import apply_overrides
+
+    data = {"name": "a", "corpus": {"sources": ["brown"], "split": {"seed": 0, "fraction": 0.1}}, "steps": 10}
+    frozen = repr(data)
+    dotted = apply_overrides(data, {"corpus.split.seed": 3, "steps": None, "name": "b"})
+    nested = apply_overrides(data, {"corpus": {"split": {"seed": 3}}, "name": "b"})
+    assert dotted == nested == {"name": "b", "corpus": {"sources": ["brown"], "split": {"seed": 3, "fraction": 0.1}},
+                                "steps": 10}
+    assert repr(data) == frozen  # the input is not modified
+    assert apply_overrides(data, {"corpus": ["x"]})["corpus"] == ["x"]  # a non-mapping replaces
+    assert apply_overrides({}, {"a.b": 1}) == {"a": {"b": 1}}  # sections are created
+    with pytest.raises(ConfigError, match=r"f.yaml: steps: expected a mapping \(to set x\), got 10"):
+        apply_overrides(data, {"steps.x": 1}, "f.yaml")
+
+
+def test_pretraining_config_reads_overrides_by_the_same_rule(tmp_path):
+    from workbench.config import load_config
+
+    path = tmp_path / "bert_tiny.yaml"
+    path.write_text("family: bert\npreset: tiny\nsteps: 20\ncorpus: {sources: [inaugural], max_documents: 12}\n")
+    a = load_config(path, {"corpus.max_documents": 5, "seeds": None})
+    b = load_config(path, {"corpus": {"max_documents": 5}})
+    assert a.to_dict() == b.to_dict()
+    assert a.name == "bert_tiny" and a.corpus.max_documents == 5 and a.corpus.sources == ["inaugural"]
+    assert load_config(path, {"tokens": 4096}).steps is None  # an override of tokens replaces the file's steps

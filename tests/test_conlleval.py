@@ -124,7 +124,8 @@ def test_ner_finetune_reports_conlleval_span_f1_of_its_predictions(tmp_path, tok
     run by hand over the best checkpoint's first-piece predictions; baselines are span-scored."""
     from tests.conftest import tiny_bert
     from tests.training_helpers import tiny_finetune_config
-    from workbench.drivers.finetune import collate, encode, load_classifier, run_finetune
+    from workbench.drivers.finetune import collate, encode, run_finetune
+    from workbench.running.classifier_loading import load_classifier
     from workbench.running.models import ModelHandle
     from workbench.store.results import ResultsStore
 

@@ -30,7 +30,8 @@ from workbench.drivers.distill import (
     sweep_points,
 )
 from workbench.errors import ConfigError
-from workbench.drivers.finetune import load_classifier, run_finetune
+from workbench.drivers.finetune import run_finetune
+from workbench.running.classifier_loading import load_classifier
 from workbench.store.results import ResultsStore
 
 

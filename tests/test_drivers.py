@@ -23,7 +23,8 @@ import torch
 import yaml
 
 from workbench.coerce import build_dataclass, settings_hash
-from workbench.drivers.spec import DRIVERS, apply_overrides, get_driver, identity, identity_fields, identity_hash
+from workbench.drivers.spec import DRIVERS, get_driver, identity, identity_fields, identity_hash
+from workbench.coerce import apply_overrides
 from workbench.errors import ConfigError
 from workbench.io import read_yaml
 

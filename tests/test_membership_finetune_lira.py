@@ -68,7 +68,7 @@ def test_finetune_shadows_record_their_halves(shadow_set):
 def test_finetune_lira_equals_hand_computation_and_finds_members(shadow_set, tmp_path, monkeypatch):
     from probes import get_probe
     from probes.core import runner
-    from workbench.drivers.finetune import load_classifier
+    from workbench.running.classifier_loading import load_classifier
     from workbench.running.models import ModelHandle
     from workbench.store.results import ResultsStore
     from workbench.drivers.shadows import ShadowSet

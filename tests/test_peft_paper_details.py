@@ -29,7 +29,8 @@ from tests.conftest import tiny_bert, tiny_gpt2
 from tests.seeding import seeded
 from tests.training_helpers import tiny_finetune_config
 from workbench.errors import ConfigError
-from workbench.drivers.finetune import build_classifier, load_classifier, load_finetune_config, run_finetune
+from workbench.drivers.finetune import load_finetune_config, run_finetune
+from workbench.running.classifier_loading import build_classifier, load_classifier
 from workbench.loop import apply_param_filter
 from workbench.running.peft_methods import (
     ADAPTER_TARGETS,

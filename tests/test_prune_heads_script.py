@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from workbench.drivers.prune_sweep import load_prune_config, run_prune
-from workbench.drivers.finetune import load_classifier
+from workbench.running.classifier_loading import load_classifier
 from workbench.store.results import ResultsStore
 
 ROOT = Path(__file__).resolve().parents[1]

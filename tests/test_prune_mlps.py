@@ -138,7 +138,7 @@ def test_the_sweep_prunes_heads_and_mlps_and_saves_masked_checkpoints(pretrained
     import json
 
     from workbench.drivers.prune_sweep import load_prune_config, run_prune
-    from workbench.drivers.finetune import load_classifier
+    from workbench.running.classifier_loading import load_classifier
     from workbench.store.results import ResultsStore
 
     cfg, ft = load_prune_config({"finetune": {**FT, "checkpoint": str(pretrained), "seeds": [0]},

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -153,10 +154,14 @@ def test_finetune_epoch_curve_and_score_table_keep_their_numbers():
     stored = pd.concat([df, pd.DataFrame([{"model": "m", "family": "bert", "probe": "finetune", "task": "sp",
                                            "split": "test", "metric": "accuracy", "value": 0.123, "n": 3,
                                            "ci_low": 0.1, "ci_high": 0.2, "seed": None}])], ignore_index=True)
-    assert page.score_table(stored, "accuracy").iloc[0]["score"] == 0.123  # an older run's stored row is read
+    # an older run's stored seed-less mean is not read: the statistic comes from the seeds (issue 41)
+    assert page.score_table(stored, "accuracy").iloc[0][["score", "ci_low", "ci_high", "seeds"]].tolist() == \
+        pytest.approx([mean, lo, hi, 3])
 
 
-def test_prune_derives_its_seedless_rows_as_the_sweep_stores_them():
+def test_prune_page_reads_the_seeds_and_skips_an_older_runs_seedless_rows():
+    """The sweep stores per-seed rows only (issue 41); the page's numbers come from them, and the
+    seed-less rows an older run stored beside them change nothing (planted wrong here: 0.0)."""
     from app.page_modules import prune as page
     from workbench.drivers.prune_sweep import build_rows
 
@@ -166,15 +171,19 @@ def test_prune_derives_its_seedless_rows_as_the_sweep_stores_them():
                                ("random", 0.5, (0.60, 0.62, 0.58)))
               for s, v in enumerate(vs)]
     rows = validate_rows(build_rows(points, "sp", "bert", "sw"))
-    stored = page._aggregates(rows, "test")
-    derived = page._aggregates(rows[rows["seed"].notna()], "test")
-    for col in ("value", "ci_low", "ci_high", "sd", "amount"):
-        assert derived[col].astype(float).tolist() == pytest.approx(stored[col].astype(float).tolist(), rel=1e-12)
-    assert derived["model"].tolist() == stored["model"].tolist()
-    assert derived["seeds"].tolist() == stored["seeds"].tolist()
-    wins_stored, wins_derived = page._aggregates(rows, "test", "wins"), page._aggregates(rows[rows["seed"].notna()], "test", "wins")
-    assert wins_derived[["model", "value"]].values.tolist() == wins_stored[["model", "value"]].values.tolist()
-    assert wins_stored["value"].tolist() == [1.0, 0.0]  # imp within one sd of full, random not
+    assert rows["seed"].notna().all()
+    old = pd.DataFrame([{"model": m, "family": "bert", "probe": "prune", "task": "sp", "split": "test", "metric": metric,
+                         "value": 0.0, "seed": None, "extra": json.dumps({"amount": a, "over": "seeds", "sd": 0.0})}
+                        for m, a in (("full", 0.0), ("imp", 0.5), ("random", 0.5)) for metric in ("accuracy", "wins")])
+    derived = page._aggregates(rows, "test")
+    with_old = page._aggregates(pd.concat([rows, old], ignore_index=True), "test")
+    pd.testing.assert_frame_equal(with_old, derived)
+    x = np.array([0.82, 0.79, 0.81]) + 0.01
+    imp = derived[derived["model"] == "imp"].iloc[0]
+    assert [imp["value"], imp["sd"], imp["seeds"]] == pytest.approx([x.mean(), x.std(ddof=1), 3])
+    assert [imp["ci_low"], imp["ci_high"]] == pytest.approx(stats.t.interval(0.95, 2, loc=x.mean(), scale=stats.sem(x)))
+    wins = page._aggregates(pd.concat([rows, old], ignore_index=True), "test", "wins")
+    assert wins["value"].tolist() == [1.0, 0.0]  # imp within one sd of full, random not
 
 
 def test_layer_curve_band_is_the_minmax_aggregate():

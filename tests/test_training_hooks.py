@@ -250,7 +250,8 @@ def _finetune_cfg(checkpoint, out, **kw):
 
 
 def test_bitfit_finetuning_leaves_every_other_tensor_bit_identical(bert_checkpoint, tmp_path):
-    from workbench.drivers.finetune import build_classifier, run_finetune
+    from workbench.drivers.finetune import run_finetune
+    from workbench.running.classifier_loading import build_classifier
     from workbench.running.models import ModelHandle
     from workbench.store.results import ResultsStore
 

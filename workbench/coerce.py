@@ -156,3 +156,54 @@ def _number(value: Any) -> float | None:
         except ValueError:
             return None
     return None
+
+
+# --------------------------------------------------------------------------- loading with overrides
+
+def load_config(cls: type, source: Any, overrides: Mapping[str, Any] | None = None,
+                label: str = "config") -> tuple[Any, str]:
+    """(config, where): `cls` built from a YAML file, a mapping or a config object, with `overrides`
+    on top by the one rule (`apply_overrides`). `where` names the source in messages (the file,
+    "<label>" for a mapping, "<config>" for an object). Every driver's config, pretraining's
+    `TrainConfig` (workbench/config.py) and the probes' settings are read this way."""
+    from pathlib import Path
+
+    from workbench.io import read_yaml
+
+    if isinstance(source, cls):
+        data, where = dataclasses.asdict(source), "<config>"
+    elif isinstance(source, Mapping):
+        data, where = dict(source), label
+    else:
+        where = str(source)
+        data = read_yaml(Path(source))
+    data = apply_overrides(data, overrides, where)
+    return build_dataclass(cls, data, where), where
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any] | None, where: str = "config") -> dict:
+    """`data` with `overrides` on top, by the workbench's one override rule:
+
+    - a value None changes nothing (a command-line flag that was not given);
+    - a dotted key `a.b.c` sets `c` inside mapping `b` inside mapping `a` (created when absent);
+    - a mapping given for a key that holds a mapping merges into it, key by key, by this same rule
+      (so `{"corpus": {"seed": 1}}` and `{"corpus.seed": 1}` are one override);
+    - anything else replaces the key's value.
+    `data` is not modified; a dotted key through a non-mapping is a ConfigError naming `where`."""
+    out = dict(data)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        head, dot, rest = key.partition(".")
+        if dot:
+            nested = out.get(head)
+            if nested is None:
+                nested = {}
+            if not isinstance(nested, Mapping):
+                raise ConfigError(f"{where}: {head}: expected a mapping (to set {rest}), got {nested!r}")
+            out[head] = apply_overrides(nested, {rest: value}, where)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = apply_overrides(out[key], value, where)
+        else:
+            out[key] = value
+    return out

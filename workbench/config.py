@@ -80,9 +80,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from workbench.coerce import NOT_A_KEY, build_dataclass, settings_hash
+from workbench.coerce import NOT_A_KEY, apply_overrides, build_dataclass, settings_hash
 from workbench.errors import ConfigError
 from workbench.io import read_yaml, sha256_file
 
@@ -257,16 +256,6 @@ def _fail(source: str, key: str, msg: str):
     raise ConfigError(f"{source}: {key}: {msg}")
 
 
-def _set_dotted(data: dict, dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = data
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"override {dotted}: {p} is not a mapping")
-    node[parts[-1]] = value
-
-
 def _validate(cfg: TrainConfig) -> None:
     from workbench.families import FAMILIES
 
@@ -336,9 +325,11 @@ def _validate(cfg: TrainConfig) -> None:
 
 
 def load_config(path_or_dict: str | Path | dict | TrainConfig, overrides: dict | None = None) -> TrainConfig:
-    """A validated `TrainConfig` from a YAML file or a dict, with `overrides` applied on top.
-
-    `overrides` keys may be dotted (`{"corpus.max_documents": 50, "steps": 30}`) or nested dicts.
+    """A validated `TrainConfig` from a YAML file or a dict, with `overrides` on top by the
+    workbench's one override rule (`workbench.coerce.apply_overrides`: dotted keys such as
+    `{"corpus.max_documents": 50}` or a mapping `{"corpus": {...}}` merge into a section; None
+    changes nothing). A file's name is the run's name unless the config says otherwise; an override
+    of `steps` or of `tokens` replaces the other one of the file (the run's length is one of them).
     """
     if isinstance(path_or_dict, TrainConfig):
         data, source, stem = path_or_dict.to_dict(), path_or_dict.source, path_or_dict.name
@@ -348,15 +339,12 @@ def load_config(path_or_dict: str | Path | dict | TrainConfig, overrides: dict |
         path = Path(path_or_dict)
         source, stem = str(path), path.stem
         data = read_yaml(path)
-    for key, value in (overrides or {}).items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            _set_dotted(data, key, value)
+    given = {k for k, v in (overrides or {}).items() if v is not None}
+    data = apply_overrides(data, overrides, source)
     if "name" not in data and stem:
         data["name"] = stem
-    if "steps" in data and "tokens" in data and overrides and ("steps" in overrides) != ("tokens" in overrides):
-        data.pop("tokens" if "steps" in overrides else "steps")  # an override of one replaces the other
+    if "steps" in data and "tokens" in data and ("steps" in given) != ("tokens" in given):
+        data.pop("tokens" if "steps" in given else "steps")  # an override of one replaces the other
     cfg = build_dataclass(TrainConfig, data, source)
     cfg.source = source
     _validate(cfg)

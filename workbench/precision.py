@@ -66,6 +66,25 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return native_bf16_flag(cpu_flags(cpuinfo)) is not None
 
 
+def resolve_device(device) -> torch.device:
+    """Where a computation runs: "auto" (or None) is the first CUDA device when torch sees one, else
+    the CPU; anything else is the device it names, which must be a CPU or a CUDA device torch sees
+    (ConfigError naming it otherwise). The probes' fits take it (`probes.core.fitting`,
+    `probes.syntax.structural`): their random draws stay on the CPU, so a fit on CUDA draws the
+    same data order and initial weights as on the CPU."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for but torch sees no CUDA device")
+    return dev
+
+
 def device_type(device) -> str:
     """'cuda' or 'cpu' for a device or a config's `device` value (auto = cuda when one is visible)."""
     device = getattr(device, "type", str(device))

@@ -23,6 +23,8 @@ import streamlit as st
 from app import data, figures, ui
 from app.axes import unit_axis
 from app.views.probe import twin_toggle
+from probes.cloze.summary import curve_stats
+from probes.cloze.summary import weighted_scores as summary_weighted_scores
 from workbench.store.checkpoints import SEED_PREFIX, STEP_PREFIX
 from workbench.errors import ConfigError
 from workbench.families import FAMILIES
@@ -33,7 +35,8 @@ TABLE_METRICS = ("zero_shot_acc", "nonsense_acc", "majority_acc", "random_acc")
 LAYER_METRICS = ("lens_acc", "lens_nonsense_acc", "lens_nonsense_gap", "probe_acc", "control_acc")
 LAYER_PLOTTED = ("lens_acc", "lens_nonsense_acc", "probe_acc", "control_acc")  # the gap goes in the table
 LINE_DASH = {"lens_nonsense_acc": "dash", "control_acc": "dot"}
-CURVE_METRICS = ("curve_acc_mean", "curve_acc_sd", "curve_acc_max", "weighted_score")
+# per fine-tuning seed (older runs: curve_acc_mean/sd/max, read as the seeds they summarise)
+CURVE_METRICS = ("curve_acc", "curve_acc_mean", "curve_acc_sd", "curve_acc_max", "weighted_score")
 BLANK_MARKS = ("<blank>", "[MASK]", "<mask>", "___")
 DEFAULT_SENTENCE = "A 41 year old person is [MASK] than me in age, if I am a 33 year old person."
 
@@ -105,27 +108,31 @@ def layer_table(rows: pd.DataFrame, model: str, task: str) -> pd.DataFrame:
         ["metric", "stack", "layer"]).reset_index(drop=True)
 
 
+def _newest_run(rows: pd.DataFrame) -> pd.DataFrame:
+    """Each (model, task)'s rows of its newest run (run ids sort by time)."""
+    if "run_id" not in rows or rows.empty:
+        return rows
+    newest_id = rows.groupby(["model", "task"], sort=False)["run_id"].transform("max")
+    return rows[rows["run_id"] == newest_id]
+
+
 def curve_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Learning curves: per (model, task, train size) the mean, standard deviation, maximum and
-    per-seed test accuracies of the fine-tuned MC head, from each (model, task)'s newest run."""
-    sub = rows[rows["metric"].isin(CURVE_METRICS[:3])]
-    out = []
-    for (model, task), g in sub.groupby(["model", "task"], sort=False):
-        g = g[g["run_id"] == g["run_id"].max()] if "run_id" in g else g
-        for size, h in g.groupby(g["extra"].map(lambda e: decode_extra(e).get("train_size")), sort=True):
-            v = {m: float(h.loc[h["metric"] == m, "value"].iloc[0]) for m in CURVE_METRICS[:3] if (h["metric"] == m).any()}
-            ex = decode_extra(h["extra"].iloc[0])
-            out.append({"model": short_model(model), "task": task, "train_size": int(size), "mean": v.get("curve_acc_mean"),
-                        "sd": v.get("curve_acc_sd"), "max": v.get("curve_acc_max"), "seeds": ex.get("seeds"),
-                        "steps": ex.get("steps"), "accuracies": ", ".join(f"{a:.3f}" for a in ex.get("accuracies", []))})
-    cols = ["model", "task", "train_size", "mean", "sd", "max", "seeds", "steps", "accuracies"]
-    return pd.DataFrame(out, columns=cols)
+    per-seed test accuracies of the fine-tuned MC head, from each (model, task)'s newest run:
+    computed from the per-seed rows (`probes.cloze.summary.curve_stats`, through
+    `workbench.store.aggregate`); an older run's stored means are read as its per-seed accuracies."""
+    stats = curve_stats(_newest_run(rows[rows["metric"].isin(CURVE_METRICS)]))
+    return stats.assign(model=stats["model"].map(short_model),
+                        accuracies=stats["accuracies"].map(lambda a: ", ".join(f"{v:.3f}" for v in a))
+                        )[["model", "task", "train_size", "mean", "sd", "max", "seeds", "steps", "accuracies"]]
 
 
 def weighted_scores(rows: pd.DataFrame) -> pd.DataFrame:
-    sub = newest(rows, ["weighted_score"])
-    return pd.DataFrame({"model": sub["model"].map(short_model), "task": sub["task"], "weighted_score": sub["value"],
-                         "train_sizes": sub["extra"].map(lambda e: str(decode_extra(e).get("train_sizes", "")))}
+    """The weighted score per (model, task) of its newest run: the mean over fine-tuning seeds
+    (`probes.cloze.summary.weighted_scores`)."""
+    ws = summary_weighted_scores(_newest_run(rows[rows["metric"] == "weighted_score"]))
+    return pd.DataFrame({"model": ws["model"].map(short_model), "task": ws["task"],
+                         "weighted_score": ws["weighted_score"], "train_sizes": ws["train_sizes"].map(str)}
                         ).reset_index(drop=True)
 
 

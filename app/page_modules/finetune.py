@@ -14,7 +14,7 @@ import pandas as pd
 
 from app import data, figures
 from app.axes import is_fraction, unit_axis
-from workbench.store.aggregate import aggregate
+from workbench.store.aggregate import aggregate, per_unit
 from workbench.store.results import decode_extra
 
 TITLE = "Fine-tuning"
@@ -50,11 +50,12 @@ def score_table(rows: pd.DataFrame, metric: str, split: str = "test") -> pd.Data
     out = []
     for (task, model), g in sub.groupby(["task", "model"], sort=False):
         seeded = g[g["seed"].notna()]
-        # a run's stored mean over seeds (runs written before rows were per-seed only), else the same
-        # statistic computed here from the per-seed rows (`workbench.store.aggregate`, Student-t 95%)
-        agg = g[g["seed"].isna()]
-        if agg.empty and len(seeded):
-            agg = aggregate(seeded, over="seed", by=["task", "model"], interval="t")
+        # the mean over seeds and its Student-t 95% interval from the per-seed rows
+        # (`workbench.store.aggregate`); the seed-less mean runs written before issue 41 also stored
+        # is not read (`per_unit`), a baseline's own seed-less row is
+        agg = aggregate(seeded, over="seed", by=["task", "model"], interval="t") if len(seeded) else per_unit(g)
+        if agg.empty:
+            continue
         is_base = (g["family"] == "baseline").all()
         line = {"task": task, "model": model, "kind": "baseline" if is_base else "fine-tuned",
                 "score": float(agg["value"].iloc[0]),

@@ -5,7 +5,6 @@ against the same layer of its starting checkpoint (1 = unchanged up to rotation 
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -37,11 +36,15 @@ def method_table(rows: pd.DataFrame, split: str = "test") -> pd.DataFrame:
     total = [decode_extra(e).get("total_parameters") for e in acc["extra"]]
     acc = acc.assign(total=total)
     out = []
-    over = aggregate(acc, over="seed", by=["model", "method"], interval="minmax")  # workbench.store.aggregate
-    for ((model, method), g), (_, a) in zip(acc.groupby(["model", "method"], sort=False), over.iterrows()):
-        trainable = float(g["trainable"].astype(float).mean())
+    # means over seeds (workbench.store.aggregate): the accuracy with its range, the parameter counts
+    over = aggregate(acc, over="seed", by=["model", "method"], interval="minmax")
+    sizes = {c: aggregate(acc, over="seed", by=["model", "method"], interval="none", value=c)["value"]
+             for c in ("trainable", "total")}
+    for i, ((model, method), g), (_, a) in zip(range(len(over)), acc.groupby(["model", "method"], sort=False),
+                                               over.iterrows()):
+        trainable = float(sizes["trainable"].iloc[i])
         out.append({"model": model, "method": method, "trainable": int(trainable),
-                    "share_of_model": trainable / float(g["total"].astype(float).mean()),
+                    "share_of_model": trainable / float(sizes["total"].iloc[i]),
                     "accuracy": float(a["value"]), "min": float(a["ci_low"]),
                     "max": float(a["ci_high"]), "seeds": int(g["seed"].nunique())})
     table = pd.DataFrame(out)
@@ -76,6 +79,17 @@ def accuracy_vs_parameters(rows: pd.DataFrame, title: str, options: dict) -> fig
     fig.update_layout(title=title, xaxis_title="trainable parameters (log)", yaxis_title=f"{split} accuracy",
                       xaxis_type="log", template="plotly_white", height=460, width=760, showlegend=False)
     return figures.Drawn(fig, figures.tidy_rows(pd.DataFrame(data)))
+
+
+def cka_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Layer x method: CKA of each layer to the start, the mean over seeds (`workbench.store.aggregate`)."""
+    cka = _with_method(rows)
+    cka = cka[(cka["metric"] == "cka_to_start") & cka["layer"].notna()]
+    if cka.empty:
+        return pd.DataFrame()
+    mean = aggregate(cka, over="seed", by=["layer", "method"], interval="none")
+    pivot = mean.pivot(index="layer", columns="method", values="value").sort_index()
+    return pivot[_order(pivot.columns)].reset_index()
 
 
 def cka_lines(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
@@ -126,9 +140,7 @@ def render(store) -> None:
         st.plotly_chart(drawn.figure, width="stretch", key=key)
     st.subheader("Methods")
     ui.table(method_table(rows, split), "peft-table")
-    cka = _with_method(rows)
-    cka = cka[cka["metric"] == "cka_to_start"]
-    if not cka.empty:
+    table = cka_table(rows)
+    if not table.empty:
         st.subheader("CKA to the start by layer (mean over seeds)")
-        pivot = cka.pivot_table(index="layer", columns="method", values="value", aggfunc=np.mean)
-        ui.table(pivot[_order(pivot.columns)].reset_index(), "peft-cka-table")
+        ui.table(table, "peft-cka-table")

@@ -25,7 +25,7 @@ import pandas as pd
 from app.axes import clip, unit_axis
 from app.views.prune_heads import PLOTS as HEAD_PLOTS
 from app.views.prune_heads import render as render_heads
-from workbench.store.aggregate import aggregate
+from workbench.drivers.prune_rows import over_seeds, seeded_rows
 from workbench.store.results import decode_extra
 
 TITLE = "Compression"
@@ -38,51 +38,16 @@ DATA_COLUMNS = ["run_id", "model", "task", "split", "metric", "x_name", "x", "va
 
 
 def _aggregates(rows: pd.DataFrame, split: str, metric: str = "accuracy") -> pd.DataFrame:
-    """The seed-less rows of one split and metric, with their extras unpacked (amount, sd, ...).
-
-    A run that stores per-seed rows only gets the same statistics computed here from them
-    (`_over_seeds`)."""
-    sub = rows[(rows["probe"] == PROBE) & rows["seed"].isna() & (rows["split"] == split) & (rows["metric"] == metric)]
-    if sub.empty:
-        return _over_seeds(rows, split, metric)
-    extras = [decode_extra(e) for e in sub["extra"]]
-    return sub.assign(amount=[e.get("amount") for e in extras], sd=[e.get("sd", np.nan) for e in extras],
-                      seeds=[e.get("seeds") for e in extras],
-                      nonzero=[e.get("nonzero_parameters") for e in extras]).reset_index(drop=True)
-
-
-def _over_seeds(rows: pd.DataFrame, split: str, metric: str) -> pd.DataFrame:
-    """What `workbench.drivers.prune_sweep.build_rows` stores as seed-less rows, from the per-seed rows:
-    per (method, amount) the mean accuracy, its 95% t-interval and sd over seeds (`workbench.store.aggregate`);
-    `wins` (Chen et al. 2020): 1.0 where a retrained method's mean is within one sd of the full model's."""
-    seeded = _seeded(rows, split)
-    seeded = seeded[seeded["amount"].notna()].assign(amount=lambda d: d["amount"].astype(float))
-    cols = ["run_id", "model", "task", "split", "metric", "value", "ci_low", "ci_high", "amount", "sd", "seeds", "nonzero"]
-    if seeded.empty:
-        return pd.DataFrame(columns=cols)
-    by = [c for c in ("run_id", "model", "task", "split", "metric", "amount") if c in seeded.columns]
-    agg = aggregate(seeded, over="seed", by=by, interval="t").rename(columns={"count": "seeds"}).assign(nonzero=None)
-    if metric == "accuracy":
-        return agg[[c for c in cols if c in agg.columns]]
-    if metric != "wins":
-        return pd.DataFrame(columns=cols)
-    full = aggregate(seeded[seeded["model"] == "full"], over="seed", by=[], interval="sd")
-    if full.empty or not full["count"].iloc[0] > 1:
-        return pd.DataFrame(columns=cols)
-    wins = agg[agg["model"].isin(SPARSITY_METHODS)]
-    wins = wins.assign(metric="wins", value=(wins["value"] >= float(full["ci_low"].iloc[0])).astype(float),
-                       ci_low=np.nan, ci_high=np.nan)
-    return wins[[c for c in cols if c in wins.columns]].reset_index(drop=True)
+    """Per (run, method, amount) of one split the mean over seeds with its 95% t-interval, sd and
+    seeds (metric "accuracy"), or whether a ticket wins (metric "wins": within one sd of the full
+    model's mean, Chen et al. 2020): computed from the per-seed rows by the code that prints the
+    sweep's table (`workbench.drivers.prune_rows.over_seeds`, through `workbench.store.aggregate`).
+    The seed-less rows older runs stored beside them are not read (no seed counts twice)."""
+    return over_seeds(rows, split, metric)
 
 
 def _seeded(rows: pd.DataFrame, split: str) -> pd.DataFrame:
-    sub = rows[(rows["probe"] == PROBE) & rows["seed"].notna() & (rows["split"] == split) & (rows["metric"] == "accuracy")]
-    extras = [decode_extra(e) for e in sub["extra"]]
-    return sub.assign(amount=[e.get("amount") for e in extras], bits=[e.get("bits") for e in extras],
-                      nonzero=[e.get("nonzero_parameters") for e in extras],
-                      parameters=[e.get("parameters") for e in extras],
-                      prunable=[e.get("prunable") for e in extras],
-                      nonzero_prunable=[e.get("nonzero_prunable") for e in extras]).reset_index(drop=True)
+    return seeded_rows(rows, split)
 
 
 def _missing(title: str, what: str):

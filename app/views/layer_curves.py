@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, figures, ui
+from workbench.store.aggregate import aggregate
 
 
 def render() -> None:
@@ -131,16 +132,25 @@ def selectivity(view: pd.DataFrame, metric: str, chosen: list[str]) -> pd.DataFr
     return (a - b).dropna().rename("value").reset_index().assign(metric="selectivity")
 
 
+def scalar_mix_means(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
+    """(weights, centres): per (model, layer) the scalar-mix weight and per model the centre of
+    gravity, each the mean over the seeds and runs of the rows (`workbench.store.aggregate`)."""
+    weights = rows[(rows["metric"] == "scalar_mix_weight") & rows["layer"].notna()]
+    weights = aggregate(weights, over="seed", by=["model", "layer"], interval="none")[["model", "layer", "value"]]
+    cog = rows[rows["metric"] == "centre_of_gravity"]
+    cog = aggregate(cog, over="seed", by=["model"], interval="none").set_index("model")["value"].sort_index()
+    return weights, cog.rename("centre_of_gravity")
+
+
 def scalar_mix(rows: pd.DataFrame, key: str) -> None:
     """Scalar-mix weights by layer (Tenney et al. 2019) with the centre of gravity marked."""
-    weights = rows[(rows["metric"] == "scalar_mix_weight") & rows["layer"].notna()]
+    weights, cog = scalar_mix_means(rows)
     if weights.empty:
         return
     st.subheader("Scalar-mix weights")
-    cog = rows[rows["metric"] == "centre_of_gravity"].groupby("model")["value"].mean()
     fig = go.Figure()
     for model, g in weights.groupby("model", sort=False):
-        g = g.groupby("layer")["value"].mean().sort_index()
+        g = g.set_index("layer")["value"].sort_index()
         fig.add_trace(go.Bar(x=g.index.astype(int), y=g.to_numpy(), name=str(model)))
         if model in cog:
             fig.add_vline(x=float(cog[model]), line_dash="dash",
@@ -148,7 +158,7 @@ def scalar_mix(rows: pd.DataFrame, key: str) -> None:
     fig.update_layout(barmode="group", xaxis_title="layer", yaxis_title="softmax weight", template="plotly_white",
                       height=360)
     st.plotly_chart(fig, width="stretch", key=f"{key}-scalar-mix")
-    ui.table(cog.rename("centre_of_gravity").reset_index(), f"{key}-cog")
+    ui.table(cog.reset_index(), f"{key}-cog")
 
 
 def _line(df: pd.DataFrame, ytitle: str, twins: set[str]):

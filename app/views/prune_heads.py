@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from workbench.store.aggregate import aggregate
 from workbench.store.results import decode_extra
 
 ORDER_NAMES = ("good", "random", "bad")
@@ -33,8 +34,10 @@ def surviving_heads(rows: pd.DataFrame) -> pd.DataFrame:
     r["unit"] = ["head" if m == "head_kept" else "mlp" for m in r["metric"]]
     r["head"] = [int(e["head"]) if m == "head_kept" else -1 for e, m in zip(extra, r["metric"])]
     r["layer"] = r["layer"].astype(int)
-    out = (r.groupby(["model", "task", "order", "unit", "layer", "head"], as_index=False)
-           .agg(kept=("value", "mean"), seeds=("seed", "nunique")))
+    # the share of seeds: the mean over seeds of the 0/1 rows (`workbench.store.aggregate`)
+    out = aggregate(r, over="seed", by=["model", "task", "order", "unit", "layer", "head"], interval="none")
+    out = out.rename(columns={"value": "kept", "count": "seeds"})[["model", "task", "order", "unit", "layer", "head",
+                                                                   "kept", "seeds"]]
     return out.sort_values(["model", "task", "order", "unit", "layer", "head"]).reset_index(drop=True)
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, ui
+from workbench.store.aggregate import aggregate, per_unit
 
 FACETS = {"family": "families", "probe": "probes", "task": "tasks", "model": "models", "seed": "seeds",
           "step": "steps"}
@@ -77,9 +78,12 @@ KEYS = ["model", "task", "metric", "split", "stack", "layer"]
 
 
 def compare_rows(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """Rows of two runs side by side on (model, task, metric, split, stack, layer): value_a, value_b, diff."""
+    """Rows of two runs side by side on (model, task, metric, split, stack, layer): value_a, value_b, diff.
+    Several rows of one key (seeds) are their mean (`workbench.store.aggregate`); the seed-less
+    means older runs stored beside their per-seed rows are left out (`per_unit`), not averaged in."""
     def prep(df):
-        return df.groupby(KEYS, dropna=False, sort=True)["value"].mean()
+        df = per_unit(df)
+        return aggregate(df, over="seed", by=KEYS, interval="none").set_index(KEYS)["value"].sort_index()
     both = pd.concat({"value_a": prep(a), "value_b": prep(b)}, axis=1).reset_index()
     both["diff"] = both["value_b"] - both["value_a"]
     return both

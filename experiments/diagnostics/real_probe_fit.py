@@ -6,8 +6,19 @@ the half-precision cache on a real model's features.
       of them the stop set, 500 dev sentences, seed 0) and saves the UPOS fit / stop / eval feature
       arrays ([L, words, H] float32) and labels as OUT_DIR/TAG-*.npy|npz
   python experiments/diagnostics/real_probe_fit.py fits TAG OUT_DIR FIT[,FIT...]
-      FIT = default | converged | adam-EPOCHS-LR-BATCH; prints seconds and accuracy, saves the
-      per-layer eval accuracy as OUT_DIR/TAG-acc-FIT.npy
+      FIT = default (today's) | lbfgs (the default before issue 42: L-BFGS, early stopping) |
+      converged (L-BFGS, no early stopping, to its tolerance or 1,000 iterations) |
+      adam-EPOCHS-LR-BATCH[-cK][-loss][-noes] (K dev checks per epoch, early stopping on the dev
+      loss, no early stopping); prints seconds and accuracy, saves the per-layer eval accuracy as
+      OUT_DIR/TAG-acc-FIT.npy and the per-word correctness as OUT_DIR/TAG-correct-FIT.npy; once
+      `converged` is saved, prints each fit's per-layer difference from it with its paired standard error
+  python experiments/diagnostics/real_probe_fit.py memory TAG OUT_DIR [FIT [FITTING_PY]]
+      peak memory of one fit (default: `default`) of the saved fit features read lazily from their
+      memmap (as the syntax probe's FeatureView reads the activation cache): VmHWM, RssAnon, RssFile
+      beside the features' size; FITTING_PY: another probes/core/fitting.py to measure instead (the
+      one before issue 42: `git show 688f2cb:probes/core/fitting.py > /tmp/old_fitting.py`)
+
+Threads: RPF_THREADS (default 2; 1 is faster on a machine shared with other jobs).
   python experiments/diagnostics/real_probe_fit.py half TAG OUT_DIR
       the same Adam fit (6 epochs, lr 0.01) on the features as stored in fp32, bf16 and fp16
 
@@ -17,7 +28,9 @@ Example: HF_HUB_OFFLINE=1 python experiments/diagnostics/real_probe_fit.py featu
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -65,24 +78,108 @@ def _fit_and_score(x, y, c, **config):
     res = fitting.fit_probe(torch.from_numpy(x[0]), y["fit"], torch.from_numpy(x[1]), y["stop"], num_classes=c + 1,
                             **config)
     seconds = time.perf_counter() - t
-    return (res.correct(x[2], y["ev"]) & (y["ev"] < c)[None]).mean(1), seconds, res.steps
+    return res.correct(x[2], y["ev"]) & (y["ev"] < c)[None], seconds, res.steps
+
+
+def fit_config(name: str) -> dict:
+    """The fit_probe keywords of a FIT name (see the module docstring)."""
+    if name == "default":
+        return {}
+    if name == "lbfgs":
+        return dict(optimizer="lbfgs")
+    if name == "converged":
+        return dict(optimizer="lbfgs", early_stopping=False, max_iter=1000)
+    parts = name.split("-")
+    if parts[0] != "adam" or len(parts) < 4:
+        sys.exit(f"real_probe_fit: unknown fit {name!r} (default | lbfgs | converged | adam-EPOCHS-LR-BATCH[-cK][-loss][-noes])")
+    config = dict(optimizer="adam", epochs=int(parts[1]), lr=float(parts[2]), batch_size=int(parts[3]), min_steps=1)
+    for part in parts[4:]:
+        if part.startswith("c"):
+            config["checks_per_epoch"] = int(part[1:])
+        elif part == "loss":
+            config["stop_on"] = "loss"
+        elif part == "acc":
+            config["stop_on"] = "accuracy"
+        elif part == "noes":
+            config["early_stopping"] = False
+        else:
+            sys.exit(f"real_probe_fit: unknown fit option {part!r} in {name!r}")
+    return config
 
 
 def fits(tag: str, out: Path, names: list[str]) -> None:
     x, y, c = _load(tag, out)
     for name in names:
-        if name == "default":
-            config = {}
-        elif name == "converged":
-            config = dict(early_stopping=False, max_iter=1000)
-        elif name.startswith("adam-"):
-            _, epochs, lr, batch = name.split("-")
-            config = dict(optimizer="adam", epochs=int(epochs), lr=float(lr), batch_size=int(batch), min_steps=1)
-        else:
-            sys.exit(f"real_probe_fit: unknown fit {name!r} (default | converged | adam-EPOCHS-LR-BATCH)")
-        acc, seconds, steps = _fit_and_score(x, y, c, **config)
+        config = fit_config(name)
+        correct, seconds, steps = _fit_and_score(x, y, c, **config)
+        acc = correct.mean(1)
         print(f"{name}: {seconds:.1f}s steps={steps} mean={acc.mean():.4f} min={acc.min():.4f}", flush=True)
         np.save(out / f"{tag}-acc-{name}.npy", acc)
+        np.save(out / f"{tag}-correct-{name}.npy", correct)
+        reference = out / f"{tag}-correct-converged.npy"
+        if name != "converged" and reference.exists():
+            diff = correct.astype(np.float64) - np.load(reference)
+            gap, se = diff.mean(1) * 100, diff.std(1) / np.sqrt(diff.shape[1]) * 100
+            worst = int(np.argmax(np.abs(gap)))
+            print(f"  minus converged (points): {np.round(gap, 2).tolist()}\n"
+                  f"  largest |gap| {abs(gap[worst]):.2f} at layer {worst} (paired s.e. {se[worst]:.2f}); "
+                  f"layers more than 0.3 below: {np.flatnonzero(gap < -0.3).tolist()}", flush=True)
+
+
+def _status_mb() -> dict[str, float]:
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return {k: int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM", "RssAnon", "RssFile")}
+
+
+def memory(tag: str, out: Path, fit: str, fitting_py: str | None) -> None:
+    from probes.syntax.features import FeatureView
+
+    if fitting_py:  # measure another version of the fitting module
+        import importlib.util
+
+        import probes.core
+
+        spec = importlib.util.spec_from_file_location("probes.core.fitting", fitting_py)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["probes.core.fitting"] = probes.core.fitting = module
+        spec.loader.exec_module(module)
+    from probes.core import fitting
+
+    y = np.load(out / f"{tag}-y.npz")
+    c = int(y["c"])
+    base = np.load(out / f"{tag}-xfit.npy", mmap_mode="r")
+    x_fit = FeatureView(base, [np.arange(base.shape[1])])
+    x_stop = np.load(out / f"{tag}-xstop.npy")
+    size = base.size * 4 / 2**20
+    fitting.fit_probe(x_stop[:, :500], y["stop"][:500], num_classes=c + 1, optimizer="adam", epochs=1,
+                      min_steps=1)  # the optimiser's one-off imports, outside the measurement
+    before = _status_mb()
+    with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM (Linux)
+        f.write("5")
+    peak_anon = peak_file = 0.0
+    stop = threading.Event()
+
+    def sample():  # RssAnon and RssFile have no peak counter of their own: sample them
+        nonlocal peak_anon, peak_file
+        while not stop.is_set():
+            now = _status_mb()
+            peak_anon, peak_file = max(peak_anon, now["RssAnon"]), max(peak_file, now["RssFile"])
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t = time.perf_counter()
+    res = fitting.fit_probe(x_fit, y["fit"], x_stop, y["stop"], num_classes=c + 1, **fit_config(fit))
+    seconds = time.perf_counter() - t
+    stop.set()
+    sampler.join()
+    after = _status_mb()
+    print(f"{tag}, {fit} ({fitting_py or 'this checkout'}): features {size:.0f} MB; fit {seconds:.1f}s "
+          f"({res.config.optimizer}); before the fit VmRSS {before['VmRSS']:.0f} MB (RssAnon {before['RssAnon']:.0f}, "
+          f"RssFile {before['RssFile']:.0f}); during the fit VmHWM {after['VmHWM']:.0f} MB = +{after['VmHWM'] - before['VmRSS']:.0f} MB "
+          f"({(after['VmHWM'] - before['VmRSS']) / size:.2f}x the features), sampled peaks RssAnon {peak_anon:.0f} MB "
+          f"(+{(peak_anon - before['RssAnon']) / size:.2f}x), RssFile {peak_file:.0f} MB "
+          f"(+{(peak_file - before['RssFile']) / size:.2f}x)", flush=True)
 
 
 def half(tag: str, out: Path) -> None:
@@ -97,7 +194,8 @@ def half(tag: str, out: Path) -> None:
         if name == "fp16" and max(float(np.abs(a).max()) for a in x) > FLOAT16_MAX:
             print("fp16: the features overflow float16 (the cache refuses them)")
             continue
-        acc[name], seconds, _ = _fit_and_score([conv(a) for a in x], y, c, **ADAM)
+        correct, seconds, _ = _fit_and_score([conv(a) for a in x], y, c, **ADAM)
+        acc[name] = correct.mean(1)
         print(f"{name}: {seconds:.1f}s mean {acc[name].mean():.4f}", flush=True)
     for name in acc:
         if name != "fp32":
@@ -106,11 +204,13 @@ def half(tag: str, out: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ.get("RPF_THREADS", "2")))
     if len(argv) >= 4 and argv[0] == "features":
         features(argv[1], argv[2], Path(argv[3]).resolve())
     elif len(argv) == 4 and argv[0] == "fits":
         fits(argv[1], Path(argv[2]), argv[3].split(","))
+    elif 3 <= len(argv) <= 5 and argv[0] == "memory":
+        memory(argv[1], Path(argv[2]), argv[3] if len(argv) > 3 else "default", argv[4] if len(argv) > 4 else None)
     elif len(argv) == 3 and argv[0] == "half":
         half(argv[1], Path(argv[2]))
     else:

@@ -31,7 +31,8 @@ def main(argv=None) -> dict:
     from workbench.drivers.prune_sweep import load_prune_config, rewound
     from workbench.compress.unstructured import dense_layers, magnitude_masks
     from workbench.errors import ConfigError
-    from workbench.drivers.finetune import build_classifier, collate, epoch_order, load_classifier, prepare, to_model_device
+    from workbench.drivers.finetune import collate, epoch_order, prepare, to_model_device
+    from workbench.running.classifier_loading import build_classifier, load_classifier
     from workbench.io import atomic_write_json
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

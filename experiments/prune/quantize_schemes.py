@@ -37,7 +37,8 @@ def main(argv=None) -> dict:
     from workbench.compress.quantize import fake_quantize, quantized_layers
     from workbench.drivers.prune_sweep import load_prune_config
     from workbench.errors import ConfigError
-    from workbench.drivers.finetune import evaluate, load_classifier, prepare
+    from workbench.drivers.finetune import evaluate, prepare
+    from workbench.running.classifier_loading import load_classifier
     from workbench.io import atomic_write_json
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -33,8 +33,9 @@ each model, on the test split:
   CI, Hewitt & Liang (2019) `control_acc` (labels drawn per lexical item, `key`) and
   `selectivity`; tasks with fixed choices only (taxonomy's choices change per item);
 - optionally (`curve_sizes`), learning curves (the paper's protocol): the MC head fine-tuned on 62,
-  125, ... training items with several seeds; per size the mean, standard deviation and maximum
-  test accuracy, and the weighted score `weighted_score` (see `weighted_score`).
+  125, ... training items with several seeds; stored per size and seed (`curve_acc`) with each
+  seed's weighted score (`weighted_score`, see `weighted_score`); the mean, standard deviation and
+  maximum over seeds are computed when read (`summary.curve_stats`, `workbench.store.aggregate`).
 
 Differences from the paper: see `probes.cloze.tasks` for the data; the paper's
 MC-MLM fine-tunes RoBERTa/BERT-large for a fixed number of epochs with model selection on dev;

@@ -20,8 +20,8 @@ from workbench.running.lm_scores import LMScorer, lm_scorer
 # The `extra` of the cloze probe's rows (checked when written, `workbench.store.rowschema`).
 EXTRA_SCHEMA = probe_schema("cloze", optional={
     "methods": list, "items_with_multipiece_candidates": int, "head": str, "answer_counts": list, "scoring": str,
-    "content_free_word": str, "domain_premise": str, "head_model": str, "train_size": int, "seeds": int, "steps": int,
-    "accuracies": list, "train_sizes": list, "position": str, "blank": str})
+    "content_free_word": str, "domain_premise": str, "head_model": str, "train_size": int, "curve_seed": int,
+    "steps": int, "train_sizes": list, "position": str, "blank": str})
 
 
 def _scorer(unit) -> LMScorer | None:
@@ -65,7 +65,7 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
             out += [_lens_rows(unit, scorer, test, task, settings, rule, lens[rule], lens_control.get(rule))
                     for rule in settings.scoring]
         if settings.curve_sizes:
-            out.append(_learning_curve(unit, scorer, data, task, settings))
+            out += _learning_curve(unit, scorer, data, task, settings)
 
     if settings.probe and task in FIXED_CHOICE_TASKS:
         out.extend(_blank_probe(unit, data, task, settings))
@@ -131,30 +131,32 @@ def _lens_rows(unit, scorer, test, task, settings, rule: str, lc, nc) -> pd.Data
     return rows.assign(stack="decoder") if scorer.kind == "seq2seq" else rows
 
 
-def _learning_curve(unit, scorer, data, task, settings) -> pd.DataFrame:
+def _learning_curve(unit, scorer, data, task, settings) -> list[pd.DataFrame]:
+    """Per training size and fine-tuning seed one `curve_acc` row (extra train_size, curve_seed,
+    steps), and per seed its `weighted_score` over the sizes (extra train_sizes, curve_seed). Per
+    seed only: the mean, sd and maximum over seeds per size, and the weighted score of the mean
+    curve (the mean of the seeds' scores: the score is linear in the accuracies), are computed when
+    the rows are read (`probes.cloze.summary.curve_stats`, through `workbench.store.aggregate`)."""
     train, test = data["train"], data["test"]
     sizes = [n for n in settings.curve_sizes if n <= len(train)]
     if len(sizes) < len(settings.curve_sizes):
         unit.log(f"{task}: learning-curve sizes above {len(train)} train items skipped")
-    means, sds, maxs, per_seed = [], [], [], []
+    per_seed = {s: [] for s in range(settings.curve_seeds)}  # seed -> its accuracy at each size
     for n in sizes:
-        accs = []
         for s in range(settings.curve_seeds):
             rng = np.random.default_rng([settings.seed, n, s])
             sub = [train[i] for i in sorted(rng.choice(len(train), size=n, replace=False))]
-            accs.append(finetune_mc(scorer, sub, test, steps=settings.curve_steps, lr=settings.curve_lr,
-                                    seed=settings.seed * 1000 + s)["accuracy"])
-            unit.log(f"{task}: fine-tuned on {n} items (seed {s}): test accuracy {accs[-1]:.3f}")
-        means.append(np.mean(accs)), sds.append(np.std(accs)), maxs.append(np.max(accs)), per_seed.append(accs)
-    ws = weighted_score(sizes, means)
+            per_seed[s].append(finetune_mc(scorer, sub, test, steps=settings.curve_steps, lr=settings.curve_lr,
+                                           seed=settings.seed * 1000 + s)["accuracy"])
+            unit.log(f"{task}: fine-tuned on {n} items (seed {s}): test accuracy {per_seed[s][-1]:.3f}")
     L = unit.handle.num_layers[unit.stack]
-    frames = [unit.rows(task, {"curve_acc_mean": [m], "curve_acc_sd": [sd], "curve_acc_max": [mx]}, split="test",
-                        layers=[L], n=len(test), extra={"train_size": n, "seeds": settings.curve_seeds,
-                                                        "steps": settings.curve_steps, "accuracies": a})
-              for n, m, sd, mx, a in zip(sizes, means, sds, maxs, per_seed)]
-    frames.append(unit.rows(task, {"weighted_score": [ws]}, split="test", layers=[L], n=len(test),
-                            extra={"train_sizes": sizes}))
-    return pd.concat(frames, ignore_index=True)
+    frames = [unit.rows(task, {"curve_acc": [accs[i]]}, split="test", layers=[L], n=len(test),
+                        extra={"train_size": n, "curve_seed": s, "steps": settings.curve_steps})
+              for i, n in enumerate(sizes) for s, accs in per_seed.items()]
+    if sizes:
+        frames += [unit.rows(task, {"weighted_score": [weighted_score(sizes, accs)]}, split="test", layers=[L],
+                             n=len(test), extra={"train_sizes": sizes, "curve_seed": s}) for s, accs in per_seed.items()]
+    return frames
 
 
 def _blank_probe(unit, data, task, settings) -> list[pd.DataFrame]:

@@ -1,4 +1,12 @@
-"""The cloze run's summary table."""
+"""The cloze run's summary table, and the learning curves' statistics over fine-tuning seeds.
+
+The learning curve is stored per fine-tuning seed (`curve_acc` and `weighted_score` rows with
+extra `curve_seed`, `probes.cloze.rows`); `curve_stats` and `weighted_scores` compute the mean,
+standard deviation and maximum over seeds when the rows are read, through the one seed statistic
+`workbench.store.aggregate.aggregate` (the printed table here, the app's cloze page). Runs written
+before issue 41 stored `curve_acc_mean/sd/max` with the per-seed accuracies in `extra.accuracies`:
+they are read as the per-seed rows they summarise (`curve_rows`), never as one more seed.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,62 @@ import pandas as pd
 
 from probes.cloze.scoring import metric_name
 from probes.core import runner
+from workbench.store.aggregate import aggregate
+from workbench.store.results import decode_extra
+
+CURVE_STATS_COLUMNS = ["model", "task", "train_size", "mean", "sd", "max", "seeds", "steps", "accuracies"]
+
+
+def curve_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The per-seed learning-curve rows (metric `curve_acc`) with columns train_size, curve_seed and
+    steps from their extra; an older run's `curve_acc_mean` row becomes one row per accuracy of its
+    `accuracies` (curve_seed = its position), its `curve_acc_sd` / `curve_acc_max` rows are dropped
+    (they are statistics of the same seeds)."""
+    cols = [c for c in rows.columns if c != "extra"]
+    out = []
+    for _, r in rows[rows["metric"].isin(("curve_acc", "curve_acc_mean"))].iterrows():
+        e = decode_extra(r["extra"])
+        base = {**{c: r[c] for c in cols}, "metric": "curve_acc", "train_size": e.get("train_size"),
+                "steps": e.get("steps")}
+        if r["metric"] == "curve_acc":
+            out.append({**base, "curve_seed": e.get("curve_seed")})
+        else:
+            out += [{**base, "value": float(a), "curve_seed": i} for i, a in enumerate(e.get("accuracies") or [])]
+    return pd.DataFrame(out, columns=[*cols, "train_size", "curve_seed", "steps"])
+
+
+def curve_stats(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, task, train size; and run where rows carry run_id): the mean test accuracy over
+    fine-tuning seeds, its standard deviation (population sd, ddof 0: what the probe has always
+    printed), maximum, the number of seeds, the steps, and the per-seed accuracies (list, seed order)."""
+    per = curve_rows(rows)
+    if per.empty:
+        return pd.DataFrame(columns=CURVE_STATS_COLUMNS)
+    per = per.sort_values("curve_seed", kind="stable")
+    by = [c for c in ("run_id", "model", "task") if c in per.columns] + ["train_size"]
+    out = aggregate(per, over="curve_seed", by=by, interval="none", ddof=0)
+    groups = per.groupby(by, dropna=False, sort=False)  # the same groups in the same order as `aggregate`'s
+    out = out.assign(mean=out["value"], seeds=out["count"], steps=groups["steps"].first().to_numpy(),
+                     accuracies=list(groups["value"].apply(list)))
+    # curves in the order they come, each by increasing size
+    curve = out.groupby(by[:-1], dropna=False, sort=False).ngroup()
+    out = out.assign(_curve=curve).sort_values(["_curve", "train_size"], kind="stable").reset_index(drop=True)
+    return out[[*(["run_id"] if "run_id" in by else []), *CURVE_STATS_COLUMNS]]
+
+
+def weighted_scores(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, task; and run): the weighted score of the learning curve, the mean over fine-tuning
+    seeds of each seed's score (`probes.cloze.finetune.weighted_score` is linear in the accuracies,
+    so this is the score of the mean curve), with the sizes it weighs and the number of seeds."""
+    sub = rows[rows["metric"] == "weighted_score"]
+    cols = ["model", "task", "weighted_score", "train_sizes", "seeds"]
+    if sub.empty:
+        return pd.DataFrame(columns=cols)
+    by = [c for c in ("run_id", "model", "task") if c in sub.columns]
+    out = aggregate(sub, over="curve_seed", by=by, interval="none")
+    sizes = sub.drop_duplicates(by)["extra"].map(lambda e: decode_extra(e).get("train_sizes", ""))
+    out = out.assign(weighted_score=out["value"], seeds=out["count"], train_sizes=list(sizes))
+    return out[[*(["run_id"] if "run_id" in by else []), *cols]]
 
 
 def summary(rows: pd.DataFrame) -> str:
@@ -20,6 +84,12 @@ def summary(rows: pd.DataFrame) -> str:
     if pmi:  # the calibrated rule beside the raw one (probes.cloze.scoring)
         header[4:4] = ["zero-shot PMI [95% CI]", "nonsense PMI"]
     table = [header]
+    ws = weighted_scores(rows)
+
+    def weighted(model, task):
+        v = ws.loc[(ws["model"] == model) & (ws["task"] == task), "weighted_score"]
+        return f"{v.iloc[-1]:.3f}" if len(v) else "-"
+
     def one(g, metric, ci=False):
         r = g[g.metric == metric]
         if r.empty:
@@ -46,7 +116,7 @@ def summary(rows: pd.DataFrame) -> str:
         rnd = rows[(rows.task == task) & (rows.metric == "random_acc")]
         line = [model, task, one(g, "zero_shot_acc", True), one(g, "nonsense_acc"),
                 f"{maj.value.iloc[0]:.3f}" if len(maj) else "-", f"{rnd.value.iloc[0]:.3f}" if len(rnd) else "-",
-                best(g, "lens_acc"), at_lens_best(g), best(g, "probe_acc"), one(g, "weighted_score")]
+                best(g, "lens_acc"), at_lens_best(g), best(g, "probe_acc"), weighted(model, task)]
         if pmi:
             line[4:4] = [one(g, metric_name("zero_shot_acc", "pmi"), True), one(g, metric_name("nonsense_acc", "pmi"))]
         table.append(line)

@@ -65,8 +65,9 @@ def mdl_online_code(
     Choices of ours: each block's probe is our batched probe with `config`, early-stopped on the
     held-out loss of the last `holdout` share of its own prefix (data already transmitted, so the
     code stays decodable; without it a probe fitted on noise overfits and codes worse than
-    uniform), checked every 5 L-BFGS iterations; feature standardisation uses all x, which the
-    receiver knows (only labels are transmitted).
+    uniform), checked every 5 iterations when the block fits with L-BFGS and every epoch when its
+    features are large enough for "auto" to take Adam (`fitting.AUTO_LBFGS_MAX_ENTRIES`); feature
+    standardisation uses all x, which the receiver knows (only labels are transmitted).
     """
     cfg = merge_config(config, overrides, defaults={"stop_on": "loss", "eval_every": 5})
     n_layers = x.shape[0]

@@ -61,7 +61,7 @@ import pandas as pd
 from probes.core.statistics import N_BOOT
 from workbench.activations import CACHE_DTYPES
 from workbench.store.checkpoints import Checkpoint, expand_checkpoints
-from workbench.coerce import build_dataclass, coerce_value
+from workbench.coerce import apply_overrides, build_dataclass, coerce_value
 from workbench.errors import CheckpointError, ConfigError, DataFormatError, yaml_problem
 from workbench.store.identity import weights_hash
 from workbench.io import read_yaml
@@ -732,11 +732,11 @@ def cli_main(name: str, argv: Sequence[str] | None = None,
     spec = get_probe(name)
     parser, apply = build_parser(spec)
     args = parser.parse_args(list(argv) if argv is not None else None)
-    values: dict[str, Any] = {}
+    from_file: dict[str, Any] = {}
     if args.config:
         from_file = read_yaml(args.config, "settings file")
         make_settings(spec.settings, from_file, str(args.config))  # a bad key or value is named with the file
-        values.update(from_file)
+    values: dict[str, Any] = {}  # the command line's, on top of the file's by the one override rule
     hints = typing.get_type_hints(spec.settings)
     for f in dataclasses.fields(spec.settings):
         got = getattr(args, f.name, None)
@@ -754,6 +754,7 @@ def cli_main(name: str, argv: Sequence[str] | None = None,
         values["progress"] = False
     if apply is not None:
         apply(args, values)
+    values = apply_overrides(from_file, values, "command line")
     store = ResultsStore(args.runs_root)
     if args.runs_root and "cache_dir" not in values and not __import__("os").environ.get(CACHE_ENV):
         values["cache_dir"] = str(Path(args.runs_root) / "cache" / "activations")

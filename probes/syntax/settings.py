@@ -89,5 +89,6 @@ class SyntaxSettings(runner.Settings):
         bad_keys = set(self.probe_config) - set(fitting.ProbeConfig.__dataclass_fields__)
         if bad_keys:
             raise ConfigError(f"unknown probe_config key(s) {sorted(bad_keys)}")
+        fitting.ProbeConfig(**self.probe_config)  # bad values (optimizer, device, ...): one line, before any work
         if self.memory_budget_gb <= 0:
             raise ConfigError(f"memory_budget_gb must be > 0, got {self.memory_budget_gb}")

@@ -56,19 +56,26 @@ from typing import Any
 
 import torch
 
-from workbench.drivers.spec import NOT_IDENTITY, DriverSpec, identity_hash, load_config
+from workbench.drivers.spec import NOT_IDENTITY, DriverSpec, identity_hash
+from workbench.coerce import load_config
 from workbench.errors import ConfigError
 from workbench.io import atomic_write_json
 from workbench.store.rowschema import RowSchema
 from workbench.loop import TrainingHooks, kl_to_teacher
 
 PROBE = "distill"
-# The `extra` of `distill_rows` (checked by the results store, `workbench.store.rowschema`); the
-# pretraining distillation's rows are declared in `workbench.drivers.distill_pretraining`.
+# The `extra` of every row of the producer "distill" (checked by the results store,
+# `workbench.store.rowschema`): task distillation's (`distill_rows`) and pretraining distillation's
+# held-out MLM loss rows (`workbench.drivers.distill_pretraining`), declared in one place so that
+# either module's import registers both kinds.
 EXTRA_SCHEMAS = (
     RowSchema(PROBE, "teacher", required={"role": str, "depth": int}),
     RowSchema(PROBE, "student", required={"role": str, "depth": int, "init": str, "temperature": float | None, "alpha": float,
                                           "teacher": str}, optional={"teacher_value": float, "fraction_of_teacher": float}),
+    RowSchema(PROBE, "pretraining teacher", required={"role": str, "depth": int, "parameters": int}),
+    RowSchema(PROBE, "pretraining student", required={"role": str, "depth": int, "init": str}, optional={
+        "teacher": str, "teacher_layers": list | None, "temperature": float, "alpha_ce": float, "alpha_mlm": float,
+        "alpha_cos": float, "soft_loss_positions": str, "checkpoint": str, "teacher_loss": float, "parameters": int}),
 )
 INITS = ("teacher", "random")
 # The state-dict key of a transformer block: "<...>.<list>.<i>.<rest>" for the layer lists of the
@@ -143,19 +150,10 @@ def random_student(teacher, depth: int, seed: int):
 
 def classifier_handle(folder: Path):
     """The fine-tuned classifier of `folder` as a `ModelHandle` over its classifier class (not the
-    LM class `ModelHandle.load` opens), keeping the folder's identity (weight-file hash, manifest)."""
-    from workbench.store.checkpoints import read_manifest, weight_files
-    from workbench.drivers.finetune import load_classifier
-    from workbench.hf_quiet import quiet_transformers
+    LM class `ModelHandle.load` opens), keeping the folder's identity: `ModelHandle.load_classifier`."""
     from workbench.running.models import ModelHandle
-    from transformers import AutoTokenizer
 
-    model = load_classifier(folder)
-    with quiet_transformers():
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-    manifest = read_manifest(folder) or {}
-    return ModelHandle(model, tokenizer, folder, family=manifest.get("family"), weight_files=weight_files(folder),
-                       manifest=manifest)
+    return ModelHandle.load_classifier(folder)
 
 
 def make_student(teacher_handle, depth: int, init: str, seed: int = 0):
@@ -286,7 +284,7 @@ class DistillConfig:
 def load_distill_config(source: str | Path | dict, overrides: dict | None = None) -> DistillConfig:
     """A validated config (YAML file or dict, `overrides` on top); the teacher is checked too (it
     must be a classifier with at least as many layers as every student) before any work. `overrides`
-    by `workbench.drivers.spec.load_config`'s rule (None values ignored)."""
+    by `workbench.coerce.load_config`'s rule (None values ignored)."""
     cfg, where = load_config(DistillConfig, source, overrides, label="distill config")
     _validate(cfg, where)
     return cfg
@@ -446,7 +444,8 @@ def run_point(cfg: DistillConfig, point: Point, shared: dict, store_root: str | 
     process, a local worker or a submitit job; writes and returns its `point.json` document.
     `shared` is what the parent prepared (`run_distill`): the sweep folder, the teacher (folder,
     hash, depth), the task keys, the initial students' folders and the latency batch."""
-    from workbench.drivers.finetune import load_classifier, run_finetune
+    from workbench.drivers.finetune import run_finetune
+    from workbench.running.classifier_loading import load_classifier
     from workbench.store.results import ResultsStore
 
     if cfg.threads is not None:
@@ -619,22 +618,31 @@ def distill_rows(points: dict[str, dict], teacher: dict, teacher_name: str, fami
 
 
 def format_table(rows) -> str:
-    """One line per point: test accuracy (mean over seeds), % of the teacher, parameters, latency."""
+    """One line per point: test accuracy and accuracy kept (means over seeds, through the one seed
+    statistic `workbench.store.aggregate.aggregate`), parameters, latency, and the number of seeds."""
     import pandas as pd
+
+    from workbench.store.aggregate import aggregate
 
     df = pd.DataFrame(rows)
     lines = [f"{'model':<44} {'acc':>7} {'kept%':>6} {'params':>10} {'latency ms':>10} seeds"]
     for model, g in df.groupby("model", sort=False):
-        acc = g[(g.metric == "accuracy") & (g.split == "test")]["value"]
-        kept = g[g.metric == "accuracy_kept"]["value"]
+        test = g[(g.metric == "accuracy") & (g.split == "test")]
+        acc = aggregate(test, over="seed", by=[], interval="none")
+        kept = aggregate(g[g.metric == "accuracy_kept"], over="seed", by=[], interval="none")
         params = g[g.metric == "parameters"]["value"]
         lat = g[g.metric == "latency_ms"]["value"]
-        kept_text = f"{100 * kept.mean():6.1f}" if len(kept) else f"{100.0:6.1f}"
-        lines.append(f"{str(model)[-44:]:<44} {acc.mean():7.4f} {kept_text} {int(params.iloc[0]):>10d} "
-                     f"{float(lat.iloc[0]):10.1f} {len(acc)}")
+        kept_text = f"{100 * kept['value'].iloc[0]:6.1f}" if len(kept) else f"{100.0:6.1f}"
+        lines.append(f"{str(model)[-44:]:<44} {acc['value'].iloc[0] if len(acc) else float('nan'):7.4f} {kept_text} "
+                     f"{int(params.iloc[0]):>10d} {float(lat.iloc[0]):10.1f} {len(test)}")
     return "\n".join(lines)
 
 
-DRIVER = DriverSpec("distill", DistillConfig, load_distill_config, run_distill, units="points",
+def report(result) -> str:
+    """What `bertology distill` prints: the students' table and where the sweep went."""
+    return f"{format_table(result.rows)}\nrun {result.run_id}; students under {result.folder}"
+
+
+DRIVER = DriverSpec("distill", DistillConfig, load_distill_config, run_distill, report,
                     description="distil a fine-tuned classifier into smaller students (a sweep)",
                     identity=DistillConfig.key)

@@ -39,7 +39,6 @@ Result: each student's held-out MLM loss on the fixed held-out batches of `train
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -50,19 +49,14 @@ import torch
 import torch.nn.functional as F
 
 from workbench.drivers.distill import INITS, cut_student, student_layers
-from workbench.drivers.spec import NOT_IDENTITY, DriverSpec, load_config
+from workbench.drivers.spec import NOT_IDENTITY, DriverSpec
+from workbench.coerce import load_config
 from workbench.errors import ConfigError
-from workbench.store.rowschema import RowSchema
 from workbench.loop import TrainingHooks, kl_to_teacher
 
 PROBE = "distill"
-# The `extra` of the held-out MLM loss rows (checked by the results store, `workbench.store.rowschema`).
-EXTRA_SCHEMAS = (
-    RowSchema(PROBE, "pretraining teacher", required={"role": str, "depth": int, "parameters": int}),
-    RowSchema(PROBE, "pretraining student", required={"role": str, "depth": int, "init": str}, optional={
-        "teacher": str, "teacher_layers": list | None, "temperature": float, "alpha_ce": float, "alpha_mlm": float,
-        "alpha_cos": float, "soft_loss_positions": str, "checkpoint": str, "teacher_loss": float, "parameters": int}),
-)
+# its rows' `extra` (teacher and students' held-out MLM loss) is declared with the task
+# distillation's, `workbench.drivers.distill.EXTRA_SCHEMAS`: one home for the producer "distill".
 FAMILIES = ("bert", "deberta", "distilbert")  # pretrainers whose outputs carry the masked logits and hidden states
 STUDENT_FAMILY = {"bert": "distilbert"}  # the student's family where it is not the teacher's
 
@@ -180,7 +174,7 @@ class PretrainDistillConfig:
 
 
 def load_pretrain_distill_config(source: str | Path | dict, overrides: dict | None = None) -> PretrainDistillConfig:
-    """A validated config (YAML file or dict, `overrides` by `workbench.drivers.spec.load_config`'s rule),
+    """A validated config (YAML file or dict, `overrides` by `workbench.coerce.load_config`'s rule),
     the teacher checked, before any work."""
     cfg, where = load_config(PretrainDistillConfig, source, overrides, label="distill config")
 
@@ -263,14 +257,12 @@ def _setup(cfg: PretrainDistillConfig):
     from workbench.store.checkpoints import checkpoint_name
     from workbench.store.identity import weights_hash
     from workbench.families import get_family
-    from workbench.hf_quiet import quiet_transformers
+    from workbench.running.model_loading import load_pretrainer
 
     teacher_folder = Path(cfg.teacher).expanduser().resolve()
     tm = _read_manifest(teacher_folder)
     family_name = tm["family"]
-    module = importlib.import_module(f"workbench.families.{family_name}")
-    with quiet_transformers():
-        teacher = module.load_pretrainer(teacher_folder).eval()
+    teacher = load_pretrainer(teacher_folder, family_name).eval()
     teacher_depth = int(teacher.model.config.num_hidden_layers)
     student_family_name = STUDENT_FAMILY.get(family_name, family_name)
     return SimpleNamespace(
@@ -278,7 +270,6 @@ def _setup(cfg: PretrainDistillConfig):
         teacher_depth=teacher_depth, teacher_name=checkpoint_name(teacher_folder),
         teacher_hash=weights_hash(teacher_folder), student_family_name=student_family_name,
         student_family=get_family(student_family_name),
-        student_module=importlib.import_module(f"workbench.families.{student_family_name}"),
         # the teacher as it reads the student's batches (a BERT: one segment, no token types)
         reader=OneSegmentTeacher(teacher) if student_family_name != family_name else teacher,
         depths=cfg.depths or [max(1, teacher_depth // 2)],
@@ -328,7 +319,7 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int | Non
 
     from workbench.store.checkpoints import checkpoint_name
     from workbench.drivers.executor import Unit, resolve_options, run_units
-    from workbench.hf_quiet import quiet_transformers
+    from workbench.running.model_loading import load_pretrainer
     from workbench.store.results import ResultsStore
     from workbench.drivers.train import evaluate_heldout, init_distributed, resolve_device
 
@@ -360,8 +351,7 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int | Non
     for (depth, init), folders in finals.items():
         layers = student_layers(setup.teacher_depth, depth) if init == "teacher" else None
         for seed, final in zip(cfg.seeds, map(Path, folders)):
-            with quiet_transformers():
-                student = setup.student_module.load_pretrainer(final).to(device).eval()
+            student = load_pretrainer(final, setup.student_family_name).to(device).eval()
             loss = evaluate_heldout(student, setup.student_family, data.heldout, data.tokenizer, scfg,
                                     cfg.heldout_batches, device)["loss"]
             extra = {"role": "student", "depth": depth, "init": init, "teacher": setup.teacher_name,
@@ -381,5 +371,11 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int | Non
     return PretrainDistillResult(run_id, pd.DataFrame(rows), students)
 
 
+def report(result) -> str:
+    """What `bertology distill` prints for `kind: pretraining`: each student's held-out MLM loss."""
+    table = result.rows[["model", "value"]].rename(columns={"value": "heldout_mlm_loss"}).to_string(index=False)
+    return f"{table}\nrun {result.run_id}"
+
+
 DRIVER = DriverSpec("distill_pretraining", PretrainDistillConfig, load_pretrain_distill_config, run_pretrain_distill,
-                    units="students", description="DistilBERT-style pretraining distillation (kind: pretraining)")
+                    report, description="DistilBERT-style pretraining distillation (kind: pretraining)")

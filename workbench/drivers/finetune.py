@@ -69,7 +69,9 @@ import numpy as np
 import torch
 
 from workbench.store.checkpoints import seed_dir, single_checkpoint, step_dir
-from workbench.drivers.spec import IDENTITY, NOT_IDENTITY, DriverSpec, identity_hash, load_config
+from workbench.running.classifier_loading import build_classifier, load_classifier
+from workbench.drivers.spec import IDENTITY, NOT_IDENTITY, DriverSpec, identity_hash
+from workbench.coerce import load_config
 from workbench.errors import CheckpointError, ConfigError
 from workbench.io import atomic_dir, atomic_write_json, sha256_file
 from workbench.store.rowschema import RowSchema
@@ -179,7 +181,7 @@ class FinetuneConfig:
 
 
 def load_finetune_config(source: str | Path | dict | FinetuneConfig, overrides: dict | None = None) -> FinetuneConfig:
-    """A validated config from a YAML file or a dict, with `overrides` on top (`workbench.drivers.spec.load_config`:
+    """A validated config from a YAML file or a dict, with `overrides` on top (`workbench.coerce.load_config`:
     None values ignored)."""
     cfg, where = load_config(FinetuneConfig, source, overrides, label="finetune config")
     _validate(cfg, where)
@@ -427,95 +429,6 @@ def choose_pooling(family: str, kind: str, pooling: str) -> str:
     if pooling not in allowed:
         raise ConfigError(f"pooling {pooling!r} is not available for family {family} (available: {', '.join(allowed)})")
     return pooling
-
-
-def _head_class(family: str, kind: str, pooling: str):
-    """A workbench head class, or None where transformers' Auto class is the one to use."""
-    from workbench.running import classifier_heads as heads
-
-    if family == "elmo":
-        return heads.ElmoForTokenClassification if kind == "token" else heads.ElmoForSequenceClassification
-    if pooling == "encoder_mean":
-        return heads.ENCODER_MEAN[family]
-    if kind == "token" and family == "bart":
-        return heads.BartEncoderForTokenClassification
-    return None
-
-
-def build_classifier(path: Path, family: str, kind: str, pooling: str, label_names: list[str], pad_id: int):
-    """The pretrained body of `path` under a freshly initialised head (seed torch before calling);
-    a classifier folder of the same head class keeps its saved head."""
-    from transformers import (
-        AutoConfig,
-        AutoModelForSequenceClassification,
-        AutoModelForTokenClassification,
-    )
-
-    import workbench.families  # noqa: F401  (registers ELMo)
-    from workbench.hf_quiet import quiet_transformers
-
-    labels = {"id2label": dict(enumerate(label_names)),
-              "label2id": {n: i for i, n in enumerate(label_names)}}
-    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False, **labels)
-    if getattr(config, "pad_token_id", None) is None:
-        config.pad_token_id = pad_id  # GPT-2 finds the last non-pad token through it
-    cls = _head_class(family, kind, pooling)
-    try:
-        with quiet_transformers():
-            if cls is None:
-                auto = AutoModelForTokenClassification if kind == "token" else AutoModelForSequenceClassification
-                model, info = auto.from_pretrained(path, config=config, local_files_only=True,
-                                                   trust_remote_code=False, output_loading_info=True)
-                prefix = model.base_model_prefix + "."
-                # BERT's pooler (a dense layer over [CLS]) is part of the classification head when the
-                # checkpoint was saved without one (MLM pretraining without NSP): freshly initialised.
-                body_missing = [k for k in info.get("missing_keys", []) if k.startswith(prefix) and ".pooler." not in k]
-                if body_missing:
-                    raise CheckpointError(f"{path}: weights missing for {len(body_missing)} tensors of the "
-                                          f"model body, e.g. {body_missing[:3]}")
-            elif cls.__name__ in (getattr(config, "architectures", None) or []):
-                # a classifier folder of this very class (the sweep's rewound start weights): its saved
-                # head too, as the Auto branch loads a saved head (a fresh head would undo the rewind)
-                model = cls.from_pretrained(path, config=config, local_files_only=True, trust_remote_code=False)
-            else:
-                model = cls(config)
-                body = getattr(model, model.base_model_prefix)
-                pretrained = type(body).from_pretrained(path, local_files_only=True, trust_remote_code=False)
-                body.load_state_dict(pretrained.state_dict())
-    except CheckpointError:
-        raise
-    except Exception as e:
-        raise CheckpointError(f"{path}: cannot build a {kind} classifier ({type(e).__name__}: {e})") from e
-    return model
-
-
-def load_classifier(path: str | Path):
-    """Open a fine-tuned classifier folder: transformers' Auto classes, or a `workbench.running.classifier_heads` class
-    named in `config.architectures` (ELMo; T5/BART encoder_mean)."""
-    from transformers import (
-        AutoConfig,
-        AutoModelForSequenceClassification,
-        AutoModelForTokenClassification,
-    )
-
-    import workbench.families  # noqa: F401
-    from workbench.running import classifier_heads as heads
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise CheckpointError(f"{path}: no config.json (not a fine-tuned checkpoint)")
-    from workbench.hf_quiet import quiet_transformers
-
-    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    arch = (getattr(config, "architectures", None) or [""])[0]
-    auto = AutoModelForTokenClassification if arch.endswith("ForTokenClassification") else AutoModelForSequenceClassification
-    cls = heads.HEADS.get(arch, auto)
-    from workbench.store.checkpoints import read_manifest
-    from workbench.running.peft_methods import reattach_saved
-
-    with quiet_transformers():
-        model = cls.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    return reattach_saved(model, path, read_manifest(path) or {}).eval()
 
 
 def members(checkpoint: str | Path) -> tuple[list[str], list[str]]:
@@ -1100,6 +1013,11 @@ def format_table(rows) -> str:
     return "\n".join(lines)
 
 
-DRIVER = DriverSpec("finetune", FinetuneConfig, load_finetune_config, run_finetune, units="seeds",
+def report(result) -> str:
+    """What `bertology finetune` prints: the per-seed table and where the run went."""
+    return f"{format_table(result.rows)}\nrun {result.run_id}; checkpoints under {result.folder}"
+
+
+DRIVER = DriverSpec("finetune", FinetuneConfig, load_finetune_config, run_finetune, report,
                     description="fine-tune a checkpoint on a classification task over seeds",
                     identity=FinetuneConfig.training_hash)

@@ -79,7 +79,7 @@ from torch import nn
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.running import ModelRunner
 from workbench.running.sites import LayerSites, attention_sites, is_conv1d  # noqa: F401 (LayerSites re-exported)
-from workbench.store.rowschema import RowSchema
+from workbench.drivers.prune_rows import PROBE
 
 ORDERS = ("good", "random", "bad")
 UNITS = ("heads", "mlps", "both")  # what the iterative procedure prunes (module docstring)
@@ -743,16 +743,9 @@ def leave_one_out(shape: tuple[int, int], evaluate_loss: Callable[[np.ndarray], 
 
 # ------------------------------------------------------------------------------------------ rows
 
-PROBE = "prune"
 METHOD = "heads"
-# The `extra` of `curve_rows` (and of experiments/prune_heads.py's re-fine-tuned rows); a sweep adds
-# its name (`sweep`). Checked by the results store (`workbench.store.rowschema`).
-EXTRA_SCHEMAS = (
-    RowSchema(PROBE, "head pruning curve", required={"method": str, "order": str, "n_heads": int},
-              optional={"units": str, "pruning_step": int, "n_removed": int, "n_mlps_removed": int, "threshold": float,
-                        "full": float, "subnetwork": str, "at": str, "head": int, "sweep": str}),
-    RowSchema(PROBE, "re-fine-tuned subnetwork", required={"method": str, "order": str, "n_kept": int, "checkpoint": str}),
-)
+# The `extra` of `curve_rows` (and of experiments/prune_heads.py's re-fine-tuned rows) is declared
+# with the sweep's in `workbench.drivers.prune_rows.EXTRA_SCHEMAS` (one home for the producer "prune").
 
 
 def curve_rows(curve: PruningCurve, *, model: str, family: str | None, seed: int, task: str,

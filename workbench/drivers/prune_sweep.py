@@ -52,15 +52,16 @@ prune/<name>/points/<method>/<amount>/seed-S/point.json   its accuracies and cou
 With `keep_checkpoints: false` a point keeps its manifest, masks and point.json and drops its
 weights once the seed is done (sweeps on a GPU whose output must stay small).
 
-Rows (probe "prune", task = the fine-tuning task, model = the method, `full` for the full model):
-per seed and split `accuracy` (extra: method, amount, sparsity measured, bits, rank, parameters,
-nonzero parameters, mask hash, checkpoint; heads points: n_removed, n_heads, order, pruning_step);
-for each heads order and seed `heads_prunable` and one `head_kept` row per (layer, head) of the
-subnetwork at the threshold (`workbench.drivers.head_pruning.curve_rows`, model "heads": the Compression
-page's surviving-heads matrix); per method, amount and split a seed-less `accuracy`
-row (mean, 95% t-interval, extra sd) and, for the retrained methods, `wins` = 1.0 when the mean
-is within one standard deviation over seeds of the full model's mean (Chen et al. 2020's
-criterion), else 0.0.
+Rows (probe "prune", task = the fine-tuning task, model = the method, `full` for the full model;
+`workbench.drivers.prune_rows`): per seed and split `accuracy` (extra: method, amount, sparsity
+measured, bits, rank, parameters, nonzero parameters, mask hash, checkpoint; heads points:
+n_removed, n_heads, order, pruning_step); for each heads order and seed `heads_prunable` and one
+`head_kept` row per (layer, head) of the subnetwork at the threshold
+(`workbench.drivers.head_pruning.curve_rows`, model "heads": the Compression page's surviving-heads
+matrix). Per seed only: the mean over seeds per method, amount and split, its 95% t-interval and
+sd, and `wins` (the mean within one standard deviation over seeds of the full model's mean, Chen et
+al. 2020's criterion) are computed when rows are read (`prune_rows.over_seeds`: the printed table,
+the Compression page), no longer stored as seed-less rows (issue 41).
 """
 
 from __future__ import annotations
@@ -76,7 +77,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from workbench.drivers import head_pruning as H
@@ -100,29 +100,16 @@ from workbench.compress.unstructured import (
     pooler_layers,
     random_masks,
 )
-from workbench.drivers.spec import IDENTITY, NOT_IDENTITY, DriverSpec, identity, load_config
+# the rows and their summary over seeds: a module without torch (the app's Compression page reads them too)
+from workbench.drivers.prune_rows import build_rows, format_table
+from workbench.drivers.spec import IDENTITY, NOT_IDENTITY, DriverSpec, identity, split_section
+from workbench.coerce import load_config
 from workbench.errors import CheckpointError, ConfigError
 from workbench.io import atomic_dir, atomic_path, atomic_write_json
 from workbench.progress import get_logger
-from workbench.store.rowschema import RowSchema
 
-PROBE = "prune"
-# The `extra` of a sweep's rows (`build_rows`; checked by the results store, `workbench.store.rowschema`);
-# the head-pruning curves it adds are declared in `workbench.drivers.head_pruning`.
-_POINT_KEYS = {"amount": float, "sparsity": float, "bits": int, "scheme": str, "quantized_parameters": int,
-               "rank": int, "round": int, "rewind_step": int, "from_step": int, "parameters": int, "prunable": int,
-               "nonzero_parameters": int, "nonzero_prunable": int, "sparsity_measured": float, "mask_sha256": str,
-               "checkpoint": str, "n_heads_kept": int, "n_heads": int, "order": str, "pruning_step": int,
-               "mlm_steps": int, "n_mlps_kept": int, "n_mlps": int, "units": str}
-EXTRA_SCHEMAS = (
-    RowSchema(PROBE, "per seed", required={"sweep": str}, optional=_POINT_KEYS),
-    RowSchema(PROBE, "over seeds", required={"amount": float, "over": str, "interval": str, "sd": float, "seeds": int,
-                                             "sparsity_measured": float, "sweep": str},
-              optional={"full_mean": float, "full_sd": float, "rule": str}),
-)
 # rewind_step N > 0: retraining continues from step N (Frankle et al. 2020) or restarts at step 0
 REWIND_SCHEDULES = ("continue", "restart")
-RETRAINED = ("imp", "oneshot", "random", "reinit", "imp_mlm")
 POST_HOC = ("quantize", "lowrank")
 # method -> the config key its amounts come from ("heads": the fractions of heads removed that the
 # `heads:` settings reach).
@@ -181,7 +168,7 @@ def load_prune_config(source: str | Path | dict, overrides: dict | None = None,
                       finetune_overrides: dict | None = None) -> tuple[PruneConfig, Any]:
     """(sweep config, its FinetuneConfig), validated before any work; every error names the file
     and the key. `overrides` replace sweep keys, `finetune_overrides` keys of `finetune:`, both by
-    `workbench.drivers.spec.load_config`'s rule (None values are ignored)."""
+    `workbench.coerce.load_config`'s rule (None values are ignored)."""
     from workbench.drivers.finetune import load_finetune_config
 
     cfg, where = load_config(PruneConfig, source, overrides, label="prune config")
@@ -231,11 +218,10 @@ def mlm_sparsities(cfg: PruneConfig) -> list[float]:
 
 def checkpoint_head_shape(checkpoint: str) -> tuple[int, int]:
     """(layers, heads per layer) from a checkpoint's config.json, without loading its weights."""
-    from transformers import AutoConfig
-
+    from workbench.running.model_loading import read_config
     from workbench.store.checkpoints import single_checkpoint
 
-    config = AutoConfig.from_pretrained(single_checkpoint(checkpoint))
+    config = read_config(single_checkpoint(checkpoint))
     return int(config.num_hidden_layers), int(config.num_attention_heads)
 
 
@@ -309,7 +295,8 @@ def continue_state(ft, run, seed: int, hooks, step: int) -> Path:
     import warnings
 
     from workbench.store.checkpoints import seed_dir
-    from workbench.drivers.finetune import STATE_DIR, save_resume_state, build_classifier, trainable_filter
+    from workbench.drivers.finetune import STATE_DIR, save_resume_state, trainable_filter
+    from workbench.running.classifier_loading import build_classifier
     from workbench.loop import adamw, apply_param_filter, linear_warmup_decay
 
     per_epoch = math.ceil(len(run.train.ids) / ft.batch_size)
@@ -460,7 +447,7 @@ class Sweep:
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
     def trained_weights(self, record: dict):
-        from workbench.drivers.finetune import load_classifier
+        from workbench.running.classifier_loading import load_classifier
 
         folder = Path(record["checkpoint"])
         if not (folder / "config.json").is_file():
@@ -471,9 +458,9 @@ class Sweep:
     # -- the full model --------------------------------------------------------------------------
 
     def full_model(self, seed: int) -> Seeded:
-        from workbench.store.checkpoints import read_manifest, weight_files
-        from workbench.drivers.finetune import load_classifier, train_seed
+        from workbench.drivers.finetune import train_seed
         from workbench.loop import TrainingHooks, write_model_folder
+        from workbench.running.classifier_loading import load_classifier
         from workbench.running.models import ModelHandle
 
         full_run = dataclasses.replace(self.run, folder=self.folder / "full")
@@ -488,7 +475,8 @@ class Sweep:
             hooks = TrainingHooks(after_step=snapshot_rewind_weights)
         res = train_seed(self.ft, seed, full_run, hooks=hooks)
         best = Path(res.checkpoint)
-        full = load_classifier(best)
+        handle = ModelHandle.load_classifier(best, tokenizer=self.run.tokenizer)
+        full = handle.model
         if self.cfg.rewind_step > 0:
             if not rewind_dir.is_dir():
                 raise ConfigError(f"rewind_step {self.cfg.rewind_step}: the full model's training of seed {seed} "
@@ -496,15 +484,13 @@ class Sweep:
             start = load_classifier(rewind_dir).state_dict()
         else:
             start = self.pretrained_start(seed)
-        handle = ModelHandle(full, self.run.tokenizer, path=best, family=self.run.family,
-                             weight_files=weight_files(best), manifest=read_manifest(best) or {})
         names = list(dense_layers(full, self.cfg.include_embeddings, self.cfg.include_head, self.cfg.include_pooler))
         result = {"dev": res.dev, "test": res.test}
         return Seeded(seed, seed_out, full, handle, {k: v.clone() for k, v in start.items()}, names, result)
 
     def pretrained_start(self, seed: int) -> dict:
         """The weights train_seed started from: the pretrained body under the seed's fresh head."""
-        from workbench.drivers.finetune import build_classifier
+        from workbench.running.classifier_loading import build_classifier
 
         torch.manual_seed(seed)
         return build_classifier(self.run.checkpoint, self.run.family, self.run.data.kind, self.run.pooling,
@@ -530,8 +516,9 @@ class Sweep:
         `prior`: the point whose trained weights gave the mask (IMP's previous round), for the cost;
         `search`: training runs after `prior` that found the mask (imp_mlm's masked-LM rounds)."""
         from workbench.store.checkpoints import read_manifest
-        from workbench.drivers.finetune import load_classifier, train_seed
+        from workbench.drivers.finetune import train_seed
         from workbench.loop import write_model_folder
+        from workbench.running.classifier_loading import load_classifier
 
         found = self.done(method, amount, s.seed)
         if found is not None:
@@ -782,47 +769,6 @@ AMOUNT_OF = {**METHODS, "lowrank_magnitude": "ranks", "full": "sparsities",
              **{point: "heads" for point in EQUAL_SIZE_POINTS.values()}}
 
 
-# ------------------------------------------------------------------------------------------ rows
-
-def build_rows(points: list[dict], task: str, family: str, run_name: str) -> list[dict]:
-    """The results rows of a sweep (module docstring)."""
-    from workbench.drivers.finetune import t_interval
-
-    common = {"family": family, "probe": PROBE, "task": task}
-    rows = []
-    for p in points:
-        extra = {k: p.get(k) for k in ("amount", "sparsity", "bits", "scheme", "quantized_parameters", "rank", "round",
-                                        "rewind_step", "from_step", "parameters", "prunable",
-                                        "nonzero_parameters", "nonzero_prunable", "sparsity_measured",
-                                        "mask_sha256", "checkpoint", "n_heads_kept", "n_heads", "order",
-                                        "pruning_step", "mlm_steps", "n_mlps_kept", "n_mlps", "units") if p.get(k) is not None}
-        extra["sweep"] = run_name
-        for split in ("dev", "test"):
-            rows.append({**common, "model": p["method"], "seed": p["seed"], "split": split, "metric": "accuracy",
-                         "value": p[split]["accuracy"], "n": p[split]["n"], "extra": extra})
-    full = {split: [p[split]["accuracy"] for p in points if p["method"] == "full"] for split in ("dev", "test")}
-    groups: dict[tuple, list[dict]] = {}
-    for p in points:
-        groups.setdefault((p["method"], float(p["amount"])), []).append(p)
-    for (method, amount), ps in groups.items():
-        for split in ("dev", "test"):
-            values = [p[split]["accuracy"] for p in ps]
-            mean, lo, hi = t_interval(values)
-            sd = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
-            extra = {"amount": amount, "over": "seeds", "interval": "t, 95%", "sd": sd, "seeds": len(values),
-                     "sparsity_measured": float(np.mean([p.get("sparsity_measured", 0.0) for p in ps])),
-                     "sweep": run_name}
-            rows.append({**common, "model": method, "split": split, "metric": "accuracy", "value": mean,
-                         "n": len(values), "ci_low": lo, "ci_high": hi, "extra": extra})
-            if method in RETRAINED and len(full[split]) > 1:
-                full_mean, full_sd = float(np.mean(full[split])), float(np.std(full[split], ddof=1))
-                rows.append({**common, "model": method, "split": split, "metric": "wins",
-                             "value": float(mean >= full_mean - full_sd), "n": len(values),
-                             "extra": {**extra, "full_mean": full_mean, "full_sd": full_sd,
-                                       "rule": "mean within one sd over seeds of the full model (Chen et al. 2020)"}})
-    return rows
-
-
 # ------------------------------------------------------------------------------------------ the run
 
 @dataclass
@@ -942,35 +888,16 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None, executor=None) -> Pru
     return PruneResult(run_id, frame, sweep.points, folder)
 
 
-def format_table(rows) -> str:
-    """Mean test accuracy by method and amount, with the sd over seeds and whether a ticket wins."""
-    import pandas as pd
-
-    def decode_extra(e):
-        return e if isinstance(e, dict) else json.loads(e)
-
-    df = pd.DataFrame(rows)
-    agg = df[df["seed"].isna() & (df["split"] == "test")]
-    lines = [f"{'method':<18} {'amount':>7} {'sparsity':>8} {'test acc':>9} {'sd':>7} {'wins':>5}"]
-    acc = agg[agg["metric"] == "accuracy"]
-    wins = {(r["model"], decode_extra(r["extra"])["amount"]): r["value"] for _, r in agg[agg["metric"] == "wins"].iterrows()}
-    for _, r in acc.iterrows():
-        e = decode_extra(r["extra"])
-        w = wins.get((r["model"], e["amount"]))
-        lines.append(f"{r['model']:<18} {e['amount']:>7.4g} {e['sparsity_measured']:>8.3f} {r['value']:>9.4f} "
-                     f"{e['sd']:>7.4f} {'' if w is None else ('yes' if w else 'no'):>5}")
-    return "\n".join(lines)
+def load_driver_config(source: str | Path | dict, overrides: dict | None = None) -> tuple[PruneConfig, Any]:
+    """The registry's load: overrides keyed like the YAML (sweep keys, `finetune.KEY` for the
+    fine-tuning's), taken apart for `load_prune_config`."""
+    outer, finetune = split_section(overrides, "finetune")
+    return load_prune_config(source, outer, finetune)
 
 
-def prune_cli_main(config: str, overrides: dict | None = None, finetune_overrides: dict | None = None,
-                   executor=None) -> int:
-    """`bertology prune CONFIG.yaml` (`executor`: `workbench.drivers.executor.ExecutorOptions`, from
-    --executor / --jobs)."""
-    cfg, ft = load_prune_config(config, overrides, finetune_overrides)
-    result = run_prune(cfg, ft, executor=executor)
-    print(format_table(result.rows))
-    print(f"run {result.run_id}; points under {result.folder / 'points'}")
-    return 0
+def report(result: PruneResult) -> str:
+    """What `bertology prune` prints: the sweep's table and where its points went."""
+    return f"{format_table(result.rows)}\nrun {result.run_id}; points under {result.folder / 'points'}"
 
 
 def _run_loaded(loaded: tuple, store=None, executor=None) -> PruneResult:
@@ -979,6 +906,6 @@ def _run_loaded(loaded: tuple, store=None, executor=None) -> PruneResult:
     return run_prune(cfg, ft, store=store, executor=executor)
 
 
-DRIVER = DriverSpec("prune", PruneConfig, load_prune_config, _run_loaded, units="fine-tunings (full models, "
-                    "IMP rounds, retrained points)", description="compression sweep: lottery tickets, quantization, "
-                    "low rank", identity=lambda loaded: loaded[0].key(loaded[1]))
+DRIVER = DriverSpec("prune", PruneConfig, load_driver_config, _run_loaded, report,
+                    description="compression sweep: lottery tickets, quantization, low rank",
+                    identity=lambda loaded: loaded[0].key(loaded[1]))

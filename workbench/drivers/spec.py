@@ -20,12 +20,13 @@ hand-kept "not part of the key" lists the drivers had are these metadata now; th
 they gave are unchanged (tests/test_drivers.py compares them with the ones the old code gave for
 every example config under experiments/).
 
-One override rule (`load_config`) for every driver's YAML: the file (or a mapping, or a config
-object) is read, then each override replaces the key of the same name; an override whose value is
-None (a flag not given) changes nothing; a dotted key `section.key` replaces `key` inside the
-mapping field `section` (`finetune.checkpoint` = the prune and PEFT sweeps' --checkpoint). Then the
-mapping is coerced field by field (`workbench.coerce.build_dataclass`: unknown keys and bad
-values are one ConfigError naming the file and the key).
+One YAML loader with one override rule for every config of the workbench (`workbench.coerce.
+load_config` and `apply_overrides`, used by the drivers here, by pretraining's `TrainConfig` and by
+the probes' settings): the file (or a mapping, or a config object) is read, overrides go on top
+(None changes nothing; `section.key` sets a key inside a section, e.g. `finetune.checkpoint` = the
+prune and PEFT sweeps' --checkpoint; a mapping given for a mapping merges into it), then the
+mapping is coerced field by field (unknown keys and bad values are one ConfigError naming the file
+and the key).
 """
 
 from __future__ import annotations
@@ -34,11 +35,10 @@ import copy
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
-from workbench.coerce import build_dataclass, settings_hash
+from workbench.coerce import settings_hash
 from workbench.errors import ConfigError
 
 IDENTITY = "identity"
@@ -73,56 +73,19 @@ def identity_hash(config, **derived: Any) -> str:
     return settings_hash(identity(config, **derived))
 
 
-# ------------------------------------------------------------------------------------- loading
-
-def load_config(cls: type, source: str | Path | Mapping | Any, overrides: Mapping[str, Any] | None = None,
-                label: str = "config") -> tuple[Any, str]:
-    """(config, where): `cls` built from a YAML file, a mapping or a config object, with `overrides`
-    applied by the one rule of the module docstring. `where` names the source in messages (the
-    file, "<label>" for a mapping, "<config>" for an object)."""
-    from workbench.io import read_yaml
-
-    if isinstance(source, cls):
-        data, where = dataclasses.asdict(source), "<config>"
-    elif isinstance(source, Mapping):
-        data, where = dict(source), label
-    else:
-        where = str(source)
-        data = read_yaml(Path(source))
-    data = apply_overrides(data, overrides, where)
-    return build_dataclass(cls, data, where), where
-
-
-def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any] | None, where: str = "config") -> dict:
-    """`data` with `overrides` on top (module docstring: None changes nothing; `a.b` sets key b of mapping a)."""
-    out = dict(data)
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        section, dot, inner = key.partition(".")
-        if not dot:
-            out[key] = value
-            continue
-        nested = out.get(section)
-        if nested is None:
-            nested = {}
-        if not isinstance(nested, Mapping):
-            raise ConfigError(f"{where}: {section}: expected a mapping (to set {inner}), got {nested!r}")
-        out[section] = {**nested, inner: value}
-    return out
-
-
 # ------------------------------------------------------------------------------------- registry
 
 @dataclass(frozen=True)
 class DriverSpec:
-    """A registered driver (module docstring)."""
+    """A registered driver (module docstring). `load(source, overrides)` takes overrides keyed like
+    its YAML (`section.key` inside a mapping section, the rule of `load_config`); `report(result)`
+    is what its command prints."""
 
     name: str
     config: type
     load: Callable[..., Any]          # (source, overrides=None) -> a validated config
     run: Callable[..., Any]           # (config, store=None, executor=ExecutorOptions | None) -> its result
-    units: str                        # what its independent units are, for messages: "seeds", "points", ...
+    report: Callable[[Any], str]      # result -> the command's printed table and run line
     description: str = ""
     identity: Callable[[Any], Any] | None = None  # the run's identity when it is not `identity_hash(config)`
 
@@ -130,17 +93,157 @@ class DriverSpec:
         return (self.identity or identity_hash)(config)
 
 
-# name -> (module defining DRIVER, one-line description); imported only when used (they pull in torch)
-DRIVERS: dict[str, tuple[str, str]] = {
-    "finetune": ("workbench.drivers.finetune", "fine-tune a checkpoint on a classification task over seeds"),
-    "distill": ("workbench.drivers.distill", "distil a fine-tuned classifier into smaller students (a sweep)"),
-    "distill_pretraining": ("workbench.drivers.distill_pretraining",
-                            "DistilBERT-style pretraining distillation (bertology distill, kind: pretraining)"),
-    "peft": ("probes.peft_change",
-             "fine-tune with every method (full, head, bitfit, adapter, prompt, lora); CKA per layer"),
-    "prune": ("workbench.drivers.prune_sweep",
-              "compression sweep: lottery tickets, quantization, low rank (bertology prune CONFIG.yaml)"),
+# ------------------------------------------------------------------------------------- commands
+
+FLAG_PARSES = ("text", "int", "float", "ints", "int_list", "names", "switch")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag of a driver's subcommand: `--name VALUE` sets the override `key` (default: the name
+    with "_" for "-"; `section.key` sets a key inside a section). `parse` turns the text into the
+    override (`parse_flag`; a bad value is one ConfigError naming the flag, before any work);
+    `argtype` is argparse's own conversion instead (a usage error, exit 2)."""
+
+    name: str
+    help: str | None = None
+    key: str | None = None
+    parse: str = "text"
+    argtype: Callable[[str], Any] | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+    @property
+    def override_key(self) -> str:
+        return self.key or self.dest
+
+
+@dataclass(frozen=True)
+class DriverCommand:
+    """How `bertology <driver>` reads its arguments: the config positional, the flags (each an
+    override of the config), the executor flags' wording (`units`). `variants`: the YAML's `kind:`
+    value -> the registered driver that runs such a file (`bertology distill` runs DistilBERT-style
+    pretraining distillation for `kind: pretraining`), with the flags that driver takes."""
+
+    config_help: str
+    flags: tuple[Flag, ...]
+    units: str
+    config_optional: bool = False
+    needs_without_config: str | None = None  # flag required when no config is given, and the message
+    variants: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # (kind, driver name, flags it takes)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A driver in the registry: the module defining its `DRIVER`, imported only when used (drivers
+    pull in torch), its one-line description and, for those with a subcommand, the command."""
+
+    module: str
+    description: str
+    command: DriverCommand | None = None
+
+
+DEVICE_HELP = "auto (default: cuda when available) | cpu | cuda | cuda:N"
+_FINETUNE_FLAGS = (
+    Flag("--checkpoint", "checkpoint folder, training folder (last step) or Hub model name"),
+    Flag("--task", "sentence_polarity | subjectivity | upos | conll2002_es | conll2002_nl"),
+    Flag("--seeds", "comma-separated, e.g. 0,1,2", parse="int_list"),
+    *(Flag(f"--{f}", parse=kind) for f, kind in (("epochs", "int"), ("lr", "float"), ("batch-size", "int"),
+                                                 ("max-train-examples", "int"), ("max-eval-examples", "int"),
+                                                 ("patience", "int"), ("max-len", "int"))),
+    Flag("--pooling", "auto | first | last | decoder_last | encoder_mean | scalar_mix"),
+    Flag("--name", "run folder name under <runs root>/finetune/"),
+    Flag("--output-dir", "run folder (default <runs root>/finetune/<name>)"),
+    Flag("--threads", "torch CPU threads", argtype=int),
+    Flag("--device", DEVICE_HELP),
+    Flag("--keep-epoch-checkpoints", "save a checkpoint at every epoch end", parse="switch"),
+    Flag("--method", "what trains: full (default) | head | bitfit | adapter | prompt | lora (docs/peft.md)"),
+    *(Flag(f"--{f}", parse=kind) for f, kind in (("lora-r", "int"), ("lora-alpha", "float"), ("adapter-size", "int"),
+                                                 ("prompt-tokens", "int"))),
+    Flag("--lora-targets", "lora: qv (default, Hu et al.) | qkv"),
+    Flag("--adapter-norms", "adapter: train (default, Houlsby et al.) | frozen"),
+    Flag("--pooler", "BERT's pooler under a PEFT method: auto (default: trains when not pretrained) | train | frozen"),
+)
+_DISTILL_FLAGS = (
+    Flag("--teacher", "fine-tuned classifier folder (overrides the config's teacher)"),
+    Flag("--depths", "student depths, comma-separated (overrides the config's)", parse="ints"),
+    Flag("--inits", "teacher,random or one of them (overrides the config's)", parse="names"),
+    Flag("--seeds", "comma-separated, e.g. 0,1,2 (overrides the config's)", parse="ints"),
+    Flag("--name", "sweep folder name under <runs root>/distill/"),
+    Flag("--output-dir", "sweep folder (default <runs root>/distill/<name>)"),
+    Flag("--device", DEVICE_HELP),
+    Flag("--threads", "torch CPU threads", argtype=int),
+)
+
+# name -> its registration; the subcommands `bertology finetune|distill|peft|prune` are built from
+# the commands here (app/cli.py), so a new driver with a command needs no CLI code of its own.
+DRIVERS: dict[str, Registration] = {
+    "finetune": Registration("workbench.drivers.finetune", "fine-tune a checkpoint on a classification task over seeds",
+                             DriverCommand("fine-tuning YAML (e.g. experiments/finetune_polarity.yaml); flags override it",
+                                           _FINETUNE_FLAGS, "seeds", config_optional=True,
+                                           needs_without_config="--checkpoint")),
+    "distill": Registration("workbench.drivers.distill", "distil a fine-tuned classifier into smaller students (a sweep)",
+                            DriverCommand("distillation YAML (e.g. experiments/distill/polarity_minilm.yaml)",
+                                          _DISTILL_FLAGS, "grid points",
+                                          variants=(("pretraining", "distill_pretraining", ("--teacher", "--name", "--device")),))),
+    "distill_pretraining": Registration("workbench.drivers.distill_pretraining",
+                                        "DistilBERT-style pretraining distillation (bertology distill, kind: pretraining)"),
+    "peft": Registration("probes.peft_change",
+                         "fine-tune with every method (full, head, bitfit, adapter, prompt, lora); CKA per layer",
+                         DriverCommand("sweep YAML (e.g. experiments/peft/minilm_polarity_cpu.yaml)", (
+                             Flag("--checkpoint", "the starting checkpoint (overrides finetune.checkpoint)",
+                                  key="finetune.checkpoint"),
+                             Flag("--device", DEVICE_HELP, key="finetune.device"),
+                             Flag("--methods", "comma-separated subset of the config's methods, e.g. full,lora",
+                                  parse="names"),
+                         ), "methods")),
+    "prune": Registration("workbench.drivers.prune_sweep",
+                          "compression sweep: lottery tickets, quantization, low rank (bertology prune CONFIG.yaml)",
+                          DriverCommand("sweep YAML (e.g. experiments/prune/minilm_polarity_small.yaml)", (
+                              Flag("--name", "sweep folder name under <runs root>/prune/"),
+                              Flag("--output-dir", "sweep folder (default <runs root>/prune/<name>)"),
+                              Flag("--checkpoint", "the pretrained checkpoint (replaces finetune.checkpoint)",
+                                   key="finetune.checkpoint"),
+                              Flag("--device", "auto | cpu | cuda | cuda:N (replaces finetune.device)",
+                                   key="finetune.device"),
+                              Flag("--seeds", "comma-separated seeds (replaces finetune.seeds)", key="finetune.seeds"),
+                          ), "fine-tunings (full models, IMP rounds, retrained points)")),
 }
+
+
+def parse_flag(flag: Flag, text: Any) -> Any:
+    """The override a flag's value gives (None when the flag was not given)."""
+    if text is None or flag.parse in ("text",) or flag.argtype is not None:
+        return text
+    if flag.parse == "switch":
+        return True if text else None
+    if flag.parse == "names":
+        return [x.strip() for x in text.split(",")]
+    if flag.parse == "int_list":  # each element its own message, as for one integer
+        return [parse_flag(replace(flag, parse="int"), x) for x in text.split(",")]
+    try:
+        if flag.parse == "int":
+            return int(text)
+        if flag.parse == "float":
+            return float(text)
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        expected = {"int": "an integer", "float": "a number", "ints": "comma-separated integers"}[flag.parse]
+        raise ConfigError(f"{flag.name}: expected {expected}, got {text!r}") from None
+
+
+def split_section(overrides: Mapping[str, Any] | None, section: str) -> tuple[dict, dict]:
+    """(the overrides of keys outside `section`, those inside it without the `section.` prefix): for
+    drivers whose loader takes a section's overrides apart (the prune sweep's `finetune:`)."""
+    outer, inner = {}, {}
+    for key, value in (overrides or {}).items():
+        if key.startswith(section + "."):
+            inner[key[len(section) + 1:]] = value
+        else:
+            outer[key] = value
+    return outer, inner
 
 
 def driver_names() -> list[str]:
@@ -151,11 +254,23 @@ def describe(name: str) -> str:
     """The driver's one-line description (`bertology --help`), without importing it."""
     if name not in DRIVERS:
         raise ConfigError(f"unknown driver {name!r}; available: {', '.join(DRIVERS)}")
-    return DRIVERS[name][1]
+    return DRIVERS[name].description
 
 
 def get_driver(name: str) -> DriverSpec:
     """The DriverSpec registered as `name` (ConfigError naming the known ones otherwise)."""
     if name not in DRIVERS:
         raise ConfigError(f"unknown driver {name!r}; available: {', '.join(DRIVERS)}")
-    return importlib.import_module(DRIVERS[name][0]).DRIVER
+    return importlib.import_module(DRIVERS[name].module).DRIVER
+
+
+def command(name: str) -> DriverCommand:
+    """The subcommand of a registered driver (ConfigError when it has none)."""
+    if name not in DRIVERS or DRIVERS[name].command is None:
+        raise ConfigError(f"driver {name!r} has no command; commands: {', '.join(commands())}")
+    return DRIVERS[name].command
+
+
+def commands() -> list[str]:
+    """The drivers with a subcommand of their own, in registry order."""
+    return [name for name, reg in DRIVERS.items() if reg.command is not None]

@@ -38,6 +38,7 @@ from workbench.families.bert import (
 )
 from workbench.objectives.sentence_pairs import sop_pair
 from workbench.objectives.spans import span_mask
+from workbench.running.model_loading import load_weights
 
 SPECIAL_TOKENS = ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -120,7 +121,7 @@ def build_model(model_config: dict, tokenizer) -> AlbertPretrainer:
 
 def load_pretrainer(path) -> AlbertPretrainer:
     """The training module back from a checkpoint folder (to evaluate it or train on)."""
-    return AlbertPretrainer(AlbertForPreTraining.from_pretrained(str(path)), term="mlm")
+    return AlbertPretrainer(load_weights(AlbertForPreTraining, path), term="mlm")
 
 FAMILY = FamilySpec(
     name="albert",

@@ -24,6 +24,7 @@ from workbench.families.base import FamilySpec, PretrainingWrapper, add_special_
 from workbench.families.bert import objective_options
 from workbench.objectives.mlm import IGNORE_INDEX
 from workbench.objectives.seq2seq import bart_noise
+from workbench.running.model_loading import load_weights
 
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
@@ -117,7 +118,7 @@ def build_model(model_config: dict, tokenizer) -> PretrainingWrapper:
 
 def load_pretrainer(path) -> PretrainingWrapper:
     """The training module back from a checkpoint folder (to evaluate it or train on)."""
-    return PretrainingWrapper(BartForConditionalGeneration.from_pretrained(str(path)), term="denoise")
+    return PretrainingWrapper(load_weights(BartForConditionalGeneration, path), term="denoise")
 
 FAMILY = FamilySpec(
     name="bart",

@@ -14,6 +14,11 @@ training loop (`workbench/drivers/train.py`) only ever talks to a family through
 - `truncate_example(example, length, tokenizer, generator)` (optional): the example cut so that the
   collator makes a sequence of at most `length` tokens, for the sequence-length warm-up
   (`seq_len_warmup` in `workbench.config`); None where truncation would change the objective.
+
+Beside the spec, a family module's `load_pretrainer(path)` gives the training module back from a
+saved folder, its weights read by the one loader (`workbench.running.model_loading.load_weights`);
+`workbench.running.model_loading.load_pretrainer(path)` finds it from the folder's manifest (a
+family whose training module is a plain transformers model, ELMo, needs none: `auto_class` opens it).
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from workbench.families.base import (
 )
 from workbench.objectives.mlm import IGNORE_INDEX, default_candidate_ids, mask_tokens
 from workbench.objectives.sentence_pairs import nsp_pair, truncate_pair
+from workbench.running.model_loading import load_weights
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -349,7 +350,7 @@ def checkpoint_model_config(path) -> dict:
 
 def load_pretrainer(path) -> BertPretrainer:
     """The training module back from a checkpoint folder (to evaluate it or train on)."""
-    return BertPretrainer(BertForPreTraining.from_pretrained(str(path)))
+    return BertPretrainer(load_weights(BertForPreTraining, path))
 
 FAMILY = FamilySpec(
     name="bert",

@@ -42,6 +42,7 @@ from workbench.families.bert import (
 )
 from workbench.running.lm_scores import deberta_mlm_logits
 from workbench.objectives.mlm import IGNORE_INDEX
+from workbench.running.model_loading import load_weights
 
 # Relative attention as in DeBERTa-v3 (shared key projections, log buckets, layer-normed
 # relative embeddings), no absolute positions. 64 buckets: exact offsets within +-32 tokens,
@@ -123,7 +124,7 @@ def build_model(model_config: dict, tokenizer) -> DebertaPretrainer:
 
 def load_pretrainer(path) -> DebertaPretrainer:
     """The training module back from a checkpoint folder (to evaluate it or train on)."""
-    return DebertaPretrainer(DebertaV2ForMaskedLM.from_pretrained(str(path)), term="mlm")
+    return DebertaPretrainer(load_weights(DebertaV2ForMaskedLM, path), term="mlm")
 
 
 FAMILY = FamilySpec(

@@ -26,6 +26,7 @@ from workbench.families import bert
 from workbench.families.base import (FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens,
                                      pad_sequences, truncate_block)
 from workbench.objectives.mlm import IGNORE_INDEX
+from workbench.running.model_loading import load_weights
 
 # BERT block names -> DistilBERT block names (inside layer i)
 _BLOCK = {
@@ -175,7 +176,7 @@ def load_pretrainer(path) -> DistilBertPretrainer:
     """The training module back from a checkpoint folder (to evaluate it or train on)."""
     from transformers import DistilBertForMaskedLM
 
-    return DistilBertPretrainer(DistilBertForMaskedLM.from_pretrained(str(path)))
+    return DistilBertPretrainer(load_weights(DistilBertForMaskedLM, path))
 
 
 FAMILY = FamilySpec(

@@ -19,7 +19,7 @@
 
 Checkpoint: the discriminator is the main folder (`AutoModel` -> `ElectraModel`,
 `AutoModelForPreTraining` -> `ElectraForPreTraining`); the generator is saved in `generator/`
-(`AutoModelForMaskedLM`). `ElectraPretrainer.from_pretrained` reloads both and re-ties them.
+(`AutoModelForMaskedLM`). `load_pretrainer` reloads both and re-ties them.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWr
 from workbench.families.bert import SPECIAL_TOKENS, apply_mlm, checkpoint_model_config, mlm_options, objective_options
 from workbench.objectives.electra import replaced_token_detection
 from workbench.objectives.mlm import IGNORE_INDEX
+from workbench.running.model_loading import load_weights
 
 GENERATOR_DIR = "generator"
 RTD_WEIGHT = 50.0
@@ -120,14 +121,6 @@ class ElectraPretrainer(PretrainingWrapper):
         self.model.save_pretrained(save_directory, **kwargs)
         self.generator.save_pretrained(Path(save_directory) / GENERATOR_DIR, **kwargs)
 
-    @classmethod
-    def from_pretrained(cls, path: str | Path, rtd_weight: float = RTD_WEIGHT) -> "ElectraPretrainer":
-        """Discriminator and generator back from a folder written by `save_pretrained`, re-tied."""
-        disc = ElectraForPreTraining.from_pretrained(str(path))
-        gen = ElectraForMaskedLM.from_pretrained(str(Path(path) / GENERATOR_DIR))
-        return cls(disc, gen, rtd_weight)
-
-
 def build_model(model_config: dict, tokenizer) -> ElectraPretrainer:
     cfg = dict(model_config)
     gen_cfg = dict(cfg.pop("generator"))
@@ -140,8 +133,11 @@ def build_model(model_config: dict, tokenizer) -> ElectraPretrainer:
 
 
 def load_pretrainer(path) -> ElectraPretrainer:
-    """Generator + discriminator back from a checkpoint folder, lambda from its manifest if any."""
-    return ElectraPretrainer.from_pretrained(path, float(checkpoint_model_config(path).get("rtd_weight", RTD_WEIGHT)))
+    """Discriminator and generator back from a checkpoint folder written by `save_pretrained`
+    (the generator from `generator/`), re-tied; lambda from its manifest if any."""
+    disc = load_weights(ElectraForPreTraining, path)
+    gen = load_weights(ElectraForMaskedLM, Path(path) / GENERATOR_DIR)
+    return ElectraPretrainer(disc, gen, float(checkpoint_model_config(path).get("rtd_weight", RTD_WEIGHT)))
 
 FAMILY = FamilySpec(
     name="electra",

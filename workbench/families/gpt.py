@@ -12,6 +12,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from workbench.families.base import FamilySpec, PretrainingWrapper, add_special_tokens, pad_sequences, truncate_block
 from workbench.objectives.causal import causal_lm_labels
+from workbench.running.model_loading import load_weights
 
 EOT = "<|endoftext|>"
 
@@ -29,6 +30,11 @@ def build_model(model_config: dict, tokenizer) -> PretrainingWrapper:
     eot = tokenizer.convert_tokens_to_ids(EOT)
     config = GPT2Config(vocab_size=len(tokenizer), bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, **model_config)
     return PretrainingWrapper(GPT2LMHeadModel(config), term="lm")
+
+
+def load_pretrainer(path) -> PretrainingWrapper:
+    """The training module back from a checkpoint folder (to evaluate it or train on)."""
+    return PretrainingWrapper(load_weights(GPT2LMHeadModel, path), term="lm")
 
 
 def make_collator(objective: dict, tokenizer):

@@ -23,6 +23,7 @@ from transformers import RobertaConfig, RobertaForMaskedLM
 
 from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences, truncate_block
 from workbench.families.bert import BERT_SHAPES, apply_mlm, masked_lm_loss, mlm_options, objective_options
+from workbench.running.model_loading import load_weights
 
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
@@ -111,7 +112,7 @@ def build_model(model_config: dict, tokenizer) -> RobertaPretrainer:
 
 def load_pretrainer(path) -> RobertaPretrainer:
     """The training module back from a checkpoint folder (to evaluate it or train on)."""
-    return RobertaPretrainer(RobertaForMaskedLM.from_pretrained(str(path)), term="mlm")
+    return RobertaPretrainer(load_weights(RobertaForMaskedLM, path), term="mlm")
 
 FAMILY = FamilySpec(
     name="roberta",

@@ -10,7 +10,7 @@
 
 The encoder is a plain `BertForMaskedLM` (so `AutoModel`/`AutoModelForMaskedLM` open the
 checkpoint as BERT); the SBO head is saved beside it in `sbo_head/` (`model.safetensors` +
-`config.json`) and comes back with `SpanBertPretrainer.from_pretrained`. The SBO weight
+`config.json`) and comes back with `load_pretrainer`. The SBO weight
 (1.0, the paper's plain sum) is a model setting (`model: {sbo_weight: ...}`). Deliberate difference:
 a relative position beyond the head's `max_span_positions` (a span of very long words) shares the
 last position embedding.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import BertForMaskedLM
 
@@ -48,6 +48,7 @@ from workbench.families.bert import (
     word_ids,
 )
 from workbench.objectives.spans import span_mask
+from workbench.running.model_loading import load_tensors, load_weights
 
 SBO_DIR = "sbo_head"
 MAX_SPAN_POSITIONS = 64
@@ -117,7 +118,7 @@ class SpanBoundaryHead(nn.Module):
         directory = Path(directory)
         try:
             config = json.loads((directory / "config.json").read_text())
-            state = load_file(str(directory / "model.safetensors"))
+            state = load_tensors(directory / "model.safetensors")
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"{directory}: cannot read the SBO head: {exc}") from exc
         head = cls(config["hidden_size"], config["vocab_size"], config["max_span_positions"], config["layer_norm_eps"])
@@ -145,10 +146,6 @@ class SpanBertPretrainer(PretrainingWrapper):
         self.model.save_pretrained(save_directory, **kwargs)
         self.sbo.save(Path(save_directory) / SBO_DIR)
 
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> "SpanBertPretrainer":
-        """Encoder and SBO head back from a checkpoint folder written by `save_pretrained`."""
-        return cls(BertForMaskedLM.from_pretrained(str(path)), SpanBoundaryHead.load(Path(path) / SBO_DIR))
 
 
 def build_model(model_config: dict, tokenizer) -> SpanBertPretrainer:
@@ -162,9 +159,8 @@ def build_model(model_config: dict, tokenizer) -> SpanBertPretrainer:
 
 def load_pretrainer(path) -> SpanBertPretrainer:
     """Encoder + SBO head back from a checkpoint folder; the SBO weight from its manifest if any."""
-    model = SpanBertPretrainer.from_pretrained(path)
-    model.sbo_weight = float(checkpoint_model_config(path).get("sbo_weight", 1.0))
-    return model
+    return SpanBertPretrainer(load_weights(BertForMaskedLM, path), SpanBoundaryHead.load(Path(path) / SBO_DIR),
+                              float(checkpoint_model_config(path).get("sbo_weight", 1.0)))
 
 FAMILY = FamilySpec(
     name="spanbert",

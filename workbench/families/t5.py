@@ -21,6 +21,7 @@ from workbench.families.base import FamilySpec, PretrainingWrapper, contiguous_b
 from workbench.families.bert import objective_options
 from workbench.objectives.mlm import IGNORE_INDEX
 from workbench.objectives.seq2seq import random_spans_noise_mask, t5_span_corruption
+from workbench.running.model_loading import load_weights
 
 N_SENTINELS = 100
 SPECIAL_TOKENS = ["<pad>", "</s>", "<unk>", *t5_sentinels(N_SENTINELS)]
@@ -108,7 +109,7 @@ def build_model(model_config: dict, tokenizer) -> PretrainingWrapper:
 
 def load_pretrainer(path) -> PretrainingWrapper:
     """The training module back from a checkpoint folder (to evaluate it or train on)."""
-    return PretrainingWrapper(T5ForConditionalGeneration.from_pretrained(str(path)), term="span_corruption")
+    return PretrainingWrapper(load_weights(T5ForConditionalGeneration, path), term="span_corruption")
 
 FAMILY = FamilySpec(
     name="t5",

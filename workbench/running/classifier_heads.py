@@ -18,8 +18,8 @@ non-pad token; T5/BART: the decoder state at the final `</s>`). This module adds
 ELMo's heads are registered with `AutoModelForSequenceClassification` / `AutoModelForTokenClassification`
 when this module is imported, so after `import workbench.running.classifier_heads` those Auto classes open an ELMo
 classifier. The T5/BART encoder heads cannot be registered there (the config type already maps
-to transformers' decoder-based classes); `workbench.drivers.finetune.load_classifier` opens them through
-`config.architectures`.
+to transformers' decoder-based classes); `workbench.running.classifier_loading.load_classifier`
+opens them through `config.architectures`.
 
 Every head returns a `SequenceClassifierOutput` / `TokenClassifierOutput` with the cross-entropy
 loss when `labels` are given (label -100 = ignored, the transformers convention).
@@ -210,7 +210,7 @@ def _encoder_mean_heads() -> dict:
 
 # family -> its encoder-mean sentence classifier (pooling "encoder_mean")
 ENCODER_MEAN = _encoder_mean_heads()
-# class name (as saved in config.architectures) -> class, for `workbench.drivers.finetune.load_classifier`
+# class name (as saved in config.architectures) -> class, for `workbench.running.classifier_loading.load_classifier`
 HEADS = {cls.__name__: cls for cls in (
     ElmoForSequenceClassification, ElmoForTokenClassification, BartEncoderForTokenClassification,
     *ENCODER_MEAN.values())}

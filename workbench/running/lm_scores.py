@@ -67,11 +67,11 @@ import numpy as np
 import torch
 
 from workbench.errors import CheckpointError, ConfigError, WorkbenchError
-from workbench.hf_quiet import quiet_transformers
 from workbench.running.lm_inputs import BLANK, LMInputs, filled_items, pad_rows, text_start  # noqa: F401 (BLANK, pad_rows re-exported)
 from workbench.running.models import ModelHandle
 from workbench.running.models import DOCUMENT_SEPARATOR, causal_start_id  # noqa: F401 (their home moved there; re-exported)
 from workbench.running import ModelRunner
+from workbench.running.model_loading import load_weights
 
 KINDS = ("mlm", "causal", "seq2seq", "bilm", "rtd")
 ELECTRA_HEADS = ("generator", "discriminator")
@@ -553,11 +553,7 @@ def _elmo_lm(handle: ModelHandle):
         return handle.model
     if handle.path is None:
         raise CheckpointError("in-memory ELMo model has no LM softmax: wrap an ElmoForBiLM in the handle")
-    try:
-        with quiet_transformers():
-            lm, info = ElmoForBiLM.from_pretrained(handle.path, local_files_only=True, output_loading_info=True)
-    except Exception as e:
-        raise CheckpointError(f"{handle.path}: cannot load ELMo's biLM ({type(e).__name__}: {e})") from e
+    lm, info = load_weights(ElmoForBiLM, handle.path, "ELMo's biLM", loading_info=True)
     if any(k.startswith("softmax") for k in info.get("missing_keys", [])):
         raise CheckpointError(f"{handle.path}: ELMo checkpoint without its LM softmax (saved from the bare "
                               f"ElmoModel): no forward/backward LM to score with")
@@ -577,12 +573,7 @@ def _electra_generator(handle: ModelHandle):
         raise CheckpointError(f"{handle_location(handle)}: ELECTRA discriminator without its generator (no {GENERATOR_DIR}/ "
                               f"folder beside it): the discriminator has no LM head; ELECTRA is scored through "
                               f"its generator")
-    try:
-        with quiet_transformers():
-            gen, info = AutoModelForMaskedLM.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
-                                                             output_loading_info=True)
-    except Exception as e:
-        raise CheckpointError(f"{folder}: cannot load ELECTRA's generator ({type(e).__name__}: {e})") from e
+    gen, info = load_weights(AutoModelForMaskedLM, folder, "ELECTRA's generator", loading_info=True)
     if info.get("missing_keys"):
         raise CheckpointError(f"{folder}: generator weights missing: {list(info['missing_keys'])[:5]}")
     if gen.config.vocab_size < len(handle.tokenizer):
@@ -603,12 +594,7 @@ def _electra_discriminator(handle: ModelHandle):
     if handle.path is None:
         raise CheckpointError(f"{handle_location(handle)}: {type(handle.model).__name__} has no discriminator head "
                               f"(wrap an ElectraForPreTraining in the handle)")
-    try:
-        with quiet_transformers():
-            disc, info = ElectraForPreTraining.from_pretrained(handle.path, local_files_only=True,
-                                                               output_loading_info=True)
-    except Exception as e:
-        raise CheckpointError(f"{handle.path}: cannot load ELECTRA's discriminator ({type(e).__name__}: {e})") from e
+    disc, info = load_weights(ElectraForPreTraining, handle.path, "ELECTRA's discriminator", loading_info=True)
     missing = [k for k in info.get("missing_keys", []) if k.startswith("discriminator_predictions")]
     if missing:
         raise CheckpointError(f"{handle.path}: no trained discriminator head (weights missing: {missing[:3]}); "

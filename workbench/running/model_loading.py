@@ -6,6 +6,16 @@ trained with, the workbench manifest), checks that the body's weights are all th
 tokenizer belongs to them, and re-attaches a parameter-efficient fine-tuning's adapters
 (`workbench.running.peft_methods.reattach_saved`). `Lineage` records where a derived model comes from;
 `derive_model` makes one (`Derivation`s such as the random-init twin, Hewitt & Manning 2019).
+
+The one loader. `load_weights(model_class, folder)` is the only call in the workbench that reads a
+model's weights from a checkpoint folder (`from_pretrained` from local files only, never remote
+code, transformers' loading report silenced, every failure a `CheckpointError` naming the folder);
+`read_config` reads its config.json and `load_tensors` a bare safetensors file of extra weights (a
+family's side head). On top of it: `open_checkpoint` (the LM head class a model was trained with,
+for `ModelHandle.load`), `workbench.running.classifier_loading` (fine-tuning's classifiers, fresh
+or saved, `ModelHandle.load_classifier`), each family's `load_pretrainer` (the pretraining module
+back, `load_pretrainer` here picks the family from the manifest) and LM scoring's extra heads
+(`workbench.running.lm_scores`). tests/test_one_loader.py checks that no other module reads weights.
 """
 
 from __future__ import annotations
@@ -163,24 +173,82 @@ def _head_class(config):
     return AutoModelForMaskedLM
 
 
+def load_weights(model_class, path: str | Path, what: str | None = None, loading_info: bool = False, **kwargs):
+    """`model_class.from_pretrained(path, **kwargs)`: the one place the workbench reads a model's
+    weights from a folder (module docstring). Local files only, never remote code, transformers'
+    per-load report silenced (the callers check the loading info themselves). With `loading_info`,
+    (model, info) as transformers returns them. Any failure is a `CheckpointError`
+    "<path>: cannot load <what> (<error>)" (`what` defaults to the class name)."""
+    import workbench.families  # noqa: F401  (registers custom families such as ELMo)
+
+    try:
+        with quiet_transformers():
+            return model_class.from_pretrained(str(path), local_files_only=True, trust_remote_code=False,
+                                               output_loading_info=loading_info, **kwargs)
+    except Exception as e:
+        raise CheckpointError(f"{path}: cannot load {what or model_class.__name__} ({type(e).__name__}: {e})") from e
+
+
+def read_config(path: str | Path, **overrides):
+    """A checkpoint folder's config.json (`AutoConfig`, local files only, never remote code), with
+    `overrides` set on it (the fine-tuning labels)."""
+    from transformers import AutoConfig
+
+    import workbench.families  # noqa: F401  (registers custom families such as ELMo)
+
+    return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False, **overrides)
+
+
+def read_tokenizer(path: str | Path):
+    """A checkpoint folder's tokenizer (`AutoTokenizer`, local files only, never remote code)."""
+    from transformers import AutoTokenizer
+
+    with quiet_transformers():
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+
+
+def load_tensors(file: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file of extra weights beside a checkpoint (a family's side
+    head: SpanBERT's SBO head), on the CPU."""
+    from safetensors.torch import load_file
+
+    return load_file(str(file))
+
+
+def load_pretrainer(path: str | Path, family: str | None = None):
+    """The pretraining module of a checkpoint folder written here (the model with every pretraining
+    head, the loss the training loop optimises): `workbench.families.<family>.load_pretrainer`, or
+    for a family whose training module is a plain transformers model (ELMo's `ElmoForBiLM`) its
+    `FamilySpec.auto_class`. `family` defaults to the one the folder's manifest records."""
+    import importlib
+
+    import transformers
+
+    from workbench.families import get_family
+
+    family = family or (read_manifest(Path(path)) or {}).get("family")
+    if not family:
+        raise CheckpointError(f"{path}: no family in its manifest.json (not a checkpoint trained here)")
+    module = importlib.import_module(f"workbench.families.{family}")
+    if hasattr(module, "load_pretrainer"):
+        return module.load_pretrainer(path)
+    return load_weights(getattr(transformers, get_family(family).auto_class), path)
+
+
 def _load_weights(path: Path, config, attentions: bool):
     """(model, missing LM-head keys): the head class's weights; the bare `AutoModel` for families
     without one in the Auto registry (ELMo). Missing body weights are an error."""
     from transformers import AutoModel
 
-    kwargs = dict(config=config, local_files_only=True, trust_remote_code=False, output_loading_info=True)
+    kwargs = dict(config=config, loading_info=True, what="weights")
     if attentions:
         kwargs["attn_implementation"] = "eager"
     try:
-        with quiet_transformers():
-            try:
-                model, info = _head_class(config).from_pretrained(path, **kwargs)
-            except ValueError as e:
-                if "Unrecognized configuration class" not in str(e):
-                    raise
-                model, info = AutoModel.from_pretrained(path, **kwargs)
-    except Exception as e:
-        raise CheckpointError(f"{path}: cannot load weights ({type(e).__name__}: {e})") from e
+        model, info = load_weights(_head_class(config), path, **kwargs)
+    except CheckpointError as e:
+        if "Unrecognized configuration class" not in str(e):
+            raise
+        model, info = load_weights(AutoModel, path, **kwargs)
     missing = list(info.get("missing_keys", []) or [])
     base = model.base_model
     prefix = model.base_model_prefix + "."
@@ -196,7 +264,6 @@ def open_checkpoint(path: str | Path, device: str | torch.device, attentions: bo
     """Read a checkpoint folder or a Hub name from the local cache (`ModelHandle.load` says what is
     loaded); every failure is a `CheckpointError` naming the folder. Never runs remote code."""
     import workbench.families  # noqa: F401  (registers custom families such as ELMo)
-    from transformers import AutoConfig, AutoTokenizer
 
     path, manifest, weights = _checked_folder(path)
     family = manifest.get("family")
@@ -206,11 +273,11 @@ def open_checkpoint(path: str | Path, device: str | torch.device, attentions: bo
         trained_len = (manifest.get("config") or {}).get("max_len")
         max_length = int(trained_len) if isinstance(trained_len, int) and trained_len > 0 else None
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        config = read_config(path)
     except Exception as e:
         raise CheckpointError(f"{path}: cannot read config.json ({type(e).__name__}: {e})") from e
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        tokenizer = read_tokenizer(path)
     except Exception as e:
         raise CheckpointError(f"{path}: cannot load the tokenizer ({type(e).__name__}: {e})") from e
     model, head_missing = _load_weights(path, config, attentions)

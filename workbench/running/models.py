@@ -69,7 +69,7 @@ from workbench.store.identity import state_dict_hash, weights_hash
 from workbench.io import atomic_dir, atomic_write_json
 from workbench.running.handle_running import ForwardOutput, WordForwards  # noqa: F401 (ForwardOutput re-exported)
 from workbench.running.model_loading import (DERIVATIONS, TOKENIZER_FILES, Derivation, Lineage,  # noqa: F401 (re-exported)
-                                     derive_model, open_checkpoint)
+                                     derive_model, open_checkpoint, read_tokenizer)
 from workbench.precision import resolve_compute_dtype
 from workbench.running.runner import CAUSAL_MODEL_TYPES, ModelRunner, stack_names  # noqa: F401 (re-exported)
 from workbench.running.word_alignment import (DEFAULT_MAX_LENGTH, EncodedSentence, WordBatch,  # noqa: F401 (re-exported)
@@ -220,6 +220,22 @@ class ModelHandle(WordForwards):
                      dtype=dtype)
         handle.insert_prompt(c.prompt_ids)
         return handle
+
+    @classmethod
+    def load_classifier(cls, folder: str | Path, tokenizer=None) -> "ModelHandle":
+        """A fine-tuned classifier folder as a handle over its classifier class
+        (`workbench.running.classifier_loading.load_classifier`, not the LM class `load` opens),
+        keeping the folder's identity (weight-file hash, manifest). `tokenizer`: the one it was
+        tuned with when the caller has it (else the folder's)."""
+        from workbench.running.classifier_loading import load_classifier
+        from workbench.store.checkpoints import read_manifest, weight_files
+
+        folder = Path(folder)
+        model = load_classifier(folder)
+        tokenizer = read_tokenizer(folder) if tokenizer is None else tokenizer
+        manifest = read_manifest(folder) or {}
+        return cls(model, tokenizer, folder, family=manifest.get("family"), weight_files=weight_files(folder),
+                   manifest=manifest)
 
     def with_dtype(self, dtype: str) -> "ModelHandle":
         """This handle computing in another precision ("fp32" | "bf16" | "auto"): the same model,

@@ -60,7 +60,7 @@ What a saved checkpoint holds (the run's `best/` folder, a plain `save_pretraine
 - lora: the updates merged into the weights (W + (alpha/r) B A): a plain checkpoint.
 - adapter: the base architecture's weights plus `adapters.safetensors`; `reattach_saved(model, folder,
   manifest)` puts the adapters back into the forward at the sites their names record (`ModelHandle.load`
-  and `workbench.drivers.finetune.load_classifier` call it, so probes read the adapted layers; a checkpoint
+  and `workbench.running.classifier_loading.load_classifier` call it, so probes read the adapted layers; a checkpoint
   saved before the placement moved after the dropout gets its adapters back after the projection,
   where it was trained).
 - prompt: the embedding matrix grows by n rows holding the prompt vectors and the tokenizer by n
@@ -176,8 +176,9 @@ def _params_of(modules, name: str) -> ParamFilter:
 
 def attach(model: nn.Module, method: str, options: MethodOptions = MethodOptions(),
            pooler_pretrained: bool | None = None) -> ParamFilter | None:
-    """Add the modules `method` trains to `model` (a classifier from `build_classifier`), in place,
-    and return the filter of what trains (None: everything, i.e. full fine-tuning).
+    """Add the modules `method` trains to `model` (a classifier from
+    `workbench.running.classifier_loading.build_classifier`), in place, and return the filter of
+    what trains (None: everything, i.e. full fine-tuning).
 
     `pooler_pretrained` (for `options.pooler == "auto"`): whether the body's pooler was pretrained;
     None reads it from the checkpoint the model was loaded from (`checkpoint_pooler_pretrained`).
