@@ -181,3 +181,131 @@ def test_the_fit_trains_with_the_schedule_its_dev_losses_give():
     constant = st.fit_structural_probe(train, dev, "distance", rank=16, epochs=4, lr=5e-2, lr_decay=1.0, seed=0,
                                        progress=False)
     assert np.all(constant.lr_history == 5e-2)
+
+
+# --------------------------------------------------------------------------- memory, half precision, device
+def _ragged_set(n_sentences, seed, n_layers=3, hidden=16, long_every=8):
+    """Mostly 3-word sentences with a 40-word one every `long_every`: padded batches of such a set
+    are several times its words. A massive dimension (x1e3, offset 50) as in Llama-style models;
+    layer 1 carries each word's position, so distances to be learnt are there."""
+    rng = np.random.default_rng(seed)
+    lengths = np.where(np.arange(n_sentences) % long_every == 0, 40, 3)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    heads = [np.arange(n) for n in lengths]  # chains: word i's head is word i - 1
+    feats = rng.standard_normal((n_layers, offsets[-1], hidden)).astype(np.float32)
+    feats[:, :, 0] = feats[:, :, 0] * 1e3 + 50
+    feats[1, :, 1] += np.concatenate([np.arange(n) for n in lengths]) * 2.0
+    return st.TreeSet(feats, offsets, heads, [["NOUN"] * n for n in lengths])
+
+
+def test_feature_scaling_streams_the_words_and_matches_a_float64_reference():
+    """Mean and sd per layer and dimension over the training words (padding excluded), read in
+    chunks (several here, forced by a tiny chunk size): equal to numpy's float64 statistics."""
+    data = _ragged_set(40, seed=0)
+    x = data.features.astype(np.float64)
+    for chunk_bytes in (None, 3 * 16 * 4 * 7):  # one chunk; chunks of 7 words
+        mean, sd = st.feature_scaling(data, chunk_bytes=chunk_bytes)
+        assert mean.shape == sd.shape == (3, 1, 1, 16)
+        np.testing.assert_allclose(mean[:, 0, 0].numpy(), x.mean(1), rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(sd[:, 0, 0].numpy(), x.std(1), rtol=1e-6)
+
+
+def test_the_fit_keeps_no_padded_copy_of_the_features(monkeypatch):
+    """Memory (issue 42): the standardised fit holds one padded batch and one statistics chunk at a
+    time. numpy's allocations (tracemalloc sees them; torch's own it does not) peak below the
+    features' own size (0.6x when this was written). Before, the dev batches (padded, all layers)
+    were all kept for the whole fit and the statistics were taken over padded batches of 256
+    sentences: 6.5x."""
+    import tracemalloc
+
+    train, dev = _ragged_set(256, seed=1), _ragged_set(128, seed=2)
+    monkeypatch.setattr(st, "SCALING_CHUNK_BYTES", 64 << 10)
+    size = train.features.nbytes + dev.features.nbytes
+    kwargs = dict(rank=4, epochs=1, batch_size=8, seed=0, progress=False, standardize=True)
+    st.fit_structural_probe(train, dev, **kwargs)  # first calls: torch's lazy imports, the gold trees
+    tracemalloc.start()
+    try:
+        st.fit_structural_probe(train, dev, **kwargs)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size, (peak, size)
+
+
+def test_standardising_in_the_fit_equals_fitting_standardised_features():
+    """The in-fit standardisation (streamed statistics, batches z-scored in place) gives the probe of
+    the same fit on features z-scored beforehand with float64 statistics: the same predictions up
+    to float32 rounding, the same UUAS within a point, on a planted tree geometry."""
+    heads, upos = _ewt_trees(140)
+    train = _planted(heads[:100], upos[:100], seed=1)
+    dev = _planted(heads[100:], upos[100:], seed=2)
+    for data in (train, dev):  # a massive dimension, which standardisation must undo
+        data.features[:, :, 3] = data.features[:, :, 3] * 500 + 80
+    x = train.features.astype(np.float64)
+    mean, sd = x.mean(1, keepdims=True), x.std(1, keepdims=True)
+    pre = [st.TreeSet(((d.features - mean) / sd).astype(np.float32), d.offsets, d.heads, d.upos) for d in (train, dev)]
+    kwargs = dict(kind="distance", rank=16, epochs=6, lr=2e-2, seed=0, progress=False)
+    inside = st.fit_structural_probe(train, dev, standardize=True, **kwargs)
+    before = st.fit_structural_probe(*pre, standardize=False, **kwargs)
+    np.testing.assert_allclose(inside.dev_loss_history, before.dev_loss_history, rtol=1e-3)
+    a = st.score_distance(st.predict(inside, dev), dev)
+    b = st.score_distance(st.predict(before, pre[1]), pre[1])
+    assert a[1]["uuas"] > 0.9  # the planted layer is learnt
+    for ra, rb in zip(a, b):
+        assert abs(ra["uuas"] - rb["uuas"]) <= 0.01
+
+
+def test_batches_read_a_bfloat16_cache_one_batch_at_a_time():
+    """A half-precision cache (`Bfloat16Array`, or a `FeatureView` of it as the syntax task builds)
+    gives the batches and statistics of its float32 values exactly."""
+    from probes.syntax import FeatureView
+    from workbench.activations import Bfloat16Array, bfloat16_to_float32, float32_to_bfloat16
+
+    data = _ragged_set(24, seed=3)
+    bits = float32_to_bfloat16(data.features)
+    exact = st.TreeSet(bfloat16_to_float32(bits), data.offsets, data.heads, data.upos)
+    rows = np.arange(data.offsets[-1])
+    for features in (Bfloat16Array(bits), FeatureView(Bfloat16Array(bits), [rows])):
+        half = st.TreeSet(features, data.offsets, data.heads, data.upos)
+        for idx in ([0, 1, 2], [8, 3, 16, 5]):
+            for a, b in zip(half.batch(idx), exact.batch(idx)):
+                assert torch.equal(a, b)
+        for a, b in zip(st.feature_scaling(half), st.feature_scaling(exact)):
+            assert torch.equal(a, b)
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_fit_gives_the_same_numbers_on_every_device(device):
+    """Issue 42, item 4: the fit and the predictions run on `device` (the probe, its optimizers and
+    each batch there; random draws on the CPU). On the CPU the explicit device is the default path,
+    bit for bit; on CUDA (when present) the same numbers within float32 rounding."""
+    data = _ragged_set(48, seed=4)
+    kwargs = dict(rank=4, epochs=3, batch_size=8, lr=1e-2, seed=0, progress=False, standardize=True)
+    ref = st.fit_structural_probe(data, data, device="cpu", **kwargs)
+    got = st.fit_structural_probe(data, data, device=device, **kwargs)
+    assert got.proj.device.type == "cpu" and got.scaling[0].device.type == "cpu"
+    tol = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.proj, ref.proj, **tol)
+    np.testing.assert_allclose(got.dev_loss_history, ref.dev_loss_history, **tol)
+    p_ref, p_got = st.predict(ref, data, device="cpu"), st.predict(got, data, device=device)
+    for a, b in zip(p_ref[1], p_got[1]):
+        np.testing.assert_allclose(b, a, **(tol if device == "cpu" else dict(rtol=1e-3, atol=1e-3)))
+        assert b.base is None or b.base.size == b.size  # its own array, not a view of a padded batch
+
+
+def test_device_names_are_checked():
+    """`workbench.precision.resolve_device`, the one device resolver of the probes' fits."""
+    from workbench.errors import ConfigError
+
+    assert st.resolve_device("cpu") == torch.device("cpu")
+    assert st.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ConfigError, match="device"):
+        st.resolve_device("gpu0")
+    with pytest.raises(ConfigError, match="device"):
+        st.resolve_device("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA"):
+            st.resolve_device("cuda")

@@ -30,9 +30,9 @@ class FeatureView(fitting.LazyFeatures):
         self.shape = (int(base.shape[0]), len(self.cols[0]), int(base.shape[2]) * n_parts)
 
     def _layer(self, layer, rows, out):
-        plane = self.base[layer]
         h = int(self.base.shape[2])
-        parts = [np.asarray(plane[c[rows]], dtype=np.float32) for c in self.cols]
+        # index layer and rows together: a half-precision cache (Bfloat16Array) converts only these rows
+        parts = [np.asarray(self.base[layer, c[rows]], dtype=np.float32) for c in self.cols]
         for k, part in enumerate(parts):
             out[:, k * h : (k + 1) * h] = part
         if self.product:

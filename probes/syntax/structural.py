@@ -27,6 +27,7 @@ import torch
 from scipy.sparse.csgraph import minimum_spanning_tree
 from scipy.stats import rankdata, spearmanr
 
+from workbench.precision import resolve_device
 from workbench.progress import progress as progress_bar
 
 PUNCT_UPOS = frozenset({"PUNCT"})
@@ -35,6 +36,8 @@ SPEARMAN_LENGTHS = (5, 50)
 # with mode "min", factor 0.1, patience 0 and the default relative threshold 1e-4.
 PLATEAU_FACTOR = 0.1
 PLATEAU_THRESHOLD = 1e-4
+# `feature_scaling` reads the training words in chunks of about this many bytes of float32 (all layers).
+SCALING_CHUNK_BYTES = 32 << 20
 
 
 # --------------------------------------------------------------------------- gold trees
@@ -218,16 +221,24 @@ class TreeSet:
         return len(self.heads)
 
     def batch(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Padded batch: features [L+1, B, T, H], mask [B, T], gold distances [B, T, T], depths [B, T]."""
+        """Padded batch: features [L+1, B, T, H], mask [B, T], gold distances [B, T, T], depths [B, T].
+
+        The batch's words are read in one gather over all layers (`features[:, rows]`), converted to
+        float32 there: a half-precision cache (`workbench.activations.Bfloat16Array`) or a lazy view
+        (`probes.syntax.FeatureView`) is never turned into float32 beyond this batch."""
         lengths = [int(self.offsets[i + 1] - self.offsets[i]) for i in idx]
         t = max(lengths)
         n_layers, _, h = self.features.shape
+        rows = np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in idx])
+        words = np.asarray(self.features[:, rows], dtype=np.float32)  # [L+1, words of the batch, H]
         x = np.zeros((n_layers, len(idx), t, h), dtype=np.float32)
         dist = np.zeros((len(idx), t, t), dtype=np.float32)
         depth = np.zeros((len(idx), t), dtype=np.float32)
         mask = np.zeros((len(idx), t), dtype=bool)
+        start = 0
         for b, (i, n) in enumerate(zip(idx, lengths)):
-            x[:, b, :n] = self.features[:, self.offsets[i]:self.offsets[i + 1]]
+            x[:, b, :n] = words[:, start:start + n]
+            start += n
             dist[b, :n, :n] = self.gold_distances[i]
             depth[b, :n] = self.gold_depths[i]
             mask[b, :n] = True
@@ -294,7 +305,7 @@ class StructuralFit:
     scaling: tuple[torch.Tensor, torch.Tensor] | None = None  # (mean, sd) [L+1, 1, 1, H] when standardised
 
 
-def feature_scaling(data: TreeSet, batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+def feature_scaling(data: TreeSet, chunk_bytes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per layer and dimension, the mean and standard deviation of the training words' features
     (shaped [L+1, 1, 1, H] to broadcast over padded batches; sd floored at 1e-6).
 
@@ -302,21 +313,49 @@ def feature_scaling(data: TreeSet, batch_size: int = 256) -> tuple[torch.Tensor,
     others on a few tokens (Sun et al. 2024, "Massive Activations in Large Language Models"); on raw
     features the squared distances of the structural probe are dominated by them and Adam at the
     paper's rate cannot undo that scale. z-scoring each dimension (the linear probes' default,
-    `probes.core.fitting.ProbeConfig.standardize`) makes the fit independent of per-dimension scale."""
-    total, total_sq, count = None, None, 0
-    for start in range(0, len(data), batch_size):
-        x, mask, _, _ = data.batch(list(range(start, min(start + batch_size, len(data)))))
-        xs = x[:, mask].double()  # [L+1, words, H]
-        total = xs.sum(1) if total is None else total + xs.sum(1)
-        total_sq = (xs ** 2).sum(1) if total_sq is None else total_sq + (xs ** 2).sum(1)
-        count += xs.shape[1]
+    `probes.core.fitting.ProbeConfig.standardize`) makes the fit independent of per-dimension scale.
+
+    Memory: the words are read straight from `data.features` (no padding) in chunks of about
+    `chunk_bytes` (default `SCALING_CHUNK_BYTES`) of float32 over all layers, each summed into
+    float64 accumulators (sum and sum of squares, [L+1, H] each), so the only copies are one
+    chunk's. The statistics are those of one float64 pass over every word, as before (when padded
+    batches of 256 sentences were built for it); only the order of the float64 sums differs."""
+    n_layers, _, hidden = data.features.shape
+    first, last = int(data.offsets[0]), int(data.offsets[-1])
+    step = max(1, (chunk_bytes or SCALING_CHUNK_BYTES) // (n_layers * hidden * 4))
+    total = torch.zeros(n_layers, hidden, dtype=torch.float64)
+    total_sq = torch.zeros(n_layers, hidden, dtype=torch.float64)
+    for start in range(first, last, step):
+        chunk = torch.from_numpy(np.array(data.features[:, start:min(start + step, last)], dtype=np.float64))
+        total += chunk.sum(1)
+        total_sq += (chunk * chunk).sum(1)
+    count = max(last - first, 1)
     mean = total / count
     sd = (total_sq / count - mean ** 2).clamp_min(0).sqrt().clamp_min(1e-6)
     return mean.float()[:, None, None, :], sd.float()[:, None, None, :]
 
 
 def _scaled(x: torch.Tensor, scaling) -> torch.Tensor:
-    return x if scaling is None else (x - scaling[0]) / scaling[1]
+    """z-score a freshly built batch in place (the same float32 operations as `(x - mean) / sd`, so
+    the same numbers, without a second batch-sized tensor). The mean is subtracted even for the
+    distance probe, where it cancels in h_i - h_j, because the distances are computed through the
+    Gram matrix (||z_i||^2 + ||z_j||^2 - 2 z_i.z_j): with a massive-activation offset left in,
+    float32 would lose the small differences to cancellation."""
+    return x if scaling is None else x.sub_(scaling[0]).div_(scaling[1])
+
+
+def _on(batch, scaling, device: torch.device):
+    """A batch moved to `device` and standardised there (in place)."""
+    x, mask, dist, depth = (t.to(device) for t in batch)
+    return _scaled(x, scaling), mask, dist, depth
+
+
+def _dev_batches(dev: TreeSet, batch_size: int):
+    """The dev set's batches, built when used rather than all kept in memory for the whole fit
+    (padded, all layers, they are several times the dev features' own size); same batches, same
+    order, so the same dev losses."""
+    for i in range(0, len(dev), batch_size):
+        yield dev.batch(list(range(i, min(i + batch_size, len(dev)))))
 
 
 class LayerwisePlateau:
@@ -345,7 +384,7 @@ class LayerwisePlateau:
 def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", rank: int = 64,
                          epochs: int = 30, batch_size: int = 32, lr: float = 1e-3, patience: int = 4,
                          lr_decay: float = PLATEAU_FACTOR, seed: int = 0, progress: bool = True,
-                         standardize: bool = False) -> StructuralFit:
+                         standardize: bool = False, device: str | torch.device | None = "auto") -> StructuralFit:
     """Fit distance or depth probes for all layers at once (Hewitt & Manning 2019).
 
     The paper's regimen (structural-probes/regimen.py), per layer: Adam at 1e-3 and torch's
@@ -358,31 +397,38 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
     the model's seed (docs/training-plateau.md, which also compares factor 0.1 with 0.5).
     `standardize` z-scores every feature dimension with the training words' statistics first
     (`feature_scaling`; off by default: Hewitt & Manning's probe reads raw features).
+
+    `device` ("auto": CUDA when torch sees it, else the CPU; `resolve_device`) is where the probe,
+    its optimizers and each batch live. Everything random stays on the CPU (the initial projection
+    from a CPU generator, the batch order from numpy), and the schedule and best-epoch bookkeeping
+    read the dev losses back on the CPU, so a device changes only the float rounding of the sums.
+    Memory: the features are read one padded batch at a time (`TreeSet.batch`), standardised in
+    place, and the dev batches are rebuilt each epoch rather than kept, so the fit holds no copy of
+    the features beyond a batch (docs/evidence/structural-fit.md).
     """
     if kind not in ("distance", "depth"):
         raise ValueError(f"kind must be 'distance' or 'depth', not {kind!r}")
     if not 0 < lr_decay <= 1:
         raise ValueError(f"lr_decay must lie in (0, 1], got {lr_decay}")
+    device = resolve_device(device)
     gen = torch.Generator().manual_seed(seed)
     n_layers, _, hidden = train.features.shape
     scaling = feature_scaling(train) if standardize else None
-    probe = LayerwiseStructuralProbe(n_layers, hidden, min(rank, hidden), gen)
+    scaling_on = None if scaling is None else tuple(t.to(device) for t in scaling)
+    probe = LayerwiseStructuralProbe(n_layers, hidden, min(rank, hidden), gen).to(device)
     # one Adam per layer (Adam's state is per parameter: the same updates as one optimizer over all
     # layers), so that each layer's rate has its own plateau schedule
     opts = [torch.optim.Adam([p], lr=lr) for p in probe.layers]
     schedule = LayerwisePlateau(opts, lr_decay)
     loss_history, lr_history = [], []
     best = torch.full((n_layers,), float("inf"))
-    best_proj = probe.proj.detach().clone()
+    best_proj = probe.proj.detach().cpu().clone()
     stale = 0
     order_rng = np.random.default_rng(seed)
-    dev_batches = [dev.batch(list(range(i, min(i + batch_size, len(dev))))) for i in range(0, len(dev), batch_size)]
-    dev_batches = [(_scaled(x, scaling), *rest) for x, *rest in dev_batches]
     epoch = 0
     for epoch in progress_bar(range(1, epochs + 1), desc=f"{kind} probe", disable=not progress):
         for batch_idx in _length_buckets(train, batch_size, order_rng):
-            x, mask, dist, depth = train.batch(batch_idx)
-            x = _scaled(x, scaling)
+            x, mask, dist, depth = _on(train.batch(batch_idx), scaling_on, device)
             loss = _probe_loss(probe, kind, x, mask, dist, depth).sum()  # layers are independent
             for opt in opts:
                 opt.zero_grad()
@@ -390,13 +436,14 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
             for opt in opts:
                 opt.step()
         with torch.no_grad():
-            dev_loss = torch.zeros(n_layers)
-            for x, mask, dist, depth in dev_batches:
+            dev_loss = torch.zeros(n_layers, device=device)
+            for batch in _dev_batches(dev, batch_size):
+                x, mask, dist, depth = _on(batch, scaling_on, device)
                 dev_loss += _probe_loss(probe, kind, x, mask, dist, depth) * x.shape[1]
-            dev_loss /= len(dev)
+            dev_loss = (dev_loss / len(dev)).cpu()
         improved = dev_loss < best - 1e-6
         best = torch.where(improved, dev_loss, best)
-        best_proj[improved] = probe.proj.detach()[improved]
+        best_proj[improved] = probe.proj.detach().cpu()[improved]
         loss_history.append(dev_loss.numpy().copy())
         lr_history.append(schedule.lrs())
         schedule.step(dev_loss)
@@ -408,23 +455,27 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
 
 
 @torch.no_grad()
-def predict(fit: StructuralFit, data: TreeSet, batch_size: int = 64) -> list[list[np.ndarray]]:
-    """Predictions per layer, per sentence: distance matrices [n, n] or depth vectors [n]."""
+def predict(fit: StructuralFit, data: TreeSet, batch_size: int = 64,
+            device: str | torch.device | None = "auto") -> list[list[np.ndarray]]:
+    """Predictions per layer, per sentence: distance matrices [n, n] or depth vectors [n] (numpy,
+    each its own small array: a view would keep its whole padded batch alive)."""
+    device = resolve_device(device)
     probe = LayerwiseStructuralProbe(*fit.proj.shape, torch.Generator())
     with torch.no_grad():
         for layer, param in enumerate(probe.layers):
             param.copy_(fit.proj[layer])
+    probe = probe.to(device)
+    scaling = None if fit.scaling is None else tuple(t.to(device) for t in fit.scaling)
     out: list[list[np.ndarray]] = [[] for _ in range(fit.proj.shape[0])]
     for start in range(0, len(data), batch_size):
         idx = list(range(start, min(start + batch_size, len(data))))
-        x, mask, _, _ = data.batch(idx)
-        x = _scaled(x, fit.scaling)
-        pred = probe.distances(x) if fit.kind == "distance" else probe.depths(x)
+        x, mask, _, _ = _on(data.batch(idx), scaling, device)
+        pred = (probe.distances(x) if fit.kind == "distance" else probe.depths(x)).cpu()
         for b in range(len(idx)):
             n = int(mask[b].sum())
             for layer in range(len(out)):
                 p = pred[layer, b, :n, :n] if fit.kind == "distance" else pred[layer, b, :n]
-                out[layer].append(p.numpy())
+                out[layer].append(p.numpy().copy())
     return out
 
 
