@@ -114,16 +114,15 @@ def test_one_full_seed_gives_no_wins_and_one_seed_no_interval():
 
 def _old_format_table(old_rows) -> str:
     """What the sweep printed before issue 41 (its table read the stored seed-less rows), rebuilt
-    from the independently computed rows of `_old_aggregate_rows`."""
-    df = pd.DataFrame(old_rows)
-    agg = df[df["split"] == "test"]
-    lines = [f"{'method':<18} {'amount':>7} {'sparsity':>8} {'test acc':>9} {'sd':>7} {'wins':>5}"]
-    wins = {(r["model"], r["extra"]["amount"]): r["value"] for _, r in agg[agg["metric"] == "wins"].iterrows()}
-    for _, r in agg[agg["metric"] == "accuracy"].iterrows():
-        e, w = r["extra"], wins.get((r["model"], r["extra"]["amount"]))
-        lines.append(f"{r['model']:<18} {e['amount']:>7.4g} {e['sparsity_measured']:>8.3f} {r['value']:>9.4f} "
-                     f"{e['sd']:>7.4f} {'' if w is None else ('yes' if w else 'no'):>5}")
-    return "\n".join(lines)
+    from the independently computed rows of `_old_aggregate_rows` by the diagnostics script's
+    `old_table` (experiments/diagnostics/read_time_aggregates.py, which checks real stores)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "diagnostics"))
+    from read_time_aggregates import old_table
+
+    return old_table(pd.DataFrame(old_rows))
 
 
 def test_the_printed_table_keeps_its_numbers_and_ignores_old_aggregate_rows():
