@@ -59,9 +59,10 @@ def block_macs(model, tokens: int) -> int:
 
 
 def main(argv=None) -> dict:
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
     from results_io import record_start, write_result
+    from workbench.running.model_loading import load_weights, read_tokenizer
     from workbench.store.checkpoints import resolve_checkpoint
     from workbench.drivers import head_pruning as H
     from workbench.data.conllu import load_treebank
@@ -82,8 +83,8 @@ def main(argv=None) -> dict:
     start = record_start()
 
     path = resolve_checkpoint(args.model)
-    base = AutoModel.from_pretrained(path).eval()
-    tok = AutoTokenizer.from_pretrained(path)
+    base = load_weights(AutoModel, path).eval()
+    tok = read_tokenizer(path)
     sentences = [" ".join(s.words) for s in load_treebank("en_ewt", "dev")[: args.batch]]
     batch = tok(sentences, padding="max_length", truncation=True, max_length=args.tokens, return_tensors="pt")
     Ln, Hn = H.head_shape(base)

@@ -46,11 +46,9 @@ def main(argv=None) -> int:
     bigrams = {s: bigram_perplexity(train_stream, heldout_stream, V, smoothing=s, **({"k": 0.01} if s == "add_k" else {}))
                for s in ("kneser_ney", "add_k")}
 
-    from transformers import GPT2LMHeadModel
+    from workbench.running.model_loading import load_pretrainer
 
-    from workbench.families.base import PretrainingWrapper
-
-    model = PretrainingWrapper(GPT2LMHeadModel.from_pretrained(str(ckpt)), term="lm")
+    model = load_pretrainer(ckpt, "gpt")
     block = cfg.max_len - data.heldout.num_special
     n_batches = (len(heldout_stream) // block) // cfg.batch_size
     res = evaluate_heldout(model, family, data.heldout, data.tokenizer, cfg, n_batches, torch.device("cpu"))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.linalg import orthogonal_procrustes
 
-from probes.core import geometry as ac
+from workbench import geometry as ac
 from workbench.errors import ConfigError
 
 

@@ -42,7 +42,7 @@ def test_syntax_probe_config_probes_teacher_and_both_students():
 
 
 def test_peft_config_runs_prompt_and_lora_against_full_over_three_seeds():
-    from probes.peft_change import load_sweep_config, method_config
+    from workbench.drivers.peft_sweep import load_sweep_config, method_config
 
     cfg = load_sweep_config(REPO_ROOT / "experiments" / "peft" / "minilm_polarity_cpu3.yaml")
     assert cfg.methods == ["full", "prompt", "lora"]

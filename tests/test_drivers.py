@@ -109,7 +109,7 @@ def test_prune_keys_of_the_examples_are_unchanged():
 
 
 def test_peft_method_runs_keep_their_hashes():
-    from probes.peft_change import PeftSweepConfig, method_config
+    from workbench.drivers.peft_sweep import PeftSweepConfig, method_config
 
     for path, cfg in _configs("experiments/peft", "*.yaml", PeftSweepConfig).items():
         for m in cfg.methods:
@@ -145,7 +145,7 @@ def test_one_override_rule():
 
 
 def test_loaders_apply_the_rule_and_name_the_file(tmp_path):
-    from probes.peft_change import load_sweep_config
+    from workbench.drivers.peft_sweep import load_sweep_config
     from workbench.drivers.finetune import load_finetune_config
 
     path = tmp_path / "p.yaml"
@@ -158,7 +158,7 @@ def test_loaders_apply_the_rule_and_name_the_file(tmp_path):
 
 
 def test_the_registry_names_every_driver_and_its_config():
-    from probes.peft_change import PeftSweepConfig
+    from workbench.drivers.peft_sweep import PeftSweepConfig
     from workbench.drivers.prune_sweep import PruneConfig
     from workbench.drivers.distill import DistillConfig
     from workbench.drivers.distill_pretraining import PretrainDistillConfig
@@ -249,7 +249,7 @@ def test_a_peft_sweep_as_submitit_jobs_writes_the_rows_of_the_in_process_sweep(t
                                                                                 monkeypatch, one_thread):
     """Head-only and LoRA, one seed, CKA on 20 sentences: each method a submitit job."""
     from app.cli import main
-    from probes.peft_change import load_sweep_config, run_sweep
+    from workbench.drivers.peft_sweep import load_sweep_config, run_sweep
     from workbench.store.results import ResultsStore
 
     config = {"finetune": {"checkpoint": str(tiny_checkpoint), "seeds": [0], "epochs": 1, "max_train_examples": 48,

@@ -42,11 +42,11 @@ SCRIPT_DIRS = ("experiments", "benchmarks")
 #   identity, the results store, data, tokenization, families, objectives, compression primitives,
 #   the cost records every checkpoint carries) imports no driver, no probe, nothing of app/;
 # - the drivers train or transform models (pretraining, fine-tuning, distillation, the prune
-#   sweep with its head-pruning curves and pretraining tickets, shadow sets). None imports a probe;
+#   sweep with its head-pruning curves and pretraining tickets, the PEFT sweep, shadow sets). None imports a
+#   probe (the PEFT sweep's CKA is `workbench.geometry`, maths the probes share);
 # - probes/ read what the library loads and the drivers wrote: the membership probe needs the
-#   fine-tuning task's members and the shadow sets (`workbench.drivers.finetune`, `workbench.drivers.shadows`), and
-#   `probes.peft_change` runs fine-tunings (a PEFT sweep living among the probes). So the drivers
-#   sit BELOW the probes; a driver that wants to run a probe must go through app/ (or the
+#   fine-tuning task's members and the shadow sets (`workbench.drivers.finetune`, `workbench.drivers.shadows`).
+#   So the drivers sit BELOW the probes; a driver that wants to run a probe must go through app/ (or the
 #   probes move below it and membership's driver reads move to the library);
 # - app/ (the CLI and the Streamlit pages) drives everything;
 # - experiments/ and benchmarks/ are scripts at the top: nothing imports them but other scripts.

@@ -291,7 +291,7 @@ def test_methods_list_is_the_issues():
 @pytest.fixture(scope="module")
 def sweep(checkpoints, tmp_path_factory):
     """`bertology peft`'s sweep over head, full and LoRA (two seeds) on the tiny BERT: (store, run id, rows)."""
-    from probes.peft_change import load_sweep_config, run_sweep
+    from workbench.drivers.peft_sweep import load_sweep_config, run_sweep
 
     root = tmp_path_factory.mktemp("sweep")
     ft = {"checkpoint": str(checkpoints["bert"]), "seeds": [0, 1], "epochs": 1, "max_train_examples": 64,
@@ -310,8 +310,8 @@ def test_sweep_rows_cka_is_one_where_nothing_changed(sweep):
     """Head-only leaves every layer as it was: CKA exactly 1 at every layer; full fine-tuning at a
     high rate moves the top layer; the embeddings (layer 0) of LoRA, which adapts attention only,
     stay identical. CKA itself is checked against a hand computation."""
-    from probes.core.geometry import linear_cka
-    from probes.peft_change import cka_to_start
+    from workbench.geometry import linear_cka
+    from workbench.drivers.peft_sweep import cka_to_start
 
     store, run_id, rows = sweep
     rows = rows.copy()
@@ -370,7 +370,7 @@ def test_peft_figures_draw_the_seed_means_of_the_store(sweep):
 
 
 def test_sweep_config_refuses_bad_methods_before_any_work(checkpoints):
-    from probes.peft_change import load_sweep_config
+    from workbench.drivers.peft_sweep import load_sweep_config
 
     ft = {"checkpoint": str(checkpoints["bert"])}
     with pytest.raises(ConfigError, match="methods: unknown method 'dora'"):

@@ -62,7 +62,7 @@ def test_every_producer_declares_its_extra():
     import probes.coref  # noqa: F401
     import probes.extraction  # noqa: F401
     import probes.membership  # noqa: F401
-    import probes.peft_change  # noqa: F401
+    import workbench.drivers.peft_sweep  # noqa: F401
     import probes.syntax  # noqa: F401
     import workbench.drivers.prune_sweep  # noqa: F401
     import workbench.cost  # noqa: F401

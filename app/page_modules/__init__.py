@@ -39,7 +39,7 @@ def probe_pages() -> list[tuple[str, ModuleType | None]]:
 # "Results" in the app: app/page_modules/<NAME>.py with TITLE, render(store) and optional PLOTS, exactly
 # like a probe's companion module.
 RESULT_PAGES = ("finetune", "prune", "distill", "peft", "cost")  # fine-tuning runs; compression sweeps
-# (workbench/compress); distillation sweeps; fine-tuning methods (probes/peft_change.py); checkpoint costs
+# (workbench/compress); distillation sweeps; fine-tuning methods (workbench/drivers/peft_sweep.py); checkpoint costs
 
 
 def result_pages() -> list[tuple[str, ModuleType]]:

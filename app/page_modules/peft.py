@@ -1,4 +1,4 @@
-"""The fine-tuning methods page (`bertology peft`, probes/peft_change.py): test accuracy against the
+"""The fine-tuning methods page (`bertology peft`, workbench/drivers/peft_sweep.py): test accuracy against the
 number of trainable parameters per method (full, head, BitFit, adapters, prompt tuning, LoRA), and
 what each method changes layer by layer: the linear CKA of every layer of the fine-tuned model
 against the same layer of its starting checkpoint (1 = unchanged up to rotation and scale)."""

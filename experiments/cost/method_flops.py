@@ -17,7 +17,6 @@ Usage: python experiments/cost/method_flops.py [CHECKPOINT] [--batch 8] [--seq 6
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -30,14 +29,12 @@ def measure(checkpoint: str, method: str, batch: int, seq: int, labels: int = 2)
     from workbench.store.checkpoints import resolve_checkpoint
     from workbench.cost import finetune_flops, method_forward_flops
     from workbench.loop import apply_param_filter
-    from workbench.hf_quiet import quiet_transformers
+    from workbench.running.model_loading import load_weights
     from workbench.running.peft_methods import attach
 
     torch.manual_seed(0)
-    with quiet_transformers():
-        model = AutoModelForSequenceClassification.from_pretrained(
-            resolve_checkpoint(checkpoint), num_labels=labels, attn_implementation="eager",
-            local_files_only=True, trust_remote_code=False)
+    model = load_weights(AutoModelForSequenceClassification, resolve_checkpoint(checkpoint), num_labels=labels,
+                         attn_implementation="eager")
     record = apply_param_filter(model, attach(model, method))
     model.train()
     vocab = model.config.vocab_size

@@ -4,7 +4,7 @@ names are those of /tmp/runs-real3 on 2026-11-26."""
 import numpy as np
 from pathlib import Path
 from workbench.activations import Activations
-from probes.core.geometry import cka_matrix
+from workbench.geometry import cka_matrix
 root = Path("/tmp/runs-real3/cache/activations")
 names = {"smollm2": "decoder-float32-b86b95bf7cbdb5c02ac4", "minilm": "encoder-float32-10ce6423f54536919f1e",
          "ref": "encoder-float32-b3a99915e6e837feada0", "mpnet": "encoder-float32-e54a2fb6bfc3c6cd6407"}

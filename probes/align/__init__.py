@@ -3,7 +3,7 @@
 Mikolov et al. (2013) mapped one language's word vectors onto another's with a linear map; with an
 orthogonality constraint the map is orthogonal Procrustes (Xing et al. 2015), and Artetxe et al.
 (2017) bootstrapped it from shared numerals alone. This probe asks that of every layer of contextual
-models, and reuses the machinery to compare any two models. The maths is `probes.core.geometry`;
+models, and reuses the machinery to compare any two models. The maths is `workbench.geometry`;
 where the vectors come from is `probes.align.reps`; corpora, dictionaries and seeds are data named
 in the settings, so a new language pair is a config (`--src-corpus columns:nltk/conll2002/ned.train
 --dictionary swadesh:en-nl` for English-Dutch).

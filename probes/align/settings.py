@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from probes.core import geometry as ac
+from workbench import geometry as ac
 from probes.core import runner
 from workbench.errors import ConfigError
 

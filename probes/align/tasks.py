@@ -11,7 +11,7 @@ from probes.align import reps
 from probes.align.settings import (KS, NAME, Settings, layer_accuracy_ci, paired_layers, target_side, unit_center_unit,
                                    word_activations)
 from probes.core import baselines, runner
-from probes.core import geometry as ac
+from workbench import geometry as ac
 from workbench.errors import ConfigError
 
 

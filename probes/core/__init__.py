@@ -10,6 +10,8 @@
 - `rows`: per-layer numbers as tidy rows of the results schema;
 - `statistics`: the one bootstrap (over the data's independent unit, paired across rows) and the
   one AUC;
-- `depth`: where in depth a task peaks (Tenney et al. 2019), with bootstrap CIs;
-- `geometry`: Procrustes, CSLS, BLI, self-learning and linear CKA between vector spaces.
+- `depth`: where in depth a task peaks (Tenney et al. 2019), with bootstrap CIs.
+
+The maths of aligning vector spaces (Procrustes, CSLS, BLI, CKA) is the library's `workbench.geometry`:
+the PEFT sweep, a driver, needs CKA too.
 """

@@ -3,7 +3,7 @@ submitit's local executor or on a Slurm cluster, results in unit order.
 
 Every driver's independent pieces of work go through `run_units`: the experiment runner's probe
 runs (`app.experiments`), the prune sweep's seeds and retrainings (`workbench.drivers.prune_sweep`), the
-PEFT sweep's methods (`probes.peft_change`), the fine-tuning seeds (`workbench.drivers.finetune`), the
+PEFT sweep's methods (`workbench.drivers.peft_sweep`), the fine-tuning seeds (`workbench.drivers.finetune`), the
 distillation points (`workbench.drivers.distill`) and students (`workbench.drivers.distill_pretraining`). A unit is
 a picklable callable, a `(function, kwargs)` pair or a `Unit` (function, args, kwargs, name); it
 must not depend on another unit of the same list (a driver that has dependent stages calls

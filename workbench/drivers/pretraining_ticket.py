@@ -28,7 +28,6 @@ refused (the hooks' description, with the mask hash, is in run.json).
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,14 +144,14 @@ def mlm_tickets(checkpoint: str | Path, max_sparsity: float, imp_step: float, se
     run is `folder/round-r`; the masked weights of every round's trained checkpoint are checked to
     be exactly zero."""
     from workbench.families import get_family
+    from workbench.running.model_loading import load_pretrainer
     from workbench.store.identity import tokenizer_hash
     from workbench.drivers.train import prepare_data, train_from_config
 
     checkpoint = Path(checkpoint).expanduser().resolve()
     manifest = pretraining_manifest(checkpoint)
     family_name = manifest["family"]
-    loader = importlib.import_module(f"workbench.families.{family_name}").load_pretrainer
-    pretrained = loader(checkpoint)
+    pretrained = load_pretrainer(checkpoint, family_name)
     start = {k: v.detach().clone() for k, v in pretrained.state_dict().items()}
     names = list(dense_layers(pretrained, include_pooler=include_pooler))
     record = {"checkpoint": str(checkpoint)}
@@ -174,7 +173,7 @@ def mlm_tickets(checkpoint: str | Path, max_sparsity: float, imp_step: float, se
         initial = MaskedStart(start, current, {**record, "round": r})
         hooks = TrainingHooks(initial=initial) if current is None else masked_training(current, initial=initial)
         (final,) = train_from_config(cfg, hooks=hooks)
-        trained = loader(final)
+        trained = load_pretrainer(final, family_name)
         if current is not None and sparsity(trained, current) < mask_sparsity(current) - 1e-12:
             raise CheckpointError(f"{final}: masked weights are not zero after the masked-LM round (the mask was "
                                   f"not kept through training)")

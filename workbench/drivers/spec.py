@@ -190,7 +190,7 @@ DRIVERS: dict[str, Registration] = {
                                           variants=(("pretraining", "distill_pretraining", ("--teacher", "--name", "--device")),))),
     "distill_pretraining": Registration("workbench.drivers.distill_pretraining",
                                         "DistilBERT-style pretraining distillation (bertology distill, kind: pretraining)"),
-    "peft": Registration("probes.peft_change",
+    "peft": Registration("workbench.drivers.peft_sweep",
                          "fine-tune with every method (full, head, bitfit, adapter, prompt, lora); CKA per layer",
                          DriverCommand("sweep YAML (e.g. experiments/peft/minilm_polarity_cpu.yaml)", (
                              Flag("--checkpoint", "the starting checkpoint (overrides finetune.checkpoint)",

@@ -3,7 +3,7 @@
 `build_classifier` puts a freshly initialised classification head over the pretrained body of a
 checkpoint (what `bertology finetune` trains; seed torch before calling: the head's initial
 weights are drawn then); `load_classifier` opens a fine-tuned classifier folder again, its
-parameter-efficient fine-tuning's adapters re-attached (`workbench.running.peft_methods.reattach_saved`);
+parameter-efficient fine-tuning's adapters re-attached (`workbench.running.model_loading.reattach_peft`);
 `ModelHandle.load_classifier` wraps one in a handle that keeps the folder's identity.
 
 Which class (`classifier_class`): transformers' `AutoModelForSequenceClassification` /
@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workbench.errors import CheckpointError
-from workbench.running.model_loading import load_weights, read_config
+from workbench.running.model_loading import load_weights, read_config, reattach_peft
 
 
 def classifier_class(family: str, kind: str, pooling: str):
@@ -79,7 +79,6 @@ def load_classifier(path: str | Path):
     `workbench.running.classifier_heads` class named in `config.architectures` (ELMo; T5/BART
     encoder_mean), with a PEFT method's adapters re-attached; in eval mode."""
     from workbench.running import classifier_heads as heads
-    from workbench.running.peft_methods import reattach_saved
     from workbench.store.checkpoints import read_manifest
 
     path = Path(path)
@@ -88,4 +87,4 @@ def load_classifier(path: str | Path):
     arch = (getattr(read_config(path), "architectures", None) or [""])[0]
     cls = heads.HEADS.get(arch) or _auto_class(arch.endswith("ForTokenClassification"))
     model = load_weights(cls, path, "a fine-tuned classifier")
-    return reattach_saved(model, path, read_manifest(path) or {}).eval()
+    return reattach_peft(model, path, read_manifest(path)).eval()

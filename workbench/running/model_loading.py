@@ -4,7 +4,7 @@
 `open_checkpoint` reads a folder (config, tokenizer, weights with the LM head class the model was
 trained with, the workbench manifest), checks that the body's weights are all there and that the
 tokenizer belongs to them, and re-attaches a parameter-efficient fine-tuning's adapters
-(`workbench.running.peft_methods.reattach_saved`). `Lineage` records where a derived model comes from;
+(`reattach_peft`: the file read here, the surgery in `workbench.running.peft_methods`). `Lineage` records where a derived model comes from;
 `derive_model` makes one (`Derivation`s such as the random-init twin, Hewitt & Manning 2019).
 
 The one loader. `load_weights(model_class, folder)` is the only call in the workbench that reads a
@@ -215,6 +215,16 @@ def load_tensors(file: str | Path) -> dict[str, torch.Tensor]:
     return load_file(str(file))
 
 
+def reattach_peft(model, path: str | Path, manifest: Mapping[str, Any] | None):
+    """`model` with a saved adapter checkpoint's adapters back in its forward (read with
+    `load_tensors`, put back by `workbench.running.peft_methods.reattach_adapters`); every other
+    method's folder is a plain checkpoint and its model comes back as it is."""
+    from workbench.running.peft_methods import reattach_adapters, saved_adapter_file
+
+    file = saved_adapter_file(path, dict(manifest or {}))
+    return model if file is None else reattach_adapters(model, load_tensors(file), dict(manifest), path)
+
+
 def load_pretrainer(path: str | Path, family: str | None = None):
     """The pretraining module of a checkpoint folder written here (the model with every pretraining
     head, the loss the training loop optimises): `workbench.families.<family>.load_pretrainer`, or
@@ -290,9 +300,9 @@ def open_checkpoint(path: str | Path, device: str | torch.device, attentions: bo
                               f"matrix only {n_emb} rows (tokenizer does not belong to these weights)")
     # parameter-efficient fine-tuning (workbench.running.peft_methods): adapters back into the forward,
     # their file into the hash; a prompt-tuned model's prompt ids after the tokenizer's prefix
-    from workbench.running.peft_methods import ADAPTER_FILE, reattach_saved
+    from workbench.running.peft_methods import ADAPTER_FILE
 
-    model = reattach_saved(model, path, manifest)
+    model = reattach_peft(model, path, manifest)
     if (path / ADAPTER_FILE).is_file():
         weights = [*weights, path / ADAPTER_FILE]
     model.to(device)

@@ -58,9 +58,10 @@ Targets per model type (`ADAPTER_TARGETS`, `lora_targets`); ELMo (an LSTM) suppo
 What a saved checkpoint holds (the run's `best/` folder, a plain `save_pretrained` folder):
 - full, head, bitfit: the weights, nothing more.
 - lora: the updates merged into the weights (W + (alpha/r) B A): a plain checkpoint.
-- adapter: the base architecture's weights plus `adapters.safetensors`; `reattach_saved(model, folder,
-  manifest)` puts the adapters back into the forward at the sites their names record (`ModelHandle.load`
-  and `workbench.running.classifier_loading.load_classifier` call it, so probes read the adapted layers; a checkpoint
+- adapter: the base architecture's weights plus `adapters.safetensors`; `reattach_adapters` puts the
+  adapters back into the forward at the sites their names record (the loader reads the file and calls
+  it: `workbench.running.model_loading.reattach_peft`, under `ModelHandle.load` and
+  `workbench.running.classifier_loading.load_classifier`, so probes read the adapted layers; a checkpoint
   saved before the placement moved after the dropout gets its adapters back after the projection,
   where it was trained).
 - prompt: the embedding matrix grows by n rows holding the prompt vectors and the tokenizer by n
@@ -250,33 +251,17 @@ def checkpoint_pooler_pretrained(model: nn.Module) -> tuple[bool, str]:
     folder = Path(str(getattr(model, "name_or_path", "") or ""))
     if not str(folder) or not folder.is_dir():
         return True, "no checkpoint folder to read: assumed pretrained"
-    from workbench.store.checkpoints import read_manifest
+    from workbench.store.checkpoints import read_manifest, weight_names
 
     objective = (read_manifest(folder) or {}).get("objective") or {}
     if isinstance(objective, dict) and objective.get("nsp") is False:
         return False, "pretrained without next-sentence prediction (objective.nsp: false)"
-    names = _weight_names(folder)
+    names = weight_names(folder)
     if names is None:
         return True, "no safetensors weights to read: assumed pretrained"
     if not any(n.startswith("pooler.") or ".pooler." in n for n in names):
         return False, "the checkpoint's weights hold no pooler"
     return True, "the checkpoint's weights hold a pooler"
-
-
-def _weight_names(folder: Path) -> list[str] | None:
-    """The tensor names of a safetensors checkpoint (single file or sharded); None otherwise."""
-    import json
-
-    from safetensors import safe_open
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return list(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
-    single = folder / "model.safetensors"
-    if single.is_file():
-        with safe_open(str(single), "pt") as f:
-            return list(f.keys())
-    return None
 
 
 # ---- bottleneck adapters (Houlsby et al. 2019) ------------------------------------------------------
@@ -604,19 +589,24 @@ def save_extra(folder: Path, record: dict) -> dict:
     return record
 
 
-def reattach_saved(model: nn.Module, folder: str | Path, manifest: dict) -> nn.Module:
-    """Put a saved adapter checkpoint's adapters back into `model`'s forward (other methods: the
-    model as it is). `model` may be the classifier or any Auto class of the same body."""
+def saved_adapter_file(folder: str | Path, manifest: dict) -> Path | None:
+    """The adapter tensors' file of a saved adapter checkpoint (None for every other method: their
+    folders hold everything); a CheckpointError when the manifest names a file that is not there."""
     peft = (manifest or {}).get("peft") or {}
     if peft.get("method") != "adapter":
-        return model
-    from safetensors.torch import load_file
-
+        return None
     path = Path(folder) / peft.get("adapter_file", ADAPTER_FILE)
     if not path.is_file():
         raise CheckpointError(f"{folder}: an adapter checkpoint without {path.name}")
-    tensors = load_file(str(path))
-    size = int(peft["adapter_size"])
+    return path
+
+
+def reattach_adapters(model: nn.Module, tensors: dict[str, torch.Tensor], manifest: dict,
+                      folder: str | Path) -> nn.Module:
+    """Put a saved adapter checkpoint's adapters (`tensors`, read from `saved_adapter_file` by the
+    loader, `workbench.running.model_loading.reattach_peft`) back into `model`'s forward. `model` may
+    be the classifier or any Auto class of the same body; `folder` names the checkpoint in errors."""
+    size = int(manifest["peft"]["adapter_size"])
     # the names were recorded on the classifier; find the same sites under this model's body prefix
     body = body_of(model)
     prefix = model.base_model_prefix + "."

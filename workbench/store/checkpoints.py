@@ -237,6 +237,22 @@ def weight_files(folder: str | Path) -> list[Path]:
     return []
 
 
+def weight_names(folder: str | Path) -> list[str] | None:
+    """The tensor names a safetensors checkpoint holds (single file or sharded), read from the file's
+    header or the shard index, never the tensors; None when the folder has no safetensors weights."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return list(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
+    single = folder / "model.safetensors"
+    if single.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(single), "pt") as f:
+            return list(f.keys())
+    return None
+
+
 # ---- checkpoint lists --------------------------------------------------------------------------------
 
 

@@ -4,7 +4,7 @@
 method of `workbench.running.peft_methods.METHODS` it lists, each through the ordinary fine-tuning runner
 (its own run folder `finetune/<name>-<method>/`, resumable, its own results-store run), then
 compares every seed's best checkpoint with the starting checkpoint on the same sentences (UD EWT
-dev by default): the linear CKA (Kornblith et al. 2019; `probes.core.geometry.linear_cka`) of
+dev by default): the linear CKA (Kornblith et al. 2019; `workbench.geometry.linear_cka`) of
 each layer's word vectors (first subword) in the fine-tuned model against the same layer of the
 start. CKA 1 means the layer's representation geometry is unchanged up to rotation and scale;
 Merchant et al. (2020) found full fine-tuning changes mostly the top layers of BERT.
@@ -104,7 +104,7 @@ def layer_states(handle, sentences: list[list[str]]) -> np.ndarray:
 
 def cka_to_start(start: np.ndarray, tuned: np.ndarray) -> list[float]:
     """Linear CKA of each layer of `tuned` against the same layer of `start` ([L+1, n, H] each)."""
-    from probes.core.geometry import linear_cka
+    from workbench.geometry import linear_cka
 
     if start.shape[:2] != tuned.shape[:2]:
         raise ConfigError(f"CKA to start: the models give {start.shape[:2]} and {tuned.shape[:2]} (layers, words)")

@@ -1,7 +1,8 @@
 """Aligning two vector spaces: orthogonal Procrustes, CSLS retrieval, BLI, self-learning, linear CKA.
 
 Pure numpy/scipy on row-matrices (one row per word, sentence or example); nothing here knows about
-models, runners or the results store, so cross-lingual probes, distillation and pruning share it.
+models, runners or the results store, so the cross-lingual probe, the PEFT sweep's CKA to the start
+and the diagnostics share it (it sits in the library, below drivers and probes alike).
 
 - `procrustes(A, B)`: the orthogonal R minimising ||A R - B||_F (Schönemann 1966; used for word
   translation by Xing et al. 2015 and Conneau et al. 2018). Rows of A are mapped: `A @ R ≈ B`,
