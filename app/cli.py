@@ -110,7 +110,7 @@ def _cmd_driver(args: argparse.Namespace) -> int:
     flags = {f.dest: f for f in cmd.flags}
     options = options_from_args(args)  # bad --jobs / --executor: one line, before any work
     needed = cmd.needs_without_config
-    if args.config is None and needed and getattr(args, needed.lstrip("-").replace("-", "_")) is None:
+    if args.config is None and needed and getattr(args, next(f.dest for f in cmd.flags if f.name == needed)) is None:
         raise ConfigError(f"give {needed} PATH_OR_HUB_NAME (or a config YAML)")
     data = read_yaml(Path(args.config)) if cmd.variants and args.config is not None else None
     for kind, variant, allowed in cmd.variants:  # another driver runs this kind of file

@@ -87,7 +87,7 @@ def is_checkpoint(folder: Path) -> bool:
     `points/` folder whose weights were dropped (`keep_checkpoints: false`) is not one."""
     from workbench.store.checkpoints import weight_files
     from workbench.errors import CheckpointError
-    from workbench.running.models import TOKENIZER_FILES
+    from workbench.running.model_loading import TOKENIZER_FILES
 
     if not (folder / "config.json").is_file() or not any((folder / f).is_file() for f in TOKENIZER_FILES):
         return False

@@ -14,7 +14,8 @@ import pandas as pd
 import torch
 
 from workbench.errors import CheckpointError, ConfigError
-from workbench.running.lm_scores import BLANK, is_electra, lm_scorer
+from workbench.running.lm_scores import is_electra, lm_scorer
+from workbench.running.lm_inputs import BLANK
 from workbench.running.models import ModelHandle
 
 

@@ -152,7 +152,7 @@ def measure(model: str, sentences: int = 1000, eval_sentences: int = 500, trees:
     `layers`: fit only these hidden-state indices (0 = embeddings; the extraction is all-layer
     regardless, so the ratios of a subset are not the all-layer ratios). `work_dir`: where the
     fresh activation cache lives (a temporary folder inside it, removed at the end). `structural`:
-    overrides of `SyntaxSettings().structural` (e.g. {"standardize": True}, docs/real-models.md).
+    overrides of `SyntaxSettings().structural` (e.g. {"standardize": True}, docs/evidence/real-models.md).
     `reference`: also fit UPOS with L-BFGS run to convergence (no early stopping, up to 1,000
     iterations) and report each layer's accuracy beside the default fit's (the issue's tolerance:
     the default within 0.3 points of it on every layer)."""

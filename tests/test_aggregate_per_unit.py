@@ -326,6 +326,9 @@ def test_surviving_heads_share_and_scalar_mix_means():
     table = surviving_heads(rows)
     want = np.mean(np.array(list(kept.values()), float), axis=0)
     assert table["kept"].tolist() == pytest.approx(want.tolist()) and set(table["seeds"]) == {3}
+    # two selected runs of one sweep hold every seed twice: the same share, still 3 seeds
+    twice = surviving_heads(pd.concat([rows, rows.assign(run_id="second")], ignore_index=True))
+    assert twice["kept"].tolist() == pytest.approx(want.tolist()) and set(twice["seeds"]) == {3}
     mix = pd.DataFrame([{"model": m, "seed": s, "metric": "scalar_mix_weight", "layer": l, "value": 0.1 * l + 0.05 * s}
                         for m in ("b", "a") for s in (0, 1) for l in (1, 0)]
                        + [{"model": m, "seed": s, "metric": "centre_of_gravity", "layer": None, "value": 1.0 + s}
@@ -385,3 +388,20 @@ def test_peft_cka_table_is_the_mean_over_seeds():
     table = cka_table(rows)
     assert list(table.columns) == ["layer", "full", "lora"] and table["layer"].tolist() == [0, 1]
     assert table["lora"].tolist() == pytest.approx([0.02, 0.12]) and table["full"].tolist() == pytest.approx([0.52, 0.62])
+
+
+def test_peft_method_table_joins_counts_by_method_not_by_position():
+    """A row without a method (an older or foreign row) sorts first in `aggregate`'s groups: the
+    parameter counts must still land on their own method."""
+    from app.page_modules.peft import method_table
+
+    rows = [{"model": "x", "probe": "peft", "task": "sp", "split": "test", "metric": "accuracy", "seed": s,
+             "value": v + (0.1 if m == "full" else 0.0),
+             "extra": json.dumps({"method": m, "trainable": n, "total_parameters": 1000})}
+            for m, n in (("lora", 10), ("full", 100)) for s, v in ((0, 0.6), (1, 0.7))]
+    rows.insert(0, {"model": "x", "probe": "peft", "task": "sp", "split": "test", "metric": "accuracy", "seed": 0,
+                    "value": 0.1, "extra": json.dumps({"trainable": 5, "total_parameters": 1000})})
+    table = method_table(pd.DataFrame(rows)).set_index("method")
+    assert table.loc["full", "trainable"] == 100 and table.loc["lora", "trainable"] == 10
+    assert table.loc["full", "accuracy"] == pytest.approx(0.75) and table.loc["lora", "share_of_model"] == pytest.approx(0.01)
+    assert list(table.index) == ["full", "lora"] and set(table["seeds"]) == {2}

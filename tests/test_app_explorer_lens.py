@@ -18,7 +18,8 @@ from app import model_views
 from workbench.running.logit_lens import blank_topk
 from tests.test_app import APP, charts, no_errors, shown_table
 from workbench.families import FAMILIES, get_family
-from workbench.running.lm_scores import BLANK, lm_scorer
+from workbench.running.lm_scores import lm_scorer
+from workbench.running.lm_inputs import BLANK
 
 WORDS = "the cat sat on the mat".split()
 POSITION = 2  # "sat": a word with words on both sides (ELMo's and BART's reading need them)

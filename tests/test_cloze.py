@@ -15,7 +15,8 @@ from probes.cloze import tasks as ct
 from tests.conftest import tiny_bert
 from workbench.errors import ConfigError
 from workbench.running import logit_lens
-from workbench.running.lm_scores import BLANK, filled_items, lm_scorer
+from workbench.running.lm_scores import filled_items, lm_scorer
+from workbench.running.lm_inputs import BLANK
 from workbench.running.models import ModelHandle
 
 

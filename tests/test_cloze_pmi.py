@@ -17,7 +17,8 @@ from probes.cloze import rows as cloze_rows
 from probes.cloze import tasks as ct
 from tests.test_cloze import LENS_STACK, handles, small_items  # noqa: F401 (fixtures)
 from workbench.errors import ConfigError
-from workbench.running.lm_scores import BLANK, CandidateScores, lm_scorer
+from workbench.running.lm_scores import CandidateScores, lm_scorer
+from workbench.running.lm_inputs import BLANK
 
 AGE_PREMISE = "A N/A year old person is " + BLANK + " than me in age, if I am a N/A year old person."
 

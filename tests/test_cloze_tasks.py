@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from probes.cloze import tasks as ct
-from workbench.running.lm_scores import BLANK
+from workbench.running.lm_inputs import BLANK
 
 
 @pytest.fixture(scope="module")

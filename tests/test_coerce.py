@@ -174,6 +174,31 @@ def test_apply_overrides_is_one_rule_for_dotted_keys_mappings_and_unset_flags():
         apply_overrides(data, {"steps.x": 1}, "f.yaml")
 
 
+def test_clear_sets_a_key_to_none_where_none_changes_nothing():
+    from workbench.coerce import CLEAR, apply_overrides
+
+    data = {"corpus": {"max_documents": 50, "sources": ["brown"]}, "steps": 10}
+    assert apply_overrides(data, {"corpus.max_documents": None}) == data
+    assert apply_overrides(data, {"corpus.max_documents": CLEAR, "steps": CLEAR}) == {
+        "corpus": {"max_documents": None, "sources": ["brown"]}, "steps": None}
+    assert apply_overrides(data, {"corpus": {"max_documents": CLEAR}})["corpus"]["max_documents"] is None
+
+
+def test_train_set_null_clears_the_key_as_before_the_one_override_rule(tmp_path, monkeypatch):
+    """`bertology train CONFIG --set KEY=null` sets KEY to None (it did before issue 41's one override
+    rule, where None means "flag not given"): the YAML null reaches the loader as CLEAR."""
+    import workbench.drivers.train as train_mod
+    from workbench.config import load_config
+
+    path = tmp_path / "bert_tiny.yaml"
+    path.write_text("family: bert\npreset: tiny\nsteps: 20\ncorpus: {sources: [inaugural], max_documents: 12}\n")
+    seen = []
+    monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides: seen.append(load_config(source, overrides)) or [])
+    train_mod.train_cli_main([str(path), "--set", "corpus.max_documents=null"])
+    train_mod.train_cli_main([str(path), "--set", "corpus.max_documents=7"])
+    assert [c.corpus.max_documents for c in seen] == [None, 7]
+
+
 def test_pretraining_config_reads_overrides_by_the_same_rule(tmp_path):
     from workbench.config import load_config
 

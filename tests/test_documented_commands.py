@@ -31,7 +31,7 @@ FENCE = re.compile(r"^[ \t]*```([^\n`]*)\n(.*?)^[ \t]*```", re.S | re.M)
 SKIP_LANGUAGES = {"python", "py", "yaml", "yml", "json", "toml"}
 OPERATORS = {"&&", "||", ";", "|", "&", "(", ")", ";;", "|&", ">", ">>", "<", "2>", "2>&1"}
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$")  # e.g. `bertology probe NAME --help`
-INLINE = re.compile(r"`([^`]*\bbertology [^`]*)`")
+SPAN = re.compile(r"`([^`]+)`")  # inline code spans, paired left to right as Markdown pairs them
 # Commands the docs cite as ones that do NOT exist (docs/app.md: a page's "no data" hint used to name
 # them); the test checks that they indeed do not, instead of skipping them silently.
 NOT_COMMANDS = {("bertology", "probe", "prune"), ("bertology", "probe", "distill")}
@@ -66,8 +66,9 @@ def commands_in(text: str) -> list[tuple[str, list[str]]]:
             continue
         for line in re.sub(r"\\\n", " ", body).splitlines():
             _commands_of_line(line, found)
-    for span in INLINE.findall(FENCE.sub("", text)):
-        _commands_of_line(" ".join(span.split()), found)
+    for span in SPAN.findall(FENCE.sub("", text)):
+        if re.search(r"\bbertology ", span):
+            _commands_of_line(" ".join(span.split()), found)
     return found
 
 
@@ -232,7 +233,7 @@ def test_every_documented_command_answers_help_and_has_every_documented_flag(mon
 # --------------------------------------------------------------------------- the check itself
 SNIPPET = """
 Text with `bertology prune x.yaml
---inline-flag` inline, wrapped.
+--inline-flag` inline, wrapped; `a span` then prose naming bertology --not-a-flag then `another`.
 
 ```bash
 HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/bertology prune experiments/prune/minilm_polarity_cpu.yaml \\

@@ -152,6 +152,11 @@ def test_device_given_any_way_gives_the_same_fit(kw):
         for k in ref.weights:
             np.testing.assert_array_equal(other.weights[k], ref.weights[k])
         np.testing.assert_array_equal(other.dev_predictions, ref.dev_predictions)
+    if torch.cuda.is_available():  # the same draws on CUDA; float sums in another order
+        cuda = fit_probe(x, y, xd, yd, num_classes=4, device="cuda", **kw)
+        assert cuda.config.device.startswith("cuda")
+        np.testing.assert_allclose(cuda.dev_accuracy, ref.dev_accuracy, atol=0.02)
+        assert (cuda.dev_predictions == ref.dev_predictions).mean() > 0.97
 
 
 def test_auto_device_is_cuda_when_present(monkeypatch):
@@ -173,6 +178,12 @@ def test_bad_device_or_checks_is_one_config_error_before_any_work():
         ProbeConfig(checks_per_epoch=0)
     with pytest.raises(ConfigError, match="device"):  # the syntax probe's settings refuse it up front
         runner.resolve_settings(syntax.PROBE, {"probe_config": {"device": "tpu"}}, "settings")
+    for device in ("meta", "mps"):  # devices torch names but the fits cannot run on
+        with pytest.raises(ConfigError, match="probe device must be"):
+            ProbeConfig(device=device)
+    if not torch.cuda.is_available():  # CUDA asked for where torch sees none: refused before any work
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            runner.resolve_settings(syntax.PROBE, {"probe_config": {"device": "cuda"}}, "settings")
 
 
 def _rss_file_mb() -> float:
@@ -197,3 +208,36 @@ def test_release_file_pages_unmaps_a_read_only_memmap_and_keeps_its_data(tmp_pat
     assert not fitting.release_file_pages(x)  # an in-memory array: nothing to release
     assert not fitting.release_file_pages(np.load(tmp_path / "x.npy", mmap_mode="r+"))  # writable: left alone
     assert not fitting.release_file_pages(torch.zeros(3))
+
+
+def test_standardisation_keeps_the_spread_of_a_massive_activation_dimension():
+    """A dimension with a mean 10^3 times its spread (a Llama-style model's massive activations):
+    float32 sums of x and x^2 lost its variance to cancellation (sd 0.14 for a true 0.30 at 200k
+    words); its layer's sums recomputed in float64 give numpy's mean and sd, for `standardisation` and for the
+    minibatch fit's copy alike."""
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((2, 200_000, 4))
+    x64 = base * np.array([0.3, 1.0, 0.3, 2.0]) + np.array([1000.0, 3000.0, 0.0, -500.0])
+    x = torch.from_numpy(x64.astype(np.float32))
+    want_mu, want_sd = x.double().numpy().mean(1), x.double().numpy().std(1)
+    mu, sd = fitting.standardisation(x, True)
+    np.testing.assert_allclose(sd.numpy(), want_sd, rtol=1e-5)
+    np.testing.assert_allclose(mu.numpy(), want_mu, rtol=1e-6, atol=1e-4)
+    _, mu2, sd2 = fitting.training_copy(x, [0, 1], torch.arange(x.shape[1]), "cpu", True)
+    np.testing.assert_allclose(sd2.numpy(), want_sd, rtol=1e-5)
+    np.testing.assert_allclose(mu2.numpy(), want_mu, rtol=1e-6, atol=1e-4)
+
+
+@pytest.mark.parametrize("k,batches", [(3, 5), (50, 5)])
+def test_steps_count_the_dev_checks_made_with_or_without_a_dev_set(k, batches):
+    """`checks_per_epoch` k checks after every 1/k of an epoch's batches; when k exceeds the batches
+    an epoch has, a check falls after every batch. `steps` counts the checks made, the same with a dev
+    set (patience never reached) as without one (it said epochs x k there)."""
+    x, y = _planted(batches * 32, 4, [1.0], 3, seed=7)
+    xd, yd = _planted(60, 4, [1.0], 3, seed=8)
+    common = dict(num_classes=3, optimizer="adam", epochs=4, min_steps=1, batch_size=32, checks_per_epoch=k,
+                  patience=1000)
+    with_dev = fit_probe(x, y, xd, yd, **common)
+    without = fit_probe(x, y, **common)
+    # an epoch has `batches` or `batches + 1` batches (its random offset may cut one short batch)
+    assert with_dev.steps == without.steps and 4 * min(k, batches) <= without.steps <= 4 * min(k, batches + 1)

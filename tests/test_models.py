@@ -16,7 +16,8 @@ from transformers import PreTrainedTokenizerFast
 from tests.conftest import tiny_bert, tiny_gpt2
 from workbench.errors import CheckpointError
 from workbench.io import sha256_files
-from workbench.running.models import ModelHandle, plan_windows
+from workbench.running.models import ModelHandle
+from workbench.running.word_alignment import plan_windows
 
 FAMILIES = ["bert", "gpt", "t5", "bart"]
 EXPECTED_STACKS = {"bert": ("encoder",), "gpt": ("decoder",), "t5": ("encoder", "decoder"),

@@ -399,7 +399,7 @@ def test_cli_bad_variant_is_one_line_and_exit_2_before_any_work(argv, match, cap
 
 
 def test_the_evidence_configs_differ_only_in_the_options_they_compare():
-    """experiments/peft/{bert_tiny_nonsp,gpt_tiny}_{paper,before}.yaml (docs/peft.md): the same recipe,
+    """experiments/peft/{bert_tiny_nonsp,gpt_tiny}_{paper,before}.yaml (docs/evidence/peft.md): the same recipe,
     the defaults against the options that keep the behaviour before."""
     from workbench.drivers.peft_sweep import load_sweep_config, method_config
     from workbench.paths import REPO_ROOT

@@ -321,7 +321,10 @@ def test_task_and_control_heads_of_all_seeds_in_one_program(ewt, planted):
         selectivity = res[("task", s)].dev_accuracy - res[("control", s)].dev_accuracy
         assert int(np.argmax(selectivity)) == K and selectivity[K] > 0.5
     two = {"task": (ytr, ydv), "control": (ctr, cdv)}
-    stopped = fit_probe_tasks(xtr, two, xdv, seeds=[0, 1], **{**common, "early_stopping": True, "patience": 100})
+    # stopping on accuracy: the kept epoch's dev accuracy is then the best seen, the last epoch's included
+    # (stopping on the loss, the linear Adam default, bounds the loss, not the accuracy)
+    stopped = fit_probe_tasks(xtr, two, xdv, seeds=[0, 1], **{**common, "early_stopping": True, "patience": 100,
+                                                              "stop_on": "accuracy"})
     for s in (0, 1):  # restored per-head best: dev accuracy at the kept epoch is the best seen
         assert stopped[("task", s)].dev_accuracy[K] > 0.9
         for name in two:  # every head of both tasks (the last epoch is a candidate too)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.running.lm_scores import LMScorer, causal_start_id
+from workbench.running.lm_scores import LMScorer
+from workbench.running.models import causal_start_id
 from workbench.running.models import ModelHandle
 
 

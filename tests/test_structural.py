@@ -114,7 +114,7 @@ def test_lr_decay_on_plateau_converges_where_a_constant_rate_oscillates():
     """Cutting a layer's learning rate after each epoch without a better dev loss: at a rate too
     high for plain Adam, with factor 0.5 the planted layer ends far closer to its exact tree
     geometry (dev loss 0.04 vs 0.12 when this was written). (Hewitt & Manning's factor 0.1 stops
-    here at 0.40: two bad epochs at lr 5e-2 leave it at 5e-4; docs/training-plateau.md.)"""
+    here at 0.40: two bad epochs at lr 5e-2 leave it at 5e-4; docs/evidence/training-plateau.md.)"""
     heads, upos = _ewt_trees(260)
     train = _planted(heads[:200], upos[:200], seed=1)
     dev = _planted(heads[200:], upos[200:], seed=2)
@@ -274,25 +274,29 @@ def test_batches_read_a_bfloat16_cache_one_batch_at_a_time():
             assert torch.equal(a, b)
 
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["auto"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_fit_gives_the_same_numbers_on_every_device(device):
     """Issue 42, item 4: the fit and the predictions run on `device` (the probe, its optimizers and
     each batch there; random draws on the CPU). On the CPU the explicit device is the default path,
-    bit for bit; on CUDA (when present) the same numbers within float32 rounding."""
+    bit for bit (the default device, "auto", against an explicit "cpu" where torch sees no CUDA); on
+    CUDA (when present, and "auto" there) the same numbers within float32 rounding."""
+    from workbench.precision import resolve_device
+
+    on_cpu = resolve_device(device).type == "cpu"
     data = _ragged_set(48, seed=4)
     kwargs = dict(rank=4, epochs=3, batch_size=8, lr=1e-2, seed=0, progress=False, standardize=True)
     ref = st.fit_structural_probe(data, data, device="cpu", **kwargs)
-    got = st.fit_structural_probe(data, data, device=device, **kwargs)
+    got = st.fit_structural_probe(data, data, **({} if device == "auto" else {"device": device}), **kwargs)
     assert got.proj.device.type == "cpu" and got.scaling[0].device.type == "cpu"
-    tol = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-4, atol=1e-5)
+    tol = dict(rtol=0, atol=0) if on_cpu else dict(rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got.proj, ref.proj, **tol)
     np.testing.assert_allclose(got.dev_loss_history, ref.dev_loss_history, **tol)
     p_ref, p_got = st.predict(ref, data, device="cpu"), st.predict(got, data, device=device)
     for a, b in zip(p_ref[1], p_got[1]):
-        np.testing.assert_allclose(b, a, **(tol if device == "cpu" else dict(rtol=1e-3, atol=1e-3)))
+        np.testing.assert_allclose(b, a, **(tol if on_cpu else dict(rtol=1e-3, atol=1e-3)))
         assert b.base is None or b.base.size == b.size  # its own array, not a view of a padded batch
 
 

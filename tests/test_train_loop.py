@@ -197,7 +197,7 @@ def test_cli_shortcut_trains_and_prints_checkpoint(cache, tmp_path, capsys):
 
 
 def test_cli_small_shortcut_uses_the_measured_cpu_recipe(monkeypatch):
-    """`--family bert --preset small` trains the recipe of docs/training-plateau.md, not the
+    """`--family bert --preset small` trains the recipe of docs/evidence/training-plateau.md, not the
     schema's generic defaults; explicit flags still win."""
     import workbench.drivers.train as train_mod
 

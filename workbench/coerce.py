@@ -39,6 +39,18 @@ from workbench.errors import ConfigError
 # never read from the mapping.
 NOT_A_KEY = {"key": False}
 
+
+class _Clear:
+    """The type of `CLEAR` (one instance)."""
+
+    def __repr__(self) -> str:
+        return "CLEAR"
+
+
+# An override value meaning "set this key to None" (a command line's explicit `KEY=null`), told
+# apart from None, which `apply_overrides` reads as "not given" (a flag left out changes nothing).
+CLEAR = _Clear()
+
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
 
@@ -184,7 +196,8 @@ def load_config(cls: type, source: Any, overrides: Mapping[str, Any] | None = No
 def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any] | None, where: str = "config") -> dict:
     """`data` with `overrides` on top, by the workbench's one override rule:
 
-    - a value None changes nothing (a command-line flag that was not given);
+    - a value None changes nothing (a command-line flag that was not given); `CLEAR` sets the key to
+      None (an explicit null: `bertology train --set corpus.max_documents=null`);
     - a dotted key `a.b.c` sets `c` inside mapping `b` inside mapping `a` (created when absent);
     - a mapping given for a key that holds a mapping merges into it, key by key, by this same rule
       (so `{"corpus": {"seed": 1}}` and `{"corpus.seed": 1}` are one override);
@@ -195,6 +208,9 @@ def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any] | None
         if value is None:
             continue
         head, dot, rest = key.partition(".")
+        if value is CLEAR and not dot:
+            out[key] = None
+            continue
         if dot:
             nested = out.get(head)
             if nested is None:

@@ -151,7 +151,7 @@ def checkpoints_of(store, runs: pd.DataFrame) -> list[str]:
 def to_blank(sentence: str, mask_token: str | None) -> str:
     """The sentence with its one blank written as `<blank>` (typed as <blank>, [MASK], <mask>, ___ or
     the model's own mask token); ConfigError unless there is exactly one."""
-    from workbench.running.lm_scores import BLANK
+    from workbench.running.lm_inputs import BLANK
 
     marks = [m for m in dict.fromkeys((*BLANK_MARKS, mask_token)) if m]
     text, n = sentence, 0

@@ -10,12 +10,12 @@ import streamlit as st
 
 from app import figures, ui
 from app.axes import unit_axis
+from workbench.drivers.peft_sweep import PROBE  # the producer name the sweep's rows carry
 from workbench.store.aggregate import aggregate
 from workbench.store.results import decode_extra
 
 TITLE = "Fine-tuning methods"
 MAKE = "bertology peft experiments/peft/minilm_polarity_cpu.yaml"  # what makes this page's rows
-PROBE = "peft"
 METHOD_ORDER = ("full", "head", "bitfit", "adapter", "prompt", "lora")
 
 
@@ -35,18 +35,19 @@ def method_table(rows: pd.DataFrame, split: str = "test") -> pd.DataFrame:
     acc = df[(df["metric"] == "accuracy") & (df["split"] == split) & df["seed"].notna()]
     total = [decode_extra(e).get("total_parameters") for e in acc["extra"]]
     acc = acc.assign(total=total)
-    out = []
-    # means over seeds (workbench.store.aggregate): the accuracy with its range, the parameter counts
-    over = aggregate(acc, over="seed", by=["model", "method"], interval="minmax")
-    sizes = {c: aggregate(acc, over="seed", by=["model", "method"], interval="none", value=c)["value"]
-             for c in ("trainable", "total")}
-    for i, ((model, method), g), (_, a) in zip(range(len(over)), acc.groupby(["model", "method"], sort=False),
-                                               over.iterrows()):
-        trainable = float(sizes["trainable"].iloc[i])
-        out.append({"model": model, "method": method, "trainable": int(trainable),
-                    "share_of_model": trainable / float(sizes["total"].iloc[i]),
-                    "accuracy": float(a["value"]), "min": float(a["ci_low"]),
-                    "max": float(a["ci_high"]), "seeds": int(g["seed"].nunique())})
+    keys = ["model", "method"]
+    # means over seeds (workbench.store.aggregate): the accuracy with its range, the parameter counts;
+    # joined on the keys (a row without a method must not shift another method's counts)
+    over = aggregate(acc, over="seed", by=keys, interval="minmax")
+    for c in ("trainable", "total"):
+        sizes = aggregate(acc, over="seed", by=keys, interval="none", value=c)[keys + ["value"]]
+        over = over.merge(sizes.rename(columns={"value": c}), on=keys, how="left")
+    seeds = acc.groupby(keys, dropna=False)["seed"].nunique().rename("seeds").reset_index()
+    over = over.merge(seeds, on=keys, how="left")
+    out = [{"model": a["model"], "method": a["method"], "trainable": int(a["trainable"]),
+            "share_of_model": float(a["trainable"]) / float(a["total"]), "accuracy": float(a["value"]),
+            "min": float(a["ci_low"]), "max": float(a["ci_high"]), "seeds": int(a["seeds"])}
+           for _, a in over.iterrows() if pd.notna(a["method"])]
     table = pd.DataFrame(out)
     if table.empty:
         return table

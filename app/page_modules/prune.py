@@ -25,11 +25,10 @@ import pandas as pd
 from app.axes import clip, unit_axis
 from app.views.prune_heads import PLOTS as HEAD_PLOTS
 from app.views.prune_heads import render as render_heads
-from workbench.drivers.prune_rows import over_seeds, seeded_rows
+from workbench.drivers.prune_rows import PROBE, over_seeds, seeded_rows
 from workbench.store.results import decode_extra
 
 TITLE = "Compression"
-PROBE = "prune"
 MAKE = "bertology prune experiments/prune/minilm_polarity_cpu.yaml"  # what makes this page's rows
 SPARSITY_METHODS = ("imp", "oneshot", "random", "reinit", "imp_mlm")
 COLORS = {"imp": "#1f77b4", "oneshot": "#ff7f0e", "random": "#7f7f7f", "reinit": "#9467bd", "imp_mlm": "#17becf",

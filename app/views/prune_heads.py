@@ -35,9 +35,11 @@ def surviving_heads(rows: pd.DataFrame) -> pd.DataFrame:
     r["head"] = [int(e["head"]) if m == "head_kept" else -1 for e, m in zip(extra, r["metric"])]
     r["layer"] = r["layer"].astype(int)
     # the share of seeds: the mean over seeds of the 0/1 rows (`workbench.store.aggregate`)
-    out = aggregate(r, over="seed", by=["model", "task", "order", "unit", "layer", "head"], interval="none")
-    out = out.rename(columns={"value": "kept", "count": "seeds"})[["model", "task", "order", "unit", "layer", "head",
-                                                                   "kept", "seeds"]]
+    keys = ["model", "task", "order", "unit", "layer", "head"]
+    out = aggregate(r, over="seed", by=keys, interval="none").rename(columns={"value": "kept"})
+    # `seeds` counts distinct seeds, not rows: two selected runs of one sweep hold each seed twice
+    seeds = r.groupby(keys, sort=False, dropna=False)["seed"].nunique().rename("seeds").reset_index()
+    out = out.merge(seeds, on=keys, how="left")[keys + ["kept", "seeds"]]
     return out.sort_values(["model", "task", "order", "unit", "layer", "head"]).reset_index(drop=True)
 
 

@@ -700,7 +700,9 @@ def main(argv=None) -> int:
     report["seconds"] = {k: round(v, 1) for k, v in report["seconds"].items()}
     from_ok = {"identical", "expected"}
     report["verdict"] = "same behaviour" if all(j["status"] in from_ok for j in jobs.values()) else "differs"
-    (out / "behaviour-check.json").write_text(json.dumps(report, indent=2, default=str))
+    tmp = out / ".behaviour-check.json.tmp"  # written whole, then renamed: never half a report
+    tmp.write_text(json.dumps(report, indent=2, default=str))
+    os.replace(tmp, out / "behaviour-check.json")
     print(f"\n{report['verdict']}: reference {args.reference} ({args.reference_sha[:9]}), candidate {args.candidate} "
           f"({args.candidate_sha[:9]}); {report['seconds']['total']:.0f} s; report {out / 'behaviour-check.json'}")
     return 0 if report["verdict"] == "same behaviour" else 1

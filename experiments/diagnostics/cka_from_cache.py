@@ -1,5 +1,5 @@
 """Linear CKA of SmolLM2 against the reference encoder, MiniLM and MPNet from the model-pair run's cached
-activations (same 2,000 PUD tokens: the run's pair_index, seed 0; docs/real-models.md). The cache folder
+activations (same 2,000 PUD tokens: the run's pair_index, seed 0; docs/evidence/real-models.md). The cache folder
 names are those of /tmp/runs-real3 on 2026-11-26."""
 import numpy as np
 from pathlib import Path

@@ -37,7 +37,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workbench.io import atomic_path
+
 ADAM = dict(optimizer="adam", epochs=6, lr=0.01, batch_size=256, min_steps=1)
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    """`np.save` to a temporary file beside `path`, renamed when written (never half an array)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.save(fh, array)
 
 
 def features(model: str, tag: str, out: Path) -> None:
@@ -62,8 +70,9 @@ def features(model: str, tag: str, out: Path) -> None:
              "ev": build_items("upos", plan.eval, ev.sentence_offsets, None, 0, d.deprel_subtypes)}
     vocab = {label: i for i, label in enumerate(sorted(set(items["fit"].labels)))}
     for name, acts in (("fit", train), ("stop", train), ("ev", ev)):
-        np.save(out / f"{tag}-x{name}.npy", np.asarray(FeatureView(acts.layers, items[name].cols)[:]))
-    np.savez(out / f"{tag}-y.npz", c=len(vocab), **{k: encode_labels(v.labels, vocab) for k, v in items.items()})
+        save_array(out / f"{tag}-x{name}.npy", np.asarray(FeatureView(acts.layers, items[name].cols)[:]))
+    with atomic_path(out / f"{tag}-y.npz") as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, c=len(vocab), **{k: encode_labels(v.labels, vocab) for k, v in items.items()})
 
 
 def _load(tag: str, out: Path):
@@ -114,8 +123,8 @@ def fits(tag: str, out: Path, names: list[str]) -> None:
         correct, seconds, steps = _fit_and_score(x, y, c, **config)
         acc = correct.mean(1)
         print(f"{name}: {seconds:.1f}s steps={steps} mean={acc.mean():.4f} min={acc.min():.4f}", flush=True)
-        np.save(out / f"{tag}-acc-{name}.npy", acc)
-        np.save(out / f"{tag}-correct-{name}.npy", correct)
+        save_array(out / f"{tag}-acc-{name}.npy", acc)
+        save_array(out / f"{tag}-correct-{name}.npy", correct)
         reference = out / f"{tag}-correct-converged.npy"
         if name != "converged" and reference.exists():
             diff = correct.astype(np.float64) - np.load(reference)

@@ -1,4 +1,4 @@
-"""Why SmolLM2's structural probe is below the chain baseline (issue 29 part 5; docs/real-models.md).
+"""Why SmolLM2's structural probe is below the chain baseline (issue 29 part 5; docs/evidence/real-models.md).
 
 Reads SmolLM2-135M-Instruct on seeded EWT sentences with and without the causal start token
 (`ModelHandle.causal_start`), first or last subword, and fits the workbench's distance probe
@@ -20,7 +20,7 @@ import torch
 
 from probes.syntax import structural as st
 from probes.syntax.prepare import plan_splits
-from workbench.running.lm_scores import causal_start_id
+from workbench.running.models import causal_start_id
 from workbench.running.models import ModelHandle
 
 LAYERS = [0, 2, 5, 10, 15, 20, 25, 30]

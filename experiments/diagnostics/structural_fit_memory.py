@@ -12,7 +12,7 @@ another, and the per-layer UUAS curve beside the right-branching chain.
       benchmark's cache is) with the trees in OUT_DIR/trees.npz.
   python experiments/diagnostics/structural_fit_memory.py fit OUT_DIR TAG STRUCTURAL_PY [EPOCHS]
       fits the standardised distance probe with the `structural.py` at STRUCTURAL_PY (e.g. the
-      last commit's, from `git show HEAD:probes/syntax/structural.py > /tmp/old.py`), sampling
+      code before the streamed fit, from `git show e4e9cc9~1:probes/syntax/structural.py > /tmp/old.py`), sampling
       VmRSS / RssAnon / RssFile from /proc/self/status every 10 ms, then scores the 500 eval
       sentences; writes OUT_DIR/fit-TAG.json (memory, seconds, UUAS per layer, chain baseline,
       the fitted projection's checksum).
@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from workbench.io import atomic_path, atomic_write_json, atomic_write_text
 
 
 def _status() -> dict[str, int]:
@@ -100,8 +102,9 @@ def prepare(train_cache: Path, eval_cache: Path, out: Path, train_sentences: int
     saved.update(eval_offsets=np.concatenate([[0], np.cumsum(ev_lengths)]),
                  eval_heads=np.concatenate([s.heads for s in plan.eval]),
                  eval_upos=np.array([u for s in plan.eval for u in s.upos]))
-    np.savez(out / "trees.npz", **saved)
-    (out / "eval_cache.txt").write_text(str(eval_cache))
+    with atomic_path(out / "trees.npz") as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, **saved)
+    atomic_write_text(out / "eval_cache.txt", str(eval_cache))
     print(f"{len(fit_ids)} training trees ({saved['train_offsets'][-1]} words), {len(plan.stop)} stop trees, "
           f"{len(plan.eval)} eval trees -> {out}")
 
@@ -154,7 +157,7 @@ def fit(out: Path, tag: str, structural_py: Path, epochs: int = 30, threads: int
         "dev_loss": fitted.dev_loss.tolist(),
         "proj_sum": float(fitted.proj.double().abs().sum()),
     }
-    (out / f"fit-{tag}.json").write_text(json.dumps(record, indent=1))
+    atomic_write_json(out / f"fit-{tag}.json", record)
     best = int(np.argmax(record["uuas"]))
     print(json.dumps({k: record[k] for k in ("tag", "epochs", "fit_s", "before", "peak", "rss_increase_over_features",
                                               "anon_increase_over_features", "right_branching_uuas")}))
@@ -162,10 +165,10 @@ def fit(out: Path, tag: str, structural_py: Path, epochs: int = 30, threads: int
 
 
 if __name__ == "__main__":
-    cmd, args = sys.argv[1], sys.argv[2:]
-    if cmd == "prepare":
+    cmd, args = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("", [])
+    if cmd == "prepare" and len(args) >= 4:
         prepare(Path(args[0]), Path(args[1]), Path(args[2]), int(args[3]), int(args[4]) if len(args) > 4 else 2000)
-    elif cmd == "fit":
+    elif cmd == "fit" and len(args) >= 3:
         fit(Path(args[0]), args[1], Path(args[2]), int(args[3]) if len(args) > 3 else 30)
     else:
         raise SystemExit(__doc__)

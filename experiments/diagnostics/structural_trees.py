@@ -1,5 +1,5 @@
 """Does the distance probe on a real model improve with more training trees and more epochs?
-(issue 29 part 5; docs/real-models.md, "SmolLM2's structural probe: more trees").
+(issue 29 part 5; docs/evidence/real-models.md, "SmolLM2's structural probe: more trees").
 
 SmolLM2's distance probe stayed below the chain baseline in every variant tried with 216-500
 training trees, and every fit ran into the 30-epoch cap (experiments/diagnostics/smollm2_structural.py).
@@ -8,7 +8,7 @@ LM is read behind its start token) once for up to N_TRAIN EWT training trees, th
 workbench's probe (Hewitt & Manning 2019, `probes.syntax.structural`, rank 64, the paper's
 learning-rate decay) on nested seeded subsets of them, with the 30-epoch cap and with a higher cap,
 raw and standardised, and prints UUAS per layer next to the chain baseline on the same dev trees.
-Run it on MiniLM with the same settings as a regression check (its known UUAS: docs/main-job.md).
+Run it on MiniLM with the same settings as a regression check (its known UUAS: docs/evidence/main-job.md).
 
 Usage: HF_HUB_OFFLINE=1 python experiments/diagnostics/structural_trees.py MODEL LAYERS N_TRAIN N_EVAL SIZES [OUT.json]
   e.g. ... HuggingFaceTB/SmolLM2-135M-Instruct 0,5,15,25 2000 300 250,500,1000,2000 out.json

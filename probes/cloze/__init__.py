@@ -75,4 +75,5 @@ NAME = "cloze"
 PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prepare, run_task=run_task,
                          description="oLMpics cloze (Talmor et al. 2020): zero-shot with the model's own head, "
                                      "logit lens, blank probe, learning curves",
-                         summary=summary, twin_once_per_run=True)
+                         summary=summary, twin_once_per_run=True,
+                         version=2)  # 2: the blank probe's default fit of issue 42 (auto by words x features)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.running.lm_scores import BLANK
+from workbench.running.lm_inputs import BLANK
 
 
 # --------------------------------------------------------------------------- probe on the blank's vector

@@ -1,7 +1,7 @@
 """oLMpics-style cloze tasks (Talmor et al. 2020, "oLMpics - On what language model pre-training
 captures"), generated here reproducibly from templates, WordNet 3.0 and two curated lists.
 
-Every task is multiple choice with one `<blank>` per sentence (`workbench.running.models.BLANK`); an item
+Every task is multiple choice with one `<blank>` per sentence (`workbench.running.lm_inputs.BLANK`); an item
 carries its choices, the index of the right one, and the content words it is made of (`slots`),
 so that the same item can be rewritten with nonsense words (the language control).
 
@@ -81,7 +81,7 @@ from functools import lru_cache
 import numpy as np
 
 from workbench.errors import ConfigError
-from workbench.running.lm_scores import BLANK
+from workbench.running.lm_inputs import BLANK
 
 TASKS = ("age", "always-never", "antonym", "objects", "taxonomy", "multihop")
 SPLITS = ("train", "dev", "test")

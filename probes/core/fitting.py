@@ -20,9 +20,11 @@ convergence where one layer's training features are small (it reads them a few h
 which costs nothing there, and reaches the exact minimiser), minibatch Adam with early stopping
 above, which reads them ~8 times (issue 42: on a real model's 31 layers the L-BFGS fit took 2.7x
 the forward pass; the jiant / structural-probes tradition fits probes by minibatch SGD too). The
-Adam fit holds ONE float32 copy of the training features, shuffled and standardised in place
-(`training_copy`), and runs on `ProbeConfig.device` ("auto": cuda when present) with every random
-draw on the CPU, so cpu and cuda fits differ only in float rounding.
+Adam fit of one label set (`fit_probe`) holds ONE float32 copy of the training features, shuffled
+and standardised in place (`training_copy`); `fit_probe_tasks` (several label sets and seeds on the
+same features) holds the features and one standardised shuffled copy. Both run on
+`ProbeConfig.device` ("auto": cuda when present) with every random draw on the CPU, so cpu and cuda
+fits differ only in float rounding.
 """
 
 from __future__ import annotations
@@ -82,11 +84,11 @@ class ProbeConfig:
         if (self.l2 < 0 or self.epochs < 1 or (self.batch_size is not None and self.batch_size < 1)
                 or self.max_iter < 1 or self.patience < 1 or self.checks_per_epoch < 1):
             raise ConfigError(f"invalid probe config {self}")
-        if str(self.device) != "auto":
+        if str(self.device) != "auto":  # a device torch cannot run here is refused now, not after extraction
             try:
-                torch.device(self.device)
-            except (RuntimeError, TypeError) as err:
-                raise ConfigError(f"probe device must be auto, cpu, cuda or cuda:N, got {self.device!r}") from err
+                resolve_device(self.device)
+            except ConfigError as err:
+                raise ConfigError(f"probe {err}") from None
 
 
 # "auto": full-batch L-BFGS while one layer's training features (words x features) have at most this
@@ -245,14 +247,36 @@ def standardisation(x: torch.Tensor, enabled: bool) -> tuple[torch.Tensor, torch
     return _finish_standardisation(*_moments(x), x.shape[1])
 
 
+# A dimension whose spread is below this share of its mean (sd < 0.1 |mean|) has its variance recomputed
+# from float64 sums (`_moments`).
+CANCELLATION_RATIO = 0.1
+
+
 def _moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum, sum of squares) over the words of `x` [L, N, H] -> [L, H] each (float32 sums, the sum
-    widened to float64)."""
-    # float32 sums (cascade summation) in chunks; var_mean along a strided axis is ~10x slower
+    """(sum, sum of squares) over the words of `x` [L, N, H] -> [L, H] each, float64.
+
+    Float32 sums in chunks of 2,048 words (cascade summation; var_mean along a strided axis is ~10x
+    slower), accumulated in float64. The variance E[x^2] - E[x]^2 then loses digits to cancellation
+    where a dimension's mean is large against its spread (a Llama-style model's massive
+    activations: mean 10^3 with sd 0.3 gave sd 0.14 at 200k words): a layer holding a dimension with
+    sd below `CANCELLATION_RATIO` of its |mean| has both sums recomputed from float64 values (float64
+    leaves ~10^-9 of the variance at mean^2/var = 10^7). Other layers keep the float32 sums (the
+    fits on them unchanged to the bit; the float64 pass costs ~5x)."""
     total = x.sum(1).double()
     sq = torch.zeros_like(total)
     for chunk in x.split(2048, dim=1):
         sq += chunk.square().sum(1)
+    n = max(x.shape[1], 1)
+    mean = total / n
+    var = sq / n - mean.square()
+    risky = (var < (CANCELLATION_RATIO * mean).square()) & (mean != 0)
+    for layer in risky.any(1).nonzero().flatten().tolist():
+        total[layer] = 0
+        sq[layer] = 0
+        for chunk in x[layer].split(2048, dim=0):
+            c = chunk.double()
+            total[layer] += c.sum(0)
+            sq[layer] += c.square().sum(0)
     return total, sq
 
 
@@ -532,9 +556,7 @@ def train_heads(module: Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.
             bar.update(1)
             if stop:
                 break
-        if tracker is None:
-            steps = epochs * k
-        bar.close()
+        bar.close()  # `steps`: the checks made (epochs x k, fewer when k exceeds an epoch's batches)
     if tracker is not None:
         tracker.restore()
     return {
@@ -678,8 +700,9 @@ def fit_probe(
     """Fit one linear (or MLP) probe per layer, all layers in one batched program.
 
     x_train: [L, N, H] (numpy, memmap or tensor; e.g. `acts.layers[:, train_words]`), y_train: [N]
-    class indices. With dev data, each layer keeps the parameters of its best dev accuracy and
-    training stops when no layer has improved for `patience` checks (`early_stopping`).
+    class indices. With dev data, each layer keeps the parameters of its best dev score (`stop_on`:
+    the dev loss for linear Adam fits by default, else the dev accuracy) and training stops when no
+    layer has improved for `patience` checks (`early_stopping`).
     `layers` selects layer indices (default all); `config.layer_batch` bounds memory by fitting
     layers in groups (still batched within a group).
     """
@@ -892,6 +915,7 @@ def _shuffled_standardised(x: torch.Tensor, mu: torch.Tensor, sd: torch.Tensor, 
     where = torch.empty_like(perms[0])
     where[perms[0]] = torch.arange(n, device=dev)  # original index -> row of xs
     xs = torch.empty_like(x)
+    mu, sd = mu.to(x.device), sd.to(x.device)  # the statistics come back on the CPU (`standardisation`)
     for k in range(0, n, 4096):
         torch.div(x.index_select(1, perms[0][k : k + 4096]) - mu[:, None], sd[:, None], out=xs[:, k : k + 4096])
     return gens, perms, where, xs

@@ -230,6 +230,10 @@ class ProbeSpec:
     finish: Callable[[list["UnitResult"], Prepared, Settings], list[pd.DataFrame]] | None = None
     summary: Callable[[pd.DataFrame], str] | None = None
     default_tasks: tuple[str, ...] | None = None  # tasks when none are given (default: all)
+    # cli_hook(parser) adds the probe's own options and returns apply(args, values): `values` holds the
+    # settings given on the command line only (not the settings file's); apply edits it in place, and
+    # the result then goes on top of the file's settings by the one override rule (a mapping merges
+    # into the file's mapping), as every other option does.
     cli_hook: Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace, dict], None]] | None = None
     # True (or a function of the settings saying so) when a twin's rows depend only on the twin
     # (weights, tokenizer), the settings and the run folder, not on the step it stands beside
@@ -457,7 +461,7 @@ def checkpoint_stacks(ck: Checkpoint) -> tuple[str, ...] | None:
         return tuple(ck.handle.stacks)
     if ck.path is None or not (ck.path / "config.json").is_file():
         return None
-    from workbench.running.models import CAUSAL_MODEL_TYPES
+    from workbench.running.runner import CAUSAL_MODEL_TYPES
 
     try:
         cfg = json.loads((ck.path / "config.json").read_text(encoding="utf-8"))

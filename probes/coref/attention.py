@@ -3,7 +3,7 @@
 Document windows. A document (a GUM text, a GAP snippet) is one long word sequence; the model
 reads it in windows of its own length, half a window apart, and every word is read from the
 window where it is most central (causal stacks: where it has most left context) — the same plan
-`ModelHandle.word_states` follows for hidden states (`workbench.running.models.plan_windows` and
+`ModelHandle.word_states` follows for hidden states (`workbench.running.word_alignment.plan_windows` and
 `choose_windows`), so a word's attention row and its hidden state come from the same window.
 `document_windows` also says how much left context each word had there.
 
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from workbench.errors import ConfigError
-from workbench.running.models import choose_windows, plan_windows
+from workbench.running.word_alignment import choose_windows, plan_windows
 
 
 # --------------------------------------------------------------------------- document windows

@@ -99,7 +99,7 @@ def pair_probe(fit_spans: SpanView, fit_pairs: Pairs, stop_spans: SpanView, stop
     # Early stopping on dev LOSS: with ~6% positives, dev accuracy rarely beats the all-negative
     # start, so stopping on accuracy keeps the prior-only initialisation. Minibatch Adam by default:
     # joint L-BFGS (200 iterations) over all layers of these pair features left most MiniLM layers at the
-    # prior; Adam at the fitter's default 3e-2 overfits these 2,304-wide features within the first epoch
+    # prior; Adam at 3e-2 (the fitter's default then; 5e-3 since issue 42) overfits these 2,304-wide features within the first epoch
     # (dev loss above the prior's, best step 0); 1e-3 trains (MiniLM layer 2: AUC 0.87 on held-out train pairs).
     cfg = dict(_probe_cfg(settings, lb), **{"stop_on": settings.probe_config.get("stop_on", "loss"),
                                              "optimizer": settings.probe_config.get("optimizer", "adam"),

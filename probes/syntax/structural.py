@@ -394,7 +394,7 @@ def fit_structural_probe(train: TreeSet, dev: TreeSet, kind: str = "distance", r
     `LayerwisePlateau`). Each layer keeps the projection of its best dev-loss epoch; training stops
     when no layer has improved for `patience` epochs. Without the decay a probe trained on a few
     thousand sentences stops within 3-4 epochs, still oscillating, and its UUAS moves by ~0.05 with
-    the model's seed (docs/training-plateau.md, which also compares factor 0.1 with 0.5).
+    the model's seed (docs/evidence/training-plateau.md, which also compares factor 0.1 with 0.5).
     `standardize` z-scores every feature dimension with the training words' statistics first
     (`feature_scaling`; off by default: Hewitt & Manning's probe reads raw features).
 

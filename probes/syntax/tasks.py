@@ -254,8 +254,10 @@ def fit_structural_task(ctx: _Context, task: str) -> list[pd.DataFrame]:
     ev = tree_set(ctx.eval_acts, plan.eval)
     kind = "distance" if task == "structural-distance" else "depth"
     t0 = time.perf_counter()
-    fitted = st.fit_structural_probe(train, stop, kind=kind, seed=seed, progress=ctx.progress, **ctx.settings.structural)
-    preds = st.predict(fitted, ev)
+    device = ctx.settings.probe_config.get("device", "auto")  # one device for every fit of the probe
+    fitted = st.fit_structural_probe(train, stop, kind=kind, seed=seed, progress=ctx.progress, device=device,
+                                     **ctx.settings.structural)
+    preds = st.predict(fitted, ev, device=device)
     n_layers = len(preds)
     lengths = np.array([len(h) for h in ev.heads])
     extra = {"n_train": len(train), "rank": int(fitted.proj.shape[-1]), "epochs": fitted.epochs,

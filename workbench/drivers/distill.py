@@ -160,7 +160,7 @@ def make_student(teacher_handle, depth: int, init: str, seed: int = 0):
     """A derived handle (`ModelHandle.derive`) over the student: lineage = the teacher (folder,
     hash), transform "distill_student" with the layer map and init. A random student is derived
     as fresh weights (it keeps nothing the teacher learnt)."""
-    from workbench.running.models import DERIVATIONS, Derivation
+    from workbench.running.model_loading import DERIVATIONS, Derivation
 
     teacher_depth = _depth(teacher_handle.model.config)
     if init == "teacher":
@@ -644,5 +644,4 @@ def report(result) -> str:
 
 
 DRIVER = DriverSpec("distill", DistillConfig, load_distill_config, run_distill, report,
-                    description="distil a fine-tuned classifier into smaller students (a sweep)",
                     identity=DistillConfig.key)

@@ -222,7 +222,7 @@ def student_train_config(cfg: PretrainDistillConfig, teacher_manifest: dict, dep
     """The teacher's training config with the student's name, depth, steps and seeds, and the
     student's family (`STUDENT_FAMILY`: a BERT's student is a DistilBERT, which keeps BERT's
     masked-LM settings and drops NSP and token types)."""
-    from workbench.config import load_config
+    from workbench.config import load_config as load_train_config
     from workbench.families import get_family
 
     base = dict(teacher_manifest["config"])
@@ -236,7 +236,7 @@ def student_train_config(cfg: PretrainDistillConfig, teacher_manifest: dict, dep
         model.pop("type_vocab_size", None)
         base["family"] = student_family
     warmup = cfg.warmup if cfg.warmup is not None else min(int(base.get("warmup") or 0), cfg.steps // 4)
-    return load_config({**base, "model": model, "name": f"{name}-L{depth}-{init}", "steps": cfg.steps,
+    return load_train_config({**base, "model": model, "name": f"{name}-L{depth}-{init}", "steps": cfg.steps,
                         "seeds": list(cfg.seeds), "warmup": warmup, "lr": cfg.lr or base["lr"],
                         "checkpoints": {"log_spaced": False, "every": max(1, cfg.steps // 4)},
                         "device": cfg.device, "progress": cfg.progress})
@@ -378,4 +378,4 @@ def report(result) -> str:
 
 
 DRIVER = DriverSpec("distill_pretraining", PretrainDistillConfig, load_pretrain_distill_config, run_pretrain_distill,
-                    report, description="DistilBERT-style pretraining distillation (kind: pretraining)")
+                    report)

@@ -49,7 +49,8 @@ Rows go to the results store (probe="finetune"): per seed `accuracy` on dev and 
 epoch), the per-epoch curve `accuracy_epoch` (dev) and `train_loss_epoch`, and the baselines (model
 `majority`, and `bow_logreg` (sentences) or `word_majority` (UPOS)) on the same split. The mean over
 seeds with its 95% t-interval is computed where it is shown (`workbench.store.aggregate`); runs written
-before issue 41 also stored it as a seed-less `accuracy` row per split, which readers still use.
+before issue 41 also stored it as a seed-less `accuracy` row per split (extra `over`), which readers
+leave out (`workbench.store.aggregate.per_unit`) so that no seed counts twice.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ EXTRA_SCHEMAS = (
               optional={"trainable": int | None, "total_parameters": int | None, **_METHOD_KEYS}),
     RowSchema(PROBE, "per epoch", required={"epoch": int}),
     RowSchema(PROBE, "baseline", optional={"label": str, "C": float, "ngrams": list, "precision": float, "recall": float}),
-    # runs written before issue 41 also stored the mean over seeds as a seed-less row (still read)
+    # The seed-less mean older runs stored (before issue 41). `run_finetune` writes none; the kind stays
+    # declared so that such a run can still be copied into a store (the app's tests plant one to check
+    # that readers leave it out: `workbench.store.aggregate.per_unit`).
     RowSchema(PROBE, "over seeds (older runs)", required={"over": str},
               optional={"interval": str, "method": str, **_METHOD_KEYS}),
 )
@@ -999,7 +1002,7 @@ def format_table(rows) -> str:
     lines = [f"{'model':<34} {'split':<5} {score:>9}  {'95% CI over seeds':<19} per seed"]
     for (model, split), g in df.groupby(["model", "split"], sort=False):
         seeded = g[g["seed"].notna()] if "seed" in g else g.iloc[0:0]
-        agg = g[g["seed"].isna()] if "seed" in g else g
+        agg = g[g["seed"].isna()] if "seed" in g else g  # a baseline's one seed-less row
         if agg.empty and len(seeded):  # per-seed rows: the mean over seeds and its 95% t-interval
             from workbench.store.aggregate import aggregate
 
@@ -1019,5 +1022,4 @@ def report(result) -> str:
 
 
 DRIVER = DriverSpec("finetune", FinetuneConfig, load_finetune_config, run_finetune, report,
-                    description="fine-tune a checkpoint on a classification task over seeds",
                     identity=FinetuneConfig.training_hash)

@@ -239,5 +239,4 @@ def report(result) -> str:
     return f"{format_summary(rows)}\nrun {run_id}"
 
 
-DRIVER = DriverSpec("peft", PeftSweepConfig, load_driver_config, run_sweep, report,
-                    description="fine-tune with every method (full, head, bitfit, adapter, prompt, lora); CKA per layer")
+DRIVER = DriverSpec("peft", PeftSweepConfig, load_driver_config, run_sweep, report)

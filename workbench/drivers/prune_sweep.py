@@ -568,7 +568,7 @@ class Sweep:
         """One retrained point (oneshot, random or reinit at a sparsity; imp_mlm: `pretraining_ticket`),
         computed or read back: what `run_seed` and an executor unit (`run_unit`) both call. reinit
         takes IMP's masks (`imp_masks`, {sparsity: masks})."""
-        from workbench.running.models import DERIVATIONS
+        from workbench.running.model_loading import DERIVATIONS
 
         rewind, k, seed = self.rewind_params(), self.from_step(), s.seed
         if method == "oneshot":
@@ -907,5 +907,4 @@ def _run_loaded(loaded: tuple, store=None, executor=None) -> PruneResult:
 
 
 DRIVER = DriverSpec("prune", PruneConfig, load_driver_config, _run_loaded, report,
-                    description="compression sweep: lottery tickets, quantization, low rank",
                     identity=lambda loaded: loaded[0].key(loaded[1]))

@@ -79,14 +79,14 @@ def identity_hash(config, **derived: Any) -> str:
 class DriverSpec:
     """A registered driver (module docstring). `load(source, overrides)` takes overrides keyed like
     its YAML (`section.key` inside a mapping section, the rule of `load_config`); `report(result)`
-    is what its command prints."""
+    is what its command prints. Its one-line description is its `Registration`'s (read without
+    importing the driver)."""
 
     name: str
     config: type
     load: Callable[..., Any]          # (source, overrides=None) -> a validated config
     run: Callable[..., Any]           # (config, store=None, executor=ExecutorOptions | None) -> its result
     report: Callable[[Any], str]      # result -> the command's printed table and run line
-    description: str = ""
     identity: Callable[[Any], Any] | None = None  # the run's identity when it is not `identity_hash(config)`
 
     def run_identity(self, config) -> Any:
@@ -110,6 +110,10 @@ class Flag:
     key: str | None = None
     parse: str = "text"
     argtype: Callable[[str], Any] | None = None
+
+    def __post_init__(self):
+        if self.parse not in FLAG_PARSES:  # a typo would otherwise parse as "ints" or fail mid-command
+            raise ValueError(f"flag {self.name}: parse must be one of {', '.join(FLAG_PARSES)}, got {self.parse!r}")
 
     @property
     def dest(self) -> str:
@@ -185,7 +189,7 @@ DRIVERS: dict[str, Registration] = {
                                            _FINETUNE_FLAGS, "seeds", config_optional=True,
                                            needs_without_config="--checkpoint")),
     "distill": Registration("workbench.drivers.distill", "distil a fine-tuned classifier into smaller students (a sweep)",
-                            DriverCommand("distillation YAML (e.g. experiments/distill/polarity_minilm.yaml)",
+                            DriverCommand("distillation YAML (e.g. experiments/distill/polarity_minilm_cpu.yaml)",
                                           _DISTILL_FLAGS, "grid points",
                                           variants=(("pretraining", "distill_pretraining", ("--teacher", "--name", "--device")),))),
     "distill_pretraining": Registration("workbench.drivers.distill_pretraining",
@@ -201,7 +205,7 @@ DRIVERS: dict[str, Registration] = {
                          ), "methods")),
     "prune": Registration("workbench.drivers.prune_sweep",
                           "compression sweep: lottery tickets, quantization, low rank (bertology prune CONFIG.yaml)",
-                          DriverCommand("sweep YAML (e.g. experiments/prune/minilm_polarity_small.yaml)", (
+                          DriverCommand("sweep YAML (e.g. experiments/prune/minilm_polarity_cpu.yaml)", (
                               Flag("--name", "sweep folder name under <runs root>/prune/"),
                               Flag("--output-dir", "sweep folder (default <runs root>/prune/<name>)"),
                               Flag("--checkpoint", "the pretrained checkpoint (replaces finetune.checkpoint)",
@@ -244,17 +248,6 @@ def split_section(overrides: Mapping[str, Any] | None, section: str) -> tuple[di
         else:
             outer[key] = value
     return outer, inner
-
-
-def driver_names() -> list[str]:
-    return list(DRIVERS)
-
-
-def describe(name: str) -> str:
-    """The driver's one-line description (`bertology --help`), without importing it."""
-    if name not in DRIVERS:
-        raise ConfigError(f"unknown driver {name!r}; available: {', '.join(DRIVERS)}")
-    return DRIVERS[name].description
 
 
 def get_driver(name: str) -> DriverSpec:

@@ -90,7 +90,7 @@ from workbench.tokenization import reuse_tokenizer, train_tokenizer
 
 STATE_DIR = "trainer_state"
 # What the `--family F --preset P` shortcut trains when no config file is given. `small` is the
-# CPU recipe measured in docs/training-plateau.md: batches of 16 x 128 at lr 1e-3 (small updates
+# CPU recipe measured in docs/evidence/training-plateau.md: batches of 16 x 128 at lr 1e-3 (small updates
 # leave the unigram plateau soonest per token on 2 cores), 1,200 updates (2.46M tokens: the GPT's
 # 32 minutes at about one core's share in the README's main job); masked LMs without NSP (Liu et al. 2019).
 PRESET_RECIPES = {
@@ -869,10 +869,15 @@ def read_log(run_folder: str | Path) -> list[dict]:
 
 
 def _parse_value(text: str, key: str = "value"):
+    """A `--set` value read as YAML; `null` (or `~`, or nothing) is `CLEAR`: it sets the key to None,
+    where a None override would change nothing."""
     import yaml
 
+    from workbench.coerce import CLEAR
+
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
+        return CLEAR if value is None else value
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {key}={text}: not a YAML value ({yaml_problem(err)})") from None
 

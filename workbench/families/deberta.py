@@ -4,7 +4,7 @@ Why it is here: on a CPU budget a BERT with learned absolute position embeddings
 masked LM's plateau. A [MASK] carries no information, so the loss only falls once attention looks
 at the neighbours of a masked token, and with absolute positions every (position, position) pair
 has to learn that separately; after 10M tokens the reference BERT still had no head attending to
-its neighbours (docs/training-plateau.md). DeBERTa's disentangled attention scores content against
+its neighbours (docs/evidence/training-plateau.md). DeBERTa's disentangled attention scores content against
 *relative* positions (content-to-position and position-to-content terms, one embedding per
 offset bucket shared by every position), so "look one to the left" is one thing to learn: the
 same recipe leaves the plateau within a few hundred updates and has previous/next-token heads by

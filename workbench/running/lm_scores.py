@@ -67,9 +67,8 @@ import numpy as np
 import torch
 
 from workbench.errors import CheckpointError, ConfigError, WorkbenchError
-from workbench.running.lm_inputs import BLANK, LMInputs, filled_items, pad_rows, text_start  # noqa: F401 (BLANK, pad_rows re-exported)
+from workbench.running.lm_inputs import LMInputs, filled_items, text_start
 from workbench.running.models import ModelHandle
-from workbench.running.models import DOCUMENT_SEPARATOR, causal_start_id  # noqa: F401 (their home moved there; re-exported)
 from workbench.running import ModelRunner
 from workbench.running.model_loading import load_weights
 

@@ -17,7 +17,8 @@ import pandas as pd
 import torch
 
 from workbench.errors import ConfigError
-from workbench.running.lm_scores import BLANK, LMScorer, filled_items, layer_head
+from workbench.running.lm_scores import LMScorer, filled_items, layer_head
+from workbench.running.lm_inputs import BLANK
 
 
 @torch.no_grad()

@@ -67,14 +67,12 @@ from workbench.errors import CheckpointError
 from workbench.hf_quiet import quiet_transformers
 from workbench.store.identity import state_dict_hash, weights_hash
 from workbench.io import atomic_dir, atomic_write_json
-from workbench.running.handle_running import ForwardOutput, WordForwards  # noqa: F401 (ForwardOutput re-exported)
-from workbench.running.model_loading import (DERIVATIONS, TOKENIZER_FILES, Derivation, Lineage,  # noqa: F401 (re-exported)
-                                     derive_model, open_checkpoint, read_tokenizer)
+from workbench.running.handle_running import WordForwards
+from workbench.running.model_loading import Lineage, derive_model, open_checkpoint, read_tokenizer
 from workbench.precision import resolve_compute_dtype
-from workbench.running.runner import CAUSAL_MODEL_TYPES, ModelRunner, stack_names  # noqa: F401 (re-exported)
-from workbench.running.word_alignment import (DEFAULT_MAX_LENGTH, EncodedSentence, WordBatch,  # noqa: F401 (re-exported)
-                                      WordTokenizer, choose_windows, first_not_none, model_max_length, plan_windows)
-from workbench.running.word_pooling import POOLINGS  # noqa: F401 (re-exported)
+from workbench.running.runner import ModelRunner, stack_names
+from workbench.running.word_alignment import (EncodedSentence, WordBatch, WordTokenizer, first_not_none,
+                                              model_max_length)
 
 # config.model_type -> workbench family name.
 FAMILY_OF_MODEL_TYPE = {
@@ -179,7 +177,7 @@ class ModelHandle(WordForwards):
         # `workbench.running.lm_scores` scores it; the token belongs to no word, like [CLS]. Without it the
         # first word is the attention sink (Xiao et al. 2024) and carries the massive activations
         # (Sun et al. 2024): in SmolLM2's middle layers a max |x| of ~23,000 against ~100-300 for the
-        # other words (docs/real-models.md). `tokenize_words` (fine-tuning's encoding) is unchanged,
+        # other words (docs/evidence/real-models.md). `tokenize_words` (fine-tuning's encoding) is unchanged,
         # and a checkpoint fine-tuned here is read as it was tuned (no start token).
         reads_as_tuned = self.manifest.get("kind") == "finetune"
         self.causal_start = (causal_start_id(tokenizer) if self.stacks == ("decoder",) and not self._prefix

@@ -241,15 +241,14 @@ def weight_names(folder: str | Path) -> list[str] | None:
     """The tensor names a safetensors checkpoint holds (single file or sharded), read from the file's
     header or the shard index, never the tensors; None when the folder has no safetensors weights."""
     folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return list(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
-    single = folder / "model.safetensors"
-    if single.is_file():
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():  # the order `weight_files` (and transformers) read them in
         from safetensors import safe_open
 
         with safe_open(str(single), "pt") as f:
             return list(f.keys())
+    if index.is_file():
+        return list(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
     return None
 
 
