@@ -182,6 +182,7 @@ def test_clear_sets_a_key_to_none_where_none_changes_nothing():
     assert apply_overrides(data, {"corpus.max_documents": CLEAR, "steps": CLEAR}) == {
         "corpus": {"max_documents": None, "sources": ["brown"]}, "steps": None}
     assert apply_overrides(data, {"corpus": {"max_documents": CLEAR}})["corpus"]["max_documents"] is None
+    assert apply_overrides({"corpus": None}, {"corpus": {"max_documents": CLEAR}}) == {"corpus": {"max_documents": None}}
 
 
 def test_train_set_null_clears_the_key_as_before_the_one_override_rule(tmp_path, monkeypatch):
@@ -196,7 +197,9 @@ def test_train_set_null_clears_the_key_as_before_the_one_override_rule(tmp_path,
     monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides: seen.append(load_config(source, overrides)) or [])
     train_mod.train_cli_main([str(path), "--set", "corpus.max_documents=null"])
     train_mod.train_cli_main([str(path), "--set", "corpus.max_documents=7"])
-    assert [c.corpus.max_documents for c in seen] == [None, 7]
+    train_mod.train_cli_main([str(path), "--set", "corpus={max_documents: null}"])  # a null inside a mapping too
+    assert [c.corpus.max_documents for c in seen] == [None, 7, None]
+    assert seen[-1].corpus.sources == ["inaugural"]  # the mapping merged: its other keys kept
 
 
 def test_pretraining_config_reads_overrides_by_the_same_rule(tmp_path):

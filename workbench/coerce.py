@@ -51,6 +51,25 @@ class _Clear:
 # apart from None, which `apply_overrides` reads as "not given" (a flag left out changes nothing).
 CLEAR = _Clear()
 
+
+def explicit_nulls(value: Any) -> Any:
+    """A value given explicitly (a command line's YAML) with its nulls, at any depth of mappings, as
+    `CLEAR`: `apply_overrides` then sets them to None instead of leaving the keys as they were."""
+    if value is None:
+        return CLEAR
+    if isinstance(value, Mapping):
+        return {k: explicit_nulls(v) for k, v in value.items()}
+    return value
+
+
+def _cleared(value: Any) -> Any:
+    """`value` with every `CLEAR` in it (at any depth of mappings) as None: what a key is set to."""
+    if value is CLEAR:
+        return None
+    if isinstance(value, Mapping):
+        return {k: _cleared(v) for k, v in value.items()}
+    return value
+
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
 
@@ -208,9 +227,6 @@ def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any] | None
         if value is None:
             continue
         head, dot, rest = key.partition(".")
-        if value is CLEAR and not dot:
-            out[key] = None
-            continue
         if dot:
             nested = out.get(head)
             if nested is None:
@@ -221,5 +237,5 @@ def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any] | None
         elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
             out[key] = apply_overrides(out[key], value, where)
         else:
-            out[key] = value
+            out[key] = _cleared(value)
     return out

@@ -869,15 +869,14 @@ def read_log(run_folder: str | Path) -> list[dict]:
 
 
 def _parse_value(text: str, key: str = "value"):
-    """A `--set` value read as YAML; `null` (or `~`, or nothing) is `CLEAR`: it sets the key to None,
-    where a None override would change nothing."""
+    """A `--set` value read as YAML; a `null` in it (or `~`, or nothing), also inside a mapping, sets
+    its key to None (`workbench.coerce.explicit_nulls`), where a None override changes nothing."""
     import yaml
 
-    from workbench.coerce import CLEAR
+    from workbench.coerce import explicit_nulls
 
     try:
-        value = yaml.safe_load(text)
-        return CLEAR if value is None else value
+        return explicit_nulls(yaml.safe_load(text))
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {key}={text}: not a YAML value ({yaml_problem(err)})") from None
 
