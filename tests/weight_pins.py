@@ -1,20 +1,29 @@
 """Pinned training results: the weights a tiny run produces today, so a refactor of the training
 loops can prove it changed nothing (same RNG consumption order, same float summation order).
 
-Bit-identical weights are a property of one CPU kind (and the torch and transformers versions): an
-AMD EPYC and an Intel Xeon round a fused kernel differently, so the same code gives other weights
-there. The pins are therefore stored per kind in `tests/fixtures/training_pins.json`:
+Bit-identical weights are a property of one CPU kind: an AMD EPYC and an Intel Xeon round a fused
+kernel differently, so the same code gives other weights there. The pins are therefore keyed by the
+CPU kind in `tests/fixtures/training_pins.json`, each kind recording the library versions it was
+recorded under:
 
-    {"<cpu model> | torch <v> | transformers <v>": {"<case>": "<sha256>", ...}, ...}
+    {"<cpu model>": {"recorded_under": {"torch": "<v>", "transformers": "<v>", ...},
+                     "pins": {"<case>": "<sha256>", ...}}, ...}
+
+The versions are a record, not part of the key: most releases of torch, transformers or tokenizers
+change no weight of a tiny run, and a key made of versions failed every pin at every weekly release
+(issue 48). On other versions a case still compares with its kind's pin; it passes when the weights
+are equal and fails, naming both version sets, when they differ.
 
 A kind without pins FAILS (a skip would let every pinned test pass vacuously on that kind). To add
 the current kind, record its pins on the code BEFORE your change (the pins are the old code's
-behaviour, which the change must keep), then commit the file:
+behaviour, which the change must keep), under the versions of the install lock, then commit the file:
 
     git stash && BERTOLOGY_RECORD_PINS=1 .venv/bin/python -m pytest -q -m pins; git stash pop
 
-Recording only adds the cases this kind lacks; `BERTOLOGY_RECORD_PINS=overwrite` replaces them
-(after a deliberate change of the training's arithmetic, said in the commit).
+Recording only adds the cases this kind lacks, and only under the versions the kind was recorded
+under (a kind's pins come from one set of versions). `BERTOLOGY_RECORD_PINS=overwrite` replaces
+them and the kind's versions (after a deliberate change of the training's arithmetic, or a
+dependency release that changed it, said in the commit; run it over the whole `-m pins` suite).
 """
 
 from __future__ import annotations
@@ -28,21 +37,38 @@ from pathlib import Path
 PINS_FILE = Path(__file__).parent / "fixtures" / "training_pins.json"
 RECORD_COMMAND = ("git stash && BERTOLOGY_RECORD_PINS=1 .venv/bin/python -m pytest -q -m pins; git stash pop "
                   "(on the code before your change; then commit tests/fixtures/training_pins.json)")
+LOCK_INSTALL = 'pip install -c requirements.lock -e ".[dev]"'
+# The libraries whose arithmetic reaches a tiny run's weights (the tokenizer through its vocabulary).
+RECORDED_LIBRARIES = ("torch", "transformers", "tokenizers")
 
 
-def machine_key() -> str:
-    import torch
-    import transformers
-
+def cpu_kind() -> str:
+    """The CPU model name (`/proc/cpuinfo`), the key of a kind's pins."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{cpu} | torch {torch.__version__} | transformers {transformers.__version__}"
+    return cpu
+
+
+def library_versions() -> dict[str, str]:
+    """The installed versions of `RECORDED_LIBRARIES`."""
+    from importlib.metadata import version
+
+    return {name: version(name) if name != "torch" else __import__("torch").__version__
+            for name in RECORDED_LIBRARIES}
+
+
+def describe(versions: dict[str, str]) -> str:
+    return ", ".join(f"{name} {v}" for name, v in sorted(versions.items())) or "no versions recorded"
+
+
+def differing_versions(recorded: dict[str, str], current: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """The libraries recorded for a kind whose version differs now (a library not recorded is not compared)."""
+    return {name: (v, current.get(name, "absent")) for name, v in recorded.items() if current.get(name) != v}
 
 
 def state_hash(state: dict) -> str:
@@ -61,18 +87,42 @@ def log_hash(records: list[dict]) -> str:
 
 
 def check_pin(case: str, value: str) -> None:
-    """Assert `value` equals this CPU kind's pin for `case`; fail, naming the command, when the kind has none."""
+    """Assert `value` equals this CPU kind's pin for `case`, whatever library versions are installed;
+    fail, naming the command, when the kind has none."""
     from workbench.io import atomic_write_json
 
-    key = machine_key()
+    kind, current = cpu_kind(), library_versions()
     pins = json.loads(PINS_FILE.read_text()) if PINS_FILE.exists() else {}
-    mine = pins.get(key, {})
+    entry = pins.get(kind, {"recorded_under": current, "pins": {}})
+    recorded = entry["recorded_under"]
     mode = os.environ.get("BERTOLOGY_RECORD_PINS", "")
-    if mode in ("1", "overwrite"):
-        if case not in mine or mode == "overwrite":
-            pins.setdefault(key, {})[case] = value
+    if mode == "overwrite":
+        entry["recorded_under"] = current
+        entry["pins"][case] = value
+        pins[kind] = entry
+        atomic_write_json(PINS_FILE, pins)
+        return
+    if mode == "1":
+        if case not in entry["pins"]:
+            assert not differing_versions(recorded, current), (
+                f"not recording {case!r}: this CPU kind's pins were recorded under {describe(recorded)}, "
+                f"and this environment has {describe(current)}. Record under the kind's versions "
+                f"({LOCK_INSTALL}), or re-record the whole kind with BERTOLOGY_RECORD_PINS=overwrite.")
+            entry["pins"][case] = value
+            pins[kind] = entry
             atomic_write_json(PINS_FILE, pins)
         return
-    assert case in mine, (f"no pinned weights for {case!r} on this CPU kind ({key}; pinned kinds: "
-                          f"{sorted(pins) or 'none'}). Record them with: {RECORD_COMMAND}")
-    assert value == mine[case], f"{case}: the weights changed (pinned {mine[case][:12]}, now {value[:12]})"
+    assert case in entry["pins"], (f"no pinned weights for {case!r} on this CPU kind ({kind}, {describe(current)}; "
+                                   f"pinned kinds: {sorted(pins) or 'none'}). Record them with: {RECORD_COMMAND}")
+    pinned = entry["pins"][case]
+    if value == pinned:
+        return
+    changed = differing_versions(recorded, current)
+    if not changed:
+        raise AssertionError(f"{case}: the weights changed (pinned {pinned[:12]}, now {value[:12]}; "
+                             f"{describe(current)}, the versions they were recorded under)")
+    raise AssertionError(
+        f"{case}: the weights differ from this CPU kind's pin (pinned {pinned[:12]} under {describe(recorded)}; "
+        f"now {value[:12]} under {describe(current)}). Either the new versions changed the arithmetic "
+        f"(then, on the code before your change, re-record the kind: {RECORD_COMMAND.replace('=1', '=overwrite')}) "
+        f"or your change did (run under the recorded versions: {LOCK_INSTALL}).")
