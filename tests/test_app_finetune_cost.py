@@ -142,6 +142,27 @@ def test_score_vs_flops_joins_by_checkpoint_and_takes_the_best_layer():
     assert x == [1e8, 1e9]  # step 0 (0 FLOPs) drawn a decade left of the smallest cost
 
 
+def test_score_vs_flops_draws_the_measure_asked_for():
+    """Kaplan et al.'s 6ND (issue 49) is drawn when asked, and the axis says which measure it is."""
+    from workbench.errors import ConfigError
+
+    kaplan = []
+    for r in planted_cost_rows():
+        if r["metric"] == "flops":  # a 6ND figure half the full count, planted
+            kaplan.append({**r, "metric": "kaplan_flops", "value": r["value"] / 2})
+    probe = [{"model": "r/seed-0/step-0000010", "family": "bert", "probe": "syntax", "task": "upos", "split": "test",
+              "metric": "accuracy", "value": 0.8, "layer": 1, "extra": {}}]
+    rows = as_rows(planted_cost_rows() + kaplan + probe).assign(run_id="r1")
+    full = score_vs_flops(rows, "t", {"task": "upos", "metric": "accuracy"})
+    six = score_vs_flops(rows, "t", {"task": "upos", "metric": "accuracy", "flops": "kaplan_flops"})
+    assert full.data.set_index("model").loc["r/seed-0/step-0000010", "total_flops"] == 1e9
+    assert six.data.set_index("model").loc["r/seed-0/step-0000010", "total_flops"] == 5e8
+    assert "full count" in full.figure.layout.xaxis.title.text and "6ND" in six.figure.layout.xaxis.title.text
+    assert list(cost_table(rows, "t", {"part": "total"}).figure.data[0].cells.values[3]) == ["0", "5e+08", "6e+08"]
+    with pytest.raises(ConfigError, match="option flops"):
+        score_vs_flops(rows, "t", {"task": "upos", "metric": "accuracy", "flops": "6nd"})
+
+
 def test_checkpoints_under_finds_steps_and_best_folders(tmp_path):
     for p in ("train/a/seed-0/step-0000001", "finetune/b/seed-1/best", "finetune/b/seed-1/resume"):
         (tmp_path / p).mkdir(parents=True)

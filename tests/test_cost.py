@@ -281,7 +281,7 @@ def test_cost_rows_of_an_untracked_model_are_nan_not_zero(tiny_checkpoint):
     from workbench.cost import cost_rows
 
     rows = cost_rows([tiny_checkpoint])
-    assert len(rows) == 8 and {r["split"] for r in rows} == {"own", "total"}
+    assert len(rows) == 10 and {r["split"] for r in rows} == {"own", "total"}  # 5 metrics (6ND included) x 2
     assert all(math.isnan(r["value"]) for r in rows)
     assert rows[0]["extra"]["untracked"] is True and rows[0]["extra"]["known"] is False
     assert rows[0]["model"] == "tiny-bert" and rows[0]["probe"] == "cost"
@@ -456,3 +456,103 @@ def test_a_distilled_students_flops_include_its_teachers_forwards(tmp_path):
         cache: dict = {}
 
     assert teacher_tokens(Cached(), 300, 3) == 100 and teacher_tokens(object(), 300, 3) == 300
+
+
+# ---- the classifier that runs (issue 49) and Kaplan et al.'s 6ND beside the full count ----------------
+
+# t5-small's shape (Raffel et al. 2020): d 512, 8 heads x d_kv 64 = 512, FFN 2048, 6 + 6 layers; at 64
+# tokens, per token. One encoder layer: Q,K,V,O 8 x 512 x 512 + scores/values 4 x 64 x 512 + FFN
+# 4 x 512 x 2048 = 6,422,528; x 6 = 38,535,168. The decoder_last classifier adds the decoder on every
+# input token (6 self-attention layers as above, 38,535,168) and its cross-attention: Q/O 4 x 512 x 512,
+# K/V 4 x 512 x 512, scores/values 4 x 64 x 512 per layer = 2,228,224 x 6 = 13,369,344. No LM head.
+T5_SMALL = {"d_model": 512, "d_ff": 2048, "num_heads": 8, "d_kv": 64, "num_layers": 6, "num_decoder_layers": 6}
+T5_SMALL_ENCODER = 38_535_168
+T5_SMALL_DECODER_LAST = 38_535_168 + 38_535_168 + 13_369_344   # 90,439,680
+
+
+@pytest.mark.parametrize("classifier,body", [(None, T5_SMALL_DECODER_LAST), ("decoder_last", T5_SMALL_DECODER_LAST),
+                                             ("encoder_mean", T5_SMALL_ENCODER), ("token", T5_SMALL_ENCODER)])
+def test_a_t5_classifier_is_charged_for_the_stacks_it_runs(classifier, body):
+    """Before issue 49 every T5 classifier was charged the pretraining decoder (0.2 target tokens
+    per input: 53.8 M here, whatever ran)."""
+    fwd = cost_mod.finetune_forward_flops("t5", T5_SMALL, 64, 2, classifier)
+    assert fwd["body_weights"] + fwd["body_scores"] == body
+    assert fwd["head"] == 2 * 512 * 2
+    assert cost_mod.finetune_flops("t5", T5_SMALL, 64, 2, "full", classifier=classifier)["total"] == 3 * (body + 2048)
+
+
+def test_a_bart_classifier_is_charged_for_the_stacks_it_runs():
+    bart = {"d_model": 64, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "encoder_layers": 2, "decoder_layers": 2}
+    enc = 2 * (8 * 64 * 64 + 4 * S * 64 + 4 * 64 * 128)              # 163,840
+    dec = enc + 2 * (8 * 64 * 64 + 4 * S * 64)                        # + cross-attention Q/O, K/V, scores
+    for kind, want in (("decoder_last", enc + dec), ("encoder_mean", enc), ("token", enc)):
+        fwd = cost_mod.finetune_forward_flops("bart", bart, S, 3, kind)
+        assert fwd["body_weights"] + fwd["body_scores"] == want, kind
+    with pytest.raises(KeyError, match="first"):
+        cost_mod.finetune_forward_flops("bart", bart, S, 3, "first")
+
+
+def test_the_fine_tuning_cost_basis_counts_the_pooling_that_runs():
+    from types import SimpleNamespace
+
+    from workbench.drivers.finetune import Encoded, finetune_cost_basis
+
+    handle = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(to_dict=lambda: dict(T5_SMALL))))
+    train = Encoded(ids=[[1] * 64, [1] * 64], labels=[0, 1])
+    mean = finetune_cost_basis(handle, "t5", train, 2, "full", "encoder_mean")
+    last = finetune_cost_basis(handle, "t5", train, 2, "full", "decoder_last")
+    assert mean["flops_per_token"] == 3 * (T5_SMALL_ENCODER + 2048)
+    assert last["flops_per_token"] == 3 * (T5_SMALL_DECODER_LAST + 2048)
+    # Kaplan's N of the encoder alone: 6 x (4 x 512 x 512 + 2 x 512 x 2048) = 18,874,368
+    assert mean["kaplan_flops_per_token"] == 6 * 18_874_368
+    assert last["kaplan_flops_per_token"] == 6 * (18_874_368 + 6 * (8 * 512 * 512 + 2 * 512 * 2048))
+
+
+# GPT-2 small (Radford et al. 2019): 12 layers of d 768, FFN 3072, 1,024 positions, 50,257 types.
+GPT2_SMALL = {"n_embd": 768, "n_layer": 12, "n_inner": None}
+GPT2_SMALL_N = 12 * 12 * 768 * 768        # Kaplan et al. 2020: N = 12 n_layer d^2 = 84,934,656
+
+
+def test_kaplan_n_and_6nd_of_gpt2_small():
+    assert cost_mod.non_embedding_params("gpt", GPT2_SMALL) == GPT2_SMALL_N
+    assert cost_mod.kaplan_flops_per_token("gpt", GPT2_SMALL) == 6 * GPT2_SMALL_N
+    # the full count: Kaplan's forward 2N + 2 n_layer n_ctx d plus the second attention matmul and the LM head
+    full = cost_mod.forward_flops_per_token("gpt", GPT2_SMALL, 50257, 1024)["total"]
+    assert full == 2 * GPT2_SMALL_N + 2 * (2 * 12 * 1024 * 768) + 2 * 768 * 50257
+    assert full / (2 * GPT2_SMALL_N + 2 * 12 * 1024 * 768) == pytest.approx(1.509, abs=1e-3)
+    own = own_cost(flops=1.0, flops_per_token=1.0, tokens=1000, seconds=1.0, device={"count": 1}, energy_joules=1.0,
+                   energy_source="estimated", what="x", kaplan_per_token=cost_mod.kaplan_flops_per_token("gpt", GPT2_SMALL))
+    assert own["kaplan_flops"] == 6 * GPT2_SMALL_N * 1000
+
+
+def test_kaplan_n_of_other_families_equal_a_hand_count():
+    # tiny presets: BERT 2 x (4 x 64^2 + 2 x 64 x 128) = 65,536; ALBERT the same (its shared layer
+    # counted per application); ELECTRA adds its generator 2 x (4 x 16^2 + 2 x 16 x 64) = 6,144;
+    # ELMo 2 directions x 2 layers x (4 x 64 x (32 + 32) + 64 x 32) = 73,728
+    want = {"bert": 65_536, "albert": 65_536, "electra": 65_536 + 6_144, "elmo": 73_728}
+    for family, n in want.items():
+        assert cost_mod.non_embedding_params(family, get_family(family).model_config("tiny")) == n, family
+
+
+def test_kaplan_flops_are_filled_in_along_an_old_lineage(tmp_path):
+    """Records written before 6ND existed get it on read: own from the manifest's shape and tokens,
+    total through the parent's record (which is filled in the same way)."""
+    cfg = get_family("gpt").model_config("tiny")
+    n = cost_mod.non_embedding_params("gpt", cfg)
+    parent, child = tmp_path / "parent", tmp_path / "child"
+    old_own = {"flops": 7.0, "tokens": 100, "device_hours": 0.0, "energy_kwh": 0.0, "co2e_kg": 0.0}
+    old_total = {"flops": 7.0, "device_hours": 0.0, "energy_kwh": 0.0, "co2e_kg": 0.0, "known": True}
+    parent.mkdir()
+    (parent / "manifest.json").write_text(json.dumps({"family": "gpt", "model_config": cfg, "cost": {
+        "own": old_own, "parent": None, "total": old_total}}))
+    child.mkdir()
+    (child / "config.json").write_text(json.dumps(cfg))
+    (child / "manifest.json").write_text(json.dumps({"kind": "finetune", "family": "gpt", "pooling": "last", "cost": {
+        "own": {**old_own, "tokens": 50}, "parent": {"checkpoint": str(parent), "total": old_total},
+        "total": {**old_total, "flops": 14.0}}}))
+    rec = checkpoint_cost(child)
+    assert rec["own"]["kaplan_flops"] == 6 * n * 50
+    assert rec["total"]["kaplan_flops"] == 6 * n * 150
+    assert rec["total"]["flops"] == 14.0  # the stored full count is left as it was
+    rows = cost_mod.cost_rows([child])
+    assert {r["value"] for r in rows if r["metric"] == "kaplan_flops"} == {6.0 * n * 50, 6.0 * n * 150}

@@ -79,7 +79,9 @@ DEFAULT_CPU_WATTS_PER_CORE = 12.5
 DEFAULT_GPU_WATTS = 400.0
 DEFAULT_PUE = 1.58          # Strubell et al. 2019, Sec. 2 (the 2018 industry average)
 DEFAULT_GRID_G_PER_KWH = 433.0  # Strubell et al. 2019: 0.954 lbs CO2e / kWh (US EPA average)
-TOTAL_KEYS = ("flops", "device_hours", "energy_kwh", "co2e_kg")
+# `kaplan_flops` (Kaplan et al. 2020's 6ND, `kaplan_flops_per_token`) is kept beside `flops` (the
+# full count) and adds up along a lineage the same way.
+TOTAL_KEYS = ("flops", "kaplan_flops", "device_hours", "energy_kwh", "co2e_kg")
 
 
 # ---------------------------------------------------------------------------------- FLOPs
@@ -246,6 +248,65 @@ def flops_per_token(family: str, model_config: Mapping, vocab: int, seq_len: int
     return out
 
 
+def _block_params(d: int, f: int, a: int | None = None, cross: bool = False) -> int:
+    """Weights of one transformer block (Kaplan et al. 2020, Table 1: 4 d d_attn for Q/K/V/O, 2 d d_ff
+    for the feed-forward; biases and LayerNorm left out as there); `cross` adds a cross-attention."""
+    a = a or d
+    return 4 * d * a * (2 if cross else 1) + 2 * d * f
+
+
+def non_embedding_params(family: str, model_config: Mapping, classifier: str | None = None) -> int | None:
+    """Kaplan et al. (2020)'s N: the parameters of the blocks a token passes through, embeddings
+    (token, position, ALBERT/ELECTRA's E -> H projection, ELMo's character CNN, highway and token
+    projection: the token embedder) and output heads (MLM/LM heads, tied to the embedding in
+    Kaplan's GPT-2s, and classification heads) left out. Deliberate differences, for families Kaplan
+    did not train: ALBERT's shared layer counts once per layer it is applied as (C = 6N is per-token
+    compute; its stored parameters are 1/L of that); ELECTRA counts generator and discriminator
+    (both train on every token); T5/BART count both stacks (cross-attention included) for
+    pretraining and the decoder_last classifier, the encoder alone for the encoder-only classifier
+    kinds (`ENCODER_ONLY_CLASSIFIERS`); ELMo counts its LSTM layers (both directions, with their
+    projections). None when the config is not one this module counts."""
+    c = dict(model_config)
+    try:
+        if family in ("t5", "bart"):
+            if classifier not in (None, *SEQ2SEQ_CLASSIFIERS):
+                raise KeyError(classifier)
+            d, f, a, n_enc, n_dec = _seq2seq_shape(family, c)
+            enc = n_enc * _block_params(d, f, a)
+            return enc if classifier in ENCODER_ONLY_CLASSIFIERS else enc + n_dec * _block_params(d, f, a, cross=True)
+        if family == "gpt":
+            return c["n_layer"] * _block_params(c["n_embd"], c.get("n_inner") or 4 * c["n_embd"])
+        if family == "elmo":
+            P, L, n = c["projection_dim"], c["lstm_dim"], c["num_hidden_layers"]
+            proj = P if L > P else 0
+            return 2 * n * (4 * L * (P + (proj or L)) + L * proj)
+
+        def encoder(cfg: Mapping) -> int:
+            d = _cfg(cfg, "hidden_size", "dim")
+            return _cfg(cfg, "num_hidden_layers", "n_layers") * _block_params(
+                d, _cfg(cfg, "intermediate_size", "hidden_dim", default=4 * d))
+
+        n = encoder(c)
+        if family == "electra" and c.get("generator"):
+            n += encoder({**c, **c["generator"]})
+        return n
+    except (KeyError, TypeError):
+        return None
+
+
+def kaplan_flops_per_token(family: str, model_config: Mapping, classifier: str | None = None) -> float | None:
+    """Kaplan et al. (2020, Sec. 2.1)'s training compute per token, C = 6N (N =
+    `non_embedding_params`): the figure their loss-against-compute laws are drawn in. It leaves out
+    what `flops_per_token` counts beside the blocks' weights: attention scores and weighted values
+    (their 2 n_layer n_ctx d_attn, dropped from C as sub-leading), the LM/MLM heads (N excludes the
+    (un)embedding) and a fine-tuning method's cheaper passes (6N assumes every weight trains). So it
+    is comparable with their figures and across model sizes, while `flops` is what the step
+    computes (GPT-2 small at 1,024 tokens: the full forward is 1.51x Kaplan's 2N + 2 n_layer n_ctx
+    d_attn and 1.68x 2N). None when N cannot be counted."""
+    n = non_embedding_params(family, model_config, classifier)
+    return None if n is None else 6.0 * n
+
+
 def _mlm_head_per_position(family: str, model_config: Mapping, vocab: int) -> float:
     """Forward FLOPs of a masked-LM family's head (transform + decoder) on one position."""
     d = _cfg(model_config, "hidden_size", "dim")
@@ -319,19 +380,56 @@ PASSES = {
 }
 
 
-def finetune_forward_flops(family: str, model_config: Mapping, seq_len: int, num_labels: int) -> dict | None:
+# Classifier kinds of an encoder-decoder (`workbench.drivers.finetune.FAMILY_POOLINGS`) that run the
+# encoder only: the encoder-mean sentence heads and every token head (T5's and BART's token
+# classifiers read the encoder states). "decoder_last" (the "auto" choice) runs both stacks.
+ENCODER_ONLY_CLASSIFIERS = ("encoder_mean", "token")
+SEQ2SEQ_CLASSIFIERS = ("decoder_last",) + ENCODER_ONLY_CLASSIFIERS
+
+
+def _seq2seq_shape(family: str, c: Mapping) -> tuple[int, int, int, int, int]:
+    """(d_model, FFN width, attention width, encoder layers, decoder layers) of a T5 or BART config."""
+    if family == "t5":
+        return (c["d_model"], c["d_ff"], c["num_heads"] * c["d_kv"], c["num_layers"],
+                c.get("num_decoder_layers") or c["num_layers"])
+    return c["d_model"], c["encoder_ffn_dim"], c["d_model"], c["encoder_layers"], c["decoder_layers"]
+
+
+def _seq2seq_classifier_body(family: str, c: Mapping, s: int, classifier: str | None) -> dict:
+    """Forward FLOPs per token of the part of a T5/BART body that a classifier of kind `classifier`
+    runs (None: the family's "auto" kind, decoder_last). Not the pretraining count: a classifier has
+    no LM head and its decoder does not see a span-corruption target. transformers'
+    `T5ForSequenceClassification` / `BartForSequenceClassification` (decoder_last) feed the whole
+    input, shifted right, to the decoder: the decoder runs on every input token (target ratio 1,
+    self-attention over s, cross-attention over the s inputs). The encoder-mean and token heads
+    (`workbench.running.classifier_heads`, transformers' `T5ForTokenClassification`) run the encoder
+    alone."""
+    d, f, a, n_enc, n_dec = _seq2seq_shape(family, c)
+    body = _encoder_decoder(d, f, a, n_enc, n_dec, s, 0, 1.0)
+    body.pop("lm_head")
+    if classifier in ENCODER_ONLY_CLASSIFIERS:
+        body = {k: v for k, v in body.items() if k.startswith("encoder_")}
+    return body
+
+
+def finetune_forward_flops(family: str, model_config: Mapping, seq_len: int, num_labels: int,
+                           classifier: str | None = None) -> dict | None:
     """Forward FLOPs per token of a classifier: `body_weights` (the body's weight matmuls),
     `body_scores` (attention scores and weighted values: matmuls of two activations) and `head` (a
-    linear head on every token: an upper bound for sentence tasks). None when the body's shape is
-    not one this module counts."""
+    linear head on every token: an upper bound for sentence tasks). `classifier` is the classifier
+    kind that runs (the fine-tuning manifest's `pooling`: decoder_last, encoder_mean, or "token" for
+    token tasks); it matters for T5/BART only (`_seq2seq_classifier_body`). None when the body's
+    shape is not one this module counts."""
     c = dict(model_config)
+    if family in ("t5", "bart") and classifier not in (None, *SEQ2SEQ_CLASSIFIERS):
+        raise KeyError(f"no FLOPs count for a {family} classifier of kind {classifier!r} "
+                       f"(known: {', '.join(SEQ2SEQ_CLASSIFIERS)})")
     try:
         if family == "gpt":
             body = _gpt(c, 0, seq_len, None)
             d = c["n_embd"]
         elif family in ("t5", "bart"):
-            enc = _t5 if family == "t5" else _bart
-            body = {k: v for k, v in enc(c, 0, seq_len, None).items()}
+            body = _seq2seq_classifier_body(family, c, seq_len, classifier)
             d = c["d_model"]
         elif family == "elmo":
             body = _elmo(c, 0, seq_len, None)
@@ -359,18 +457,20 @@ def method_flops(forward: Mapping, method: str, method_forward: float = 0.0) -> 
 
 
 def finetune_flops(family: str, model_config: Mapping, seq_len: int, num_labels: int, method: str = "full",
-                   method_forward: float = 0.0) -> dict | None:
-    """`method_flops` of a classifier's `finetune_forward_flops`; None when the body is not counted."""
-    fwd = finetune_forward_flops(family, model_config, seq_len, num_labels)
+                   method_forward: float = 0.0, classifier: str | None = None) -> dict | None:
+    """`method_flops` of a classifier's `finetune_forward_flops` (of kind `classifier`); None when the
+    body is not counted."""
+    fwd = finetune_forward_flops(family, model_config, seq_len, num_labels, classifier)
     return None if fwd is None else method_flops(fwd, method, method_forward)
 
 
 def finetune_flops_per_token(family: str, model_config: Mapping, seq_len: int, num_labels: int,
-                             method: str = "full", method_forward: float = 0.0) -> float | None:
+                             method: str = "full", method_forward: float = 0.0,
+                             classifier: str | None = None) -> float | None:
     """Training FLOPs per token of fine-tuning a classifier (`finetune_flops`'s total; full
     fine-tuning: the body plus a linear head on every token, x 3). None when the body's shape is not
     one this module counts (the caller then records the FLOPs as unknown)."""
-    out = finetune_flops(family, model_config, seq_len, num_labels, method, method_forward)
+    out = finetune_flops(family, model_config, seq_len, num_labels, method, method_forward, classifier)
     return None if out is None else out["total"]
 
 
@@ -405,12 +505,13 @@ def with_method_modules(basis: Mapping, model) -> dict:
 
 def teacher_forward_flops_per_token(teacher: str | Path | None, seq_len: int) -> float | None:
     """Forward FLOPs per token of a fine-tuned classifier teacher (task distillation) at attention
-    span `seq_len`, read from its folder (manifest family and labels, config.json); None when it
-    cannot be read."""
+    span `seq_len`, read from its folder (manifest family, classifier kind (`pooling`) and labels,
+    config.json); None when it cannot be read."""
     tm = _teacher_manifest(teacher)
     if not tm or not tm.get("model_config") or not tm.get("family"):
         return None
-    fwd = finetune_forward_flops(tm["family"], tm["model_config"], seq_len, len(tm.get("label_names") or [0, 1]))
+    fwd = finetune_forward_flops(tm["family"], tm["model_config"], seq_len, len(tm.get("label_names") or [0, 1]),
+                                 tm.get("pooling"))
     return None if fwd is None else float(sum(fwd.values()))
 
 
@@ -527,8 +628,10 @@ class EnergyMeter:
 
 
 def own_cost(*, flops: float | None, flops_per_token: float | None, tokens: int | None, seconds: float,
-             device: Mapping, energy_joules: float, energy_source: str, what: str) -> dict:
-    """One checkpoint's own cost record (see the module docstring)."""
+             device: Mapping, energy_joules: float, energy_source: str, what: str,
+             kaplan_per_token: float | None = None) -> dict:
+    """One checkpoint's own cost record (see the module docstring); `kaplan_per_token` is
+    `kaplan_flops_per_token` of what trained (None: unknown), kept beside the full count."""
     pue = _env_float("BERTOLOGY_PUE", DEFAULT_PUE)
     grid = _env_float("BERTOLOGY_GRID_GCO2_PER_KWH", DEFAULT_GRID_G_PER_KWH)
     kwh = energy_joules / 3.6e6 * pue
@@ -536,6 +639,8 @@ def own_cost(*, flops: float | None, flops_per_token: float | None, tokens: int 
         "what": what,
         "flops": None if flops is None else float(flops),
         "flops_per_token": None if flops_per_token is None else float(flops_per_token),
+        "kaplan_flops_per_token": None if kaplan_per_token is None else float(kaplan_per_token),
+        "kaplan_flops": None if kaplan_per_token is None or tokens is None else float(kaplan_per_token) * tokens,
         "tokens": tokens,
         "seconds": round(float(seconds), 3),
         "device": dict(device),
@@ -612,7 +717,8 @@ def derived_cost(parent_manifest: Mapping | None, parent_folder: str | None, tra
                  fresh_weights: bool = False) -> dict:
     """Cost of a model made by a transform (`ModelHandle.derive` + `save`): no training of its own
     (zero FLOPs, a known zero), plus its parent's total unless the weights are fresh."""
-    own = {"what": f"transform {transform} (no training)", "flops": 0.0, "flops_per_token": None, "tokens": 0,
+    own = {"what": f"transform {transform} (no training)", "flops": 0.0, "flops_per_token": None,
+           "kaplan_flops": 0.0, "kaplan_flops_per_token": None, "tokens": 0,
            "seconds": 0.0, "device": None, "device_hours": 0.0, "energy_kwh": 0.0, "energy_source": "none",
            "co2e_kg": 0.0}
     if fresh_weights:
@@ -658,13 +764,76 @@ def add_retraining(folder: str | Path, own: Mapping | None, prior: str | Path | 
 UNKNOWN_TOTAL = {**{k: None for k in TOTAL_KEYS}, "known": False}
 
 
+def manifest_kaplan_per_token(manifest: Mapping, folder: str | Path | None = None) -> float | None:
+    """`kaplan_flops_per_token` of the model a checkpoint's own training trained: its family and
+    shape (the manifest's `model_config`, else the folder's config.json) and, for a fine-tuned
+    classifier, the kind that ran (`pooling`; "token" for token tasks). A distillation teacher's
+    forwards are in `flops`, not here: 6ND is the trained model's."""
+    family, mc = manifest.get("family"), manifest.get("model_config")
+    if mc is None and folder is not None:
+        mc = _read_json(Path(folder) / "config.json")
+    if not family or not mc:
+        return None
+    classifier = manifest.get("pooling") if manifest.get("kind") == "finetune" else None
+    try:
+        return kaplan_flops_per_token(family, mc, classifier)
+    except KeyError:  # a classifier kind this module does not count: unknown, never zero
+        return None
+
+
+def with_kaplan(record: Mapping, manifest: Mapping, folder: str | Path | None = None) -> dict:
+    """A stored cost record with `kaplan_flops` (own and total) filled in where it was written
+    before the figure existed: own from the manifest (`manifest_kaplan_per_token` x own tokens; 0 for
+    a transform, which trains nothing), total = own + the totals its record adds (the parent's, or
+    a retrained ticket's prior and search runs, and a teacher not already in the lineage), each read
+    again through `checkpoint_cost` so that they are filled in too. A record that has it is
+    returned as it is."""
+    rec = dict(record)
+    if "kaplan_flops" in (rec.get("total") or {}):
+        return rec
+    own = dict(rec.get("own") or {})
+    if "kaplan_flops" not in own:
+        if own.get("flops") == 0.0 and not own.get("tokens"):
+            own.update(kaplan_flops=0.0, kaplan_flops_per_token=None)
+        else:
+            kpt = manifest_kaplan_per_token(manifest, folder)
+            tokens = own.get("tokens")
+            own.update(kaplan_flops_per_token=kpt, kaplan_flops=None if kpt is None or tokens is None else kpt * tokens)
+    rec["own"] = own
+
+    def total_of(folder_) -> float | None:
+        try:
+            return checkpoint_cost(folder_)["total"].get("kaplan_flops")
+        except Exception:  # noqa: BLE001 - a folder that is gone: unknown, never zero
+            return None
+
+    parts = [own.get("kaplan_flops")]
+    prior = rec.get("prior")
+    if prior:
+        parts.append(total_of(prior["checkpoint"]))
+        for run in prior.get("search") or []:
+            try:
+                parts.append(checkpoint_cost(run)["own"].get("kaplan_flops"))
+            except Exception:  # noqa: BLE001
+                parts.append(None)
+    elif rec.get("parent"):
+        parts.append(total_of(rec["parent"]["checkpoint"]))
+    teacher = rec.get("teacher")
+    if teacher and not teacher.get("in_parent_total"):
+        parts.append(total_of(teacher["checkpoint"]))
+    total = dict(rec.get("total") or {})
+    total["kaplan_flops"] = None if any(v is None for v in parts) else float(sum(parts))
+    rec["total"] = total
+    return rec
+
+
 def cost_of_manifest(manifest: Mapping, folder: str | Path | None = None) -> dict:
     """A checkpoint's cost record: the manifest's own `cost`, or, for checkpoints written before
     costs were recorded, one reconstructed from the training record (FLOPs from family, model
     config, vocabulary, max_len and tokens_seen; energy estimated from elapsed_seconds, the device
     unknown), else unknown (None values, `known: false`; never zero)."""
     if manifest.get("cost"):
-        return dict(manifest["cost"])
+        return with_kaplan(manifest["cost"], manifest, folder)
     family, mc = manifest.get("family"), manifest.get("model_config")
     tokens, seconds = manifest.get("tokens_seen"), manifest.get("elapsed_seconds")
     vocab = (manifest.get("tokenizer") or {}).get("vocab_size")
@@ -679,7 +848,8 @@ def cost_of_manifest(manifest: Mapping, folder: str | Path | None = None) -> dic
                        seconds=seconds, device=device,
                        energy_joules=w * seconds,
                        energy_source=f"estimated after the fact: {w:g} W (one busy core assumed) x elapsed_seconds",
-                       what="pretraining (reconstructed from the manifest)")
+                       what="pretraining (reconstructed from the manifest)",
+                       kaplan_per_token=manifest_kaplan_per_token(manifest, folder))
         return {"own": own, "parent": None, "total": totals(own, None), "reconstructed": True}
     return {"own": None, "parent": None, "total": dict(UNKNOWN_TOTAL),
             "unknown": "no cost record and no training record to compute one from (e.g. a Hub model trained elsewhere)"}
@@ -762,7 +932,7 @@ def format_cost_table(folders: list[str], grid: float | None = None) -> str:
         return part.get("co2e_kg")
 
     head = (f"{'model':<40} {'hardware':<22} {'FLOPs':>9} {'dev-h':>7} {'kWh':>9} {'CO2e kg':>9} | "
-            f"{'total FLOPs':>11} {'dev-h':>7} {'kWh':>9} {'CO2e kg':>9}  energy     lineage (parent first)")
+            f"{'total FLOPs':>11} {'6ND':>9} {'dev-h':>7} {'kWh':>9} {'CO2e kg':>9}  energy     lineage (parent first)")
     lines = [head, "-" * len(head)]
     for f in folders:
         path = resolve_checkpoint(f)
@@ -780,12 +950,15 @@ def format_cost_table(folders: list[str], grid: float | None = None) -> str:
         lines.append(f"{display_name(path)[:40]:<40} {hw:<22} {num(own.get('flops'), '.3g'):>9} "
                      f"{num(own.get('device_hours'), '.4f'):>7} {num(own.get('energy_kwh'), '.3g'):>9} "
                      f"{num(co2(own), '.3g'):>9} | {num(total.get('flops'), '.3g'):>11} "
+                     f"{num(total.get('kaplan_flops'), '.3g'):>9} "
                      f"{num(total.get('device_hours'), '.4f'):>7} {num(total.get('energy_kwh'), '.3g'):>9} "
                      f"{num(co2(total), '.3g'):>9}  {source:<10} {chain}")
     pue = _env_float("BERTOLOGY_PUE", DEFAULT_PUE)
     g = f"{grid:g} gCO2/kWh" if grid is not None else "the recorded grid intensity"
     lines.append(f"kWh include a PUE of {pue:g} (Strubell et al. 2019); CO2e at {g}; total = own + the parent's total; "
                  f"'unknown' = not knowable (never counted as zero); estimated* = reconstructed from an old manifest.")
+    lines.append("FLOPs: every matmul the steps compute (attention scores and heads included); 6ND: Kaplan et al. "
+                 "(2020)'s C = 6 x non-embedding parameters x tokens, the figure their compute laws use.")
     return "\n".join(lines)
 
 

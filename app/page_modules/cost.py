@@ -1,7 +1,10 @@
 """The cost page (workbench/cost.py): what every checkpoint under the runs root cost to make, in
 the shape of Strubell et al. (2019, Table 3: hardware, hours, kWh x PUE, CO2e), own and along its
 lineage, and cost next to what the model knows: a probe score against the checkpoint's total
-training FLOPs (Kaplan et al. 2020 draw loss against compute the same way).
+training compute, in one of two measures (option `flops`): `flops`, the full count (every matmul a
+step computes: attention scores and weighted values, the LM/MLM heads, each fine-tuning method's
+passes), or `kaplan_flops`, Kaplan et al. (2020)'s C = 6ND (N the non-embedding parameters), the
+measure their loss-against-compute laws are drawn in; compare with their figures only in the latter.
 
 Plot kinds for experiments/figures: `cost_table` (the Strubell-shaped table, from the rows
 `bertology cost PATH... --record` writes) and `score_vs_flops` (probe rows joined with cost rows
@@ -21,7 +24,9 @@ from workbench.store.results import decode_extra
 
 TITLE = "Cost"
 MAKE = "bertology train experiments/train/bert_small.yaml"  # makes checkpoints, this page's rows
-COST_METRICS = ("flops", "device_hours", "energy_kwh", "co2e_kg")
+COST_METRICS = ("flops", "kaplan_flops", "device_hours", "energy_kwh", "co2e_kg")
+# the two compute measures a score can be drawn against (workbench.cost: the full count, Kaplan's 6ND)
+FLOPS_MEASURES = {"flops": "training FLOPs (full count)", "kaplan_flops": "6ND (Kaplan et al. 2020)"}
 
 
 def checkpoints_under(root: str | Path) -> list[Path]:
@@ -70,12 +75,13 @@ def cost_table(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
     part = options.get("part", "total")
     cols = {"Model": wide["model"], "Hardware": wide["hardware"],
             "Training FLOPs": [_fmt(v, ".3g") for v in wide[f"{part}_flops"]],
+            "6ND": [_fmt(v, ".3g") for v in wide[f"{part}_kaplan_flops"]],
             "Device-hours": [_fmt(v, ".4f") for v in wide[f"{part}_device_hours"]],
             "kWh·PUE": [_fmt(v, ".3g") for v in wide[f"{part}_energy_kwh"]],
             "CO2e (kg)": [_fmt(v, ".3g") for v in wide[f"{part}_co2e_kg"]],
             "Energy": [e.split(":")[0] for e in wide["energy"]], "Lineage": wide["lineage"]}
     fig = go.Figure(go.Table(
-        columnwidth=[3, 2, 1.2, 1.1, 1.1, 1.1, 1, 3],
+        columnwidth=[3, 2, 1.2, 1.1, 1.1, 1.1, 1.1, 1, 3],
         header={"values": list(cols), "align": "left", "fill_color": "lightgrey", "line_color": "grey",
                 "font": {"color": "black", "size": 12}},
         cells={"values": [list(v) for v in cols.values()], "align": "left", "fill_color": "white",
@@ -108,14 +114,22 @@ def best_scores(rows: pd.DataFrame, task: str | None, metric: str | None) -> pd.
 
 def score_vs_flops(rows: pd.DataFrame, title: str, options: dict) -> figures.Drawn:
     """What a model knows against what it cost: best-layer probe score (options task, metric) per
-    checkpoint against its total training FLOPs (log axis; checkpoints at 0 FLOPs, e.g. step 0,
-    drawn at the left edge and marked)."""
+    checkpoint against its total training compute, option `flops` (`FLOPS_MEASURES`: the full count,
+    default, or Kaplan's 6ND; log axis; checkpoints at 0, e.g. step 0, drawn at the left edge and
+    marked). The axis title names the measure drawn."""
     import plotly.graph_objects as go
 
+    from workbench.errors import ConfigError
+
+    measure = options.get("flops", "flops")
+    if measure not in FLOPS_MEASURES:
+        raise ConfigError(f"option flops must be one of {', '.join(FLOPS_MEASURES)}, got {measure!r}")
     wide = cost_wide(rows)
     scores = best_scores(rows, options.get("task"), options.get("metric"))
     if wide.empty or scores.empty:
         raise figures.MissingData(f"nothing to draw for {title!r}: needs cost rows and probe rows of the same checkpoints")
+    if measure != "flops":  # the chosen measure under the one column name the join and the plot read
+        wide = wide.drop(columns=["total_flops"]).rename(columns={f"total_{measure}": "total_flops"})
     joined = scores.merge(wide[["model", "total_flops", "family"]], on="model", how="inner")
     joined = joined[joined["total_flops"].notna()]
     if joined.empty:
@@ -127,9 +141,9 @@ def score_vs_flops(rows: pd.DataFrame, title: str, options: dict) -> figures.Dra
     fig = go.Figure()
     for (run, task, metric), g in joined.sort_values("total_flops").groupby(["run", "task", "metric"], sort=False):
         fig.add_trace(go.Scatter(x=g["x"], y=g["score"], mode="lines+markers", name=f"{run}: {task} {metric}",
-                                 text=[f"{m}<br>{f:.3g} FLOPs, layer {l}" for m, f, l in
+                                 text=[f"{m}<br>{f:.3g} {measure}, layer {l}" for m, f, l in
                                        zip(g["model"], g["total_flops"], g["layer"])], hoverinfo="text+y"))
-    fig.update_layout(title=title, xaxis_type="log", xaxis_title=f"total training FLOPs (0 drawn at {edge:.2g})",
+    fig.update_layout(title=title, xaxis_type="log", xaxis_title=f"total {FLOPS_MEASURES[measure]} (0 drawn at {edge:.2g})",
                       yaxis_title="best-layer score", template="plotly_white", height=440, width=760)
     if joined["metric"].map(is_fraction).all():  # accuracy, UUAS, F1, ...: 0..1
         unit_axis(fig)
@@ -187,8 +201,12 @@ def render(store) -> None:
         return
     task = ui.pick("Task", sorted(known["task"].dropna().unique()), key="cost-task")
     metric = ui.pick("Metric", sorted(known.loc[known["task"] == task, "metric"].dropna().unique()), key="cost-metric")
-    drawn = score_vs_flops(pd.concat([all_rows, known], ignore_index=True), f"{task} {metric} vs training FLOPs",
-                           {"task": task, "metric": metric})
+    measure = st.radio("Compute", list(FLOPS_MEASURES), format_func=FLOPS_MEASURES.get, horizontal=True,
+                       key="cost-measure",
+                       help="full count: every matmul the steps compute; 6ND: Kaplan et al. (2020)'s C = 6 x "
+                            "non-embedding parameters x tokens, the measure their compute laws are drawn in")
+    drawn = score_vs_flops(pd.concat([all_rows, known], ignore_index=True),
+                           f"{task} {metric} vs {FLOPS_MEASURES[measure]}", {"task": task, "metric": metric, "flops": measure})
     drawn.figure.update_layout(width=None)
     st.plotly_chart(drawn.figure, width="stretch", key="cost-score-flops")
     ui.table(drawn.data, "cost-score-table")

@@ -542,17 +542,24 @@ def _save_checkpoint(folder: Path, model, tokenizer, manifest: dict, method: dic
         write_model_folder(tmp, plain, tokenizer, {**manifest, "peft": {**method, **save_extra(tmp, record)}})
 
 
-def finetune_cost_basis(handle, family: str, train: Encoded, num_labels: int, method: str = "full") -> dict:
+def finetune_cost_basis(handle, family: str, train: Encoded, num_labels: int, method: str = "full",
+                        classifier: str | None = None) -> dict:
     """Training FLOPs per token of this fine-tuning with `method` (`workbench.cost.finetune_flops`:
     each part's forward times the passes the method needs, at the train examples' mean length as
-    the attention span; None when the body is not counted). The method's own matrices (LoRA,
+    the attention span; None when the body is not counted), for the classifier kind that runs
+    (`classifier`: the pooling, "token" for token tasks; a T5/BART encoder head runs no decoder). The method's own matrices (LoRA,
     adapters) are added once they are attached (`workbench.cost.with_method_modules`)."""
-    from workbench.cost import finetune_flops
+    from workbench.cost import finetune_flops, kaplan_flops_per_token
 
     mean_len = float(np.mean([len(x) for x in train.ids])) if train.ids else 0.0
-    flops = finetune_flops(family, handle.model.config.to_dict(), max(1, round(mean_len)), num_labels, method)
+    flops = finetune_flops(family, handle.model.config.to_dict(), max(1, round(mean_len)), num_labels, method,
+                           classifier=classifier)
+    try:  # Kaplan et al. (2020)'s 6N of the classifier that runs, kept beside the full count
+        kaplan = kaplan_flops_per_token(family, handle.model.config.to_dict(), classifier)
+    except KeyError:
+        kaplan = None
     return {"flops_per_token": None if flops is None else flops["total"], "mean_train_length": mean_len,
-            "flops": flops}
+            "flops": flops, "kaplan_flops_per_token": kaplan}
 
 
 def finetune_cost(run: Prepared, meter, tokens: int, seconds: float, hooks: dict | None = None,
@@ -566,7 +573,8 @@ def finetune_cost(run: Prepared, meter, tokens: int, seconds: float, hooks: dict
     flops = finetune_cost_flops(run.manifest_base["cost_basis"], tokens, teacher_folder(hooks), teacher_tokens)
     joules, source = meter.reading()
     own = own_cost(flops=flops, flops_per_token=fpt, tokens=tokens, seconds=seconds,
-                   device=meter.info, energy_joules=joules, energy_source=source, what=f"fine-tuning ({run.data.task})")
+                   device=meter.info, energy_joules=joules, energy_source=source, what=f"fine-tuning ({run.data.task})",
+                   kaplan_per_token=run.manifest_base["cost_basis"].get("kaplan_flops_per_token"))
     return cost_record(own, run.checkpoint, teacher=teacher_folder(hooks))
 
 
@@ -910,7 +918,7 @@ def prepare(cfg: FinetuneConfig, data: TaskData | None = None, hooks: TrainingHo
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
     manifest_base["cost_basis"] = finetune_cost_basis(handle, family, enc["train"], len(data.label_names),
-                                                      "head" if cfg.freeze_body else cfg.method)
+                                                      "head" if cfg.freeze_body else cfg.method, pooling)
     return Prepared(name, folder, path, model_name, device, family, pooling, handle.tokenizer, handle.pad_id, data, splits,
                     enc["train"], enc["dev"], enc["test"], manifest_base)
 

@@ -635,10 +635,12 @@ def pretraining_cost_meter(manifest: dict, device, d: Dist, resume_from: Path | 
     FLOPs of the family x tokens seen, device-hours, energy (measured, or estimated from power x
     time) and CO2e. A resumed run carries the measured energy of the checkpoint it resumed from."""
     from workbench.store.checkpoints import read_manifest
-    from workbench.cost import EnergyMeter, cost_record, device_info, own_cost, teacher_folder, training_flops_per_token
+    from workbench.cost import (EnergyMeter, cost_record, device_info, manifest_kaplan_per_token, own_cost, teacher_folder,
+                                training_flops_per_token)
 
     # the family's step, plus a distillation teacher's forwards (workbench.cost.training_flops_per_token)
     fpt = training_flops_per_token(manifest)["total"]
+    kaplan = manifest_kaplan_per_token(manifest)  # Kaplan et al.'s 6N, kept beside the full count
     info = {**device_info(device), "count": d.world}
     before = ((read_manifest(resume_from) or {}).get("cost") or {}).get("own") if resume_from is not None else None
     meter = EnergyMeter(info, already_joules=(before or {}).get("energy_joules_device"))
@@ -647,7 +649,8 @@ def pretraining_cost_meter(manifest: dict, device, d: Dist, resume_from: Path | 
         joules, source = meter.reading()
         return cost_record(own_cost(flops=None if fpt is None else fpt * tokens_seen, flops_per_token=fpt,
                                     tokens=tokens_seen, seconds=elapsed, device=info, energy_joules=joules, energy_source=source,
-                                    what=f"pretraining ({manifest['family']} {manifest['preset']})"), None,
+                                    what=f"pretraining ({manifest['family']} {manifest['preset']})",
+                                    kaplan_per_token=kaplan), None,
                            teacher=teacher_folder(manifest.get("hooks")))
 
     return cost
