@@ -9,6 +9,7 @@ milliseconds.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -188,3 +189,28 @@ def tiny_electra(tokenizers, tmp_path_factory):
     pretrainer.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder, pretrainer, tok
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real single-node Slurm cluster for the session (tests/slurm_cluster.py), its commands pointed
+    at it through SLURM_CONF (which submitted jobs inherit). Fails, naming the install, without Slurm."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from tests import slurm_cluster as slurm
+
+    folder = Path(tempfile.mkdtemp(prefix="slurm-"))  # short: a unix socket path is at most 107 bytes
+    cluster = slurm.start(folder)
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        slurm.stop(cluster)
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before
+        shutil.rmtree(folder, ignore_errors=True)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import tiny_bert
+from tests.slurm_cluster import SUBMITIT_EXECUTORS, executor_flags
 from tests.tolerances import assert_same_outputs, assert_same_state
 from tests.training_helpers import tiny_finetune_config
 from workbench.drivers.distill import (
@@ -307,9 +308,10 @@ def test_two_jobs_give_the_rows_of_a_sequential_run_and_resume(teacher, tmp_path
 
 
 @pytest.mark.slow
-def test_submitit_local_executor_gives_the_rows_of_a_sequential_run(teacher, tmp_path, monkeypatch):
-    """The submitit path (`bertology distill --executor submitit-local`, the code path a Slurm cluster
-    takes, with submitit's local executor in its place): each point runs as a submitit job in its own
+@pytest.mark.parametrize("executor", SUBMITIT_EXECUTORS)
+def test_submitit_local_executor_gives_the_rows_of_a_sequential_run(executor, request, teacher, tmp_path, monkeypatch):
+    """The submitit path (`bertology distill --executor submitit-local`, and `--executor slurm` on the
+    test session's real single-node cluster): each point runs as a submitit job in its own
     process and gives the same student, bit for bit, and the same rows as the point run in this
     process; submitit really ran it (its result file is in the sweep's `submitit/` folder)."""
     from app.cli import main
@@ -319,7 +321,7 @@ def test_submitit_local_executor_gives_the_rows_of_a_sequential_run(teacher, tmp
     monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
     path = tmp_path / "grid.yaml"
     path.write_text(json.dumps(_cfg(teacher, tmp_path / "sub", **kw)))
-    assert main(["distill", str(path), "--executor", "submitit-local"]) == 0
+    assert main(["distill", str(path), *executor_flags(executor, request)]) == 0
     folder = tmp_path / "sub" / "sweep"
     assert list((folder / "submitit").glob("*_result.pkl")), "no submitit job ran"
     name = "L2-teacher-T2-a0.5"

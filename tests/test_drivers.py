@@ -23,6 +23,7 @@ import torch
 import yaml
 
 from workbench.coerce import build_dataclass, settings_hash
+from tests.slurm_cluster import SUBMITIT_EXECUTORS, executor_flags
 from workbench.drivers.spec import DRIVERS, get_driver, identity, identity_fields, identity_hash
 from workbench.coerce import apply_overrides
 from workbench.errors import ConfigError
@@ -203,7 +204,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _same_rows(a: pd.DataFrame, b: pd.DataFrame, drop_extra: tuple[str, ...]) -> None:
+def same_rows(a: pd.DataFrame, b: pd.DataFrame, drop_extra: tuple[str, ...]) -> None:
     """Row for row equal values; `extra` compared without the keys that name a folder or a run."""
     def norm(df):
         df = df.drop(columns=["run_id"], errors="ignore").reset_index(drop=True)
@@ -215,11 +216,12 @@ def _same_rows(a: pd.DataFrame, b: pd.DataFrame, drop_extra: tuple[str, ...]) ->
 
 
 @pytest.mark.slow
-def test_a_prune_sweep_as_submitit_jobs_writes_the_rows_of_the_in_process_sweep(tiny_checkpoint, tmp_path,
-                                                                                 monkeypatch, one_thread):
+@pytest.mark.parametrize("executor", SUBMITIT_EXECUTORS)
+def test_a_prune_sweep_as_submitit_jobs_writes_the_rows_of_the_in_process_sweep(executor, request, tiny_checkpoint,
+                                                                                 tmp_path, monkeypatch, one_thread):
     """IMP (one round), one-shot, reinit (IMP's mask) and 8-bit quantization: the three stages of
     units (the full model; IMP and one-shot; reinit) as submitit jobs, up to four in flight (the
-    seeds' own parallel path: the fine-tuning test below)."""
+    seeds' own parallel path: the fine-tuning test below), on this machine or on a real Slurm cluster."""
     from app.cli import main
     from workbench.drivers.prune_sweep import load_prune_config, run_prune
     from workbench.store.results import ResultsStore
@@ -234,20 +236,21 @@ def test_a_prune_sweep_as_submitit_jobs_writes_the_rows_of_the_in_process_sweep(
     path = tmp_path / "prune.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
-    assert main(["prune", str(path), "--output-dir", str(tmp_path / "par"), "--executor", "submitit-local",
+    assert main(["prune", str(path), "--output-dir", str(tmp_path / "par"), *executor_flags(executor, request),
                  "--jobs", "4"]) == 0
     assert len(list((tmp_path / "par" / "submitit").glob("*_result.pkl"))) == 1 + 2 + 1  # every training ran there
     store = ResultsStore(tmp_path / "runs")
     par = store.read(store.runs(name="tiny")["run_id"].iloc[-1])
     assert len(par) == len(seq.rows) > 0
     assert set(par["model"]) == {"full", "imp", "oneshot", "reinit", "quantize"}
-    _same_rows(par, ResultsStore(tmp_path / "store-seq").read(seq.run_id), drop_extra=("checkpoint",))
+    same_rows(par, ResultsStore(tmp_path / "store-seq").read(seq.run_id), drop_extra=("checkpoint",))
 
 
 @pytest.mark.slow
-def test_a_peft_sweep_as_submitit_jobs_writes_the_rows_of_the_in_process_sweep(tiny_checkpoint, tmp_path,
-                                                                                monkeypatch, one_thread):
-    """Head-only and LoRA, one seed, CKA on 20 sentences: each method a submitit job."""
+@pytest.mark.parametrize("executor", SUBMITIT_EXECUTORS)
+def test_a_peft_sweep_as_submitit_jobs_writes_the_rows_of_the_in_process_sweep(executor, request, tiny_checkpoint,
+                                                                                tmp_path, monkeypatch, one_thread):
+    """Head-only and LoRA, one seed, CKA on 20 sentences: each method a submitit job (here or on Slurm)."""
     from app.cli import main
     from workbench.drivers.peft_sweep import load_sweep_config, run_sweep
     from workbench.store.results import ResultsStore
@@ -261,21 +264,23 @@ def test_a_peft_sweep_as_submitit_jobs_writes_the_rows_of_the_in_process_sweep(t
     path = tmp_path / "peft.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs-par"))
-    assert main(["peft", str(path), "--executor", "submitit-local", "--jobs", "4"]) == 0
+    assert main(["peft", str(path), *executor_flags(executor, request), "--jobs", "4"]) == 0
     par_store = ResultsStore(tmp_path / "runs-par")
     assert len(list((par_store.root / "submitit" / "tiny-peft").glob("*_result.pkl"))) == 2
     par = par_store.read(par_store.runs(name="tiny-peft")["run_id"].iloc[-1])
     seq = ResultsStore(tmp_path / "runs-seq").read(seq_id)
     assert set(par["metric"]) == {"accuracy", "trainable_parameters", "cka_to_start"} and len(par) == len(seq)
-    _same_rows(par, seq, drop_extra=("checkpoint", "finetune_run"))
+    same_rows(par, seq, drop_extra=("checkpoint", "finetune_run"))
 
 
 @pytest.mark.slow
-def test_finetune_seeds_in_two_local_processes_write_the_rows_of_the_in_process_run(tiny_checkpoint, tmp_path,
+@pytest.mark.parametrize("executor", [pytest.param("local"), pytest.param("slurm", marks=pytest.mark.slurm)])
+def test_finetune_seeds_in_two_local_processes_write_the_rows_of_the_in_process_run(executor, request,
+                                                                                    tiny_checkpoint, tmp_path,
                                                                                     monkeypatch, one_thread):
     """`bertology finetune --jobs 2`: the two seeds in two spawned processes (the executor's local
-    path, beside the submitit one above) give the per-seed and per-epoch rows of the in-process
-    run, value for value (the parent's own `train_seed` is replaced by one that fails)."""
+    path, beside the submitit one above) or two Slurm jobs give the per-seed and per-epoch rows of the
+    in-process run, value for value (the parent's own `train_seed` is replaced by one that fails)."""
     from app.cli import main
     from workbench.drivers.finetune import load_finetune_config, run_finetune
     from workbench.store.results import ResultsStore
@@ -293,10 +298,11 @@ def test_finetune_seeds_in_two_local_processes_write_the_rows_of_the_in_process_
         raise AssertionError("a seed was trained in this process, not in a worker")
 
     monkeypatch.setattr("workbench.drivers.finetune.train_seed", not_here)  # the spawned workers import their own
-    assert main(["finetune", str(path), "--output-dir", str(tmp_path / "par"), "--jobs", "2"]) == 0
+    assert main(["finetune", str(path), "--output-dir", str(tmp_path / "par"), *executor_flags(executor, request),
+                 "--jobs", "2"]) == 0
     store = ResultsStore(tmp_path / "runs")
     par = store.read(store.runs(name="tiny-ft")["run_id"].iloc[-1])
     assert sorted(set(par["seed"].dropna())) == [0, 1]
     for seed in (0, 1):
         assert (tmp_path / "par" / f"seed-{seed}" / "result.json").is_file()
-    _same_rows(par, ResultsStore(tmp_path / "store-seq").read(seq.run_id), drop_extra=("checkpoint",))
+    same_rows(par, ResultsStore(tmp_path / "store-seq").read(seq.run_id), drop_extra=("checkpoint",))

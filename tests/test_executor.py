@@ -91,8 +91,11 @@ def test_bad_options_are_config_errors_before_any_unit_runs(kw, message):
     assert ran == []
 
 
-def test_command_line_flags_give_the_options():
+def test_command_line_flags_give_the_options(monkeypatch):
+    """The flags' parsing (the partition's check against a real cluster: tests/test_slurm_cluster.py)."""
     import argparse
+
+    monkeypatch.setattr("workbench.drivers.executor.check_cluster", lambda options: None)
 
     p = argparse.ArgumentParser()
     add_executor_arguments(p)
@@ -100,6 +103,11 @@ def test_command_line_flags_give_the_options():
                                            "--timeout-min", "30"]))
     assert (opts.executor, opts.jobs, opts.slurm_partition, opts.timeout_min) == ("slurm", 8, "gpu", 30)
     assert opts.submitit_parameters() == {"timeout_min": 30, "slurm_partition": "gpu"}
+    opts = options_from_args(p.parse_args(["--executor", "slurm", "--slurm-param", "cpus_per_task=4",
+                                           "--slurm-param", "slurm_qos=short"]))
+    assert opts.submitit_parameters() == {"timeout_min": 240, "cpus_per_task": 4, "slurm_qos": "short"}
+    with pytest.raises(ConfigError, match=r"--slurm-param expects KEY=VALUE .*got 'cpus_per_task'"):
+        options_from_args(p.parse_args(["--executor", "slurm", "--slurm-param", "cpus_per_task"]))
     assert options_from_args(p.parse_args([])).in_process
 
 

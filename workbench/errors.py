@@ -32,13 +32,20 @@ class ConfigError(WorkbenchError):
     """A YAML config or CLI argument is invalid."""
 
 
+class StoppedFromOutside(Exception):
+    """Work stopped by something outside the workbench (a scheduler cancelled or killed a job): not
+    bad input and not a bug. What finished is kept and the same command resumes; the CLI says so in
+    one line and exits 1."""
+
+
 def cli_errors(command, prog: str = "bertology") -> int:
     """Run a command-line entry point with the one error policy of every command.
 
     A WorkbenchError (bad input: missing or corrupt file, bad setting) becomes one line on stderr,
     `PROG: error: MESSAGE`, and exit status 2; so does a full disk (activation caches and
-    checkpoints grow large), naming the file being written; Ctrl-C says that progress is kept and
-    exits 130; anything else is a bug and keeps its traceback (exit 1).
+    checkpoints grow large), naming the file being written; work stopped from outside (a cancelled
+    Slurm job) is one line and exit 1; Ctrl-C says that progress is kept and exits 130; anything else
+    is a bug and keeps its traceback (exit 1).
     """
     import errno
     import sys
@@ -48,6 +55,9 @@ def cli_errors(command, prog: str = "bertology") -> int:
     except WorkbenchError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
+    except StoppedFromOutside as err:
+        print(f"{prog}: error: {err} (what finished is kept; run the same command to resume)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted (progress so far is kept; run the same command to resume)", file=sys.stderr)
         return 130

@@ -25,6 +25,14 @@ not depend on the executor (parallel units run with one torch thread each; float
 thread can differ in the last bits from a multi-threaded run, so a driver's tests compare a
 parallel run with an in-process one at `threads: 1`).
 
+On Slurm a unit's end is known from its result file, and otherwise from the scheduler's queue
+(`squeue -t all`): a job that left the running states without a result (cancelled with `scancel`,
+killed by the scheduler, timed out, lost with its node) is a failed unit, reported with its Slurm
+state and log. submitit itself asks `sacct`, which needs Slurm's accounting (slurmdbd); without it
+submitit never sees such a job end and would wait forever, so the executor does not rely on it. A
+rerun of the same command resumes: each driver's units skip what they already wrote. `--slurm-partition`
+is checked against `sinfo` before any work.
+
 A failed unit stops the rest (pending units are cancelled) and is named: in this process the
 exception propagates unchanged with a note naming the unit; from a worker a `WorkbenchError` (bad
 input: exit 2) comes back as the same class with the unit's name in front of its message, any
@@ -35,15 +43,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.errors import ConfigError, WorkbenchError
+from workbench.errors import ConfigError, StoppedFromOutside, WorkbenchError
 
 EXECUTORS = ("local", "submitit-local", "slurm")
 DEFAULT_TIMEOUT_MIN = 240  # what each submitit job may run (the experiment runner's and distill's default)
+# Slurm job states in which a job may still write its result (squeue's long names); any other state
+# without a result file is the end of the job (CANCELLED, FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY,
+# PREEMPTED, BOOT_FAIL, DEADLINE, COMPLETED before the result appeared).
+SLURM_LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                               "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED",
+                               "RESV_DEL_HOLD"})
+QUEUE_POLL_S = 5.0      # how often the queue is asked about jobs without a result
+RESULT_GRACE_S = 10.0   # how long an ended job's result file may lag its state (a shared file system)
 
 
 class UnitError(RuntimeError):
@@ -52,6 +70,10 @@ class UnitError(RuntimeError):
     def __init__(self, unit: str, message: str):
         super().__init__(message)
         self.unit = unit
+
+
+class JobEndedError(UnitError, StoppedFromOutside):
+    """The scheduler ended a unit's job (cancelled, timed out, killed) before it wrote a result."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +162,21 @@ def add_executor_arguments(parser: argparse.ArgumentParser, what: str = "units")
     parser.add_argument("--slurm-partition", default=None, help="Slurm partition (--executor slurm)")
     parser.add_argument("--timeout-min", type=int, default=DEFAULT_TIMEOUT_MIN,
                         help=f"minutes each submitit job may run (default {DEFAULT_TIMEOUT_MIN})")
+    parser.add_argument("--slurm-param", action="append", default=[], metavar="KEY=VALUE",
+                        help="a further submitit parameter for each job, repeatable (--executor slurm): "
+                             "cpus_per_task=4, mem_gb=16, gpus_per_node=1, slurm_account=NAME, slurm_qos=NAME")
+
+
+def parse_slurm_params(pairs: Sequence[str]) -> dict[str, Any]:
+    """`--slurm-param KEY=VALUE` pairs as submitit parameters (a number where the value is one)."""
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError(f"--slurm-param expects KEY=VALUE (e.g. cpus_per_task=4), got {pair!r}")
+        value = value.strip()
+        params[key.strip()] = int(value) if value.isdigit() else value
+    return params
 
 
 def options_from_args(args: argparse.Namespace, folder: str | None = None,
@@ -147,9 +184,29 @@ def options_from_args(args: argparse.Namespace, folder: str | None = None,
     """`ExecutorOptions` from the flags `add_executor_arguments` adds (validated; `--quiet`: no bar)."""
     if progress is None:
         progress = not getattr(args, "quiet", False)
-    return executor_options(getattr(args, "executor", "local"), getattr(args, "jobs", None), folder=folder,
-                            timeout_min=getattr(args, "timeout_min", DEFAULT_TIMEOUT_MIN),
-                            slurm_partition=getattr(args, "slurm_partition", None), progress=progress)
+    options = executor_options(getattr(args, "executor", "local"), getattr(args, "jobs", None), folder=folder,
+                               timeout_min=getattr(args, "timeout_min", DEFAULT_TIMEOUT_MIN),
+                               slurm_partition=getattr(args, "slurm_partition", None), progress=progress,
+                               slurm=parse_slurm_params(getattr(args, "slurm_param", None) or []))
+    check_cluster(options)
+    return options
+
+
+def check_cluster(options: ExecutorOptions) -> None:
+    """For `--executor slurm`: the Slurm commands are on PATH and the partition exists (`sinfo`), so a
+    typo is one line and exit 2 before any work rather than a failed submission after the first stage."""
+    if options.executor != "slurm":
+        return
+    missing = [cmd for cmd in ("sbatch", "squeue", "sinfo", "scancel") if shutil.which(cmd) is None]
+    if missing:
+        raise ConfigError(f"--executor slurm needs the Slurm commands on PATH; missing: {', '.join(missing)}")
+    listed = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True)
+    if listed.returncode != 0:
+        raise ConfigError(f"--executor slurm: sinfo cannot reach the cluster: {listed.stderr.strip() or listed.returncode}")
+    partitions = sorted({line.strip() for line in listed.stdout.splitlines() if line.strip()})
+    if options.slurm_partition is not None and options.slurm_partition not in partitions:
+        raise ConfigError(f"--slurm-partition {options.slurm_partition!r} is not a partition of this cluster "
+                          f"(sinfo lists: {', '.join(partitions) or 'none'})")
 
 
 def as_unit(item: Any) -> Unit:
@@ -273,8 +330,10 @@ def _with_submitit(todo: list[Unit], options: ExecutorOptions, desc: str) -> lis
     files under `options.folder` (default ./submitit)."""
     import submitit
 
+    check_cluster(options)
     folder = options.folder or "submitit"
     ex = submitit.AutoExecutor(folder=str(folder), cluster="local" if options.executor == "submitit-local" else "slurm")
+    queue_watch = SlurmQueueWatch() if options.executor == "slurm" else None
     ex.update_parameters(**options.submitit_parameters())
     cap = options.jobs or len(todo)
     results: dict[int, Any] = {}
@@ -288,6 +347,11 @@ def _with_submitit(todo: list[Unit], options: ExecutorOptions, desc: str) -> lis
                     u = todo[i]
                     running[i] = ex.submit(call_unit, u.fn, u.args, u.kwargs, options.threads)
                 finished = [i for i, job in running.items() if job.done()]
+                if not finished and queue_watch is not None:
+                    for i, state in queue_watch.ended_without_result(running).items():
+                        raise JobEndedError(todo[i].label(i), f"unit {todo[i].label(i)} failed: Slurm job "
+                                        f"{running[i].job_id} ended {state} without a result "
+                                        f"(log: {running[i].paths.stderr})")
                 if not finished:
                     time.sleep(0.2)
                     continue
@@ -308,6 +372,40 @@ def _with_submitit(todo: list[Unit], options: ExecutorOptions, desc: str) -> lis
                 except Exception:  # a job that ended meanwhile
                     pass
     return [results[i] for i in range(len(todo))]
+
+
+class SlurmQueueWatch:
+    """Which running submitit jobs Slurm has ended without a result file (module docstring): asked of
+    `squeue -t all` at most every `QUEUE_POLL_S`, an ended job given `RESULT_GRACE_S` for its result."""
+
+    def __init__(self):
+        self.last_poll = 0.0
+        self.ended_at: dict[str, float] = {}
+
+    def ended_without_result(self, running: dict[int, Any]) -> dict[int, str]:
+        now = time.monotonic()
+        if now - self.last_poll < QUEUE_POLL_S:
+            return {}
+        self.last_poll = now
+        out = {}
+        for i, job in running.items():
+            state = slurm_job_state(job.job_id)
+            if state is None or state in SLURM_LIVE_STATES or job.done():
+                continue
+            first_seen = self.ended_at.setdefault(job.job_id, now)
+            if now - first_seen >= RESULT_GRACE_S:
+                out[i] = state
+        return out
+
+
+def slurm_job_state(job_id: str) -> str | None:
+    """The job's state as the controller knows it (`squeue -t all` lists ended jobs for its MinJobAge);
+    "LOST" for a job id it no longer knows, None when the queue cannot be read now (try later)."""
+    done = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%T", "-j", str(job_id)], capture_output=True, text=True)
+    if done.returncode != 0:
+        return "LOST" if "Invalid job id" in done.stderr else None
+    states = done.stdout.split()
+    return states[0] if states else "LOST"
 
 
 def _submitit_failure(unit: str, error: Exception) -> Exception:
