@@ -255,3 +255,47 @@ def test_end_to_end_every_task(tiny_checkpoint, tmp_path):
     assert {json.loads(e)["chosen_on"] for e in gap_best["extra"]} == {"gap-validation"}
     summary = format_summary(rows)
     assert "best_head_accuracy" in summary and "chosen on gum-dev" in summary
+
+
+@pytest.mark.parametrize("eval_split", ["validation", "test"])
+def test_gap_never_stops_on_the_split_it_reports(tiny_checkpoint, tmp_path, monkeypatch, eval_split):
+    """Issue 49: with gap_eval_split validation the GAP probe early-stopped on validation too, so the
+    reported score had chosen its own stopping point. Now it stops on held-out development rows
+    (disjoint from the rows it trains on); reporting on test keeps development / validation."""
+    from probes.core.runner import run_probe
+    from probes.coref import tasks as coref_tasks
+    from workbench.store.results import ResultsStore
+
+    features, given = {}, []
+    real_features, real_fit = coref_tasks._gap_features, coref_tasks.fitting.fit_probe
+
+    def features_spy(unit, frame, split, settings):
+        features[split] = real_features(unit, frame, split, settings)
+        return features[split]
+
+    def fit_spy(x, y, x_dev, y_dev, **kw):
+        given.append((np.asarray(x), np.asarray(x_dev)))
+        return real_fit(x, y, x_dev, y_dev, **kw)
+
+    monkeypatch.setattr(coref_tasks, "_gap_features", features_spy)
+    monkeypatch.setattr(coref_tasks.fitting, "fit_probe", fit_spy)
+    n = 40
+    settings = {"tasks": ["gap"], "baselines": [], "max_gap_examples": n, "n_boot": 10, "gap_eval_split": eval_split,
+                "gap_predictions_dir": str(tmp_path / "gap"), "cache_dir": str(tmp_path / "cache"), "progress": False,
+                "threads": 1}
+    _, rows = run_probe("coref", [str(tiny_checkpoint)], settings, store=ResultsStore(tmp_path / "runs"))
+
+    def row_set(a):  # a split's examples as the bytes of their last-layer feature rows
+        return {r.tobytes() for r in a[-1]}
+
+    x_fit, x_stop = given[0]
+    fit, stop = row_set(x_fit), row_set(x_stop)
+    assert stop and not stop & fit
+    assert not stop & row_set(features[eval_split])  # never stopped on what it reports
+    extra = json.loads(rows[(rows["task"] == "gap") & (rows["metric"] == "f1")]["extra"].iloc[0])
+    if eval_split == "validation":
+        assert fit | stop == row_set(features["development"]) and x_stop.shape[1] == 4  # 10% of 40 held out
+        assert extra["stop"] == "development-heldout-0.1" and extra["train"] == "development-rest-0.1"
+    else:
+        assert fit == row_set(features["development"]) and stop == row_set(features["validation"])
+        assert extra["stop"] == "validation" and extra["train"] == "development"

@@ -81,6 +81,7 @@ PROBE = runner.ProbeSpec(
     summary=format_summary, twin_once_per_run=True,
     # 2: held-out best heads (chosen on dev), Clark et al.'s criterion as the headline, AUC CIs on n_boot;
     # 3: the default probe fit of issue 42 (optimizer auto by words x features, linear Adam batch 128,
-    # stopping on the dev loss)
-    version=3,
+    # stopping on the dev loss); 4: GAP reported on validation stops on held-out development rows,
+    # no longer on validation itself (issue 49)
+    version=4,
 )

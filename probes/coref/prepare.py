@@ -9,7 +9,7 @@ import pandas as pd
 
 from probes.core import runner
 from probes.coref.items import Document, gum_documents
-from probes.coref.settings import CorefSettings, HEADS_REPORT_SPLIT, HEADS_SELECT_SPLIT
+from probes.coref.settings import CorefSettings, HEADS_REPORT_SPLIT, HEADS_SELECT_SPLIT, gap_split_roles
 
 
 @dataclass
@@ -69,5 +69,5 @@ def prepare(settings: CorefSettings) -> runner.Prepared:
                 frame = read_gap(split)
                 data.gap[split] = frame.iloc[: s.max_gap_examples].reset_index(drop=True) if s.max_gap_examples else frame
                 files.append(gap_path(split))
-        notes.setdefault("splits", {})["gap"] = {"train": "development", "stop": "validation", "eval": s.gap_eval_split}
+        notes.setdefault("splits", {})["gap"] = gap_split_roles(s)
     return runner.Prepared(data=data, files=files, notes=notes)

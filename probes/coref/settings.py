@@ -40,10 +40,12 @@ class CorefSettings(runner.Settings):
     max_eval_documents: int | None = field(default=None, metadata={
         "help": "cap on GUM eval documents (the first N; attention-heads: of dev and of test)"})
     max_gap_examples: int | None = field(default=None, metadata={"help": "cap on each GAP split (the first N rows)"})
-    early_stopping_fraction: float = field(default=0.1, metadata={"help": "GUM train documents held out for early stopping"})
+    early_stopping_fraction: float = field(default=0.1, metadata={
+        "help": "held out for early stopping: GUM train documents; GAP development rows when gap_eval_split is validation"})
     eval_split: str = field(default="dev", metadata={
         "help": "GUM split the probes report on: dev | test (attention-heads: heads chosen on dev, reported on test)"})
-    gap_eval_split: str = field(default="test", metadata={"help": "GAP split to report on: test | validation"})
+    gap_eval_split: str = field(default="test", metadata={
+        "help": "GAP split to report on: test (stop on validation) | validation (stop on held-out development rows)"})
     gap_predictions_dir: str | None = field(default=None, metadata={
         "help": "where GAP submission files go (default <runs root>/coref/gap-predictions)"})
     context_thresholds: tuple[int, ...] = field(default=(16, 64, 128), metadata={
@@ -84,3 +86,26 @@ class CorefSettings(runner.Settings):
         bad = set(self.probe_config) - set(fitting.ProbeConfig.__dataclass_fields__)
         if bad:
             raise ConfigError(f"unknown probe_config key(s) {sorted(bad)}")
+
+
+def gap_split_roles(settings: CorefSettings) -> dict[str, str]:
+    """Which GAP data the GAP probe trains on, early-stops on and reports on: never the same data
+    twice. Reporting on test (the default, Webster et al. 2018's protocol): train on development,
+    stop on validation. Reporting on validation: stop on a seeded `early_stopping_fraction` of the
+    development rows (`gap_fit_stop_rows`), train on the rest; before issue 49 it stopped on
+    validation too, so the reported score had picked its own stopping point."""
+    if settings.gap_eval_split == "test":
+        return {"train": "development", "stop": "validation", "eval": "test"}
+    held = f"development-heldout-{settings.early_stopping_fraction:g}"
+    return {"train": f"development-rest-{settings.early_stopping_fraction:g}", "stop": held, "eval": "validation"}
+
+
+def gap_fit_stop_rows(n: int, settings: CorefSettings):
+    """(fit rows, stop rows) of GAP development's `n` rows when the report is on validation: a
+    seeded draw of round(n x early_stopping_fraction) rows (at least 1) held out for stopping,
+    both sorted."""
+    import numpy as np
+
+    order = np.random.default_rng([settings.seed, 13]).permutation(n)
+    n_stop = max(1, int(round(n * settings.early_stopping_fraction)))
+    return np.sort(order[n_stop:]), np.sort(order[:n_stop])

@@ -18,7 +18,7 @@ from probes.coref.items import (Document, Pairs, baseline_pair_predictions, gap_
 from probes.coref.metrics import binary_scores, gap_scores_ci, pair_metrics
 from probes.coref.prepare import CorefData
 from probes.coref.settings import (CorefSettings, GAP_LABELS, HEADS_REPORT_SPLIT, HEADS_SELECT_SPLIT, HEAD_CRITERIA,
-                                   MENTION_TYPES, PAPER_PARALLELISM_F1)
+                                   MENTION_TYPES, PAPER_PARALLELISM_F1, gap_fit_stop_rows, gap_split_roles)
 
 
 # --------------------------------------------------------------------------- per unit helpers
@@ -266,8 +266,14 @@ def _gap(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
     x = {k: _gap_features(unit, f, k, s) for k, f in frames.items()}
     lab = {k: np.array([GAP_LABELS.index(v) for v in f["label"]], dtype=np.int64) for k, f in frames.items()}
     ev = frames[s.gap_eval_split]
-    res = fitting.fit_probe(x["development"], lab["development"], x["validation"], lab["validation"],
-                           num_classes=3, config=_probe_cfg(s, None))
+    roles = gap_split_roles(s)  # the probe never stops on the data it is reported on
+    if s.gap_eval_split == "validation":
+        fit, stop = gap_fit_stop_rows(len(frames["development"]), s)
+        x_fit, y_fit = x["development"][:, fit], lab["development"][fit]
+        x_stop, y_stop = x["development"][:, stop], lab["development"][stop]
+    else:
+        x_fit, y_fit, x_stop, y_stop = x["development"], lab["development"], x["validation"], lab["validation"]
+    res = fitting.fit_probe(x_fit, y_fit, x_stop, y_stop, num_classes=3, config=_probe_cfg(s, None))
     pred = res.predict(x[s.gap_eval_split])  # [L, N]
     genders = [pronoun_gender(p) for p in ev["pronoun"]]
     scores = gap_scores_ci(pred == 0, pred == 1, ev["a_coref"], ev["b_coref"], genders, s.n_boot, s.seed,
@@ -285,7 +291,7 @@ def _gap(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
         rows = [(i, *gap_decisions(GAP_LABELS[p])) for i, p in zip(ev["id"], pred[layer])]
         files.append(str(write_submission(folder / f"layer-{layer:02d}.tsv", rows)))
     unit.notes.setdefault("gap_predictions", {})[unit.key] = files
-    extra = {"features": "p;a;b;p*a;p*b", "pooling": s.pooling, "train": "development", "stop": "validation",
+    extra = {"features": "p;a;b;p*a;p*b", "pooling": s.pooling, "train": roles["train"], "stop": roles["stop"],
              "paper_parallelism_f1": PAPER_PARALLELISM_F1, "probe_seed": s.seed}
     out = _depth_rows(unit, "gap", "f1", metrics.pop("f1"), cis.pop("f1"), f1_boot, split=s.gap_eval_split,
                       n=len(ev), extra=extra)
@@ -296,7 +302,7 @@ def _gap(unit, prepared, settings: CorefSettings) -> list[pd.DataFrame]:
             base["nearest_name"] = [gap_nearest_name(r) for r in ev.itertuples()]
             base["subject_name"] = [gap_subject_name(r) for r in ev.itertuples()]
         if "majority" in s.baselines:
-            major = GAP_LABELS[int(np.bincount(lab["development"]).argmax())]
+            major = GAP_LABELS[int(np.bincount(y_fit).argmax())]
             base["majority"] = [major] * len(ev)
         n_layers = pred.shape[0]
         for name, labels in base.items():
