@@ -62,6 +62,11 @@ def mdl_online_code(
     then for each i train a probe on the first t_i examples and pay -log2 p(y | x) for examples
     t_i+1 .. t_{i+1}. Compression = N log2 C / online code length.
 
+    The probe is `config`'s kind: the linear probe, or (`kind: mlp`, the syntax probes'
+    `mdl_probe: mlp`) Hewitt & Liang (2019)'s MLP probe with one ReLU hidden layer of
+    `config.hidden` units, the probe family Voita & Titov report their headline code lengths with
+    (their width and layer count may differ from ours: we use the workbench's MLP probe as it is).
+
     Choices of ours: each block's probe is our batched probe with `config`, early-stopped on the
     held-out loss of the last `holdout` share of its own prefix (data already transmitted, so the
     code stays decodable; without it a probe fitted on noise overfits and codes worse than

@@ -23,8 +23,12 @@ Baselines (`baselines=`)
 - `control`: Hewitt & Liang (2019) control task through `baselines.control_labels`: each word type gets
   a label drawn from the task's train label distribution; the type is the word form for upos/xpos,
   the DEPENDENT's form for deprel, and the ordered pair (head form, dependent form) for arc (a
-  binary control: a probe can pass it only by memorising type pairs). Selectivity = accuracy -
-  control accuracy, with a paired sentence-bootstrap CI.
+  binary control: a probe can pass it only by memorising type pairs; `arc_control="type_pairs"`, our
+  analogue). Selectivity = accuracy - control accuracy, with a paired sentence-bootstrap CI.
+  `arc_control="hewitt_liang"`: Hewitt & Liang's own edge control (`items.build_edge_control_items`:
+  each word type attaches to itself, the first or the last word of its sentence), on control items of
+  its own; selectivity is then the paired difference of the two accuracies (`paired_accuracy_difference`)
+  and the control rows say `extra.control_task = "hewitt_liang_edges"`.
 - `majority`: the most frequent train label, scored on the eval items.
 - `random_init`: the same probes on `handle.derive("random_init", ...)` (same class and config, fresh
   weights, same tokenizer).
@@ -43,9 +47,10 @@ items (words, arcs, pairs, gold edges or sentences), ci_low/ci_high = 95% percen
 sentences. Metrics:
 - classification tasks: accuracy, train_accuracy, control_accuracy, selectivity, majority (and with
   `probe="mlp"` the same names prefixed "mlp_"); MDL tasks (Voita & Titov 2020): mdl_codelength
-  (bits), compression; scalar-mix tasks (Peters et al. 2018; Tenney et al. 2019): per layer
-  scalar_mix_weight and cumulative_accuracy (mix of layers 0..l), and with layer=None
-  centre_of_gravity, expected_layer, scalar_mix_accuracy;
+  (bits), compression (with `mdl_probe="mlp"`, the MLP probe of their headline numbers, prefixed
+  "mlp_"); scalar-mix tasks (Peters et al. 2018; Tenney et al. 2019): per layer scalar_mix_weight
+  and cumulative_accuracy (mix of layers 0..l), and with layer=None centre_of_gravity,
+  expected_layer, scalar_mix_accuracy;
 - structural-distance: uuas, dspr, right_branching_uuas; structural-depth: root_acc, nspr.
 Data-only baselines (majority, right_branching_uuas) are written for each real checkpoint, not for
 twins. Baseline rows say so in their data (`baselines.mark_baselines`): extra.baseline = "majority",

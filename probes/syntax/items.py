@@ -97,3 +97,58 @@ def build_items(task: str, sentences, offsets: np.ndarray, sentence_ids: Sequenc
             raise ConfigError(f"not a classification task: {task!r}")
     cols = [np.asarray(a_idx, dtype=np.int64)] + ([np.asarray(b_idx, dtype=np.int64)] if task in ("deprel", "arc") else [])
     return Items(cols, labels, types, np.asarray(sent, dtype=np.int64), dict(counts))
+
+
+# Hewitt & Liang (2019)'s behaviours of a word type in the dependency edge control task
+EDGE_BEHAVIOURS = ("self", "first", "last")
+
+
+def edge_control_heads(words: Sequence[str], seed: int) -> list[int]:
+    """0-based control head of every word of a sentence under Hewitt & Liang (2019, "Designing and
+    Interpreting Probes with Control Tasks", Sec. 3.2)'s control task for dependency edge
+    prediction: each word TYPE is given one behaviour, drawn once at random (uniformly over the
+    three, as we read their definition) and kept wherever the type occurs: attach to itself, to the
+    first word of the sentence, or to the last. The draw is `baselines.control_labels`' (a hash of
+    (seed, type)), so a type keeps its behaviour across splits and subsets."""
+    from probes.core.baselines import control_labels
+
+    if not words:
+        return []
+    behaviour = control_labels(list(words), np.full(len(EDGE_BEHAVIOURS), 1 / len(EDGE_BEHAVIOURS)), seed)
+    last = len(words) - 1
+    return [i if b == 0 else 0 if b == 1 else last for i, b in enumerate(behaviour)]
+
+
+def build_edge_control_items(sentences, offsets: np.ndarray, sentence_ids: Sequence[int] | None = None,
+                             seed: int = 0) -> Items:
+    """The arc task's items under Hewitt & Liang's edge control (`edge_control_heads`), built as the
+    gold arc items are (`build_items("arc")`): positives are (control head, dependent) for every
+    word that has a gold head (the same dependents, so as many positives as the gold task; the root
+    word is left out as there), negatives are as many pairs not linked by a control arc in either
+    direction, sampled per sentence with the generator seeded by (seed, i). Deliberate difference:
+    Hewitt & Liang's probe picks each word's head among all positions of its sentence (a softmax
+    over positions); ours classifies pairs, as the gold arc task here does. A self-attachment is the
+    pair (d, d); the gold task has none."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    ids = range(len(sentences)) if sentence_ids is None else [int(i) for i in sentence_ids]
+    a_idx, b_idx, labels, types, sent = [], [], [], [], []
+    counts: Counter = Counter()
+    for j, i in enumerate(ids):
+        s, base = sentences[i], int(offsets[i])
+        control = edge_control_heads(s.words, seed)
+        # 1-based control heads of the words with a gold head (0 for the root word: no arc)
+        heads = [control[d] + 1 if h > 0 else 0 for d, h in enumerate(s.heads)]
+        pos = [(heads[d] - 1, d) for d in range(len(heads)) if heads[d] > 0]
+        neg = sample_non_arcs(heads, len(pos), np.random.default_rng([seed, i]))
+        counts["positive_pairs"] += len(pos)
+        counts["self_attachments"] += sum(h == d for h, d in pos)
+        counts["negative_pairs"] += len(neg)
+        counts["negative_shortfall"] += len(pos) - len(neg)
+        for (h, d), label in [(p, "arc") for p in pos] + [(p, "none") for p in neg]:
+            a_idx.append(base + h)
+            b_idx.append(base + d)
+            labels.append(label)
+            types.append(s.words[d])
+            sent.append(j)
+    cols = [np.asarray(a_idx, dtype=np.int64), np.asarray(b_idx, dtype=np.int64)]
+    return Items(cols, labels, types, np.asarray(sent, dtype=np.int64), dict(counts))

@@ -15,6 +15,10 @@ STRUCTURAL_TASKS = ("structural-distance", "structural-depth")
 STRUCTURAL_SETTINGS = ("rank", "epochs", "batch_size", "lr", "patience", "lr_decay", "standardize")
 BASELINES = ("majority", "control", "random_init")
 PROBE_KINDS = ("linear", "mlp")
+# The arc task's control (`probes.syntax.items`): "type_pairs", a label per (head form, dependent form)
+# drawn from the arc/none distribution (our analogue); "hewitt_liang", Hewitt & Liang (2019)'s edge
+# control (each word type attaches to itself, the first or the last word of its sentence).
+ARC_CONTROLS = ("type_pairs", "hewitt_liang")
 PAIR_FEATURES = ("concat", "concat_product")
 NAME = "syntax"
 
@@ -43,6 +47,12 @@ class SyntaxSettings(runner.Settings):
     mdl_tasks: tuple[str, ...] = field(default=("upos",), metadata={"help": "tasks with an MDL online code ('' for none)"})
     mdl_max_examples: int | None = 20000
     mdl_fractions: tuple[float, ...] | None = None
+    mdl_probe: str = field(default="linear", metadata={
+        "help": "MDL's probe: linear | mlp (Hewitt & Liang's one-hidden-layer MLP, Voita & Titov's setting)",
+        "key_omits": "linear"})
+    arc_control: str = field(default="type_pairs", metadata={
+        "help": "arc control task: type_pairs (a label per word-type pair) | hewitt_liang (each type attaches "
+                "to itself, the first or the last word)", "key_omits": "type_pairs"})
     scalar_mix_tasks: tuple[str, ...] = field(default=("upos",), metadata={"help": "tasks with a scalar mix ('' for none)"})
     structural_max_train_sentences: int | None = field(default=2000, metadata={
         "help": "cap on the structural probes' training sentences (0 = no cap)"})
@@ -81,6 +91,10 @@ class SyntaxSettings(runner.Settings):
             bad = [t for t in getattr(self, key) if t not in CLASSIFICATION_TASKS]
             if bad:
                 raise ConfigError(f"{key}: {bad} are not classification tasks {list(CLASSIFICATION_TASKS)}")
+        if self.mdl_probe not in PROBE_KINDS:
+            raise ConfigError(f"mdl_probe must be one of {PROBE_KINDS}, got {self.mdl_probe!r}")
+        if self.arc_control not in ARC_CONTROLS:
+            raise ConfigError(f"arc_control must be one of {ARC_CONTROLS}, got {self.arc_control!r}")
         if self.mdl_fractions is not None and not all(0 < f <= 1 for f in self.mdl_fractions):
             raise ConfigError(f"mdl_fractions must lie in (0, 1], got {list(self.mdl_fractions)}")
         unknown = set(self.structural) - set(STRUCTURAL_SETTINGS)

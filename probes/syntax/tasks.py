@@ -13,7 +13,7 @@ import pandas as pd
 from probes.core import baselines, depth, fitting, mdl, runner, scalar_mix, statistics as stats
 from probes.syntax import structural as st
 from probes.syntax.features import FeatureView, sentence_rows
-from probes.syntax.items import build_items
+from probes.syntax.items import build_edge_control_items, build_items
 from probes.syntax.prepare import SplitPlan, SyntaxData
 from probes.syntax.settings import SyntaxSettings
 from workbench.errors import ConfigError
@@ -171,11 +171,17 @@ def fit_classification_task(ctx: _Context, task: str) -> list[pd.DataFrame]:
     extra = {"n_train": len(fit), "num_classes": c, "unseen_eval_labels": unseen}
     if task in ("deprel", "arc"):
         extra["pair_features"] = "concat_product" if product else "concat"
-    # Control labels: one draw per type from the train label distribution, same for every split.
+    # Control labels: one draw per type from the train label distribution, same for every split;
+    # for arcs under Hewitt & Liang's edge control, items of their own (`_edge_control`).
     want_control = "control" in ctx.baselines
-    if want_control:
+    edge_control = want_control and task == "arc" and ctx.settings.arc_control == "hewitt_liang"
+    if edge_control:
+        cx, ctrl, csent = _edge_control(ctx, vocab, product)
+    elif want_control:
         dist = baselines.label_distribution(y_fit, c)
         ctrl = [baselines.control_labels(items.types, dist, seed) for items in (fit, stop, ev)]
+        cx, csent = [x_fit, x_stop, x_ev], ev.sentence
+    cextra = {"control_task": "hewitt_liang_edges"} if edge_control else {}
     for kind in ctx.settings.classifier:
         prefix = "" if kind == "linear" else f"{kind}_"
         cfg = dict(ctx.settings.probe_config, kind=kind, seed=seed, layer_batch=layer_batch, progress=ctx.progress)
@@ -189,15 +195,19 @@ def fit_classification_task(ctx: _Context, task: str) -> list[pd.DataFrame]:
         metrics = {f"{prefix}train_accuracy": res.train_accuracy}
         cis = {}
         if want_control:
-            cres = fitting.fit_probe(x_fit, ctrl[0], x_stop, ctrl[1], num_classes=c, config=cfg)
-            ccorrect = cres.correct(x_ev, ctrl[2])
-            cacc, clo, chi = stats.ratio_bootstrap(ccorrect, None, ev.sentence, n_boot=ctx.n_boot, seed=seed)
-            sel, slo, shi = stats.ratio_bootstrap(correct.astype(np.float64) - ccorrect, None, ev.sentence,
-                                                  n_boot=ctx.n_boot, seed=seed)
+            cres = fitting.fit_probe(cx[0], ctrl[0], cx[1], ctrl[1], num_classes=c, config=cfg)
+            ccorrect = cres.correct(cx[2], ctrl[2])
+            cacc, clo, chi = stats.ratio_bootstrap(ccorrect, None, csent, n_boot=ctx.n_boot, seed=seed)
+            if edge_control:  # two item sets of the same sentences: a paired difference of accuracies
+                sel, slo, shi = paired_accuracy_difference(correct, ev.sentence, ccorrect, csent, ctx.n_boot, seed)
+            else:
+                sel, slo, shi = stats.ratio_bootstrap(correct.astype(np.float64) - ccorrect, None, ev.sentence,
+                                                      n_boot=ctx.n_boot, seed=seed)
             metrics.update({f"{prefix}control_accuracy": cacc, f"{prefix}selectivity": sel})
             cis.update({f"{prefix}control_accuracy": (clo, chi), f"{prefix}selectivity": (slo, shi)})
         ctx.timings[f"{task}:{kind}"] = round(time.perf_counter() - t0, 3)
-        out.append(baselines.mark_baselines(_rows(ctx, task, metrics, n=len(ev), ci=cis, extra=dict(extra, classifier=kind)),
+        out.append(baselines.mark_baselines(_rows(ctx, task, metrics, n=len(ev), ci=cis,
+                                                  extra=dict(extra, classifier=kind, **cextra)),
                                          {f"{prefix}control_accuracy": ("control", f"{prefix}accuracy")}))
     if "majority" in ctx.baselines and not ctx.is_twin:
         _, maj = baselines.majority_baseline(y_fit, y_ev)
@@ -209,10 +219,13 @@ def fit_classification_task(ctx: _Context, task: str) -> list[pd.DataFrame]:
         if ctx.settings.mdl_max_examples is not None and len(fit) > ctx.settings.mdl_max_examples:
             idx = np.sort(np.random.default_rng([seed, 2]).choice(len(fit), ctx.settings.mdl_max_examples, replace=False))
         x_mdl = FeatureView(ctx.train_acts.layers, [c_[idx] for c_ in fit.cols], product)
-        cfg = dict(ctx.settings.probe_config, kind="linear", seed=seed, layer_batch=layer_batch, progress=ctx.progress)
+        kind = ctx.settings.mdl_probe  # linear, or Voita & Titov's MLP probe (rows prefixed "mlp_")
+        prefix = "" if kind == "linear" else f"{kind}_"
+        cfg = dict(ctx.settings.probe_config, kind=kind, seed=seed, layer_batch=layer_batch, progress=ctx.progress)
         kw = {"fractions": ctx.settings.mdl_fractions} if ctx.settings.mdl_fractions else {}
         code = mdl.mdl_online_code(x_mdl, y_fit[idx], num_classes=c, config=cfg, seed=seed, **kw)
-        out.append(_rows(ctx, task, {"mdl_codelength": code.online_codelength, "compression": code.compression},
+        out.append(_rows(ctx, task, {f"{prefix}mdl_codelength": code.online_codelength,
+                                     f"{prefix}compression": code.compression},
                          split=f"{plan.train_split}:fit", n=code.num_examples,
                          extra=dict(extra, uniform_codelength=code.uniform_codelength)))
         ctx.timings[f"{task}:mdl"] = round(time.perf_counter() - t0, 3)
@@ -229,6 +242,40 @@ def fit_classification_task(ctx: _Context, task: str) -> list[pd.DataFrame]:
                          split=split, layers=[0], n=len(stop), extra=extra).assign(layer=pd.NA))
         ctx.timings[f"{task}:scalar_mix"] = round(time.perf_counter() - t0, 3)
     return out
+
+
+def _edge_control(ctx: _Context, vocab: dict[str, int], product: bool):
+    """The arc task's control under Hewitt & Liang (2019)'s edge control task
+    (`items.build_edge_control_items`) on the fit / stop / eval sentences: (features, labels, eval
+    sentence ids), the item counts in the run notes."""
+    plan, seed = ctx.plan, ctx.seed
+    t_off, e_off = ctx.train_acts.sentence_offsets, ctx.eval_acts.sentence_offsets
+    sets = [build_edge_control_items(plan.train, t_off, plan.fit, seed),
+            build_edge_control_items(plan.train, t_off, plan.stop, seed),
+            build_edge_control_items(plan.eval, e_off, None, seed)]
+    ctx.notes.setdefault("pairs", {}).setdefault("arc", {})["hewitt_liang_control"] = {
+        name: items.counts for name, items in zip(("fit", "stop", "eval"), sets)}
+    acts = (ctx.train_acts.layers, ctx.train_acts.layers, ctx.eval_acts.layers)
+    x = [FeatureView(a, items.cols, product) for a, items in zip(acts, sets)]
+    return x, [encode_labels(items.labels, vocab) for items in sets], sets[2].sentence
+
+
+def paired_accuracy_difference(correct_a, units_a, correct_b, units_b, n_boot: int, seed: int):
+    """acc_a - acc_b ([L] each, items [L, N_a] and [L, N_b] correct or not) with a percentile CI from
+    one bootstrap over the units (sentences) of both item sets: each set's accuracy is computed on
+    the same resamples (every item set sees the union of units; a unit without items of a set adds
+    nothing to it), so the replicates pair."""
+    a, b = np.asarray(correct_a, dtype=np.float64), np.asarray(correct_b, dtype=np.float64)
+    units = np.concatenate([np.asarray(units_a), np.asarray(units_b)])
+    na, nb = a.shape[-1], b.shape[-1]
+    out = []
+    for num, den in ((np.concatenate([a, np.zeros(a.shape[:-1] + (nb,))], axis=-1), np.r_[np.ones(na), np.zeros(nb)]),
+                     (np.concatenate([np.zeros(b.shape[:-1] + (na,)), b], axis=-1), np.r_[np.zeros(na), np.ones(nb)])):
+        point, _, _, boot = stats.ratio_bootstrap(num, den, units, n_boot=n_boot, seed=seed, return_boot=True)
+        out.append((point, boot))
+    diff = out[0][1] - out[1][1]
+    lo, hi = stats.percentile_interval(diff)
+    return out[0][0] - out[1][0], lo, hi
 
 
 def tree_set(acts, sentences, ids=None) -> st.TreeSet:
