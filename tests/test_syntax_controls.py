@@ -61,10 +61,14 @@ def test_edge_control_items_are_the_control_arcs_and_unlinked_pairs():
         assert pos == {(control[d], d) for d, h in enumerate(s.heads) if h > 0}
         linked = pos | {(b, a) for a, b in pos}
         neg = [(a, b) for a, b, lab in mine if lab == "none"]
-        assert neg and not set(neg) & linked and all(a != b for a, b in neg)
-    # the same type keeps its behaviour: "the" at 0 and 4, "cat" in both sentences
-    assert edge_control_heads(["the", "x", "y", "z", "the"], 1)[4] in (4, 0, 4)
-    assert items.counts["self_attachments"] == sum(a == b for a, b in zip(*items.cols))
+        assert neg and not set(neg) & linked
+        # a negative attaches a dependent by one of the two behaviours its type was NOT given, so the
+        # head's place (itself, first, last) does not tell an arc from a non-arc
+        last = len(s.words) - 1
+        assert all(a in (b, 0, last) and a != control[b] for a, b in neg)
+        assert len({b for _, b in neg}) == len(neg)  # at most one per dependent
+    positives = [(a, b) for a, b, lab in zip(*items.cols, items.labels) if lab == "arc"]
+    assert items.counts["self_attachments"] == sum(a == b for a, b in positives)
 
 
 def test_paired_difference_of_one_item_set_is_the_per_item_difference():
