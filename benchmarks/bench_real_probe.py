@@ -152,7 +152,8 @@ def measure(model: str, sentences: int = 1000, eval_sentences: int = 500, trees:
     `layers`: fit only these hidden-state indices (0 = embeddings; the extraction is all-layer
     regardless, so the ratios of a subset are not the all-layer ratios). `work_dir`: where the
     fresh activation cache lives (a temporary folder inside it, removed at the end). `structural`:
-    overrides of `SyntaxSettings().structural` (e.g. {"standardize": True}, docs/evidence/real-models.md).
+    overrides of `SyntaxSettings().structural` (e.g. {"standardize": False}: the raw fit, the default
+    before issue 49; docs/evidence/structural-fit.md).
     `reference`: also fit UPOS with L-BFGS run to convergence (no early stopping, up to 1,000
     iterations) and report each layer's accuracy beside the default fit's (the issue's tolerance:
     the default within 0.3 points of it on every layer)."""
@@ -280,7 +281,9 @@ def measure(model: str, sentences: int = 1000, eval_sentences: int = 500, trees:
         record["structural_distance"] = {
             "fit": t_sfit, "score": t_sscore, "trees": len(train_t), "stop_trees": len(stop_t),
             "eval_trees": len(eval_t), "train_words": tree_words, "epochs": int(fitted.epochs),
-            "settings": dict(defaults.structural), "feature_bytes": sfeat, "memory": smem,
+            # `standardized` as fitted: records before issue 49 have settings {} for the raw fit (then the default)
+            "settings": dict(defaults.structural), "standardized": fitted.scaling is not None,
+            "feature_bytes": sfeat, "memory": smem,
             "uuas": [s["uuas"] for s in scores], "dspr": [s["dspr"] for s in scores],
             "right_branching_uuas": st.right_branching_uuas(eval_t),
             "ratio_wall": t_sfit["wall_s"] / ext["structural"]["wall_s"],
@@ -316,8 +319,11 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="extraction batch size")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", type=Path, default=None, help="where the temporary activation cache goes")
-    p.add_argument("--structural-standardize", action="store_true",
-                   help="z-score the structural probe's features (structural: {standardize: true}); default off")
+    raw = p.add_mutually_exclusive_group()
+    raw.add_argument("--structural-raw", action="store_true",
+                     help="the structural probe on raw features (structural: {standardize: false}; the default before issue 49)")
+    raw.add_argument("--structural-standardize", action="store_true",
+                     help="z-scored features: the default since issue 49 (kept so that older commands run)")
     p.add_argument("--reference", action="store_true",
                    help="also fit UPOS with L-BFGS run to convergence and report each layer's gap to it")
     p.add_argument("--progress", action="store_true")
@@ -351,7 +357,7 @@ def main(argv=None) -> None:
             try:
                 out[model] = measure(model, args.sentences, args.eval_sentences, args.trees, layers, args.seed,
                                      args.batch_size, work_dir=args.work_dir, progress=args.progress,
-                                     structural={"standardize": True} if args.structural_standardize else None,
+                                     structural={"standardize": False} if args.structural_raw else None,
                                      reference=args.reference)
             except ConfigError as e:
                 print(f"bench_real_probe: {e}", file=sys.stderr)

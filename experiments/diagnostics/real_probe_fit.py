@@ -18,6 +18,19 @@ the half-precision cache on a real model's features.
       beside the features' size; FITTING_PY: another probes/core/fitting.py to measure instead (the
       one before issue 42: `git show 688f2cb:probes/core/fitting.py > /tmp/old_fitting.py`)
 
+  python experiments/diagnostics/real_probe_fit.py labels TAG OUT_DIR
+      (issue 49) the other label sets of the same fit / stop / eval words, from the split alone (no
+      model): XPOS (OUT_DIR/TAG-y-xpos.npz) and UPOS's control task (Hewitt & Liang 2019: one label
+      per word type drawn from the UPOS train distribution, `baselines.control_labels`, seed 0;
+      OUT_DIR/TAG-y-control.npz), in the format of TAG-y.npz
+  RPF_LAYERS=0,3,6 (environment): `fits` and `mdl` fit only these layers (a busy machine)
+  RPF_LABELS=-xpos | -control (environment): `fits` reads TAG-y$RPF_LABELS.npz and writes its
+      outputs as TAG$RPF_LABELS-acc-FIT.npy (default: UPOS)
+  python experiments/diagnostics/real_probe_fit.py mdl TAG OUT_DIR [FITTING_PY]
+      (issue 49) the UPOS online codelength (`probes.core.mdl`, the syntax probe's defaults: 20,000
+      examples at most, its fractions) on the fit words, per layer, printed in bits and saved as
+      OUT_DIR/TAG-mdl-<name>.npy (<name>: "now", or FITTING_PY's file stem: another fitting.py)
+
 Threads: RPF_THREADS (default 2; 1 is faster on a machine shared with other jobs).
   python experiments/diagnostics/real_probe_fit.py half TAG OUT_DIR
       the same Adam fit (6 epochs, lr 0.01) on the features as stored in fp32, bf16 and fp16
@@ -75,8 +88,80 @@ def features(model: str, tag: str, out: Path) -> None:
         np.savez(fh, c=len(vocab), **{k: encode_labels(v.labels, vocab) for k, v in items.items()})
 
 
+LABELS = os.environ.get("RPF_LABELS", "")  # "", "-xpos" or "-control": the label set `fits` reads
+# RPF_LAYERS=0,3,6 (environment): fit and score only these layers (`fits`, `mdl`; default all)
+LAYERS = [int(v) for v in os.environ["RPF_LAYERS"].split(",")] if os.environ.get("RPF_LAYERS") else None
+
+
+def labels(tag: str, out: Path) -> None:
+    """XPOS and UPOS control labels of the words `features` saved (see the module docstring)."""
+    from probes.core import baselines
+    from probes.syntax.items import build_items
+    from probes.syntax.prepare import plan_splits
+    from probes.syntax.settings import SyntaxSettings
+    from probes.syntax.tasks import encode_labels
+
+    d = SyntaxSettings()
+    plan = plan_splits("en_ewt", "train", "dev", max_train_sentences=1000, max_eval_sentences=500,
+                       early_stopping_fraction=d.early_stopping_fraction, holdout_fraction=d.holdout_fraction, seed=0)
+    offsets = {"train": np.concatenate([[0], np.cumsum([len(s.words) for s in plan.train])]),
+               "eval": np.concatenate([[0], np.cumsum([len(s.words) for s in plan.eval])])}
+    upos = np.load(out / f"{tag}-y.npz")
+    for task in ("upos", "xpos"):
+        items = {"fit": build_items(task, plan.train, offsets["train"], plan.fit, 0, d.deprel_subtypes),
+                 "stop": build_items(task, plan.train, offsets["train"], plan.stop, 0, d.deprel_subtypes),
+                 "ev": build_items(task, plan.eval, offsets["eval"], None, 0, d.deprel_subtypes)}
+        if len(items["fit"]) != len(upos["fit"]) or len(items["ev"]) != len(upos["ev"]):
+            sys.exit(f"real_probe_fit labels: the split does not match {tag}-y.npz")
+        vocab = {label: i for i, label in enumerate(sorted(set(items["fit"].labels)))}
+        y = {k: encode_labels(v.labels, vocab) for k, v in items.items()}
+        if task == "xpos":
+            sets = {"-xpos": (len(vocab), y)}
+        else:  # the control task of UPOS, drawn as probes.syntax.tasks draws it (seed 0)
+            dist = baselines.label_distribution(y["fit"], len(vocab))
+            sets = {"-control": (len(vocab), {k: baselines.control_labels(v.types, dist, 0) for k, v in items.items()})}
+        for suffix, (c, ys) in sets.items():
+            with atomic_path(out / f"{tag}-y{suffix}.npz") as tmp, open(tmp, "wb") as fh:
+                np.savez(fh, c=c, **ys)
+            print(f"{tag}-y{suffix}.npz: {c} classes, {len(ys['fit'])} fit words", flush=True)
+
+
+def mdl(tag: str, out: Path, fitting_py: str | None) -> None:
+    """Per-layer UPOS online codelength with this checkout's fitting.py or another (module docstring)."""
+    name = "now"
+    if fitting_py:
+        _use_fitting(fitting_py)
+        name = Path(fitting_py).stem
+    from probes.core import mdl as mdl_module
+    from probes.syntax.settings import SyntaxSettings
+
+    x, y, c = _load(tag, out)
+    rng = np.random.default_rng(0)
+    cap = SyntaxSettings().mdl_max_examples
+    idx = np.sort(rng.choice(len(y["fit"]), cap, replace=False)) if len(y["fit"]) > cap else np.arange(len(y["fit"]))
+    t = time.perf_counter()
+    code = mdl_module.mdl_online_code(torch.from_numpy(x[0][:, idx]), y["fit"][idx], num_classes=c, seed=0,
+                                      layers=LAYERS)
+    bits = code.online_codelength
+    print(f"{tag} mdl ({name}): {time.perf_counter() - t:.1f}s, {len(idx)} examples, uniform {code.uniform_codelength:.0f} bits; "
+          f"online codelength per layer (bits): {np.round(bits).astype(int).tolist()}", flush=True)
+    save_array(out / f"{tag}-mdl-{name}.npy", bits)
+
+
+def _use_fitting(fitting_py: str) -> None:
+    """Import another probes/core/fitting.py in place of this checkout's (before anything imports it)."""
+    import importlib.util
+
+    import probes.core
+
+    spec = importlib.util.spec_from_file_location("probes.core.fitting", fitting_py)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["probes.core.fitting"] = probes.core.fitting = module
+    spec.loader.exec_module(module)
+
+
 def _load(tag: str, out: Path):
-    y = np.load(out / f"{tag}-y.npz")
+    y = np.load(out / f"{tag}-y{LABELS}.npz")
     return [np.load(out / f"{tag}-x{k}.npy") for k in ("fit", "stop", "ev")], y, int(y["c"])
 
 
@@ -85,7 +170,7 @@ def _fit_and_score(x, y, c, **config):
 
     t = time.perf_counter()
     res = fitting.fit_probe(torch.from_numpy(x[0]), y["fit"], torch.from_numpy(x[1]), y["stop"], num_classes=c + 1,
-                            **config)
+                            layers=LAYERS, **config)
     seconds = time.perf_counter() - t
     return res.correct(x[2], y["ev"]) & (y["ev"] < c)[None], seconds, res.steps
 
@@ -122,10 +207,11 @@ def fits(tag: str, out: Path, names: list[str]) -> None:
         config = fit_config(name)
         correct, seconds, steps = _fit_and_score(x, y, c, **config)
         acc = correct.mean(1)
-        print(f"{name}: {seconds:.1f}s steps={steps} mean={acc.mean():.4f} min={acc.min():.4f}", flush=True)
-        save_array(out / f"{tag}-acc-{name}.npy", acc)
-        save_array(out / f"{tag}-correct-{name}.npy", correct)
-        reference = out / f"{tag}-correct-converged.npy"
+        print(f"{name}{LABELS}: {seconds:.1f}s steps={steps} mean={acc.mean():.4f} min={acc.min():.4f}\n"
+              f"  per layer: {np.round(acc, 4).tolist()}", flush=True)
+        save_array(out / f"{tag}{LABELS}-acc-{name}.npy", acc)
+        save_array(out / f"{tag}{LABELS}-correct-{name}.npy", correct)
+        reference = out / f"{tag}{LABELS}-correct-converged.npy"
         if name != "converged" and reference.exists():
             diff = correct.astype(np.float64) - np.load(reference)
             gap, se = diff.mean(1) * 100, diff.std(1) / np.sqrt(diff.shape[1]) * 100
@@ -144,14 +230,7 @@ def memory(tag: str, out: Path, fit: str, fitting_py: str | None) -> None:
     from probes.syntax.features import FeatureView
 
     if fitting_py:  # measure another version of the fitting module
-        import importlib.util
-
-        import probes.core
-
-        spec = importlib.util.spec_from_file_location("probes.core.fitting", fitting_py)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["probes.core.fitting"] = probes.core.fitting = module
-        spec.loader.exec_module(module)
+        _use_fitting(fitting_py)
     from probes.core import fitting
 
     y = np.load(out / f"{tag}-y.npz")
@@ -220,6 +299,10 @@ def main(argv: list[str]) -> None:
         fits(argv[1], Path(argv[2]), argv[3].split(","))
     elif 3 <= len(argv) <= 5 and argv[0] == "memory":
         memory(argv[1], Path(argv[2]), argv[3] if len(argv) > 3 else "default", argv[4] if len(argv) > 4 else None)
+    elif len(argv) == 3 and argv[0] == "labels":
+        labels(argv[1], Path(argv[2]))
+    elif len(argv) in (3, 4) and argv[0] == "mdl":
+        mdl(argv[1], Path(argv[2]), argv[3] if len(argv) > 3 else None)
     elif len(argv) == 3 and argv[0] == "half":
         half(argv[1], Path(argv[2]))
     else:

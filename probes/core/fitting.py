@@ -472,6 +472,38 @@ def _epoch_bounds(n: int, batch_size: int, gen: torch.Generator) -> list[int]:
     return [0, *range(offset or batch_size, n, batch_size), n]
 
 
+# torch's L-BFGS gives one `step` at most `max_eval` function evaluations (default 1.25 x `max_iter`). A
+# strong-Wolfe line search on a badly conditioned problem (raw features whose scales differ by 10^3, the
+# first iterations of any fit) spends 2-5 per iteration, so a step of 25 iterations ran out of
+# evaluations after a dozen (issue 49). 25 per iteration is the line search's own cap (torch's `max_ls`):
+# the evaluation budget never binds before the iteration budget, which the dev checks are counted in.
+LBFGS_EVALS_PER_ITER = 25
+# torch's tolerance on the change of the loss and of the parameters between iterations (float32 losses
+# change by at least ~1e-7 relative, so in practice: stop when an iteration no longer changes the loss).
+LBFGS_TOL_CHANGE = 1e-12
+
+
+def lbfgs_block(opt: torch.optim.LBFGS, closure) -> tuple[int, bool]:
+    """One `opt.step(closure)` of torch's L-BFGS -> (iterations it made, whether it converged).
+
+    torch returns from a step for one of three reasons: it made `max_iter` iterations, it spent
+    `max_eval` function evaluations, or one of its tolerances holds (largest gradient entry <=
+    `tolerance_grad`, or an iteration's step or loss change <= `tolerance_change`, or no descent
+    direction left; torch/optim/lbfgs.py). Only the last is convergence. torch counts iterations and
+    evaluations in its state (`n_iter`, `func_evals`), so the reason is read off the budgets: a step
+    that spent neither stopped on a tolerance. Before issue 49 the caller read any step of fewer than
+    `max_iter` iterations as converged, which mistook a spent evaluation budget for convergence (a
+    raw-feature fit stopped at 24 iterations with its objective 4x the optimum, tests/test_lbfgs.py).
+    A step that spent a budget on the very iteration a tolerance was met is read as not converged: the
+    next step then returns at once (gradient) or after one iteration (change), converged."""
+    group = opt.param_groups[0]
+    state = opt.state[group["params"][0]]
+    iters, evals = state.get("n_iter", 0), state.get("func_evals", 0)
+    opt.step(closure)
+    iters, evals = state["n_iter"] - iters, state["func_evals"] - evals
+    return iters, iters < group["max_iter"] and evals < group["max_eval"]
+
+
 def train_heads(module: Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.Generator,
                 standardised: bool = False) -> dict[str, Any]:
     """Fit all heads of `module` at once; returns training info (per-head arrays).
@@ -503,8 +535,8 @@ def train_heads(module: Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.
         if standardised:
             raise ConfigError("train_heads: a standardised training copy is for minibatch (Adam) fits")
         opt = torch.optim.LBFGS(
-            module.parameters(), lr=1.0, max_iter=cfg.eval_every, history_size=20,
-            tolerance_grad=cfg.tol, tolerance_change=1e-12, line_search_fn="strong_wolfe",
+            module.parameters(), lr=1.0, max_iter=cfg.eval_every, max_eval=LBFGS_EVALS_PER_ITER * cfg.eval_every,
+            history_size=20, tolerance_grad=cfg.tol, tolerance_change=LBFGS_TOL_CHANGE, line_search_fn="strong_wolfe",
         )  # fmt: skip
 
         def closure():
@@ -515,11 +547,9 @@ def train_heads(module: Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch.
 
         bar = progress_bar(total=cfg.max_iter, desc="probe (lbfgs)", disable=not cfg.progress, leave=False)
         while steps < cfg.max_iter:
-            opt.step(closure)
-            done = opt.state[opt.param_groups[0]["params"][0]]["n_iter"]
-            converged = done - steps < cfg.eval_every
-            bar.update(done - steps)
-            steps = done
+            made, converged = lbfgs_block(opt, closure)
+            bar.update(made)
+            steps += made
             if tracker is not None and dev_check(steps):
                 break
             if converged:

@@ -136,8 +136,9 @@ PROBE = runner.ProbeSpec(
     description="Syntax probes (UPOS, XPOS, deprel, arc, structural) on every layer.",
     summary=format_layer_table, cli_hook=_cli_hook, twin_once_per_run=True,
     # 3: structural lr_decay 0.1; 4: the default fit of issue 42 (optimizer auto: Adam above 2^21 words x
-    # features, lr 5e-3, batch 128, early stopping on the dev loss), which moves large real-model fits
-    version=4,
+    # features, lr 5e-3, batch 128, early stopping on the dev loss), which moves large real-model fits;
+    # 5: issue 49: L-BFGS runs to its tolerances (small fits, MDL blocks), the structural probe standardised
+    version=5,
 )
 
 

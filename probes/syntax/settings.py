@@ -21,6 +21,12 @@ PROBE_KINDS = ("linear", "mlp")
 ARC_CONTROLS = ("type_pairs", "hewitt_liang")
 PAIR_FEATURES = ("concat", "concat_product")
 NAME = "syntax"
+# Named protocols of the structural probes. "workbench": the settings as given (2,000 training trees,
+# rank 64, the eval split of the run). "hewitt-manning": Hewitt & Manning (2019)'s data protocol:
+# every training tree, a full-rank projection, scored on the test split (`SyntaxSettings.__post_init__`).
+STRUCTURAL_PROTOCOLS = ("workbench", "hewitt-manning")
+# What "hewitt-manning" sets; a setting it owns must be left at its default (or the preset's value).
+HEWITT_MANNING = {"eval_split": "test", "structural_max_train_sentences": None, "max_train_sentences": None}
 
 
 # --------------------------------------------------------------------------- settings
@@ -57,7 +63,10 @@ class SyntaxSettings(runner.Settings):
     structural_max_train_sentences: int | None = field(default=2000, metadata={
         "help": "cap on the structural probes' training sentences (0 = no cap)"})
     structural: dict = field(default_factory=dict, metadata={
-        "help": "structural probe settings: rank, epochs, batch_size, lr, patience, lr_decay, standardize"})
+        "help": "structural probe settings: rank (integer or full), epochs, batch_size, lr, patience, lr_decay, "
+                "standardize (default true; false = raw features, Hewitt & Manning's probe)"})
+    protocol: str = field(default="workbench", metadata={
+        "help": "workbench | hewitt-manning (all training trees, full rank, the test split)", "key_omits": "workbench"})
     probe_config: dict = field(default_factory=dict, metadata={"help": "fitting.ProbeConfig overrides"})
     early_stopping_fraction: float = 0.1
     holdout_fraction: float = 0.2
@@ -68,6 +77,26 @@ class SyntaxSettings(runner.Settings):
 
     def __post_init__(self):
         self.structural_max_train_sentences = _no_cap_if_zero(self.structural_max_train_sentences)
+        if self.protocol == "hewitt-manning":
+            self._apply_hewitt_manning()
+
+    def _apply_hewitt_manning(self) -> None:
+        """Hewitt & Manning (2019)'s protocol for the structural probes, as a preset that a reproduction
+        names: every training tree (no cap on the training sentences), a full-rank projection, the
+        test split (for every task of the run: the split is the run's). A setting the preset owns,
+        given another value, is refused rather than silently overridden. What stays the workbench's:
+        early stopping on a held-out tenth of the training trees (theirs: the dev split) and
+        standardised features (`structural: {standardize: false}` for their raw features)."""
+        given = {"eval_split": (self.eval_split, ("dev", "test")),
+                 "structural_max_train_sentences": (self.structural_max_train_sentences, (2000, None)),
+                 "max_train_sentences": (self.max_train_sentences, (None,)),
+                 "structural.rank": (self.structural.get("rank", "full"), ("full",))}
+        for key, (value, allowed) in given.items():
+            if value not in allowed:
+                raise ConfigError(f"protocol hewitt-manning sets {key} itself; drop {key}={value!r}")
+        for key, value in HEWITT_MANNING.items():
+            setattr(self, key, value)
+        self.structural = {**self.structural, "rank": "full"}
 
     def validate(self, spec) -> None:
         from workbench.data.conllu import TREEBANKS
@@ -100,6 +129,13 @@ class SyntaxSettings(runner.Settings):
         unknown = set(self.structural) - set(STRUCTURAL_SETTINGS)
         if unknown:
             raise ConfigError(f"unknown structural probe settings {sorted(unknown)}")
+        if self.protocol not in STRUCTURAL_PROTOCOLS:
+            raise ConfigError(f"protocol must be one of {list(STRUCTURAL_PROTOCOLS)}, got {self.protocol!r}")
+        if not isinstance(self.structural.get("standardize", True), bool):
+            raise ConfigError(f"structural standardize must be true or false, got {self.structural['standardize']!r}")
+        rank = self.structural.get("rank", 64)
+        if rank != "full" and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+            raise ConfigError(f"structural rank must be a positive integer or 'full', got {rank!r}")
         bad_keys = set(self.probe_config) - set(fitting.ProbeConfig.__dataclass_fields__)
         if bad_keys:
             raise ConfigError(f"unknown probe_config key(s) {sorted(bad_keys)}")

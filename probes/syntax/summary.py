@@ -14,7 +14,7 @@ from probes.syntax.settings import NAME
 EXTRA_SCHEMA = probe_schema(NAME, optional={
     "treebank": str, "train_split": str, "pooling": str, "probe_seed": int, "n_train": int, "num_classes": int,
     "unseen_eval_labels": int, "pair_features": str, "classifier": str, "uniform_codelength": float,
-    "rank": int, "epochs": int, "lr_decay": float, "standardized": bool,
+    "rank": int, "epochs": int, "lr_decay": float, "standardized": bool, "protocol": str,
     "control_task": str})  # control_task: "hewitt_liang_edges" on arc control rows under arc_control hewitt_liang
 
 

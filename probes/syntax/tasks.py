@@ -308,9 +308,8 @@ def fit_structural_task(ctx: _Context, task: str) -> list[pd.DataFrame]:
     n_layers = len(preds)
     lengths = np.array([len(h) for h in ev.heads])
     extra = {"n_train": len(train), "rank": int(fitted.proj.shape[-1]), "epochs": fitted.epochs,
-             "lr_decay": fitted.lr_decay}
-    if fitted.scaling is not None:
-        extra["standardized"] = True
+             "lr_decay": fitted.lr_decay, "standardized": fitted.scaling is not None,
+             "protocol": ctx.settings.protocol}
     out = []
     scores = st.sentence_scores(kind, preds, ev)
     if kind == "distance":
