@@ -96,6 +96,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
                           runs_root=args.runs_root, precision=args.precision) or 0
 
 
+# --------------------------------------------------------------------------- reproduce
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from app.reproduce.report import FAILED, format_outcomes, reproduce, write
+    from workbench.drivers.executor import options_from_args
+    from workbench.store.results import ResultsStore
+
+    keys = [k.strip() for k in args.rows.split(",") if k.strip()] if args.rows else None
+    options = options_from_args(args)  # bad --jobs / --executor: one line, before any work
+    store = ResultsStore(args.runs_root) if args.runs_root else None
+    outcomes = reproduce(keys, full=args.full, quick=args.quick, strict=args.strict, store=store,
+                         threads=args.threads, progress=not args.quiet, executor=options)
+    print(format_outcomes(outcomes), end="")
+    if args.out:
+        command = "bertology " + " ".join(sys.argv[1:]) if sys.argv[1:] else "bertology reproduce"
+        for path in write(outcomes, Path(args.out), command, args.quick):
+            print(f"wrote {path}")
+    return 1 if any(o.verdict.status == FAILED for o in outcomes) else 0
+
+
 # --------------------------------------------------------------------------- drivers
 def _cmd_driver(args: argparse.Namespace) -> int:
     """`bertology <driver> [CONFIG] [flags]` for every driver with a command in the registry
@@ -304,6 +323,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("probe", nargs="?", default=None, help="probe family (bertology probe --help lists them)")
     p.add_argument("probe_args", nargs=argparse.REMAINDER, help="arguments of the probe (try PROBE --help)")
     p.set_defaults(func=_cmd_probe)
+
+    p = sub.add_parser("reproduce", help="the literature's headline findings beside ours: one table, one figure",
+                       description="Run the reproduction rows (app/reproduce/rows.py) on the real models in the "
+                                   "local Hugging Face cache, or on tiny models trained here (--quick), and print "
+                                   "one table: the paper's number (quoted in app/reproduce/citations.yaml), ours "
+                                   "with its 95%% CI, the stated test and the verdict it computes.")
+    p.add_argument("--rows", default=None, help="comma-separated row keys (default: every default row)")
+    p.add_argument("--full", action="store_true", help="add the long rows (hours on a CPU)")
+    p.add_argument("--quick", action="store_true", help="every row's code path on tiny models trained here (minutes)")
+    p.add_argument("--strict", action="store_true", help="refuse rows whose paper number is unverified")
+    p.add_argument("--out", default=None, help="folder for the table (Markdown, CSV), the figure and a manifest")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--runs-root", default=None, help="runs root (default $BERTOLOGY_RUNS or ./runs)")
+    add_executor_arguments(p, "rows")
+    p.set_defaults(func=_cmd_reproduce)
 
     p = sub.add_parser("run", help="run an experiment YAML (train, probe, print the table)")
     p.add_argument("config", help="experiment YAML, e.g. experiments/main.yaml")

@@ -1,0 +1,132 @@
+"""`bertology reproduce` (app/reproduce): the row registry refuses a row without a citation or a
+test, verdicts are computed from each row's stated test (checked on planted numbers), bad input is
+one line and exit 2 before any work, a failing row is a `failed` row of the table while the others
+run, and `--quick` runs every default row's code path on tiny models trained here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from app.reproduce import report, rows as reproduction_rows
+from app.reproduce.spec import (DIFFERS, FAILED, REPRODUCED, AllOf, Citation, InRange, IntervalsAbove, Measurement,
+                                PaperValue, Row, RowSpecError, Test, WithinTolerance, build_registry)
+
+CITED = PaperValue(Citation(paper="Planted et al. 2020, A Paper", where="Table 1", quote="the number is 10.0",
+                            verified=True), 10.0, "score")
+
+
+def measured(value, low=math.nan, high=math.nan, **components):
+    return Measurement(value=value, low=low, high=high, components=components)
+
+
+def test_a_row_without_a_citation_or_a_test_is_refused():
+    with pytest.raises(RowSpecError, match="no citation"):
+        Row("r", "f", paper=None, paper_setting="", our_setting="", test=WithinTolerance(1.0), measure=measured)
+    with pytest.raises(RowSpecError, match="no stated test"):
+        Row("r", "f", paper=CITED, paper_setting="", our_setting="", test=None, measure=measured)
+    with pytest.raises(RowSpecError, match="no stated test"):
+        Row("r", "f", paper=CITED, paper_setting="", our_setting="", test=Test(), measure=measured)
+    with pytest.raises(RowSpecError, match="quotes its source"):
+        Citation(paper="P", where="Table 1", quote="", verified=True)
+    with pytest.raises(RowSpecError, match="names its paper"):
+        Citation(paper="P", where="", quote="q", verified=False)
+    row = Row("r", "f", paper=CITED, paper_setting="", our_setting="", test=WithinTolerance(1.0), measure=measured)
+    with pytest.raises(RowSpecError, match="two rows named 'r'"):
+        build_registry([row, row])
+
+
+def test_verdicts_come_from_the_stated_test():
+    within = WithinTolerance(0.05, relative=True)
+    assert within.decide(CITED, measured(10.4)).status == REPRODUCED
+    verdict = within.decide(CITED, measured(11.0))
+    assert verdict.status == DIFFERS and "ours - paper = 1" in verdict.reason
+    above = IntervalsAbove(("a", "b"), 0.0)
+    assert above.decide(CITED, measured(0, a=(1.0, 0.2, 1.8), b=(0.5, 0.1, 0.9))).status == REPRODUCED
+    verdict = above.decide(CITED, measured(0, a=(1.0, 0.2, 1.8), b=(0.5, -0.1, 0.9)))
+    assert verdict.status == DIFFERS and "b" in verdict.reason.split(":")[1].split("(")[0]
+    middle = InRange(1 / 3, 2 / 3, "depth")
+    assert middle.decide(CITED, measured(0, depth=(0.5, 0.5, 0.5))).status == REPRODUCED
+    assert middle.decide(CITED, measured(0, depth=(0.9, 0.9, 0.9))).status == DIFFERS
+    both = AllOf((above, middle))
+    assert both.decide(CITED, measured(0, a=(1, .1, 2), b=(1, .1, 2), depth=(0.9, 0.9, 0.9))).status == DIFFERS
+    with pytest.raises(RowSpecError, match="lacks"):
+        above.decide(CITED, measured(0, a=(1.0, 0.2, 1.8)))
+
+
+def test_every_citation_names_its_source_and_every_row_resolves():
+    entries = reproduction_rows.citations()
+    assert entries
+    for key, entry in entries.items():
+        Citation(paper=entry["paper"], where=entry["where"], quote=entry.get("quote") or "",
+                 verified=bool(entry.get("verified")))  # refuses an entry without paper, place or quote
+        if not entry.get("verified"):
+            assert entry.get("note"), f"{key}: an unverified number says why"
+    registry = reproduction_rows.registry()
+    assert {"tenney2019", "hewitt_manning2019", "strubell2019"} <= set(registry)
+
+
+def test_the_strubell_row_recomputes_their_energy_from_their_inputs():
+    """Their Table 3 inputs through the cost module's own formula (kWh = PUE x hours x W / 1000)."""
+    value = reproduction_rows.cited_value
+    power, hours = value("strubell2019_bert_base_power_w"), value("strubell2019_bert_base_hours")
+    pue, lbs_per_kwh = value("strubell2019_pue_coefficient"), value("strubell2019_co2_per_kwh")
+    out = report.reproduce(["strubell2019"], progress=False)
+    kwh = pue * hours * power / 1000
+    assert out[0].measurement.value == pytest.approx(kwh, rel=1e-9)
+    assert out[0].measurement.components["CO2e lbs"][0] == pytest.approx(lbs_per_kwh * kwh, rel=1e-9)
+    assert out[0].verdict.status in (REPRODUCED, DIFFERS)
+
+
+def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, monkeypatch, capsys):
+    from app.cli import main
+
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    assert main(["reproduce", "--rows", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown reproduction row(s) nosuch; known: tenney2019" in err[0]
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    assert main(["reproduce", "--rows", "hewitt_manning2019"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs sentence-transformers/all-mpnet-base-v2 in the local Hugging Face cache" in err[0]
+    unverified = [k for k, r in reproduction_rows.registry().items() if not r.paper.verified]
+    if unverified:
+        assert main(["reproduce", "--rows", unverified[0], "--strict"]) == 2
+        assert "--strict: the paper numbers of" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing was run or written
+
+
+def test_a_failing_row_is_reported_and_the_others_still_run(tmp_path, monkeypatch):
+    def broken(context):
+        raise ValueError("planted failure\nsecond line")
+
+    planted = Row("planted_failure", "a row that raises", paper=CITED, paper_setting="", our_setting="",
+                  test=WithinTolerance(1.0), measure=broken)
+    fine = Row("planted_fine", "a row that works", paper=CITED, paper_setting="", our_setting="",
+               test=WithinTolerance(1.0), measure=lambda context: measured(10.5, 10.0, 11.0))
+    monkeypatch.setattr(reproduction_rows, "registry", lambda: {r.key: r for r in (planted, fine)})
+    outcomes = report.reproduce(["planted_failure", "planted_fine"], store=None, progress=False)
+    assert [o.verdict.status for o in outcomes] == [FAILED, REPRODUCED]
+    assert outcomes[0].verdict.reason == "ValueError: planted failure"
+    text = report.format_outcomes(outcomes)
+    assert "| planted_failure |" in text and "**failed**: ValueError: planted failure" in text
+    paths = report.write(outcomes, tmp_path / "out", "bertology reproduce", quick=False)
+    assert {p.name for p in paths} == {"reproduce.md", "reproduce.csv", "reproduce.html", "manifest.json"}
+
+
+@pytest.mark.slow
+def test_quick_runs_every_default_row_on_tiny_models(tmp_path, monkeypatch, capsys):
+    from app.cli import main
+
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    code = main(["reproduce", "--quick", "--threads", "1", "--quiet", "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    default = [k for k, r in reproduction_rows.registry().items() if not r.full]
+    for key in default:
+        line = next(l for l in printed.splitlines() if l.startswith(f"| {key} |"))
+        assert "**failed**" not in line, line
+        assert "**reproduced**" in line or "**differs**" in line
+    assert code == 0
+    csv = (tmp_path / "out" / "reproduce.csv").read_text()
+    assert all(key in csv for key in default)
