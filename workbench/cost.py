@@ -19,6 +19,11 @@ attention scores and weighted values (over the full attention span `seq_len`, as
 feed-forward, and the output head on the positions that go through it. Embedding lookups,
 LayerNorm, activations, softmax and per-sequence heads (NSP/SOP/pooler) are left out: they are a
 few percent at these widths. `benchmarks/bench_train.py` imports the same function for its MFU.
+A fine-tuned classifier is charged for what its kind runs (`finetune_forward_flops`: a T5/BART
+decoder_last classifier runs both stacks over the input, an encoder-mean or token head the encoder
+alone). Beside this full count every record keeps Kaplan et al. (2020)'s C = 6ND (`kaplan_flops`:
+N the non-embedding parameters, `non_embedding_params`), the measure their compute laws use, which
+leaves out the attention-score matmuls and the heads.
 
 What a training step adds to the forward (Kaplan et al. 2020, Sec. 2.1: C = 6N per token, 2N
 forward and 4N backward): the backward of a weight matmul y = x W is two matmuls of the forward's
