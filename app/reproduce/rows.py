@@ -198,6 +198,26 @@ def hewitt_manning_test() -> AllOf:
                   InRange(1 / 3, 2 / 3, "relative depth of the best layer")))
 
 
+# --------------------------------------------------------------------------- row 3: Hewitt & Liang 2019
+def measure_selectivity(ctx: Context) -> Measurement:
+    """The UPOS probe's accuracy and selectivity (accuracy minus the control task's) per layer: the
+    layer where each peaks, and how much more selective the selectivity peak is than the accuracy peak."""
+    model = ctx.models["encoder"]
+    run_id, rows = ctx.probe("syntax", model, {"tasks": ["upos"], "treebank": "en_ewt", "baselines": ["control"],
+                                               "mdl_tasks": [], "scalar_mix_tasks": [], "max_train_sentences": 4000})
+    acc = model_rows(rows, "upos", "accuracy").set_index("layer").sort_index()
+    sel = model_rows(rows, "upos", "selectivity").set_index("layer").sort_index()
+    acc_peak, sel_peak = int(acc["value"].idxmax()), int(sel["value"].idxmax())
+    gain = float(sel.loc[sel_peak, "value"] - sel.loc[acc_peak, "value"])
+    n_layers = int(acc.index.max())
+    return Measurement(value=float(sel_peak - acc_peak), model=model_name(model), data="UD EWT UPOS, 4,000 train sentences -> dev",
+                       detail=(f"accuracy peaks at layer {acc_peak} ({acc.loc[acc_peak, 'value']:.3f}), selectivity at "
+                               f"layer {sel_peak} ({sel.loc[sel_peak, 'value']:.3f}; {gain:+.3f} over the accuracy peak's)"),
+                       components={"layers from the accuracy peak to the selectivity peak": (float(sel_peak - acc_peak),) * 3},
+                       run_ids=(run_id,), depths={"UPOS accuracy peak": (acc_peak / n_layers, None),
+                                                  "UPOS selectivity peak": (sel_peak / n_layers, None)})
+
+
 # --------------------------------------------------------------------------- row 9: Strubell et al. 2019
 @contextlib.contextmanager
 def environment(**values: str):
@@ -256,6 +276,11 @@ def rows() -> list[Row]:
             our_setting="bertology probe syntax --tasks structural-distance --protocol hewitt-manning (every EWT train tree, test)",
             test=hewitt_manning_test(), measure=lambda ctx: measure_structural(ctx, "encoder", "hewitt-manning"),
             models=(MPNET,), full=True, minutes=40, ratio=True),
+        Row(key="hewitt_liang2019", finding="selectivity peaks later in depth than accuracy (ELMo: layer 1 more accurate, layer 2 more selective)",
+            paper=cited("hewittliang2019_elmo1_vs_elmo2_finding"), paper_setting="ELMo, PTB POS, linear and MLP probes, control task",
+            our_setting="bertology probe syntax --tasks upos --baselines control (linear probe)",
+            test=InRange(1, math.inf, "layers from the accuracy peak to the selectivity peak"),
+            measure=measure_selectivity, models=(MPNET,), minutes=6),
         Row(key="strubell2019", finding="training energy from published power and hours (BERT-base, 64 V100s)",
             paper=cited("strubell2019_bert_base_kwh"), paper_setting="Table 3 inputs, PUE 1.58, US average grid",
             our_setting="workbench.cost.own_cost on the paper's inputs",
