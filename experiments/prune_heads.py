@@ -4,9 +4,13 @@ For each seed: fine-tune CHECKPOINT on sentence_polarity (`workbench.drivers.fin
 prune its heads iteratively (`workbench.drivers.head_pruning.iterative_pruning`: 10% of all heads per
 step, `--step-of total`, as in Michel et al.'s and Prasanna et al.'s code; `--step-of remaining`:
 10% of the heads still present, the earlier variant; importance recomputed on the masked model
-from `--importance-examples` training sentences, dev accuracy after each step) in three orders:
+from the first `--importance-examples` dev sentences, one absolute gradient per sentence as in the
+papers' scripts (`--importance-split train`, `--importance-batch N|finetune`: the variants), dev
+accuracy after each step) in three orders:
 "good" (least important first), "random" and "bad" (most important first). The number of heads
 prunable at 90% of the full model's dev accuracy is the last step at or above that line.
+`--units both` prunes heads and MLPs (Prasanna et al.: joint steps, then heads-only half steps and
+MLP-only steps, `--both-schedule continue`; `joint`: the joint steps only), `--units mlps` MLPs.
 
 The three subnetworks compared (`--subnetworks equal_size`, the default: Prasanna et al.'s
 comparison): "good" is the good order's mask at the threshold; "random" and "bad" have its size:
@@ -76,7 +80,15 @@ def _mean_sd(values):
 def head_settings(args) -> H.HeadPruningSettings:
     """The pruning settings of the flags, checked (a bad value is one `ConfigError`)."""
     return H.load_settings({"importance_examples": args.importance_examples, "run_to_end": args.to_end,
-                            "step_of": args.step_of, "subnetworks": args.subnetworks}, "prune_heads.py")
+                            "step_of": args.step_of, "subnetworks": args.subnetworks,
+                            "importance_split": args.importance_split, "importance_batch": args.importance_batch,
+                            "units": args.units, "both_schedule": args.both_schedule}, "prune_heads.py")
+
+
+def _mlps(step) -> np.ndarray | None:
+    """A step's MLP mask (a `PruningStep` or its record), None when only heads were pruned."""
+    m = step.mlps_kept if isinstance(step, H.PruningStep) else step.get("mlps_kept")
+    return None if m is None else np.asarray(m, bool)
 
 
 def prune_seed(model, run, args, seed: int) -> dict:
@@ -86,8 +98,8 @@ def prune_seed(model, run, args, seed: int) -> dict:
     settings = head_settings(args)
     shape = H.head_shape(model)
 
-    def accuracy(kept, enc=run.dev) -> float:
-        return H.masked_accuracy(model, enc, kept, run.pad_id, bs)
+    def accuracy(kept, mlps=None, enc=run.dev) -> float:
+        return H.masked_accuracy(model, enc, kept, run.pad_id, bs, mlps)
 
     out, curves = {}, {}
     for order in H.ORDERS:  # "good" first: the other orders' subnetworks are sized by it
@@ -97,18 +109,22 @@ def prune_seed(model, run, args, seed: int) -> dict:
         curve = curves[order] = H.classifier_curve(model, run, order, settings, seed, bs, min_steps=min_steps)
         rec = curve.record()
         sub = H.order_subnetwork(curves, order, seed, settings.subnetworks)
-        sub_dev = accuracy(sub.heads_kept) if np.isnan(sub.metric) else sub.metric
+        sub_dev = accuracy(sub.heads_kept, _mlps(sub)) if np.isnan(sub.metric) else sub.metric
         rec["subnetwork"] = {"kind": settings.subnetworks if order != "good" else "threshold", "step": sub.step,
                              "n_removed": sub.n_removed, "heads_kept": sub.heads_kept.astype(bool).tolist(),
-                             "dev": sub_dev, "test": accuracy(sub.heads_kept, run.test)}
-        rec["test_accuracy_at_threshold"] = accuracy(curve.steps[curve.threshold_step].heads_kept, run.test)
+                             **({} if sub.mlps_kept is None else {"mlps_kept": sub.mlps_kept.astype(bool).tolist(),
+                                                                  "n_mlps_removed": sub.n_mlps_removed}),
+                             "dev": sub_dev, "test": accuracy(sub.heads_kept, _mlps(sub), run.test)}
+        best = curve.steps[curve.threshold_step]
+        rec["test_accuracy_at_threshold"] = accuracy(best.heads_kept, _mlps(best), run.test)
         rec["rows"] = H.curve_rows(curve, model=args.checkpoint, family=run.family, seed=seed, task="sentence_polarity",
                                    test_at_threshold=rec["subnetwork"]["test"], subnetwork=sub,
                                    subnetwork_kind=rec["subnetwork"]["kind"])
-        rec["test_accuracy_full"] = accuracy(np.ones(shape, bool), run.test)
+        rec["test_accuracy_full"] = accuracy(np.ones(shape, bool), enc=run.test)
         rec["seconds"] = round(time.time() - t0, 1)
         out[order] = rec
-        print(f"seed {seed} {order:6s}: full dev {curve.full:.3f}; {curve.prunable}/{int(np.prod(shape))} heads "
+        mlps_note = f" and {curve.mlps_prunable}/{shape[0]} MLPs" if settings.units != "heads" else ""
+        print(f"seed {seed} {order:6s}: full dev {curve.full:.3f}; {curve.prunable}/{int(np.prod(shape))} heads{mlps_note} "
               f"prunable at {curve.threshold:.0%} (dev {curve.steps[curve.threshold_step].metric:.3f}, "
               f"test {rec['test_accuracy_at_threshold']:.3f} vs full {rec['test_accuracy_full']:.3f}); "
               f"subnetwork ({rec['subnetwork']['kind']}, {sub.n_removed} removed): dev {sub_dev:.3f} "
@@ -128,24 +144,27 @@ def refinetune(args, base_cfg: dict, curves: dict, seed: int) -> dict:
     res = {"step": step, "n_removed": curves["good"]["steps"][step]["n_removed"], "subnetworks": args.subnetworks}
     for order in H.ORDERS:
         if args.subnetworks == "equal_size":  # Prasanna et al.'s subnetworks, all of the good one's size
-            kept = np.asarray(curves[order]["subnetwork"]["heads_kept"], bool)
+            kept, mlps = np.asarray(curves[order]["subnetwork"]["heads_kept"], bool), _mlps(curves[order]["subnetwork"])
         else:  # the earlier comparison: each order's curve at the step "good" reached
             steps = curves[order]["steps"]
-            kept = np.asarray(steps[min(step, len(steps) - 1)]["heads_kept"], bool)
+            kept, mlps = np.asarray(steps[min(step, len(steps) - 1)]["heads_kept"], bool), _mlps(steps[min(step, len(steps) - 1)])
             if min(step, len(steps) - 1) != step:  # the order stopped early: its mask at the nearest step
                 res[f"{order}_note"] = f"curve ended at step {len(steps) - 1}"
         # the masked pretrained model, a derived checkpoint named by what it holds (parent and mask)
-        key = hashlib.sha256(json.dumps([str(args.checkpoint), kept.tolist()]).encode()).hexdigest()[:12]
+        masks = [str(args.checkpoint), kept.tolist()] + ([] if mlps is None else [mlps.tolist()])
+        key = hashlib.sha256(json.dumps(masks).encode()).hexdigest()[:12]
         folder = runs_root() / "prune_heads" / "masked" / f"seed-{seed}-{order}-{key}"
         if not folder.is_dir():
-            H.masked_handle(base, kept, method="heads", order=order, seed=seed, step=step).save(folder)
+            H.masked_handle(base, kept, mlps, method="heads", order=order, seed=seed, step=step).save(folder)
         cfg = load_finetune_config({**base_cfg, "checkpoint": str(folder), "seeds": [seed],
                                     "epochs": args.refinetune_epochs or args.epochs,
                                     "name": f"refinetune-{order}-seed-{seed}", "baselines": False})
-        r = run_finetune(cfg, hooks=TrainingHooks(after_step=H.mask_keeper(kept)))
+        r = run_finetune(cfg, hooks=TrainingHooks(after_step=H.mask_keeper(kept, mlps)))
         res[order] = {"dev": r.seeds[0].dev["accuracy"], "test": r.seeds[0].test["accuracy"],
-                      "n_kept": int(kept.sum()), "checkpoint": str(folder)}
-        print(f"seed {seed} re-fine-tuned {order:6s} ({int(kept.sum())} heads): dev {res[order]['dev']:.3f} "
+                      "n_kept": int(kept.sum()), "checkpoint": str(folder),
+                      **({} if mlps is None else {"n_mlps_kept": int(mlps.sum())})}
+        print(f"seed {seed} re-fine-tuned {order:6s} ({int(kept.sum())} heads"
+              f"{'' if mlps is None else f', {int(mlps.sum())} MLPs'}): dev {res[order]['dev']:.3f} "
               f"test {res[order]['test']:.3f}", flush=True)
     return res
 
@@ -214,7 +233,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--epochs", type=int, default=None, help=f"default {FLAG_DEFAULTS['epochs']}")
     ap.add_argument("--batch-size", type=int, default=None, help=f"default {FLAG_DEFAULTS['batch_size']}")
     ap.add_argument("--lr", type=float, default=None, help=f"default {FLAG_DEFAULTS['lr']}")
-    ap.add_argument("--importance-examples", type=int, default=512)
+    ap.add_argument("--importance-examples", type=int, default=512, help="at most this many (the first) examples")
+    ap.add_argument("--importance-split", default="dev", help="dev (the papers' scripts) or train (before issue 49)")
+    ap.add_argument("--importance-batch", default="1", help="examples per absolute gradient: 1 (Michel et al.'s "
+                    "E_x|dL(x)/dxi|), N, or finetune (the fine-tuning batch, before issue 49)")
+    ap.add_argument("--units", default="heads", help="heads, mlps or both (Prasanna et al.)")
+    ap.add_argument("--both-schedule", default="continue", help="units both: continue (Prasanna et al.'s heads-only "
+                    "and MLP-only steps after the joint ones) or joint (the joint steps only, before issue 49)")
     ap.add_argument("--to-end", action="store_true", help="prune every order down to zero heads (full curves)")
     ap.add_argument("--step-of", default="total", help="what each step's 10%% is a share of: total (all heads, "
                     "the papers' schedule; default) or remaining (the heads still present, the earlier variant)")

@@ -462,7 +462,8 @@ def test_the_scripts_three_subnetworks_on_planted_curves(how, monkeypatch):
     monkeypatch.setattr(H, "masked_accuracy",
                         lambda model, enc, kept, pad, bs, mlps=None: float((value * kept).sum() / value.sum()))
     args = SimpleNamespace(batch_size=4, importance_examples=8, to_end=False, step_of="total", subnetworks=how,
-                           refinetune=False, checkpoint="tiny")
+                           refinetune=False, checkpoint="tiny", importance_split="dev", importance_batch="1",
+                           units="heads", both_schedule="continue")
     run = SimpleNamespace(dev="dev", test="test", pad_id=0, family="bert")
     out = script.prune_seed(tiny_classifier("bert"), run, args, seed=0)
     good = np.array(out["good"]["subnetwork"]["heads_kept"])
@@ -590,3 +591,160 @@ def test_settings_coerce_and_refuse_bad_values_naming_the_key():
             H.load_settings(values, "prune.yaml")
     with pytest.raises(ConfigError, match=r"prune.yaml: remove: head \(0, 4\) is out of range"):
         H.load_settings({"remove": [[0, 4]]}, "prune.yaml").check_removed(tiny_classifier("bert"), "prune.yaml")
+
+
+# ------------------------------------------------- issue 49: per-example importance, Prasanna's continuation
+
+
+def _one_example(batch, b):
+    """Example b of a batch alone, without its padding: a batch of one."""
+    n = int(batch["attention_mask"][b].sum())
+    return {"input_ids": batch["input_ids"][b: b + 1, :n], "attention_mask": batch["attention_mask"][b: b + 1, :n],
+            "labels": batch["labels"][b: b + 1]}
+
+
+def test_per_example_importance_is_michel_et_als_expectation_of_absolute_per_example_gradients():
+    """I_h = E_x |dL(x)/dxi_h| (Michel et al. 2019): one batched pass with per-example gates gives
+    each example's own absolute gradient, the same numbers as batches of one (the reference
+    scripts' --batch_size 1); the absolute value of the batch-mean gradient (the rule before issue
+    49) lets opposite-signed examples cancel and is a different, smaller quantity."""
+    model = tiny_classifier("bert").double()
+    batch = tiny_batch(B=3)
+    exact = H.head_importance(model, [batch], per_example=True)
+    singles = [H.head_importance(model, [_one_example(batch, b)]) for b in range(3)]
+    summed_h = sum(s.raw_heads * s.tokens for s in singles) / exact.tokens
+    summed_m = sum(s.raw_mlps * s.tokens for s in singles) / exact.tokens
+    assert exact.tokens == sum(s.tokens for s in singles)
+    np.testing.assert_allclose(exact.raw_heads, summed_h, rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(exact.raw_mlps, summed_m, rtol=1e-9, atol=1e-15)
+    mean_rule = H.head_importance(model, [batch], per_example=False)
+    # |mean of gradients| <= mean of |gradients| (x3 examples), strictly where signs differ
+    assert np.all(mean_rule.raw_heads * 3 <= exact.raw_heads * (1 + 1e-6))  # the model's loss is float32 inside
+    assert (mean_rule.raw_heads * 3 < exact.raw_heads - 1e-9).any()
+    # at a mask (a removed head's gate at 0 in every example's copy) the same equality holds
+    kept = np.ones((L, NH), bool)
+    kept[0, 0] = False
+    masked = H.head_importance(model, [batch], heads_kept=kept, per_example=True)
+    masked_singles = sum(H.head_importance(model, [_one_example(batch, b)], heads_kept=kept).raw_heads
+                         * int(batch["attention_mask"][b].sum()) for b in range(3)) / masked.tokens
+    np.testing.assert_allclose(masked.raw_heads, masked_singles, rtol=1e-9, atol=1e-15)
+
+
+def _encoded(n, seed):
+    from workbench.drivers.finetune import Encoded
+
+    g = np.random.default_rng(seed)
+    return Encoded([g.integers(2, 60, size=int(g.integers(4, 10))) for _ in range(n)],
+                   [int(v) for v in g.integers(0, 2, size=n)])
+
+
+def test_classifier_importance_defaults_to_the_dev_split_one_example_per_gradient():
+    """The sweep's and the script's importance (`classifier_importance`): the first
+    `importance_examples` dev examples, one absolute gradient per example, whatever the
+    fine-tuning batch; `importance_split: train` and `importance_batch: finetune` give the rule
+    before issue 49 (|gradient| of each fine-tuning batch of training examples)."""
+    from types import SimpleNamespace
+
+    from workbench.drivers.finetune import collate
+
+    model = tiny_classifier("bert").double()
+    run = SimpleNamespace(train=_encoded(12, 1), dev=_encoded(10, 2), pad_id=0)
+    kept = np.ones((L, NH), bool)
+    default = H.HeadPruningSettings(importance_examples=7)
+    assert (default.importance_split, default.importance_batch) == ("dev", 1)
+    got = H.classifier_importance(model, run, default, batch_size=4)(kept)
+    by_one = H.head_importance(model, [collate(run.dev, [i], 0) for i in range(7)]).heads
+    np.testing.assert_allclose(got, by_one, rtol=1e-9, atol=1e-12)
+    # the same ranking whatever the fine-tuning batch
+    np.testing.assert_allclose(H.classifier_importance(model, run, default, batch_size=3)(kept), by_one,
+                               rtol=1e-9, atol=1e-12)
+    old = H.load_settings({"importance_examples": 7, "importance_split": "train", "importance_batch": "finetune"})
+    got_old = H.classifier_importance(model, run, old, batch_size=4)(kept)
+    rows = list(range(7))
+    expected = H.head_importance(model, [collate(run.train, rows[i: i + 4], 0) for i in (0, 4)]).heads
+    np.testing.assert_allclose(got_old, expected, rtol=1e-9, atol=1e-12)
+    assert not np.allclose(got_old, by_one)
+    # a fixed n: |gradient| of n examples' mean loss, n independent of the fine-tuning batch
+    two = H.load_settings({"importance_examples": 7, "importance_batch": 2})
+    np.testing.assert_allclose(H.classifier_importance(model, run, two, batch_size=4)(kept),
+                               H.head_importance(model, [collate(run.dev, rows[i: i + 2], 0) for i in (0, 2, 4, 6)]).heads,
+                               rtol=1e-9, atol=1e-12)
+    # with MLPs: the pair, MLPs from the same per-example gradients
+    heads, mlps = H.classifier_importance(model, run, default, batch_size=4)(kept, np.ones(L, bool))
+    np.testing.assert_allclose(heads, by_one, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(mlps, H.head_importance(model, [collate(run.dev, [i], 0) for i in range(7)]).mlps,
+                               rtol=1e-9, atol=1e-12)
+
+
+def _planted_both(shape=(12, 12), seed=0):
+    """Heads and MLPs each carry a value; the metric is the mean of the shares of head value and
+    MLP value kept."""
+    value = np.random.default_rng(seed).gamma(0.5, size=shape)
+    mlp_value = np.random.default_rng(seed + 1).gamma(2.0, size=shape[0])
+
+    def metric(kept, mlps):
+        return 0.5 * float((value * kept).sum() / value.sum()) + 0.5 * float((mlp_value * mlps).sum() / mlp_value.sum())
+
+    return value, mlp_value, metric
+
+
+def test_units_both_continues_with_heads_only_half_steps_then_mlp_only_steps_as_prasanna_et_al():
+    """Prasanna et al.'s find_head_mlp_masks.py: joint steps (10% of the heads and one MLP) until
+    the metric falls below the line; then, from the last good masks, heads alone, num_to_mask // 2
+    per step (7 of 144), until it falls; then MLPs alone, one per step, until it falls. The
+    subnetwork is the last good mask. `both_schedule: joint` is the rule before issue 49."""
+    value, mlp_value, metric = _planted_both()
+    imp = lambda k, m: (value, mlp_value)  # noqa: E731
+    curve = H.iterative_pruning(value.shape, metric, imp, order="good", units="both", threshold=0.9)
+    floor = 0.9 * curve.full
+    phases = [s.phase for s in curve.steps[1:]]
+    joint = [s for s in curve.steps if s.phase == "joint"]
+    heads = [s for s in curve.steps[1:] if s.phase == "heads"]
+    mlps = [s for s in curve.steps[1:] if s.phase == "mlps"]
+    assert phases == ["joint"] * (len(joint) - 1) + ["heads"] * len(heads) + ["mlps"] * len(mlps)
+    assert heads and mlps
+    # the joint phase: 14 heads and one MLP per step, stopped at its first step under the line
+    assert [s.n_removed for s in joint] == [14 * i for i in range(len(joint))]
+    assert [s.n_mlps_removed for s in joint] == list(range(len(joint)))
+    assert joint[-1].metric < floor and all(s.metric >= floor for s in joint[:-1])
+    # heads alone from the last good joint mask, 7 per step, its MLPs fixed, until under the line
+    last_joint = joint[-2]
+    assert heads[0].n_removed == last_joint.n_removed + 7
+    assert [s.n_removed for s in heads] == [last_joint.n_removed + 7 * (i + 1) for i in range(len(heads))]
+    assert all(np.array_equal(s.mlps_kept, last_joint.mlps_kept) for s in heads)
+    assert heads[-1].metric < floor and all(s.metric >= floor for s in heads[:-1])
+    # MLPs alone from the last good mask (heads' last good, else the joint one), one per step
+    start = heads[-2] if len(heads) > 1 else last_joint
+    assert all(np.array_equal(s.heads_kept, start.heads_kept) for s in mlps)
+    assert [s.n_mlps_removed for s in mlps] == [start.n_mlps_removed + i + 1 for i in range(len(mlps))]
+    assert mlps[-1].metric < floor or not mlps[-1].mlps_kept.any()
+    # the subnetwork: the last mask above the line, here past the joint phase
+    best = curve.steps[curve.threshold_step]
+    assert best.metric >= floor and best.phase in ("heads", "mlps")
+    assert best.n_removed >= last_joint.n_removed and best.n_mlps_removed >= last_joint.n_mlps_removed
+    assert (best.n_removed, best.n_mlps_removed) != (last_joint.n_removed, last_joint.n_mlps_removed)
+    # the good order removes the least valuable units first in every phase
+    order = np.argsort(value.reshape(-1), kind="stable")
+    assert set(np.flatnonzero(~best.heads_kept.reshape(-1))) == set(order[: best.n_removed])
+    # the earlier rule: the joint steps only
+    old = H.iterative_pruning(value.shape, metric, imp, order="good", units="both", threshold=0.9,
+                              both_schedule="joint")
+    assert [s.phase for s in old.steps] == ["joint"] * len(joint)
+    assert old.threshold_step == len(joint) - 2 and old.prunable == last_joint.n_removed
+    assert H.HeadPruningSettings().both_schedule == "continue"
+    # units heads: one phase, unchanged by the setting
+    heads_only = H.iterative_pruning(value.shape, lambda k: metric(k, np.ones(12, bool)), lambda k: value,
+                                     order="good", threshold=0.9)
+    assert {s.phase for s in heads_only.steps} == {"joint"}
+
+
+def test_issue_49_settings_refuse_bad_values_naming_the_key():
+    for values, message in [({"importance_split": "test"}, r"x.yaml: importance_split: 'test' is not one of dev, train"),
+                            ({"importance_batch": 0}, r"x.yaml: importance_batch: '0' is not a positive integer or 'finetune'"),
+                            ({"importance_batch": "big"}, r"x.yaml: importance_batch: 'big' is not a positive integer"),
+                            ({"both_schedule": "prasanna"}, r"x.yaml: both_schedule: 'prasanna' is not one of continue, joint")]:
+        with pytest.raises(ConfigError, match=message):
+            H.load_settings(values, "x.yaml")
+    assert H.load_settings({"importance_batch": "16"}, "x.yaml").importance_batch == 16
+    with pytest.raises(ConfigError, match="both_schedule 'x'"):
+        H.iterative_pruning((3, 10), lambda k, m: 1.0, None, order="random", units="both", both_schedule="x")

@@ -156,6 +156,68 @@ def test_rewinding_restores_every_kept_weight_bit_exactly():
     assert trained is not model and not torch.equal(dict(trained.named_parameters())[names[0]], params[names[0]])
 
 
+def test_rewinding_keeps_the_trained_task_head_as_chen_et_als_rewind():
+    """Chen et al. (2020)'s `rewind()` (LT_glue.py) restores the pretrained `bert.*` weights only:
+    the rewound start is the rewind point's body under the trained model's task head."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from workbench.drivers.prune_sweep import task_head_keys, with_trained_head
+
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    torch.manual_seed(0)
+    start = {k: v.clone() for k, v in BertForSequenceClassification(cfg).state_dict().items()}
+    trained = BertForSequenceClassification(cfg)  # other weights: "after fine-tuning"
+    assert task_head_keys(trained) == ["classifier.weight", "classifier.bias"]
+    kept = with_trained_head(start, trained)
+    assert kept.keys() == start.keys()
+    for k, v in kept.items():
+        expected = trained.state_dict()[k] if k.startswith("classifier.") else start[k]
+        assert torch.equal(v, expected), k
+    assert not torch.equal(kept["classifier.weight"], start["classifier.weight"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["keep", "reset"])
+def test_a_ticket_retrains_under_the_trained_head_unless_rewind_head_reset(pretrained, tmp_path, monkeypatch, rule):
+    """IMP round 1, one-shot and random start from the pretrained body; with `rewind_head: keep`
+    (the default) under the full model's trained task head (IMP round r: round r-1's), with
+    `reset` under the seed's initial head, as before issue 49. The start weights are read where
+    the sweep builds them (`rewound`)."""
+    import workbench.drivers.prune_sweep as sweep_module
+
+    starts = []
+    real = sweep_module.rewound
+
+    def capture(template, start, masks):
+        starts.append({k: v.clone() for k, v in start.items()})
+        return real(template, start, masks)
+
+    monkeypatch.setattr(sweep_module, "rewound", capture)
+    cfg, ft = _config(pretrained, tmp_path / "sweep", methods=["imp", "oneshot", "random"], sparsities=[0.1, 0.2],
+                      finetune={**FT, "checkpoint": str(pretrained), "seeds": [0]},
+                      **({} if rule == "keep" else {"rewind_head": "reset"}))
+    assert cfg.rewind_head == rule
+    result = run_prune(cfg, ft, store=ResultsStore(tmp_path / "runs"))
+    from workbench.running.classifier_loading import load_classifier
+
+    full = load_classifier(Path(_point(result, "full", 0.0, 0)["checkpoint"])).state_dict()
+    imp1 = load_classifier(Path(_point(result, "imp", 0.1, 0)["checkpoint"])).state_dict()
+    # the order the sweep retrains in: imp 0.1, imp 0.2, then oneshot and random at 0.1 and 0.2
+    assert len(starts) == 6
+    initial = starts[0]["classifier.weight"] if rule == "reset" else None
+    heads = [full, imp1, full, full, full, full] if rule == "keep" else [None] * 6
+    for i, start in enumerate(starts):
+        body = [k for k in start if not k.startswith("classifier.")]
+        assert all(torch.equal(start[k], starts[0][k]) for k in body)  # the pretrained body every time
+        if rule == "keep":
+            assert torch.equal(start["classifier.weight"], heads[i]["classifier.weight"]), i
+        else:
+            assert torch.equal(start["classifier.weight"], initial) and not torch.equal(initial, full["classifier.weight"])
+    p = _point(result, "imp", 0.1, 0)
+    manifest = json.loads((Path(p["checkpoint"]) / "manifest.json").read_text())
+    assert manifest["derived_from"]["params"]["rewind_head"] == rule
+
+
 @pytest.mark.slow
 def test_rows_wins_and_post_hoc_points(sweep):
     result, store, cfg, ft = sweep
@@ -219,6 +281,7 @@ def test_a_rerun_resumes_every_point_without_training(sweep, monkeypatch):
     ({"rewind_schedule": "resume"}, "rewind_schedule: must be one of continue, restart, got 'resume'"),
     ({"quantize_scheme": "q8bit"}, "quantize_scheme: must be one of per_channel, q8bert, got 'q8bit'"),
     ({"include_pooler": "maybe"}, "include_pooler: expected true/false, got 'maybe'"),
+    ({"rewind_head": "fresh"}, "rewind_head: must be one of keep, reset, got 'fresh'"),
 ])
 def test_bad_configs_are_one_line_and_exit_2_before_any_work(tmp_path, change, message, capsys):
     from app.cli import main
@@ -537,6 +600,9 @@ def test_equal_size_random_or_bad_without_good_is_one_line_and_exit_2(pretrained
     ({}, "heads: remove: method heads_remove needs (layer, head) pairs"),
     ({"remove": [[0, 1]], "step_of": "left"}, "heads: step_of: 'left' is not one of total, remaining"),
     ({"remove": [[0, 1]], "subnetworks": "same"}, "heads: subnetworks: 'same' is not one of equal_size, threshold"),
+    ({"remove": [[0, 1]], "importance_split": "test"}, "heads: importance_split: 'test' is not one of dev, train"),
+    ({"remove": [[0, 1]], "importance_batch": 0}, "heads: importance_batch: '0' is not a positive integer or 'finetune'"),
+    ({"remove": [[0, 1]], "both_schedule": "x"}, "heads: both_schedule: 'x' is not one of continue, joint"),
 ])
 def test_bad_head_settings_are_one_line_and_exit_2_before_any_work(pretrained, tmp_path, heads, message, capsys):
     from app.cli import main

@@ -57,7 +57,7 @@ def test_recipe_resumes_the_sweeps_full_model_and_refinetunes_equal_sized_subnet
 
     value = np.array([[0.05, 3.0], [0.1, 0.3]])  # the tiny BERT: 2 layers x 2 heads
     monkeypatch.setattr(H, "masked_accuracy", lambda model, enc, kept, *a, **k: float((value * kept).sum() / value.sum()))
-    monkeypatch.setattr(H, "head_importance", lambda model, batches, heads_kept=None, mlps_kept=None:
+    monkeypatch.setattr(H, "head_importance", lambda model, batches, heads_kept=None, mlps_kept=None, **_:
                         SimpleNamespace(heads=value, mlps=None))
     script = _script()
     report = script.main([str(tiny_checkpoint), "--recipe", str(cfg_file), "--seeds", "0", "--importance-examples",

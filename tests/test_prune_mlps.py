@@ -51,8 +51,10 @@ def test_mlps_units_remove_the_least_important_mlps_and_leave_the_heads():
 
 def test_both_units_prune_each_pool_by_its_own_rule_and_scores():
     head_value, mlp_value, metric = _planted(layers=20, heads=6)
+    # the joint steps (the heads-only and MLP-only steps that follow them by default are
+    # tests/test_compress_heads.py's test_units_both_continues_...)
     curve = H.iterative_pruning(head_value.shape, metric, lambda h, m: (head_value, mlp_value), order="good",
-                                units="both", threshold=0.5)
+                                units="both", threshold=0.5, both_schedule="joint")
     heads_left, mlps_left = 120, 20
     for s in curve.steps[1:]:
         heads_left -= H.heads_to_remove(heads_left, 0.1, total=120)  # 10% of all of each pool per step

@@ -11,12 +11,23 @@ Rogers & Rumshisky (2020), "When BERT Plays the Lottery, All Tickets Are Winning
   ignores `head_mask`; these hooks are the workbench's own masking, and the tests check that the
   outputs move.
 - **Importance** (`head_importance`): I_h = E_x |dL(x)/dxi_h| at xi = 1 (the current mask), summed
-  over task batches and divided by the number of tokens; then, as in the reference implementations
+  over examples and divided by the number of tokens; then, as in the reference implementations
   (Michel et al.'s code and transformers' `examples/research_projects/bertology/run_bertology.py`):
   each layer's vector is divided by its L2 norm, then the whole matrix is min-max scaled to [0, 1].
-  As there, the absolute value is taken of each *batch's* gradient (a batch of one gives the
-  paper's per-example expectation exactly). MLP importance (Prasanna et al.) is the same
-  gradient on the MLP gates, L2-normalised over layers (one MLP per layer) and min-max scaled.
+  The absolute value is taken of each *example's* gradient (`per_example=True`): the reference
+  scripts run batches of one (`--batch_size 1`), and the absolute value of a batch-mean gradient
+  lets opposite-signed examples cancel, so the ranking would depend on the batch size. The exact
+  per-example gradients come from one batched pass: each example gets its own copy of the gates
+  (a [B, layers, heads] tensor), and the gradient of the *sum* of the per-example losses in
+  example b's copy is dL(x_b)/dxi (the examples do not interact), as fast as a batched pass.
+  `per_example=False` takes |dL/dxi| of each batch's mean loss (the rule before issue 49, with
+  the fine-tuning batch). The classifier wiring (`classifier_importance`) takes the examples from
+  the dev split by default, as both reference scripts do (Prasanna et al.'s `--use_train_data`,
+  the train split, is `importance_split: train`), and the examples per |gradient| from
+  `importance_batch` (1, the default, per example; n: |gradient| of n examples' mean loss;
+  "finetune": of the fine-tuning batch, the rule before issue 49). MLP importance (Prasanna et
+  al.) is the same gradient on the MLP gates, L2-normalised over layers (one MLP per layer) and
+  min-max scaled.
 - **Masks as weights** (`apply_mask`): a head is removed by zeroing its columns of the output
   projection (exactly the same as gate 0 on its context vector), an MLP by zeroing its last
   projection's weight and bias (gate 0 on its output). So a masked model is an ordinary
@@ -39,7 +50,12 @@ Rogers & Rumshisky (2020), "When BERT Plays the Lottery, All Tickets Are Winning
   model's). With "both" each step removes the step's share of the heads *and* of the MLPs (at
   least one of each while any is left), each pool ranked by its own score: the two are normalised
   separately (per-layer L2 for heads, over layers for MLPs), so a head's score is not compared
-  with an MLP's.
+  with an MLP's. Then, as Prasanna et al.'s `find_head_mlp_masks.py` does (`both_schedule:
+  continue`, the default), the search goes on from the last mask above the line: heads alone in
+  half steps (`num_to_mask // 2`: 5% of the heads, 3 of MiniLM's 72, 7 of BERT-base's 144) until
+  the metric falls below the line, then from the last good mask MLPs alone, one per step, until
+  it does; the subnetwork is the last mask above the line. Each step records its `phase`
+  ("joint", "heads", "mlps"). `both_schedule: joint` stops after the joint phase (before issue 49).
 - **Subnetworks of equal size** (`equal_size_subnetwork`): Prasanna et al. compare the "good"
   subnetwork (the good order's mask at the threshold) with "random" and "bad" subnetworks *of the
   same size*. Random: as many units as the good one keeps, drawn uniformly (seeded). Bad, as the
@@ -85,6 +101,9 @@ ORDERS = ("good", "random", "bad")
 UNITS = ("heads", "mlps", "both")  # what the iterative procedure prunes (module docstring)
 STEP_OF = ("total", "remaining")   # what `fraction` is a share of each step (module docstring)
 SUBNETWORKS = ("equal_size", "threshold")  # how the random and bad subnetworks are sized (module docstring)
+IMPORTANCE_SPLITS = ("dev", "train")   # where the importance examples come from (module docstring)
+BOTH_SCHEDULES = ("continue", "joint")  # units "both": Prasanna et al.'s continuation, or the joint phase only
+FINETUNE_BATCH = "finetune"  # importance_batch: |gradient| of each fine-tuning batch (the rule before issue 49)
 
 
 # --------------------------------------------------------------------------------------- the sites
@@ -137,18 +156,22 @@ def kept_from_removed(shape: tuple[int, int], removed: Iterable[tuple[int, int]]
 
 
 def _head_gate(gate: torch.Tensor):
-    """An edit of `blocks.{i}.attn.z` (the heads' context vectors [..., heads x d_head]): head h's
-    slice times gate[h]."""
+    """An edit of `blocks.{i}.attn.z` (the heads' context vectors [B, ..., heads x d_head]): head
+    h's slice times gate[h], or with per-example gates [B, heads] example b's slice times gate[b, h]."""
     def edit(x: torch.Tensor) -> torch.Tensor:
-        n = gate.shape[0]
-        return (x.view(*x.shape[:-1], n, x.shape[-1] // n) * gate.to(x.dtype).view(n, 1)).view(x.shape)
+        n = gate.shape[-1]
+        g = gate.to(x.dtype)
+        g = g.view(n, 1) if g.dim() == 1 else g.view(g.shape[0], *([1] * (x.dim() - 2)), n, 1)
+        return (x.view(*x.shape[:-1], n, x.shape[-1] // n) * g).view(x.shape)
     return edit
 
 
 def _mlp_gate(gate: torch.Tensor):
-    """An edit of `blocks.{i}.mlp_out`: the MLP's output times its gate."""
+    """An edit of `blocks.{i}.mlp_out`: the MLP's output times its gate (a scalar, or one per
+    example [B])."""
     def edit(output: torch.Tensor) -> torch.Tensor:
-        return output * gate.to(output.dtype)
+        g = gate.to(output.dtype)
+        return output * (g if g.dim() == 0 else g.view(g.shape[0], *([1] * (output.dim() - 1))))
     return edit
 
 
@@ -157,14 +180,15 @@ def gates(model: nn.Module, head_gates: torch.Tensor, mlp_gates: torch.Tensor | 
     """Run `model` with head gates [layers, heads] on the context vectors and MLP gates [layers] on
     the MLP outputs (module docstring): edits of the runner's `blocks.{i}.attn.z` and
     `blocks.{i}.mlp_out` (`workbench.running.ModelRunner.hooks`). The gates may require grad
-    (importance) or hold a 0/1 mask (evaluation of a mask without copying the model). The hooks
-    are removed on exit."""
+    (importance) or hold a 0/1 mask (evaluation of a mask without copying the model); with a
+    leading batch dimension ([B, layers, heads] and [B, layers]) each example has its own gates
+    (per-example importance). The hooks are removed on exit."""
     runner = ModelRunner(model)
     edits = {}
     for i, s in enumerate(runner.sites()):
-        edits[f"blocks.{i}.attn.z"] = _head_gate(head_gates[i, : s.num_heads])
+        edits[f"blocks.{i}.attn.z"] = _head_gate(head_gates[..., i, : s.num_heads])
         if mlp_gates is not None:
-            edits[f"blocks.{i}.mlp_out"] = _mlp_gate(mlp_gates[i])
+            edits[f"blocks.{i}.mlp_out"] = _mlp_gate(mlp_gates[..., i])
     with runner.hooks(edits):
         yield
 
@@ -203,36 +227,66 @@ def _loss_of(out) -> torch.Tensor:
     return loss
 
 
+def per_example_loss_sum(out, batch: dict) -> torch.Tensor:
+    """The sum over the batch's examples of each example's own loss L(x_b), the loss the model
+    gives x_b alone: cross-entropy for a sentence label, the mean cross-entropy over the labelled
+    tokens (labels != -100) for a token task. Its gradient in example b's gates is dL(x_b)/dxi."""
+    logits, labels = out.logits, batch["labels"]
+    if logits.dtype in (torch.float16, torch.bfloat16):  # the loss in float32 at least, as the model's own
+        logits = logits.float()
+    if labels.dim() == 1:
+        return torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+    token = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none",
+                                              ignore_index=-100)
+    counts = (labels != -100).sum(1).clamp(min=1)
+    return (token.sum(1) / counts).sum()
+
+
 def head_importance(model: nn.Module, batches: Iterable[dict], heads_kept=None, mlps_kept=None,
-                    loss_fn: Callable[[object, dict], torch.Tensor] | None = None) -> Importance:
-    """E|dL/dxi| for every head gate and MLP gate, over `batches` (dicts of tensors the model takes,
-    labels included; `loss_fn(outputs, batch)` replaces `outputs.loss`). The gates sit at the
-    current mask (1 for kept, 0 for removed), as in the reference implementation that recomputes
-    importance on the pruned model. The model runs in eval mode (no dropout) and is not changed;
-    its parameters get no gradients (`torch.autograd.grad` on the gates only)."""
+                    loss_fn: Callable[[object, dict], torch.Tensor] | None = None,
+                    per_example: bool = False) -> Importance:
+    """Sum of |dL/dxi| for every head gate and MLP gate, over `batches` (dicts of tensors the model
+    takes, labels included), divided by the tokens. `per_example=True`: |dL(x)/dxi| of each
+    example, exactly, from one batched pass with per-example gates (module docstring; the loss is
+    `loss_fn(outputs, batch)`, default `per_example_loss_sum`: the sum of the examples' own
+    losses). `per_example=False`: |dL/dxi| of each batch's loss (`loss_fn`, default
+    `outputs.loss`, the batch mean). The gates sit at the current mask (1 for kept, 0 for removed),
+    as in the reference implementation that recomputes importance on the pruned model. The model
+    runs in eval mode (no dropout) and is not changed; its parameters get no gradients
+    (`torch.autograd.grad` on the gates only)."""
     sites = attention_sites(model)
     L, H = len(sites), max(s.num_heads for s in sites)
     heads = np.ones((L, H), bool) if heads_kept is None else np.asarray(heads_kept, bool)
     mlps = np.ones(L, bool) if mlps_kept is None else np.asarray(mlps_kept, bool)
     device = next(model.parameters()).device
-    head_gates = torch.tensor(heads, dtype=torch.float32, device=device, requires_grad=True)
-    mlp_gates = torch.tensor(mlps, dtype=torch.float32, device=device, requires_grad=True)
+    head_mask = torch.tensor(heads, dtype=torch.float32, device=device)
+    mlp_mask = torch.tensor(mlps, dtype=torch.float32, device=device)
+    if loss_fn is None:
+        loss_fn = per_example_loss_sum if per_example else (lambda out, batch: _loss_of(out))
     raw_h = torch.zeros(L, H, dtype=torch.float64)
     raw_m = torch.zeros(L, dtype=torch.float64)
     tokens = 0
     was_training = model.training
     model.eval()
     try:
-        with torch.enable_grad(), gates(model, head_gates, mlp_gates):
+        with torch.enable_grad():
             for batch in batches:
                 batch = {k: v.to(device) for k, v in batch.items()}
-                out = model(**batch)
-                loss = loss_fn(out, batch) if loss_fn is not None else _loss_of(out)
+                B = int(batch["input_ids"].shape[0])
+                # per example: one copy of the gates per example, so the gradient of the summed
+                # losses in copy b is example b's own gradient (its absolute value taken alone)
+                head_gates = (head_mask.expand(B, L, H) if per_example else head_mask).clone().requires_grad_(True)
+                mlp_gates = (mlp_mask.expand(B, L) if per_example else mlp_mask).clone().requires_grad_(True)
+                with gates(model, head_gates, mlp_gates):
+                    out = model(**batch)
+                loss = loss_fn(out, batch)
                 g_h, g_m = torch.autograd.grad(loss, [head_gates, mlp_gates], allow_unused=True)
                 if g_h is not None:
-                    raw_h += g_h.detach().abs().double().cpu()
+                    g = g_h.detach().abs().double().cpu()
+                    raw_h += g.sum(0) if per_example else g
                 if g_m is not None:
-                    raw_m += g_m.detach().abs().double().cpu()
+                    g = g_m.detach().abs().double().cpu()
+                    raw_m += g.sum(0) if per_example else g
                 mask = batch.get("attention_mask")
                 tokens += int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
     finally:
@@ -423,8 +477,14 @@ class HeadPruningSettings:
     "remaining" (of those still present, the earlier variant); `threshold`: stop below this share
     of the full model's metric; `subnetworks`: "equal_size" (the random and bad subnetworks have
     the good one's size, Prasanna et al.) or "threshold" (each order's own threshold mask);
-    `units`: "heads" (Michel et al.), "mlps" or "both" (Prasanna et al.);
-    `importance_examples`: training examples the importance is accumulated over; `run_to_end`:
+    `units`: "heads" (Michel et al.), "mlps" or "both" (Prasanna et al.); `both_schedule`
+    (units "both"): "continue" (Prasanna et al.'s code: heads-only half steps, then MLP-only
+    steps, from the last good mask) or "joint" (the joint steps only, before issue 49);
+    `importance_split`: "dev" (the reference scripts) or "train", the examples the importance is
+    summed over; `importance_examples`: at most that many of them (the first);
+    `importance_batch`: examples per absolute gradient, 1 (Michel et al.'s E_x|dL(x)/dxi|,
+    computed exactly in batched passes), n, or "finetune" (the fine-tuning batch, before issue
+    49); `run_to_end`:
     prune to zero heads for full curves; `refinetune`: re-fine-tune each subnetwork (Prasanna et al.);
     `remove`: explicit (layer, head) pairs to mask instead of the iterative procedure (checked
     against the model by `check_removed`)."""
@@ -434,8 +494,11 @@ class HeadPruningSettings:
     step_of: str = "total"
     threshold: float = 0.9
     units: str = "heads"
+    both_schedule: str = "continue"
     subnetworks: str = "equal_size"
+    importance_split: str = "dev"
     importance_examples: int = 512
+    importance_batch: str | int = 1  # a positive integer or "finetune" (`validate` normalises it)
     run_to_end: bool = False
     refinetune: bool = False
     remove: list[list[int]] | None = None
@@ -460,6 +523,16 @@ class HeadPruningSettings:
             raise ConfigError(f"{source}: units: {self.units!r} is not one of {', '.join(UNITS)}")
         if self.importance_examples < 1:
             raise ConfigError(f"{source}: importance_examples: {self.importance_examples} must be at least 1")
+        if self.importance_split not in IMPORTANCE_SPLITS:
+            raise ConfigError(f"{source}: importance_split: {self.importance_split!r} is not one of "
+                              f"{', '.join(IMPORTANCE_SPLITS)}")
+        if self.both_schedule not in BOTH_SCHEDULES:
+            raise ConfigError(f"{source}: both_schedule: {self.both_schedule!r} is not one of {', '.join(BOTH_SCHEDULES)}")
+        batch = str(self.importance_batch).strip()
+        if batch != FINETUNE_BATCH and not (batch.isdigit() and int(batch) >= 1):
+            raise ConfigError(f"{source}: importance_batch: {self.importance_batch!r} is not a positive integer "
+                              f"or {FINETUNE_BATCH!r}")
+        self.importance_batch = batch if batch == FINETUNE_BATCH else int(batch)
         for pair in self.remove or []:
             if len(pair) != 2 or any(int(v) < 0 for v in pair):
                 raise ConfigError(f"{source}: remove: {pair!r} is not a (layer, head) pair of indices >= 0")
@@ -494,6 +567,7 @@ class PruningStep:
     metric: float
     heads_kept: np.ndarray
     mlps_kept: np.ndarray | None = None
+    phase: str = "joint"  # units "both" with both_schedule "continue": "joint", then "heads", then "mlps"
 
     @property
     def n_mlps_removed(self) -> int:
@@ -512,7 +586,10 @@ class PruningStep:
 @dataclass
 class PruningCurve:
     """An order's curve. `threshold_step` is the last step whose metric is at least
-    `threshold * full` (0 = the full model): the subnetwork the procedure returns."""
+    `threshold * full` (0 = the full model) before the first step under it: the subnetwork the
+    procedure returns. With phases (units "both", `both_schedule` "continue") each phase starts
+    from the last good mask and ends at its own first step under the line, so the subnetwork is
+    the last good step of the last phase that had one."""
 
     order: str
     full: float
@@ -523,10 +600,13 @@ class PruningCurve:
     @property
     def threshold_step(self) -> int:
         floor = self.threshold * self.full
-        last = 0
+        last, closed = 0, set()
         for s in self.steps:
+            if s.phase in closed:  # past the phase's first step under the line (run_to_end, min_steps)
+                continue
             if s.metric < floor:
-                break
+                closed.add(s.phase)
+                continue
             last = s.step
         return last
 
@@ -544,7 +624,7 @@ class PruningCurve:
         return {"order": self.order, "full": self.full, "threshold": self.threshold, "units": self.units,
                 "threshold_step": self.threshold_step, "prunable": self.prunable,
                 "mlps_prunable": self.mlps_prunable,
-                "steps": [{"step": s.step, "n_removed": s.n_removed, "metric": s.metric,
+                "steps": [{"step": s.step, "n_removed": s.n_removed, "metric": s.metric, "phase": s.phase,
                            "heads_kept": s.heads_kept.astype(bool).tolist(),
                            **({} if s.mlps_kept is None else {"mlps_kept": s.mlps_kept.astype(bool).tolist()})}
                           for s in self.steps]}
@@ -560,12 +640,14 @@ def heads_to_remove(remaining: int, fraction: float, total: int | None = None) -
 
 
 def _remove_step(kept: np.ndarray, fraction: float, order: str, scores, random_rank: np.ndarray,
-                 step_of: str = "total") -> np.ndarray:
-    """`kept` with `heads_to_remove` of its remaining units off: by `scores` (good: lowest first,
-    bad: highest first) or by the fixed permutation `random_rank` (random)."""
+                 step_of: str = "total", n: int | None = None) -> np.ndarray:
+    """`kept` with `n` (default `heads_to_remove`) of its remaining units off: by `scores` (good:
+    lowest first, bad: highest first) or by the fixed permutation `random_rank` (random)."""
     flat = kept.reshape(-1).copy()
     alive = np.flatnonzero(flat)
-    n = heads_to_remove(len(alive), fraction, flat.size if step_of == "total" else None)
+    if n is None:
+        n = heads_to_remove(len(alive), fraction, flat.size if step_of == "total" else None)
+    n = min(n, len(alive))
     if order == "random":
         ranked = alive[np.argsort(random_rank[alive], kind="stable")]
     else:
@@ -579,7 +661,7 @@ def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
                       importance: Callable[..., object] | None, order: str = "good",
                       fraction: float = 0.1, threshold: float = 0.9, seed: int = 0,
                       run_to_end: bool = False, units: str = "heads", min_steps: int = 0,
-                      step_of: str = "total") -> PruningCurve:
+                      step_of: str = "total", both_schedule: str = "continue") -> PruningCurve:
     """Michel et al.'s iterative head pruning, and Prasanna et al.'s over heads and MLPs (module
     docstring).
 
@@ -595,7 +677,11 @@ def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
     sizes do not depend on the order, so the three orders' steps line up). `min_steps`: prune
     through at least that many steps even below the threshold (Prasanna et al.'s comparison needs
     the random and bad subnetworks of the size the good order reached, not of the size where they
-    fell under the line; fewer steps than `run_to_end` costs)."""
+    fell under the line; fewer steps than `run_to_end` costs). `run_to_end` and `min_steps` apply
+    to the joint steps. Units "both" with `both_schedule` "continue" (Prasanna et al.'s code):
+    from the last good mask, heads alone, half a step's heads at a time (at least one), until the
+    metric falls under the line; from the last good mask again, MLPs alone, one at a time, until
+    it does (module docstring)."""
     if order not in ORDERS:
         raise ConfigError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
     if units not in UNITS:
@@ -606,6 +692,8 @@ def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
         raise ConfigError(f"threshold {threshold}: expected a value in (0, 1]")
     if step_of not in STEP_OF:
         raise ConfigError(f"step_of {step_of!r}: expected one of {', '.join(STEP_OF)}")
+    if both_schedule not in BOTH_SCHEDULES:
+        raise ConfigError(f"both_schedule {both_schedule!r}: expected one of {', '.join(BOTH_SCHEDULES)}")
     if order != "random" and importance is None:
         raise ConfigError(f"order {order!r} needs an importance function")
     prune_heads, prune_mlps = units in ("heads", "both"), units in ("mlps", "both")
@@ -621,24 +709,39 @@ def iterative_pruning(shape: tuple[int, int], evaluate: Callable[..., float],
     rng = np.random.default_rng(seed)
     random_rank = rng.permutation(kept.size)  # random order: a fixed permutation of all heads
     mlp_rank = rng.permutation(shape[0])      # ... and of the MLPs
-    step = 0
+    def scores(kept, mlps):
+        if order == "random":
+            return None, None
+        return (importance(kept.copy()), None) if mlps is None else importance(kept.copy(), mlps.copy())
+
+    def record(kept, mlps, phase) -> float:
+        metric = measure(kept, mlps)
+        curve.steps.append(PruningStep(len(curve.steps), int(kept.size - kept.sum()), metric, kept.copy(),
+                                       None if mlps is None else mlps.copy(), phase))
+        return metric
+
     while (prune_heads and kept.any()) or (prune_mlps and mlps.any()):
-        head_scores = mlp_scores = None
-        if order != "random":
-            if mlps is None:
-                head_scores = importance(kept.copy())
-            else:
-                head_scores, mlp_scores = importance(kept.copy(), mlps.copy())
+        head_scores, mlp_scores = scores(kept, mlps)
         if prune_heads and kept.any():
             kept = _remove_step(kept, fraction, order, head_scores, random_rank, step_of)
         if prune_mlps and mlps.any():
             mlps = _remove_step(mlps, fraction, order, mlp_scores, mlp_rank, step_of)
-        step += 1
-        metric = measure(kept, mlps)
-        curve.steps.append(PruningStep(step, int(kept.size - kept.sum()), metric, kept.copy(),
-                                       None if mlps is None else mlps.copy()))
-        if metric < threshold * full and not run_to_end and step >= min_steps:
+        metric = record(kept, mlps, "joint")
+        if metric < threshold * full and not run_to_end and len(curve.steps) - 1 >= min_steps:
             break
+    if units == "both" and both_schedule == "continue":
+        for phase in ("heads", "mlps"):  # each from the last mask above the line
+            good = curve.steps[curve.threshold_step]
+            kept, mlps = good.heads_kept.copy(), good.mlps_kept.copy()
+            while (kept if phase == "heads" else mlps).any():
+                head_scores, mlp_scores = scores(kept, mlps)
+                if phase == "heads":  # Prasanna et al.: num_to_mask // 2 heads per step
+                    n = max(1, heads_to_remove(int(kept.sum()), fraction, kept.size if step_of == "total" else None) // 2)
+                    kept = _remove_step(kept, fraction, order, head_scores, random_rank, step_of, n=n)
+                else:  # one MLP per step
+                    mlps = _remove_step(mlps, fraction, order, mlp_scores, mlp_rank, step_of, n=1)
+                if record(kept, mlps, phase) < threshold * full:
+                    break
     return curve
 
 
@@ -703,27 +806,43 @@ def masked_accuracy(model: nn.Module, enc, kept: np.ndarray, pad_id: int, batch_
         return evaluate(model, enc, list(range(len(enc.ids))), pad_id, batch_size)[0]
 
 
+def classifier_importance(model: nn.Module, run, settings: HeadPruningSettings,
+                          batch_size: int) -> Callable[..., object]:
+    """The importance function `iterative_pruning` calls, for a fine-tuned classifier of a
+    `workbench.drivers.finetune.Prepared` run: `importance(heads_kept[, mlps_kept])` -> normalised
+    head importance (and MLP importance). Its examples: the first `settings.importance_examples`
+    of `settings.importance_split` (dev by default, as Michel et al.'s and Prasanna et al.'s
+    scripts; the test split is never looked at). `settings.importance_batch` 1: the exact
+    per-example gradients, computed `batch_size` examples per pass; n: |gradient| of the mean
+    loss of n examples; "finetune": of `batch_size` (the fine-tuning batch; before issue 49)."""
+    from workbench.drivers.finetune import collate
+
+    enc = run.dev if settings.importance_split == "dev" else run.train
+    rows = list(range(min(settings.importance_examples, len(enc.ids))))
+    per_example = settings.importance_batch == 1
+    size = batch_size if per_example or settings.importance_batch == FINETUNE_BATCH else int(settings.importance_batch)
+    batches = [collate(enc, rows[i: i + size], run.pad_id) for i in range(0, len(rows), size)]
+
+    def importance(kept: np.ndarray, mlps_kept: np.ndarray | None = None):
+        imp = head_importance(model, batches, heads_kept=kept, mlps_kept=mlps_kept, per_example=per_example)
+        return imp.heads if mlps_kept is None else (imp.heads, imp.mlps)
+
+    return importance
+
+
 def classifier_curve(model: nn.Module, run, order: str, settings: HeadPruningSettings, seed: int,
                      batch_size: int, min_steps: int = 0) -> PruningCurve:
     """`iterative_pruning` of a fine-tuned classifier of a `workbench.drivers.finetune.Prepared` run: dev
-    accuracy after each step, importance from the first `settings.importance_examples` training
-    sentences (the test split is not looked at). The one home of this wiring: the `bertology prune`
-    sweep's heads_* methods and experiments/prune_heads.py both call it."""
-    from workbench.drivers.finetune import collate
-
-    rows = list(range(min(settings.importance_examples, len(run.train.ids))))
-    batches = [collate(run.train, rows[i: i + batch_size], run.pad_id) for i in range(0, len(rows), batch_size)]
+    accuracy after each step, importance from `classifier_importance` (the test split is not
+    looked at). The one home of this wiring: the `bertology prune` sweep's heads_* methods and
+    experiments/prune_heads.py both call it."""
     def dev_accuracy(kept: np.ndarray, mlps_kept: np.ndarray | None = None) -> float:
         return masked_accuracy(model, run.dev, kept, run.pad_id, batch_size, mlps_kept)
 
-    def importance(kept: np.ndarray, mlps_kept: np.ndarray | None = None):
-        imp = head_importance(model, batches, heads_kept=kept, mlps_kept=mlps_kept)
-        return imp.heads if mlps_kept is None else (imp.heads, imp.mlps)
-
-    return iterative_pruning(head_shape(model), dev_accuracy, importance, order=order,
-                             fraction=settings.fraction, threshold=settings.threshold, seed=seed,
+    return iterative_pruning(head_shape(model), dev_accuracy, classifier_importance(model, run, settings, batch_size),
+                             order=order, fraction=settings.fraction, threshold=settings.threshold, seed=seed,
                              run_to_end=settings.run_to_end, units=settings.units, min_steps=min_steps,
-                             step_of=settings.step_of)
+                             step_of=settings.step_of, both_schedule=settings.both_schedule)
 
 
 def leave_one_out(shape: tuple[int, int], evaluate_loss: Callable[[np.ndarray], float]) -> np.ndarray:

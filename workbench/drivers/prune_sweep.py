@@ -16,15 +16,19 @@ Methods (`METHODS`; amounts in brackets):
 | imp_mlm | pretraining ticket (Chen et al. 2020, Sec. 5): IMP for the masked-LM loss on the checkpoint's own pretraining corpus (`mlm:` settings, `workbench.drivers.pretraining_ticket`), then the task fine-tuning of the pretrained weights times that mask [sparsities] | yes: pretrained weights, fresh optimizer |
 | quantize | k-bit fake quantization of the fine-tuned weights, `quantize_scheme`: per_channel (one scale per output channel, the prunable set) or q8bert (one scale per tensor, every embedding and dense layer, Zafrir et al. 2019) [bits] | no |
 | lowrank | rank-r SVD of every block matrix, and magnitude pruning of each matrix to the same number of parameters (`lowrank_magnitude`) [ranks] | no |
-| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.drivers.head_pruning.iterative_pruning`): `heads.fraction` of all heads per step (`heads.step_of: total`; `remaining`: of those still present), least important / random / most important first, until dev accuracy falls below `heads.threshold` x the full model's; with `heads.units: mlps` or `both` the MLPs too (Prasanna et al. 2020); every step is a point [fraction of the pruned units removed]. With `heads.subnetworks: equal_size` (the default; needs heads_good) heads_random / heads_bad also write Prasanna et al.'s random / bad subnetwork of the good one's size as a point of `heads_random_equal_size` / `heads_bad_equal_size` | no |
+| heads_good / heads_random / heads_bad | Michel et al. (2019)'s iterative head pruning of the fine-tuned model (`workbench.drivers.head_pruning.iterative_pruning`): `heads.fraction` of all heads per step (`heads.step_of: total`; `remaining`: of those still present), least important / random / most important first (importance E_x abs(dL(x)/dxi) over dev examples, one gradient per example: `heads.importance_split`, `heads.importance_batch`), until dev accuracy falls below `heads.threshold` x the full model's; with `heads.units: mlps` or `both` the MLPs too (Prasanna et al. 2020; `both` goes on with heads-only and MLP-only steps, `heads.both_schedule`); every step is a point [fraction of the pruned units removed]. With `heads.subnetworks: equal_size` (the default; needs heads_good) heads_random / heads_bad also write Prasanna et al.'s random / bad subnetwork of the good one's size as a point of `heads_random_equal_size` / `heads_bad_equal_size` | no |
 | heads_remove | the heads listed in `heads.remove` ((layer, head) pairs, checked against the checkpoint's config before any work) masked at once [fraction of heads removed] | no |
 The prunable set (`include_pooler`, on by default): the block matrices and the base model's pooler,
 as Chen et al.'s code prunes `bert.pooler.dense` (`workbench.compress.unstructured`); `false` keeps
 the pooler dense (the sweeps before issue 40).
-Rewinding (`rewind_step`): 0 = the pretrained body under the seed's initial head, the weights
-fine-tuning started from; N > 0 = the weights after N fine-tuning steps of the full model (Frankle
-et al. 2020). With N > 0, `rewind_schedule: continue` (the default) retrains from step N to the
-end, as Frankle et al. do (open_lth's `train(start_step=N)`): the learning-rate schedule at step N
+Rewinding (`rewind_step`): 0 = the pretrained body, the weights fine-tuning started from; N > 0 =
+the weights after N fine-tuning steps of the full model (Frankle et al. 2020). The task head
+(`task_head_keys`: what lies outside the base model) is not rewound by default (`rewind_head:
+keep`): as Chen et al. (2020)'s `rewind()` restores only the `bert.*` weights, a ticket starts
+under the trained head of the model its mask came from (IMP round r: round r-1's retrained model;
+one-shot and random: the full model); `rewind_head: reset` takes the rewind point's head too (the
+seed's initial head at step 0; the rule before issue 49). With N > 0, `rewind_schedule: continue`
+(the default) retrains from step N to the end, as Frankle et al. do (open_lth's `train(start_step=N)`): the learning-rate schedule at step N
 (past the warm-up when N is), the data order at step N, a fresh optimizer, T - N steps
 (`continue_state`); `restart` trains all T steps from the schedule's step 0, warm-up included (the
 sweeps before issue 40). `reinit` starts where the ticket does (open_lth's randomly_reinitialize);
@@ -110,6 +114,9 @@ from workbench.progress import get_logger
 
 # rewind_step N > 0: retraining continues from step N (Frankle et al. 2020) or restarts at step 0
 REWIND_SCHEDULES = ("continue", "restart")
+# what a rewound ticket's task head starts from: the trained head of the model the mask was taken
+# from (Chen et al. 2020's `rewind()` restores the encoder only), or the rewind point's ("reset")
+REWIND_HEADS = ("keep", "reset")
 POST_HOC = ("quantize", "lowrank")
 # method -> the config key its amounts come from ("heads": the fractions of heads removed that the
 # `heads:` settings reach).
@@ -148,6 +155,9 @@ class PruneConfig:
     include_head: bool = False            # prune the task head's matrices too
     include_pooler: bool = True           # prune the base model's pooler too (Chen et al. 2020's set)
     rewind_schedule: str = "continue"     # rewind_step N > 0: retrain from step N (Frankle et al.) | restart at 0
+    # keep: the trained task head (Chen et al.'s rewind()) | reset: the rewind point's (before issue 49;
+    # not in the identity, so the sweeps written before it resume under it)
+    rewind_head: str = field(default="keep", metadata={IDENTITY: lambda c: c.rewind_head != "reset"})
     quantize_scheme: str = "per_channel"  # per_channel | q8bert (per tensor, embeddings too: Zafrir et al. 2019)
     keep_checkpoints: bool = field(default=True, metadata=NOT_IDENTITY)  # False: drop each point's weights when its seed is done
     name: str | None = None               # default prune-<task>-<checkpoint folder or Hub name>
@@ -263,6 +273,8 @@ def _validate(cfg: PruneConfig, ft, where: str) -> None:
         fail("rewind_step", f"must be >= 0, got {cfg.rewind_step}")
     if cfg.rewind_schedule not in REWIND_SCHEDULES:
         fail("rewind_schedule", f"must be one of {', '.join(REWIND_SCHEDULES)}, got {cfg.rewind_schedule!r}")
+    if cfg.rewind_head not in REWIND_HEADS:
+        fail("rewind_head", f"must be one of {', '.join(REWIND_HEADS)}, got {cfg.rewind_head!r}")
     if cfg.quantize_scheme not in SCHEMES:
         fail("quantize_scheme", f"must be one of {', '.join(SCHEMES)}, got {cfg.quantize_scheme!r}")
     if cfg.name is not None and not all(c.isalnum() or c in "._+-" for c in cfg.name):
@@ -277,6 +289,24 @@ def rewound(template: torch.nn.Module, start: dict, masks: dict) -> torch.nn.Mod
     model = copy.deepcopy(template)
     model.load_state_dict(start)
     return apply_masks(model, masks)
+
+
+def task_head_keys(model: torch.nn.Module) -> list[str]:
+    """The state-dict keys outside the base model (`model.base_model`): the task head (classifier,
+    and a workbench head's own layers), the part Chen et al.'s `rewind()` leaves as trained."""
+    base = model.base_model
+    if base is model:
+        return []
+    inside = {id(t) for t in base.state_dict(keep_vars=True).values()}
+    return [k for k, t in model.state_dict(keep_vars=True).items() if id(t) not in inside]
+
+
+def with_trained_head(start: dict, trained: torch.nn.Module) -> dict:
+    """The rewind point `start` with the task head of `trained` (`task_head_keys`): Chen et al.
+    (2020)'s `rewind()` in LT_glue.py restores only the pretrained `bert.*` weights, so each round
+    retrains from the pretrained body under the head the previous training left."""
+    state = trained.state_dict()
+    return {**start, **{k: state[k].detach().clone() for k in task_head_keys(trained)}}
 
 
 def continue_state(ft, run, seed: int, hooks, step: int) -> Path:
@@ -505,9 +535,17 @@ class Sweep:
 
     def rewind_params(self) -> dict:
         """What a rewound point's manifest records about where it started."""
+        head = {"rewind_head": self.cfg.rewind_head}
         if self.cfg.rewind_step == 0:
-            return {"rewind_step": 0}
-        return {"rewind_step": self.cfg.rewind_step, "from_step": self.from_step()}
+            return {"rewind_step": 0, **head}
+        return {"rewind_step": self.cfg.rewind_step, "from_step": self.from_step(), **head}
+
+    def rewind_start(self, s: Seeded, trained: torch.nn.Module) -> dict:
+        """The weights a ticket whose mask came from `trained` is rewound to: the rewind point
+        `s.start`, under `trained`'s task head with `rewind_head: keep` (Chen et al. 2020's
+        `rewind()`: the encoder only; IMP's round r keeps round r-1's head, one-shot and random
+        the full model's), or entirely the rewind point's with `reset` (before issue 49)."""
+        return with_trained_head(s.start, trained) if self.cfg.rewind_head == "keep" else s.start
 
     def retrain(self, s: Seeded, method: str, amount: float, masks: dict, start: dict, params: dict,
                 prior: str | None = None, search: tuple = (), from_step: int = 0) -> dict:
@@ -552,7 +590,7 @@ class Sweep:
         trained, current, out, record = s.full, None, {}, None
         for r, amount in enumerate(schedule, start=1):
             masks = magnitude_masks(trained, s.names, amount, current)
-            record = self.retrain(s, "imp", amount, masks, s.start,
+            record = self.retrain(s, "imp", amount, masks, self.rewind_start(s, trained),
                                   {"sparsity": amount, "round": r, **self.rewind_params()},
                                   prior=record["checkpoint"] if record else None, from_step=self.from_step())
             if record.get("mask_sha256") != mask_hash(masks):
@@ -573,10 +611,12 @@ class Sweep:
         rewind, k, seed = self.rewind_params(), self.from_step(), s.seed
         if method == "oneshot":
             masks = magnitude_masks(s.full, s.names, amount)
-            return self.retrain(s, "oneshot", amount, masks, s.start, {"sparsity": amount, **rewind}, from_step=k)
+            return self.retrain(s, "oneshot", amount, masks, self.rewind_start(s, s.full), {"sparsity": amount, **rewind},
+                                from_step=k)
         if method == "random":
             masks = random_masks(s.full, s.names, amount, seed=seed * 1000 + round(amount * 1000))
-            return self.retrain(s, "random", amount, masks, s.start, {"sparsity": amount, **rewind}, from_step=k)
+            return self.retrain(s, "random", amount, masks, self.rewind_start(s, s.full), {"sparsity": amount, **rewind},
+                                from_step=k)
         if method == "reinit":  # from the ticket's step too (open_lth's randomly_reinitialize)
             fresh = DERIVATIONS["random_init"].apply(s.full, seed=seed).state_dict()
             return self.retrain(s, "reinit", amount, imp_masks[amount], fresh,
@@ -731,11 +771,13 @@ class DerivedPoints:
         surviving-heads rows of the order's subnetwork go to `self.sweep.head_rows`: its curve's
         threshold mask, or with `heads.subnetworks: equal_size` for random and bad Prasanna et
         al.'s subnetwork of the good one's size (`heads.order_subnetwork`), itself a point too
-        (`EQUAL_SIZE_POINTS`). Importance and the stopping rule use the train and dev splits only;
+        (`EQUAL_SIZE_POINTS`). Importance (the dev split by default, `heads.importance_split`) and
+        the stopping rule never read the test split;
         the test accuracy of each point is measured afterwards."""
         settings = head_settings(self.sweep.cfg)
         order = HEAD_METHODS[method]
-        common = {"fraction": settings.fraction, "step_of": settings.step_of, "threshold": settings.threshold}
+        common = {"fraction": settings.fraction, "step_of": settings.step_of, "threshold": settings.threshold,
+                  "importance_split": settings.importance_split, "importance_batch": settings.importance_batch}
         if order is None:
             kept = H.mask_from_removed(s.full, settings.remove, where="heads: remove")
             step = H.PruningStep(1, int(kept.size - kept.sum()), float("nan"), kept)
@@ -753,9 +795,15 @@ class DerivedPoints:
         self.sweep.log(f"  {method} seed {s.seed}: {curve.prunable}/{curve.steps[0].heads_kept.size} heads{mlps_note} "
                        f"prunable at {curve.threshold:.0%} of the full model's dev accuracy")
         unit_params = {"units": units} if units != "heads" else {}
-        out = [self.head_point(s, method, step, {"order": order, "pruning_step": step.step, **unit_params, **common},
-                               units)
-               for step in curve.steps[1:]]
+        if units == "both":
+            unit_params["both_schedule"] = settings.both_schedule
+        # points are filed by amount; a step of Prasanna et al.'s continuation (units both) can land on
+        # the amount of an earlier joint step under the line: the later step, on the way to the
+        # subnetwork, is the point there (every step stays in the curve's rows)
+        by_amount = {float(step.fraction_removed(units)): step for step in curve.steps[1:]}
+        out = [self.head_point(s, method, step, {"order": order, "pruning_step": step.step, "phase": step.phase,
+                                                 **unit_params, **common}, units)
+               for step in by_amount.values()]
         if sized:  # Prasanna et al.'s comparison: the random / bad subnetwork of the good one's size
             out.append(self.head_point(s, EQUAL_SIZE_POINTS[method], chosen,
                                        {"order": order, "subnetwork": "equal_size", "pruning_step": chosen.step,
