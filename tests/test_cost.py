@@ -556,3 +556,30 @@ def test_kaplan_flops_are_filled_in_along_an_old_lineage(tmp_path):
     assert rec["total"]["flops"] == 14.0  # the stored full count is left as it was
     rows = cost_mod.cost_rows([child])
     assert {r["value"] for r in rows if r["metric"] == "kaplan_flops"} == {6.0 * n * 50, 6.0 * n * 150}
+
+
+@pytest.mark.slow
+def test_a_t5_fine_tuning_records_the_count_of_its_pooling(tmp_path, monkeypatch):
+    """`bertology finetune` on a tiny T5 with encoder_mean records the encoder-only count, with
+    decoder_last both stacks over the input (the manifest's cost basis, 6N beside it)."""
+    from tests.training_helpers import run_tiny_training, tiny_finetune_config
+    from workbench.store.checkpoints import read_manifest
+    from workbench.drivers.finetune import run_finetune
+    from workbench.store.results import ResultsStore
+
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    run = run_tiny_training("t5", 1, tmp_path / "train", max_len=S)
+    cfg = get_family("t5").model_config("tiny")
+    got = {}
+    for pooling in ("encoder_mean", "decoder_last"):
+        res = run_finetune(tiny_finetune_config(run.checkpoint, tmp_path / pooling, pooling=pooling,
+                                                max_train_examples=16, max_eval_examples=8),
+                           store=ResultsStore(tmp_path / "store"))
+        m = read_manifest(Path(res.seeds[0].checkpoint))
+        span = max(1, round(m["cost_basis"]["mean_train_length"]))
+        want = cost_mod.finetune_flops("t5", cfg, span, 2, "full", classifier=pooling)["total"]
+        assert m["pooling"] == pooling and m["cost"]["own"]["flops_per_token"] == pytest.approx(want)
+        assert m["cost"]["own"]["kaplan_flops"] == pytest.approx(
+            cost_mod.kaplan_flops_per_token("t5", cfg, pooling) * m["cost"]["own"]["tokens"])
+        got[pooling] = want
+    assert got["decoder_last"] > 2 * got["encoder_mean"]
