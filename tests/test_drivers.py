@@ -273,6 +273,22 @@ def test_a_peft_sweep_as_submitit_jobs_writes_the_rows_of_the_in_process_sweep(e
     same_rows(par, seq, drop_extra=("checkpoint", "finetune_run"))
 
 
+def tiny_finetune_sweep(checkpoint, tmp_path, seeds: list[int], name: str):
+    """A fine-tuning config of tiny sizes written to `tmp_path/ft.yaml`, and its in-process run (one
+    thread, its own store under `tmp_path/store-seq`): the rows a parallel run must equal."""
+    from workbench.drivers.finetune import load_finetune_config, run_finetune
+    from workbench.store.results import ResultsStore
+
+    config = {"checkpoint": str(checkpoint), "task": "sentence_polarity", "seeds": seeds, "epochs": 2,
+              "lr": 1e-3, "max_train_examples": 48, "max_eval_examples": 32, "batch_size": 16, "baselines": False,
+              "device": "cpu", "threads": 1, "progress": False, "name": name}
+    seq = run_finetune(load_finetune_config({**config, "output_dir": str(tmp_path / "seq")}),
+                       store=ResultsStore(tmp_path / "store-seq"))
+    path = tmp_path / "ft.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, seq
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("executor", [pytest.param("local"), pytest.param("slurm", marks=pytest.mark.slurm)])
 def test_finetune_seeds_in_two_local_processes_write_the_rows_of_the_in_process_run(executor, request,
@@ -282,16 +298,9 @@ def test_finetune_seeds_in_two_local_processes_write_the_rows_of_the_in_process_
     path, beside the submitit one above) or two Slurm jobs give the per-seed and per-epoch rows of the
     in-process run, value for value (the parent's own `train_seed` is replaced by one that fails)."""
     from app.cli import main
-    from workbench.drivers.finetune import load_finetune_config, run_finetune
     from workbench.store.results import ResultsStore
 
-    config = {"checkpoint": str(tiny_checkpoint), "task": "sentence_polarity", "seeds": [0, 1], "epochs": 2,
-              "lr": 1e-3, "max_train_examples": 48, "max_eval_examples": 32, "batch_size": 16, "baselines": False,
-              "device": "cpu", "threads": 1, "progress": False, "name": "tiny-ft"}
-    seq = run_finetune(load_finetune_config({**config, "output_dir": str(tmp_path / "seq")}),
-                       store=ResultsStore(tmp_path / "store-seq"))
-    path = tmp_path / "ft.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path, seq = tiny_finetune_sweep(tiny_checkpoint, tmp_path, [0, 1], "tiny-ft")
     monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
 
     def not_here(*a, **k):

@@ -101,17 +101,10 @@ def test_a_sweep_cancelled_mid_way_reports_it_and_its_rerun_resumes_with_nothing
     command fails naming that seed; the rerun keeps the finished seed (its result untouched) and
     writes the rows of an uncancelled in-process run, value for value."""
     from app.cli import main
-    from tests.test_drivers import same_rows
-    from workbench.drivers.finetune import load_finetune_config, run_finetune
+    from tests.test_drivers import same_rows, tiny_finetune_sweep
     from workbench.store.results import ResultsStore
 
-    config = {"checkpoint": str(tiny_checkpoint), "task": "sentence_polarity", "seeds": [0, 1, 2], "epochs": 2,
-              "lr": 1e-3, "max_train_examples": 48, "max_eval_examples": 32, "batch_size": 16, "baselines": False,
-              "device": "cpu", "threads": 1, "progress": False, "name": "tiny-ft-cancel"}
-    seq = run_finetune(load_finetune_config({**config, "output_dir": str(tmp_path / "seq")}),
-                       store=ResultsStore(tmp_path / "store-seq"))
-    path = tmp_path / "ft.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path, seq = tiny_finetune_sweep(tiny_checkpoint, tmp_path, [0, 1, 2], "tiny-ft-cancel")
     monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
     command = ["finetune", str(path), "--output-dir", str(tmp_path / "par"), "--executor", "slurm",
                "--slurm-partition", slurm_cluster.partition, "--jobs", "1"]
