@@ -315,3 +315,46 @@ def test_finetune_seeds_in_two_local_processes_write_the_rows_of_the_in_process_
     for seed in (0, 1):
         assert (tmp_path / "par" / f"seed-{seed}" / "result.json").is_file()
     same_rows(par, ResultsStore(tmp_path / "store-seq").read(seq.run_id), drop_extra=("checkpoint",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", [pytest.param("local"), pytest.param("slurm", marks=pytest.mark.slurm)])
+def test_train_seeds_as_units_give_the_weights_of_the_in_process_run(executor, request, tmp_path, one_thread):
+    """`bertology train CONFIG --seeds 0 1 --jobs 2` (two local processes) or `--executor slurm` (two
+    Slurm jobs): each seed's final checkpoint has the weights, bit for bit, and the log of the same
+    seed trained in this process (one torch thread in both); a rerun finds them finished."""
+    from app.cli import main
+    from tests.training_helpers import tiny_config
+    from tests.weight_pins import log_hash, state_hash
+    from workbench.drivers.train import read_log, train_from_config
+    from workbench.running.model_loading import load_tensors
+
+    seq = train_from_config(tiny_config("bert", 6, tmp_path / "seq", seeds=[0, 1]))
+    config = tiny_config("bert", 6, tmp_path / "par", seeds=[0, 1]).to_dict()
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    flags = executor_flags(executor, request) if executor == "slurm" else []
+    assert main(["train", str(path), "--jobs", "2", *flags]) == 0
+    for seed, final in zip((0, 1), seq):
+        par = tmp_path / "par" / f"seed-{seed}" / final.name
+        assert state_hash(load_tensors(par / "model.safetensors")) == state_hash(load_tensors(final / "model.safetensors"))
+        assert log_hash(read_log(par.parent)) == log_hash(read_log(final.parent))
+    if executor == "slurm":
+        assert len(list((tmp_path / "par" / "submitit").glob("*_result.pkl"))) == 2
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "par").glob("seed-*/step-*/model.safetensors")}
+    assert main(["train", str(path), "--jobs", "2", *flags]) == 0
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # finished seeds are found, not retrained
+
+
+def test_train_refuses_an_executor_with_hooks(tmp_path):
+    """Hooks are functions of this process: seeds in other processes would train without them."""
+    from tests.training_helpers import tiny_config
+    from workbench.drivers.executor import ExecutorOptions
+    from workbench.drivers.train import train_from_config
+    from workbench.loop import TrainingHooks
+
+    cfg = tiny_config("bert", 2, tmp_path / "x", seeds=[0, 1])
+    hooks = TrainingHooks(after_step=lambda model, step: None)
+    with pytest.raises(ConfigError, match="training hooks run in this process only"):
+        train_from_config(cfg, hooks=hooks, executor=ExecutorOptions(jobs=2))
+    assert not (tmp_path / "x").exists()

@@ -63,6 +63,7 @@ import transformers
 from workbench.store.checkpoints import STEP_PREFIX, list_steps, seed_dir, step_dir
 from workbench.config import TrainConfig, load_config
 from workbench.data_cache import TokenizedCorpus
+from workbench.drivers.executor import Unit, add_executor_arguments, options_from_args, resolve_options, run_units
 from workbench.dropout import use_fast_attention_dropout, use_fast_dropout
 from workbench.errors import CheckpointError, ConfigError, yaml_problem
 from workbench.families import get_family
@@ -848,18 +849,42 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     return step_dir(out, total)
 
 
-def train_from_config(path_or_dict, overrides: dict | None = None, hooks: TrainingHooks | None = None) -> list[Path]:
+def train_from_config(path_or_dict, overrides: dict | None = None, hooks: TrainingHooks | None = None,
+                      executor=None) -> list[Path]:
     """Train every seed of a config (YAML path, dict or TrainConfig); the final checkpoint of each.
 
-    Seeds run one after the other and share the corpus, tokenizer and tokenised corpus; `hooks`
-    as in `train_seed`.
+    By default the seeds run one after the other in this process and share the corpus, tokenizer and
+    tokenised corpus; `hooks` as in `train_seed`. With `executor` (`ExecutorOptions` or its name:
+    local processes, submitit, Slurm) each seed is a unit of the one executor: the data is prepared
+    here first (its caches on disk), then every worker opens it and trains its seed (one torch thread
+    each, no bars). Under torchrun the ranks share one seed at a time, so the executor is refused there,
+    as are hooks (they run in this process only).
     """
     cfg = load_config(path_or_dict, overrides)
+    options = None if executor is None else resolve_options(executor, folder=str(run_dir(cfg, 0).parent / "submitit"))
     family = get_family(cfg.family)
     check_seq_len_warmup(cfg, family)  # before the corpus is built
+    parallel = options is not None and not options.runs_in_process(len(cfg.seeds))
+    if parallel and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("--executor/--jobs spread seeds over processes; under torchrun the ranks already share each seed")
+    if parallel and hooks is not None and hooks != NO_HOOKS:
+        raise ConfigError("training hooks run in this process only: train with hooks without --executor/--jobs")
     d = init_distributed(cfg.device)
     data = prepare_data(cfg, family, d)
-    return [train_seed(cfg, seed, data, d, hooks) for seed in cfg.seeds]
+    if not parallel:
+        return [train_seed(cfg, seed, data, d, hooks) for seed in cfg.seeds]
+    worker_cfg = dataclasses.replace(cfg, progress=False)  # not in the run's identity: the same folders
+    return run_units([Unit(train_seed_unit, (worker_cfg, seed), name=f"seed {seed}") for seed in cfg.seeds],
+                     options, desc="train seeds")
+
+
+def train_seed_unit(cfg: TrainConfig, seed: int) -> Path:
+    """One seed as an executor unit (a fresh process or a Slurm job): open the data the parent
+    prepared (the corpus split, the tokenizer and the tokenised corpus are read from their caches)
+    and train the seed, resuming its folder as a rerun would."""
+    family = get_family(cfg.family)
+    d = Dist()
+    return train_seed(cfg, seed, prepare_data(cfg, family, d), d)
 
 
 def read_log(run_folder: str | Path) -> list[dict]:
@@ -889,7 +914,9 @@ def train_cli_main(argv: list[str] | None = None) -> int:
 
     Flags: --family, --preset, --steps, --tokens, --seeds S [S ...], --name, --output-dir, --device,
     --precision auto|fp32|bf16,
-    --set KEY=VALUE (dotted keys, YAML values; repeatable). Prints each seed's final checkpoint.
+    --set KEY=VALUE (dotted keys, YAML values; repeatable), and the executor's flags (--executor,
+    --jobs, --slurm-partition, --timeout-min, --slurm-param: seeds as units). Prints each seed's final
+    checkpoint.
     """
     p = argparse.ArgumentParser(prog="bertology train", description="Pretrain a model family (one loop for all).")
     p.add_argument("config", nargs="?", help="training config YAML (experiments/train/*.yaml)")
@@ -904,9 +931,11 @@ def train_cli_main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", choices=PRECISIONS,
                    help="forward number format: auto = bf16 on CUDA and on CPUs with amx_bf16/avx512_bf16 (config key `precision`)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    add_executor_arguments(p, "seeds")
     args = p.parse_args(argv)
     if args.config is None and args.family is None:
         p.error("give a CONFIG.yaml or --family")
+    options = options_from_args(args, progress=False)  # bad --executor/--jobs/--slurm-partition: before any work
     overrides: dict = {}
     for item in args.set:
         if "=" not in item:
@@ -931,7 +960,7 @@ def train_cli_main(argv: list[str] | None = None) -> int:
         if preset == "small" and args.family == "bert":
             recipe["objective"] = {"nsp": False}
         source.update(recipe)
-    for path in train_from_config(source, overrides):
+    for path in train_from_config(source, overrides, executor=options):
         print(path)
     return 0
 
