@@ -133,14 +133,10 @@ def _checkpoints_from_pruning(spec: dict, quick: bool) -> list[Path]:
 
 def plan_runs(spec: dict, quick: bool = False) -> list[dict]:
     """The experiment's runs: one dict per (checkpoint group, probe, grid point), with its key."""
-    import hashlib
-    import json
-
-    from probes import get_probe
+    from probes.core.runner import run_key
 
     out = []
     for probe_name, settings in spec["probe"].items():
-        probe_code = get_probe(probe_name).key_material()
         settings = dict(settings or {})
         which = settings.pop("checkpoints", "last")
         if "train" in spec:
@@ -156,10 +152,7 @@ def plan_runs(spec: dict, quick: bool = False) -> list[dict]:
         for group in groups:
             for point in _grid(spec.get("sweep") or {}, probe_name):
                 run_settings = dict(settings, **point)
-                material = json.dumps([probe_name, group, run_settings], sort_keys=True, default=str)
-                if probe_code:
-                    material += json.dumps(probe_code, sort_keys=True)
-                key = hashlib.sha256(material.encode()).hexdigest()[:16]
+                key = run_key(probe_name, group, run_settings)
                 out.append({"experiment": spec.get("name", "experiment"), "key": key, "probe": probe_name,
                             "checkpoints": group, "settings": run_settings, "point": point})
     return out

@@ -582,6 +582,22 @@ def static_images(figure, formats: list[str], timeout: float) -> dict[str, bytes
         return {fmt: (Path(tmp) / f"figure.{fmt}").read_bytes() for fmt in formats}
 
 
+def draw(name_or_path: str | Path, store=None, run_id: str | list[str] | None = None) -> tuple[str, dict, Drawn, list[str]]:
+    """A figure drawn from the store, nothing written: (name, spec, Drawn, the run ids read).
+    `run_id` (one or a list) replaces the spec's run selection. `render` writes what this draws; the
+    Python API (`bertology.figure`) shows it."""
+    from workbench.store.results import ResultsStore
+
+    name, spec = load_spec(name_or_path)
+    store = store if store is not None else ResultsStore()
+    query = dict(spec.get("query") or {})
+    if run_id is not None:
+        query.pop("name", None)
+        query["run"] = run_id
+    rows, run_ids = query_rows(store, query)
+    return name, spec, all_plots()[spec["plot"]](rows, spec.get("title", name), dict(spec.get("options") or {})), run_ids
+
+
 @dataclass
 class Rendered:
     name: str
@@ -604,14 +620,8 @@ def render(name_or_path: str | Path, store=None, out: str | Path | None = None,
     if bad:
         raise ConfigError(f"unknown figure format(s) {sorted(bad)}; formats: {FORMATS}")
     timeout = export_timeout(timeout)
-    name, spec = load_spec(name_or_path)
     store = store if store is not None else ResultsStore()
-    query = dict(spec.get("query") or {})
-    if run_id is not None:
-        query.pop("name", None)
-        query["run"] = run_id
-    rows, run_ids = query_rows(store, query)
-    drawn = all_plots()[spec["plot"]](rows, spec.get("title", name), dict(spec.get("options") or {}))
+    name, spec, drawn, run_ids = draw(name_or_path, store, run_id)
     folder = Path(out) if out is not None else store.root / "figures" / name
     csv = drawn.data.to_csv(index=False, float_format="%.10g")
     static = [f for f in formats if f != "html"]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("workbench", "probes", "app")
+PACKAGES = ("workbench", "probes", "app", "bertology")
 SCRIPT_DIRS = ("experiments", "benchmarks")
 
 # The layer order, lowest first. A module belongs to the layer of the longest prefix that matches
@@ -48,14 +48,16 @@ SCRIPT_DIRS = ("experiments", "benchmarks")
 #   fine-tuning task's members and the shadow sets (`workbench.drivers.finetune`, `workbench.drivers.shadows`).
 #   So the drivers sit BELOW the probes; a driver that wants to run a probe must go through app/ (or the
 #   probes move below it and membership's driver reads move to the library);
-# - app/ (the CLI and the Streamlit pages) drives everything;
+# - app/ (the CLI and the Streamlit pages) drives everything; bertology/ (the Python API for
+#   notebooks, issue 52) is the same layer: a facade over the drivers, probes and store that the CLI
+#   could call, reading the figures of app/ (`app.figures.draw`), which never imports it back;
 # - experiments/ and benchmarks/ are scripts at the top: nothing imports them but other scripts.
 DRIVERS = ("workbench.drivers",)  # the package: spec, executor, train, finetune, distill, ... (its docstring)
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("library", ("workbench",)),
     ("drivers", DRIVERS),
     ("probes", ("probes",)),
-    ("app", ("app",)),
+    ("app", ("app", "bertology")),
     ("scripts", ("experiments", "benchmarks")),
 )
 

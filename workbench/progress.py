@@ -5,7 +5,10 @@ Before this module the workbench reported four ways: tqdm bars in sixteen module
 log) is a stream of carriage-return frames: thousands of redraws on one "line" that a pager shows
 as one unreadable line and `grep` cannot use. So:
 
-- `progress(...)` draws a tqdm bar only when its stream (stderr) is a terminal. Anywhere else it
+- `progress(...)` draws a tqdm bar only when its stream (stderr) is a terminal, or in a Jupyter
+  kernel (`in_notebook`: tqdm's notebook widget where ipywidgets is installed, else its text bar,
+  whose carriage returns Jupyter redraws in place; the kernel's stderr is no terminal and a cell's
+  output is no log file). Anywhere else it
   writes a plain line at most every `interval` seconds through `logging`,
   `desc: 40/200 step (20%) 12 s elapsed, ~49 s left, loss=2.310`, and a last "done" line when it
   wrote any; a job shorter than one interval writes nothing. No carriage return reaches a file.
@@ -60,6 +63,20 @@ def get_logger(name: str) -> logging.Logger:
     """The logger of a module: `get_logger(__name__)` gives `bertology.<module>`, under the one
     handler and level this module configures."""
     return logging.getLogger(name if name == NAMESPACE or name.startswith(NAMESPACE + ".") else f"{NAMESPACE}.{name}")
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (IPython's ZMQ shell), where progress draws a
+    notebook bar instead of log lines. Only asks IPython when it is already imported: a plain
+    script never pays for the import."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    try:
+        shell = ipython.get_ipython()
+    except AttributeError:
+        return False
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def stream_is_terminal(stream=None) -> bool:
@@ -263,6 +280,9 @@ def progress(iterable: Iterable | None = None, total: int | None = None, desc: s
     if disable or is_quiet():
         return SilentProgress(iterable, total, initial)
     stream = sys.stderr if stream is None else stream
+    if in_notebook():
+        return notebook_bar(iterable, total=total, desc=desc or None, unit=unit, initial=initial, leave=leave,
+                            **tqdm_kwargs)
     if stream_is_terminal(stream):
         from tqdm import tqdm
 
@@ -271,3 +291,15 @@ def progress(iterable: Iterable | None = None, total: int | None = None, desc: s
                     **tqdm_kwargs)
     return LineProgress(iterable, total, desc, unit, initial, leave,
                         DEFAULT_INTERVAL if interval is None else float(interval), clock)
+
+
+def notebook_bar(iterable: Iterable | None = None, **kwargs: Any):
+    """tqdm's notebook widget (`tqdm.notebook`), or its text bar on the kernel's stderr when
+    ipywidgets is not installed (the widget needs it; Jupyter redraws the text bar in place)."""
+    from tqdm import tqdm
+    from tqdm.notebook import tqdm as widget_bar
+
+    try:
+        return widget_bar(iterable, **kwargs)
+    except ImportError:  # "IProgress not found": no ipywidgets
+        return tqdm(iterable, file=sys.stderr, **kwargs)

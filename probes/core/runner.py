@@ -249,6 +249,9 @@ class ProbeSpec:
     # check(checkpoints, settings): what the probe needs of every checkpoint (a corpus record, a
     # generating head, ...), raised as one ConfigError/CheckpointError before the run starts.
     check: Callable[[list[Checkpoint], Settings], None] | None = None
+    # summary_frame(rows) -> DataFrame: the printed table's numbers as a frame, one row per (model,
+    # stack, layer) (the Python API's `result.summary()`); None: the generic `layer_frame`.
+    summary_frame: Callable[[pd.DataFrame], pd.DataFrame] | None = None
 
     def key_material(self) -> dict[str, int]:
         """What the probe's code adds to a run key: nothing at version 1 (keys stay as they were)."""
@@ -369,6 +372,22 @@ def run_probe(probe: str | ProbeSpec, checkpoints: Sequence[Any], settings: Sett
     roles = resolve_roles(spec, settings)
     with torch_threads(settings.threads):
         return _run(spec, ckpts, settings, store, roles)
+
+
+def run_key(probe: str, checkpoints: Sequence[str], settings: Mapping[str, Any]) -> str:
+    """The key a finished run is found by, so that asking again reuses it instead of recomputing:
+    a hash of the probe's name, the checkpoints (as strings) and the settings, plus the probe's code
+    version above 1 (`ProbeSpec.key_material`). `bertology run` names each run `<experiment>:<key>`
+    (`app.experiments.plan_runs`), the Python API `<name>:<key>` (`bertology.probe`)."""
+    import hashlib
+
+    from probes import get_probe
+
+    material = json.dumps([probe, list(checkpoints), dict(settings)], sort_keys=True, default=str)
+    code = get_probe(probe).key_material()
+    if code:
+        material += json.dumps(code, sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
 def resolve_roles(spec: ProbeSpec, settings: Settings) -> dict[str, list[Checkpoint]]:
@@ -657,27 +676,48 @@ def _load_handle(ck: Checkpoint):
 
 
 # --------------------------------------------------------------------------- summary table
+def layer_frame(rows: pd.DataFrame, max_metrics: int | None = None) -> pd.DataFrame:
+    """The generic per-layer summary as a frame: one row per (model, stack, layer), twins included,
+    one column per "task metric" (NaN where a block lacks it); `format_layer_table` prints it."""
+    blocks = [block.assign(model=model, stack=stack)
+              for (model, stack), block in _layer_blocks(rows, max_metrics)]
+    if not blocks:
+        return pd.DataFrame(columns=["model", "stack", "layer"])
+    frame = pd.concat(blocks, ignore_index=True)
+    return frame[["model", "stack", "layer", *[c for c in frame.columns if c not in ("model", "stack", "layer")]]]
+
+
+def _layer_blocks(rows: pd.DataFrame, max_metrics: int | None) -> list[tuple[tuple, pd.DataFrame]]:
+    """((model, stack), layers x "task metric" frame) per model block, metrics in row order."""
+    if rows is None or len(rows) == 0:
+        return []
+    df = rows[rows["layer"].notna()]
+    out = []
+    for key, sub in df.groupby(["model", "stack"], sort=False, dropna=False):
+        cols = list(dict.fromkeys(zip(sub["task"], sub["metric"])))[:max_metrics]
+        layers = sorted(set(sub["layer"].astype(int)))
+        data: dict[str, list] = {"layer": layers}
+        for t, m in cols:
+            values = []
+            for layer in layers:
+                v = sub[(sub["layer"] == layer) & (sub["task"] == t) & (sub["metric"] == m)]["value"]
+                values.append(float("nan") if v.empty or pd.isna(v.iloc[0]) else float(v.iloc[0]))
+            data[f"{t} {m}"] = values
+        out.append((key, pd.DataFrame(data)))
+    return out
+
+
 def format_layer_table(rows: pd.DataFrame, max_metrics: int = 8) -> str:
     """A generic per-layer summary: one block per model (twins included), layers x (task metric) columns."""
     if rows is None or len(rows) == 0:
         return "(no rows)"
-    df = rows[rows["layer"].notna()]
-    if df.empty:
-        return "(no per-layer rows)"
     blocks = []
-    for (model, stack), sub in df.groupby(["model", "stack"], sort=False, dropna=False):
-        cols = list(dict.fromkeys(zip(sub["task"], sub["metric"])))[:max_metrics]
-        layers = sorted(set(sub["layer"].astype(int)))
-        table = [["layer"] + [f"{t} {m}" for t, m in cols]]
-        for layer in layers:
-            cells = [str(layer)]
-            for t, m in cols:
-                v = sub[(sub["layer"] == layer) & (sub["task"] == t) & (sub["metric"] == m)]["value"]
-                cells.append("-" if v.empty or pd.isna(v.iloc[0]) else f"{float(v.iloc[0]):.3f}")
-            table.append(cells)
+    for (model, stack), block in _layer_blocks(rows, max_metrics):
+        table = [list(block.columns)] + [[str(int(r[0]))] + ["-" if pd.isna(x) else f"{float(x):.3f}" for x in r[1:]]
+                                         for r in block.itertuples(index=False)]
         suffix = f" [{stack}]" if isinstance(stack, str) else ""
         blocks.append(f"== {model}{suffix}\n" + aligned(table))
-    return "\n\n".join(blocks)
+    return "\n\n".join(blocks) if blocks else "(no per-layer rows)"
 
 
 def aligned(table: list[list[str]]) -> str:

@@ -86,7 +86,7 @@ from probes.syntax.features import FeatureView, sentence_rows
 from probes.syntax.items import build_items
 from probes.syntax.prepare import plan_splits, prepare
 from probes.syntax.settings import BASELINES, NAME, STRUCTURAL_TASKS, TASKS, SyntaxSettings
-from probes.syntax.summary import format_layer_table
+from probes.syntax.summary import format_layer_table, summary_frame
 from probes.syntax.tasks import fit_classification_task, make_context, length_averaged_ci, fit_structural_task
 from workbench.errors import ConfigError
 
@@ -134,7 +134,7 @@ def _cli_hook(parser):
 PROBE = runner.ProbeSpec(
     name=NAME, tasks=TASKS, settings=SyntaxSettings, prepare=prepare, run_task=run_task,
     description="Syntax probes (UPOS, XPOS, deprel, arc, structural) on every layer.",
-    summary=format_layer_table, cli_hook=_cli_hook, twin_once_per_run=True,
+    summary=format_layer_table, summary_frame=summary_frame, cli_hook=_cli_hook, twin_once_per_run=True,
     # 3: structural lr_decay 0.1; 4: the default fit of issue 42 (optimizer auto: Adam above 2^21 words x
     # features, lr 5e-3, batch 128, early stopping on the dev loss), which moves large real-model fits;
     # 5: issue 49: L-BFGS runs to its tolerances (small fits, MDL blocks), the structural probe standardised

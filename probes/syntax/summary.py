@@ -38,10 +38,62 @@ def format_layer_table(rows: pd.DataFrame) -> str:
     return _format_blocks(df, "")
 
 
+# The printed table's columns (after "layer") and the frame's (`summary_frame`), in order.
+COLUMNS = ("UPOS acc", "UPOS sel", "UUAS", "UPOS majority", "rand-init UPOS", "rand-init UUAS", "chain UUAS")
+
+
+def summary_frame(rows: pd.DataFrame) -> pd.DataFrame:
+    """The numbers of the printed table: one row per (checkpoint, stack, layer), twins folded into
+    their checkpoint (the `rand-init` columns); `UPOS acc` with its 95% CI (`UPOS acc ci_low/high`)."""
+    frames = list(_frames(_per_layer(rows)).values())
+    if not frames:
+        return pd.DataFrame(columns=["model", "stack", "layer", COLUMNS[0], "UPOS acc ci_low", "UPOS acc ci_high",
+                                     *COLUMNS[1:]])
+    return pd.concat(frames, ignore_index=True)
+
+
+def _per_layer(rows: pd.DataFrame) -> pd.DataFrame:
+    if rows is None or len(rows) == 0:
+        return pd.DataFrame(columns=["probe", "layer", "split", "model", "stack", "task", "metric"])
+    df = rows[(rows["probe"] == NAME) & rows["layer"].notna()]
+    return df[~df["split"].astype(str).str.contains(":")]
+
+
+def _series(df: pd.DataFrame, model, task, metric) -> dict:
+    sub = df[(df["model"] == model) & (df["task"] == task) & (df["metric"] == metric)]
+    return {int(r.layer): r for r in sub.itertuples()}
+
+
+def _frames(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
+    """(model, stack) -> that checkpoint's table as a frame (one per stack probed)."""
+    out = {}
+    for stack in dict.fromkeys(df["stack"].tolist()):
+        sdf = df[(df["stack"] == stack).fillna(False)] if isinstance(stack, str) else df[df["stack"].isna()]
+        for model in [m for m in dict.fromkeys(sdf["model"].tolist()) if not str(m).endswith(RANDOM_INIT_SUFFIX)]:
+            twin = model + RANDOM_INIT_SUFFIX
+            acc = _series(sdf, model, "upos", "accuracy") or _series(sdf, model, "upos", "mlp_accuracy")
+            cols = [acc, _series(sdf, model, "upos", "selectivity") or _series(sdf, model, "upos", "mlp_selectivity"),
+                    _series(sdf, model, "structural-distance", "uuas"), _series(sdf, model, "upos", "majority"),
+                    _series(sdf, twin, "upos", "accuracy") or _series(sdf, twin, "upos", "mlp_accuracy"),
+                    _series(sdf, twin, "structural-distance", "uuas"),
+                    _series(sdf, model, "structural-distance", "right_branching_uuas")]
+            layers = sorted(set().union(*cols))
+
+            def value(r, field="value"):
+                v = None if r is None else getattr(r, field)
+                return float("nan") if v is None or pd.isna(v) else float(v)
+
+            data = {"model": model, "stack": stack, "layer": layers, COLUMNS[0]: [value(acc.get(l)) for l in layers],
+                    "UPOS acc ci_low": [value(acc.get(l), "ci_low") for l in layers],
+                    "UPOS acc ci_high": [value(acc.get(l), "ci_high") for l in layers]}
+            data.update({name: [value(c.get(l)) for l in layers] for name, c in zip(COLUMNS[1:], cols[1:])})
+            out[(model, stack)] = pd.DataFrame(data)
+    return out
+
+
 def _format_blocks(df: pd.DataFrame, suffix: str) -> str:
     def series(model, task, metric):
-        sub = df[(df["model"] == model) & (df["task"] == task) & (df["metric"] == metric)]
-        return {int(r.layer): r for r in sub.itertuples()}
+        return _series(df, model, task, metric)
 
     def fmt(r, ci=False):
         if r is None or r.value is None or (isinstance(r.value, float) and math.isnan(r.value)):
@@ -51,21 +103,20 @@ def _format_blocks(df: pd.DataFrame, suffix: str) -> str:
             s += f" [{r.ci_low:.3f},{r.ci_high:.3f}]"
         return s
 
+    def cell(x: float) -> str:
+        return "-" if math.isnan(x) else f"{x:.3f}"
+
     models = [m for m in dict.fromkeys(df["model"].tolist()) if not str(m).endswith(RANDOM_INIT_SUFFIX)]
-    header = ["layer", "UPOS acc [95% CI]", "UPOS sel", "UUAS", "UPOS majority", "rand-init UPOS", "rand-init UUAS",
-              "chain UUAS"]  # fmt: skip
+    header = ["layer", "UPOS acc [95% CI]", *COLUMNS[1:]]
     blocks = []
-    for model in models:
-        twin = model + RANDOM_INIT_SUFFIX
-        acc = series(model, "upos", "accuracy") or series(model, "upos", "mlp_accuracy")
-        sel = series(model, "upos", "selectivity") or series(model, "upos", "mlp_selectivity")
-        uuas, maj = series(model, "structural-distance", "uuas"), series(model, "upos", "majority")
-        racc = series(twin, "upos", "accuracy") or series(twin, "upos", "mlp_accuracy")
-        ruuas, chain = series(twin, "structural-distance", "uuas"), series(model, "structural-distance", "right_branching_uuas")
-        layers = sorted(set().union(acc, sel, uuas, maj, racc, ruuas, chain))
-        table = [header] + [[str(l), fmt(acc.get(l), True), fmt(sel.get(l)), fmt(uuas.get(l)), fmt(maj.get(l)),
-                             fmt(racc.get(l)), fmt(ruuas.get(l)), fmt(chain.get(l))] for l in layers]  # fmt: skip
-        blocks.append(f"== {model}{suffix}\n" + runner.aligned(table))
+    for frame in _frames(df).values():
+        table = [header]
+        for r in frame.itertuples(index=False):
+            acc, low, high, *rest = r[3:]
+            acc_cell = cell(acc) + (f" [{low:.3f},{high:.3f}]" if not (math.isnan(acc) or math.isnan(low)
+                                                                      or math.isnan(high)) else "")
+            table.append([str(r.layer), acc_cell, *map(cell, rest)])
+        blocks.append(f"== {frame['model'].iloc[0]}{suffix}\n" + runner.aligned(table))
     if not blocks:
         return "(no per-layer syntax rows)"
     if len(models) <= MAX_LAYER_BLOCKS:

@@ -41,14 +41,12 @@ class ForwardOutput:
 class WordForwards:
     """`ModelHandle`'s forward passes (module docstring)."""
 
-    def run_ids(self, ids: torch.Tensor, mask: torch.Tensor, stacks: Sequence[str], attentions: bool = False) -> dict:
-        """One forward (no LM head) through the runner: {stack: (hidden_states, attentions)}, the
-        decoder's cross-attentions ("cross") and teacher-forced input ("decoder_input_ids")."""
+    def run_inputs(self, ids: torch.Tensor, mask: torch.Tensor, stacks: Sequence[str]) -> tuple[torch.Tensor, dict, dict]:
+        """(ids, model kwargs, decoder kwargs) of a body run of `stacks`: ELMo's characters, the
+        teacher-forced decoder input of an encoder-decoder, a fake-language model's positions."""
         kw, dec = {}, {}
         if self.reads_characters:
             ids, kw["char_ids"] = self.words.characters(ids)
-        if attentions:
-            self._ensure_eager()
         if len(self.stacks) == 2:
             if "decoder" in stacks:
                 start = first_not_none(getattr(self.config, "decoder_start_token_id", None), self.pad_id)
@@ -57,6 +55,14 @@ class WordForwards:
         elif self._shifted_vocabulary is not None:
             kw["position_ids"] = separate_position_ids(ids, mask, None, self._shifted_vocabulary,
                                                        self.shifted_position_offset)
+        return ids, kw, dec
+
+    def run_ids(self, ids: torch.Tensor, mask: torch.Tensor, stacks: Sequence[str], attentions: bool = False) -> dict:
+        """One forward (no LM head) through the runner: {stack: (hidden_states, attentions)}, the
+        decoder's cross-attentions ("cross") and teacher-forced input ("decoder_input_ids")."""
+        if attentions:
+            self._ensure_eager()
+        ids, kw, dec = self.run_inputs(ids, mask, stacks)
         ran = [s for s in self.stacks if s == "encoder" or "decoder" in stacks]
         names = [n for s in ran for n in self._stack_names(s, attentions)]
         with torch.inference_mode(), autocast(self.compute_dtype, self.device):
@@ -103,15 +109,7 @@ class WordForwards:
             raise ValueError("forward needs at least one sentence")
         stacks = self._stacks(stack) if stack is not None else self.stacks
         self.model.eval()
-        batch = self.words.word_batch(sentences, self.read_prefix)
-        lengths = batch.attention_mask.sum(1)
-        too_long = (lengths > self.max_length).nonzero().flatten().tolist()
-        if too_long:
-            if not truncate:
-                raise ValueError(f"sentences {too_long[:10]} exceed max_length={self.max_length} tokens; "
-                                 f"use word_states (sliding windows) or truncate=True")
-            batch, cut = self.words.truncate(batch, self.max_length)
-            self.stats["truncated_tokens"] += cut
+        batch = self._read_batch(sentences, truncate)
         out = self.run_ids(batch.input_ids, batch.attention_mask, stacks, attentions)
         if self.reads_characters:
             batch.input_ids = self.words.characters(batch.input_ids)[0]
@@ -132,6 +130,38 @@ class WordForwards:
             cross_attentions=out.get("cross") if attentions else None,
             decoder_input_ids=out.get("decoder_input_ids"),
         )
+
+    def _read_batch(self, sentences: Sequence[Sequence[str]], truncate: bool) -> WordBatch:
+        """The batch `forward` runs: a sentence over `max_length` tokens is a ValueError, or cut."""
+        batch = self.words.word_batch(sentences, self.read_prefix)
+        lengths = batch.attention_mask.sum(1)
+        too_long = (lengths > self.max_length).nonzero().flatten().tolist()
+        if too_long:
+            if not truncate:
+                raise ValueError(f"sentences {too_long[:10]} exceed max_length={self.max_length} tokens; "
+                                 f"use word_states (sliding windows) or truncate=True")
+            batch, cut = self.words.truncate(batch, self.max_length)
+            self.stats["truncated_tokens"] += cut
+        return batch
+
+    def run_with_cache(self, sentences: Sequence[Sequence[str]], names: Sequence[str] | str = "all",
+                       truncate: bool = False):
+        """(batch, cache): one batch of pre-split words run as `forward` runs it (prefix, special
+        tokens, every stack, a decoder fed the sentence), caching the activation points `names`
+        (`ModelRunner.hook_names`; "all": every point), as TransformerLens's `run_with_cache`. The
+        batch's `word_ids` align each position to its word (-1: a special token). Tensors are fp32."""
+        if not len(sentences):
+            raise ValueError("run_with_cache needs at least one sentence")
+        self.model.eval()
+        wanted = self.runner.hook_names() if isinstance(names, str) and names == "all" else names
+        if isinstance(wanted, str) or any(n.endswith("pattern") for n in wanted):
+            self._ensure_eager()  # sdpa returns no attention probabilities
+        batch = self._read_batch(sentences, truncate)
+        ids, kw, dec = self.run_inputs(batch.input_ids, batch.attention_mask, self.stacks)
+        with torch.inference_mode(), autocast(self.compute_dtype, self.device):
+            run = self.runner.run(ids, batch.attention_mask, names=names, **dec, **kw)
+        run.cache.tensors = {k: v.float() for k, v in run.cache.tensors.items()}
+        return batch, run.cache
 
     def _stacks(self, stack: str | None) -> tuple[str, ...]:
         if stack is None:

@@ -256,12 +256,16 @@ def weight_names(folder: str | Path) -> list[str] | None:
 
 
 def expand_checkpoints(items: Iterable[Any]) -> list[Checkpoint]:
-    """Paths (a training output folder expands to all its step-* checkpoints) or handles -> Checkpoints.
+    """Paths (a training output folder expands to all its step-* checkpoints), handles or Checkpoints
+    -> Checkpoints.
 
     Fails before any work with a CheckpointError naming the first path that is not a checkpoint.
     """
     out: list[Checkpoint] = []
     for item in items:
+        if isinstance(item, Checkpoint):  # already resolved (the Python API's loaded model: no second load)
+            out.append(item)
+            continue
         if not isinstance(item, (str, Path)):  # a handle
             path = getattr(item, "path", None)
             name = checkpoint_name(Path(path)) if path is not None else f"in-memory-{item.checkpoint_hash[:8]}"
