@@ -130,3 +130,32 @@ def test_quick_runs_every_default_row_on_tiny_models(tmp_path, monkeypatch, caps
     assert code == 0
     csv = (tmp_path / "out" / "reproduce.csv").read_text()
     assert all(key in csv for key in default)
+
+
+@pytest.mark.slow
+def test_the_reproductions_page_shows_the_latest_table(tmp_path, monkeypatch):
+    """An empty runs root names the command; after a run the page shows every row and its verdict."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    app = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    at = AppTest.from_file(app, default_timeout=120)
+    at.query_params["page"] = "reproduce"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("bertology reproduce" in i.value for i in at.info)
+
+    fine = Row("planted_fine", "a planted finding", paper=CITED, paper_setting="", our_setting="",
+               test=WithinTolerance(1.0), measure=lambda context: measured(10.5, 10.0, 11.0))
+    monkeypatch.setattr(reproduction_rows, "registry", lambda: {fine.key: fine})
+    outcomes = report.reproduce(["planted_fine"], progress=False)
+    report.write(outcomes, report.latest_folder(tmp_path / "runs", quick=False), "bertology reproduce", quick=False,
+                 png=False)
+    at = AppTest.from_file(app, default_timeout=120)
+    at.query_params["page"] = "reproduce"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    shown = at.dataframe[0].value
+    assert list(shown["row"][:1]) == ["planted_fine"] and list(shown["verdict"][:1]) == ["reproduced"]

@@ -38,8 +38,9 @@ def probe_pages() -> list[tuple[str, ModuleType | None]]:
 # Pages of results that no registered probe writes (a command's or sweep's own rows), shown under
 # "Results" in the app: app/page_modules/<NAME>.py with TITLE, render(store) and optional PLOTS, exactly
 # like a probe's companion module.
-RESULT_PAGES = ("finetune", "prune", "distill", "peft", "cost")  # fine-tuning runs; compression sweeps
-# (workbench/compress); distillation sweeps; fine-tuning methods (workbench/drivers/peft_sweep.py); checkpoint costs
+RESULT_PAGES = ("finetune", "prune", "distill", "peft", "cost", "reproduce")  # fine-tuning runs; compression sweeps
+# (workbench/compress); distillation sweeps; fine-tuning methods (workbench/drivers/peft_sweep.py); checkpoint costs;
+# the reproduction table (app/reproduce)
 
 
 def result_pages() -> list[tuple[str, ModuleType]]:

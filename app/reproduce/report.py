@@ -202,8 +202,14 @@ def figure(outcomes: list[Outcome]):
     return fig
 
 
-def write(outcomes: list[Outcome], out: Path, command: str, quick: bool) -> list[Path]:
-    """The table (Markdown, CSV), the figure (HTML, and PNG where Chromium is available) and a
+def latest_folder(store_root: Path, quick: bool) -> Path:
+    """Where every `bertology reproduce` leaves its table and figure in the runs root, for the app's
+    Reproductions page: `reproduce/latest` (the real models) or `reproduce/quick`."""
+    return Path(store_root) / "reproduce" / ("quick" if quick else "latest")
+
+
+def write(outcomes: list[Outcome], out: Path, command: str, quick: bool, png: bool = True) -> list[Path]:
+    """The table (Markdown, CSV), the figure (plotly JSON, HTML, and PNG unless `png` is False) and a
     manifest saying what produced them; each file written whole, then renamed."""
     from app.figures import export_timeout, static_images
     from workbench.io import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -213,15 +219,17 @@ def write(outcomes: list[Outcome], out: Path, command: str, quick: bool) -> list
     paths = [atomic_write_text(out / "reproduce.md", markdown(frame)),
              atomic_write_text(out / "reproduce.csv", frame.to_csv(index=False))]
     fig = figure(outcomes)
+    paths.append(atomic_write_text(out / "reproduce.json", fig.to_json()))
     paths.append(atomic_write_text(out / "reproduce.html", fig.to_html(include_plotlyjs="cdn")))
-    images = static_images(fig, ["png"], export_timeout())  # the figures' own export (kaleido, Chromium)
+    images = static_images(fig, ["png"], export_timeout()) if png else None  # the figures' own export (kaleido)
     if images is not None:
         paths.append(atomic_write_bytes(out / "reproduce.png", images["png"]))
     manifest = {"command": command, "quick": quick, "rows": [o.row.key for o in outcomes],
                 "verdicts": {o.row.key: o.verdict.status for o in outcomes},
                 "run_ids": {o.row.key: list(o.measurement.run_ids) for o in outcomes if o.measurement},
                 "seconds": {o.row.key: round(o.seconds, 1) for o in outcomes},
-                "png": "written" if images is not None else "static export timed out: HTML only"}
+                "png": "written" if images is not None else ("not asked for" if not png else
+                                                             "static export timed out: HTML only")}
     from workbench.store.manifest import environment, git_state, package_versions
 
     manifest.update(environment=environment(), git=git_state(), packages=package_versions())
