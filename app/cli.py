@@ -98,7 +98,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- reproduce
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from app.reproduce.report import FAILED, format_outcomes, latest_folder, reproduce, write
+    from app.reproduce.report import FAILED, format_outcomes, reproduce, write
     from workbench.drivers.executor import options_from_args
     from workbench.store.results import ResultsStore
 
@@ -108,10 +108,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     outcomes = reproduce(keys, full=args.full, quick=args.quick, strict=args.strict, store=store,
                          threads=args.threads, progress=not args.quiet, executor=options)
     print(format_outcomes(outcomes), end="")
-    command = "bertology " + " ".join(sys.argv[1:]) if sys.argv[1:] else "bertology reproduce"
-    root = store.root if store is not None else ResultsStore().root
-    write(outcomes, latest_folder(root, args.quick), command, args.quick, png=False)  # the app's page reads it
     if args.out:
+        command = "bertology " + " ".join(sys.argv[1:]) if sys.argv[1:] else "bertology reproduce"
         for path in write(outcomes, Path(args.out), command, args.quick):
             print(f"wrote {path}")
     return 1 if any(o.verdict.status == FAILED for o in outcomes) else 0
@@ -242,13 +240,30 @@ def _cmd_cache_prune(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- app / figures
 def _cmd_app(args: argparse.Namespace) -> int:
+    """`streamlit run` of the app on the loopback, or exposed with `--host` behind a token and
+    read-only unless `--allow-writes` (`app.access`: the token reaches Streamlit in its environment,
+    never on its command line)."""
+    import os
     import subprocess
 
+    from app.access import serving
+    from workbench.progress import get_logger
+
+    served = serving(args.host, args.port, args.token, args.allow_writes)
     page = Path(__file__).with_name("streamlit_app.py")
-    # the sidebar lists the app's pages whatever a user's .streamlit/config.toml says (issue 40)
+    # the sidebar lists the app's pages whatever a user's .streamlit/config.toml says (issue 40);
+    # Streamlit's own welcome lists a "Network URL" and, headless, looks up the machine's external
+    # address on the internet: hidden, the URLs are printed here (with the token when there is one)
     cmd = [sys.executable, "-m", "streamlit", "run", str(page), "--server.port", str(args.port),
-           "--server.headless", "true", "--client.showSidebarNavigation", "true"]
-    return subprocess.call(cmd)
+           "--server.address", served.address, "--server.headless", "true",
+           "--client.showSidebarNavigation", "true", "--logger.hideWelcomeMessage", "true",
+           "--browser.gatherUsageStats", "false"]
+    env = {k: v for k, v in os.environ.items() if k not in served.env}
+    env.update({k: v for k, v in served.env.items() if v is not None})
+    if served.warning:
+        get_logger(__name__).warning(served.warning)
+    print("The app, once started: " + "  or  ".join(served.urls), flush=True)
+    return subprocess.call(cmd, env=env)
 
 
 def _cmd_figures(args: argparse.Namespace) -> int:
@@ -387,8 +402,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     p.set_defaults(func=_cmd_cache_prune)
 
-    p = sub.add_parser("app", help="open the Streamlit app on the runs root")
+    p = sub.add_parser("app", help="open the Streamlit app on the runs root (on the loopback: --host to expose it)")
     p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="IP address to listen on (default 127.0.0.1: this machine only); another one, e.g. 0.0.0.0, "
+                        "exposes the app to the network behind a token, read-only")
+    p.add_argument("--token", help="the token an exposed app asks for (default: $BERTOLOGY_APP_TOKEN, else a random "
+                                   "one, printed in the URL)")
+    p.add_argument("--allow-writes", action="store_true",
+                   help="let an exposed app delete runs and generate text (off by default)")
     p.set_defaults(func=_cmd_app)
 
     p = sub.add_parser("cost", help="what checkpoints cost: FLOPs, device-hours, kWh, CO2e along the lineage")

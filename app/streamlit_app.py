@@ -11,13 +11,16 @@ of a fresh server; `?page=<url path>` opens a page directly too (used by the App
 Keep the page modules out of a folder named `pages` beside this file: Streamlit would take it for
 its own file-based multipage app (see app/navigation.py).
 
-Reads only under the runs root ($BERTOLOGY_RUNS) and the Hugging Face cache.
+Reads only under the runs root ($BERTOLOGY_RUNS) and the Hugging Face cache. Served to the network
+(`bertology app --host ...`), every page asks for the token first (`app.access.gate`, called here
+before any page is built) and deleting runs and generating text are off unless `--allow-writes`.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
+from app.access import gate
 from app.navigation import PROBES, RESULTS, page_specs
 
 
@@ -33,6 +36,7 @@ def build_pages(requested: str | None) -> dict[str, list]:
 
 
 st.set_page_config(page_title="BERTology workbench", layout="wide")
+gate()  # exposed: no token, no page (the refusal is the only thing drawn)
 try:
     requested = st.query_params.get("page")
     navigation = st.navigation(build_pages(requested))

@@ -1,7 +1,7 @@
-"""The app in a real browser: `streamlit run` on localhost over a copy of the probe store (plus a
-tiny BERT checkpoint for the explorer), every page opened in headless Chromium (Debian's
-`chromium`, driven by playwright), charts awaited, no exception or error element allowed, and a
-screenshot of each page saved under tests/artifacts/screenshots/ (gitignored).
+"""The app in a real browser: `bertology app` (on the loopback, its default) over a copy of the
+probe store (plus a tiny BERT checkpoint for the explorer), every page opened in headless Chromium
+(Debian's `chromium`, driven by playwright), charts awaited, no exception or error element allowed,
+and a screenshot of each page saved under tests/artifacts/screenshots/ (gitignored).
 
 Every page also opens by its link as the first request (issue 40): a fresh server whose very first
 request is a deep link (`/prune`), then every page's URL as the first request of a new browser
@@ -18,11 +18,13 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -53,45 +55,65 @@ def runs_root(probe_store, tokenizers, tmp_path) -> Path:
     return store.root
 
 
+@dataclass(frozen=True)
+class Served:
+    base: str  # http://127.0.0.1:PORT (the tests connect to the loopback only)
+    proc: subprocess.Popen  # `bertology app`; Streamlit is its child, in its process group
+    log_path: Path  # what the command printed (stdout and stderr)
+
+
+STARTUP_S = 300  # a cold start measured 22 s at load average 10 on 2 cores
+
+
 @contextlib.contextmanager
-def streamlit_server(root: Path, tmp_path: Path, name: str = "streamlit"):
-    """`streamlit run` of the app on a free localhost port over `root`; yields its base URL once
-    its health endpoint answers (no page has been requested yet: the server is fresh)."""
+def streamlit_server(root: Path, tmp_path: Path, name: str = "streamlit", flags: tuple[str, ...] = ()):
+    """`bertology app --port PORT *flags` (the real command, `app.cli.main`) on a free loopback port
+    over `root`; yields a `Served` once its health endpoint answers on 127.0.0.1 (no page has been
+    requested yet: the server is fresh). The command and its Streamlit child run in a process group
+    of their own, stopped whole at the end."""
     port = free_port()
+    # no file watcher (nothing here edits the app while it runs; polling costs CPU on a loaded machine)
     env = {**os.environ, "BERTOLOGY_RUNS": str(root), "HF_HUB_CACHE": str(tmp_path / "hf"),
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "STREAMLIT_SERVER_FILE_WATCHER_TYPE": "none"}
+    env.pop("BERTOLOGY_APP_TOKEN", None)
     log_path = tmp_path / f"{name}.log"
     log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.headless", "true",
-                             "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-                             "--client.showSidebarNavigation", "true"],  # as `bertology app` runs it
-                            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "app", "--port", str(port), *flags],
+                            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        while True:  # until healthy, or until it exits (no deadline: pytest-timeout stops a hang)
+        deadline = time.monotonic() + STARTUP_S
+        while True:  # until healthy, or until it exits or the deadline passes
             try:
                 if urllib.request.urlopen(f"{base}/_stcore/health", timeout=2).read() == b"ok":
                     break
             except OSError:
                 pass
-            if proc.poll() is not None:
-                raise RuntimeError(f"streamlit did not start: {log_path.read_text()[-2000:]}")
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the app did not start: {log_path.read_text()[-2000:]}")
             time.sleep(0.2)
-        yield base
+        yield Served(base, proc, log_path)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_group(proc)
         log.close()
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group of `proc` (the command and Streamlit), SIGKILL after 10 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
 
 
 @pytest.fixture
 def server(probe_store, tokenizers, tmp_path):
-    with streamlit_server(runs_root(probe_store, tokenizers, tmp_path), tmp_path) as base:
-        yield base
+    with streamlit_server(runs_root(probe_store, tokenizers, tmp_path), tmp_path) as served:
+        yield served.base
 
 
 def wait_until_drawn(page, timeout_ms: int = 90_000) -> None:
@@ -206,8 +228,9 @@ def test_every_page_opens_by_its_link_on_a_fresh_server(probe_store, tokenizers,
     assert sorted(specs) == sorted(HEADINGS)  # a new page gets its heading here
     root = runs_root(probe_store, tokenizers, tmp_path)
     t0 = time.time()
-    with streamlit_server(root, tmp_path, "first") as first, streamlit_server(root, tmp_path, "second") as second, \
-            sync_playwright() as p:
+    with streamlit_server(root, tmp_path, "first") as first_server, \
+            streamlit_server(root, tmp_path, "second") as second_server, sync_playwright() as p:
+        first, second = first_server.base, second_server.base
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--headless", "--disable-gpu"])
         # the first request of each fresh server is a deep link (the issue's /prune, and a probe page);
         # both servers start their first script run at once

@@ -11,7 +11,7 @@ from __future__ import annotations
 import plotly.express as px
 import streamlit as st
 
-from app import data, model_views, ui
+from app import access, data, model_views, ui
 from workbench.errors import ConfigError
 
 SOURCES = ("checkpoint under the runs root", "cached Hugging Face model", "type a path or Hub name")
@@ -166,8 +166,10 @@ def lens(handle, words) -> None:
 
 def generation(handle) -> None:
     """Continuations of a prompt (`app.model_views.generations`): greedy or sampled, seeded, or one line
-    saying why this model cannot generate (an encoder, a bare body)."""
-    why = model_views.cannot_generate(handle)
+    saying why this model cannot generate (an encoder, a bare body) or why generating is off (an app
+    exposed read-only: a visitor could draw memorised training text out of any checkpoint, and keep the
+    machine busy)."""
+    why = access.write_off("Generating text") or model_views.cannot_generate(handle)
     if why:
         st.info(why)
         return

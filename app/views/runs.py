@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import streamlit as st
 
-from app import data, ui
+from app import access, data, ui
 from workbench.store.aggregate import aggregate, per_unit
 
 FACETS = {"family": "families", "probe": "probes", "task": "tasks", "model": "models", "seed": "seeds",
@@ -118,7 +118,12 @@ def delete(s, ids: list[str], labels: dict) -> None:
                           placeholder="choose a run")
     if run_id is None:
         return
-    sure = st.checkbox(f"Yes, delete run {run_id} and its rows for good", key="runs-delete-confirm")
-    if st.button("Delete run", disabled=not sure, type="primary", key="runs-delete-button"):
+    off = access.write_off("Deleting runs")  # exposed read-only: a stranger may look, not delete
+    if off:
+        st.info(off)
+    sure = st.checkbox(f"Yes, delete run {run_id} and its rows for good", key="runs-delete-confirm", disabled=bool(off))
+    # a click on a disabled button that a forged message sends anyway is discarded by Streamlit itself
+    # (its session state drops a disabled widget's value; tests/test_app_access.py sends one)
+    if st.button("Delete run", disabled=bool(off) or not sure, type="primary", key="runs-delete-button"):
         s.delete(run_id)
         st.success(f"deleted run {run_id}")
