@@ -98,7 +98,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- reproduce
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from app.reproduce.report import FAILED, format_outcomes, reproduce, write
+    from app.reproduce.report import FAILED, format_outcomes, latest_folder, reproduce, write
     from workbench.drivers.executor import options_from_args
     from workbench.store.results import ResultsStore
 
@@ -108,8 +108,10 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     outcomes = reproduce(keys, full=args.full, quick=args.quick, strict=args.strict, store=store,
                          threads=args.threads, progress=not args.quiet, executor=options)
     print(format_outcomes(outcomes), end="")
+    command = "bertology " + " ".join(sys.argv[1:]) if sys.argv[1:] else "bertology reproduce"
+    root = store.root if store is not None else ResultsStore().root
+    write(outcomes, latest_folder(root, args.quick), command, args.quick, png=False)  # the app's page reads it
     if args.out:
-        command = "bertology " + " ".join(sys.argv[1:]) if sys.argv[1:] else "bertology reproduce"
         for path in write(outcomes, Path(args.out), command, args.quick):
             print(f"wrote {path}")
     return 1 if any(o.verdict.status == FAILED for o in outcomes) else 0
