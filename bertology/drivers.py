@@ -1,4 +1,4 @@
-"""Training and the drivers from Python (`train`, `finetune`, `prune`, `distill`, `peft`), the commands without their parsing.
+"""Training, the drivers and the reproductions from Python (`train`, `finetune`, `prune`, `distill`, `peft`, `reproduce`), the commands without their parsing.
 
 Each is the command of the same name without its argument parsing: `train` is
 `workbench.drivers.train.train_from_config` (what `bertology train` runs); the others are the
@@ -6,7 +6,8 @@ registered driver's `load` (the config file or mapping, keyword arguments as ove
 before any work: a bad value is the CLI's one-line `ConfigError`) then its `run`
 (`workbench.drivers.spec.DRIVERS`, what `bertology finetune|prune|distill|peft` run). Each returns
 what its driver returns: the checkpoints (`train`) or the result with its run id, rows and the
-checkpoints it wrote. `reproduce` (issue 50) does not exist yet.
+checkpoints it wrote. `reproduce` is `bertology reproduce` (`app.reproduce.report`), its table as
+a DataFrame.
 """
 
 from __future__ import annotations
@@ -91,3 +92,23 @@ def peft(config: str | Path | Mapping[str, Any], *, executor: str = "local", job
     >>> run_id, rows = bertology.peft("experiments/peft/minilm_polarity_cpu.yaml", methods=["full", "lora"])   # doctest: +SKIP
     """
     return _run_driver("peft", config, overrides, executor, jobs)
+
+
+def reproduce(rows: list[str] | str | None = None, *, full: bool = False, quick: bool = False, strict: bool = False,
+              threads: int | None = None, executor: str = "local", jobs: int | None = None):
+    """The literature's headline findings beside ours (`bertology reproduce`, docs/reproduce.md):
+    run the reproduction rows (default: every default row; `full` adds the long ones; `quick` runs
+    every row's code path on tiny models trained here) and return the table `bertology reproduce`
+    prints, as a DataFrame (paper value, ours with its CI, the test, the verdict). An unknown row, a
+    model not in the local cache or `strict` with an unverified paper number is the CLI's one-line
+    `ConfigError`, before any work.
+
+    >>> bertology.reproduce(rows=["tenney2019"])[["row", "paper_value", "ours", "verdict"]]   # doctest: +SKIP
+    """
+    from app.reproduce.report import reproduce as run_rows
+    from app.reproduce.report import table
+    from workbench.drivers.executor import resolve_options
+
+    keys = [rows] if isinstance(rows, str) else rows
+    options = resolve_options(executor, jobs)
+    return table(run_rows(keys, full=full, quick=quick, strict=strict, threads=threads, executor=options))

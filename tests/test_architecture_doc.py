@@ -1,4 +1,4 @@
-"""docs/architecture.md's package map lists every module of workbench/, probes/ and app/ with the
+"""docs/architecture.md's package map lists every module of workbench/, probes/, app/ and bertology/ with the
 first sentence of its docstring, one table per package folder. The test regenerates the map from
 the source and compares; after adding, moving or re-describing a module run
 `python tests/test_architecture_doc.py` to rewrite the section."""
@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 HEADING = "## The package map"
-PACKAGES = ("workbench", "probes", "app")
+PACKAGES = ("workbench", "probes", "app", "bertology")
 SENTENCE_END = re.compile(r"(?<!\bal)(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)\.(?=\s|$)|:(?=\s)")
 
 

@@ -28,14 +28,14 @@ def runs_root(tmp_path, monkeypatch):
 
 def test_help_lists_every_function_with_a_runnable_example():
     text = pydoc.render_doc(bertology, renderer=pydoc.plaintext)
-    for name in ("load", "probe", "runs", "rows", "figure", "train", "finetune", "prune", "distill", "peft"):
+    for name in ("load", "probe", "runs", "rows", "figure", "train", "finetune", "prune", "distill", "peft",
+                 "reproduce"):
         fn = getattr(bertology, name)
         assert f"{name}(" in text, name
         assert ">>> " in (fn.__doc__ or ""), f"{name} has no example in its docstring"
         assert f"bertology.{name}(" in fn.__doc__ or name == "load" and "bertology.load(" in fn.__doc__
     for cls in (bertology.Model, bertology.ProbeResult):
         assert cls.__name__ in text
-    assert not hasattr(bertology, "reproduce")  # issue 50: not stubbed
 
 
 def test_load_reads_the_manifest_and_runs_with_cache_like_forward(tiny_checkpoint):
@@ -195,3 +195,14 @@ def test_progress_draws_a_notebook_bar_in_a_jupyter_kernel(monkeypatch):
     assert log.getvalue() == ""  # nothing went to the log stream
     monkeypatch.setenv("BERTOLOGY_QUIET", "1")
     assert isinstance(prog.progress(range(3)), prog.SilentProgress)
+
+
+def test_reproduce_refuses_an_unknown_row_with_the_cli_line(runs_root, capsys):
+    from app.cli import main
+
+    with pytest.raises(ConfigError) as err:
+        bertology.reproduce(rows=["tenney2019", "nope2031"])
+    assert main(["reproduce", "--rows", "tenney2019,nope2031"]) == 2
+    assert capsys.readouterr().err.strip() == f"bertology: error: {err.value}"
+    assert "nope2031" in str(err.value) and "tenney2019" in str(err.value)  # the known rows are named
+    assert bertology.runs().empty
