@@ -101,14 +101,19 @@ def reproduce(rows: list[str] | str | None = None, *, full: bool = False, quick:
     every row's code path on tiny models trained here) and return the table `bertology reproduce`
     prints, as a DataFrame (paper value, ours with its CI, the test, the verdict). An unknown row, a
     model not in the local cache or `strict` with an unverified paper number is the CLI's one-line
-    `ConfigError`, before any work.
+    `ConfigError`, before any work. Like the command, it leaves the table in the runs root's
+    `reproduce/latest` (`reproduce/quick`) for the app's Reproductions page.
 
     >>> bertology.reproduce(rows=["tenney2019"])[["row", "paper_value", "ours", "verdict"]]   # doctest: +SKIP
     """
+    from app.reproduce.report import latest_folder, table, write
     from app.reproduce.report import reproduce as run_rows
-    from app.reproduce.report import table
     from workbench.drivers.executor import resolve_options
+    from workbench.store.results import ResultsStore
 
     keys = [rows] if isinstance(rows, str) else rows
     options = resolve_options(executor, jobs)
-    return table(run_rows(keys, full=full, quick=quick, strict=strict, threads=threads, executor=options))
+    outcomes = run_rows(keys, full=full, quick=quick, strict=strict, threads=threads, executor=options)
+    call = f"bertology.reproduce(rows={keys!r}, full={full}, quick={quick}, strict={strict})"
+    write(outcomes, latest_folder(ResultsStore().root, quick), call, quick, png=False)
+    return table(outcomes)

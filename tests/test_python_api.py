@@ -206,3 +206,16 @@ def test_reproduce_refuses_an_unknown_row_with_the_cli_line(runs_root, capsys):
     assert capsys.readouterr().err.strip() == f"bertology: error: {err.value}"
     assert "nope2031" in str(err.value) and "tenney2019" in str(err.value)  # the known rows are named
     assert bertology.runs().empty
+
+
+def test_reproduce_gives_the_table_the_command_prints(runs_root, capsys):
+    from app.cli import main
+
+    table = bertology.reproduce(rows="strubell2019")  # Strubell et al.'s inputs through our cost code: seconds
+    assert table["row"].iloc[0] == "strubell2019" and table["verdict"].iloc[0] == "reproduced"
+    assert table["ours"].iloc[0] == pytest.approx(table["paper_value"].iloc[0], rel=0.01)
+    latest = runs_root / "reproduce" / "latest" / "reproduce.csv"
+    assert pd.read_csv(latest)["row"].iloc[0] == "strubell2019"  # what the app's page reads
+    assert main(["reproduce", "--rows", "strubell2019", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "strubell2019" in printed and f"{table['ours'].iloc[0]:.0f}" in printed.replace(",", "")
