@@ -139,7 +139,7 @@ def test_lens_equals_cut_model_by_hand_seq2seq_and_elmo(handles, small_items, fa
                         want = sum(float(f[t - 1, ids[0, t]]) for t in range(1, n)) + \
                             sum(float(b[t + 1, ids[0, t]]) for t in range(n - 1))
                     else:
-                        src, tgt, first, _, _ = scorer.seq2seq_candidate_rows([(i, left, cand, right)])
+                        src, tgt, first, _, _, _ = scorer.seq2seq_candidate_rows([(i, left, cand, right)])
                         dec = np.concatenate([[scorer.decoder_start_id], tgt[0][:-1]])
                         logits = model(input_ids=torch.from_numpy(src[0])[None],
                                        decoder_input_ids=torch.from_numpy(dec)[None]).logits[0]

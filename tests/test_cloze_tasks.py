@@ -101,7 +101,7 @@ def test_nonsense_control_keeps_answers(generated, task):
 
 @pytest.mark.parametrize("task", ct.TASKS)
 def test_content_free_items_keep_the_template_only(generated, task):
-    """The domain premise of the PMI rule: every content word replaced by one neutral word, the
+    """The reference of the contextual rule: every content word replaced by one neutral word, the
     template's own words, choices and answers kept; one premise per template (the one-template
     tasks have one); the nonsense control has the same premises."""
     items = generated[task]
@@ -117,6 +117,27 @@ def test_content_free_items_keep_the_template_only(generated, task):
         # only the template's own words, the articles it derives and N/A's two letters: no content left
         assert set(word.findall(c.text.replace(BLANK, ""))) <= template_words | {"a", "A", "N"}
     assert ct.content_free(ct.nonsense_control(items[:50], seed=0), "N/A") == free[:50]
+
+
+@pytest.mark.parametrize("task", ct.TASKS)
+def test_domain_premises_hold_the_answer_and_no_content(generated, task):
+    """The pmi_dc rule's texts: the domain premise is one string per task with one blank and no
+    content word of any item; the item is asked as its text, its blank written ___, then that
+    string (so the answer comes after the whole item); choices and answers kept; the nonsense
+    control gets the same premise."""
+    items = generated[task]
+    premise = ct.DOMAIN_PREMISES[task]
+    assert premise.count(BLANK) == 1
+    words = set(re.findall(r"[a-z0-9'-]+", premise.replace(BLANK, "").lower()))
+    assert not words & set().union(*(it.content_words for it in items))
+    assert {it.text for it in ct.domain_only(items)} == {premise}
+    framed = ct.in_domain(items)
+    assert [f.text for f in framed] == [it.text.replace(BLANK, "___") + " " + premise for it in items]
+    # one blank, after the whole item (whose own blank, 7 characters, is now the 3 of "___")
+    assert all(f.text.count(BLANK) == 1 and f.text.index(BLANK) > len(it.text) - len(BLANK) + len("___")
+               for f, it in zip(framed, items))
+    assert [(f.choices, f.answer) for f in framed] == [(it.choices, it.answer) for it in items]
+    assert {it.text for it in ct.domain_only(ct.nonsense_control(items[:20], seed=0))} == {premise}
 
 
 def test_bad_task_and_sizes():

@@ -11,9 +11,11 @@ each model, on the test split:
   `majority_acc` (the train split's most frequent answer) and `random_acc` (1 / number of choices),
   and `nonsense_acc`, the same items with nonsense words in place of the content words (the
   language control: a model that reads the content falls to chance there); with `scoring`
-  including "pmi", the same by the calibrated rule (`zero_shot_pmi_acc`, `nonsense_pmi_acc`, and
-  `lens_pmi_acc`, ... per layer): each candidate's score minus its score in the content-free
-  template, domain-conditional PMI (Holtzman et al. 2021; `probes.cloze.scoring`);
+  including a calibrated rule, the same by that rule (`probes.cloze.scoring`): "contextual"
+  (`zero_shot_contextual_acc`, ..., `lens_contextual_acc` per layer), each candidate's score minus
+  its score in the content-free template (Zhao et al. 2021; called "pmi" before issue 49), and
+  "pmi_dc" (`zero_shot_pmi_dc_acc`, ...), domain-conditional PMI (Holtzman et al. 2021): the
+  answer's tokens after the item and the task's domain premise, minus after the premise alone;
 - the logit lens (nostalgebraist 2020; Geva et al. 2022 read the FFN updates the same way): the
   model's own output head applied to every layer's hidden states (`lm_scores.layer_head`), scored
   exactly like the zero-shot rule, so `lens_acc` at the last layer equals `zero_shot_acc` (tested
@@ -58,15 +60,15 @@ from probes.cloze.blank import blank_word, probe_words
 from probes.cloze.finetune import MCHead, finetune_mc, weighted_score
 from probes.cloze.prepare import prepare
 from probes.cloze.rows import run_task
-from probes.cloze.scoring import (SCORING, accuracy_ci, calibrated, content_free_scores, content_free_word, contexts_of,
-                                  lens_correct, lens_scores, metric_name, zero_shot)
+from probes.cloze.scoring import (SCORING, accuracy_ci, calibrated, content_free_word, contexts_of, lens_correct,
+                                  lens_scores, metric_name, reference_scores, zero_shot)
 from probes.cloze.settings import FIXED_CHOICE_TASKS, PAPER_SIZES, TASKS, Settings
 from probes.cloze.summary import lens_layer_table, summary
 from probes.core import runner
 
 __all__ = ["NAME", "TASKS", "FIXED_CHOICE_TASKS", "PAPER_SIZES", "Settings", "prepare", "run_task", "summary", "PROBE",
            "zero_shot", "accuracy_ci", "contexts_of", "lens_scores", "lens_correct", "lens_layer_table", "MCHead",
-           "finetune_mc", "weighted_score", "blank_word", "probe_words", "SCORING", "calibrated", "content_free_scores",
+           "finetune_mc", "weighted_score", "blank_word", "probe_words", "SCORING", "calibrated", "reference_scores",
            "content_free_word", "metric_name"]
 
 NAME = "cloze"
@@ -76,4 +78,5 @@ PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prep
                          description="oLMpics cloze (Talmor et al. 2020): zero-shot with the model's own head, "
                                      "logit lens, blank probe, learning curves",
                          summary=summary, twin_once_per_run=True,
-                         version=2)  # 2: the blank probe's default fit of issue 42 (auto by words x features)
+                         version=3)  # 2: the blank probe's default fit of issue 42 (auto by words x features);
+                                     # 3: issue 49's scoring rules (pmi -> contextual, pmi_dc; no [MASK]-slot PLL)

@@ -9,8 +9,8 @@ import pandas as pd
 
 from probes.cloze.blank import blank_word, probe_words
 from probes.cloze.finetune import finetune_mc, weighted_score
-from probes.cloze.scoring import accuracy_ci, content_free_word, lens_correct_rules, metric_name, zero_shot_rules
-from probes.cloze.tasks import content_free
+from probes.cloze.scoring import (accuracy_ci, content_free_word, lens_correct_rules, metric_name, reference_items,
+                                  zero_shot_rules)
 from probes.cloze.settings import FIXED_CHOICE_TASKS, Settings
 from probes.core import baselines, fitting, runner
 from probes.core.rows import probe_schema
@@ -52,7 +52,7 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
                              n=len(test)), {"majority_acc": "majority", "random_acc": "chance"}))
 
     if scorer is not None and head_stack:
-        premises: dict = {}  # the content-free scores, shared by the test items and their control
+        premises: dict = {}  # the calibrated rules' reference scores, shared by the test items and their control
         real = zero_shot_rules(scorer, test, settings.batch_size, settings.scoring, premises)
         control = zero_shot_rules(scorer, data["nonsense"], settings.batch_size, settings.scoring, premises) \
             if settings.nonsense else {}
@@ -74,16 +74,17 @@ def run_task(unit: runner.Unit, prepared: runner.Prepared, task: str, settings: 
 
 
 def _scoring_extra(scorer, rule: str, items) -> dict:
-    """What a row says about its scoring rule: the rule, and for pmi the neutral word and the
-    first item's domain premise (the content-free context, `probes.cloze.scoring`)."""
+    """What a row says about its scoring rule: the rule, and for a calibrated rule the first
+    item's reference context (`domain_premise`: contextual the content-free template, pmi_dc the
+    task's domain premise; `probes.cloze.scoring`), contextual also its neutral word."""
     if rule == "raw":
         return {"scoring": rule}
-    word = content_free_word(scorer)
-    return {"scoring": rule, "content_free_word": word, "domain_premise": content_free(items[:1], word)[0].text}
+    extra = {"scoring": rule, "domain_premise": reference_items(scorer, items[:1], rule)[0].text}
+    return {**extra, "content_free_word": content_free_word(scorer)} if rule == "contextual" else extra
 
 
 def _zero_shot_rows(unit, scorer, test, task, settings, rule: str, real, control) -> pd.DataFrame:
-    """`zero_shot_acc` and `nonsense_acc` (pmi: `zero_shot_pmi_acc`, `nonsense_pmi_acc`) with
+    """`zero_shot_acc` and `nonsense_acc` (another rule R: `zero_shot_R_acc`, `nonsense_R_acc`) with
     bootstrap CIs over items, by one scoring rule (`real`, `control`: its (correct, scores) on the
     test items and on their nonsense-word control, or None without the control)."""
     seed, n_boot = settings.seed, settings.n_boot
@@ -111,9 +112,9 @@ def _lens_rows(unit, scorer, test, task, settings, rule: str, lc, nc) -> pd.Data
     of the control is item i of the test set). A layer whose lens is above chance on the real items
     and at chance on the control reads the content; one that scores the same on both prefers a
     candidate word (or a surface cue) whatever the sentence says. At the last layer the two
-    accuracies are zero_shot_acc and nonsense_acc (tested). With `rule` "pmi" every layer's scores
-    are calibrated by the same layer's content-free scores, and the metrics are named
-    lens_pmi_acc, lens_nonsense_pmi_acc, lens_nonsense_pmi_gap. `lc`, `nc`: the rule's [L+1, N]
+    accuracies are zero_shot_acc and nonsense_acc (tested). With a calibrated `rule` R every layer's
+    scores are calibrated by the same layer's reference scores, and the metrics are named
+    lens_R_acc, lens_nonsense_R_acc, lens_nonsense_R_gap. `lc`, `nc`: the rule's [L+1, N]
     correctness on the test items and on their control (None without it)."""
     seed, n_boot = settings.seed, settings.n_boot
     name = lambda m: metric_name(m, rule)  # noqa: E731

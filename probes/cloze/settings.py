@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from probes.cloze import tasks as ct
-from probes.cloze.scoring import SCORING
+from probes.cloze.scoring import scoring_error
 from probes.core import runner
 from workbench.errors import ConfigError
 
@@ -30,9 +30,10 @@ class Settings(runner.Settings):
     probe: bool = field(default=True, metadata={"help": "linear probe on the blank's vector at every layer"})
     nonsense: bool = field(default=True, metadata={"help": "language control: nonsense words for content words"})
     scoring: tuple[str, ...] = field(default=("raw",), metadata={
-        "help": "zero-shot and lens scoring rules, subset of raw,pmi: raw = the head's own score; pmi = minus "
-                "its score in the content-free template (domain-conditional PMI, Holtzman et al. 2021; "
-                "rows *_pmi_*)"})
+        "help": "zero-shot and lens scoring rules, subset of raw,contextual,pmi_dc: raw = the head's own score; "
+                "contextual = minus its score in the content-free template (Zhao et al. 2021; rows *_contextual_*); "
+                "pmi_dc = answer tokens after the item and the task's domain premise, minus after the premise "
+                "alone (Holtzman et al. 2021; rows *_pmi_dc_*)"})
     curve_sizes: tuple[int, ...] = field(default=(), metadata={
         "help": "learning curve: fine-tune on these train sizes (paper: 62,125,250,500,1000,2000; '' = off)"})
     curve_seeds: int = field(default=3, metadata={"help": "fine-tuning seeds per learning-curve size"})
@@ -41,10 +42,9 @@ class Settings(runner.Settings):
 
     def validate(self, spec) -> None:
         super().validate(spec)
-        bad = [r for r in self.scoring if r not in SCORING]
-        if bad or not self.scoring or len(set(self.scoring)) != len(self.scoring):
-            raise ConfigError(f"cloze: scoring must be one or both of {','.join(SCORING)} (each once), "
-                              f"got {','.join(self.scoring)!r}")
+        why = scoring_error(self.scoring)
+        if why:
+            raise ConfigError(why)
         if self.n_train < 2 or self.n_test < 10:
             raise ConfigError(f"cloze: n_train must be >= 2 and n_test >= 10, got {self.n_train}, {self.n_test}")
         if any(n < 2 for n in self.curve_sizes) or self.curve_seeds < 1 or self.curve_steps < 1 or self.curve_lr <= 0:

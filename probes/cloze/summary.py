@@ -12,12 +12,25 @@ from __future__ import annotations
 
 import pandas as pd
 
-from probes.cloze.scoring import metric_name
+from probes.cloze.scoring import SCORING, metric_name
 from probes.core import runner
 from workbench.store.aggregate import aggregate
 from workbench.store.results import decode_extra
 
 CURVE_STATS_COLUMNS = ["model", "task", "train_size", "mean", "sd", "max", "seeds", "steps", "accuracies"]
+RULE_LABELS = {"contextual": "contextual", "pmi_dc": "PMI_DC"}  # the calibrated rules' column labels
+LENS_LABELS = {"raw": "Logit lens",
+               "contextual": "Logit lens, contextual calibration (content-free template subtracted per layer)",
+               "pmi_dc": "Logit lens, domain-conditional PMI (answer tokens, domain premise subtracted per layer)"}
+# Runs written before issue 49 stored the contextual rule under the name "pmi" (`probes.cloze.scoring`).
+LEGACY_METRICS = {metric_name(m, "pmi"): metric_name(m, "contextual")
+                  for m in ("zero_shot_acc", "nonsense_acc", "lens_acc", "lens_nonsense_acc", "lens_nonsense_gap")}
+
+
+def legacy_renamed(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` with an older run's "pmi" metrics named as the rule they are, contextual
+    (zero_shot_pmi_acc -> zero_shot_contextual_acc; their extra still says scoring "pmi")."""
+    return rows.assign(metric=rows["metric"].replace(LEGACY_METRICS)) if len(rows) else rows
 
 
 def curve_rows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -77,12 +90,13 @@ def summary(rows: pd.DataFrame) -> str:
     layer of the lens and of the probe."""
     if rows.empty:
         return "(no rows)"
+    rows = legacy_renamed(rows)
     lines = []
     header = ["model", "task", "zero-shot [95% CI]", "nonsense", "majority", "random", "lens best (layer)",
               "lens nonsense there", "probe best (layer)", "weighted score"]
-    pmi = (rows.metric == metric_name("zero_shot_acc", "pmi")).any()
-    if pmi:  # the calibrated rule beside the raw one (probes.cloze.scoring)
-        header[4:4] = ["zero-shot PMI [95% CI]", "nonsense PMI"]
+    # the calibrated rules the run has, beside the raw one (probes.cloze.scoring)
+    rules = [r for r in SCORING[1:] if (rows.metric == metric_name("zero_shot_acc", r)).any()]
+    header[4:4] = [c for r in rules for c in (f"zero-shot {RULE_LABELS[r]} [95% CI]", f"nonsense {RULE_LABELS[r]}")]
     table = [header]
     ws = weighted_scores(rows)
 
@@ -117,11 +131,11 @@ def summary(rows: pd.DataFrame) -> str:
         line = [model, task, one(g, "zero_shot_acc", True), one(g, "nonsense_acc"),
                 f"{maj.value.iloc[0]:.3f}" if len(maj) else "-", f"{rnd.value.iloc[0]:.3f}" if len(rnd) else "-",
                 best(g, "lens_acc"), at_lens_best(g), best(g, "probe_acc"), weighted(model, task)]
-        if pmi:
-            line[4:4] = [one(g, metric_name("zero_shot_acc", "pmi"), True), one(g, metric_name("nonsense_acc", "pmi"))]
+        line[4:4] = [c for r in rules for c in (one(g, metric_name("zero_shot_acc", r), True),
+                                                 one(g, metric_name("nonsense_acc", r)))]
         table.append(line)
     lines.append(runner.aligned(table))
-    for rule, what in (("raw", "Logit lens"), ("pmi", "Logit lens, PMI-calibrated (content-free template subtracted per layer)")):
+    for rule, what in LENS_LABELS.items():
         lens = lens_layer_table(rows, rule)
         if len(lens) > 1:
             lines += ["", f"{what} by layer, real items vs the nonsense-word control (gap: paired, 95% CI):",
@@ -131,8 +145,8 @@ def summary(rows: pd.DataFrame) -> str:
 
 def lens_layer_table(rows: pd.DataFrame, scoring: str = "raw") -> list[list[str]]:
     """Text cells, one line per (model, task, stack, layer) with lens rows: lens_acc [CI],
-    lens_nonsense_acc [CI], lens_nonsense_gap [CI] (header first); `scoring` "pmi": their
-    calibrated counterparts (lens_pmi_acc, ...)."""
+    lens_nonsense_acc [CI], lens_nonsense_gap [CI] (header first); a calibrated `scoring` R: their
+    counterparts (lens_R_acc, ...; an older run's "pmi" rows read as contextual)."""
     def cell(r):
         if r is None:
             return "-"
@@ -141,6 +155,7 @@ def lens_layer_table(rows: pd.DataFrame, scoring: str = "raw") -> list[list[str]
 
     table = [["model", "task", "stack", "layer", "lens [95% CI]", "nonsense control", "lens - control"]]
     names = [metric_name(m, scoring) for m in ("lens_acc", "lens_nonsense_acc", "lens_nonsense_gap")]
+    rows = legacy_renamed(rows)
     sub = rows[rows.metric.isin(names) & rows.layer.notna()]
     for (model, task, stack, layer), g in sub.groupby(["model", "task", "stack", "layer"], sort=False):
         get = {m: g[g.metric == m].iloc[-1] for m in g.metric.unique()}

@@ -46,8 +46,15 @@ answers from the template or the answer prior keeps its score.
 
 Content-free items (`content_free`): the same items with every content word replaced by ONE
 neutral word (the same for every slot and every item), the "content-free input" of Zhao et al.
-(2021, "Calibrate Before Use"): what remains is the task's template, the domain premise of the
-calibrated zero-shot rule (`probes.cloze.scoring`, domain-conditional PMI, Holtzman et al. 2021).
+(2021, "Calibrate Before Use"): what remains is the task's template, the reference of the
+"contextual" calibrated zero-shot rule (`probes.cloze.scoring`).
+
+Domain premises (`DOMAIN_PREMISES`, `in_domain`, `domain_only`): one short hand-written string per
+task, holding the answer's `<blank>` and no content word, for the "pmi_dc" rule (domain-conditional
+PMI, Holtzman et al. 2021, whose premises are such strings: " the answer is:", COPA's " because").
+The item is asked as the item with its gap written "___" followed by the string (the answer comes
+after the whole item, so every head, a causal LM too, reads all of it before the answer); the
+domain premise is the string alone.
 
 Differences from Talmor et al. (2020), on purpose:
 - The paper's data (ConceptNet, Wikidata, crowd-sourcing; links now dead) is not reproduced; the
@@ -104,6 +111,18 @@ TEMPLATES = {
     "taxonomy": "{A0} {0} and {a1} {1} are both a type of " + BLANK + ".",
     "multihop": "When comparing {a0} {0}, {a1} {1} and {a2} {2} year old, the " + BLANK + " is oldest.",
 }
+
+# The "pmi_dc" rule's domain premise per task (module docstring): a question about the item's gap,
+# phrased so that each choice completes it, with no content word of any item.
+DOMAIN_PREMISES = {
+    "age": "In age, the first person is " + BLANK + ".",
+    "always-never": "It " + BLANK + " happens.",
+    "antonym": "The missing word is " + BLANK + ".",
+    "objects": "In size, the first is " + BLANK + ".",
+    "taxonomy": "Both are a type of " + BLANK + ".",
+    "multihop": "The oldest is the " + BLANK + ".",
+}
+GAP = "___"  # the item's blank when the answer is asked after it (`in_domain`)
 
 # --------------------------------------------------------------------------- curated lists
 # always-never: statement with <blank> where the quantifier goes, and its true quantifier.
@@ -594,6 +613,18 @@ def content_free(items: Sequence[ClozeItem], word: str) -> list[ClozeItem]:
         raise ConfigError(f"content-free word must be one non-empty word without braces, got {word!r}")
     return [replace(it, slots=tuple(word for _ in it.slots), text=render(it.template, [word] * len(it.slots)))
             for it in items]
+
+
+def in_domain(items: Sequence[ClozeItem]) -> list[ClozeItem]:
+    """The items asked the "pmi_dc" way: the item with its blank written `GAP`, then its task's
+    domain premise, whose blank the answer fills ("A 41 year old person is ___ than me in age, if I
+    am a 33 year old person. In age, the first person is <blank>.")."""
+    return [replace(it, text=f"{it.text.replace(BLANK, GAP)} {DOMAIN_PREMISES[it.task]}") for it in items]
+
+
+def domain_only(items: Sequence[ClozeItem]) -> list[ClozeItem]:
+    """The items' domain premises alone (the "pmi_dc" rule's x_domain): one text per task."""
+    return [replace(it, text=DOMAIN_PREMISES[it.task]) for it in items]
 
 
 def split(items: Sequence[ClozeItem], name: str) -> list[ClozeItem]:

@@ -76,39 +76,47 @@ class LMInputs:
     def pad(self, rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         return pad_rows(rows, self.handle.pad_id, self.handle.device)
 
-    def mlm_candidate_rows(self, items):
+    def mlm_candidate_rows(self, items, answer_only: bool = False):
         """The masked-LM cloze inputs of (context index, left, candidate, right) items: (filled rows,
         positions to mask and score one at a time per row, method per row, candidate pieces per
         row). A context whose candidates are all one piece reads that piece ("mask"); one with a
-        longer candidate scores every filled sentence of that context by PLL ("pll")."""
+        longer candidate scores every filled sentence of that context by PLL ("pll"), where a mask
+        token written in the text (a content-free slot) is context, never scored: its log p would
+        depend on the candidate beside it. `answer_only`: the candidate's pieces alone, each masked
+        in turn ("pll-answer" when several; one piece is "mask" either way)."""
         filled = [self.encode_filled(*it) for it in items]
         single = {}
         for (i, *_), (_, _, pos) in zip(items, filled):
             single[i] = single.get(i, True) and len(pos) == 1
-        scored = [pos if single[i] else np.nonzero(~special)[0]
-                  for (i, *_), (_, special, pos) in zip(items, filled)]
-        methods = ["mask" if single[i] else "pll" for i, *_ in items]
+        scored = [pos if single[i] or answer_only else np.nonzero(~special & (ids != self.mask_id))[0]
+                  for (i, *_), (ids, special, pos) in zip(items, filled)]
+        multi = "pll-answer" if answer_only else "pll"
+        methods = ["mask" if single[i] else multi for i, *_ in items]
         return [ids for ids, _, _ in filled], scored, methods, [len(pos) for _, _, pos in filled]
 
     def causal_candidate_rows(self, items):
         """The causal cloze inputs of (context index, left, candidate, right) items: (filled rows
-        behind the start token, candidate pieces per row); the whole filled sentence is scored."""
+        behind the start token, candidate pieces per row, the pieces' positions in each row). The
+        raw rule scores the whole filled sentence; an answer-only rule the pieces alone."""
         filled = [self.encode_filled(*it) for it in items]
         rows = [self.causal_row(ids, special, f"context {i} filled with {cand!r}")
                 for (ids, special, _), (i, _, cand, _) in zip(filled, items)]
-        return rows, [len(p) for _, _, p in filled]
+        answer = [pos + (len(r) - len(ids)) for r, (ids, _, pos) in zip(rows, filled)]
+        return rows, [len(p) for _, _, p in filled], answer
 
     def seq2seq_candidate_rows(self, items):
         """The seq2seq cloze inputs of (context index, left, candidate, right) items: (source rows,
         target rows, index of the first scored target token per row, candidate pieces per row,
-        method). T5: source with the first sentinel, target sentinel0 + candidate + sentinel1
-        (sentinel0 given, not scored); BART: source with one <mask>, target the filled sentence.
-        The decoder reads `decoder_start_id` + target[:-1] (teacher forcing)."""
+        method, the candidate's positions in each target). T5: source with the first sentinel,
+        target sentinel0 + candidate + sentinel1 (sentinel0 given, not scored); BART: source with
+        one <mask>, target the filled sentence. The decoder reads `decoder_start_id` + target[:-1]
+        (teacher forcing). The raw rule scores the target from its first scored token (T5: the
+        closing sentinel too); an answer-only rule the candidate's positions alone."""
         h, tok = self.handle, self.handle.tokenizer
         marks = sentinels(tok)
         if marks is None and tok.mask_token is None:
             raise CheckpointError(f"{where(h)}: seq2seq tokenizer has neither sentinel tokens nor a mask token")
-        src_rows, tgt_rows, first, pieces = [], [], [], []
+        src_rows, tgt_rows, first, pieces, answer = [], [], [], [], []
         for i, left, cand, right in items:
             if marks is not None:
                 s0 = tok.convert_ids_to_tokens(marks[0])
@@ -117,15 +125,17 @@ class LMInputs:
                 target = [marks[0], *piece_ids, marks[1]]
                 first.append(1)  # sentinel0 is given, not predicted
                 pieces.append(len(piece_ids))
+                answer.append(np.arange(1, 1 + len(piece_ids)))
             else:
                 src = h.words.backend.encode(left + tok.mask_token + right).ids
                 target, _, pos = self.encode_filled(i, left, cand, right)
                 first.append(0)
                 pieces.append(len(pos))
+                answer.append(pos)
             src_rows.append(self.check_len(np.asarray(src, dtype=np.int64), f"context {i}"))
             tgt_rows.append(self.check_len(np.asarray(target, dtype=np.int64), f"context {i} (target)"))
         method = "seq2seq-sentinel" if marks is not None else "seq2seq-infill"
-        return src_rows, tgt_rows, first, pieces, method
+        return src_rows, tgt_rows, first, pieces, method, answer
 
     @property
     def decoder_start_id(self) -> int:

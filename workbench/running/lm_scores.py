@@ -36,7 +36,8 @@ Candidate scoring (`score_candidates`: contexts holding one `<blank>`, a list of
   the one mask position (the MC-MLM setup of Talmor et al. 2020, oLMpics; comparing these log-probs
   is comparing the distribution restricted to the candidates). Method "mask".
 - masked LM, some candidate of the context more than one piece: the PLL of each filled sentence
-  for every candidate of that context (so they stay comparable), method "pll". Nothing is dropped;
+  for every candidate of that context (so they stay comparable), method "pll"; a mask token written
+  in the text (a content-free slot) is context there, not scored. Nothing is dropped;
   `CandidateScores.method` says which rule scored each candidate and `n_pieces` why.
 - causal: log p(the whole filled sentence) (oLMpics and LM-eval-harness: the words after the blank
   take part). ELMo: forward + backward log p of the filled sentence.
@@ -45,6 +46,12 @@ Candidate scoring (`score_candidates`: contexts holding one `<blank>`, a list of
   of the closing sentinel (so a candidate cannot win by being a prefix of a longer one).
 - BART (mask token): source = context with one <mask> (text infilling, Lewis et al. 2020); target =
   the filled sentence, every token scored.
+- `answer_only=True`, every head: the same inputs, only the candidate's own tokens scored (the
+  answer-only scoring of Holtzman et al. 2021's domain-conditional PMI, `probes.cloze.scoring`):
+  masked LM its pieces each masked in turn (one piece: "mask"; several: "pll-answer"), causal
+  LM log p(candidate | words before it), ELMo forward + backward log p of its pieces, T5 its
+  pieces behind the sentinel (not the closing sentinel), BART its pieces in the infilled target.
+  The method gets "-answer" (masked LM: "mask" / "pll-answer").
 
 The head on any layer (`layer_head`, the logit lens): the same output head applied to an earlier
 layer's hidden states, per family (its docstring says which norm goes in front and why the encoder
@@ -271,10 +278,11 @@ class LMScorer:
     # ------------------------------------------------------------------ cloze candidates
 
     def score_candidates(self, contexts: Sequence[str], candidates: Sequence[Sequence[str]],
-                         batch_size: int = 32) -> CandidateScores:
+                         batch_size: int = 32, answer_only: bool = False) -> CandidateScores:
         """log-probability of each candidate filling the one `<blank>` of its context, by the rule
-        of the model's kind (module docstring). `batch_size`: filled sentences per forward (masked
-        LM: masked copies per forward, a sentence's copies never split)."""
+        of the model's kind (module docstring); `answer_only`: the candidate's tokens alone.
+        `batch_size`: filled sentences per forward (masked LM: masked copies per forward, a
+        sentence's copies never split)."""
         if self.kind == "rtd":
             raise ConfigError(f"{handle_location(self.handle)}: ELECTRA's discriminator scores whole texts, not cloze "
                               f"candidates; candidates are scored by its generator")
@@ -282,7 +290,7 @@ class LMScorer:
         self.handle.stats["candidates"] += len(items)
         scorer = {"mlm": self._candidates_mlm, "causal": self._candidates_causal, "bilm": self._candidates_bilm,
                   "seq2seq": self._candidates_seq2seq}[self.kind]
-        flat, methods, pieces = scorer(items, batch_size)
+        flat, methods, pieces = scorer(items, batch_size, answer_only)
         out = CandidateScores([], [], [])
         k = 0
         for cands in candidates:
@@ -293,37 +301,47 @@ class LMScorer:
             k += n
         return out
 
-    def _candidates_mlm(self, items, batch_size):
-        rows, scored, methods, pieces = self.mlm_candidate_rows(items)
-        self.handle.stats["candidates_by_pll"] += methods.count("pll")
+    def _candidates_mlm(self, items, batch_size, answer_only=False):
+        rows, scored, methods, pieces = self.mlm_candidate_rows(items, answer_only)
+        self.handle.stats["candidates_by_pll"] += methods.count("pll") + methods.count("pll-answer")
         out = _masked_scores(self, rows, scored, batch_size, False, False)
         return [float(o[0].sum()) for o in out], methods, pieces
 
-    def mlm_candidate_rows(self, items):
+    def mlm_candidate_rows(self, items, answer_only: bool = False):
         """`LMInputs.mlm_candidate_rows`: (filled rows, positions to mask, method, pieces) per item."""
-        return self.inputs.mlm_candidate_rows(items)
+        return self.inputs.mlm_candidate_rows(items, answer_only)
 
-    def _candidates_causal(self, items, batch_size):
-        rows, pieces = self.causal_candidate_rows(items)
-        out = self._causal_scores(rows, batch_size, False, False)
+    def _candidates_causal(self, items, batch_size, answer_only=False):
+        rows, pieces, answer = self.causal_candidate_rows(items)
+        out = self._causal_scores(rows, batch_size, False, False)  # o[0][t - 1] = log p(row[t] | row[<t])
+        if answer_only:
+            return [float(o[0][pos - 1].sum()) for o, pos in zip(out, answer)], ["causal-answer"] * len(items), pieces
         return [float(o[0].sum()) for o in out], ["causal"] * len(items), pieces
 
     def causal_candidate_rows(self, items):
-        """`LMInputs.causal_candidate_rows`: (filled rows behind the start token, pieces)."""
+        """`LMInputs.causal_candidate_rows`: (filled rows behind the start token, pieces, the
+        candidate's positions in each row)."""
         return self.inputs.causal_candidate_rows(items)
 
-    def _candidates_bilm(self, items, batch_size):
+    def _candidates_bilm(self, items, batch_size, answer_only=False):
         filled = [self.encode_filled(*it) for it in items]
-        out = self._bilm_scores([ids for ids, _, _ in filled], batch_size, False, False)
-        return [float(o[0].sum()) for o in out], ["bilm"] * len(items), [len(p) for _, _, p in filled]
+        out = self._bilm_scores([ids for ids, _, _ in filled], batch_size, False, False)  # per token
+        pieces = [len(p) for _, _, p in filled]
+        if answer_only:
+            return [float(o[0][pos].sum()) for o, (_, _, pos) in zip(out, filled)], ["bilm-answer"] * len(items), pieces
+        return [float(o[0].sum()) for o in out], ["bilm"] * len(items), pieces
 
-    def _candidates_seq2seq(self, items, batch_size):
-        src_rows, tgt_rows, first, pieces, method = self.seq2seq_candidate_rows(items)
+    def _candidates_seq2seq(self, items, batch_size, answer_only=False):
+        src_rows, tgt_rows, first, pieces, method, answer = self.seq2seq_candidate_rows(items)
+        if answer_only:  # every target token read, the candidate's summed
+            out = self._seq2seq_scores(src_rows, tgt_rows, [0] * len(tgt_rows), batch_size, False, False)
+            return [float(o[0][pos].sum()) for o, pos in zip(out, answer)], [f"{method}-answer"] * len(items), pieces
         out = self._seq2seq_scores(src_rows, tgt_rows, first, batch_size, False, False)
         return [float(o[0].sum()) for o in out], [method] * len(items), pieces
 
     def seq2seq_candidate_rows(self, items):
-        """`LMInputs.seq2seq_candidate_rows`: (sources, targets, first scored, pieces, method)."""
+        """`LMInputs.seq2seq_candidate_rows`: (sources, targets, first scored, pieces, method, the
+        candidate's positions in each target)."""
         return self.inputs.seq2seq_candidate_rows(items)
 
     @property

@@ -23,7 +23,7 @@ from workbench.running.lm_inputs import BLANK
 
 @torch.no_grad()
 def candidate_scores(scorer: LMScorer, contexts: Sequence[str], candidates: Sequence[Sequence[str]],
-                     batch_size: int = 32) -> np.ndarray:
+                     batch_size: int = 32, answer_only: bool = False) -> np.ndarray:
     """Candidate scores [L+1, N, K] with the output head applied to every layer (the logit lens;
     `layer_head`: which norm goes in front, per family). `contexts[i]` holds one `<blank>`;
     `candidates[i]` its K choices (the same K for every item).
@@ -33,7 +33,8 @@ def candidate_scores(scorer: LMScorer, contexts: Sequence[str], candidates: Sequ
     when a candidate has several pieces; causal LMs the filled sentence; T5/BART the decoder's
     layers on the sentinel / infilling target (L = decoder layers); ELMo the forward + backward
     log-likelihood of the filled sentence from layer k's two halves. Layer 0 is the embedding
-    output (ELMo: the token encoder's), read by the head as it is."""
+    output (ELMo: the token encoder's), read by the head as it is. `answer_only`: only the
+    candidate's tokens summed, as `LMScorer.score_candidates(..., answer_only=True)`."""
     ctx, cands = list(contexts), [list(c) for c in candidates]
     K = {len(c) for c in cands}
     if len(K) != 1:
@@ -42,7 +43,7 @@ def candidate_scores(scorer: LMScorer, contexts: Sequence[str], candidates: Sequ
     run = {"mlm": _lens_mlm, "causal": _lens_causal, "seq2seq": _lens_seq2seq, "bilm": _lens_bilm}
     if scorer.kind not in run:
         raise ConfigError(f"logit lens: no output head for a model of kind {scorer.kind!r}")
-    return run[scorer.kind](scorer, ctx, cands, K, batch_size)
+    return run[scorer.kind](scorer, ctx, cands, K, batch_size, answer_only)
 
 
 def _layers(scorer: LMScorer, ids: torch.Tensor, att: torch.Tensor, head: bool = False,
@@ -55,11 +56,11 @@ def _layers(scorer: LMScorer, ids: torch.Tensor, att: torch.Tensor, head: bool =
     return run.cache.layers(stack)
 
 
-def _lens_mlm(scorer, ctx, cands, K, batch_size):
+def _lens_mlm(scorer, ctx, cands, K, batch_size, answer_only=False):
     model = scorer.model
     head = layer_head(model, "mlm")
     items = filled_items(ctx, cands)
-    filled, scored, _, _ = scorer.mlm_candidate_rows(items)
+    filled, scored, _, _ = scorer.mlm_candidate_rows(items, answer_only)
     rows: dict[bytes, int] = {}
     row_ids: list[np.ndarray] = []
     queries = []  # (row, position, target, item, candidate)
@@ -96,29 +97,38 @@ def _lens_mlm(scorer, ctx, cands, K, batch_size):
     return out
 
 
-def _lens_causal(scorer, ctx, cands, K, batch_size):
+def _answer_keep(att: torch.Tensor, answer, shift: int) -> torch.Tensor:
+    """[B, T - shift] float: 1 at each row's answer positions (moved back by `shift`, where the
+    log-probs are read one place before the token they score), 0 elsewhere."""
+    keep = torch.zeros(att.shape[0], att.shape[1] - shift, device=att.device)
+    for b, pos in enumerate(answer):
+        keep[b, torch.as_tensor(np.asarray(pos) - shift, device=att.device)] = 1.0
+    return keep
+
+
+def _lens_causal(scorer, ctx, cands, K, batch_size, answer_only=False):
     model = scorer.model
     head = layer_head(model, "causal")
-    flat, _ = scorer.causal_candidate_rows(filled_items(ctx, cands))
+    flat, _, answer = scorer.causal_candidate_rows(filled_items(ctx, cands))
     L = model.config.num_hidden_layers
     out = np.zeros((L + 1, len(flat)))
     for b0 in range(0, len(flat), batch_size):
         ids, att = scorer.pad(flat[b0: b0 + batch_size])
         hs = _layers(scorer, ids, att)
         tgt = ids[:, 1:, None]
-        keep = att[:, 1:].float()
+        keep = _answer_keep(att, answer[b0: b0 + batch_size], 1) if answer_only else att[:, 1:].float()
         for layer, h in enumerate(hs):
             lp = torch.log_softmax(head(h[:, :-1], layer == L).float(), -1).gather(-1, tgt)[..., 0] * keep
             out[layer, b0: b0 + len(ids)] = lp.sum(1).double().cpu().numpy()
     return out.reshape(L + 1, len(ctx), K)
 
 
-def _lens_seq2seq(scorer, ctx, cands, K, batch_size):
+def _lens_seq2seq(scorer, ctx, cands, K, batch_size, answer_only=False):
     """The decoder's layers: T5 scores the sentinel target's candidate pieces and closing sentinel,
     BART the whole infilled sentence (`LMScorer.seq2seq_candidate_rows`)."""
     model = scorer.model
     head = layer_head(model, "seq2seq")
-    src, tgt, first, _, _ = scorer.seq2seq_candidate_rows(filled_items(ctx, cands))
+    src, tgt, first, _, _, answer = scorer.seq2seq_candidate_rows(filled_items(ctx, cands))
     start = scorer.decoder_start_id
     out = None
     for b0 in range(0, len(tgt), batch_size):
@@ -132,29 +142,37 @@ def _lens_seq2seq(scorer, ctx, cands, K, batch_size):
             out = np.zeros((L + 1, len(tgt)))
         pos = torch.arange(t_ids.shape[1], device=t_ids.device)[None]
         keep = (t_att.bool() & (pos >= torch.as_tensor(first[sl], device=t_ids.device)[:, None])).float()
+        if answer_only:
+            keep = _answer_keep(t_att, answer[sl], 0)
         for layer, h in enumerate(hs):
             lp = torch.log_softmax(head(h, layer == L).float(), -1).gather(-1, t_ids[..., None])[..., 0] * keep
             out[layer, b0: b0 + len(t_ids)] = lp.sum(1).double().cpu().numpy()
     return out.reshape(out.shape[0], len(ctx), K)
 
 
-def _lens_bilm(scorer, ctx, cands, K, batch_size):
+def _lens_bilm(scorer, ctx, cands, K, batch_size, answer_only=False):
     """ELMo: per layer, forward log p(w_t | w_<t) + backward log p(w_t | w_>t) of the filled
-    sentence, the shared softmax on the layer's forward and backward halves."""
+    sentence (`answer_only`: of the candidate's tokens), the shared softmax on the layer's forward
+    and backward halves."""
     model = scorer.model
     head = layer_head(model, "bilm")
-    rows = [scorer.encode_filled(*it)[0] for it in filled_items(ctx, cands)]
+    filled = [scorer.encode_filled(*it) for it in filled_items(ctx, cands)]
+    rows = [ids for ids, _, _ in filled]
     L = model.config.num_hidden_layers
     out = np.zeros((L + 1, len(rows)))
     for b0 in range(0, len(rows), batch_size):
         ids, att = scorer.pad(rows[b0: b0 + batch_size])
         hs = _layers(scorer, ids, att, head=True)
         keep = att[:, 1:].float()
+        if answer_only:  # fwd[:, j] scores token j + 1, bwd[:, j] token j
+            answer = [pos for _, _, pos in filled[b0: b0 + batch_size]]
+            keep_f, keep_b = _answer_keep(att, answer, 1), _answer_keep(att, answer, 0)[:, :-1]
         for layer, h in enumerate(hs):
             lg = head(h, layer == L).float()  # [B, T, 2, V]
             fwd = torch.log_softmax(lg[:, :-1, 0], -1).gather(-1, ids[:, 1:, None])[..., 0]  # predicts t+1
             bwd = torch.log_softmax(lg[:, 1:, 1], -1).gather(-1, ids[:, :-1, None])[..., 0]  # predicts t-1
-            out[layer, b0: b0 + len(ids)] = ((fwd + bwd) * keep).sum(1).double().cpu().numpy()
+            both = fwd * keep_f + bwd * keep_b if answer_only else (fwd + bwd) * keep
+            out[layer, b0: b0 + len(ids)] = both.sum(1).double().cpu().numpy()
     return out.reshape(L + 1, len(ctx), K)
 
 
@@ -193,7 +211,7 @@ def blank_topk(scorer: LMScorer, context: str, k: int = 5) -> pd.DataFrame:
         hs = _layers(scorer, t_ids, att)
         read_at, reads = -1, "the next token after the words before the blank"
     elif kind == "seq2seq":
-        src, tgt, first, _, method = scorer.seq2seq_candidate_rows([(0, left, PLACEHOLDER, right)])
+        src, tgt, first, _, method, _ = scorer.seq2seq_candidate_rows([(0, left, PLACEHOLDER, right)])
         at = first[0] if method == "seq2seq-sentinel" else int(scorer.encode_filled(0, left, PLACEHOLDER, right)[2][0])
         dec = np.concatenate([[scorer.decoder_start_id], tgt[0][:at]]).astype(np.int64)
         s_ids, s_att = scorer.pad(src)
