@@ -108,7 +108,12 @@ def test_planted_prior_through_the_runner(handles, tmp_path, monkeypatch):  # no
     # items), calibrated a tie (0, 0) -> the first choice (0.5)
     assert v("nonsense_acc") == 0.5 and v("nonsense_contextual_acc") == 0.5 and v("nonsense_pmi_dc_acc") == 0.5
     extra = {m: decode_extra(rows.loc[rows.metric == m, "extra"].item())
-             for m in ("zero_shot_acc", "zero_shot_contextual_acc", "zero_shot_pmi_dc_acc")}
+             for m in ("zero_shot_acc", "zero_shot_contextual_acc", "zero_shot_pmi_dc_acc", "nonsense_acc",
+                       "nonsense_contextual_acc")}
+    # the control's own answers: without ages the toy always says "older" raw, and ties (the
+    # first choice) calibrated
+    assert extra["nonsense_acc"]["answer_counts"] == [0, 20]
+    assert extra["nonsense_contextual_acc"]["answer_counts"] == [20, 0]
     assert extra["zero_shot_acc"]["scoring"] == "raw"
     assert extra["zero_shot_acc"]["answer_counts"] == [0, 20]  # the prior: always "older"
     assert extra["zero_shot_contextual_acc"]["answer_counts"] == [10, 10]  # the balanced answers

@@ -86,21 +86,25 @@ def _scoring_extra(scorer, rule: str, items) -> dict:
 def _zero_shot_rows(unit, scorer, test, task, settings, rule: str, real, control) -> pd.DataFrame:
     """`zero_shot_acc` and `nonsense_acc` (another rule R: `zero_shot_R_acc`, `nonsense_R_acc`) with
     bootstrap CIs over items, by one scoring rule (`real`, `control`: its (correct, scores) on the
-    test items and on their nonsense-word control, or None without the control)."""
-    seed, n_boot = settings.seed, settings.n_boot
-    correct, scores = real
-    acc, lo, hi = accuracy_ci(correct, n_boot, seed)
+    test items and on their nonsense-word control, or None without the control). Each row's extra
+    describes its own items' answers (`answer_counts`, methods)."""
+    frames = [_accuracy_row(unit, scorer, test, task, settings, rule, metric_name("zero_shot_acc", rule), real)]
+    if control is not None:
+        frames.append(_accuracy_row(unit, scorer, test, task, settings, rule, metric_name("nonsense_acc", rule),
+                                    control))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _accuracy_row(unit, scorer, test, task, settings, rule: str, metric: str, result) -> pd.DataFrame:
+    """One zero-shot accuracy row [CI] of (correct, scores), with how often each choice (by
+    position) was the answer given: a prior shows as one dominant count."""
+    correct, scores = result
+    acc, lo, hi = accuracy_ci(correct, settings.n_boot, settings.seed)
     methods = sorted({m for ms in scores.method for m in ms})
     multi = int(sum(any(n > 1 for n in ns) for ns in scores.n_pieces))
-    zs = metric_name("zero_shot_acc", rule)
-    metrics, ci = {zs: [acc]}, {zs: ([lo], [hi])}
-    if control is not None:
-        a2, l2, h2 = accuracy_ci(control[0], n_boot, seed)
-        ns = metric_name("nonsense_acc", rule)
-        metrics[ns], ci[ns] = [a2], ([l2], [h2])
-    # how often each choice (by position) was the answer given: a prior shows as one dominant count
     picks = np.bincount(np.asarray(scores.best()), minlength=max(len(c) for c in scores.scores)).tolist()
-    return unit.rows(task, metrics, split="test", layers=[unit.handle.num_layers[unit.stack]], n=len(test), ci=ci,
+    return unit.rows(task, {metric: [acc]}, split="test", layers=[unit.handle.num_layers[unit.stack]], n=len(test),
+                     ci={metric: ([lo], [hi])},
                      extra={"methods": methods, "items_with_multipiece_candidates": multi, "head": scorer.kind,
                             "answer_counts": picks, **_scoring_extra(scorer, rule, test)})
 
