@@ -61,14 +61,14 @@ def test_length_averaging_by_hand():
     assert st.length_averaged(values[0], lengths) == pytest.approx(0.6)
     assert np.isnan(st.length_averaged([np.nan, 0.3], [6, 60]))
 
-def _ewt_trees(n, split="dev"):
+def ewt_trees(n, split="dev"):
     from workbench.data.conllu import load_treebank
 
     sents = [s for s in load_treebank("en_ewt", split) if 3 <= len(s.words) <= 30][:n]
     return [np.array(s.heads) for s in sents], [s.upos for s in sents]
 
 
-def _planted(heads_list, upos_list, n_layers=3, signal_layer=1, hidden=48, seed=0):
+def planted(heads_list, upos_list, n_layers=3, signal_layer=1, hidden=48, seed=0):
     """Layer `signal_layer` holds vectors whose squared distances are exactly the tree distances:
     each arc gets its own orthonormal direction and a word is the sum of the arcs above it."""
     rng = np.random.default_rng(seed)
@@ -92,9 +92,9 @@ def _planted(heads_list, upos_list, n_layers=3, signal_layer=1, hidden=48, seed=
 
 @pytest.mark.slow
 def test_planted_tree_geometry_reaches_uuas_one():
-    heads, upos = _ewt_trees(260)
-    train = _planted(heads[:200], upos[:200], seed=1)
-    dev = _planted(heads[200:], upos[200:], seed=2)
+    heads, upos = ewt_trees(260)
+    train = planted(heads[:200], upos[:200], seed=1)
+    dev = planted(heads[200:], upos[200:], seed=2)
     # lr 2e-2: with 200 sentences the default schedule (x0.1 after any epoch without a better dev
     # loss) cuts lr 5e-3 after one noisy epoch and stops at UUAS 0.9965 (1.0 with the old x0.5)
     # raw features (Hewitt & Manning's probe; the default z-scores them since issue 49): the planted
@@ -119,9 +119,9 @@ def test_lr_decay_on_plateau_converges_where_a_constant_rate_oscillates():
     high for plain Adam, with factor 0.5 the planted layer ends far closer to its exact tree
     geometry (dev loss 0.04 vs 0.12 when this was written). (Hewitt & Manning's factor 0.1 stops
     here at 0.40: two bad epochs at lr 5e-2 leave it at 5e-4; docs/evidence/training-plateau.md.)"""
-    heads, upos = _ewt_trees(260)
-    train = _planted(heads[:200], upos[:200], seed=1)
-    dev = _planted(heads[200:], upos[200:], seed=2)
+    heads, upos = ewt_trees(260)
+    train = planted(heads[:200], upos[:200], seed=1)
+    dev = planted(heads[200:], upos[200:], seed=2)
     kwargs = dict(kind="distance", rank=48, epochs=30, lr=5e-2, seed=0, progress=False)
     constant = st.fit_structural_probe(train, dev, lr_decay=1.0, **kwargs)
     decayed = st.fit_structural_probe(train, dev, lr_decay=0.5, **kwargs)
@@ -168,9 +168,9 @@ def test_the_fit_trains_with_the_schedule_its_dev_losses_give():
     """In a real fit, the learning rate of every layer in every epoch is what torch's
     ReduceLROnPlateau(factor 0.1, patience 0, threshold 1e-4) gives for that layer's recorded dev
     losses; lr_decay 1.0 keeps the rate constant."""
-    heads, upos = _ewt_trees(120)
-    train = _planted(heads[:90], upos[:90], seed=1)
-    dev = _planted(heads[90:], upos[90:], seed=2)
+    heads, upos = ewt_trees(120)
+    train = planted(heads[:90], upos[:90], seed=1)
+    dev = planted(heads[90:], upos[90:], seed=2)
     fit = st.fit_structural_probe(train, dev, "distance", rank=16, epochs=12, lr=5e-2, seed=0, progress=False)
     assert fit.lr_history.shape == fit.dev_loss_history.shape == (fit.epochs, 3)
     for layer in range(3):
@@ -240,9 +240,9 @@ def test_standardising_in_the_fit_equals_fitting_standardised_features():
     """The in-fit standardisation (streamed statistics, batches z-scored in place) gives the probe of
     the same fit on features z-scored beforehand with float64 statistics: the same predictions up
     to float32 rounding, the same UUAS within a point, on a planted tree geometry."""
-    heads, upos = _ewt_trees(140)
-    train = _planted(heads[:100], upos[:100], seed=1)
-    dev = _planted(heads[100:], upos[100:], seed=2)
+    heads, upos = ewt_trees(140)
+    train = planted(heads[:100], upos[:100], seed=1)
+    dev = planted(heads[100:], upos[100:], seed=2)
     for data in (train, dev):  # a massive dimension, which standardisation must undo
         data.features[:, :, 3] = data.features[:, :, 3] * 500 + 80
     x = train.features.astype(np.float64)

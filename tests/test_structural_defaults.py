@@ -17,7 +17,7 @@ import torch
 
 from probes.syntax import structural as st
 from probes.syntax.settings import SyntaxSettings
-from tests.test_structural import _ewt_trees, _planted
+from tests.test_structural import ewt_trees, planted
 from workbench.errors import ConfigError
 
 
@@ -34,9 +34,9 @@ def _with_massive_dimensions(trees: st.TreeSet, seed: int) -> st.TreeSet:
 @pytest.mark.slow
 def test_default_fit_reads_the_tree_past_massive_activations_where_the_raw_fit_fails():
     torch.set_num_threads(1)
-    heads, upos = _ewt_trees(260)
-    train = _with_massive_dimensions(_planted(heads[:200], upos[:200], seed=1), 3)
-    dev = _with_massive_dimensions(_planted(heads[200:], upos[200:], seed=2), 4)
+    heads, upos = ewt_trees(260)
+    train = _with_massive_dimensions(planted(heads[:200], upos[:200], seed=1), 3)
+    dev = _with_massive_dimensions(planted(heads[200:], upos[200:], seed=2), 4)
     chain = st.right_branching_uuas(dev)
     kwargs = dict(kind="distance", rank=48, epochs=10, seed=0, progress=False, device="cpu")
     default = st.fit_structural_probe(train, dev, **kwargs)
