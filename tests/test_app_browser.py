@@ -167,7 +167,8 @@ def test_every_page_renders_in_chromium(server):
 HEADINGS = {
     "runs": "Runs", "layer-curves": "Layer curves", "explorer": "Model explorer", "finetune": "Fine-tuning",
     "prune": "Compression: tickets, quantization, low rank", "distill": "Distillation: what a student keeps of its teacher",
-    "peft": "Fine-tuning methods", "cost": "Cost of every checkpoint", "probe-syntax": "Syntax probes",
+    "peft": "Fine-tuning methods", "cost": "Cost of every checkpoint",
+    "reproduce": "The literature's findings beside ours", "probe-syntax": "Syntax probes",
     "probe-cloze": "Cloze probes (oLMpics, Talmor et al. 2020)", "probe-coref": "Coreference probes",
     "probe-align": "Alignment: cross-lingual and cross-model", "probe-extraction": "Training-data extraction",
     "probe-membership": "Membership inference",
