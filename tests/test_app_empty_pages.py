@@ -24,6 +24,7 @@ COMMANDS = {
     "distill": "bertology distill experiments/distill/polarity_minilm_cpu.yaml",
     "peft": "bertology peft experiments/peft/minilm_polarity_cpu.yaml",
     "cost": "bertology train experiments/train/bert_small.yaml",
+    "reproduce": "bertology reproduce",
     "probe-syntax": "bertology probe syntax --checkpoint",
     "probe-cloze": "bertology probe cloze --checkpoint",
     "probe-coref": "bertology probe coref --checkpoint",
@@ -32,7 +33,7 @@ COMMANDS = {
     "probe-membership": "bertology probe membership --checkpoint",
 }
 # pages whose rows the syntax store does not hold
-NOT_SYNTAX = ["finetune", "prune", "distill", "peft", "probe-cloze", "probe-coref", "probe-align", "probe-extraction",
+NOT_SYNTAX = ["finetune", "prune", "distill", "peft", "reproduce", "probe-cloze", "probe-coref", "probe-align", "probe-extraction",
               "probe-membership"]
 
 
