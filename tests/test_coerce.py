@@ -194,7 +194,7 @@ def test_train_set_null_clears_the_key_as_before_the_one_override_rule(tmp_path,
     path = tmp_path / "bert_tiny.yaml"
     path.write_text("family: bert\npreset: tiny\nsteps: 20\ncorpus: {sources: [inaugural], max_documents: 12}\n")
     seen = []
-    monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides: seen.append(load_config(source, overrides)) or [])
+    monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides, **kw: seen.append(load_config(source, overrides)) or [])
     train_mod.train_cli_main([str(path), "--set", "corpus.max_documents=null"])
     train_mod.train_cli_main([str(path), "--set", "corpus.max_documents=7"])
     train_mod.train_cli_main([str(path), "--set", "corpus={max_documents: null}"])  # a null inside a mapping too

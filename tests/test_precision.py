@@ -99,7 +99,7 @@ def test_cli_switches_reach_the_config(monkeypatch):
     from app.cli import build_parser
 
     seen = []
-    monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides: seen.append(load_config(source, overrides)) or [])
+    monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides, **kw: seen.append(load_config(source, overrides)) or [])
     train_mod.train_cli_main(["experiments/train/deberta_small_bf16.yaml", "--precision", "fp32"])
     assert seen[-1].resolved_precision("cpu") == ("fp32", "precision: fp32")
     with pytest.raises(SystemExit):

@@ -202,7 +202,7 @@ def test_cli_small_shortcut_uses_the_measured_cpu_recipe(monkeypatch):
     import workbench.drivers.train as train_mod
 
     seen = []
-    monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides: seen.append(
+    monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides, **kw: seen.append(
         load_config(source, overrides)) or [])
     train_mod.train_cli_main(["--family", "bert", "--preset", "small"])
     cfg = seen[-1]
