@@ -111,8 +111,9 @@ def test_a_failing_row_is_reported_and_the_others_still_run(tmp_path, monkeypatc
     assert outcomes[0].verdict.reason == "ValueError: planted failure"
     text = report.format_outcomes(outcomes)
     assert "| planted_failure |" in text and "**failed**: ValueError: planted failure" in text
-    paths = report.write(outcomes, tmp_path / "out", "bertology reproduce", quick=False)
-    assert {p.name for p in paths} == {"reproduce.md", "reproduce.csv", "reproduce.html", "manifest.json"}
+    paths = report.write(outcomes, tmp_path / "out", "bertology reproduce", quick=False, png=False)
+    assert {p.name for p in paths} == {"reproduce.md", "reproduce.csv", "reproduce.json", "reproduce.html",
+                                       "manifest.json"}
 
 
 @pytest.mark.slow
