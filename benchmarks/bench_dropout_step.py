@@ -152,13 +152,13 @@ def main(argv=None) -> dict:
     torch.set_num_threads(1)
     from bench_train import step_setup
 
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.families import get_family
     from workbench.drivers.train import prepare_data
 
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as out:
-        cfg = load_config({"name": "bench", "family": args.family, "preset": args.preset, "steps": 100,
+        cfg = load_train_config({"name": "bench", "family": args.family, "preset": args.preset, "steps": 100,
                            "tokenizer": {"vocab_size": args.vocab_size}, "max_len": args.max_len,
                            "batch_size": args.batch_size, "eval": {"batches": 0}, "output_dir": out, "progress": False,
                            "corpus": {"sources": args.sources, "max_documents": args.max_documents}})

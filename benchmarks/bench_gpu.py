@@ -137,7 +137,7 @@ def main(argv=None) -> dict:
         raise SystemExit("bench_gpu: no CUDA device (use benchmarks/bench_train.py on a CPU)")
     start = record_start()
 
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.families import get_family
     from workbench.drivers.train import prepare_data
 
@@ -150,7 +150,7 @@ def main(argv=None) -> dict:
                "eval": {"batches": 0}, "checkpoints": {"log_spaced": False}, "output_dir": out, "progress": False,
                "device": "cuda", "bf16": True, "deterministic": not args.no_deterministic,
                "corpus": {**({"sources": args.sources} if args.sources else {})}}
-        cfg = load_config(raw)
+        cfg = load_train_config(raw)
         data = prepare_data(cfg, get_family(args.family))
         torch.manual_seed(0)
         t0 = time.perf_counter()

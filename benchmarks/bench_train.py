@@ -476,7 +476,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     start = record_start()
 
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.families import available_families, get_family
     from workbench.drivers.train import prepare_data
 
@@ -492,7 +492,7 @@ def main(argv=None) -> dict:
                "tokenizer": {"vocab_size": args.vocab_size}, "max_len": args.max_len, "batch_size": args.batch_size,
                "eval": {"batches": 0}, "checkpoints": {"log_spaced": False}, "output_dir": out, "progress": False,
                "corpus": {"max_documents": args.max_documents, **({"sources": args.sources} if args.sources else {})}}
-        cfg = load_config(raw)
+        cfg = load_train_config(raw)
         data = prepare_data(cfg, get_family(family))
         model_cfg = get_family(family).model_config(cfg.preset, cfg.model)
         vocab = len(data.tokenizer)
@@ -508,7 +508,7 @@ def main(argv=None) -> dict:
     ours_bf16 = None
     if with_bf16:
         with tempfile.TemporaryDirectory() as out:
-            cfg_bf16 = load_config({**raw, "output_dir": out, "precision": "bf16"})
+            cfg_bf16 = load_train_config({**raw, "output_dir": out, "precision": "bf16"})
             torch.manual_seed(0)
             ours_bf16 = workbench_run(cfg_bf16, data)
         print(f"ours, precision bf16: {ours_bf16['tokens'] / ours_bf16['seconds']:,.0f} tokens/s", flush=True)

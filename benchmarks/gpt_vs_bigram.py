@@ -29,14 +29,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.families import get_family
     from workbench.ngram import bigram_perplexity
     from workbench.drivers.train import evaluate_heldout, prepare_data
 
     ckpt = Path(args.checkpoint)
     manifest = json.loads((ckpt / "manifest.json").read_text())
-    cfg = load_config({**manifest["config"], "progress": False, "batch_size": args.batch_size})
+    cfg = load_train_config({**manifest["config"], "progress": False, "batch_size": args.batch_size})
     family = get_family(cfg.family)
     if family.name != "gpt":
         raise SystemExit(f"{ckpt}: family {family.name}, expected gpt")

@@ -45,13 +45,13 @@ def test_every_yaml_reader_goes_through_read_yaml(tmp_path):
     mappings or crashed)."""
     from app.experiments import load_experiment
     from app.figures import load_spec
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.drivers.finetune import load_finetune_config
     from workbench.drivers.shadows import main as shadows_main
 
     path = tmp_path / "list.yaml"
     path.write_text("- a\n- b\n")
-    for load in (load_config, load_finetune_config, load_experiment, load_spec):
+    for load in (load_train_config, load_finetune_config, load_experiment, load_spec):
         with pytest.raises(ConfigError, match=r"list\.yaml: expected a mapping at the top level, got list"):
             load(path)
     assert shadows_main([str(path)]) == 2
@@ -125,19 +125,19 @@ def test_the_three_settings_kinds_share_the_coercion():
     suggestion included, and accept the same strings."""
     from probes import get_probe
     from probes.core import runner
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.drivers.finetune import load_finetune_config
 
     syntax = get_probe("syntax").settings
     for build, wrong, right in ((lambda v: runner.make_settings(syntax, v), "sed", "seed"),
-                                (lambda v: load_config({"family": "gpt", "steps": 1, **v}), "step", "steps"),
+                                (lambda v: load_train_config({"family": "gpt", "steps": 1, **v}), "step", "steps"),
                                 (lambda v: load_finetune_config({"checkpoint": "x", **v}), "epoch", "epochs")):
         with pytest.raises(ConfigError, match=rf"unknown key\(s\) \['{wrong}'\] \(did you mean '{right}'\?\)"):
             build({wrong: 1})
     assert runner.make_settings(syntax, {"seed": "3", "n_boot": "7"}).resume_key() == \
         runner.make_settings(syntax, {"seed": 3, "n_boot": 7}).resume_key()
-    assert load_config({"family": "gpt", "steps": "5", "lr": "1e-3"}).training_hash() == \
-        load_config({"family": "gpt", "steps": 5, "lr": 1e-3}).training_hash()
+    assert load_train_config({"family": "gpt", "steps": "5", "lr": "1e-3"}).training_hash() == \
+        load_train_config({"family": "gpt", "steps": 5, "lr": 1e-3}).training_hash()
     assert load_finetune_config({"checkpoint": "x", "epochs": "2", "freeze_body": "true"}).training_hash() == \
         load_finetune_config({"checkpoint": "x", "epochs": 2, "freeze_body": True}).training_hash()
 
@@ -189,12 +189,12 @@ def test_train_set_null_clears_the_key_as_before_the_one_override_rule(tmp_path,
     """`bertology train CONFIG --set KEY=null` sets KEY to None (it did before issue 41's one override
     rule, where None means "flag not given"): the YAML null reaches the loader as CLEAR."""
     import workbench.drivers.train as train_mod
-    from workbench.config import load_config
+    from workbench.config import load_train_config
 
     path = tmp_path / "bert_tiny.yaml"
     path.write_text("family: bert\npreset: tiny\nsteps: 20\ncorpus: {sources: [inaugural], max_documents: 12}\n")
     seen = []
-    monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides, **kw: seen.append(load_config(source, overrides)) or [])
+    monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides, **kw: seen.append(load_train_config(source, overrides)) or [])
     train_mod.train_cli_main([str(path), "--set", "corpus.max_documents=null"])
     train_mod.train_cli_main([str(path), "--set", "corpus.max_documents=7"])
     train_mod.train_cli_main([str(path), "--set", "corpus={max_documents: null}"])  # a null inside a mapping too
@@ -203,12 +203,12 @@ def test_train_set_null_clears_the_key_as_before_the_one_override_rule(tmp_path,
 
 
 def test_pretraining_config_reads_overrides_by_the_same_rule(tmp_path):
-    from workbench.config import load_config
+    from workbench.config import load_train_config
 
     path = tmp_path / "bert_tiny.yaml"
     path.write_text("family: bert\npreset: tiny\nsteps: 20\ncorpus: {sources: [inaugural], max_documents: 12}\n")
-    a = load_config(path, {"corpus.max_documents": 5, "seeds": None})
-    b = load_config(path, {"corpus": {"max_documents": 5}})
+    a = load_train_config(path, {"corpus.max_documents": 5, "seeds": None})
+    b = load_train_config(path, {"corpus": {"max_documents": 5}})
     assert a.to_dict() == b.to_dict()
     assert a.name == "bert_tiny" and a.corpus.max_documents == 5 and a.corpus.sources == ["inaugural"]
-    assert load_config(path, {"tokens": 4096}).steps is None  # an override of tokens replaces the file's steps
+    assert load_train_config(path, {"tokens": 4096}).steps is None  # an override of tokens replaces the file's steps

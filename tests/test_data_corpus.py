@@ -133,17 +133,17 @@ def test_corpus_recipe_is_a_training_setting_that_leaves_recipe_1_hashes_alone(t
     trained before it had."""
     import hashlib
 
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.drivers.train import corpus_dir_for
 
     monkeypatch.setenv("BERTOLOGY_CACHE", str(tmp_path))
     base = {"family": "bert", "preset": "tiny", "steps": 3}
-    one, two = load_config(base), load_config({**base, "corpus": {"recipe": 2}})
+    one, two = load_train_config(base), load_train_config({**base, "corpus": {"recipe": 2}})
     assert one.corpus.recipe == 1 and two.corpus.recipe == 2
     assert one.training_hash() != two.training_hash()
     # the main job's config hashes as it did before the key existed (computed on commit eb2d399):
     # its run folders keep resuming (with the dropout masks of then: `dropout_masks` is newer still)
-    assert load_config("experiments/train/deberta_small.yaml",
+    assert load_train_config("experiments/train/deberta_small.yaml",
                        {"dropout_masks": "bernoulli"}).training_hash() == "2c2bea118852b470"
     c = one.corpus
     old_key = json.dumps({"sources": c.sources, "heldout_fraction": c.heldout_fraction, "seed": c.seed,
@@ -151,4 +151,4 @@ def test_corpus_recipe_is_a_training_setting_that_leaves_recipe_1_hashes_alone(t
     assert corpus_dir_for(one).name == hashlib.sha256(old_key.encode()).hexdigest()[:20]  # as before the key existed
     assert corpus_dir_for(two) != corpus_dir_for(one)
     with pytest.raises(ConfigError):
-        load_config({**base, "corpus": {"recipe": "two"}})
+        load_train_config({**base, "corpus": {"recipe": "two"}})

@@ -138,7 +138,7 @@ def test_the_training_loop_builds_its_model_with_the_masks_the_config_names():
     did; a bad value is a ConfigError naming the key."""
     from types import SimpleNamespace
 
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.errors import ConfigError
     from workbench.drivers.train import build_model
 
@@ -146,14 +146,14 @@ def test_the_training_loop_builds_its_model_with_the_masks_the_config_names():
                              build_model=lambda cfg, tok: nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1),
                                                                         nn.Sequential(nn.Dropout(0.2))))
     base = {"family": "deberta", "preset": "tiny", "steps": 3}
-    fast, plain = load_config(base), load_config({**base, "dropout_masks": "bernoulli"})
+    fast, plain = load_train_config(base), load_train_config({**base, "dropout_masks": "bernoulli"})
     model = build_model(fast, family, None, 0, torch.device("cpu"))
     assert [(type(m), m.p) for m in model.modules() if isinstance(m, nn.Dropout)] == [(FastDropout, 0.1), (FastDropout, 0.2)]
     model = build_model(plain, family, None, 0, torch.device("cpu"))
     assert [type(m) for m in model.modules() if isinstance(m, nn.Dropout)] == [nn.Dropout, nn.Dropout]
     assert fast.dropout_masks == "pcg16" and fast.training_hash() != plain.training_hash()
     with pytest.raises(ConfigError, match="dropout_masks: must be one of pcg16, pcg16_modules, bernoulli, got 'philox'"):
-        load_config({**base, "dropout_masks": "philox"})
+        load_train_config({**base, "dropout_masks": "philox"})
 
 
 def test_a_run_folder_of_the_old_masks_is_refused_with_the_way_to_reuse_it(tmp_path):
@@ -162,18 +162,18 @@ def test_a_run_folder_of_the_old_masks_is_refused_with_the_way_to_reuse_it(tmp_p
     claimed as before."""
     import json
 
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.errors import ConfigError
     from workbench.loop import NO_HOOKS
     from workbench.drivers.train import Dist, claim_run_folder
 
     base = {"family": "gpt", "steps": 3}
-    old = load_config({**base, "dropout_masks": "bernoulli"})
+    old = load_train_config({**base, "dropout_masks": "bernoulli"})
     (tmp_path / "run.json").write_text(json.dumps({"training_hash": old.training_hash("cpu"), "seed": 0}))
     with pytest.raises(ConfigError, match="bernoulli dropout masks.*add `dropout_masks: bernoulli`"):
-        claim_run_folder(load_config(base), 0, tmp_path, Dist(), NO_HOOKS, torch.device("cpu"))
+        claim_run_folder(load_train_config(base), 0, tmp_path, Dist(), NO_HOOKS, torch.device("cpu"))
     claim_run_folder(old, 0, tmp_path, Dist(), NO_HOOKS, torch.device("cpu"))  # no error
-    other = load_config({**base, "lr": 1e-2})
+    other = load_train_config({**base, "lr": 1e-2})
     with pytest.raises(ConfigError, match="holds a run of a different config"):
         claim_run_folder(other, 0, tmp_path, Dist(), NO_HOOKS, torch.device("cpu"))
 
@@ -309,19 +309,19 @@ def test_a_bert_training_forward_draws_every_mask_with_pcg16_and_bernoulli_mode_
     Its saved checkpoint does not name the attention function: it opens with SDPA. On a device other
     than the CPU the attention is not switched."""
     import workbench.dropout as wd
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.families import get_family
     from workbench.drivers.train import build_model
 
     _, tok = family_model("bert")
     family = get_family("bert")
-    plain = build_model(load_config({"family": "bert", "preset": "tiny", "steps": 3, "dropout_masks": "bernoulli"}),
+    plain = build_model(load_train_config({"family": "bert", "preset": "tiny", "steps": 3, "dropout_masks": "bernoulli"}),
                         family, tok, 0, torch.device("cpu"))
     assert plain.model.config._attn_implementation == "sdpa"
     assert not any(isinstance(m, FastDropout) for m in plain.modules())
-    model = build_model(load_config({"family": "bert", "preset": "tiny", "steps": 3}), family, tok, 0, torch.device("cpu"))
+    model = build_model(load_train_config({"family": "bert", "preset": "tiny", "steps": 3}), family, tok, 0, torch.device("cpu"))
     assert model.model.config._attn_implementation == wd.ATTENTION_FUNCTION
-    elsewhere = build_model(load_config({"family": "bert", "preset": "tiny", "steps": 3}), family, tok, 0,
+    elsewhere = build_model(load_train_config({"family": "bert", "preset": "tiny", "steps": 3}), family, tok, 0,
                             torch.device("meta"))  # not a CPU: torch's masks anyway, so SDPA's fused kernels stay
     assert elsewhere.model.config._attn_implementation == "sdpa"
     calls, bernoulli = [], []
@@ -345,7 +345,7 @@ def test_the_hash_changes_exactly_for_the_families_whose_training_changed():
     """pcg16 hashes differently from pcg16_modules only for the functional-attention families;
     pcg16_modules (and DeBERTa's/ELMo's pcg16) hash as pcg16 did before (values of the code of
     2026-11-26, commit 9b6143e), bernoulli as always."""
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.dropout import FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES
     from workbench.families import FAMILIES
 
@@ -356,7 +356,7 @@ def test_the_hash_changes_exactly_for_the_families_whose_training_changed():
     bernoulli = {"bert": "517573be1286762b", "deberta": "2c1ec105cc714028", "elmo": "8c8db8c567808752"}
     assert set(before) == set(FAMILIES)
     for name in FAMILIES:
-        h = {m: load_config({"family": name, "steps": 3, "dropout_masks": m}).training_hash("cpu")
+        h = {m: load_train_config({"family": name, "steps": 3, "dropout_masks": m}).training_hash("cpu")
              for m in ("pcg16", "pcg16_modules", "bernoulli")}
         assert h["pcg16_modules"] == before[name]
         assert (h["pcg16"] != before[name]) == (name in FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES), name
@@ -371,24 +371,24 @@ def test_a_run_folder_of_the_module_only_masks_is_refused_with_the_way_to_reuse_
     it. A DeBERTa folder of that day is claimed by today's pcg16 (its training did not change)."""
     import json
 
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.errors import ConfigError
     from workbench.loop import NO_HOOKS
     from workbench.drivers.train import Dist, claim_run_folder, dropout_record
 
     cpu = torch.device("cpu")
-    old = load_config({"family": "bert", "steps": 3, "dropout_masks": "pcg16_modules"})
+    old = load_train_config({"family": "bert", "steps": 3, "dropout_masks": "pcg16_modules"})
     (tmp_path / "run.json").write_text(json.dumps({"training_hash": old.training_hash("cpu"), "seed": 0}))
     with pytest.raises(ConfigError, match="pcg16 masks for the dropout modules only.*add `dropout_masks: pcg16_modules`"):
-        claim_run_folder(load_config({"family": "bert", "steps": 3}), 0, tmp_path, Dist(), NO_HOOKS, cpu)
+        claim_run_folder(load_train_config({"family": "bert", "steps": 3}), 0, tmp_path, Dist(), NO_HOOKS, cpu)
     claim_run_folder(old, 0, tmp_path, Dist(), NO_HOOKS, cpu)  # no error
     deberta = tmp_path / "deberta"
     deberta.mkdir()
-    old = load_config({"family": "deberta", "steps": 3, "dropout_masks": "pcg16_modules"})
+    old = load_train_config({"family": "deberta", "steps": 3, "dropout_masks": "pcg16_modules"})
     (deberta / "run.json").write_text(json.dumps({"training_hash": old.training_hash("cpu"), "seed": 0}))
-    claim_run_folder(load_config({"family": "deberta", "steps": 3}), 0, deberta, Dist(), NO_HOOKS, cpu)
+    claim_run_folder(load_train_config({"family": "deberta", "steps": 3}), 0, deberta, Dist(), NO_HOOKS, cpu)
     # what run.json and the manifests record
-    record = lambda family, masks: dropout_record(load_config({"family": family, "steps": 3, "dropout_masks": masks}))  # noqa: E731
+    record = lambda family, masks: dropout_record(load_train_config({"family": family, "steps": 3, "dropout_masks": masks}))  # noqa: E731
     assert record("bert", "pcg16") == {"setting": "pcg16", "modules": "pcg16", "attention_probabilities": "pcg16"}
     assert record("bert", "pcg16_modules")["attention_probabilities"] == "bernoulli"
     assert record("deberta", "pcg16_modules") == {"setting": "pcg16_modules", "modules": "pcg16",
@@ -397,5 +397,5 @@ def test_a_run_folder_of_the_module_only_masks_is_refused_with_the_way_to_reuse_
     assert record("elmo", "pcg16")["attention_probabilities"] == "none"
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    claim_run_folder(load_config({"family": "t5", "steps": 3}), 0, fresh, Dist(), NO_HOOKS, cpu)
+    claim_run_folder(load_train_config({"family": "t5", "steps": 3}), 0, fresh, Dist(), NO_HOOKS, cpu)
     assert json.loads((fresh / "run.json").read_text())["dropout_masks"] == record("t5", "pcg16")

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from probes.extraction import exposure_estimate, exposure_exact, precision_at
-from workbench.config import load_config
+from workbench.config import load_train_config
 from workbench.data.canaries import insert_canaries, make_canaries, validate_spec
 from workbench.data.raw import Document
 from workbench.errors import ConfigError
@@ -43,12 +43,12 @@ def test_bad_canary_specs_are_one_clear_error(bad, match):
 
 def test_canaries_join_the_training_hash_only_when_present():
     base = {"family": "gpt", "steps": 10}
-    plain = load_config(base)
-    assert plain.training_hash() == load_config({**base, "corpus": {"canaries": None}}).training_hash()
-    with_c = load_config({**base, "corpus": {"canaries": SPEC}})
+    plain = load_train_config(base)
+    assert plain.training_hash() == load_train_config({**base, "corpus": {"canaries": None}}).training_hash()
+    with_c = load_train_config({**base, "corpus": {"canaries": SPEC}})
     assert with_c.training_hash() != plain.training_hash()
     with pytest.raises(ConfigError, match=r"<dict>: corpus.canaries.repetitions"):
-        load_config({**base, "corpus": {"canaries": {"repetitions": [0]}}})
+        load_train_config({**base, "corpus": {"canaries": {"repetitions": [0]}}})
 
 
 def test_exposure_exact_by_hand():

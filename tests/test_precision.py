@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from workbench.config import load_config
+from workbench.config import load_train_config
 from workbench.errors import ConfigError
 from workbench.precision import native_bf16_flag, resolve_precision
 
@@ -51,7 +51,7 @@ def test_resolved_precision_changes_the_training_hash(monkeypatch):
     fp32 one equals a config without the key (so no run trained before the key changes hash)."""
     import workbench.precision as precision
 
-    cfg = load_config({**BASE, "precision": "auto"})
+    cfg = load_train_config({**BASE, "precision": "auto"})
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(AMX))
     on_amx = cfg.training_hash("cpu")
     assert cfg.resolved_precision("cpu") == ("bf16", "auto: amx_bf16 present")
@@ -59,23 +59,23 @@ def test_resolved_precision_changes_the_training_hash(monkeypatch):
     plain = cfg.training_hash("cpu")
     assert cfg.resolved_precision("cpu")[0] == "fp32"
     assert on_amx != plain
-    assert plain == load_config(BASE).training_hash("cpu") == load_config({**BASE, "precision": "fp32"}).training_hash("cpu")
-    assert on_amx == load_config({**BASE, "cpu_bf16": True}).training_hash("cpu")
-    assert on_amx == load_config({**BASE, "precision": "bf16"}).training_hash("cpu")
+    assert plain == load_train_config(BASE).training_hash("cpu") == load_train_config({**BASE, "precision": "fp32"}).training_hash("cpu")
+    assert on_amx == load_train_config({**BASE, "cpu_bf16": True}).training_hash("cpu")
+    assert on_amx == load_train_config({**BASE, "precision": "bf16"}).training_hash("cpu")
     # on CUDA `auto` keeps bf16 (the `bf16` key), forcing fp32 there changes the hash
-    assert load_config({**BASE, "precision": "auto"}).training_hash("cuda") == load_config(BASE).training_hash("cuda")
-    assert load_config({**BASE, "precision": "fp32"}).training_hash("cuda") != load_config(BASE).training_hash("cuda")
+    assert load_train_config({**BASE, "precision": "auto"}).training_hash("cuda") == load_train_config(BASE).training_hash("cuda")
+    assert load_train_config({**BASE, "precision": "fp32"}).training_hash("cuda") != load_train_config(BASE).training_hash("cuda")
 
 
 def test_old_configs_hash_as_before():
     """The shipped main-job configs keep their hashes when they train as before the keys (runs on disk
     stay resumable); the pcg16 dropout masks (the default since) give another hash."""
     old = {"dropout_masks": "bernoulli"}
-    assert load_config("experiments/train/deberta_small.yaml", old).training_hash("cpu") == "2c2bea118852b470"
-    assert load_config("experiments/train/deberta_small.yaml").training_hash("cpu") == "f9d647f588ab03bb"
-    old_bf16 = load_config("experiments/train/deberta_small_bf16.yaml")
+    assert load_train_config("experiments/train/deberta_small.yaml", old).training_hash("cpu") == "2c2bea118852b470"
+    assert load_train_config("experiments/train/deberta_small.yaml").training_hash("cpu") == "f9d647f588ab03bb"
+    old_bf16 = load_train_config("experiments/train/deberta_small_bf16.yaml")
     assert old_bf16.resolved_precision("cpu") == ("bf16", "precision unset: cpu_bf16: true")
-    assert old_bf16.training_hash("cpu") == load_config("experiments/train/deberta_small.yaml",
+    assert old_bf16.training_hash("cpu") == load_train_config("experiments/train/deberta_small.yaml",
                                                         {"precision": "bf16"}).training_hash("cpu")
 
 
@@ -83,12 +83,12 @@ def test_old_configs_hash_as_before():
                                             (True, "precision: expected a string, got True")])
 def test_bad_precision_is_a_config_error_naming_the_key(value, message):
     with pytest.raises(ConfigError, match=message):
-        load_config({**BASE, "precision": value})
+        load_train_config({**BASE, "precision": value})
 
 
 def test_fp32_with_cpu_bf16_is_refused():
     with pytest.raises(ConfigError, match="precision: fp32 contradicts cpu_bf16"):
-        load_config({**BASE, "precision": "fp32", "cpu_bf16": True})
+        load_train_config({**BASE, "precision": "fp32", "cpu_bf16": True})
 
 
 def test_cli_switches_reach_the_config(monkeypatch):
@@ -99,7 +99,7 @@ def test_cli_switches_reach_the_config(monkeypatch):
     from app.cli import build_parser
 
     seen = []
-    monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides, **kw: seen.append(load_config(source, overrides)) or [])
+    monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides, **kw: seen.append(load_train_config(source, overrides)) or [])
     train_mod.train_cli_main(["experiments/train/deberta_small_bf16.yaml", "--precision", "fp32"])
     assert seen[-1].resolved_precision("cpu") == ("fp32", "precision: fp32")
     with pytest.raises(SystemExit):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.config import load_config
+from workbench.config import load_train_config
 from workbench.errors import ConfigError
 from workbench.families import FAMILIES, get_family
 from workbench.drivers.train import DataPosition, Dist, prepare_data, read_log, train_from_config
@@ -28,7 +28,7 @@ def cache(tmp_path_factory):
 
 
 def _cfg(start, steps, max_len, **kw):
-    return load_config({"family": "bert", "steps": 10, "max_len": max_len,
+    return load_train_config({"family": "bert", "steps": 10, "max_len": max_len,
                         "seq_len_warmup": {"start": start, "steps": steps}, **kw})
 
 
@@ -43,7 +43,7 @@ def test_schedule_by_hand():
     assert cfg.seq_len_at(500) == cfg.seq_len_at(10_000) == 128
     odd = _cfg(12, 10, 100)  # not multiples of 8: 12 + 88 t / 10 = 12, 20.8, 29.6, 38.4, 47.2, 56, ...
     assert [odd.seq_len_at(t) for t in range(12)] == [12, 16, 24, 32, 40, 56, 64, 72, 80, 88, 100, 100]
-    off = load_config({"family": "bert", "steps": 10, "max_len": 100})
+    off = load_train_config({"family": "bert", "steps": 10, "max_len": 100})
     assert off.seq_len_warmup is None and {off.seq_len_at(t) for t in (0, 5, 99)} == {100}
 
 
@@ -56,7 +56,7 @@ def test_schedule_by_hand():
 ])  # fmt: skip
 def test_config_errors(warmup, message):
     with pytest.raises(ConfigError, match=message):
-        load_config({"family": "gpt", "steps": 10, "max_len": 64, "seq_len_warmup": warmup})
+        load_train_config({"family": "gpt", "steps": 10, "max_len": 64, "seq_len_warmup": warmup})
 
 
 def test_training_hash_unchanged_without_the_key():
@@ -64,10 +64,10 @@ def test_training_hash_unchanged_without_the_key():
             "objective": {"nsp": False}, "corpus": {"sources": ["brown"]}, "dropout_masks": "bernoulli"}
     # computed by the code before seq_len_warmup existed (git 8e3c76e): existing run folders stay valid
     # (bernoulli: that code's dropout masks, workbench/config.py `dropout_masks`)
-    assert load_config(base).training_hash() == "724a82e79148a605"
-    assert load_config({**base, "seq_len_warmup": None}).training_hash() == "724a82e79148a605"
-    on = load_config(base, {"seq_len_warmup.start": 16, "seq_len_warmup.steps": 500})
-    other = load_config(base, {"seq_len_warmup": {"start": 16, "steps": 400}})
+    assert load_train_config(base).training_hash() == "724a82e79148a605"
+    assert load_train_config({**base, "seq_len_warmup": None}).training_hash() == "724a82e79148a605"
+    on = load_train_config(base, {"seq_len_warmup.start": 16, "seq_len_warmup.steps": 500})
+    other = load_train_config(base, {"seq_len_warmup": {"start": 16, "steps": 400}})
     assert len({on.training_hash(), other.training_hash(), "724a82e79148a605"}) == 3
 
 

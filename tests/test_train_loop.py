@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.config import load_config
+from workbench.config import load_train_config
 from workbench.errors import ConfigError
 from workbench.families.base import contiguous_blocks
 from workbench.drivers.train import (
@@ -157,11 +157,11 @@ def test_config_errors_name_file_and_key(tmp_path, text, message):
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     with pytest.raises(ConfigError, match=r"bad\.yaml" + message):
-        load_config(bad)
+        load_train_config(bad)
 
 
 def test_config_overrides():
-    good = load_config({"family": "gpt", "steps": 5}, {"corpus.max_documents": 7, "lr": "1e-3"})
+    good = load_train_config({"family": "gpt", "steps": 5}, {"corpus.max_documents": 7, "lr": "1e-3"})
     assert good.corpus.max_documents == 7 and good.lr == 1e-3 and good.total_steps == 5
 
 
@@ -171,12 +171,12 @@ def test_example_configs_load():
     paths = sorted((REPO_ROOT / "experiments" / "train").glob("*.yaml"))
     assert paths, "experiments/train/*.yaml missing"
     for p in paths:
-        cfg = load_config(p)
+        cfg = load_train_config(p)
         assert cfg.name == p.stem and cfg.total_steps >= 1
 
 
 def test_tokens_budget_converts_to_steps():
-    cfg = load_config({"family": "gpt", "tokens": 10_000, "batch_size": 4, "grad_accum": 2, "max_len": 64})
+    cfg = load_train_config({"family": "gpt", "tokens": 10_000, "batch_size": 4, "grad_accum": 2, "max_len": 64})
     assert cfg.total_steps == 20  # ceil(10,000 / (4 * 2 * 64))
     assert cfg.warmup_steps() == 1  # round(0.06 * 20)
 
@@ -203,7 +203,7 @@ def test_cli_small_shortcut_uses_the_measured_cpu_recipe(monkeypatch):
 
     seen = []
     monkeypatch.setattr(train_mod, "train_from_config", lambda source, overrides, **kw: seen.append(
-        load_config(source, overrides)) or [])
+        load_train_config(source, overrides)) or [])
     train_mod.train_cli_main(["--family", "bert", "--preset", "small"])
     cfg = seen[-1]
     assert (cfg.batch_size, cfg.max_len, cfg.lr, cfg.total_steps) == (16, 128, 1.0e-3, 1200)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.store.checkpoints import read_manifest, step_dir
-from workbench.config import TrainConfig, load_config
+from workbench.config import TrainConfig, load_train_config
 from workbench.drivers.train import read_log, train_from_config
 
 
@@ -37,7 +37,7 @@ def tiny_config(family: str, steps: int, output_dir: str | Path, **overrides) ->
         "output_dir": str(output_dir),
         "progress": False,
     }
-    return load_config(base, overrides)
+    return load_train_config(base, overrides)
 
 
 def run_tiny_training(family: str, steps: int, output_dir: str | Path, **overrides) -> TinyRun:

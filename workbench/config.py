@@ -69,7 +69,7 @@ reproduce runs of that day. DeBERTa (attention dropout through a module) and ELM
 under both and keep their hash. On CUDA all of them draw with torch's Philox and the attention
 stays the family's default (SDPA's fused kernels), whatever the setting.
 
-`load_config` validates every key and value and raises `ConfigError` naming the file and the
+`load_train_config` validates every key and value and raises `ConfigError` naming the file and the
 offending key (e.g. `experiments/train/x.yaml: corpus.heldout_fraction: must be in (0, 1), got 2`).
 """
 
@@ -324,7 +324,7 @@ def _validate(cfg: TrainConfig) -> None:
         _fail(s, "device", f"must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
 
 
-def load_config(path_or_dict: str | Path | dict | TrainConfig, overrides: dict | None = None) -> TrainConfig:
+def load_train_config(path_or_dict: str | Path | dict | TrainConfig, overrides: dict | None = None) -> TrainConfig:
     """A validated `TrainConfig` from a YAML file or a dict, with `overrides` on top by the
     workbench's one override rule (`workbench.coerce.apply_overrides`: dotted keys such as
     `{"corpus.max_documents": 50}` or a mapping `{"corpus": {...}}` merge into a section; None

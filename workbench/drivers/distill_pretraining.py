@@ -222,7 +222,7 @@ def student_train_config(cfg: PretrainDistillConfig, teacher_manifest: dict, dep
     """The teacher's training config with the student's name, depth, steps and seeds, and the
     student's family (`STUDENT_FAMILY`: a BERT's student is a DistilBERT, which keeps BERT's
     masked-LM settings and drops NSP and token types)."""
-    from workbench.config import load_config as load_train_config
+    from workbench.config import load_train_config
     from workbench.families import get_family
 
     base = dict(teacher_manifest["config"])

@@ -118,7 +118,7 @@ def round_config(manifest: dict, settings: MlmTicketSettings, checkpoint: Path, 
                  progress: bool):
     """The checkpoint's pretraining config for one round: same corpus, family, model, objective,
     tokenizer (read from the checkpoint folder), `settings.steps` steps into `out`."""
-    from workbench.config import load_config
+    from workbench.config import load_train_config
 
     base = dict(manifest["config"])
     vocab_size = (base.pop("tokenizer", None) or {}).get("vocab_size")
@@ -126,7 +126,7 @@ def round_config(manifest: dict, settings: MlmTicketSettings, checkpoint: Path, 
         base.pop(k, None)
     steps = settings.steps
     warmup = settings.warmup if settings.warmup is not None else min(int(base.get("warmup") or 0), steps // 4)
-    return load_config({**base, "name": out.name, "steps": steps, "seeds": [settings.seed], "warmup": warmup,
+    return load_train_config({**base, "name": out.name, "steps": steps, "seeds": [settings.seed], "warmup": warmup,
                         "lr": settings.lr or base["lr"], "batch_size": settings.batch_size or base["batch_size"],
                         "tokenizer": {"path": str(checkpoint), "vocab_size": vocab_size}, "output_dir": str(out),
                         "checkpoints": {"log_spaced": False, "every": steps}, "device": device,

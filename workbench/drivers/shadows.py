@@ -135,7 +135,7 @@ def train_shadow_set(train_config, pool: dict, n_models: int, out_dir: str | Pat
     the models differ only in their weights: with a tokenizer trained on each model's own half
     (the backend's procedure), members are cut into fewer, rarer pieces than non-members and a
     per-token loss separates them through the tokenizer alone (a tiny pool makes that dominant)."""
-    from workbench.config import load_config
+    from workbench.config import load_train_config
     from workbench.data_cache import TokenizedCorpus
     from workbench.families import get_family
     from workbench.tokenization import train_tokenizer
@@ -149,7 +149,7 @@ def train_shadow_set(train_config, pool: dict, n_models: int, out_dir: str | Pat
     if len(docs) < 4:
         raise ConfigError(f"shadow pool has {len(docs)} documents; need at least 4")
     keep = balanced_keep(len(docs), n_models, seed)
-    base = load_config(train_config)
+    base = load_train_config(train_config)
     family = get_family(base.family)
     shared = None
     if shared_tokenizer:
@@ -169,7 +169,7 @@ def train_shadow_set(train_config, pool: dict, n_models: int, out_dir: str | Pat
         else:
             corpus = write_corpus_split(corpus_dir, train, held, sources,
                                         f"shadow set: balanced_keep(seed={seed}) model {m} of {n_models}", seed)
-        cfg = load_config(base, {"output_dir": str(out / f"model-{m:02d}"), "name": f"{base.name}-shadow-{m:02d}",
+        cfg = load_train_config(base, {"output_dir": str(out / f"model-{m:02d}"), "name": f"{base.name}-shadow-{m:02d}",
                                  "corpus": {"sources": sources, "heldout_fraction": 0.5, "seed": seed,
                                             "max_documents": max_docs}, "progress": False})
         tok = shared or train_tokenizer(family, corpus, cfg.tokenizer.vocab_size, show_progress=False)

@@ -61,7 +61,7 @@ import torch.distributed as dist
 import transformers
 
 from workbench.store.checkpoints import STEP_PREFIX, list_steps, seed_dir, step_dir
-from workbench.config import TrainConfig, load_config
+from workbench.config import TrainConfig, load_train_config
 from workbench.data_cache import TokenizedCorpus
 from workbench.drivers.executor import Unit, add_executor_arguments, options_from_args, resolve_options, run_units
 from workbench.dropout import use_fast_attention_dropout, use_fast_dropout
@@ -860,7 +860,7 @@ def train_from_config(path_or_dict, overrides: dict | None = None, hooks: Traini
     each, no bars). Under torchrun the ranks share one seed at a time, so the executor is refused there,
     as are hooks (they run in this process only).
     """
-    cfg = load_config(path_or_dict, overrides)
+    cfg = load_train_config(path_or_dict, overrides)
     options = None if executor is None else resolve_options(executor, folder=str(run_dir(cfg, 0).parent / "submitit"))
     family = get_family(cfg.family)
     check_seq_len_warmup(cfg, family)  # before the corpus is built
