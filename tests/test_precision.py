@@ -45,6 +45,27 @@ def test_resolve_precision_rule():
         resolve_precision("fp16", "cpu")
 
 
+def test_one_resolve_device_maps_cuda_to_the_rank_under_torchrun(monkeypatch):
+    """The training loop's device is `resolve_device` with the torchrun rank (`Dist.device`): a bare
+    "cuda" or "auto" on CUDA becomes `cuda:<local_rank>` when world > 1, an indexed one stays, a
+    single process keeps "cuda"; the CPU never moves (issue 51: one `resolve_device`)."""
+    from workbench.drivers.train import Dist
+    from workbench.precision import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ddp, single = Dist(rank=3, world=4, local_rank=1), Dist()
+    assert ddp.device("cuda") == torch.device("cuda", 1)
+    assert ddp.device("auto") == torch.device("cuda", 1)
+    assert ddp.device("cuda:0") == torch.device("cuda", 0)
+    assert ddp.device("cpu") == torch.device("cpu")
+    assert single.device("cuda") == torch.device("cuda") and single.device("auto") == torch.device("cuda")
+    assert resolve_device("cuda", local_rank=2) == torch.device("cuda", 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ddp.device("auto") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="no CUDA"):
+        ddp.device("cuda")
+
+
 def test_resolved_precision_changes_the_training_hash(monkeypatch):
     """Same config, auto resolved to bf16 (AMX flags) vs fp32 (no native bf16): different hashes; the
     bf16 one equals the older `cpu_bf16: true` config's and `precision: bf16`'s (same weights), the

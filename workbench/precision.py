@@ -66,22 +66,28 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return native_bf16_flag(cpu_flags(cpuinfo)) is not None
 
 
-def resolve_device(device) -> torch.device:
+def resolve_device(device, local_rank: int | None = None) -> torch.device:
     """Where a computation runs: "auto" (or None) is the first CUDA device when torch sees one, else
     the CPU; anything else is the device it names, which must be a CPU or a CUDA device torch sees
     (ConfigError naming it otherwise). The probes' fits take it (`probes.core.fitting`,
     `probes.syntax.structural`): their random draws stay on the CPU, so a fit on CUDA draws the
-    same data order and initial weights as on the CPU."""
+    same data order and initial weights as on the CPU. The training loop takes it too
+    (`workbench.drivers.train.Dist.device`): under torchrun it passes the process's `local_rank`,
+    which makes a bare "cuda" (or "auto" on CUDA) that rank's GPU, `cuda:<local_rank>`; an indexed
+    "cuda:N" stays as named."""
     if device is None or str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for but torch sees no CUDA device")
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+        if dev.type not in ("cpu", "cuda"):
+            raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r} asked for but torch sees no CUDA device")
+    if local_rank is not None and dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", local_rank)
     return dev
 
 

@@ -321,14 +321,14 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int | Non
     from workbench.drivers.executor import Unit, resolve_options, run_units
     from workbench.running.model_loading import load_pretrainer
     from workbench.store.results import ResultsStore
-    from workbench.drivers.train import evaluate_heldout, init_distributed, resolve_device
+    from workbench.drivers.train import evaluate_heldout, init_distributed
 
     options = resolve_options(executor, jobs)
     setup = _setup(cfg)
     grid = [(depth, init) for depth in setup.depths for init in cfg.inits]
     # the data (corpus, tokenizer, tokenised splits) is built once here, before any worker reads it
     scfg, data = _student_data(cfg, setup, *grid[0])
-    device = resolve_device(scfg.device, init_distributed(scfg.device))
+    device = init_distributed(scfg.device).device(scfg.device)
     teacher_loss = evaluate_heldout(setup.reader.to(device), setup.student_family, data.heldout, data.tokenizer,
                                     scfg, cfg.heldout_batches, device)["loss"]
     setup.reader.to("cpu")

@@ -84,7 +84,7 @@ from workbench.loop import (
     write_model_folder,
 )
 from workbench.paths import cache_root, runs_root
-from workbench.precision import PRECISIONS
+from workbench.precision import PRECISIONS, resolve_device
 from workbench.precision import autocast as precision_autocast
 from workbench.progress import is_quiet, progress
 from workbench.tokenization import reuse_tokenizer, train_tokenizer
@@ -151,6 +151,11 @@ class Dist:
         if self.world > 1:
             dist.barrier()
 
+    def device(self, name: str) -> torch.device:
+        """This process's device for a config's `device` (`workbench.precision.resolve_device`):
+        under torchrun (world > 1) a bare "cuda" or "auto" on CUDA is this rank's GPU."""
+        return resolve_device(name, self.local_rank if self.world > 1 else None)
+
 
 def init_distributed(device: str) -> Dist:
     """Join the torchrun process group (gloo on CPU, nccl on CUDA); a plain run is rank 0 of 1."""
@@ -160,14 +165,6 @@ def init_distributed(device: str) -> Dist:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return Dist(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def resolve_device(name: str, d: Dist) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and d.world > 1:
-        name = f"cuda:{d.local_rank}"
-    return torch.device(name)
 
 
 # ---- data -----------------------------------------------------------------------------------------
@@ -735,7 +732,7 @@ def _train_seed(cfg: TrainConfig, seed: int, data: TrainingData | None, d: Dist 
     family = get_family(cfg.family)
     check_seq_len_warmup(cfg, family)
     d = d or init_distributed(cfg.device)
-    device = resolve_device(cfg.device, d)
+    device = d.device(cfg.device)
     if cfg.batch_size % d.world:
         raise ConfigError(f"{cfg.source}: batch_size: {cfg.batch_size} is not divisible by the world size {d.world}")
     data = data or prepare_data(cfg, family, d)
