@@ -25,14 +25,24 @@ from app.navigation import PROBES, RESULTS, page_specs
 
 
 def build_pages(requested: str | None) -> dict[str, list]:
+    """The `st.navigation` sections. The default page is served at the root URL: Streamlit gives it
+    the URL path "" whatever `url_path` says, so its own link (`/runs`) matched no page, and as a
+    session's first request it showed a "Page not found" dialog before falling back to the root
+    (issue 51). Its own path is served by a hidden alias of the same page, so a bookmark of `/runs`
+    opens the Runs page and the root still does."""
     specs = page_specs()
     urls = [s.url for s in specs]
     default = requested if requested in urls else "runs"
 
     def make(s):  # no icons: material icons would be fetched from the internet
-        return st.Page(s.render, title=s.title, url_path=s.url, default=s.url == default)
+        if s.url == default:  # at the root; url_path "" keeps its page hash apart from the alias's
+            return st.Page(s.render, title=s.title, url_path="", default=True)
+        return st.Page(s.render, title=s.title, url_path=s.url)
 
-    return {section: [make(s) for s in specs if s.section == section] for section in (RESULTS, PROBES)}
+    sections = {section: [make(s) for s in specs if s.section == section] for section in (RESULTS, PROBES)}
+    home = next(s for s in specs if s.url == default)
+    sections[home.section].append(st.Page(home.render, title=home.title, url_path=home.url, visibility="hidden"))
+    return sections
 
 
 st.set_page_config(page_title="BERTology workbench", layout="wide")

@@ -4,8 +4,10 @@ probe store (plus a tiny BERT checkpoint for the explorer), every page opened in
 and a screenshot of each page saved under tests/artifacts/screenshots/ (gitignored).
 
 Every page also opens by its link as the first request (issue 40): a fresh server whose very first
-request is a deep link (`/prune`), then every page's URL as the first request of a new browser
-session on it, and a second fresh server opened by another deep link. What a first request depends
+request is a deep link (`/prune`), then every page's URL (and the root) as the first request of a
+new browser session on it, and two more fresh servers opened by another deep link each: a probe page,
+and the default page's own link `/runs` (issue 51: it showed "Page not found", since Streamlit serves
+the default page at the root; `app.streamlit_app.build_pages` serves its path by a hidden alias). What a first request depends
 on: Streamlit decides once per server process, at its first session, whether the app is a
 file-based multipage app (`PagesManager.uses_pages_directory`: a folder `pages` beside the entry
 script), and resolves the URL path of each new session's first script run against the pages that
@@ -195,8 +197,10 @@ def request_first(browser, base: str, url: str):
 
 def check_page(opened, base: str, url: str, title: str) -> None:
     """The page opened by `request_first`, once drawn, is the app's own: its heading, the app's
-    sidebar (`title` among its pages), no exception or error element, the URL kept."""
+    sidebar (`title` among its pages), no exception, error element or dialog ("Page not found"), the
+    URL kept. `url` "" is the root, which opens the default page (Runs)."""
     context, page, t0 = opened
+    heading = HEADINGS[url or "runs"]
     try:
         # a heading, or Streamlit's own sidebar of file pages (the issue's blank page: fail at once)
         page.wait_for_function(
@@ -205,11 +209,14 @@ def check_page(opened, base: str, url: str, title: str) -> None:
             timeout=120_000)
         wait_until_drawn(page)
         headings = [h.inner_text().strip() for h in page.locator('[data-testid="stHeading"]').all()]
-        assert headings and headings[0] == HEADINGS[url], (url, headings)
+        assert headings and headings[0] == heading, (url, headings)
         nav = page.locator('[data-testid="stSidebarNav"]').inner_text()
         assert "Model explorer" in nav and title in nav and "streamlit app" not in nav, (url, nav)
-        # the default page (runs) may show as the root URL
-        assert page.url.rstrip("/") in (f"{base}/{url}", base if url == "runs" else None), (url, page.url)
+        # the default page's own link included: before issue 51 `/runs` showed "Page not found" and
+        # fell back to the root (the default page is served at the root, its URL path "")
+        assert "Page not found" not in page.inner_text("body"), url
+        assert page.locator('[data-testid="stDialog"]').count() == 0, url
+        assert page.url.rstrip("/") == f"{base}/{url}".rstrip("/"), (url, page.url)
         assert page.locator('[data-testid="stException"]').count() == 0, url
         assert page.locator('[data-testid="stAlertContentError"]').count() == 0, url
     finally:
@@ -230,17 +237,19 @@ def test_every_page_opens_by_its_link_on_a_fresh_server(probe_store, tokenizers,
     root = runs_root(probe_store, tokenizers, tmp_path)
     t0 = time.time()
     with streamlit_server(root, tmp_path, "first") as first_server, \
-            streamlit_server(root, tmp_path, "second") as second_server, sync_playwright() as p:
-        first, second = first_server.base, second_server.base
+            streamlit_server(root, tmp_path, "second") as second_server, \
+            streamlit_server(root, tmp_path, "third") as third_server, sync_playwright() as p:
+        first, second, third = first_server.base, second_server.base, third_server.base
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--headless", "--disable-gpu"])
-        # the first request of each fresh server is a deep link (the issue's /prune, and a probe page);
-        # both servers start their first script run at once
-        cold = [(first, "prune"), (second, "probe-syntax")]
+        # the first request of each fresh server is a deep link (issue 40's /prune, a probe page, and
+        # issue 51's /runs, the default page's own link); the servers start their first script run at once
+        cold = [(first, "prune"), (second, "probe-syntax"), (third, "runs")]
         opened = [request_first(browser, base, url) for base, url in cold]
         for (base, url), o in zip(cold, opened):
             check_page(o, base, url, specs[url].title)
-        # then every other page's URL as a new session's first request, the default page (runs) last
-        for url in sorted((u for u in specs if u != "prune"), key=lambda u: (u == "runs", u)):
-            check_page(request_first(browser, first, url), first, url, specs[url].title)
+        # then every other page's URL as a new session's first request, the default page (runs) and
+        # the root last
+        for url in sorted((u for u in specs if u != "prune"), key=lambda u: (u == "runs", u)) + [""]:
+            check_page(request_first(browser, first, url), first, url, specs[url or "runs"].title)
         browser.close()
-    print(f"{len(specs) + 1} deep links on two fresh servers in {time.time() - t0:.1f} s")
+    print(f"{len(specs) + 3} links on three fresh servers in {time.time() - t0:.1f} s")
