@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from app.reproduce import report, rows as reproduction_rows
@@ -160,3 +161,91 @@ def test_the_reproductions_page_shows_the_latest_table(tmp_path, monkeypatch):
     assert not at.exception, [e.message for e in at.exception]
     shown = at.dataframe[0].value
     assert list(shown["row"][:1]) == ["planted_fine"] and list(shown["verdict"][:1]) == ["reproduced"]
+
+
+# --------------------------------------------------------------------------- rows 4, 5, 6, 8 (issue 50)
+def test_the_codelength_row_compares_compression_and_accuracy_ratios_on_planted_numbers():
+    """Voita & Titov's comparison: compression ratio trained / twin against the accuracy ratio's
+    paired-bootstrap CI; their own ELMo numbers (compression 58.8 vs 38.5, accuracy 97.8 vs 95.7)
+    reproduce, a twin that compresses as well as the model does not."""
+    row = reproduction_rows.registry()["voita_titov2020"]
+    assert row.paper.value == pytest.approx(294 / 192) and row.paper.verified
+    boot_t, boot_r = np.array([0.977, 0.978, 0.979]), np.array([0.956, 0.957, 0.958])
+    parts = reproduction_rows.codelength_components((58.8, 38.5), ((0.978, boot_t), (0.957, boot_r)))
+    assert parts["compression ratio"][0] == pytest.approx(58.8 / 38.5)
+    a, lo, hi = parts["accuracy ratio"]
+    assert a == pytest.approx(0.978 / 0.957) and lo <= a <= hi
+    c, c_lo, c_hi = parts["compression ratio - accuracy ratio"]
+    assert c == pytest.approx(58.8 / 38.5 - a) and c_lo == pytest.approx(58.8 / 38.5 - hi)
+    assert row.test.decide(row.paper, measured(58.8 / 38.5, **parts)).status == REPRODUCED
+    same = reproduction_rows.codelength_components((40.0, 40.0), ((0.978, boot_t), (0.957, boot_r)))
+    assert row.test.decide(row.paper, measured(1.0, **same)).status == DIFFERS
+    no_ci = reproduction_rows.codelength_components((58.8, 38.5), ((0.978, None), (0.957, None)))
+    assert math.isnan(no_ci["accuracy ratio"][1])
+
+
+def test_the_coref_head_and_gap_rows_decide_on_planted_numbers():
+    head = reproduction_rows.registry()["clark2019"]
+    key = "best head - nearest mention (CI: head's low - rule's high)"
+    middle = measured(0.6, 0.55, 0.65, **{key: (0.3, 0.2, 0.4), "relative depth of the best head": (5 / 12,) * 3})
+    assert head.test.decide(head.paper, middle).status == REPRODUCED
+    late = measured(0.6, 0.55, 0.65, **{key: (0.3, 0.2, 0.4), "relative depth of the best head": (11 / 12,) * 3})
+    assert head.test.decide(head.paper, late).status == DIFFERS
+    weak = measured(0.3, 0.25, 0.35, **{key: (0.02, -0.05, 0.09), "relative depth of the best head": (0.5,) * 3})
+    assert head.test.decide(head.paper, weak).status == DIFFERS
+    gap = reproduction_rows.registry()["webster2018"]
+    assert gap.paper.value == pytest.approx(0.669) and gap.paper.verified
+    margin = reproduction_rows.GAP_MARGIN
+    at_level = measured(0.68, 0.65, 0.71, **{margin: (0.1, 0.02, 0.18)})
+    assert gap.test.decide(gap.paper, at_level).status == REPRODUCED
+    beyond = measured(0.80, 0.77, 0.83, **{margin: (0.22, 0.14, 0.3)})
+    verdict = gap.test.decide(gap.paper, beyond)
+    assert verdict.status == DIFFERS and "ours - paper = 0.131" in verdict.reason
+    no_better_than_rules = measured(0.66, 0.62, 0.70, **{margin: (0.01, -0.05, 0.08)})
+    assert gap.test.decide(gap.paper, no_better_than_rules).status == DIFFERS
+
+
+def test_the_cka_row_reads_a_monotone_layer_map_and_resamples_cka_by_sentence():
+    from probes.core.statistics import resample_counts
+    from workbench.geometry import cka_matrix_bootstrap, linear_cka
+
+    spearman = reproduction_rows.best_match_spearman
+    diagonal = np.eye(4) + 0.1
+    assert spearman(diagonal) == pytest.approx(1.0)
+    assert spearman(diagonal[::-1]) == pytest.approx(-1.0)
+    assert spearman(np.tile([0.1, 0.9, 0.2], (3, 1))) == 0.0  # every layer matches the same one
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(30, 5)) for _ in range(2)]
+    ys = [xs[0] @ rng.normal(size=(5, 3)), rng.normal(size=(30, 4))]
+    units = np.repeat(np.arange(10), 3)  # ten sentences of three words
+    counts = list(resample_counts(10, 3, seed=1))
+    boot = cka_matrix_bootstrap(xs, ys, units, iter(counts))
+    assert boot.shape == (3, 2, 2)
+    for b, c in enumerate(counts[0]):  # the Gram route equals linear_cka on the resampled rows
+        idx = np.concatenate([np.repeat(np.flatnonzero(units == u), int(k)) for u, k in enumerate(c)])
+        for i in range(2):
+            for j in range(2):
+                assert boot[b, i, j] == pytest.approx(linear_cka(xs[i][idx], ys[j][idx]), rel=1e-5)
+    row = reproduction_rows.registry()["kornblith2019"]
+    name = "Spearman(layer, best-matching layer)"
+    assert row.test.decide(row.paper, measured(0.95, **{name: (0.95, 0.8, 1.0)})).status == REPRODUCED
+    assert row.test.decide(row.paper, measured(0.6, **{name: (0.6, 0.2, 0.9)})).status == DIFFERS
+
+
+@pytest.mark.slow
+def test_quick_runs_the_encoder_rows_of_issue_50(tmp_path, monkeypatch, capsys):
+    """The codelength, coreference-head, GAP and CKA rows' code paths on the tiny models: a verdict,
+    never `failed`, with finite numbers and the run ids behind them."""
+    keys = ["voita_titov2020", "clark2019", "webster2018", "kornblith2019"]
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    from workbench.store.results import ResultsStore
+
+    outcomes = report.reproduce(keys, quick=True, store=ResultsStore(tmp_path / "runs"), threads=1, progress=False)
+    for o in outcomes:
+        assert o.verdict.status in (REPRODUCED, DIFFERS), (o.row.key, o.verdict)
+        assert math.isfinite(o.measurement.value) and o.measurement.run_ids, o.row.key
+    by_key = {o.row.key: o.measurement for o in outcomes}
+    assert -1.0 <= by_key["kornblith2019"].value <= 1.0
+    assert by_key["kornblith2019"].low <= by_key["kornblith2019"].high
+    assert 0.0 <= by_key["clark2019"].value <= 1.0 and 0.0 <= by_key["webster2018"].value <= 1.0
+    assert by_key["voita_titov2020"].value > 0

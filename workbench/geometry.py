@@ -387,3 +387,34 @@ def procrustes_retrieval_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarra
             R = procrustes(xn[train], yn[train])
             out[i, j] = retrieval_accuracy(apply_map(xn[test], R), yn[test], method, k).mean()
     return out
+
+
+def cka_matrix_bootstrap(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], units: np.ndarray,
+                         counts: Iterable[np.ndarray]) -> np.ndarray:
+    """Linear CKA matrices [B, len(xs), len(ys)] on bootstrap resamples of the rows' `units` (e.g. the
+    sentence of each word; rows of one unit enter a resample together). `counts` yields blocks of
+    multinomial counts over the units (`probes.core.statistics.resample_counts`). Each layer's
+    uncentred Gram matrix is computed once ([n, n]); a resample indexes it and centres it, which is
+    the same value as `linear_cka` on the resampled rows (duplicated rows included)."""
+    units = np.asarray(units)
+    _, inverse = np.unique(units, return_inverse=True)
+    members = [np.flatnonzero(inverse == u) for u in range(int(inverse.max()) + 1)] if len(units) else []
+    grams_x = [(lambda a: a @ a.T)(np.asarray(x, dtype=np.float32)) for x in xs]
+    grams_y = [(lambda a: a @ a.T)(np.asarray(y, dtype=np.float32)) for y in ys]
+
+    def centred(K, idx):
+        Kb = K[np.ix_(idx, idx)].astype(np.float64)
+        r = Kb.mean(axis=0, keepdims=True)
+        return Kb - r - r.T + Kb.mean()
+
+    out = []
+    for block in counts:
+        for c in block:
+            idx = np.concatenate([np.repeat(members[u], int(k)) for u, k in enumerate(c) if k > 0])
+            kx = [centred(K, idx) for K in grams_x]
+            ky = [centred(L, idx) for L in grams_y]
+            nx = [np.linalg.norm(k) for k in kx]
+            ny = [np.linalg.norm(k) for k in ky]
+            out.append([[float(np.vdot(a, b) / (na * nb)) if na > 0 and nb > 0 else np.nan
+                         for b, nb in zip(ky, ny)] for a, na in zip(kx, nx)])
+    return np.array(out).reshape(-1, len(xs), len(ys))

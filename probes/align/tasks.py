@@ -496,3 +496,22 @@ def diachronic_task(unit, prepared, settings) -> list[pd.DataFrame]:
                                             n=len(vocab), extra=base), baseline_of),
             # one row carries the list: value = the mean excess displacement (or mean z) of the listed words
             unit.rows("diachronic", listed, split="all", layers=[shown], n=len(top), extra={**base, "top_moved": top})]
+
+
+def model_pair_vectors(checkpoint, settings) -> tuple[np.ndarray, np.ndarray]:
+    """(vectors [layers, words, width], the sentence index of each word [words]) of the `model-pair`
+    words for one checkpoint (the last step of a training folder), read from the activation cache the
+    task fills (extracted here when absent): what a caller needs to resample the task's CKA matrix
+    by sentence (`workbench.geometry.cka_matrix_bootstrap`)."""
+    from probes.align import PROBE
+    from probes.align.prepare import prepare
+    from workbench.running.models import ModelHandle
+    from workbench.store.checkpoints import expand_checkpoints
+
+    s = runner.resolve_settings(PROBE, settings, "model-pair vectors")
+    prepared = prepare(s)
+    ck = expand_checkpoints([checkpoint])[-1]
+    handle = ck.handle.with_dtype(s.dtype) if ck.handle is not None else ModelHandle.load(ck.path, dtype=s.dtype)
+    V = _pair_vectors(handle, None, prepared, s, s.stack)
+    ends = np.cumsum([len(words) for words in prepared.data["corpora"][s.pair_corpus].sentences])
+    return V, np.searchsorted(ends, prepared.data["pair_index"], side="right")
