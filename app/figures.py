@@ -36,6 +36,14 @@ the app uses too, through the one seed statistic `workbench.store.aggregate.aggr
 `--all` (or several names) draws every figure whose data is in the store and lists every other one:
 a figure whose runs are not in the store (`MissingData`) with its `produced_by` command, exit status
 2 once the rest is drawn; no store (empty, one probe's, a mix) ends in a traceback (`figures_cli`).
+
+Concerns:
+- figure specs and the rows they query: `MissingData`, `figure_names`, `load_spec`, `query_rows`
+- the plots (`PLOTS`): `Drawn`, `layer_curves`, `expected_layers`, `depth_summary`, `depth_table`,
+  `depth_ci`, `training_heatmap`, `roc_curves`, `auc_over_steps`, `all_plots`, `tidy_rows`
+- rendering and the static export (a child process with a timeout, atomic writes): `export_timeout`,
+  `static_images`, `draw`, `Rendered`, `render`, `data_of`
+- `bertology figures`: `produced_by`, `figures_cli`
 """
 
 from __future__ import annotations

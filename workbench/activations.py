@@ -31,6 +31,15 @@ halves the disk and every read of the cache. float16 keeps 10 mantissa bits but 
 float32 range with 7 mantissa bits. numpy has no bfloat16, so those caches hold the raw 16-bit
 patterns and `Activations.layers` is a `Bfloat16Array` that widens whatever is indexed to float32
 (exact: a bfloat16 is the top half of a float32).
+
+Concerns:
+- the activations and how they are stored (layer-major memmaps, bf16 as uint16 bit patterns):
+  `Activations`, `Bfloat16Array`, `float32_to_bfloat16`, `bfloat16_to_float32`
+- the cache key, everything that changes the numbers: `sentences_fingerprint`, `cache_key`,
+  `model_fingerprint`, `cache_path`
+- extraction into the cache (batches, the writer thread, resume): `extract`, `resolve_stack`
+- the cache's housekeeping (`bertology cache`): `CacheEntry`, `cache_entries`, `parse_size`,
+  `prune_cache`
 """
 
 from __future__ import annotations

@@ -65,6 +65,24 @@ codecarbon (3.3.2) was not used: it is not installed here, wants network for its
 lookups unless put in offline mode with a country code, and reads the same RAPL files that do not
 exist on this machine (no /sys/class/powercap), so here it could only estimate too. This module
 does the same arithmetic in ~300 lines with nothing to install, and says which figure it used.
+
+Concerns:
+- per-family pretraining FLOPs formulas (the families' `FamilySpec.flops`): `encoder_body_flops`,
+  `mlm_family_flops`, `electra_flops`, `gpt_flops`, `t5_flops`, `bart_flops`, `elmo_flops`,
+  `family_flops`, `forward_flops_per_token`, `flops_per_token`, `training_flops_per_token`
+- Kaplan et al.'s N and C = 6N, per family: `non_embedding_params`, `encoder_params`,
+  `electra_params`, `gpt_params`, `elmo_params`, `seq2seq_params`, `kaplan_flops_per_token`
+- fine-tuning and distillation FLOPs (classifier bodies, PEFT methods, teachers): `UnknownClassifier`,
+  `t5_shape`, `bart_shape`, `check_seq2seq_classifier`, `seq2seq_classifier_flops`,
+  `gpt_classifier_flops`, `elmo_classifier_flops`, `finetune_forward_flops`, `method_flops`,
+  `finetune_flops`, `finetune_flops_per_token`, `method_forward_flops`, `with_method_modules`,
+  `teacher_forward_flops_per_token`, `finetune_cost_flops`, `teacher_tokens`
+- the device and its energy: `cpu_name`, `device_info`, `EnergyMeter`
+- the manifest's cost record and the lineage it sums: `own_cost`, `totals`, `cost_record`,
+  `teacher_folder`, `derived_cost`, `add_retraining`, `manifest_kaplan_per_token`, `with_kaplan`,
+  `cost_of_manifest`, `checkpoint_cost`, `lineage_chain`
+- `bertology cost`'s output (targets, table, store rows, JSON): `cost_targets`, `display_name`,
+  `format_cost_table`, `cost_rows`, `record_costs`, `dumps`
 """
 
 from __future__ import annotations

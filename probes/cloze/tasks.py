@@ -76,6 +76,12 @@ Differences from Talmor et al. (2020), on purpose:
   distractors) and encyclopedic composition (needs Wikidata triples): neither resource is in the
   data root and hand-writing them would not be the paper's task, so they are left out rather than
   imitated.
+
+Concerns:
+- the item and its text (articles, slots): `ClozeItem`, `article`, `render`
+- the tasks' generators and their check against the sources: `generate`, `verify`, `split`
+- the controls (nonsense words, content-free and domain-only inputs): `nonsense_word`,
+  `nonsense_control`, `content_free`, `in_domain`, `domain_only`
 """
 
 from __future__ import annotations

@@ -25,6 +25,15 @@ and standardised in place (`training_copy`); `fit_probe_tasks` (several label se
 same features) holds the features and one standardised shuffled copy. Both run on
 `ProbeConfig.device` ("auto": cuda when present) with every random draw on the CPU, so cpu and cuda
 fits differ only in float rounding.
+
+Concerns:
+- the probe config: `ProbeConfig`, `resolved_config`, `sklearn_C`, `merge_config`, `config_dict`
+- the batched heads and their training loop (also MDL's and the scalar mix's): `Heads`,
+  `evaluate_heads`, `lbfgs_block`, `train_heads`, `prior_bias`
+- features in memory (standardised, layer by layer, pages released): `standardisation`,
+  `release_file_pages`, `training_copy`, `LazyFeatures`, `layer_tensor`, `label_tensor`
+- fitting every layer at once, one task or several: `ProbeResult`, `fit_probe`, `fit_probe_tasks`,
+  `fit_layer_group`
 """
 
 from __future__ import annotations

@@ -41,6 +41,14 @@ A unit never changes the model it is given: a probe that needs a changed model (
 weights quantized) derives one (`unit.handle.derive(...)`), whose hash, and so its activation
 cache and rows, are its own. Rows are per layer, or whole-model (`unit.rows` with scalar metrics:
 layer NA), e.g. an attack's AUC or an accuracy at a sparsity.
+
+Concerns:
+- the probe contract (what a probe module declares): `Settings`, `make_settings`, `Prepared`, `Role`,
+  `RoleCheckpoint`, `ProbeSpec`, `Unit`, `UnitResult`
+- running it (roles, settings, resumable units, one run): `run_probe`, `run_key`, `resolve_roles`,
+  `load_roles`, `resolve_settings`, `checkpoint_stacks`, `torch_threads`
+- the generic per-layer summary: `layer_frame`, `format_layer_table`, `aligned`
+- `bertology probe NAME`: `build_parser`, `cli_main`
 """
 
 from __future__ import annotations

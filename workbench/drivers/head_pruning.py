@@ -79,6 +79,19 @@ Families: those whose layers are recognised by `attention_sites`: BERT (MiniLM),
 SpanBERT (BERT modules), the DeBERTa-style reference encoder (DebertaV2), GPT-2 and Llama-style
 decoders (SmolLM2; grouped K/V are expanded to one K/V per query head when slicing). ALBERT is
 refused: its layers share one set of weights, so a per-layer head mask is not a weight mask.
+
+Concerns:
+- head and MLP masks (shapes, checks, records): `head_shape`, `check_mask`, `mask_from_removed`,
+  `kept_from_removed`, `mask_record`
+- gates and gradient importance (Michel et al. 2019): `gates`, `Importance`, `normalise_importance`,
+  `per_example_loss_sum`, `head_importance`, `leave_one_out`
+- applying a mask, as weights or physically: `apply_mask`, `mask_keeper`, `masked_handle`,
+  `slice_heads`, `parameter_count`
+- the head-pruning settings: `HeadPruningSettings`, `load_settings`
+- iterative pruning curves and the subnetworks they stand for (Prasanna et al. 2020): `PruningStep`,
+  `PruningCurve`, `heads_to_remove`, `iterative_pruning`, `equal_size_subnetwork`, `order_subnetwork`
+- the fine-tuned classifier as what is pruned (issue 51: the rest are `workbench.compress`
+  primitives): `masked_accuracy`, `classifier_importance`, `classifier_curve`, `curve_rows`
 """
 
 from __future__ import annotations

@@ -36,6 +36,20 @@ Resume: running the same config again continues from the latest checkpoint; on C
 weights equal an uninterrupted run's bit for bit (tests/test_train_resume.py).
 Distributed: launch with `torchrun --nproc_per_node N -m workbench.drivers.train CONFIG.yaml`; `batch_size`
 is the GLOBAL micro-batch, so a config means the same optimisation at any world size.
+
+Concerns:
+- the schedule's checks: `checkpoint_steps`, `check_seq_len_warmup`
+- torchrun (ranks, this rank's device): `Dist`, `init_distributed`
+- data (corpus, tokenizer, the step batches a pure function of position, seed and step):
+  `TrainingData`, `corpus_dir_for`, `prepare_data`, `example_batches`, `DataPosition`, `StepBatch`,
+  `step_batches`, `host_batches`, `count_tokens`
+- the model, the optimizer and the objective: `build_optimizer`, `objective_settings`, `build_model`,
+  `pretraining_loss`, `evaluate_heldout`
+- checkpoints, the run folder and what they record: `save_checkpoint`, `load_trainer_state`,
+  `run_dir`, `claim_run_folder`, `dropout_record`, `precision_record`, `checkpoint_manifest`,
+  `pretraining_cost_meter`, `read_log`
+- the loop over seeds and the driver (`bertology train`): `train_seed`, `train_from_config`,
+  `train_units`, `train_seed_unit`, `load_driver_config`, `report`, `train_cli_main`
 """
 
 from __future__ import annotations

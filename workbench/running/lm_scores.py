@@ -63,6 +63,14 @@ is a `CheckpointError` at construction; a text or context longer than the model'
 a context without exactly one blank, or a candidate that shares a token with its context is a
 `ConfigError` naming the input. Counts go to the handle's `stats` (never reset): lm_texts,
 lm_tokens_scored, mlm_forward_rows, candidates, candidates_by_pll.
+
+Concerns:
+- which LM head a handle has (per family; ELECTRA's generator; DeBERTa's legacy MLM head):
+  `lm_kind`, `is_electra`, `find_lm_head`, `handle_location`, `deberta_mlm_logits`
+- scoring texts and cloze candidates with it (PLL, causal, seq2seq, biLM): `TextScore`,
+  `CandidateScores`, `LMScorer`, `lm_scorer`
+- the head as a function of one layer's hidden states (the logit lens): `mlm_head`, `final_norm`,
+  `layer_head`
 """
 
 from __future__ import annotations

@@ -68,6 +68,16 @@ What a saved checkpoint holds (the run's `best/` folder, a plain `save_pretraine
   special tokens `<prompt_i>`; the manifest's `peft.prompt_ids` says where they go, and
   `ModelHandle.load` inserts them after the tokenizer's prefix in every sequence it runs (a
   tokenizer's own template is rebuilt by transformers on load, so it cannot carry them).
+
+Concerns:
+- the methods, their options and what they attach: `MethodOptions`, `check_method`, `body_of`,
+  `attach`, `norm_modules`, `checkpoint_pooler_pretrained`
+- adapters (Houlsby et al. 2019): `BottleneckAdapter`, `Adapted`, `adapter_sites`, `add_adapters`,
+  `remove_adapters`
+- prompt tuning (Lester et al. 2021): `PromptEmbedding`, `add_prompt`, `prompt_ids`, `insert_prompt`
+- LoRA (Hu et al. 2022): `lora_targets`, `fused_slices`, `FusedQVLoRA`, `add_lora`, `merge_lora`
+- saving a tuned model as a plain checkpoint, and reading it back: `plain_copy`, `save_extra`,
+  `saved_adapter_file`, `reattach_adapters`
 """
 
 from __future__ import annotations

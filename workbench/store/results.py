@@ -22,6 +22,14 @@ busy timeout, a writer that finds the file locked waits instead of failing; WAL 
 app) read while a writer commits. DuckDB or pandas read the parquet files directly anyway.
 WAL needs a local filesystem (not NFS); a runs root on a network share should be given its own
 catalog per machine or use `reindex()` after copying.
+
+Concerns:
+- the rows' schema and its checks: `ResultsError`, `empty_rows`, `to_json`, `validate_rows`,
+  `decode_extra`, `coerce_rows`
+- writing a run atomically: `new_run_id`, `RunWriter`
+- the store (run folders and the SQLite catalog) and its resumable pieces: `ResultsStore`,
+  `RunNotFoundError`, `FinishedUnits`
+- text for `bertology runs`: `format_runs`, `format_rows`, `format_manifest`
 """
 
 from __future__ import annotations
