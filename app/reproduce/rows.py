@@ -531,9 +531,10 @@ def rows() -> list[Row]:
 
 def extra_rows() -> list[Row]:
     """The rows declared in their own modules (causal LMs: rows_lm; the long --full rows: rows_full)."""
+    from app.reproduce.rows_full import full_rows
     from app.reproduce.rows_lm import lm_rows
 
-    return lm_rows()
+    return lm_rows() + full_rows()
 
 
 NOT_COMPARABLE_HERE = [
