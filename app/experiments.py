@@ -186,7 +186,7 @@ def run_experiment(path: str | Path, quick: bool = False, jobs: int | None = Non
 
     from probes import get_probe
     from probes.core.runner import format_layer_table
-    from workbench.drivers.executor import Unit, resolve_options, run_units
+    from workbench.drivers.executor import Unit, resolve_options, run_driver_units
     from workbench.store.results import ResultsStore
 
     options = resolve_options(executor, jobs)
@@ -208,15 +208,17 @@ def run_experiment(path: str | Path, quick: bool = False, jobs: int | None = Non
     if len(plan) > 1:
         get_logger(__name__).info(f"{spec.get('name', path)}: {len(plan)} runs planned, {len(plan) - len(todo)} "
                                   f"already in the store, {len(todo)} to run")
-    if options.folder is None:
-        options = dataclasses.replace(options, folder=str(store.root / "submitit" / str(spec.get("name", "experiment"))))
-    if options.in_process:
-        units = [Unit(execute_run, (job, runs_root), {"progress": len(todo) < 2}, name=job["key"]) for job in todo]
-    else:  # parallel runs share the cores: one torch thread each unless the config says otherwise
+
+    def units(parallel: bool) -> list:
+        if not parallel:
+            return [Unit(execute_run, (job, runs_root), {"progress": len(todo) < 2}, name=job["key"]) for job in todo]
+        # parallel runs share the cores: one torch thread each unless the config says otherwise
         root = runs_root if options.executor == "local" else str(store.root)
-        units = [Unit(execute_run, (dict(job, settings=_one_thread(job["settings"])), root, False), name=job["key"])
-                 for job in todo]
-    done.update({job["key"]: run_id for job, run_id in zip(todo, run_units(units, options, desc="runs"))})
+        return [Unit(execute_run, (dict(job, settings=_one_thread(job["settings"])), root, False), name=job["key"])
+                for job in todo]
+
+    ran = run_driver_units(units, len(todo), options, store.root, str(spec.get("name", "experiment")), desc="runs")
+    done.update({job["key"]: run_id for job, run_id in zip(todo, ran)})
     if len(plan) == 1:
         run_id = done[plan[0]["key"]]
         probe_spec = get_probe(plan[0]["probe"])

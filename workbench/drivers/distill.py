@@ -486,7 +486,7 @@ def run_distill(cfg: DistillConfig, store=None, jobs: int | None = None, executo
     import pandas as pd
 
     from workbench.store.checkpoints import checkpoint_name
-    from workbench.drivers.executor import Unit, replace_threads, resolve_options, run_units
+    from workbench.drivers.executor import Unit, replace_threads, resolve_options, run_driver_units
     from workbench.drivers.finetune import collate, evaluate, prepare
     from workbench.paths import runs_root
     from workbench.store.results import ResultsStore
@@ -570,11 +570,9 @@ def run_distill(cfg: DistillConfig, store=None, jobs: int | None = None, executo
             done[point.name] = json.loads(point_file.read_text(encoding="utf-8"))
         else:
             todo.append(point)
-    if options.folder is None:
-        options = dataclasses.replace(options, folder=str(folder / "submitit"))
-    unit_cfg = cfg if options.runs_in_process(len(todo)) else replace_threads(cfg)  # parallel: one thread, no bars
-    docs = run_units([Unit(run_point, (unit_cfg, point, shared, str(store.root)), name=point.name) for point in todo],
-                     options, desc="points")
+    docs = run_driver_units(  # parallel: one thread, no bars
+        lambda parallel: [Unit(run_point, (replace_threads(cfg) if parallel else cfg, point, shared, str(store.root)),
+                               name=point.name) for point in todo], len(todo), options, folder, desc="points")
     done.update({point.name: doc for point, doc in zip(todo, docs)})
     done = {p.name: done[p.name] for p in points}  # the sweep's order, whatever finished first
 

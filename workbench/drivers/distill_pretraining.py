@@ -318,7 +318,7 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int | Non
     import pandas as pd
 
     from workbench.store.checkpoints import checkpoint_name
-    from workbench.drivers.executor import Unit, resolve_options, run_units
+    from workbench.drivers.executor import Unit, resolve_options, run_driver_units
     from workbench.running.model_loading import load_pretrainer
     from workbench.store.results import ResultsStore
     from workbench.drivers.train import evaluate_heldout, init_distributed
@@ -332,15 +332,16 @@ def run_pretrain_distill(cfg: PretrainDistillConfig, store=None, jobs: int | Non
     teacher_loss = evaluate_heldout(setup.reader.to(device), setup.student_family, data.heldout, data.tokenizer,
                                     scfg, cfg.heldout_batches, device)["loss"]
     setup.reader.to("cpu")
-    if options.folder is None:
-        options = dataclasses.replace(options, folder=str(ResultsStore(None if store is None else store.root).root
-                                                          / "submitit" / setup.name))
-    if options.runs_in_process(len(grid)):
-        units = [Unit(train_student, (cfg, *point), name=f"L{point[0]}-{point[1]}") for point in grid]
-    else:  # parallel students: one thread each (the unit's own argument), no progress bars locally
+
+    def units(parallel: bool) -> list:
+        if not parallel:
+            return [Unit(train_student, (cfg, *point), name=f"L{point[0]}-{point[1]}") for point in grid]
+        # parallel students: one thread each (the unit's own argument), no progress bars locally
         quiet = cfg if options.executor != "local" else dataclasses.replace(cfg, progress=False)
-        units = [Unit(train_student, (quiet, *point, 1), name=f"L{point[0]}-{point[1]}") for point in grid]
-    finals = dict(zip(grid, run_units(units, options, desc="students")))
+        return [Unit(train_student, (quiet, *point, 1), name=f"L{point[0]}-{point[1]}") for point in grid]
+
+    runs = ResultsStore(None if store is None else store.root).root
+    finals = dict(zip(grid, run_driver_units(units, len(grid), options, runs, setup.name, desc="students")))
 
     common = {"family": setup.family_name, "probe": PROBE, "task": "mlm", "split": "heldout",
               "metric": "heldout_mlm_loss"}

@@ -48,6 +48,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from workbench.errors import ConfigError, StoppedFromOutside, WorkbenchError
@@ -413,6 +414,46 @@ def _submitit_failure(unit: str, error: Exception) -> Exception:
     error as one line, with where its logs are."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip() and not set(line.strip()) <= {"-"}]
     return UnitError(unit, f"unit {unit} failed (submitit job): {' | '.join(lines[:1] + lines[-2:])}")
+
+
+@dataclass(frozen=True)
+class UnitPlan:
+    """A driver's independent units as the executor runs them (`DriverSpec.units` returns one,
+    `run_plan` runs it). `units(parallel)` builds the unit list: `parallel=False` when they run one
+    after the other in this process (the driver's config as it is, its progress bars, state shared
+    between units), `parallel=True` when each runs in a fresh process or a submitit job (a worker
+    config: `replace_threads`, what a fresh process can open). `count` says how many there will be
+    (the executor decides from it). submitit's job files go to `<home>/submitit[/<name>]` unless the
+    options name a folder. `state` is what the driver's `collect` needs afterwards (the prepared run)."""
+
+    units: Callable[[bool], Sequence[Any]]
+    count: int
+    home: Any                      # a folder (str or Path): the sweep folder, or the runs root with `name`
+    name: str | None = None
+    desc: str = "units"
+    state: Any = None
+
+    def job_folder(self) -> str:
+        folder = Path(self.home) / "submitit"
+        return str(folder / self.name if self.name else folder)
+
+
+def run_plan(plan: UnitPlan, options: "ExecutorOptions | None" = None) -> list[Any]:
+    """The one place every driver's branch lives (before, each driver copied it): the job folder's
+    default, then the units built for this process or for workers (`UnitPlan`), run by `run_units`;
+    their results in unit order."""
+    options = (options or ExecutorOptions()).validate()
+    if options.folder is None:
+        options = dataclasses.replace(options, folder=plan.job_folder())
+    parallel = not options.runs_in_process(plan.count)
+    units = list(plan.units(parallel))
+    return run_units(units, options, desc=plan.desc) if units else []
+
+
+def run_driver_units(units: Callable[[bool], Sequence[Any]], count: int, options: "ExecutorOptions | None",
+                     home, name: str | None = None, desc: str = "units") -> list[Any]:
+    """`run_plan` of the plan these arguments make (a driver that runs its units inside its own `run`)."""
+    return run_plan(UnitPlan(units, count, home, name, desc), options)
 
 
 def replace_threads(config, threads_field: str = "threads", progress_field: str | None = "progress"):

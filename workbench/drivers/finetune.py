@@ -939,6 +939,32 @@ def train_seed_unit(cfg: FinetuneConfig, seed: int, data: TaskData | None = None
     return train_seed(cfg, seed, prepare(cfg, data, hooks), hooks=hooks)
 
 
+def finetune_units(cfg: FinetuneConfig, store=None, data: TaskData | None = None, hooks: TrainingHooks | None = None,
+                   on_step: Callable[[int], None] | None = None):
+    """The driver's units (`DriverSpec.units`): the run prepared (folder claimed, split written,
+    baselines computed), then one unit per seed: `train_seed` on the prepared run in this process,
+    `train_seed_unit` with one torch thread in a worker."""
+    import pandas as pd
+
+    from workbench.drivers.executor import Unit, UnitPlan, replace_threads
+
+    run = prepare(cfg, data, hooks)
+    base_rows = baselines(run.data, run.splits) if cfg.baselines else []
+    if cfg.baselines and cfg.progress:  # a message while it runs: the command prints every row at the end
+        from workbench.progress import get_logger
+
+        get_logger(__name__).info("baselines:\n%s", format_table(pd.DataFrame(base_rows)))
+
+    def units(parallel: bool) -> list:
+        if not parallel:
+            return [Unit(train_seed, (cfg, s, run), {"on_step": on_step, "hooks": hooks}, name=f"seed {s}")
+                    for s in cfg.seeds]
+        worker_cfg = replace_threads(cfg)
+        return [Unit(train_seed_unit, (worker_cfg, s, data, hooks), name=f"seed {s}") for s in cfg.seeds]
+
+    return UnitPlan(units, len(cfg.seeds), run.folder, desc="seeds", state=(run, base_rows))
+
+
 def run_finetune(cfg: FinetuneConfig, store=None, on_step: Callable[[int], None] | None = None,
                  data: TaskData | None = None, hooks: TrainingHooks | None = None,
                  executor=None) -> FinetuneResult:
@@ -946,29 +972,21 @@ def run_finetune(cfg: FinetuneConfig, store=None, on_step: Callable[[int], None]
 
     `data` replaces the task's own examples and split (tests plant a task in it); `hooks` as in
     `train_seed`; `executor` (`workbench.drivers.executor.ExecutorOptions`, default: this process) runs the
-    seeds as independent units (`train_seed_unit`)."""
+    seeds as independent units (`finetune_units`, `collect`)."""
+    from workbench.drivers.executor import run_plan
+
+    plan = finetune_units(cfg, store, data, hooks, on_step)
+    return collect(cfg, store, plan, run_plan(plan, executor))
+
+
+def collect(cfg: FinetuneConfig, store, plan, results: list[SeedResult]) -> FinetuneResult:
+    """The driver's rows from its seeds' results (`DriverSpec.collect`): one results-store run."""
     import pandas as pd
 
-    from workbench.drivers.executor import ExecutorOptions, Unit, replace_threads, run_units
     from workbench.store.results import ResultsStore
 
-    executor = (executor or ExecutorOptions()).validate()
-    run = prepare(cfg, data, hooks)
+    run, base_rows = plan.state
     store = store or ResultsStore()
-    base_rows = baselines(run.data, run.splits) if cfg.baselines else []
-    if cfg.baselines and cfg.progress:  # a message while it runs: the command prints every row at the end
-        from workbench.progress import get_logger
-
-        get_logger(__name__).info("baselines:\n%s", format_table(pd.DataFrame(base_rows)))
-    if executor.in_process:
-        results = [train_seed(cfg, s, run, on_step=on_step, hooks=hooks) for s in cfg.seeds]
-    else:
-        if executor.folder is None:
-            executor = dataclasses.replace(executor, folder=str(run.folder / "submitit"))
-        worker_cfg = replace_threads(cfg)
-        results = run_units([Unit(train_seed_unit, (worker_cfg, s, data, hooks), name=f"seed {s}")
-                             for s in cfg.seeds], executor, desc="seeds")
-
     common = {"model": run.model_name, "family": run.family, "probe": PROBE, "task": cfg.task}
     metric = run.data.metric
     rows = list(base_rows)
@@ -1030,4 +1048,4 @@ def report(result) -> str:
 
 
 DRIVER = DriverSpec("finetune", FinetuneConfig, load_finetune_config, run_finetune, report,
-                    identity=FinetuneConfig.training_hash)
+                    identity=FinetuneConfig.training_hash, units=finetune_units, collect=collect)

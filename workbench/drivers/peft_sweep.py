@@ -168,7 +168,7 @@ def run_sweep(cfg: PeftSweepConfig, store=None, progress: bool = True, executor=
 
     from workbench.store.checkpoints import single_checkpoint
     from workbench.data.conllu import treebank_path
-    from workbench.drivers.executor import ExecutorOptions, Unit, replace_threads, run_units
+    from workbench.drivers.executor import ExecutorOptions, Unit, replace_threads, run_driver_units
     from workbench.running.models import ModelHandle
     from workbench.store.results import ResultsStore
 
@@ -179,15 +179,15 @@ def run_sweep(cfg: PeftSweepConfig, store=None, progress: bool = True, executor=
     configs = {m: c if i == 0 else dataclasses.replace(c, baselines=False) for i, (m, c) in enumerate(configs.items())}
     first = configs[cfg.methods[0]]
     start_path = single_checkpoint(first.checkpoint)
-    if options.runs_in_process(len(configs)):
-        start = layer_states(ModelHandle.load(start_path, device=_device(first)), cka_sentences(cfg))
-        units = [Unit(method_rows, (cfg, m, c, store, start, progress), name=m) for m, c in configs.items()]
-    else:
-        if options.folder is None:
-            options = dataclasses.replace(options, folder=str(store.root / "submitit" / (cfg.name or f"peft-{first.task}")))
-        units = [Unit(method_rows, (cfg, m, replace_threads(c), str(store.root), None, False), name=m)
-                 for m, c in configs.items()]
-    done = run_units(units, options, desc="methods")
+
+    def units(parallel: bool) -> list:
+        if not parallel:
+            start = layer_states(ModelHandle.load(start_path, device=_device(first)), cka_sentences(cfg))
+            return [Unit(method_rows, (cfg, m, c, store, start, progress), name=m) for m, c in configs.items()]
+        return [Unit(method_rows, (cfg, m, replace_threads(c), str(store.root), None, False), name=m)
+                for m, c in configs.items()]
+
+    done = run_driver_units(units, len(configs), options, store.root, cfg.name or f"peft-{first.task}", desc="methods")
     runs = {m: run_id for m, (run_id, _) in zip(configs, done)}
     rows = [row for _, method_rows_ in done for row in method_rows_]
     with store.start_run(PROBE, cfg.to_dict(), seeds=first.seeds, data_files=[treebank_path(cfg.cka_treebank, cfg.cka_split)],

@@ -880,7 +880,7 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None, executor=None) -> Pru
     import pandas as pd
 
     from workbench.store.checkpoints import single_checkpoint
-    from workbench.drivers.executor import ExecutorOptions, Unit, replace_threads, run_units
+    from workbench.drivers.executor import ExecutorOptions, Unit, replace_threads, run_driver_units
     from workbench.drivers.finetune import prepare, run_slug
     from workbench.paths import runs_root
 
@@ -904,14 +904,15 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None, executor=None) -> Pru
         raise ConfigError(f"rewind_step: {cfg.rewind_step} is not below the fine-tuning's {total} steps "
                           f"({len(run.train.ids)} examples, batch_size {ft.batch_size}, {ft.epochs} epochs)")
     sweep = Sweep(cfg, ft, run, folder)
-    if not options.in_process:  # the trainings as the executor's units; then every point is read back below
-        if options.folder is None:
-            options = dataclasses.replace(options, folder=str(folder / "submitit"))
-        worker_cfg, worker_ft = dataclasses.replace(cfg, progress=False), replace_threads(ft)  # one thread, quiet
-        for stage in unit_stages(cfg, ft):
-            run_units([Unit(run_unit, (worker_cfg, worker_ft, str(folder), data, seed, method, amount),
-                            name=_unit_name(seed, method, amount))
-                       for seed, method, amount in stage], options, desc="prune units")
+    # the trainings as the executor's units, stage by stage, in workers; then every point is read back
+    # below (in this process `run_seed` makes them in order, sharing the fine-tuning's state)
+    stages = unit_stages(cfg, ft)
+    worker_cfg, worker_ft = dataclasses.replace(cfg, progress=False), replace_threads(ft)  # one thread, quiet
+    for stage in stages:
+        run_driver_units(lambda parallel, stage=stage: [
+            Unit(run_unit, (worker_cfg, worker_ft, str(folder), data, seed, method, amount),
+                 name=_unit_name(seed, method, amount)) for seed, method, amount in stage] if parallel else [],
+            sum(map(len, stages)), options, folder, desc="prune units")
     for seed in ft.seeds:
         sweep.run_seed(seed)
     rows = build_rows(sweep.points, ft.task, run.family, name)

@@ -80,14 +80,37 @@ class DriverSpec:
     """A registered driver (module docstring). `load(source, overrides)` takes overrides keyed like
     its YAML (`section.key` inside a mapping section, the rule of `load_config`); `report(result)`
     is what its command prints. Its one-line description is its `Registration`'s (read without
-    importing the driver)."""
+    importing the driver).
+
+    `units(config, store)` -> `workbench.drivers.executor.UnitPlan` and `collect(config, store, plan,
+    results)` -> the result split a driver into its independent units and what is made of their
+    results; the executor (`run_plan`) owns what lies between: the job folder's default and whether
+    the units run in this process or in workers. A driver given them needs no `run` of its own
+    (`run` is then `execute`: units, the executor, collect)."""
 
     name: str
     config: type
     load: Callable[..., Any]          # (source, overrides=None) -> a validated config
-    run: Callable[..., Any]           # (config, store=None, executor=ExecutorOptions | None) -> its result
+    run: Callable[..., Any] | None    # (config, store=None, executor=ExecutorOptions | None) -> its result
     report: Callable[[Any], str]      # result -> the command's printed table and run line
     identity: Callable[[Any], Any] | None = None  # the run's identity when it is not `identity_hash(config)`
+    units: Callable[..., Any] | None = None    # (config, store) -> UnitPlan
+    collect: Callable[..., Any] | None = None  # (config, store, plan, results) -> the result
+
+    def __post_init__(self):
+        if (self.units is None) != (self.collect is None):
+            raise ValueError(f"driver {self.name}: units and collect go together")
+        if self.run is None:
+            if self.units is None:
+                raise ValueError(f"driver {self.name}: needs run, or units and collect")
+            object.__setattr__(self, "run", self.execute)
+
+    def execute(self, config, store=None, executor=None) -> Any:
+        """units -> the executor -> collect (`units` and `collect` given)."""
+        from workbench.drivers.executor import run_plan
+
+        plan = self.units(config, store)
+        return self.collect(config, store, plan, run_plan(plan, executor))
 
     def run_identity(self, config) -> Any:
         return (self.identity or identity_hash)(config)
