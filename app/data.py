@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from app.fields import row_field
 from workbench.store.checkpoints import hub_cache
 from workbench.store.aggregate import aggregate
 from workbench.errors import ConfigError, WorkbenchError
@@ -27,7 +28,6 @@ from workbench.store.results import (
     ResultsError,
     ResultsStore,
     coerce_rows,
-    decode_extra,
     empty_rows,
 )
 
@@ -370,17 +370,15 @@ def row_kinds(rows: pd.DataFrame) -> pd.DataFrame:
     if all(c in rows.columns for c in KIND_COLUMNS):
         return rows
     kinds, fors = [], []
-    extras = rows["extra"] if "extra" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
-    for model, metric, raw in zip(rows["model"], rows["metric"], extras):
-        # most rows carry no marker: decode only the ones whose JSON names one (replicate lists are long)
-        ex = decode_extra(raw) if isinstance(raw, dict) or (isinstance(raw, str) and f'"{BASELINE_KEY}"' in raw) else {}
-        name = ex.get(BASELINE_KEY)
+    # the markers every producer may write (workbench.store.rowschema.MARKERS), read through the one accessor
+    names, declared_for = row_field(rows, BASELINE_KEY), row_field(rows, BASELINE_FOR_KEY)
+    for model, metric, name, baseline_for in zip(rows["model"], rows["metric"], names, declared_for):
         if name is None:
             kind, of = _legacy_kind(model, metric)
         elif name == TWIN:
             kind, of = TWIN, None
         else:  # without `baseline_for`: resolved below from the metric its name ends with
-            kind, of = f"baseline:{name}", ex.get(BASELINE_FOR_KEY)
+            kind, of = f"baseline:{name}", baseline_for
         kinds.append(kind)
         fors.append(of)
     model_metrics: dict[str, set[str]] = {}
@@ -452,11 +450,10 @@ def aggregate_seeds(rows: pd.DataFrame, series: list[str] | tuple[str, ...] = ()
         merged = rows.groupby(stripped)["model"].transform("nunique") > 1
         rows = rows.assign(model=stripped.where(merged, rows["model"]))
     if series:
-        extra = rows["extra"].map(decode_extra)
         twin = rows["kind"] == TWIN
         label = rows["model"].map(parent_model)
-        for key in series:
-            label = label + f" | {key}=" + extra.map(lambda e, key=key: str(e.get(key)))
+        for key in series:  # a figure spec's keys: checked against the rows' producers when read
+            label = label + f" | {key}=" + row_field(rows, key).map(str)
         rows["model"] = label.where(~twin, label + LEGACY_TWIN_SUFFIX)
     if "n_seeds" not in rows.columns:
         rows = rows.assign(n_seeds=1)

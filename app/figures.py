@@ -64,13 +64,13 @@ import psutil
 
 from app.axes import is_fraction, unit_axis, unit_panels
 from app.data import MODEL, TWIN, aggregate_seeds, baseline_mask, parent_model, row_kinds, twin_mask
+from app.fields import row_field
 from probes.core import depth
 from workbench.store.aggregate import aggregate
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.io import read_yaml
 from workbench.paths import REPO_ROOT
 from workbench.progress import get_logger
-from workbench.store.results import decode_extra
 
 FIGURES_DIR = REPO_ROOT / "experiments" / "figures"
 FORMATS = ("png", "svg", "pdf", "html")
@@ -454,8 +454,8 @@ def roc_curves(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
     floor = float(options.get("min_fpr", 1e-3))
     fig, data = go.Figure(), []
     for _, r in sub.iterrows():
-        ex = decode_extra(r["extra"])
-        fpr, tpr = np.asarray(ex.get("roc_fpr", []), float), np.asarray(ex.get("roc_tpr", []), float)
+        fpr = np.asarray(row_field(r, "roc_fpr", "membership") or [], float)
+        tpr = np.asarray(row_field(r, "roc_tpr", "membership") or [], float)
         if not len(fpr):  # an auc row without ROC points (the model-free TF-IDF control): no curve
             continue
         label = f"{r['task']} (AUC {r['value']:.3f})" + (f" - {r['model']}" if sub["model"].nunique() > 1 else "")

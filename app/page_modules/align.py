@@ -9,8 +9,8 @@ import pandas as pd
 import streamlit as st
 
 from app import figures, ui
+from app.fields import row_field
 from app.views.probe import panel_curves, probe_rows, twin_toggle
-from workbench.store.results import decode_extra
 
 TITLE = "Alignment"
 # (task, metric) panels; the baselines drawn dashed in each are the ones the rows declare for it
@@ -21,9 +21,10 @@ CURVES = [("bli", "p_at_1"), ("bli", "p_at_1_seeded"), ("fake-language", "p_at_1
 
 def pair_matrices(rows: pd.DataFrame) -> dict[tuple[str, str, str], pd.DataFrame]:
     """(model, other model, metric) -> layer x other-layer matrix of the model-pair rows."""
-    recs = [(m, e["other_model"], met, int(l), int(e["other_layer"]), float(v))
-            for m, e, met, l, v in zip(rows["model"], map(decode_extra, rows["extra"]), rows["metric"], rows["layer"],
-                                       rows["value"]) if "other_model" in e]
+    recs = [(m, other, met, int(l), int(j), float(v))
+            for m, other, j, met, l, v in zip(rows["model"], row_field(rows, "other_model", "align"),
+                                              row_field(rows, "other_layer", "align"), rows["metric"], rows["layer"],
+                                              rows["value"]) if other is not None]
     df = pd.DataFrame(recs, columns=["model", "other", "metric", "i", "j", "value"])
     return {k: g.pivot_table(index="i", columns="j", values="value").sort_index()
             for k, g in df.groupby(["model", "other", "metric"], sort=False)}
@@ -32,8 +33,8 @@ def pair_matrices(rows: pd.DataFrame) -> dict[tuple[str, str, str], pd.DataFrame
 def moved_words(rows: pd.DataFrame) -> pd.DataFrame:
     """The diachronic task's listed words (model, layer, word, displacement, noise floor, counts)."""
     out = []
-    for m, l, e in zip(rows["model"], rows["layer"], map(decode_extra, rows["extra"])):
-        for w in e.get("top_moved", []):
+    for m, l, moved in zip(rows["model"], rows["layer"], row_field(rows, "top_moved", "align")):
+        for w in moved or []:
             out.append({"model": m, "layer": int(l), **w})
     return pd.DataFrame(out)
 
@@ -108,7 +109,7 @@ def render(store) -> None:
     if rows is None:
         return
     view = twin_toggle(rows, "align")
-    is_pair = view["extra"].map(lambda e: "other_model" in decode_extra(e))
+    is_pair = row_field(view, "other_model", "align").notna()
     panel_curves(view[~is_pair & ~view["metric"].isin(["top_moved_excess", "top_moved_z"])], CURVES, "align")
 
     mats = pair_matrices(rows)

@@ -22,13 +22,13 @@ import streamlit as st
 
 from app import data, figures, ui
 from app.axes import unit_axis
+from app.fields import row_field
 from app.views.probe import twin_toggle
 from probes.cloze.summary import curve_stats
 from probes.cloze.summary import weighted_scores as summary_weighted_scores
 from workbench.store.checkpoints import SEED_PREFIX, STEP_PREFIX
 from workbench.errors import ConfigError
 from workbench.families import FAMILIES
-from workbench.store.results import decode_extra
 
 TITLE = "Cloze (oLMpics)"
 TABLE_METRICS = ("zero_shot_acc", "nonsense_acc", "majority_acc", "random_acc")
@@ -82,7 +82,7 @@ def results_table(rows: pd.DataFrame) -> pd.DataFrame:
                 "random": chance,
                 "vs_chance": ("above" if zs["ci_low"] > chance else "below" if zs["ci_high"] < chance else "at")
                 if np.isfinite(chance) and pd.notna(zs["ci_low"]) else "",
-                "methods": ", ".join(decode_extra(zs["extra"]).get("methods", []))}
+                "methods": ", ".join(row_field(zs, "methods", "cloze") or [])}
         out.append(line)
     cols = ["family", "model", "task", "n", "zero_shot", "zero_shot_ci", "nonsense", "nonsense_ci", "majority",
             "random", "vs_chance", "methods"]

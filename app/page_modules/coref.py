@@ -10,9 +10,9 @@ import pandas as pd
 import streamlit as st
 
 from app import data, figures, ui
+from app.fields import row_field
 from app.views.probe import panel_curves, probe_rows, twin_toggle
 from workbench.errors import ConfigError
-from workbench.store.results import decode_extra
 
 TITLE = "Coreference"
 # (task, metric) panels; the data-only baselines drawn in each are the ones the rows declare for it
@@ -32,7 +32,7 @@ def head_matrix(rows: pd.DataFrame, model: str, metric: str) -> pd.DataFrame:
     sub = rows[(rows["model"] == model) & (rows["task"] == "attention-heads") & (rows["metric"] == metric)]
     if sub.empty:
         return pd.DataFrame()
-    heads = sub["extra"].map(lambda e: decode_extra(e).get("head"))
+    heads = row_field(sub, "head", "coref")
     return (sub.assign(head=heads).dropna(subset=["head"])
             .pivot_table(index="layer", columns="head", values="value", aggfunc="first").sort_index())
 
@@ -57,7 +57,7 @@ def best_heads(rows: pd.DataFrame) -> pd.DataFrame:
     sub = rows[(rows["task"] == "attention-heads") & rows["metric"].isin(["best_head_accuracy", "best_head_gap"])]
     if sub.empty:
         return pd.DataFrame(columns=["model", "metric", "layer", "head", "value", "ci_low", "ci_high"])
-    head = sub["extra"].map(lambda e: decode_extra(e).get("best_head"))
+    head = row_field(sub, "best_head", "coref")
     return (sub.assign(head=head)[["model", "metric", "layer", "head", "value", "ci_low", "ci_high"]]
             .sort_values(["model", "metric", "layer"]).reset_index(drop=True))
 

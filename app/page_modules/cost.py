@@ -19,8 +19,8 @@ import pandas as pd
 
 from app import figures
 from app.axes import is_fraction, unit_axis
+from app.fields import row_field
 from workbench.store.aggregate import aggregate
-from workbench.store.results import decode_extra
 
 TITLE = "Cost"
 MAKE = "bertology train experiments/train/bert_small.yaml"  # makes checkpoints, this page's rows
@@ -47,11 +47,12 @@ def cost_wide(rows: pd.DataFrame) -> pd.DataFrame:
     for model, g in sub.groupby("model", sort=False):
         if "run_id" in g:
             g = g[g["run_id"] == g["run_id"].max()]
-        extra = decode_extra(g["extra"].iloc[0])
-        line = {"model": model, "family": g["family"].iloc[0], "step": g["step"].iloc[0],
-                "hardware": extra.get("hardware") or "unknown", "energy": (extra.get("energy_source") or "unknown"),
-                "lineage": " <- ".join(extra.get("lineage") or []) or
-                ("(trained elsewhere: no cost record)" if extra.get("untracked") else "(from scratch)")}
+        first = g.iloc[0]
+        line = {"model": model, "family": first["family"], "step": first["step"],
+                "hardware": row_field(first, "hardware", "cost") or "unknown",
+                "energy": row_field(first, "energy_source", "cost") or "unknown",
+                "lineage": " <- ".join(row_field(first, "lineage", "cost") or []) or
+                ("(trained elsewhere: no cost record)" if row_field(first, "untracked", "cost") else "(from scratch)")}
         for split in ("own", "total"):
             for m in COST_METRICS:
                 v = g[(g["split"] == split) & (g["metric"] == m)]["value"]

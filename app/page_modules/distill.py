@@ -12,8 +12,10 @@ import pandas as pd
 
 from app import figures
 from app.axes import unit_axis
+from app.fields import row_field
 from workbench.store.aggregate import aggregate
-from workbench.store.results import decode_extra
+
+PROBE = "distill"  # the producer of the rows (workbench.drivers.distill.PROBE; importing it would pull in torch)
 
 TITLE = "Distillation"
 MAKE = "bertology distill experiments/distill/polarity_minilm_cpu.yaml"  # what makes this page's rows
@@ -27,17 +29,19 @@ def tradeoff_table(rows: pd.DataFrame) -> pd.DataFrame:
     acc = _over_seeds(rows[(rows["metric"] == "accuracy") & (rows["split"] == "test")])
     kept = _over_seeds(rows[rows["metric"] == "accuracy_kept"])
     for model, g in rows.groupby("model", sort=False):
-        extra = decode_extra(g["extra"].iloc[0])
+        first = g.iloc[0]
         a = acc.loc[model] if model in acc.index else None
         one = lambda m, g=g: float(g[g["metric"] == m]["value"].iloc[0]) if (g["metric"] == m).any() else np.nan  # noqa: E731
-        out.append({"model": model, "role": extra.get("role"), "depth": extra.get("depth"), "init": extra.get("init"),
-                    "temperature": extra.get("temperature"), "alpha": extra.get("alpha"),
+        role = row_field(first, "role", PROBE)
+        out.append({"model": model, "role": role, "depth": row_field(first, "depth", PROBE),
+                    "init": row_field(first, "init", PROBE), "temperature": row_field(first, "temperature", PROBE),
+                    "alpha": row_field(first, "alpha", PROBE),
                     "accuracy": float(a["value"]) if a is not None else np.nan,
                     "accuracy_min": float(a["ci_low"]) if a is not None else np.nan,
                     "accuracy_max": float(a["ci_high"]) if a is not None else np.nan,
                     "seeds": int(a["rows"]) if a is not None else 0,
                     "kept_pct": 100 * float(kept.loc[model, "value"]) if model in kept.index else
-                    (100.0 if extra.get("role") == "teacher" else np.nan),
+                    (100.0 if role == "teacher" else np.nan),
                     "parameters": one("parameters"), "file_bytes": one("file_bytes"), "latency_ms": one("latency_ms")})
     return pd.DataFrame(out)
 
@@ -163,11 +167,12 @@ def pretraining_table(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     loss = _over_seeds(mlm)
     for model, g in mlm.groupby("model", sort=False):
-        extra = decode_extra(g["extra"].iloc[0])
-        out.append({"model": model, "role": extra.get("role"), "depth": extra.get("depth"), "init": extra.get("init"),
+        first = g.iloc[0]
+        out.append({"model": model, "role": row_field(first, "role", PROBE), "depth": row_field(first, "depth", PROBE),
+                    "init": row_field(first, "init", PROBE),
                     "loss": float(loss.loc[model, "value"]), "loss_min": float(loss.loc[model, "ci_low"]),
                     "loss_max": float(loss.loc[model, "ci_high"]), "seeds": int(g["seed"].notna().sum()) or 1,
-                    "parameters": extra.get("parameters")})
+                    "parameters": row_field(first, "parameters", PROBE)})
     table = pd.DataFrame(out)
     if table.empty:
         return table

@@ -9,15 +9,11 @@ from __future__ import annotations
 import pandas as pd
 
 from app.axes import unit_axis
+from app.fields import row_field
 from app.figures import Drawn, MissingData, tidy_rows
 from workbench.store.aggregate import aggregate
-from workbench.store.results import decode_extra
 
 TITLE = "Extraction"
-
-
-def _with(rows: pd.DataFrame, key: str) -> pd.Series:
-    return pd.Series([decode_extra(e).get(key) for e in rows["extra"]], index=rows.index)
 
 
 def exposure_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) -> Drawn:
@@ -29,7 +25,7 @@ def exposure_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) -> Dr
     sub = rows[(rows["probe"] == "extraction") & (rows["task"] == "exposure") & (rows["metric"] == "exposure")]
     if sub.empty:
         raise MissingData(f"nothing to draw for {title!r}: no exposure rows")
-    sub = sub.assign(repetitions=_with(sub, "repetitions").astype(int), step=sub["step"].fillna(-1).astype(int))
+    sub = sub.assign(repetitions=row_field(sub, "repetitions", "extraction").astype(int), step=sub["step"].fillna(-1).astype(int))
     agg = aggregate(sub, over="canary", by=["model", "step", "repetitions"], interval="minmax")
     agg = agg.sort_values(["model", "step", "repetitions"], kind="stable").reset_index(drop=True)
     agg = agg.rename(columns={"value": "mean"})
@@ -39,7 +35,7 @@ def exposure_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) -> Dr
                                  name=f"step {step}" if step >= 0 else str(model),
                                  error_y={"type": "data", "symmetric": False, "array": g["max"] - g["mean"],
                                           "arrayminus": g["mean"] - g["min"]}))
-    top = float(_with(sub, "max_exposure").max())
+    top = float(row_field(sub, "max_exposure", "extraction").max())
     fig.add_hline(y=top, line_dash="dash", line_color="grey", annotation_text=f"max log2|R| = {top:.1f}")
     fig.add_hline(y=1 / np.log(2), line_dash="dot", line_color="grey", annotation_text="random candidate")
     fig.update_layout(title=title, xaxis_title="repetitions in the training split (log; unseen drawn at 0.5)",
@@ -65,7 +61,7 @@ def precision_per_ranking(rows: pd.DataFrame, title: str, options: dict) -> Draw
     fig = go.Figure()
     for metric, g in sub.groupby("metric", sort=False):
         fig.add_trace(go.Bar(x=g["split"], y=g["value"], name=metric.removeprefix("precision_")))
-    top_n = _with(sub, "top_n").iloc[0]
+    top_n = row_field(sub, "top_n", "extraction").iloc[0]
     fig.update_layout(title=title, barmode="group", yaxis_title=f"fraction of the top {top_n} with a verbatim span",
                       xaxis_title="prompts (heldout_text: real unseen text, the control)", template="plotly_white",
                       height=420, width=720, yaxis_range=[0, 1])
@@ -79,7 +75,8 @@ def extractable_vs_repetitions(rows: pd.DataFrame, title: str, options: dict) ->
     sub = rows[(rows["probe"] == "extraction") & (rows["task"] == "k_extraction")]
     if sub.empty:
         raise MissingData(f"nothing to draw for {title!r}: no k-extraction rows")
-    sub = sub.assign(bucket=_with(sub, "repetitions").astype(str), low=_with(sub, "repetitions_low").astype(int),
+    sub = sub.assign(bucket=row_field(sub, "repetitions", "extraction").astype(str),
+                     low=row_field(sub, "repetitions_low", "extraction").astype(int),
                      step=sub["step"].fillna(-1).astype(int)).sort_values(["step", "low"])
     fig = go.Figure()
     for step, g in sub.groupby("step"):
@@ -120,6 +117,6 @@ def render(store) -> None:
     if not samples.empty:
         st.subheader("Top generations by zlib ranking")
         for _, r in samples.iterrows():
-            e = decode_extra(r["extra"])
-            st.markdown(f"**{r['model']}**, prompts: {r['split']} (longest verbatim run {e.get('longest_verbatim_run')} tokens)")
-            ui.table(pd.DataFrame(e.get("examples", [])), f"extraction-examples-{r['model']}-{r['split']}")
+            longest = row_field(r, "longest_verbatim_run", "extraction")
+            st.markdown(f"**{r['model']}**, prompts: {r['split']} (longest verbatim run {longest} tokens)")
+            ui.table(pd.DataFrame(row_field(r, "examples", "extraction") or []), f"extraction-examples-{r['model']}-{r['split']}")

@@ -14,8 +14,8 @@ import pandas as pd
 
 from app import data, figures
 from app.axes import is_fraction, unit_axis
+from app.fields import row_field
 from workbench.store.aggregate import aggregate, per_unit
-from workbench.store.results import decode_extra
 
 TITLE = "Fine-tuning"
 MAKE = "bertology finetune experiments/finetune_polarity.yaml --checkpoint PATH_OR_HUB_NAME"  # this page's rows
@@ -36,7 +36,7 @@ def epoch_curve(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
     cur = rows[(rows["metric"] == f"{metric}_epoch") & (rows["split"] == "dev")].copy()
     if cur.empty:
         return pd.DataFrame(columns=["task", "model", "epoch", "mean", "low", "high", "sd", "seeds"])
-    cur["epoch"] = [int(decode_extra(e).get("epoch")) for e in cur["extra"]]
+    cur["epoch"] = [int(e) for e in row_field(cur, "epoch", "finetune")]
     out = aggregate(cur, over="seed", by=["task", "model", "epoch"], interval="minmax")
     out = out.rename(columns={"value": "mean", "ci_low": "low", "ci_high": "high", "count": "seeds"})
     out = out.sort_values(["task", "model", "epoch"], kind="stable").reset_index(drop=True)

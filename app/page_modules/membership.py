@@ -8,9 +8,9 @@ import pandas as pd
 import streamlit as st
 
 from app import data, figures, ui
+from app.fields import row_field
 from app.views.probe import probe_rows
 from workbench.store.checkpoints import STEP_PREFIX
-from workbench.store.results import decode_extra
 
 TITLE = "Membership"
 
@@ -26,12 +26,12 @@ def attack_table(rows: pd.DataFrame) -> pd.DataFrame:
             continue
         line = {"model": model, "step": step, "attack": task, "auc": auc["value"].iloc[0],
                 "auc_ci": f"[{auc['ci_low'].iloc[0]:.3f}, {auc['ci_high'].iloc[0]:.3f}]", "n": auc["n"].iloc[0],
-                "scored_by": decode_extra(auc["extra"].iloc[0]).get("scored_by")}  # e.g. ELECTRA's generator or discriminator
+                "scored_by": row_field(auc.iloc[0], "scored_by", "membership")}  # e.g. ELECTRA's generator or discriminator
         for m in ("tpr_fpr_1pct", "tpr_fpr_0.1pct", "balanced_acc"):
             r = get(m)
             line[m] = r["value"].iloc[0] if len(r) else None
             if m.startswith("tpr") and len(r):
-                line[m + "_rests_on"] = decode_extra(r["extra"].iloc[0]).get("note")
+                line[m + "_rests_on"] = row_field(r.iloc[0], "note", "membership")
         out.append(line)
     return pd.DataFrame(out)
 

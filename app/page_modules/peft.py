@@ -10,9 +10,9 @@ import streamlit as st
 
 from app import figures, ui
 from app.axes import unit_axis
+from app.fields import row_field
 from workbench.drivers.peft_sweep import PROBE  # the producer name the sweep's rows carry
 from workbench.store.aggregate import aggregate
-from workbench.store.results import decode_extra
 
 TITLE = "Fine-tuning methods"
 MAKE = "bertology peft experiments/peft/minilm_polarity_cpu.yaml"  # what makes this page's rows
@@ -20,8 +20,7 @@ METHOD_ORDER = ("full", "head", "bitfit", "adapter", "prompt", "lora")
 
 
 def _with_method(rows: pd.DataFrame) -> pd.DataFrame:
-    extra = [decode_extra(e) for e in rows["extra"]]
-    return rows.assign(method=[e.get("method") for e in extra], trainable=[e.get("trainable") for e in extra])
+    return rows.assign(method=row_field(rows, "method", PROBE), trainable=row_field(rows, "trainable", PROBE))
 
 
 def _order(methods) -> list[str]:
@@ -33,8 +32,7 @@ def method_table(rows: pd.DataFrame, split: str = "test") -> pd.DataFrame:
     max over seeds, and the number of seeds."""
     df = _with_method(rows)
     acc = df[(df["metric"] == "accuracy") & (df["split"] == split) & df["seed"].notna()]
-    total = [decode_extra(e).get("total_parameters") for e in acc["extra"]]
-    acc = acc.assign(total=total)
+    acc = acc.assign(total=row_field(acc, "total_parameters", PROBE))
     keys = ["model", "method"]
     # means over seeds (workbench.store.aggregate): the accuracy with its range, the parameter counts;
     # joined on the keys (a row without a method must not shift another method's counts)

@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 
 from app.axes import clip, unit_axis
+from app.fields import row_field
 from app.views.prune_heads import PLOTS as HEAD_PLOTS
 from app.views.prune_heads import render as render_heads
 from workbench.drivers.prune_rows import PROBE, over_seeds, seeded_rows
-from workbench.store.results import decode_extra
 
 TITLE = "Compression"
 MAKE = "bertology prune experiments/prune/minilm_polarity_cpu.yaml"  # what makes this page's rows
@@ -196,7 +196,7 @@ def render(store) -> None:
         st.subheader("Surviving heads")
         render_heads(rows, key="prune-heads")
     # probe curves of the points: rows of any probe whose model is a point checkpoint
-    points = [p for p in (decode_extra(e).get("checkpoint") for e in rows["extra"]) if p]
+    points = [p for p in row_field(rows, "checkpoint", PROBE) if p]
     names = {str(p).rstrip("/") for p in points}
     probed = []
     for probe in ("syntax",):

@@ -525,7 +525,16 @@ def rows() -> list[Row]:
             paper=cited("strubell2019_bert_base_kwh"), paper_setting="Table 3 inputs, PUE 1.58, US average grid",
             our_setting="workbench.cost.own_cost on the paper's inputs",
             test=WithinTolerance(0.01, relative=True), measure=measure_strubell, minutes=0.01, ratio=True),
+        *extra_rows(),
     ]
+
+
+def extra_rows() -> list[Row]:
+    """The rows declared in their own modules (causal LMs: rows_lm; the long --full rows: rows_full)."""
+    from app.reproduce.rows_full import full_rows
+    from app.reproduce.rows_lm import lm_rows
+
+    return lm_rows() + full_rows()
 
 
 NOT_COMPARABLE_HERE = [

@@ -142,6 +142,57 @@ class IntervalsAbove(Test):
         return Verdict(REPRODUCED, parts)
 
 
+def _intervals(ours: Measurement, names: tuple[str, ...]) -> str:
+    missing = [c for c in names if c not in ours.components]
+    if missing:
+        raise RowSpecError(f"the measurement lacks {missing}")
+    return "; ".join(f"{c} {fmt(ours.components[c][0])} [{fmt(ours.components[c][1])}, {fmt(ours.components[c][2])}]"
+                     for c in names)
+
+
+@dataclass(frozen=True)
+class IntervalsContain(Test):
+    """Every named component's 95% CI contains `value` (e.g. an accuracy minus chance whose CI holds 0:
+    at chance, as the paper finds)."""
+
+    components: tuple[str, ...]
+    value: float = 0.0
+    what: str = ""
+
+    @property
+    def description(self) -> str:
+        return (f"95% CI of {', '.join(self.components)} contains {self.value:g}"
+                + (f" ({self.what})" if self.what else ""))
+
+    def decide(self, paper, ours):
+        parts = _intervals(ours, self.components)
+        failing = [c for c in self.components if not ours.components[c][1] <= self.value <= ours.components[c][2]]
+        if failing:
+            return Verdict(DIFFERS, f"not containing {self.value:g}: {', '.join(failing)} ({parts})")
+        return Verdict(REPRODUCED, parts)
+
+
+@dataclass(frozen=True)
+class IntervalsBelow(Test):
+    """Every named component's 95% CI lies below `threshold` (e.g. an exposure at a random candidate's level)."""
+
+    components: tuple[str, ...]
+    threshold: float
+    what: str = ""
+
+    @property
+    def description(self) -> str:
+        return (f"95% CI of {', '.join(self.components)} below {self.threshold:.3g}"
+                + (f" ({self.what})" if self.what else ""))
+
+    def decide(self, paper, ours):
+        parts = _intervals(ours, self.components)
+        failing = [c for c in self.components if not ours.components[c][2] < self.threshold]
+        if failing:
+            return Verdict(DIFFERS, f"not below {self.threshold:.3g}: {', '.join(failing)} ({parts})")
+        return Verdict(REPRODUCED, parts)
+
+
 @dataclass(frozen=True)
 class InRange(Test):
     """A point estimate lies in [low, high] (e.g. a peak's relative depth in the middle third):

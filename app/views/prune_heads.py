@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from app.fields import row_field
 from workbench.store.aggregate import aggregate
-from workbench.store.results import decode_extra
+from workbench.drivers.prune_rows import PROBE
 
 ORDER_NAMES = ("good", "random", "bad")
 
@@ -29,10 +30,9 @@ def surviving_heads(rows: pd.DataFrame) -> pd.DataFrame:
     r = rows[rows["metric"].isin(["head_kept", "mlp_kept"])].copy()
     if r.empty or not (r["metric"] == "head_kept").any():
         return pd.DataFrame(columns=["model", "task", "order", "unit", "layer", "head", "kept", "seeds"])
-    extra = [decode_extra(e) for e in r["extra"]]
-    r["order"] = [e.get("order") for e in extra]
+    r["order"] = row_field(r, "order", PROBE)
     r["unit"] = ["head" if m == "head_kept" else "mlp" for m in r["metric"]]
-    r["head"] = [int(e["head"]) if m == "head_kept" else -1 for e, m in zip(extra, r["metric"])]
+    r["head"] = [int(h) if m == "head_kept" else -1 for h, m in zip(row_field(r, "head", PROBE), r["metric"])]
     r["layer"] = r["layer"].astype(int)
     # the share of seeds: the mean over seeds of the 0/1 rows (`workbench.store.aggregate`)
     keys = ["model", "task", "order", "unit", "layer", "head"]

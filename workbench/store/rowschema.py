@@ -18,6 +18,14 @@ fit one of them. Rows of a producer that declares nothing are not checked (ad-ho
 notebook or a test); declarations register when their module is imported, which every producer's
 module is before it writes rows.
 
+Every producer's rows may also carry the baseline markers (`MARKERS`: `baseline`, the baseline a
+row measures, and `baseline_for`, the metric it is a reference line for), so the app tells
+baselines and random-init twins from model rows of any producer.
+
+Reading: a key is read back through `require_declared` (the app's one accessor, `app.fields.row_field`):
+a key the producer does not declare is a `UndeclaredKeyError` (a KeyError naming the key and the
+producer), not a None that draws an empty column; a declared key an older row lacks reads as missing.
+
 This module imports nothing from the workbench, so any module may declare rows at import time
 without an import circle.
 """
@@ -33,6 +41,9 @@ from typing import Any
 
 _JSON_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list", dict: "object",
                type(None): "null"}  # fmt: skip
+# keys any producer's rows may carry: what the app reads to tell baselines and twins from model rows
+# (probes.core.baselines.mark_baselines, the runner's random-init twins)
+MARKERS: dict[str, Any] = {"baseline": str, "baseline_for": str}
 
 
 def _as_types(spec: Any) -> tuple[type, ...] | None:
@@ -107,7 +118,7 @@ class RowSchema:
         both = set(self.required) & set(self.optional)
         if both:
             raise TypeError(f"row schema {self.producer}/{self.kind}: {sorted(both)} both required and optional")
-        types_ = {k: _as_types(v) for k, v in {**self.required, **self.optional}.items()}
+        types_ = {k: _as_types(v) for k, v in {**MARKERS, **self.required, **self.optional}.items()}
         object.__setattr__(self, "_types", types_)
         if self.register:
             known = _REGISTRY.setdefault(self.producer, [])
@@ -148,6 +159,33 @@ def schemas(producer: str) -> list[RowSchema]:
 
 def declared_producers() -> list[str]:
     return sorted(_REGISTRY)
+
+
+class UndeclaredKeyError(KeyError):
+    """A key read from rows' `extra` that their producer does not declare (a misspelt key, or one the
+    producer never writes)."""
+
+    def __init__(self, producer: str, key: str):
+        super().__init__(key)
+        self.producer, self.key = producer, key
+
+    def __str__(self) -> str:  # KeyError would print the bare key in quotes
+        known = ", ".join(sorted(declared_keys(self.producer))) or "none: the producer declares no rows"
+        return (f"{self.key!r} is not a declared extra key of producer {self.producer!r} (declared: {known}); "
+                f"declare it in {self.producer!r}'s RowSchema (workbench.store.rowschema) or fix the name")
+
+
+def declared_keys(producer: str) -> frozenset[str]:
+    """Every key one of `producer`'s declared kinds of rows may carry (the markers included); empty
+    when it declares none."""
+    variants = _REGISTRY.get(producer, ())
+    return frozenset(k for s in variants for k in s._types) if variants else frozenset()
+
+
+def require_declared(producer: str, key: str) -> None:
+    """Raise `UndeclaredKeyError` unless `key` is declared by `producer` (by any of its kinds)."""
+    if key not in declared_keys(producer):
+        raise UndeclaredKeyError(producer, key)
 
 
 def check_extra(producer: str, extra: Mapping[str, Any]) -> str | None:
