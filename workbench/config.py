@@ -2,7 +2,7 @@
 
 ```yaml
 name: bert_small            # default: the file's stem
-family: bert                # one of workbench.families.FAMILIES
+family: bert                # one of workbench.families.available_families()
 preset: small               # tiny | small | base
 model: {}                   # overrides of the preset's hyper-parameters
 objective: {}               # overrides of the family's objective settings (mask rate, ...)
@@ -60,8 +60,8 @@ DeBERTa-style `small` model on the 2-core Intel Xeon with AMX (docs/evidence/ben
 trains exactly as before (the runs before that date); the weights differ between the two, so
 `pcg16` enters the training hash (and `bernoulli` hashes as the configs before the key did).
 Since 2026-11-27 `pcg16` also covers the attention-probability dropout that HF's BERT-style
-families apply functionally inside their attention function (`workbench.dropout.
-FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES`: the model runs the registered attention function
+families apply functionally inside their attention function (`FamilySpec.attention_dropout`
+"functional": the model runs the registered attention function
 `bertology_pcg16`, eager attention with these masks, instead of the default SDPA with `bernoulli_`):
 other weights for those families, so their `pcg16` hash changed; `pcg16_modules` is the `pcg16` of
 2026-11-26 (module masks only, the family's default attention) and hashes as it did, to resume or
@@ -223,10 +223,10 @@ class TrainConfig:
         if d["dropout_masks"] == "bernoulli":  # the masks of every run before the key: hash as then
             d.pop("dropout_masks")
         else:  # pcg16_modules: the module masks only, hashed as `pcg16` was before attention was covered
-            from workbench.dropout import FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES
+            from workbench.families import get_family
 
             d["dropout_masks"] = "pcg16"
-            if self.dropout_masks == "pcg16" and self.family in FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES:
+            if self.dropout_masks == "pcg16" and get_family(self.family).attention_dropout == "functional":
                 d["attention_dropout_masks"] = "pcg16"  # only where the training changed (module docstring)
         if d["seq_len_warmup"] is None:  # keys added later hash as before when unused
             d.pop("seq_len_warmup")
@@ -257,11 +257,12 @@ def _fail(source: str, key: str, msg: str):
 
 
 def _validate(cfg: TrainConfig) -> None:
-    from workbench.families import FAMILIES
+    from workbench.families import available_families
 
     s = cfg.source
-    if cfg.family not in FAMILIES:
-        _fail(s, "family", f"unknown family {cfg.family!r} (known: {', '.join(FAMILIES)})")
+    known = available_families()
+    if cfg.family not in known:
+        _fail(s, "family", f"unknown family {cfg.family!r} (known: {', '.join(known)})")
     if cfg.preset not in ("tiny", "small", "base"):
         _fail(s, "preset", f"must be tiny, small or base, got {cfg.preset!r}")
     if (cfg.steps is None) == (cfg.tokens is None):

@@ -67,16 +67,14 @@ exist on this machine (no /sys/class/powercap), so here it could only estimate t
 does the same arithmetic in ~300 lines with nothing to install, and says which figure it used.
 
 Concerns:
-- per-family pretraining FLOPs formulas (the families' `FamilySpec.flops`): `encoder_body_flops`,
-  `mlm_family_flops`, `electra_flops`, `gpt_flops`, `t5_flops`, `bart_flops`, `elmo_flops`,
-  `family_flops`, `forward_flops_per_token`, `flops_per_token`, `training_flops_per_token`
-- Kaplan et al.'s N and C = 6N, per family: `non_embedding_params`, `encoder_params`,
-  `electra_params`, `gpt_params`, `elmo_params`, `seq2seq_params`, `kaplan_flops_per_token`
-- fine-tuning and distillation FLOPs (classifier bodies, PEFT methods, teachers): `UnknownClassifier`,
-  `t5_shape`, `bart_shape`, `check_seq2seq_classifier`, `seq2seq_classifier_flops`,
-  `gpt_classifier_flops`, `elmo_classifier_flops`, `finetune_forward_flops`, `method_flops`,
-  `finetune_flops`, `finetune_flops_per_token`, `method_forward_flops`, `with_method_modules`,
-  `teacher_forward_flops_per_token`, `finetune_cost_flops`, `teacher_tokens`
+- pretraining FLOPs, asked of the family (`FamilySpec.flops`; the formulas are
+  `workbench.families.flops`): `family_flops`, `forward_flops_per_token`, `flops_per_token`,
+  `training_flops_per_token`
+- Kaplan et al.'s N and C = 6N, per family: `non_embedding_params`, `kaplan_flops_per_token`
+- fine-tuning and distillation FLOPs (classifier bodies, PEFT methods, teachers):
+  `finetune_forward_flops`, `method_flops`, `finetune_flops`, `finetune_flops_per_token`,
+  `method_forward_flops`, `with_method_modules`, `teacher_forward_flops_per_token`,
+  `finetune_cost_flops`, `teacher_tokens`
 - the device and its energy: `cpu_name`, `device_info`, `EnergyMeter`
 - the manifest's cost record and the lineage it sums: `own_cost`, `totals`, `cost_record`,
   `teacher_folder`, `derived_cost`, `add_retraining`, `manifest_kaplan_per_token`, `with_kaplan`,
@@ -96,6 +94,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from workbench.families.flops import (SEQ2SEQ_CLASSIFIERS, UnknownClassifier, config_value, encoder_body_flops,
+                                      encoder_params)
 from workbench.store.rowschema import RowSchema
 
 DEFAULT_CPU_WATTS_PER_CORE = 12.5
@@ -109,139 +109,13 @@ TOTAL_KEYS = ("flops", "kaplan_flops", "device_hours", "energy_kwh", "co2e_kg")
 
 # ---------------------------------------------------------------------------------- FLOPs
 
-def _cfg(c: Mapping, *names, default=None):
-    for n in names:
-        if c.get(n) is not None:
-            return c[n]
-    if default is not None:
-        return default
-    raise KeyError(f"model config has none of {names}")
+def family_flops(family: str):
+    """The family's pretraining FLOPs formula (`FamilySpec.flops`), or None where it has none (or
+    is no family here)."""
+    from workbench.families import find_family
 
-
-def _attention_layer(d: int, f: int, s: int, inner: int | None = None) -> dict:
-    """Forward matmul FLOPs per token of one self-attention + feed-forward layer."""
-    a = inner or d
-    return {"attention_qkv_out": 8 * d * a, "attention_scores_values": 4 * s * a, "ffn": 4 * d * f}
-
-
-def _add(total: dict, part: dict, times: float = 1.0) -> dict:
-    for k, v in part.items():
-        total[k] = total.get(k, 0) + times * v
-    return total
-
-
-def _encoder_body(c: Mapping, s: int) -> tuple[dict, int]:
-    """BERT-shaped encoder stack (bert, roberta, spanbert, deberta, albert, electra discriminator,
-    and the Hub encoders: MiniLM, MPNet, DistilBERT): (forward FLOPs per token, hidden size)."""
-    d = _cfg(c, "hidden_size", "dim")
-    n = _cfg(c, "num_hidden_layers", "n_layers")
-    f = _cfg(c, "intermediate_size", "hidden_dim", default=4 * d)
-    out = _add({}, _attention_layer(d, f, s), n)
-    e = c.get("embedding_size")
-    if e and e != d:  # ALBERT / ELECTRA factorised embeddings: E -> H projection
-        out["embedding_projection"] = 2 * e * d
-    return out, d
-
-
-def _mlm_family(c, vocab, s, objective, *, deberta=False, sbo=False):
-    rate = float((objective or {}).get("mlm_rate", 0.15))
-    out, d = _encoder_body(c, s)
-    if deberta:  # disentangled attention: content-to-position and position-to-content scores
-        out["relative_position_scores"] = c["num_hidden_layers"] * 4 * s * d
-    e = c.get("embedding_size") or d
-    # transform (H -> E) then decoder (E -> V), only at the predicted positions
-    out["mlm_head"] = rate * (2 * d * e + 2 * e * vocab)
-    if sbo:  # SpanBERT's span-boundary head: MLP 3H -> H -> H, then the decoder, per predicted token
-        out["sbo_head"] = rate * (2 * 3 * d * d + 2 * d * d + 2 * d * vocab)
-    return out
-
-
-def _electra(c, vocab, s, objective):
-    rate = float((objective or {}).get("mlm_rate", 0.15))
-    disc, d = _encoder_body(c, s)
-    e = c.get("embedding_size") or d
-    g = {**c, **(c.get("generator") or {})}
-    gen, gd = _encoder_body({**g, "embedding_size": e}, s)
-    out = {f"discriminator_{k}": v for k, v in disc.items()}
-    out.update({f"generator_{k}": v for k, v in gen.items()})
-    out["generator_mlm_head"] = rate * (2 * gd * e + 2 * e * vocab)
-    out["discriminator_head"] = 2 * d * d + 2 * d  # dense H -> H, then H -> 1, every token
-    return out
-
-
-def _gpt(c, vocab, s, objective):
-    d, n = c["n_embd"], c["n_layer"]
-    f = c.get("n_inner") or 4 * d
-    out = _add({}, _attention_layer(d, f, s), n)
-    out["lm_head"] = 2 * d * vocab  # every position predicts the next token
-    return out
-
-
-def _encoder_decoder(d, f, a, n_enc, n_dec, s, vocab, target_ratio) -> dict:
-    """Per ENCODER input token: the encoder, plus the decoder on `target_ratio` target tokens per
-    input token (self-attention over the target, cross-attention over the input), the LM head on
-    every target token. Cross-attention keys/values are computed once per input token."""
-    t = target_ratio * s  # target length
-    out = {f"encoder_{k}": v for k, v in _add({}, _attention_layer(d, f, s, a), n_enc).items()}
-    dec = _add({}, _attention_layer(d, f, t, a), n_dec)
-    out.update({f"decoder_{k}": target_ratio * v for k, v in dec.items()})
-    out["decoder_cross_attention_q_out"] = target_ratio * n_dec * 4 * d * a
-    out["decoder_cross_attention_kv"] = n_dec * 4 * d * a
-    out["decoder_cross_attention_scores_values"] = target_ratio * n_dec * 4 * s * a
-    out["lm_head"] = target_ratio * 2 * d * vocab
-    return out
-
-
-def _t5(c, vocab, s, objective):
-    o = objective or {}
-    density, span = float(o.get("noise_density", 0.15)), float(o.get("mean_span_length", 3.0))
-    # span corruption: the target is the corrupted tokens plus one sentinel per span
-    ratio = density * (1 + 1 / span)
-    d, a = c["d_model"], c["num_heads"] * c["d_kv"]
-    return _encoder_decoder(d, c["d_ff"], a, c["num_layers"], c.get("num_decoder_layers") or c["num_layers"], s,
-                            vocab, ratio)
-
-
-def _bart(c, vocab, s, objective):
-    # text infilling: the decoder reconstructs the whole original sequence (target ~ input length)
-    return _encoder_decoder(c["d_model"], c["encoder_ffn_dim"], c["d_model"], c["encoder_layers"],
-                            c["decoder_layers"], s, vocab, 1.0)
-
-
-def _elmo(c, vocab, s, objective):
-    """Char-CNN (one Conv1d per width over `max_chars` positions), highway (F -> 2F per layer),
-    projection F -> P, then per direction and layer an LSTM (4 gates over [input, recurrent]) with
-    its projection L -> P (LSTMP when L > P), and the softmax over P for each direction."""
-    ce, chars = c["char_embed_dim"], c["max_chars"]
-    F = sum(n for _, n in c["char_filters"])
-    P, L, n = c["projection_dim"], c["lstm_dim"], c["num_hidden_layers"]
-    proj = P if L > P else 0
-    r = proj or L
-    out = {
-        "char_cnn": sum(2 * w * ce * nf * (chars - w + 1) for w, nf in c["char_filters"]),
-        "highway": c["num_highway"] * 2 * F * 2 * F,
-        "token_projection": 2 * F * P,
-        # two directions x n layers; every layer reads P (the token width), recurs over r
-        "lstm": 2 * n * (2 * 4 * L * (P + r) + 2 * L * proj),
-        "softmax": 2 * 2 * P * vocab,  # one shared softmax, applied to each direction's states
-    }
-    return out
-
-
-FAMILY_FLOPS = {
-    "bert": lambda c, v, s, o: _mlm_family(c, v, s, o),
-    "roberta": lambda c, v, s, o: _mlm_family(c, v, s, o),
-    "albert": lambda c, v, s, o: _mlm_family(c, v, s, o),
-    "deberta": lambda c, v, s, o: _mlm_family(c, v, s, o, deberta=True),
-    "spanbert": lambda c, v, s, o: _mlm_family(c, v, s, o, sbo=True),
-    # BERT's block and MLM head (transform + decoder at the masked positions); no pooler, no NSP
-    "distilbert": lambda c, v, s, o: _mlm_family(c, v, s, o),
-    "electra": _electra,
-    "gpt": _gpt,
-    "t5": _t5,
-    "bart": _bart,
-    "elmo": _elmo,
-}
+    spec = find_family(family)
+    return None if spec is None else spec.flops
 
 
 def forward_flops_per_token(family: str, model_config: Mapping, vocab: int, seq_len: int,
@@ -249,12 +123,16 @@ def forward_flops_per_token(family: str, model_config: Mapping, vocab: int, seq_
     """The forward's matmul FLOPs per non-padding input token of a family's pretraining model, by
     part, plus `total`. `head_fraction` overrides the share of tokens through an MLM head (e.g. 1.0
     for `BertForMaskedLM`, which projects every position)."""
-    if family not in FAMILY_FLOPS:
-        raise KeyError(f"no FLOPs count for family {family!r} (known: {', '.join(FAMILY_FLOPS)})")
+    formula = family_flops(family)
+    if formula is None:
+        from workbench.families import available_families
+
+        known = [f for f in available_families() if family_flops(f) is not None]
+        raise KeyError(f"no FLOPs count for family {family!r} (known: {', '.join(known)})")
     objective = dict(objective or {})
     if head_fraction is not None:
         objective["mlm_rate"] = head_fraction
-    out = dict(FAMILY_FLOPS[family](dict(model_config), int(vocab), int(seq_len), objective))
+    out = dict(formula(dict(model_config), int(vocab), int(seq_len), objective))
     out["total"] = sum(out.values())
     return out
 
@@ -271,11 +149,6 @@ def flops_per_token(family: str, model_config: Mapping, vocab: int, seq_len: int
     return out
 
 
-def _block_params(d: int, f: int, a: int | None = None, cross: bool = False) -> int:
-    """Weights of one transformer block (Kaplan et al. 2020, Table 1: 4 d d_attn for Q/K/V/O, 2 d d_ff
-    for the feed-forward; biases and LayerNorm left out as there); `cross` adds a cross-attention."""
-    a = a or d
-    return 4 * d * a * (2 if cross else 1) + 2 * d * f
 
 
 def non_embedding_params(family: str, model_config: Mapping, classifier: str | None = None) -> int | None:
@@ -289,32 +162,26 @@ def non_embedding_params(family: str, model_config: Mapping, classifier: str | N
     pretraining and the decoder_last classifier, the encoder alone for the encoder-only classifier
     kinds (`ENCODER_ONLY_CLASSIFIERS`); ELMo counts its LSTM layers (both directions, with their
     projections). None when the config is not one this module counts."""
+    from workbench.families import find_family
+
     c = dict(model_config)
+    spec = find_family(family)
     try:
-        if family in ("t5", "bart"):
-            if classifier not in (None, *SEQ2SEQ_CLASSIFIERS):
-                raise KeyError(classifier)
-            d, f, a, n_enc, n_dec = _seq2seq_shape(family, c)
-            enc = n_enc * _block_params(d, f, a)
-            return enc if classifier in ENCODER_ONLY_CLASSIFIERS else enc + n_dec * _block_params(d, f, a, cross=True)
-        if family == "gpt":
-            return c["n_layer"] * _block_params(c["n_embd"], c.get("n_inner") or 4 * c["n_embd"])
-        if family == "elmo":
-            P, L, n = c["projection_dim"], c["lstm_dim"], c["num_hidden_layers"]
-            proj = P if L > P else 0
-            return 2 * n * (4 * L * (P + (proj or L)) + L * proj)
-
-        def encoder(cfg: Mapping) -> int:
-            d = _cfg(cfg, "hidden_size", "dim")
-            return _cfg(cfg, "num_hidden_layers", "n_layers") * _block_params(
-                d, _cfg(cfg, "intermediate_size", "hidden_dim", default=4 * d))
-
-        n = encoder(c)
-        if family == "electra" and c.get("generator"):
-            n += encoder({**c, **c["generator"]})
-        return n
-    except (KeyError, TypeError):
+        if spec is not None and spec.non_embedding_params is not None:
+            return spec.non_embedding_params(c, classifier)
+        return encoder_params(c)
+    except (KeyError, TypeError):  # UnknownClassifier included: a kind not counted is None here
         return None
+
+
+
+
+
+
+
+
+
+
 
 
 def kaplan_flops_per_token(family: str, model_config: Mapping, classifier: str | None = None) -> float | None:
@@ -332,7 +199,7 @@ def kaplan_flops_per_token(family: str, model_config: Mapping, classifier: str |
 
 def _mlm_head_per_position(family: str, model_config: Mapping, vocab: int) -> float:
     """Forward FLOPs of a masked-LM family's head (transform + decoder) on one position."""
-    d = _cfg(model_config, "hidden_size", "dim")
+    d = config_value(model_config, "hidden_size", "dim")
     e = model_config.get("embedding_size") or d
     return 2 * d * e + 2 * e * vocab
 
@@ -378,7 +245,7 @@ def training_flops_per_token(manifest: Mapping) -> dict:
         return out
     tm = _teacher_manifest(teacher)
     t_family = (tm or {}).get("family")
-    if t_family not in FAMILY_FLOPS or not (tm or {}).get("model_config"):
+    if family_flops(t_family) is None or not (tm or {}).get("model_config"):
         return {**out, "teacher_forward": None, "total": None}
     rate = float((objective or {}).get("mlm_rate", 0.15))
     out["teacher_forward"] = forward_flops_per_token(t_family, tm["model_config"], vocab, seq_len, objective,
@@ -403,36 +270,18 @@ PASSES = {
 }
 
 
-# Classifier kinds of an encoder-decoder (`workbench.drivers.finetune.FAMILY_POOLINGS`) that run the
-# encoder only: the encoder-mean sentence heads and every token head (T5's and BART's token
-# classifiers read the encoder states). "decoder_last" (the "auto" choice) runs both stacks.
-ENCODER_ONLY_CLASSIFIERS = ("encoder_mean", "token")
-SEQ2SEQ_CLASSIFIERS = ("decoder_last",) + ENCODER_ONLY_CLASSIFIERS
 
 
-def _seq2seq_shape(family: str, c: Mapping) -> tuple[int, int, int, int, int]:
-    """(d_model, FFN width, attention width, encoder layers, decoder layers) of a T5 or BART config."""
-    if family == "t5":
-        return (c["d_model"], c["d_ff"], c["num_heads"] * c["d_kv"], c["num_layers"],
-                c.get("num_decoder_layers") or c["num_layers"])
-    return c["d_model"], c["encoder_ffn_dim"], c["d_model"], c["encoder_layers"], c["decoder_layers"]
 
 
-def _seq2seq_classifier_body(family: str, c: Mapping, s: int, classifier: str | None) -> dict:
-    """Forward FLOPs per token of the part of a T5/BART body that a classifier of kind `classifier`
-    runs (None: the family's "auto" kind, decoder_last). Not the pretraining count: a classifier has
-    no LM head and its decoder does not see a span-corruption target. transformers'
-    `T5ForSequenceClassification` / `BartForSequenceClassification` (decoder_last) feed the whole
-    input, shifted right, to the decoder: the decoder runs on every input token (target ratio 1,
-    self-attention over s, cross-attention over the s inputs). The encoder-mean and token heads
-    (`workbench.running.classifier_heads`, transformers' `T5ForTokenClassification`) run the encoder
-    alone."""
-    d, f, a, n_enc, n_dec = _seq2seq_shape(family, c)
-    body = _encoder_decoder(d, f, a, n_enc, n_dec, s, 0, 1.0)
-    body.pop("lm_head")
-    if classifier in ENCODER_ONLY_CLASSIFIERS:
-        body = {k: v for k, v in body.items() if k.startswith("encoder_")}
-    return body
+
+
+
+
+
+
+
+
 
 
 def finetune_forward_flops(family: str, model_config: Mapping, seq_len: int, num_labels: int,
@@ -441,24 +290,20 @@ def finetune_forward_flops(family: str, model_config: Mapping, seq_len: int, num
     `body_scores` (attention scores and weighted values: matmuls of two activations) and `head` (a
     linear head on every token: an upper bound for sentence tasks). `classifier` is the classifier
     kind that runs (the fine-tuning manifest's `pooling`: decoder_last, encoder_mean, or "token" for
-    token tasks); it matters for T5/BART only (`_seq2seq_classifier_body`). None when the body's
+    token tasks); it matters for T5/BART only (`seq2seq_classifier_flops`). None when the body's
     shape is not one this module counts."""
+    from workbench.families import find_family
+
     c = dict(model_config)
-    if family in ("t5", "bart") and classifier not in (None, *SEQ2SEQ_CLASSIFIERS):
-        raise KeyError(f"no FLOPs count for a {family} classifier of kind {classifier!r} "
-                       f"(known: {', '.join(SEQ2SEQ_CLASSIFIERS)})")
+    spec = find_family(family)
     try:
-        if family == "gpt":
-            body = _gpt(c, 0, seq_len, None)
-            d = c["n_embd"]
-        elif family in ("t5", "bart"):
-            body = _seq2seq_classifier_body(family, c, seq_len, classifier)
-            d = c["d_model"]
-        elif family == "elmo":
-            body = _elmo(c, 0, seq_len, None)
-            d = c["projection_dim"]
+        if spec is not None and spec.classifier_flops is not None:
+            body, d = spec.classifier_flops(c, seq_len, classifier)
         else:
-            body, d = _encoder_body(c, seq_len)
+            body, d = encoder_body_flops(c, seq_len)
+    except UnknownClassifier as e:
+        raise UnknownClassifier(f"no FLOPs count for a {family} classifier of kind {classifier!r} "
+                                f"(known: {', '.join(SEQ2SEQ_CLASSIFIERS)})") from e
     except (KeyError, TypeError):
         return None
     scores = sum(v for k, v in body.items() if "scores" in k)
@@ -861,7 +706,7 @@ def cost_of_manifest(manifest: Mapping, folder: str | Path | None = None) -> dic
     tokens, seconds = manifest.get("tokens_seen"), manifest.get("elapsed_seconds")
     vocab = (manifest.get("tokenizer") or {}).get("vocab_size")
     max_len = (manifest.get("config") or {}).get("max_len")
-    if manifest.get("kind") != "finetune" and family in FAMILY_FLOPS and mc and tokens is not None and vocab and max_len:
+    if manifest.get("kind") != "finetune" and family_flops(family) is not None and mc and tokens is not None and vocab and max_len:
         fpt = training_flops_per_token({**manifest, "config": {**(manifest.get("config") or {}), "max_len": max_len}})["total"]
         device = {"kind": "unknown", "name": "unknown (checkpoint written before costs were recorded)",
                   "count": int(manifest.get("world_size") or 1), "threads": 1}

@@ -111,11 +111,24 @@ def use_fast_dropout(model: nn.Module) -> int:
 
 _pcg16_dropout = dropout  # the attention function's keyword argument `dropout` (HF's name) shadows it there
 
-# The training registry's families (workbench/families) by how their attention-probability dropout
-# is applied; tests/test_dropout.py checks both lists against the families' models.
-FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES = ("bert", "roberta", "spanbert", "albert", "electra", "distilbert", "gpt",
-                                         "t5", "bart")  # inside the attention function: `use_fast_attention_dropout`
-MODULE_ATTENTION_DROPOUT_FAMILIES = ("deberta",)  # an nn.Dropout module: `use_fast_dropout`; ELMo has no attention
+def attention_dropout_families(kind: str) -> tuple[str, ...]:
+    """The training registry's families (workbench/families) whose attention-probability dropout is
+    applied as `kind` (`FamilySpec.attention_dropout`): "functional" (inside the attention function:
+    `use_fast_attention_dropout`) or "module" (an nn.Dropout module: `use_fast_dropout`); ELMo has
+    no attention. tests/test_dropout.py checks both against the families' models."""
+    from workbench.families import available_families, get_family
+
+    return tuple(n for n in available_families() if get_family(n).attention_dropout == kind)
+
+
+def __getattr__(name: str):
+    # the two lists under their former names, asked of the families when read
+    if name == "FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES":
+        return attention_dropout_families("functional")
+    if name == "MODULE_ATTENTION_DROPOUT_FAMILIES":
+        return attention_dropout_families("module")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 ATTENTION_FUNCTION = "bertology_pcg16"  # the name under which transformers finds `pcg16_attention_forward`
 

@@ -59,6 +59,7 @@ import torch
 from workbench.drivers.spec import NOT_IDENTITY, DriverSpec, identity_hash
 from workbench.coerce import load_config
 from workbench.errors import ConfigError
+from workbench.families import ModelTypeTable
 from workbench.io import atomic_write_json
 from workbench.store.rowschema import RowSchema
 from workbench.loop import TrainingHooks, kl_to_teacher
@@ -83,10 +84,9 @@ INITS = ("teacher", "random")
 # "transformer.layer", GPT-2 "h").
 _LAYER_KEY = re.compile(r"^(.*?(?:^|\.)(?:encoder\.layer|transformer\.layer|h))\.(\d+)\.(.*)$")
 # Families whose blocks are not a plain list of independent layers (ALBERT shares one layer;
-# encoder-decoders have two stacks): a student of fewer layers is not defined here for them.
-_UNSUPPORTED_MODEL_TYPES = {"albert": "ALBERT shares one layer across depth",
-                            "t5": "an encoder-decoder (two stacks)", "bart": "an encoder-decoder (two stacks)",
-                            "elmo": "ELMo's LSTMs are not transformer blocks"}
+# encoder-decoders have two stacks): a student of fewer layers is not defined here for them
+# (model type -> why: `FamilySpec.distill_unsupported`).
+_UNSUPPORTED_MODEL_TYPES = ModelTypeTable({}, lambda spec: spec.distill_unsupported)
 
 
 # ---------------------------------------------------------------------------------------- students

@@ -23,7 +23,7 @@ behaviour before issue 40). The teacher runs on the same batch (same masks) as t
 (`workbench.loop.TrainingHooks`: teacher, loss, and `initial` for the weights); the logits at
 unmasked positions come from the MLM head each pretrainer hands over in `extra["mlm_head"]`.
 
-The student of a BERT teacher is trained as the `distilbert` family (`STUDENT_FAMILY`): a
+The student of a BERT teacher is trained as the `distilbert` family (`FamilySpec.distill_student`): a
 `DistilBertForMaskedLM` (no token types, no pooler, masked LM only on `[CLS] block [SEP]`
 sequences), initialised from the teacher's layers through `bert_to_distilbert` (exact on
 one-segment inputs), so its checkpoints are DistilBERT checkpoints from the first step; the BERT
@@ -57,8 +57,21 @@ from workbench.loop import TrainingHooks, kl_to_teacher
 PROBE = "distill"
 # its rows' `extra` (teacher and students' held-out MLM loss) is declared with the task
 # distillation's, `workbench.drivers.distill.EXTRA_SCHEMAS`: one home for the producer "distill".
-FAMILIES = ("bert", "deberta", "distilbert")  # pretrainers whose outputs carry the masked logits and hidden states
-STUDENT_FAMILY = {"bert": "distilbert"}  # the student's family where it is not the teacher's
+
+
+def teacher_families() -> list[str]:
+    """Families whose pretrainers' outputs carry the masked logits and hidden states (BERT, DeBERTa,
+    DistilBERT): those naming a student family (`FamilySpec.distill_student`)."""
+    from workbench.families import available_families, get_family
+
+    return [n for n in available_families() if get_family(n).distill_student is not None]
+
+
+def student_family(teacher: str) -> str:
+    """The student's family of a `teacher` family (`FamilySpec.distill_student`: a BERT's is a DistilBERT)."""
+    from workbench.families import get_family
+
+    return get_family(teacher).distill_student or teacher
 
 
 class TripleLoss:
@@ -110,6 +123,7 @@ class TripleLoss:
 
 class TeacherLayers:
     """The `initial` hook: the built student's weights set to the teacher's chosen layers (through
+    the student family's `FamilySpec.teacher_converters` where the teacher is another architecture:
     `bert_to_distilbert` when a BERT teacher's student is a DistilBERT)."""
 
     def __init__(self, teacher_model, layers: list[int], record: dict):
@@ -118,10 +132,13 @@ class TeacherLayers:
     def __call__(self, student_module) -> None:
         inner = student_module.model  # the pretrainer's transformers model
         cut = cut_student(self.teacher_model, self.layers)
-        if inner.config.model_type == "distilbert" and cut.config.model_type == "bert":
-            from workbench.families.distilbert import bert_to_distilbert
+        if inner.config.model_type != cut.config.model_type:  # FamilySpec.teacher_converters (a BERT's to a DistilBERT)
+            from workbench.families import family_of_model_type
 
-            cut = bert_to_distilbert(cut)
+            student = family_of_model_type(inner.config.model_type, primary=True)
+            convert = None if student is None else student.teacher_converters.get(cut.config.model_type)
+            if convert is not None:
+                cut = convert(cut)
         inner.load_state_dict(cut.state_dict(), strict=True)
 
     def describe(self) -> dict:
@@ -201,9 +218,9 @@ def load_pretrain_distill_config(source: str | Path | dict, overrides: dict | No
     if manifest is None or "config" not in manifest or manifest.get("family") is None:
         fail("teacher", f"{folder}: not a checkpoint trained here (no manifest.json with its training config); "
                         f"give a train/<name>/seed-S/step-N folder")
-    if manifest["family"] not in FAMILIES:
+    if manifest["family"] not in teacher_families():
         fail("teacher", f"{folder}: family {manifest['family']!r}: pretraining distillation reads the masked-LM "
-                        f"logits of {', '.join(FAMILIES)} only")
+                        f"logits of {', '.join(teacher_families())} only")
     depth = int(manifest["model_config"]["num_hidden_layers"])
     for d in cfg.depths or []:
         if not 1 <= d <= depth:
@@ -220,7 +237,7 @@ def _read_manifest(folder: Path) -> dict | None:
 
 def student_train_config(cfg: PretrainDistillConfig, teacher_manifest: dict, depth: int, init: str, name: str):
     """The teacher's training config with the student's name, depth, steps and seeds, and the
-    student's family (`STUDENT_FAMILY`: a BERT's student is a DistilBERT, which keeps BERT's
+    student's family (`FamilySpec.distill_student`: a BERT's student is a DistilBERT, which keeps BERT's
     masked-LM settings and drops NSP and token types)."""
     from workbench.config import load_train_config
     from workbench.families import get_family
@@ -229,12 +246,12 @@ def student_train_config(cfg: PretrainDistillConfig, teacher_manifest: dict, dep
     for k in ("output_dir", "tokens", "steps", "name", "seeds", "checkpoints", "device", "progress"):
         base.pop(k, None)
     model = {**(base.pop("model", None) or {}), "num_hidden_layers": depth}
-    student_family = STUDENT_FAMILY.get(base["family"], base["family"])
-    if student_family != base["family"]:
-        known = set(get_family(student_family).objective)
+    student = student_family(base["family"])
+    if student != base["family"]:
+        known = set(get_family(student).objective)
         base["objective"] = {k: v for k, v in (base.get("objective") or {}).items() if k in known}
         model.pop("type_vocab_size", None)
-        base["family"] = student_family
+        base["family"] = student
     warmup = cfg.warmup if cfg.warmup is not None else min(int(base.get("warmup") or 0), cfg.steps // 4)
     return load_train_config({**base, "model": model, "name": f"{name}-L{depth}-{init}", "steps": cfg.steps,
                         "seeds": list(cfg.seeds), "warmup": warmup, "lr": cfg.lr or base["lr"],
@@ -264,7 +281,7 @@ def _setup(cfg: PretrainDistillConfig):
     family_name = tm["family"]
     teacher = load_pretrainer(teacher_folder, family_name).eval()
     teacher_depth = int(teacher.model.config.num_hidden_layers)
-    student_family_name = STUDENT_FAMILY.get(family_name, family_name)
+    student_family_name = student_family(family_name)
     return SimpleNamespace(
         teacher_folder=teacher_folder, manifest=tm, family_name=family_name, teacher=teacher,
         teacher_depth=teacher_depth, teacher_name=checkpoint_name(teacher_folder),

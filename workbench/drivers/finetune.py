@@ -111,14 +111,8 @@ TOKEN_TASKS = {"upos": "en_ewt"}
 SPAN_TASKS = {"conll2002_es": "es", "conll2002_nl": "nl"}
 TASKS = tuple(SENTENCE_TASKS) + tuple(TOKEN_TASKS) + tuple(SPAN_TASKS)
 POOLINGS = ("auto", "first", "last", "decoder_last", "encoder_mean", "scalar_mix")
-# family -> poolings it supports for sentence tasks, the first is "auto"
-FAMILY_POOLINGS = {
-    "gpt": ("last",),
-    "t5": ("decoder_last", "encoder_mean"),
-    "bart": ("decoder_last", "encoder_mean"),
-    "elmo": ("scalar_mix",),
-    "distilbert": ("first",),
-}
+# the poolings a family supports for sentence tasks, the first is "auto": its `FamilySpec.poolings`;
+# a model that is no family here (a local HF encoder) gets these
 DEFAULT_POOLINGS = ("first", "encoder_mean")
 STATE_DIR = "resume"
 METHOD_OPTIONS = ("lora_r", "lora_alpha", "adapter_size", "prompt_tokens", "lora_targets", "adapter_norms", "pooler")
@@ -426,7 +420,10 @@ def choose_pooling(family: str, kind: str, pooling: str) -> str:
     """The pooling a (family, task kind) uses: `pooling`, or the family's default for "auto"."""
     if kind == "token":
         return "token"
-    allowed = FAMILY_POOLINGS.get(family, DEFAULT_POOLINGS)
+    from workbench.families import find_family
+
+    spec = find_family(family)
+    allowed = spec.poolings if spec is not None else DEFAULT_POOLINGS
     if pooling == "auto":
         return allowed[0]
     if pooling not in allowed:

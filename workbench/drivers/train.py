@@ -590,12 +590,11 @@ def dropout_record(cfg: TrainConfig) -> dict:
     """How the run's CPU dropout masks are drawn, for run.json and the manifests: the config's
     `dropout_masks`, and for the attention probabilities "pcg16" (a swapped module, or the
     `bertology_pcg16` attention function), "bernoulli" (torch's), or "none" (no attention)."""
-    from workbench.dropout import FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES, MODULE_ATTENTION_DROPOUT_FAMILIES
-
     modules = "bernoulli" if cfg.dropout_masks == "bernoulli" else "pcg16"
-    if cfg.family in MODULE_ATTENTION_DROPOUT_FAMILIES:
+    kind = get_family(cfg.family).attention_dropout  # FamilySpec: "module", "functional" or None
+    if kind == "module":
         attention = modules
-    elif cfg.family in FUNCTIONAL_ATTENTION_DROPOUT_FAMILIES:
+    elif kind == "functional":
         attention = "pcg16" if cfg.dropout_masks == "pcg16" else "bernoulli"
     else:
         attention = "none"

@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AlbertConfig, AlbertForPreTraining
 
-from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, special_tokens_mask
+from workbench.families import flops
+from workbench.families.base import (FamilySpec, PretrainingOutput, PretrainingWrapper, EncoderMeanHead,
+                                     special_tokens_mask)
 from workbench.families.bert import (
     objective_options,
     MLM_DEFAULTS,
@@ -135,5 +137,15 @@ FAMILY = FamilySpec(
     packing="sentences",
     objective=OBJECTIVE,
     auto_class="AutoModelForPreTraining",
+    hf_model_types=("albert",),
+    classifier_heads={"encoder_mean": EncoderMeanHead("AlbertEncoderMeanForSequenceClassification",
+                                                        "transformers.models.albert.modeling_albert",
+                                                        "AlbertPreTrainedModel", "AlbertModel", "albert")},
+    # no dropout module after ALBERT's feed-forward block: the adapter follows its projection
+    adapter_sites=(r"attention\.output_dropout$", r"ffn_output$"),
+    adapter_sites_before_dropout=(r"attention\.dense$", r"ffn_output$"),
+    lora_targets=("query", "value"),
+    flops=flops.mlm_family_flops,
+    distill_unsupported="ALBERT shares one layer across depth",
     description="ALBERT: factorised embeddings, shared layers, n-gram MLM + sentence-order prediction (Lan et al. 2020)",
 )

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from transformers import BartConfig, BartForConditionalGeneration
 
-from workbench.families.base import FamilySpec, PretrainingWrapper, add_special_tokens, pad_sequences
+from workbench.families import flops
+from workbench.families.base import (FamilySpec, PretrainingWrapper, add_special_tokens, HeadClass, pad_sequences)
 from workbench.families.bert import objective_options
 from workbench.objectives.mlm import IGNORE_INDEX
 from workbench.objectives.seq2seq import bart_noise
@@ -131,5 +132,17 @@ FAMILY = FamilySpec(
     packing="sentences",
     objective=OBJECTIVE,
     auto_class="AutoModelForSeq2SeqLM",
+    hf_model_types=("bart", "mbart"),
+    poolings=("decoder_last", "encoder_mean"),
+    classifier_heads={"encoder_mean": HeadClass("workbench.running.classifier_heads",
+                                                 "BartEncoderMeanForSequenceClassification"),
+                      "token": HeadClass("workbench.running.classifier_heads", "BartEncoderForTokenClassification")},
+    # BART applies its dropout as a function: the adapter follows the projection
+    adapter_sites=(r"self_attn\.out_proj$", r"fc2$"),
+    adapter_sites_before_dropout=(r"self_attn\.out_proj$", r"fc2$"),
+    flops=flops.bart_flops,
+    classifier_flops=flops.seq2seq_classifier_flops(flops.bart_shape),
+    non_embedding_params=flops.seq2seq_params(flops.bart_shape),
+    distill_unsupported="an encoder-decoder (two stacks)",
     description="BART: text infilling (Poisson 3, 30%) + sentence permutation, denoising seq2seq (Lewis et al. 2020)",
 )

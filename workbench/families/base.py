@@ -38,6 +38,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 TOKENIZER_KINDS = ("wordpiece", "bytelevel_bpe", "unigram", "word")
 PRESET_NAMES = ("tiny", "small", "base")
+ATTENTION_DROPOUT_KINDS = ("functional", "module", None)
+LM_HEAD_KINDS = ("own", "bilm", "generator")
 
 
 @dataclass
@@ -115,6 +117,41 @@ class FamilySpec:
       the loop calls `examples(...)`, which passes them only to such families;
     - `truncate_example`: cuts one example for the sequence-length warm-up (`truncate_block` for
       plain token blocks, `bert.truncate_pair_example` for sentence pairs); None = unsupported.
+
+    What the rest of the workbench asks about a family, answered here and nowhere else (the
+    defaults describe a BERT-like encoder; a new family sets what differs):
+    - `hf_model_types`: the `config.model_type` its checkpoints are saved as, first, then other
+      releases' types that open as this family (GPT: "gpt2", "openai-gpt"); a checkpoint without
+      our manifest is named by it (`workbench.running.models`), and the PEFT sites below apply to
+      the first. Empty: its checkpoints are another family's architecture (SpanBERT saves a BERT);
+    - `causal`: a left-to-right LM (its stack is "decoder", its LM head causal:
+      `workbench.running.runner.CAUSAL_MODEL_TYPES`);
+    - `poolings`: the sentence classifier kinds it supports, the first is "auto"
+      (`workbench.drivers.finetune.choose_pooling`); `classifier_heads`: pooling (or "token") ->
+      the workbench head class for it, a `HeadClass` or an `EncoderMeanHead` (imported when asked;
+      missing: transformers' Auto class, `workbench.running.classifier_loading.classifier_class`);
+    - PEFT (`workbench.running.peft_methods`): `peft_methods` it supports (None: all);
+      `adapter_sites` (regexes of the modules an adapter follows: after attention, after the
+      feed-forward block) and `adapter_sites_before_dropout` (where checkpoints saved before the
+      adapters moved after the dropout have them); `lora_targets` (query, value module names; None:
+      peft's default for the model type); `fused_qkv` (the fused Q,K,V projection and its layout,
+      "blocks" or "per_head"); `lora_fan_in_fan_out` (Conv1D weights, GPT-2);
+    - `attention_dropout`: how its attention-probability dropout is applied, "functional" (inside
+      the attention function), "module" (an `nn.Dropout`) or None (no attention): `workbench.dropout`;
+    - cost (`workbench.cost`; the formulas to build them from: `workbench.families.flops`):
+      `flops(model_config, vocab, seq_len, objective)` the pretraining
+      forward's matmul FLOPs per input token by part (None: no count); `classifier_flops(model_config,
+      seq_len, classifier)` the (parts, hidden width) of the body a classifier of that kind runs
+      (None: a BERT-like encoder); `non_embedding_params(model_config, classifier)` Kaplan et al.'s N
+      (None: a BERT-like encoder); an unknown classifier kind raises `workbench.families.flops.UnknownClassifier`;
+    - `attention_patterns`: its blocks have attention patterns to hook (ELMo's LSTMs do not);
+    - `lm_head`: where LM scores come from, "own" (the checkpoint's LM head), "bilm" (ELMo's
+      softmax) or "generator" (ELECTRA's generator: `workbench.running.lm_scores`);
+    - distillation: `distill_student` the family of a pretraining-distillation student of this
+      teacher (None: cannot teach; `workbench.drivers.distill_pretraining`), `distill_unsupported`
+      why a fine-tuned model of it cannot be cut into a student (`workbench.drivers.distill`),
+      `teacher_converters` teacher model type -> the function that turns layers cut from such a
+      teacher into this family's model (DistilBERT: `bert_to_distilbert` for a BERT's layers).
     """
 
     name: str
@@ -132,6 +169,26 @@ class FamilySpec:
     description: str = ""
     examples_take_objective: bool = False  # make_examples(..., objective=settings): see `examples`
     truncate_example: Truncator | None = None  # for seq_len_warmup: see the module docstring
+    # ---- what the rest of the workbench asks a family by name (the "knowledge" fields below)
+    hf_model_types: tuple[str, ...] = ()
+    causal: bool = False
+    poolings: tuple[str, ...] = ("first", "encoder_mean")
+    classifier_heads: dict[str, "HeadClass | EncoderMeanHead"] = field(default_factory=dict)
+    peft_methods: tuple[str, ...] | None = None
+    adapter_sites: tuple[str, str] | None = None
+    adapter_sites_before_dropout: tuple[str, str] | None = None
+    lora_targets: tuple[str, str] | None = None
+    fused_qkv: tuple[str, str] | None = None
+    lora_fan_in_fan_out: bool = False
+    attention_dropout: str | None = "functional"
+    flops: Callable[[dict, int, int, dict], dict] | None = None
+    classifier_flops: Callable[[dict, int, str | None], tuple[dict, int]] | None = None
+    non_embedding_params: Callable[[dict, str | None], int] | None = None
+    attention_patterns: bool = True
+    lm_head: str = "own"
+    distill_student: str | None = None
+    distill_unsupported: str | None = None
+    teacher_converters: dict[str, Callable[[nn.Module], nn.Module]] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.tokenizer_kind not in TOKENIZER_KINDS:
@@ -139,6 +196,13 @@ class FamilySpec:
         missing = [p for p in PRESET_NAMES if p not in self.presets]
         if missing:
             raise ValueError(f"family {self.name}: presets {missing} missing (need {PRESET_NAMES})")
+        if self.attention_dropout not in ATTENTION_DROPOUT_KINDS:
+            raise ValueError(f"family {self.name}: attention_dropout {self.attention_dropout!r} not in "
+                             f"{ATTENTION_DROPOUT_KINDS}")
+        if self.lm_head not in LM_HEAD_KINDS:
+            raise ValueError(f"family {self.name}: lm_head {self.lm_head!r} not in {LM_HEAD_KINDS}")
+        if not self.poolings:
+            raise ValueError(f"family {self.name}: poolings is empty")
 
     def examples(self, corpus: "TokenizedCorpus", max_len: int, rng: np.random.Generator,
                  objective: dict | None = None) -> Iterator[Any]:
@@ -154,6 +218,34 @@ class FamilySpec:
         if preset not in self.presets:
             raise KeyError(f"family {self.name} has no preset {preset!r} (has {sorted(self.presets)})")
         return {**self.presets[preset], **(overrides or {})}
+
+
+@dataclass(frozen=True)
+class HeadClass:
+    """A `FamilySpec.classifier_heads` entry: the class `module.name`, imported when asked
+    (`workbench.running.classifier_heads.head_class`)."""
+
+    module: str
+    name: str
+
+
+@dataclass(frozen=True)
+class EncoderMeanHead:
+    """A `FamilySpec.classifier_heads["encoder_mean"]` entry: the mean-pooling sentence head `name`
+    over the body class `module.body` (a subclass of `module.pretrained` whose body attribute is
+    `prefix`), made by `workbench.running.classifier_heads.encoder_mean_head` when asked."""
+
+    name: str
+    module: str
+    pretrained: str
+    body: str
+    prefix: str
+
+
+# adapter-bert's sites (after the attention output's and the feed-forward output's dropout) in a
+# BERT-like block, and where checkpoints saved before the adapters moved after the dropout have them
+BERT_ADAPTER_SITES = (r"attention\.output\.dropout$", r"layer\.\d+\.output\.dropout$")
+BERT_ADAPTER_SITES_BEFORE_DROPOUT = (r"attention\.output\.dense$", r"layer\.\d+\.output\.dense$")
 
 
 def t5_sentinels(n: int = 100) -> list[str]:

@@ -38,15 +38,11 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertForPreTraining
 
+from workbench.families import flops
 from workbench.errors import CheckpointError, ConfigError
-from workbench.families.base import (
-    FamilySpec,
-    PretrainingOutput,
-    PretrainingWrapper,
-    add_special_tokens,
-    pad_sequences,
-    special_tokens_mask,
-)
+from workbench.families.base import (BERT_ADAPTER_SITES, BERT_ADAPTER_SITES_BEFORE_DROPOUT, FamilySpec,
+                                     PretrainingOutput, PretrainingWrapper, add_special_tokens, EncoderMeanHead,
+                                     pad_sequences, special_tokens_mask)
 from workbench.objectives.mlm import IGNORE_INDEX, default_candidate_ids, mask_tokens
 from workbench.objectives.sentence_pairs import nsp_pair, truncate_pair
 from workbench.running.model_loading import load_weights
@@ -364,5 +360,13 @@ FAMILY = FamilySpec(
     packing="sentences",
     objective={"objective": "mlm+nsp", **BERT_DEFAULTS},
     auto_class="AutoModelForPreTraining",
+    hf_model_types=("bert",),
+    classifier_heads={"encoder_mean": EncoderMeanHead("BertEncoderMeanForSequenceClassification",
+                                                        "transformers.models.bert.modeling_bert",
+                                                        "BertPreTrainedModel", "BertModel", "bert")},
+    adapter_sites=BERT_ADAPTER_SITES,
+    adapter_sites_before_dropout=BERT_ADAPTER_SITES_BEFORE_DROPOUT,
+    flops=flops.mlm_family_flops,
+    distill_student="distilbert",
     description="BERT: masked LM (80/10/10, optional whole-word, static or dynamic) + NSP (Devlin et al. 2019)",
 )

@@ -21,13 +21,17 @@ before the MLM head; transformers has no class for it) and DeBERTa-v3's ELECTRA-
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from transformers import DebertaV2Config, DebertaV2ForMaskedLM
 
+from workbench.families import flops
 from workbench.data.fake_language import separate_position_ids, shifted_vocabulary_mask
 from workbench.errors import ConfigError
-from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper
+from workbench.families.base import (BERT_ADAPTER_SITES, BERT_ADAPTER_SITES_BEFORE_DROPOUT, FamilySpec,
+                                     PretrainingOutput, PretrainingWrapper, EncoderMeanHead)
 from workbench.families.bert import (
     BERT_SHAPES,
     MLM_DEFAULTS,
@@ -140,5 +144,14 @@ FAMILY = FamilySpec(
     packing="sentences",
     objective=OBJECTIVE,
     auto_class="AutoModelForMaskedLM",
+    hf_model_types=("deberta-v2",),
+    classifier_heads={"encoder_mean": EncoderMeanHead("DebertaV2EncoderMeanForSequenceClassification",
+                                                        "transformers.models.deberta_v2.modeling_deberta_v2",
+                                                        "DebertaV2PreTrainedModel", "DebertaV2Model", "deberta")},
+    adapter_sites=BERT_ADAPTER_SITES,
+    adapter_sites_before_dropout=BERT_ADAPTER_SITES_BEFORE_DROPOUT,
+    attention_dropout="module",  # an nn.Dropout module on the attention probabilities
+    flops=functools.partial(flops.mlm_family_flops, deberta=True),
+    distill_student="deberta",
     description="DeBERTa-style: BERT's masked LM with relative-position (disentangled) attention (He et al. 2021)",
 )

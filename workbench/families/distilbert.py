@@ -12,8 +12,8 @@ is a renaming plus one fold: BERT adds the token-type-0 embedding to every posit
 single-segment input, and DistilBERT has no such table, so that vector is added to every row of
 the position embeddings. For inputs of one segment (token_type_ids all 0, as DistilBERT reads
 them) the converted model computes the same logits as the BERT it came from (tests check it).
-Reading a DistilBERT checkpoint (`ModelHandle`, `finetune` pooling "first") goes through the
-`distilbert` entries of `workbench.running.models.FAMILY_OF_MODEL_TYPE` and `workbench.drivers.finetune.FAMILY_POOLINGS`.
+Reading a DistilBERT checkpoint (`ModelHandle`, `finetune` pooling "first") goes through this
+family's `FAMILY` (`hf_model_types`, `poolings`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workbench.families import flops
 from workbench.errors import ConfigError
 from workbench.families import bert
 from workbench.families.base import (FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens,
@@ -189,6 +190,15 @@ FAMILY = FamilySpec(
     truncate_example=truncate_block,
     objective=OBJECTIVE,
     auto_class="AutoModelForMaskedLM",
+    hf_model_types=("distilbert",),
+    poolings=("first",),
+    # no dropout module after DistilBERT's attention projection: the adapter follows it
+    adapter_sites=(r"attention\.out_lin$", r"ffn\.dropout$"),
+    lora_targets=("q_lin", "v_lin"),
+    # BERT's block and MLM head (transform + decoder at the masked positions); no pooler, no NSP
+    flops=flops.mlm_family_flops,
+    distill_student="distilbert",
+    teacher_converters={"bert": bert_to_distilbert},
     description="DistilBERT: BERT's block without token types or pooler, masked LM only over contiguous "
                 "WordPiece blocks (Sanh et al. 2019); the student of pretraining distillation",
 )

@@ -30,7 +30,10 @@ import torch
 import torch.nn.functional as F
 from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
 
-from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences, truncate_block
+from workbench.families import flops
+from workbench.families.base import (BERT_ADAPTER_SITES, BERT_ADAPTER_SITES_BEFORE_DROPOUT, FamilySpec,
+                                     PretrainingOutput, PretrainingWrapper, add_special_tokens, EncoderMeanHead,
+                                     pad_sequences, truncate_block)
 from workbench.families.bert import SPECIAL_TOKENS, apply_mlm, checkpoint_model_config, mlm_options, objective_options
 from workbench.objectives.electra import replaced_token_detection
 from workbench.objectives.mlm import IGNORE_INDEX
@@ -150,5 +153,14 @@ FAMILY = FamilySpec(
     packing="contiguous",
     objective=OBJECTIVE,
     auto_class="AutoModelForPreTraining",
+    hf_model_types=("electra",),
+    classifier_heads={"encoder_mean": EncoderMeanHead("ElectraEncoderMeanForSequenceClassification",
+                                                        "transformers.models.electra.modeling_electra",
+                                                        "ElectraPreTrainedModel", "ElectraModel", "electra")},
+    adapter_sites=BERT_ADAPTER_SITES,
+    adapter_sites_before_dropout=BERT_ADAPTER_SITES_BEFORE_DROPOUT,
+    flops=flops.electra_flops,
+    non_embedding_params=flops.electra_params,
+    lm_head="generator",
     description="ELECTRA: generator MLM + discriminator replaced-token detection, shared embeddings (Clark et al. 2020)",
 )

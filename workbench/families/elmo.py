@@ -24,8 +24,9 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, PreTrainedTokenizerFast
 
+from workbench.families import flops
 from workbench.errors import ConfigError
-from workbench.families.base import FamilySpec, pad_sequences
+from workbench.families.base import (FamilySpec, HeadClass, pad_sequences)
 from workbench.families.elmo_modules import (
     CharCNNEncoder,
     ElmoBiLMOutput,
@@ -156,5 +157,17 @@ FAMILY = FamilySpec(
     make_examples=sentence_examples,
     objective={"name": "bilm"},
     auto_class="AutoModelForPreTraining",
+    hf_model_types=("elmo",),
+    poolings=("scalar_mix",),  # Peters et al. 2018: a task-specific scalar mix, mean over tokens
+    classifier_heads={"scalar_mix": HeadClass("workbench.running.classifier_heads", "ElmoForSequenceClassification"),
+                      "token": HeadClass("workbench.running.classifier_heads", "ElmoForTokenClassification")},
+    peft_methods=("full", "head"),  # an LSTM: no attention or adapter sites
+    attention_dropout=None,
+    attention_patterns=False,
+    lm_head="bilm",
+    flops=flops.elmo_flops,
+    classifier_flops=flops.elmo_classifier_flops,
+    non_embedding_params=flops.elmo_params,
+    distill_unsupported="ELMo's LSTMs are not transformer blocks",
     description="ELMo (Peters et al. 2018): char-CNN token encoder + forward/backward LSTM LMs, shared softmax",
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from workbench.families import flops
 from workbench.families.base import FamilySpec, PretrainingWrapper, add_special_tokens, pad_sequences, truncate_block
 from workbench.objectives.causal import causal_lm_labels
 from workbench.running.model_loading import load_weights
@@ -63,5 +64,15 @@ FAMILY = FamilySpec(
     packing="contiguous",
     objective={"objective": "causal_lm"},
     auto_class="AutoModelForCausalLM",
+    hf_model_types=("gpt2", "openai-gpt"),
+    causal=True,
+    poolings=("last",),  # the last non-pad token (GPT2ForSequenceClassification)
+    adapter_sites=(r"attn\.resid_dropout$", r"mlp\.dropout$"),
+    adapter_sites_before_dropout=(r"attn\.c_proj$", r"mlp\.c_proj$"),
+    fused_qkv=("c_attn", "blocks"),  # Q, K, V from one Conv1D, [Q | K | V]
+    lora_fan_in_fan_out=True,
+    flops=flops.gpt_flops,
+    classifier_flops=flops.gpt_classifier_flops,
+    non_embedding_params=flops.gpt_params,
     description="GPT-2 causal LM (Radford et al. 2019)",
 )

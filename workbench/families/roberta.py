@@ -21,7 +21,10 @@ import numpy as np
 import torch
 from transformers import RobertaConfig, RobertaForMaskedLM
 
-from workbench.families.base import FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens, pad_sequences, truncate_block
+from workbench.families import flops
+from workbench.families.base import (BERT_ADAPTER_SITES, BERT_ADAPTER_SITES_BEFORE_DROPOUT, FamilySpec,
+                                     PretrainingOutput, PretrainingWrapper, add_special_tokens, EncoderMeanHead,
+                                     pad_sequences, truncate_block)
 from workbench.families.bert import BERT_SHAPES, apply_mlm, masked_lm_loss, mlm_options, objective_options
 from workbench.running.model_loading import load_weights
 
@@ -126,5 +129,12 @@ FAMILY = FamilySpec(
     packing="sentences",
     objective=OBJECTIVE,
     auto_class="AutoModelForMaskedLM",
+    hf_model_types=("roberta",),
+    classifier_heads={"encoder_mean": EncoderMeanHead("RobertaEncoderMeanForSequenceClassification",
+                                                        "transformers.models.roberta.modeling_roberta",
+                                                        "RobertaPreTrainedModel", "RobertaModel", "roberta")},
+    adapter_sites=BERT_ADAPTER_SITES,
+    adapter_sites_before_dropout=BERT_ADAPTER_SITES_BEFORE_DROPOUT,
+    flops=flops.mlm_family_flops,
     description="RoBERTa: dynamic masked LM, no NSP, FULL-SENTENCES packing, byte-level BPE (Liu et al. 2019)",
 )

@@ -18,6 +18,7 @@ last position embedding.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -27,16 +28,10 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import BertForMaskedLM
 
+from workbench.families import flops
 from workbench.errors import CheckpointError
-from workbench.families.base import (
-    FamilySpec,
-    PretrainingOutput,
-    PretrainingWrapper,
-    add_special_tokens,
-    pad_sequences,
-    special_tokens_mask,
-    truncate_block,
-)
+from workbench.families.base import (FamilySpec, PretrainingOutput, PretrainingWrapper, add_special_tokens,
+                                     EncoderMeanHead, pad_sequences, special_tokens_mask, truncate_block)
 from workbench.families.bert import (
     BERT_SHAPES,
     SPECIAL_TOKENS,
@@ -173,5 +168,10 @@ FAMILY = FamilySpec(
     packing="contiguous",
     objective=OBJECTIVE,
     auto_class="AutoModelForMaskedLM",
+    # no model type of its own: a SpanBERT checkpoint is a BERT (its PEFT sites are BERT's)
+    classifier_heads={"encoder_mean": EncoderMeanHead("BertEncoderMeanForSequenceClassification",
+                                                        "transformers.models.bert.modeling_bert",
+                                                        "BertPreTrainedModel", "BertModel", "bert")},
+    flops=functools.partial(flops.mlm_family_flops, sbo=True),
     description="SpanBERT: geometric whole-word span masking + span boundary objective, no NSP (Joshi et al. 2020)",
 )

@@ -17,7 +17,9 @@ from __future__ import annotations
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
-from workbench.families.base import FamilySpec, PretrainingWrapper, contiguous_blocks, pad_sequences, t5_sentinels
+from workbench.families import flops
+from workbench.families.base import (FamilySpec, PretrainingWrapper, contiguous_blocks, HeadClass, pad_sequences,
+                                     t5_sentinels)
 from workbench.families.bert import objective_options
 from workbench.objectives.mlm import IGNORE_INDEX
 from workbench.objectives.seq2seq import random_spans_noise_mask, t5_span_corruption
@@ -123,5 +125,15 @@ FAMILY = FamilySpec(
     packing="contiguous",
     objective=OBJECTIVE,
     auto_class="AutoModelForSeq2SeqLM",
+    hf_model_types=("t5", "mt5"),
+    poolings=("decoder_last", "encoder_mean"),
+    classifier_heads={"encoder_mean": HeadClass("workbench.running.classifier_heads",
+                                                 "T5EncoderMeanForSequenceClassification")},
+    adapter_sites=(r"block\.\d+\.layer\.0\.dropout$", r"(encoder\.block\.\d+\.layer\.1|decoder\.block\.\d+\.layer\.2)\.dropout$"),
+    adapter_sites_before_dropout=(r"SelfAttention\.o$", r"DenseReluDense\.wo$"),
+    flops=flops.t5_flops,
+    classifier_flops=flops.seq2seq_classifier_flops(flops.t5_shape),
+    non_embedding_params=flops.seq2seq_params(flops.t5_shape),
+    distill_unsupported="an encoder-decoder (two stacks)",
     description="T5: encoder-decoder span corruption with sentinels (Raffel et al. 2020)",
 )

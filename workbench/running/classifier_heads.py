@@ -148,12 +148,19 @@ class BartEncoderForTokenClassification(BartEncoderMeanForSequenceClassification
         return TokenClassifierOutput(loss=_loss(logits, labels), logits=logits)
 
 
-def _encoder_mean_head(name: str, pretrained_cls, prefix: str, body_cls):
+_MADE: dict[str, type] = {}  # encoder-mean heads made so far, by class name (one class per name)
+
+
+def encoder_mean_head(name: str, pretrained_cls, prefix: str, body_cls):
     """`<Family>EncoderMeanForSequenceClassification` for a BERT-like encoder: the mean of the last
     layer over non-pad tokens instead of the [CLS] token. An alternative where [CLS] carries
     little (a model pretrained without a sentence-level objective, or stuck at the unigram
     plateau, gives nearly the same [CLS] vector for every sentence) and the pooling
-    sentence-transformers models such as all-MiniLM-L6-v2 were trained with (Reimers & Gurevych 2019)."""
+    sentence-transformers models such as all-MiniLM-L6-v2 were trained with (Reimers & Gurevych 2019).
+
+    A family names it in its `FamilySpec.classifier_heads` under "encoder_mean"; made once per name."""
+    if name in _MADE:
+        return _MADE[name]
 
     def __init__(self, config):
         pretrained_cls.__init__(self, config)
@@ -169,51 +176,39 @@ def _encoder_mean_head(name: str, pretrained_cls, prefix: str, body_cls):
         logits = self.classifier(self.dropout(masked_mean(states, attention_mask)))
         return SequenceClassifierOutput(loss=_loss(logits, labels), logits=logits)
 
-    return type(name, (pretrained_cls,), {"__init__": __init__, "forward": forward, "base_model_prefix": prefix,
-                                          "__doc__": _encoder_mean_head.__doc__, "__module__": __name__})
+    cls = type(name, (pretrained_cls,), {"__init__": __init__, "forward": forward, "base_model_prefix": prefix,
+                                         "__doc__": encoder_mean_head.__doc__, "__module__": __name__})
+    _MADE[name] = cls
+    return cls
 
 
-def _encoder_mean_heads() -> dict:
-    from transformers.models.albert.modeling_albert import (
-        AlbertModel,
-        AlbertPreTrainedModel,
-    )
-    from transformers.models.bert.modeling_bert import BertModel, BertPreTrainedModel
-    from transformers.models.deberta_v2.modeling_deberta_v2 import (
-        DebertaV2Model,
-        DebertaV2PreTrainedModel,
-    )
-    from transformers.models.electra.modeling_electra import (
-        ElectraModel,
-        ElectraPreTrainedModel,
-    )
-    from transformers.models.roberta.modeling_roberta import (
-        RobertaModel,
-        RobertaPreTrainedModel,
-    )
+def head_class(entry) -> type:
+    """The class a `FamilySpec.classifier_heads` entry names: a `HeadClass` imported, an
+    `EncoderMeanHead` made (`encoder_mean_head`)."""
+    import importlib
 
-    bert = _encoder_mean_head("BertEncoderMeanForSequenceClassification", BertPreTrainedModel, "bert", BertModel)
-    return {
-        "bert": bert, "spanbert": bert,
-        "roberta": _encoder_mean_head("RobertaEncoderMeanForSequenceClassification", RobertaPreTrainedModel,
-                                      "roberta", RobertaModel),
-        "albert": _encoder_mean_head("AlbertEncoderMeanForSequenceClassification", AlbertPreTrainedModel,
-                                     "albert", AlbertModel),
-        "electra": _encoder_mean_head("ElectraEncoderMeanForSequenceClassification", ElectraPreTrainedModel,
-                                      "electra", ElectraModel),
-        "deberta": _encoder_mean_head("DebertaV2EncoderMeanForSequenceClassification", DebertaV2PreTrainedModel,
-                                      "deberta", DebertaV2Model),
-        "t5": T5EncoderMeanForSequenceClassification,
-        "bart": BartEncoderMeanForSequenceClassification,
-    }
+    from workbench.families.base import EncoderMeanHead
+
+    module = importlib.import_module(entry.module)
+    if isinstance(entry, EncoderMeanHead):
+        return encoder_mean_head(entry.name, getattr(module, entry.pretrained), entry.prefix,
+                                 getattr(module, entry.body))
+    return getattr(module, entry.name)
 
 
-# family -> its encoder-mean sentence classifier (pooling "encoder_mean")
-ENCODER_MEAN = _encoder_mean_heads()
-# class name (as saved in config.architectures) -> class, for `workbench.running.classifier_loading.load_classifier`
-HEADS = {cls.__name__: cls for cls in (
-    ElmoForSequenceClassification, ElmoForTokenClassification, BartEncoderForTokenClassification,
-    *ENCODER_MEAN.values())}
+def head_classes() -> dict[str, type]:
+    """Class name (as saved in config.architectures) -> class, of every head a family names in its
+    `FamilySpec.classifier_heads`, for `workbench.running.classifier_loading.load_classifier`."""
+    from workbench.families import available_families, get_family
+
+    heads = {cls.__name__: cls for cls in (ElmoForSequenceClassification, ElmoForTokenClassification,
+                                           BartEncoderForTokenClassification)}
+    for name in available_families():
+        for entry in get_family(name).classifier_heads.values():
+            cls = head_class(entry)
+            heads[cls.__name__] = cls
+    return heads
+
 
 AutoModelForSequenceClassification.register(ElmoConfig, ElmoForSequenceClassification, exist_ok=True)
 AutoModelForTokenClassification.register(ElmoConfig, ElmoForTokenClassification, exist_ok=True)

@@ -23,16 +23,19 @@ from workbench.running.model_loading import load_weights, read_config, reattach_
 
 def classifier_class(family: str, kind: str, pooling: str):
     """A workbench head class for (family, task kind "sentence" | "token", pooling), or None where
-    transformers' Auto class is the one to use."""
-    from workbench.running import classifier_heads as heads
+    transformers' Auto class is the one to use: the family's `FamilySpec.classifier_heads` decides."""
+    from workbench.families import find_family
+    from workbench.running.classifier_heads import head_class
 
-    if family == "elmo":
-        return heads.ElmoForTokenClassification if kind == "token" else heads.ElmoForSequenceClassification
-    if pooling == "encoder_mean":
-        return heads.ENCODER_MEAN[family]
-    if kind == "token" and family == "bart":
-        return heads.BartEncoderForTokenClassification
-    return None
+    spec = find_family(family)
+    if spec is None:
+        if pooling == "encoder_mean":
+            raise KeyError(family)  # as before: no encoder-mean head for a model that is no family here
+        return None
+    entry = spec.classifier_heads.get("token" if kind == "token" else pooling)
+    if entry is None and pooling == "encoder_mean":
+        raise KeyError(family)
+    return None if entry is None else head_class(entry)
 
 
 def _auto_class(token: bool):
@@ -85,6 +88,6 @@ def load_classifier(path: str | Path):
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: no config.json (not a fine-tuned checkpoint)")
     arch = (getattr(read_config(path), "architectures", None) or [""])[0]
-    cls = heads.HEADS.get(arch) or _auto_class(arch.endswith("ForTokenClassification"))
+    cls = heads.head_classes().get(arch) or _auto_class(arch.endswith("ForTokenClassification"))
     model = load_weights(cls, path, "a fine-tuned classifier")
     return reattach_peft(model, path, read_manifest(path)).eval()

@@ -82,6 +82,7 @@ import numpy as np
 import torch
 
 from workbench.errors import CheckpointError, ConfigError, WorkbenchError
+from workbench.families import ModelTypeTable
 from workbench.running.lm_inputs import LMInputs, filled_items, text_start
 from workbench.running.models import ModelHandle
 from workbench.running import ModelRunner
@@ -150,10 +151,19 @@ class CandidateScores:
         return [int(np.argmax(s)) if len(s) else -1 for s in self.scores]
 
 
+# model type -> where its LM scores come from when not its own head (`FamilySpec.lm_head`): "bilm"
+# (ELMo's softmax over both directions) or "generator" (ELECTRA's generator)
+LM_HEAD_OF_MODEL_TYPE = ModelTypeTable({}, lambda spec: None if spec.lm_head == "own" else spec.lm_head, primary=False)
+
+
+def _lm_head_of(config) -> str | None:
+    return LM_HEAD_OF_MODEL_TYPE.get(getattr(config, "model_type", ""))
+
+
 def lm_kind(model) -> str:
     """'mlm', 'causal', 'seq2seq' (a model class with that LM head), 'bilm' (ELMo's LM) or 'base'."""
     name = type(model).__name__
-    if getattr(model.config, "model_type", "") == "elmo":
+    if _lm_head_of(model.config) == "bilm":
         return "bilm" if name == "ElmoForBiLM" else "base"
     try:
         has_head = model.get_output_embeddings() is not None
@@ -185,7 +195,8 @@ def lm_scorer(handle: ModelHandle, electra_head: str = "generator") -> "LMScorer
 
 
 def is_electra(handle: ModelHandle) -> bool:
-    return getattr(handle.config, "model_type", "") == "electra"
+    """Whether the handle's LM scores can come from a generator beside its own head (ELECTRA)."""
+    return _lm_head_of(handle.config) == "generator"
 
 
 class LMScorer:
@@ -549,13 +560,12 @@ def handle_location(handle: ModelHandle) -> str:
 def find_lm_head(handle: ModelHandle):
     """(kind, model with the LM head) for a handle; CheckpointError naming the folder if none."""
     model, config = handle.model, handle.config
-    model_type = getattr(config, "model_type", "")
-    if model_type == "elmo":
+    if _lm_head_of(config) == "bilm":
         return "bilm", _elmo_lm(handle)
     kind = lm_kind(model)
     if kind != "base" and handle.head_trained:
         return kind, model
-    if model_type == "electra":
+    if _lm_head_of(config) == "generator":
         return "mlm", _electra_generator(handle)
     if handle.path is None:
         what = f"{type(model).__name__} has no LM head"

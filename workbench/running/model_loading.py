@@ -194,8 +194,11 @@ def read_config(path: str | Path, **overrides):
     `overrides` set on it (the fine-tuning labels)."""
     from transformers import AutoConfig
 
-    import workbench.families  # noqa: F401  (registers custom families such as ELMo)
+    from workbench.families import find_family
 
+    # the family's module registers an architecture of its own with the Auto classes (ELMo, always
+    # imported with the package; any other from the folder's manifest)
+    find_family((read_manifest(Path(path)) or {}).get("family"))
     return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False, **overrides)
 
 
@@ -227,19 +230,17 @@ def reattach_peft(model, path: str | Path, manifest: Mapping[str, Any] | None):
 
 def load_pretrainer(path: str | Path, family: str | None = None):
     """The pretraining module of a checkpoint folder written here (the model with every pretraining
-    head, the loss the training loop optimises): `workbench.families.<family>.load_pretrainer`, or
+    head, the loss the training loop optimises): the family module's `load_pretrainer`, or
     for a family whose training module is a plain transformers model (ELMo's `ElmoForBiLM`) its
     `FamilySpec.auto_class`. `family` defaults to the one the folder's manifest records."""
-    import importlib
-
     import transformers
 
-    from workbench.families import get_family
+    from workbench.families import family_module, get_family
 
     family = family or (read_manifest(Path(path)) or {}).get("family")
     if not family:
         raise CheckpointError(f"{path}: no family in its manifest.json (not a checkpoint trained here)")
-    module = importlib.import_module(f"workbench.families.{family}")
+    module = family_module(family)
     if hasattr(module, "load_pretrainer"):
         return module.load_pretrainer(path)
     return load_weights(getattr(transformers, get_family(family).auto_class), path)

@@ -64,6 +64,7 @@ from workbench.store.checkpoints import MANIFEST_NAME, derived_manifest
 from workbench.cost import derived_cost
 from workbench.data.fake_language import shifted_vocabulary_mask
 from workbench.errors import CheckpointError
+from workbench.families import ModelTypeTable
 from workbench.hf_quiet import quiet_transformers
 from workbench.store.identity import state_dict_hash, weights_hash
 from workbench.io import atomic_dir, atomic_write_json
@@ -74,22 +75,8 @@ from workbench.running.runner import ModelRunner, stack_names
 from workbench.running.word_alignment import (EncodedSentence, WordBatch, WordTokenizer, first_not_none,
                                               model_max_length)
 
-# config.model_type -> workbench family name.
-FAMILY_OF_MODEL_TYPE = {
-    "bert": "bert",
-    "roberta": "roberta",
-    "albert": "albert",
-    "electra": "electra",
-    "deberta-v2": "deberta",
-    "gpt2": "gpt",
-    "openai-gpt": "gpt",
-    "t5": "t5",
-    "mt5": "t5",
-    "bart": "bart",
-    "mbart": "bart",
-    "elmo": "elmo",
-    "distilbert": "distilbert",
-}
+# config.model_type -> workbench family name (each family's `FamilySpec.hf_model_types`)
+FAMILY_OF_MODEL_TYPE = ModelTypeTable({}, lambda spec: spec.name, primary=False)
 
 DOCUMENT_SEPARATOR = "<|endoftext|>"
 

@@ -53,7 +53,9 @@ GPT-2's could not find the last non-pad token; here the prompt is n extra vocabu
 after the tokenizer's prefix ([CLS], <s>; nothing for GPT-2), which every family's pooling reads
 correctly.
 
-Targets per model type (`ADAPTER_TARGETS`, `lora_targets`); ELMo (an LSTM) supports full and head only.
+Targets per model type (`ADAPTER_TARGETS`, `lora_targets`): each family's from its `FamilySpec`
+(`workbench.families.base`), beside a small table of architectures that are no family here; ELMo
+(an LSTM) supports full and head only (its `FamilySpec.peft_methods`).
 
 What a saved checkpoint holds (the run's `best/` folder, a plain `save_pretrained` folder):
 - full, head, bitfit: the weights, nothing more.
@@ -91,6 +93,8 @@ import torch
 from torch import nn
 
 from workbench.errors import CheckpointError, ConfigError
+from workbench.families import ModelTypeTable
+from workbench.families.base import BERT_ADAPTER_SITES, BERT_ADAPTER_SITES_BEFORE_DROPOUT
 from workbench.loop import ParamFilter, biases_only, outside
 
 METHODS = ("full", "head", "bitfit", "adapter", "prompt", "lora")
@@ -104,36 +108,36 @@ PROMPT_TOKEN = "<prompt_{}>"
 # takes. adapter-bert's place is after the sublayer's output projection and its dropout, before the
 # residual sum: the dropout module where the family has one, else the projection (BART applies its
 # dropout as a function; Llama has none; ALBERT applies none after its feed-forward block, DistilBERT
-# none after its attention projection).
-_BERT_LIKE = (r"attention\.output\.dropout$", r"layer\.\d+\.output\.dropout$")
-ADAPTER_TARGETS = {
-    "bert": _BERT_LIKE, "roberta": _BERT_LIKE, "electra": _BERT_LIKE, "deberta": _BERT_LIKE,
-    "deberta-v2": _BERT_LIKE, "xlm-roberta": _BERT_LIKE, "camembert": _BERT_LIKE,
+# none after its attention projection). Each family's own sites are in its `FamilySpec`
+# (`adapter_sites`, for the model type its checkpoints are saved as); the tables below add the
+# architectures that are no family here.
+_BERT_LIKE = BERT_ADAPTER_SITES
+ADAPTER_TARGETS = ModelTypeTable({
+    "deberta": _BERT_LIKE, "xlm-roberta": _BERT_LIKE, "camembert": _BERT_LIKE,
     "mpnet": (r"attention\.dropout$", r"layer\.\d+\.output\.dropout$"),
-    "albert": (r"attention\.output_dropout$", r"ffn_output$"),
-    "distilbert": (r"attention\.out_lin$", r"ffn\.dropout$"),
-    "gpt2": (r"attn\.resid_dropout$", r"mlp\.dropout$"),
     "llama": (r"self_attn\.o_proj$", r"mlp\.down_proj$"),
-    "t5": (r"block\.\d+\.layer\.0\.dropout$", r"(encoder\.block\.\d+\.layer\.1|decoder\.block\.\d+\.layer\.2)\.dropout$"),
-    "bart": (r"self_attn\.out_proj$", r"fc2$"),
-}
+}, lambda spec: spec.adapter_sites)
 # the sites before adapters moved after the dropout (checkpoints saved then name these)
-ADAPTER_TARGETS_BEFORE_DROPOUT = {
-    **{t: (r"attention\.output\.dense$", r"layer\.\d+\.output\.dense$") for t, v in ADAPTER_TARGETS.items() if v == _BERT_LIKE},
+ADAPTER_TARGETS_BEFORE_DROPOUT = ModelTypeTable({
+    **{t: BERT_ADAPTER_SITES_BEFORE_DROPOUT for t in ("deberta", "xlm-roberta", "camembert")},
     "mpnet": (r"attention\.attn\.o$", r"layer\.\d+\.output\.dense$"),
-    "albert": (r"attention\.dense$", r"ffn_output$"),
-    "gpt2": (r"attn\.c_proj$", r"mlp\.c_proj$"),
-    "llama": ADAPTER_TARGETS["llama"], "bart": ADAPTER_TARGETS["bart"],
-    "t5": (r"SelfAttention\.o$", r"DenseReluDense\.wo$"),
-}
+    "llama": (r"self_attn\.o_proj$", r"mlp\.down_proj$"),
+}, lambda spec: spec.adapter_sites_before_dropout)
 
 # LoRA targets: query and value matrices by name (peft's per-model-type defaults where they name
-# them, ours where peft has none); a query name's key counterpart for `lora_targets: qkv`
-LORA_TARGETS = {"mpnet": ["q", "v"], "albert": ["query", "value"], "distilbert": ["q_lin", "v_lin"]}
+# them, ours where peft has none: `FamilySpec.lora_targets`); a query name's key counterpart for
+# `lora_targets: qkv`
+LORA_TARGETS = ModelTypeTable({"mpnet": ["q", "v"]},
+                              lambda spec: None if spec.lora_targets is None else list(spec.lora_targets))
 _KEY_OF_QUERY = {"query": "key", "q_proj": "k_proj", "q": "k", "query_proj": "key_proj", "q_lin": "k_lin"}
 _VALUE_NAMES = {"value", "v_proj", "v", "value_proj", "v_lin"}
 # model_type -> its fused Q,K,V projection and the layout of the query/key/value outputs in it
-FUSED_QKV = {"gpt2": ("c_attn", "blocks"), "deberta": ("in_proj", "per_head")}
+# (`FamilySpec.fused_qkv`; DeBERTa v1's `in_proj` is no family here)
+FUSED_QKV = ModelTypeTable({"deberta": ("in_proj", "per_head")}, lambda spec: spec.fused_qkv)
+# model types whose projections are Conv1D (weights stored in x out): `FamilySpec.lora_fan_in_fan_out`
+FAN_IN_FAN_OUT = ModelTypeTable({}, lambda spec: True if spec.lora_fan_in_fan_out else None)
+# model types that support only some methods (`FamilySpec.peft_methods`; ELMo, an LSTM: full and head)
+METHODS_OF_MODEL_TYPE = ModelTypeTable({}, lambda spec: spec.peft_methods)
 
 
 @dataclass(frozen=True)
@@ -201,8 +205,9 @@ def attach(model: nn.Module, method: str, options: MethodOptions = MethodOptions
     body = body_of(model)
     head = outside(body, "head_only")
     mtype = _model_type(model)
-    if mtype == "elmo" and method != "head":
-        raise ConfigError(f"method {method}: not available for ELMo (an LSTM); use full or head")
+    if mtype in METHODS_OF_MODEL_TYPE and method not in METHODS_OF_MODEL_TYPE[mtype]:
+        raise ConfigError(f"method {method}: not available for model type {mtype}; use "
+                          f"{' or '.join(METHODS_OF_MODEL_TYPE[mtype])}")
     pooler = _pooler_module(body)
     trains_pooler = pooler is not None and (
         options.pooler == "train"
@@ -522,7 +527,7 @@ def add_lora(body: nn.Module, model_type: str, r: int, alpha: float, which: str 
             setattr(parent, attr, FusedQVLoRA(base, fused_slices(model_type, out, heads), r, alpha))
         return
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=lora_targets(model_type, which),
-                        fan_in_fan_out=model_type == "gpt2", bias="none")
+                        fan_in_fan_out=model_type in FAN_IN_FAN_OUT, bias="none")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         inject_adapter_in_model(config, body)

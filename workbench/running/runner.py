@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from workbench.errors import ConfigError, WorkbenchError
+from workbench.families import ModelTypeTable
 from workbench.running.sites import attention_sites
 
 Edit = Callable[[torch.Tensor], "torch.Tensor | None"]
@@ -57,7 +58,11 @@ FINAL_NORMS = ("ln_f", "norm", "final_layer_norm", "layer_norm")
 _NAME = re.compile(r"^(?:(encoder|decoder)\.)?(embed|final|blocks\.(\d+)\.(resid_post|attn\.pattern|cross_attn\.pattern"
                    r"|attn\.z|mlp_out))$")
 _HOOKED = ("attn.z", "mlp_out")
-CAUSAL_MODEL_TYPES = {"gpt2", "openai-gpt", "gpt_neo", "gptj", "llama", "mistral", "qwen2", "opt", "bloom"}
+# model types of left-to-right LMs: the causal families' (`FamilySpec.causal`) and foreign ones
+CAUSAL_MODEL_TYPES = ModelTypeTable(dict.fromkeys(("gpt_neo", "gptj", "llama", "mistral", "qwen2", "opt", "bloom"), True),
+                                    lambda spec: True if spec.causal else None, primary=False)
+# model types whose blocks have no attention pattern to hook (`FamilySpec.attention_patterns`: ELMo's LSTMs)
+NO_ATTENTION_MODEL_TYPES = ModelTypeTable({}, lambda spec: None if spec.attention_patterns else True, primary=False)
 
 
 def stack_names(model: nn.Module) -> tuple[str, ...]:
@@ -197,7 +202,7 @@ class ModelRunner:
             names.append(p + "embed")
             for i in range(s.num_layers):
                 names.append(f"{p}blocks.{i}.resid_post")
-                if getattr(self.model.config, "model_type", "") != "elmo":
+                if getattr(self.model.config, "model_type", "") not in NO_ATTENTION_MODEL_TYPES:
                     names.append(f"{p}blocks.{i}.attn.pattern")
                 if s.name == "decoder" and len(self.stacks) == 2:
                     names.append(f"{p}blocks.{i}.cross_attn.pattern")

@@ -104,8 +104,7 @@ class WordTokenizer:
         self.prefix, self.suffix = self._special_template()
         # ELMo's character CNN: spellings of the unknown words seen so far, named by ids from
         # open_base on; reads_characters is False for models that read ids only.
-        self.reads_characters = (getattr(config, "model_type", "") == "elmo"
-                                 and getattr(config, "token_encoder", "") == "char_cnn")
+        self.reads_characters = getattr(config, "token_encoder", "") == "char_cnn"  # ElmoConfig's setting
         self.max_chars = int(getattr(config, "max_chars", 0) or 0)
         self._spelling_ids: dict[str, int] = {}
         self._spellings: list[str] = []
