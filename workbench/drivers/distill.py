@@ -38,6 +38,15 @@ local processes (one torch thread each unless `threads` is set) and `executor="s
 parent prepares what the points share first (initial students, the teacher's evaluation, the
 latency batch), and writes the rows from the `point.json` files at the end, so a parallel sweep's
 rows equal a sequential one's (each point is seeded by its seeds alone; latencies are timings).
+
+Concerns:
+- students cut from (or shaped like) the teacher: `student_layers`, `cut_student`, `random_student`,
+  `classifier_handle`, `make_student`, `count_parameters`
+- the distillation loss as a training hook: `TaskKD`, `CachedTeacher`
+- the sweep's config and grid: `DistillConfig`, `load_distill_config`, `Point`, `sweep_points`
+- running the sweep (points over seeds, CPU latency): `DistillResult`, `run_point`, `run_distill`,
+  `cpu_latency_ms`
+- its rows and printed table: `distill_rows`, `format_table`, `report`
 """
 
 from __future__ import annotations

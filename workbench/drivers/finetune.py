@@ -51,6 +51,21 @@ epoch), the per-epoch curve `accuracy_epoch` (dev) and `train_loss_epoch`, and t
 seeds with its 95% t-interval is computed where it is shown (`workbench.store.aggregate`); runs written
 before issue 41 also stored it as a seed-less `accuracy` row per split (extra `over`), which readers
 leave out (`workbench.store.aggregate.per_unit`) so that no seed counts twice.
+
+Concerns:
+- the config and the fine-tuning method's record: `FinetuneConfig`, `load_finetune_config`,
+  `method_options`, `method_record`
+- task data and its split (issue 51 moves it to `workbench.data`): `TaskData`, `split_indices`,
+  `load_task`, `load_span_task`, `used_splits`, `members`
+- encoding and evaluation: `Encoded`, `encode`, `collate`, `choose_pooling`, `evaluate`,
+  `to_model_device`, `evaluate_count`
+- the classifier training step, its resume state and its cost (what prune, distill and peft share):
+  `epoch_order`, `save_resume_state`, `finetune_cost_basis`, `finetune_cost`, `classification_loss`,
+  `trainable_filter`, `SeedResult`, `train_seed`
+- baselines and statistics over seeds: `baselines`, `t_interval`
+- the driver (a run prepared once, seeds as units, one results-store run): `Prepared`, `run_slug`,
+  `prepare`, `FinetuneResult`, `train_seed_unit`, `finetune_units`, `run_finetune`, `collect`
+- what `bertology finetune` prints: `format_table`, `report`
 """
 
 from __future__ import annotations

@@ -66,6 +66,16 @@ matrix). Per seed only: the mean over seeds per method, amount and split, its 95
 sd, and `wins` (the mean within one standard deviation over seeds of the full model's mean, Chen et
 al. 2020's criterion) are computed when rows are read (`prune_rows.over_seeds`: the printed table,
 the Compression page), no longer stored as seed-less rows (issue 41).
+
+Concerns:
+- the sweep's config: `PruneConfig`, `load_prune_config`, `head_settings`, `mlm_sparsities`,
+  `checkpoint_head_shape`, `load_driver_config`
+- lottery-ticket rewinding on the fine-tuning loop: `rewound`, `task_head_keys`, `with_trained_head`,
+  `continue_state`, `ticket_masks`
+- the grid and its points (names, the seed's shared state, counts): `point_name`, `amount_label`,
+  `Seeded`, `Sweep`, `weight_counts`, `DerivedPoints`
+- the driver (stages of units, one results-store run) and its printout: `PruneResult`,
+  `unit_stages`, `run_unit`, `run_prune`, `report`
 """
 
 from __future__ import annotations
