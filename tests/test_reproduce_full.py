@@ -1,7 +1,7 @@
 """The `--full` reproduction rows (app/reproduce/rows_full.py: lottery tickets, head pruning,
-distillation, PEFT, the structural probe on every tree for SmolLM2): registered with their expected
+distillation, PEFT, the structural probe on every tree for SmolLM2, membership inference): registered with their expected
 times, their statistics and measure functions on planted driver results, and their `--quick` code
-path on the tiny encoder (one slow test, all five rows sharing one pair of quick models)."""
+path on the tiny encoder (one slow test, all six rows sharing one pair of quick models)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from app.reproduce import report, rows as reproduction_rows, rows_full
 from app.reproduce.spec import DIFFERS, REPRODUCED
 
-FULL_KEYS = ["chen2020", "michel2019", "sanh2019", "houlsby2019", "hewitt_manning2019_causal_protocol"]
+FULL_KEYS = ["chen2020", "michel2019", "sanh2019", "houlsby2019", "hewitt_manning2019_causal_protocol", "duan2024"]
 
 
 def test_the_full_rows_are_registered_full_with_their_expected_times():

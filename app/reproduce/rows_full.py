@@ -12,6 +12,9 @@ also gives a GPU estimate) and has a quick path on the tiny encoder of `--quick`
 - `houlsby2019`: BitFit, adapters and LoRA against full fine-tuning (`bertology peft`): each
   method's share of the full model's test accuracy, at its parameter fraction.
 - `hewitt_manning2019_causal_protocol`: the structural probe on every EWT training tree for SmolLM2.
+- `duan2024`: membership inference near chance on a GPT that saw its corpus less than once (LOSS
+  attack), and LiRA's true-positive rate at 1% FPR well above 1% on an overfit shadow set's model
+  (Carlini et al. 2022).
 
 Accuracies of the drivers are stored without per-item predictions, so their 95% CIs here are the
 binomial (Wald) ones, and a difference of two on the same test sentences takes them as independent
@@ -23,13 +26,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from app.reproduce.spec import AllOf, Citation, InRange, IntervalsAbove, Measurement, PaperValue, Row
+from app.reproduce.spec import AllOf, Citation, InRange, IntervalsAbove, IntervalsBelow, Measurement, PaperValue, Row
 from workbench.errors import ConfigError
 
 Z = 1.959963984540054
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 # expected wall time of the real row: (2 shared CPU cores, one thread; one GPU), minutes
-FULL_MINUTES = {"chen2020": (120, 10), "michel2019": (45, 5), "sanh2019": (40, 4), "houlsby2019": (60, 6),
+FULL_MINUTES = {"duan2024": (25, 5), "chen2020": (120, 10), "michel2019": (45, 5), "sanh2019": (40, 4), "houlsby2019": (60, 6),
                 "hewitt_manning2019_causal_protocol": (120, 10)}
 # the real rows' fine-tuning recipe (experiments/prune/minilm_polarity_cpu3.yaml's, one seed)
 FINETUNE = {"checkpoint": MINILM, "task": "sentence_polarity", "seeds": [0], "epochs": 2, "lr": 1.0e-4,
@@ -229,6 +232,65 @@ def measure_peft(ctx) -> Measurement:
                        components=parts, run_ids=(run_id,))
 
 
+# --------------------------------------------------------------------------- Duan et al. 2024 / Carlini et al. 2022
+ONCE_SEEN = {"family": "gpt", "preset": "tiny", "tokenizer": {"vocab_size": 2000}, "max_len": 64, "batch_size": 16,
+             "lr": 3.0e-3, "warmup": 0.05, "steps": 200, "seeds": [0],
+             "corpus": {"sources": ["inaugural", "state_union"], "heldout_fraction": 0.1, "seed": 0}}
+# experiments/shadows/membership_shadows_tiny.yaml: nine tiny GPTs on halves of 96 sentences, 60 steps at lr 0.02
+SHADOW_TRAIN = {"family": "gpt", "preset": "tiny", "tokenizer": {"vocab_size": 1000}, "max_len": 64, "batch_size": 16,
+                "lr": 2.0e-2, "warmup": 0.05, "weight_decay": 0.0, "steps": 60,
+                "model": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}, "eval": {"batches": 0},
+                "checkpoints": {"log_spaced": False}, "progress": False}
+LIRA_TPR_FLOOR = 0.05  # five times the false-positive rate it is read at
+
+
+def measure_membership(ctx) -> Measurement:
+    """LOSS attack AUC (bootstrap CI over documents) on a tiny GPT trained on 0.3 of one pass of its
+    corpus, and LiRA's TPR at 1% FPR on model 0 of a shadow set of tiny GPTs overfit to 48 sentences."""
+    from app.reproduce.rows_lm import probe_reusing
+    from probes.core.runner import torch_threads
+    from workbench.drivers.shadows import train_shadow_set
+    from workbench.drivers.train import train_from_config
+
+    name = "reproduce-mia-once" + ("-quick" if ctx.quick else "")
+    once = dict(ONCE_SEEN, name=name, progress=ctx.progress, output_dir=str(Path(ctx.store.root) / "train" / name),
+                checkpoints={"log_spaced": False, "every": 10 ** 9})
+    if ctx.quick:
+        once.update(steps=30, corpus=dict(ONCE_SEEN["corpus"], max_documents=40))
+    with torch_threads(ctx.threads):
+        target = str(train_from_config(once)[0])
+    n = 100 if ctx.quick else 500
+    run_a, rows_a = probe_reusing(ctx, "membership", target, {"tasks": ["attacks"], "attacks": ["loss"], "n_examples": n,
+                                                              "baselines": []})
+    auc = rows_a[(rows_a["task"] == "loss") & (rows_a["metric"] == "auc")].iloc[0]
+
+    shadows = folder(ctx, "shadows", "reproduce-lira")
+    n_models, docs = (4, 96) if ctx.quick else (9, 96)
+    train = dict(SHADOW_TRAIN, name="reproduce-lira")
+    if ctx.quick:
+        train.update(steps=20, batch_size=8, max_len=32)
+    with torch_threads(ctx.threads):
+        train_shadow_set(train, {"sources": ["sentence_polarity"], "max_documents": docs, "seed": 0}, n_models, shadows,
+                         progress=False)
+    run_b, rows_b = probe_reusing(ctx, "membership", str(Path(shadows) / "model-00" / "seed-0"),
+                                  {"tasks": ["attacks"], "attacks": ["lira"], "shadows": shadows, "n_examples": 1000,
+                                   "min_words": 1, "length_bin": 2, "baselines": []})
+    lira = rows_b[rows_b["task"].astype(str).str.startswith("lira") & (rows_b["metric"] == "tpr_fpr_1pct")]
+    if lira.empty:
+        raise ConfigError("the membership probe wrote no LiRA rows")
+    best = lira.loc[lira["value"].idxmax()]
+    tpr = float(best["value"])
+    lira_auc = rows_b[(rows_b["task"] == best["task"]) & (rows_b["metric"] == "auc")]["value"]
+    a = (float(auc["value"]), float(auc["ci_low"]), float(auc["ci_high"]))
+    return Measurement(value=a[0], low=a[1], high=a[2], model=f"{_base().model_name(target)}; shadow model 0 of {n_models}",
+                       data="once-seen: inaugural + State of the Union passages (members: train split, non-members: "
+                            f"held out); overfit: {docs} sentence-polarity sentences, each model on half",
+                       detail=f"LOSS AUC {a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}] (once-seen); {best['task']} TPR at 1% FPR "
+                              f"{tpr:.3f}, AUC {float(lira_auc.iloc[0]) if len(lira_auc) else math.nan:.3f} (overfit)",
+                       components={"once-seen LOSS AUC": a, "LiRA TPR at 1% FPR (overfit)": (tpr, tpr, tpr)},
+                       run_ids=(run_a, run_b))
+
+
 # --------------------------------------------------------------------------- Hewitt & Manning, causal, their protocol
 def measure_structural_protocol(ctx) -> Measurement:
     """The structural probe under Hewitt & Manning's protocol on the causal LM; `--quick` runs the
@@ -286,4 +348,14 @@ def full_rows() -> list[Row]:
                         f"~{FULL_MINUTES['hewitt_manning2019_causal_protocol'][1]} min GPU)",
             test=base.hewitt_manning_test(), measure=measure_structural_protocol,
             models=(base.SMOLLM,), full=True, minutes=minutes("hewitt_manning2019_causal_protocol"), ratio=True),
+        Row(key="duan2024", finding="membership inference barely beats chance on a model that saw its data once; "
+                                    "LiRA finds members at low false-positive rates on an overfit one (Carlini et al. 2022)",
+            paper=cited_finding("duan2024_mia_near_random"),
+            paper_setting="Pythia 160M-12B on the Pile (one pass), MIMIR; LiRA: CIFAR-10 and WikiText with 256 shadows",
+            our_setting=f"tiny GPT 200 steps (0.3 pass) + bertology probe membership --attacks loss; shadow set of 9 tiny "
+                        f"GPTs (experiments/shadows/membership_shadows_tiny.yaml) + --attacks lira on model 0 "
+                        f"(~{FULL_MINUTES['duan2024'][0]} min CPU, ~{FULL_MINUTES['duan2024'][1]} min GPU)",
+            test=AllOf((IntervalsBelow(("once-seen LOSS AUC",), 0.6, "near chance: below 0.6"),
+                        InRange(LIRA_TPR_FLOOR, 1.0, "LiRA TPR at 1% FPR (overfit)"))),
+            measure=measure_membership, full=True, minutes=minutes("duan2024")),
     ]
