@@ -57,13 +57,6 @@ def _cmd_data_corpus(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- train
-def _cmd_train(args: argparse.Namespace) -> int:
-    from workbench.drivers.train import train_cli_main
-
-    return train_cli_main(args.train_args) or 0
-
-
 # --------------------------------------------------------------------------- probe
 def _cmd_probe(args: argparse.Namespace) -> int:
     from probes import describe
@@ -121,51 +114,22 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 def _cmd_driver(args: argparse.Namespace) -> int:
     """`bertology <driver> [CONFIG] [flags]` for every driver with a command in the registry
     (`workbench.drivers.spec.DRIVERS`): each flag an override of the config, then the driver's
-    load (validation before any work), run (through the executor) and report."""
-    from workbench.drivers.executor import options_from_args
-    from workbench.drivers.spec import command, get_driver, parse_flag
-    from workbench.errors import ConfigError
-    from workbench.io import read_yaml
+    load (validation before any work), run (through the executor) and report (`run_command`)."""
+    from workbench.drivers.spec import run_command
 
-    name, cmd = args.command, command(args.command)
-    flags = {f.dest: f for f in cmd.flags}
-    options = options_from_args(args)  # bad --jobs / --executor: one line, before any work
-    needed = cmd.needs_without_config
-    if args.config is None and needed and getattr(args, next(f.dest for f in cmd.flags if f.name == needed)) is None:
-        raise ConfigError(f"give {needed} PATH_OR_HUB_NAME (or a config YAML)")
-    data = read_yaml(Path(args.config)) if cmd.variants and args.config is not None else None
-    for kind, variant, allowed in cmd.variants:  # another driver runs this kind of file
-        if isinstance(data, dict) and data.get("kind") == kind:
-            given = [f.name for f in cmd.flags if f.name not in allowed and getattr(args, f.dest) not in (None, False)]
-            if given:
-                raise ConfigError(f"{', '.join(given)} do not apply to a config of kind {kind!r}; set them in the YAML")
-            flags = {k: f for k, f in flags.items() if f.name in allowed}
-            name = variant
-            break
-    overrides = {f.override_key: parse_flag(f, getattr(args, dest)) for dest, f in flags.items()}
-    spec = get_driver(name)
-    cfg = spec.load(args.config if args.config is not None else {}, overrides)
-    print(spec.report(spec.run(cfg, executor=options)))
+    print(run_command(args.command, args))
     return 0
 
 
 def _add_driver_commands(sub) -> None:
     """One subcommand per driver with a command in the registry, flags and all (no torch import)."""
-    from workbench.drivers.executor import add_executor_arguments
-    from workbench.drivers.spec import DRIVERS
+    from workbench.drivers.spec import DRIVERS, add_command_arguments
 
     for name, reg in DRIVERS.items():
         if reg.command is None:
             continue
-        cmd = reg.command
         p = sub.add_parser(name, help=reg.description)
-        p.add_argument("config", nargs="?" if cmd.config_optional else None, help=cmd.config_help)
-        for flag in cmd.flags:
-            if flag.parse == "switch":
-                p.add_argument(flag.name, action="store_true", help=flag.help)
-            else:
-                p.add_argument(flag.name, type=flag.argtype, help=flag.help)
-        add_executor_arguments(p, cmd.units)
+        add_command_arguments(p, name)
         p.set_defaults(func=_cmd_driver)
 
 
@@ -332,11 +296,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_data_corpus)
 
-    p = sub.add_parser("train", help="train a model family (bertology train CONFIG.yaml | --family F --preset P)",
-                       add_help=False)
-    p.add_argument("train_args", nargs=argparse.REMAINDER, help="arguments of the training command (try --help)")
-    p.set_defaults(func=_cmd_train)
-
     p = sub.add_parser("probe", help="run a probe over checkpoints (bertology probe --help lists them)",
                        add_help=False)
     p.add_argument("probe", nargs="?", default=None, help="probe family (bertology probe --help lists them)")
@@ -369,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("generate", help="generate text from a checkpoint (GPT, T5, BART, ELMo): bertology generate --help")
 
-    _add_driver_commands(sub)  # finetune, distill, peft, prune: from the driver registry
+    _add_driver_commands(sub)  # train, finetune, distill, peft, prune, shadows: from the driver registry
 
     runs = sub.add_parser("runs", help="list, show and maintain runs in the results store")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
@@ -435,14 +394,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _take_quiet(argv: list[str]) -> tuple[list[str], bool]:
-    """`--quiet` for the commands whose options go to their own parser (train, generate, probe):
+    """`--quiet` for the commands whose options go to their own parser (generate, probe):
     the top-level `bertology --quiet COMMAND` form, and `--quiet` among the command's options (up to
-    a `--`), which is taken out for train and generate (their parsers do not know it) and left to
+    a `--`), which is taken out for generate (its parser does not know it) and left to
     probe's (where it also turns the probe's bars off)."""
     quiet = False
     while argv[:1] == ["--quiet"]:
         quiet, argv = True, argv[1:]
-    if argv[:1] in (["train"], ["generate"], ["probe"]):
+    if argv[:1] in (["generate"], ["probe"]):
         end = argv.index("--") if "--" in argv else len(argv)
         if "--quiet" in argv[1:end]:
             quiet = True
@@ -464,9 +423,6 @@ def main(argv: list[str] | None = None) -> int:
         from workbench.running.generate import cli_main as generate_main
 
         args = argparse.Namespace(func=lambda a: generate_main(argv[1:]))
-    elif argv[:1] == ["train"]:
-        # argparse's REMAINDER does not pass on leading options (--family, --help): hand them over whole.
-        args = argparse.Namespace(func=_cmd_train, train_args=argv[1:])
     else:
         args = parser.parse_args(argv)
     # one logging set-up per command (workbench.progress); restored after, for callers of main() in-process

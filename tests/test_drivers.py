@@ -164,15 +164,18 @@ def test_the_registry_names_every_driver_and_its_config():
     from workbench.drivers.distill import DistillConfig
     from workbench.drivers.distill_pretraining import PretrainDistillConfig
     from workbench.drivers.finetune import FinetuneConfig
+    from workbench.config import TrainConfig
+    from workbench.drivers.shadows import ShadowsConfig
 
-    want = {"finetune": FinetuneConfig, "distill": DistillConfig, "distill_pretraining": PretrainDistillConfig,
-            "peft": PeftSweepConfig, "prune": PruneConfig}
+    want = {"train": TrainConfig, "finetune": FinetuneConfig, "distill": DistillConfig,
+            "distill_pretraining": PretrainDistillConfig, "peft": PeftSweepConfig, "prune": PruneConfig,
+            "shadows": ShadowsConfig}
     assert {name: get_driver(name).config for name in DRIVERS} == want
     with pytest.raises(ConfigError, match="unknown driver 'nope'"):
         get_driver("nope")
 
 
-@pytest.mark.parametrize("command", ["finetune", "distill", "peft", "prune", "run"])
+@pytest.mark.parametrize("command", ["train", "finetune", "distill", "peft", "prune", "shadows", "run"])
 def test_every_driver_command_takes_the_executor_flags(command, capsys):
     from app.cli import main
 
@@ -358,3 +361,64 @@ def test_train_refuses_an_executor_with_hooks(tmp_path):
     with pytest.raises(ConfigError, match="training hooks run in this process only"):
         train_from_config(cfg, hooks=hooks, executor=ExecutorOptions(jobs=2))
     assert not (tmp_path / "x").exists()
+
+
+TINY_SHADOWS = {"n_models": 2, "seed": 0, "shared_tokenizer": True,
+                "pool": {"sources": ["sentence_polarity"], "max_documents": 24, "seed": 0},
+                "train": {"name": "mia-units", "family": "gpt", "preset": "tiny", "tokenizer": {"vocab_size": 300},
+                          "max_len": 32, "batch_size": 4, "lr": 2e-2, "steps": 4, "eval": {"batches": 0},
+                          "checkpoints": {"log_spaced": False}, "progress": False}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", [pytest.param("local"), pytest.param("slurm", marks=pytest.mark.slurm)])
+def test_shadow_models_as_units_give_the_set_trained_in_this_process(executor, request, tmp_path, monkeypatch,
+                                                                    one_thread):
+    """`bertology shadows CONFIG --jobs 2` (two local processes) or `--executor slurm` (two Slurm jobs):
+    each model's weights, bit for bit, and the set's shadows.json equal the set trained in this process
+    (`train_shadow_set`, one torch thread in both); a rerun finds the models finished."""
+    from app.cli import main
+    from tests.weight_pins import state_hash
+    from workbench.drivers.shadows import SET_FILE, train_shadow_set
+    from workbench.running.model_loading import load_tensors
+
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+    seq = train_shadow_set(TINY_SHADOWS["train"], TINY_SHADOWS["pool"], 2, tmp_path / "seq", seed=0, progress=False)
+    path = tmp_path / "shadows.yaml"
+    path.write_text(yaml.safe_dump({"shadows": TINY_SHADOWS}))
+    flags = executor_flags(executor, request) if executor == "slurm" else []
+
+    def not_here(*a, **k):
+        raise AssertionError("a model was trained in this process, not in a worker")
+
+    monkeypatch.setattr("workbench.drivers.train.train_seed", not_here)  # the workers import their own
+    assert main(["shadows", str(path), "--out", str(tmp_path / "par"), "--jobs", "2", *flags]) == 0
+    seq_record = json.loads((tmp_path / "seq" / SET_FILE).read_text())
+    assert json.loads((tmp_path / "par" / SET_FILE).read_text()) == seq_record
+    for m, final in enumerate(seq.checkpoints):
+        par = tmp_path / "par" / seq_record["models"][m]["checkpoint"]
+        assert state_hash(load_tensors(par / "model.safetensors")) == state_hash(load_tensors(final / "model.safetensors"))
+    if executor == "slurm":
+        assert len(list((tmp_path / "par" / "submitit").glob("*_result.pkl"))) == 2
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "par").glob("model-*/seed-*/step-*/model.safetensors")}
+    assert main(["shadows", str(path), "--out", str(tmp_path / "par"), "--jobs", "2", *flags]) == 0
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # finished models are found, not retrained
+
+
+def test_shadows_config_is_read_by_the_one_rule(tmp_path):
+    """The shadows: mapping of a file (its stem names the set), --out by the override rule, bad values
+    one ConfigError naming the file before any work."""
+    from workbench.drivers.shadows import load_shadows_config
+
+    path = tmp_path / "my_set.yaml"
+    path.write_text(yaml.safe_dump({"shadows": TINY_SHADOWS}))
+    cfg = load_shadows_config(path)
+    assert (cfg.name, cfg.kind, cfg.n_models, cfg.out) == ("my_set", "pretrain", 2, None)
+    assert str(load_shadows_config(path, {"out": "x"}).folder()) == "x"
+    with pytest.raises(ConfigError, match=r"my_set\.yaml: n_models: expected an integer"):
+        load_shadows_config(path, {"n_models": "two"})
+    with pytest.raises(ConfigError, match="at least 2 models"):
+        load_shadows_config(path, {"n_models": 1})
+    path.write_text(yaml.safe_dump({"other": {}}))
+    with pytest.raises(ConfigError, match="needs a shadows: mapping"):
+        load_shadows_config(path)

@@ -28,23 +28,31 @@ Layout `<out>/model-II/seed-S/{best,step-NNNNNNN}` (S = m, unpadded: `checkpoint
 picks the recorded checkpoint of each model: "best" (best dev epoch, what `bertology finetune`
 reports) or "last" (the last epoch's step folder, which must exist).
 
-`python -m workbench.drivers.shadows CONFIG.yaml` trains the set a YAML file describes (its `shadows:`
-mapping: train (a training config), pool {sources, max_documents, seed}, n_models, seed, out; or for
-classifiers finetune (a fine-tuning config), pool {max_examples, seed}, use, n_models, seed, out).
+`bertology shadows CONFIG.yaml` (or `python -m workbench.drivers.shadows CONFIG.yaml`) trains the set
+a YAML file describes (its `shadows:` mapping: train (a training config), pool {sources,
+max_documents, seed}, n_models, seed, out; or for classifiers finetune (a fine-tuning config), pool
+{max_examples, seed}, use, n_models, seed, out). It is a driver (`DRIVER`, `workbench.drivers.spec`):
+the models are its units, so `--jobs N` trains N at once in local processes and `--executor slurm`
+one Slurm job each. The parent writes every model's corpus split (and the pool's tokenizer corpus)
+first; a unit trains one model (a worker opens what the parent wrote and trains the pool's tokenizer
+again: the same data, the same tokenizer) and returns its entry of shadows.json, which the parent
+writes once every model is done. A model's weights depend on its index alone, wherever it runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from workbench.drivers.spec import NOT_IDENTITY, DriverSpec
 from workbench.errors import ConfigError, DataFormatError
 from workbench.io import atomic_write_json, sha256_file
-from workbench.progress import progress as progress_bar
 
 SET_FILE = "shadows.json"
 SET_FORMAT = 1
@@ -126,120 +134,271 @@ class ShadowSet:
         return cls(folder, record, ckpts)
 
 
+@dataclass
+class ShadowsConfig:
+    """A shadow set's settings (a YAML file's `shadows:` mapping, module docstring): `train` (a
+    training config: a mapping or a YAML path) for language models, or `finetune` (a fine-tuning
+    config) for classifiers."""
+
+    pool: dict
+    train: Any = None
+    finetune: Any = None
+    n_models: int = 16
+    seed: int = 0
+    use: str = "best"                 # classifiers: each model's best dev epoch, or its last
+    shared_tokenizer: bool = True     # language models: one tokenizer trained on the whole pool
+    out: str | None = field(default=None, metadata=NOT_IDENTITY)   # default <runs root>/shadows/<name>
+    name: str | None = field(default=None, metadata=NOT_IDENTITY)  # default: the config file's stem
+
+    @property
+    def kind(self) -> str:
+        return "finetune" if self.finetune is not None else "pretrain"
+
+    def folder(self) -> Path:
+        from workbench.paths import runs_root
+
+        return Path(self.out or runs_root() / "shadows" / (self.name or "shadows"))
+
+
+def load_shadows_config(source, overrides: dict | None = None) -> ShadowsConfig:
+    """A validated `ShadowsConfig` from a YAML file (its `shadows:` mapping; the file's stem names the
+    set), a mapping (with or without the `shadows:` level) or a config, `overrides` by the one rule."""
+    from workbench.coerce import load_config
+    from workbench.io import read_yaml
+
+    name = None
+    if isinstance(source, ShadowsConfig):
+        data, where = dataclasses.asdict(source), "<config>"
+    else:
+        where = "shadows" if isinstance(source, dict) else str(source)
+        raw = source if isinstance(source, dict) else read_yaml(Path(source))
+        data = raw.get("shadows", raw if isinstance(source, dict) else None)
+        if not isinstance(source, dict):
+            name = Path(source).stem
+        if not isinstance(data, dict) or not ({"train", "finetune"} & set(data)) or "pool" not in data:
+            raise ConfigError(f"{where}: needs a shadows: mapping with train (or finetune), pool, n_models")
+    cfg, where = load_config(ShadowsConfig, {"name": name, **data}, overrides, label=where)
+    if (cfg.train is None) == (cfg.finetune is None):
+        raise ConfigError(f"{where}: give train (language models) or finetune (classifiers), not both")
+    if not isinstance(cfg.pool, dict):
+        raise ConfigError(f"{where}: pool: expected a mapping, got {cfg.pool!r}")
+    if cfg.use not in ("best", "last"):
+        raise ConfigError(f"finetune shadow set: use must be best or last, got {cfg.use!r}")
+    if cfg.n_models < 2:
+        raise ConfigError(f"a shadow set needs at least 2 models, got {cfg.n_models}")
+    return cfg
+
+
+# ------------------------------------------------------------------------ language models
+
+@dataclass
+class _PretrainSet:
+    """What every model of a language-model set shares (built in the parent, rebuilt in a worker)."""
+
+    out: Path
+    docs: list
+    keep: np.ndarray
+    base: Any          # the TrainConfig
+    sources: list
+    shared: Any        # the pool's tokenizer, or None
+
+
+def _pretrain_set(cfg: ShadowsConfig, write: bool) -> _PretrainSet:
+    """The pool, the keep matrix, the training config and the shared tokenizer; `write`: the parent
+    writes every model's corpus split (a worker finds them)."""
+    from workbench.config import load_train_config
+    from workbench.families import get_family
+    from workbench.tokenization import train_tokenizer
+
+    out = cfg.folder()
+    pool = cfg.pool
+    sources = list(pool.get("sources") or [])
+    docs = pool_documents(sources, pool.get("max_documents"), int(pool.get("seed", 0)))
+    if len(docs) < 4:
+        raise ConfigError(f"shadow pool has {len(docs)} documents; need at least 4")
+    keep = balanced_keep(len(docs), cfg.n_models, cfg.seed)
+    base = load_train_config(cfg.train)
+    shared = None
+    if cfg.shared_tokenizer:
+        pool_dir = out / "corpus-pool"
+        pool_corpus = (write_corpus_split(pool_dir, docs, [], sources, "shadow set: the whole pool (tokenizer)", cfg.seed)
+                       if not (pool_dir / "manifest.json").is_file() else _load_corpus(pool_dir))
+        shared = train_tokenizer(get_family(base.family), pool_corpus, base.tokenizer.vocab_size, show_progress=False)
+    ctx = _PretrainSet(out, docs, keep, base, sources, shared)
+    if write:
+        for m in range(cfg.n_models):
+            _model_corpus(cfg, ctx, m)
+    return ctx
+
+
+def _model_corpus(cfg: ShadowsConfig, ctx: _PretrainSet, m: int):
+    """Model m's corpus split: written once (its train half, the rest held out), then read back."""
+    corpus_dir = ctx.out / f"corpus-{m:02d}"
+    train = [d for d, k in zip(ctx.docs, ctx.keep[m]) if k]
+    held = [d for d, k in zip(ctx.docs, ctx.keep[m]) if not k]
+    if (corpus_dir / "manifest.json").is_file():
+        corpus = _load_corpus(corpus_dir)
+        if corpus.doc_ids("train") != [d.doc_id for d in train]:
+            raise ConfigError(f"{corpus_dir}: holds a different split (another pool or seed); use a new folder")
+        return corpus, len(train)
+    return write_corpus_split(corpus_dir, train, held, ctx.sources,
+                              f"shadow set: balanced_keep(seed={cfg.seed}) model {m} of {cfg.n_models}", cfg.seed), len(train)
+
+
+def train_shadow_model(cfg: ShadowsConfig, m: int, ctx: _PretrainSet | None = None) -> dict:
+    """One language model of the set, an executor unit (`ctx` None: a worker, which rebuilds what the
+    parent built): trained on its corpus split by the backend's loop; its shadows.json entry."""
+    from workbench.config import load_train_config
+    from workbench.data_cache import TokenizedCorpus
+    from workbench.drivers.train import TrainingData, train_seed
+    from workbench.families import get_family
+    from workbench.tokenization import train_tokenizer
+
+    ctx = ctx or _pretrain_set(cfg, write=False)
+    out, base = ctx.out, ctx.base
+    corpus, n_train = _model_corpus(cfg, ctx, m)
+    model_cfg = load_train_config(base, {"output_dir": str(out / f"model-{m:02d}"), "name": f"{base.name}-shadow-{m:02d}",
+                                         "corpus": {"sources": ctx.sources, "heldout_fraction": 0.5, "seed": cfg.seed,
+                                                    "max_documents": cfg.pool.get("max_documents")}, "progress": False})
+    tok = ctx.shared or train_tokenizer(get_family(base.family), corpus, model_cfg.tokenizer.vocab_size, show_progress=False)
+    data = TrainingData(corpus, tok, TokenizedCorpus.build(tok, corpus, "train", show_progress=False),
+                        TokenizedCorpus.build(tok, corpus, "heldout", show_progress=False))
+    final = train_seed(model_cfg, m, data)
+    return {"index": m, "checkpoint": final.relative_to(out).as_posix(),
+            "corpus": (out / f"corpus-{m:02d}").relative_to(out).as_posix(), "n_train": n_train}
+
+
+# ------------------------------------------------------------------------ classifiers
+
+@dataclass
+class _FinetuneSet:
+    out: Path
+    base: Any          # the FinetuneConfig
+    data: Any          # the task's examples
+    idx: list
+    keep: np.ndarray
+
+
+def _finetune_set(cfg: ShadowsConfig) -> _FinetuneSet:
+    from workbench.drivers.finetune import load_finetune_config, load_task
+
+    base = load_finetune_config(cfg.finetune)
+    data = load_task(base)
+    if data.kind != "sentence":
+        raise ConfigError(f"finetune shadow set: membership supports sentence tasks, not {base.task} ({data.kind})")
+    idx = finetune_pool(data, cfg.pool.get("max_examples"), int(cfg.pool.get("seed", 0)))
+    if len(idx) < 4:
+        raise ConfigError(f"finetune shadow pool has {len(idx)} examples; need at least 4")
+    return _FinetuneSet(cfg.folder(), base, data, idx, balanced_keep(len(idx), cfg.n_models, cfg.seed))
+
+
+def train_shadow_classifier(cfg: ShadowsConfig, m: int, ctx: _FinetuneSet | None = None,
+                            threads: int | None = None) -> dict:
+    """One classifier of the set, an executor unit (`ctx` None: a worker rebuilds it; `threads`: the
+    worker's torch threads when the config sets none): `bertology finetune`'s recipe on its IN half;
+    its shadows.json entry."""
+    from workbench.store.checkpoints import seed_dir, step_dir
+    from workbench.drivers.finetune import load_finetune_config, prepare, train_seed
+
+    ctx = ctx or _finetune_set(cfg)
+    out, base, data = ctx.out, ctx.base, ctx.data
+    ins = [i for i, k in zip(ctx.idx, ctx.keep[m]) if k]
+    outs = [i for i, k in zip(ctx.idx, ctx.keep[m]) if not k]
+    data_m = dataclasses.replace(data, splits={"train": ins + outs, "dev": data.splits["dev"],
+                                               "test": data.splits["test"]})
+    model_cfg = load_finetune_config(base, {
+        "name": f"{base.task}-shadow-{m:02d}", "output_dir": str(out / f"model-{m:02d}"), "seeds": [m],
+        "max_train_examples": len(ins), "keep_epoch_checkpoints": base.keep_epoch_checkpoints or cfg.use == "last",
+        "baselines": False, "progress": False, "threads": base.threads if base.threads is not None else threads})
+    run = prepare(model_cfg, data_m)
+    res = train_seed(model_cfg, m, run)
+    ck = Path(res.checkpoint) if cfg.use == "best" else step_dir(seed_dir(run.folder, m), res.curve[-1]["step"])
+    if cfg.use == "last" and not ck.is_dir():
+        raise ConfigError(f"finetune shadow set: model {m}'s last-epoch checkpoint {ck} is not a folder (use: "
+                          f"last needs the step folder that keep_epoch_checkpoints saves)")
+    return {"index": m, "checkpoint": ck.relative_to(out).as_posix(), "n_train": len(ins),
+            "best_epoch": res.best_epoch, "dev_accuracy": res.dev["accuracy"]}
+
+
+# ------------------------------------------------------------------------ the driver
+
+def shadow_units(cfg: ShadowsConfig, store=None):
+    """The driver's units (`DriverSpec.units`): the set's models, each `train_shadow_model` or
+    `train_shadow_classifier`; in this process they share what the parent built."""
+    from workbench.drivers.executor import Unit, UnitPlan
+
+    if cfg.kind == "finetune":
+        ctx, fn, desc = _finetune_set(cfg), train_shadow_classifier, "shadow classifiers"
+    else:
+        ctx, fn, desc = _pretrain_set(cfg, write=True), train_shadow_model, "shadow models"
+
+    def units(parallel: bool) -> list:
+        if not parallel:
+            return [Unit(fn, (cfg, m, ctx), name=f"model {m}") for m in range(cfg.n_models)]
+        extra = (None, 1) if fn is train_shadow_classifier else (None,)  # one torch thread unless the config sets them
+        return [Unit(fn, (cfg, m, *extra), name=f"model {m}") for m in range(cfg.n_models)]
+
+    return UnitPlan(units, cfg.n_models, ctx.out, desc=desc, state=ctx)
+
+
+def collect(cfg: ShadowsConfig, store, plan, models: list[dict]) -> ShadowSet:
+    """shadows.json from the models' entries (in model order), written once every model is done."""
+    ctx = plan.state
+    if cfg.kind == "finetune":
+        record = {"format": SET_FORMAT, "kind": "finetune", "n_models": cfg.n_models, "seed": cfg.seed, "use": cfg.use,
+                  "pool": {"task": ctx.base.task, "max_examples": cfg.pool.get("max_examples"),
+                           "seed": int(cfg.pool.get("seed", 0)), "examples": len(ctx.idx),
+                           "ids": [ctx.data.ids[i] for i in ctx.idx]},
+                  "finetune_config": ctx.base.to_dict(), "models": models}
+    else:
+        record = {"format": SET_FORMAT, "n_models": cfg.n_models, "seed": cfg.seed,
+                  "shared_tokenizer": cfg.shared_tokenizer,
+                  "pool": {"sources": ctx.sources, "max_documents": cfg.pool.get("max_documents"),
+                           "seed": int(cfg.pool.get("seed", 0)), "documents": len(ctx.docs)},
+                  "train_config": ctx.base.to_dict(), "models": models}
+    atomic_write_json(ctx.out / SET_FILE, record)
+    return ShadowSet.load(ctx.out)
+
+
+def report(s: ShadowSet) -> str:
+    """What `bertology shadows` prints."""
+    return f"{len(s.checkpoints)} {'classifiers' if s.kind == 'finetune' else 'models'} in {s.folder}"
+
+
+DRIVER = DriverSpec("shadows", ShadowsConfig, load_shadows_config, None, report, units=shadow_units, collect=collect)
+
+
 def train_shadow_set(train_config, pool: dict, n_models: int, out_dir: str | Path, seed: int = 0,
-                     progress: bool = True, shared_tokenizer: bool = True) -> ShadowSet:
+                     progress: bool = True, shared_tokenizer: bool = True, executor=None) -> ShadowSet:
     """Train `n_models` models of `train_config` (a TrainConfig, dict or YAML path), model m on the
-    pool documents `balanced_keep(...)[m]` selects; see the module docstring.
+    pool documents `balanced_keep(...)[m]` selects; see the module docstring. `executor`
+    (`ExecutorOptions`): where the models train (default: one after the other in this process).
 
     shared_tokenizer: one tokenizer trained on the whole pool for every model (default), so that
     the models differ only in their weights: with a tokenizer trained on each model's own half
     (the backend's procedure), members are cut into fewer, rarer pieces than non-members and a
     per-token loss separates them through the tokenizer alone (a tiny pool makes that dominant)."""
-    from workbench.config import load_train_config
-    from workbench.data_cache import TokenizedCorpus
-    from workbench.families import get_family
-    from workbench.tokenization import train_tokenizer
-    from workbench.drivers.train import TrainingData, train_seed
-
-    out = Path(out_dir)
-    sources = list(pool.get("sources") or [])
-    max_docs = pool.get("max_documents")
-    pool_seed = int(pool.get("seed", 0))
-    docs = pool_documents(sources, max_docs, pool_seed)
-    if len(docs) < 4:
-        raise ConfigError(f"shadow pool has {len(docs)} documents; need at least 4")
-    keep = balanced_keep(len(docs), n_models, seed)
-    base = load_train_config(train_config)
-    family = get_family(base.family)
-    shared = None
-    if shared_tokenizer:
-        pool_dir = out / "corpus-pool"
-        pool_corpus = (write_corpus_split(pool_dir, docs, [], sources, "shadow set: the whole pool (tokenizer)", seed)
-                       if not (pool_dir / "manifest.json").is_file() else _load_corpus(pool_dir))
-        shared = train_tokenizer(family, pool_corpus, base.tokenizer.vocab_size, show_progress=False)
-    models = []
-    for m in progress_bar(range(n_models), desc="shadow models", disable=not progress):
-        corpus_dir = out / f"corpus-{m:02d}"
-        train = [d for d, k in zip(docs, keep[m]) if k]
-        held = [d for d, k in zip(docs, keep[m]) if not k]
-        if (corpus_dir / "manifest.json").is_file():
-            corpus = _load_corpus(corpus_dir)
-            if corpus.doc_ids("train") != [d.doc_id for d in train]:
-                raise ConfigError(f"{corpus_dir}: holds a different split (another pool or seed); use a new folder")
-        else:
-            corpus = write_corpus_split(corpus_dir, train, held, sources,
-                                        f"shadow set: balanced_keep(seed={seed}) model {m} of {n_models}", seed)
-        cfg = load_train_config(base, {"output_dir": str(out / f"model-{m:02d}"), "name": f"{base.name}-shadow-{m:02d}",
-                                 "corpus": {"sources": sources, "heldout_fraction": 0.5, "seed": seed,
-                                            "max_documents": max_docs}, "progress": False})
-        tok = shared or train_tokenizer(family, corpus, cfg.tokenizer.vocab_size, show_progress=False)
-        data = TrainingData(corpus, tok, TokenizedCorpus.build(tok, corpus, "train", show_progress=False),
-                            TokenizedCorpus.build(tok, corpus, "heldout", show_progress=False))
-        final = train_seed(cfg, m, data)
-        models.append({"index": m, "checkpoint": final.relative_to(out).as_posix(),
-                       "corpus": corpus_dir.relative_to(out).as_posix(), "n_train": len(train)})
-    record = {"format": SET_FORMAT, "n_models": n_models, "seed": seed, "shared_tokenizer": shared_tokenizer,
-              "pool": {"sources": sources, "max_documents": max_docs, "seed": pool_seed, "documents": len(docs)},
-              "train_config": base.to_dict(), "models": models}
-    atomic_write_json(out / SET_FILE, record)
-    return ShadowSet.load(out)
-
-
-def finetune_pool(data, max_examples: int | None, seed: int) -> list[int]:
-    """Indices of a seeded sample of `max_examples` examples of the task's train split (all when None)."""
-    train = list(data.splits["train"])
-    if max_examples is not None and max_examples < len(train):
-        pick = np.sort(np.random.default_rng(seed).permutation(len(train))[:max_examples])
-        train = [train[i] for i in pick]
-    return train
+    cfg = load_shadows_config({"train": train_config, "pool": pool, "n_models": n_models, "seed": seed,
+                               "shared_tokenizer": shared_tokenizer, "out": str(out_dir)})
+    return DRIVER.run(cfg, executor=_options(executor, progress))
 
 
 def train_finetune_shadow_set(finetune_config, pool: dict, n_models: int, out_dir: str | Path, seed: int = 0,
-                              use: str = "best", progress: bool = True) -> ShadowSet:
+                              use: str = "best", progress: bool = True, executor=None) -> ShadowSet:
     """`n_models` classifiers fine-tuned with one `workbench.drivers.finetune` config (a FinetuneConfig, dict
     or YAML path), model m on the pool examples `balanced_keep(...)[m]` selects (module docstring).
     The config's seeds, name, output folder and max_train_examples are set per model."""
-    import dataclasses
-
-    from workbench.store.checkpoints import seed_dir, step_dir
-    from workbench.drivers.finetune import load_finetune_config, load_task, prepare, train_seed
-
     if use not in ("best", "last"):
         raise ConfigError(f"finetune shadow set: use must be best or last, got {use!r}")
-    out = Path(out_dir)
-    base = load_finetune_config(finetune_config)
-    data = load_task(base)
-    if data.kind != "sentence":
-        raise ConfigError(f"finetune shadow set: membership supports sentence tasks, not {base.task} ({data.kind})")
-    pool_seed = int(pool.get("seed", 0))
-    idx = finetune_pool(data, pool.get("max_examples"), pool_seed)
-    if len(idx) < 4:
-        raise ConfigError(f"finetune shadow pool has {len(idx)} examples; need at least 4")
-    keep = balanced_keep(len(idx), n_models, seed)
-    models = []
-    for m in progress_bar(range(n_models), desc="shadow classifiers", disable=not progress):
-        ins = [i for i, k in zip(idx, keep[m]) if k]
-        outs = [i for i, k in zip(idx, keep[m]) if not k]
-        data_m = dataclasses.replace(data, splits={"train": ins + outs, "dev": data.splits["dev"],
-                                                   "test": data.splits["test"]})
-        cfg = load_finetune_config(base, {
-            "name": f"{base.task}-shadow-{m:02d}", "output_dir": str(out / f"model-{m:02d}"), "seeds": [m],
-            "max_train_examples": len(ins), "keep_epoch_checkpoints": base.keep_epoch_checkpoints or use == "last",
-            "baselines": False, "progress": False})
-        run = prepare(cfg, data_m)
-        res = train_seed(cfg, m, run)
-        ck = Path(res.checkpoint) if use == "best" else step_dir(seed_dir(run.folder, m), res.curve[-1]["step"])
-        if use == "last" and not ck.is_dir():
-            raise ConfigError(f"finetune shadow set: model {m}'s last-epoch checkpoint {ck} is not a folder (use: "
-                              f"last needs the step folder that keep_epoch_checkpoints saves)")
-        models.append({"index": m, "checkpoint": ck.relative_to(out).as_posix(), "n_train": len(ins),
-                       "best_epoch": res.best_epoch, "dev_accuracy": res.dev["accuracy"]})
-    record = {"format": SET_FORMAT, "kind": "finetune", "n_models": n_models, "seed": seed, "use": use,
-              "pool": {"task": base.task, "max_examples": pool.get("max_examples"), "seed": pool_seed,
-                       "examples": len(idx), "ids": [data.ids[i] for i in idx]},
-              "finetune_config": base.to_dict(), "models": models}
-    atomic_write_json(out / SET_FILE, record)
-    return ShadowSet.load(out)
+    cfg = load_shadows_config({"finetune": finetune_config, "pool": pool, "n_models": n_models, "seed": seed,
+                               "use": use, "out": str(out_dir)})
+    return DRIVER.run(cfg, executor=_options(executor, progress))
+
+
+def _options(executor, progress: bool):
+    from workbench.drivers.executor import ExecutorOptions
+
+    return dataclasses.replace(executor or ExecutorOptions(), progress=progress and (executor is None or executor.progress))
 
 
 def _load_corpus(folder: Path):
@@ -249,32 +408,18 @@ def _load_corpus(folder: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m workbench.drivers.shadows CONFIG.yaml [--out DIR]`: train the shadow set a config describes."""
+    """`python -m workbench.drivers.shadows CONFIG.yaml [--out DIR]`: `bertology shadows`, the same command."""
     import argparse
 
+    from workbench.drivers.spec import add_command_arguments, run_command
     from workbench.errors import cli_errors
-    from workbench.io import read_yaml
-    from workbench.paths import runs_root
 
-    p = argparse.ArgumentParser(prog="python -m workbench.drivers.shadows", description=main.__doc__)
-    p.add_argument("config")
-    p.add_argument("--out", default=None, help="set folder (default: the config's shadows.out or <runs root>/shadows/<name>)")
+    p = argparse.ArgumentParser(prog="python -m workbench.drivers.shadows", description="Train a LiRA shadow set.")
+    add_command_arguments(p, "shadows")
     args = p.parse_args(argv)
 
     def run() -> int:
-        path = Path(args.config)
-        spec = read_yaml(path).get("shadows")
-        if not isinstance(spec, dict) or not ({"train", "finetune"} & set(spec)) or "pool" not in spec:
-            raise ConfigError(f"{path}: needs a shadows: mapping with train (or finetune), pool, n_models")
-        out = Path(args.out or spec.get("out") or runs_root() / "shadows" / path.stem)
-        if "finetune" in spec:
-            s = train_finetune_shadow_set(spec["finetune"], spec["pool"], int(spec.get("n_models", 16)), out,
-                                          int(spec.get("seed", 0)), use=str(spec.get("use", "best")))
-            print(f"{len(s.checkpoints)} classifiers in {s.folder}")
-            return 0
-        s = train_shadow_set(spec["train"], spec["pool"], int(spec.get("n_models", 16)), out, int(spec.get("seed", 0)),
-                             shared_tokenizer=bool(spec.get("shared_tokenizer", True)))
-        print(f"{len(s.checkpoints)} models in {s.folder}")
+        print(run_command("shadows", args))
         return 0
 
     return cli_errors(run, prog="python -m workbench.drivers.shadows")

@@ -118,7 +118,7 @@ class DriverSpec:
 
 # ------------------------------------------------------------------------------------- commands
 
-FLAG_PARSES = ("text", "int", "float", "ints", "int_list", "names", "switch")
+FLAG_PARSES = ("text", "int", "float", "ints", "int_list", "names", "switch", "set")
 
 
 @dataclass(frozen=True)
@@ -126,13 +126,18 @@ class Flag:
     """One flag of a driver's subcommand: `--name VALUE` sets the override `key` (default: the name
     with "_" for "-"; `section.key` sets a key inside a section). `parse` turns the text into the
     override (`parse_flag`; a bad value is one ConfigError naming the flag, before any work);
-    `argtype` is argparse's own conversion instead (a usage error, exit 2)."""
+    `argtype` is argparse's own conversion instead (a usage error, exit 2), with `nargs` and
+    `choices` as argparse's. `parse="set"` is the repeatable `--set KEY=VALUE` (`parse_set`): each a
+    key of the config, dotted into sections, its value read as YAML."""
 
     name: str
     help: str | None = None
     key: str | None = None
     parse: str = "text"
     argtype: Callable[[str], Any] | None = None
+    nargs: str | None = None
+    choices: tuple | None = None
+    metavar: str | None = None
 
     def __post_init__(self):
         if self.parse not in FLAG_PARSES:  # a typo would otherwise parse as "ints" or fail mid-command
@@ -160,6 +165,7 @@ class DriverCommand:
     config_optional: bool = False
     needs_without_config: str | None = None  # flag required when no config is given, and the message
     variants: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # (kind, driver name, flags it takes)
+    needs_message: str | None = None  # the error when needs_without_config is missing (default: names the flag)
 
 
 @dataclass(frozen=True)
@@ -204,9 +210,28 @@ _DISTILL_FLAGS = (
     Flag("--threads", "torch CPU threads", argtype=int),
 )
 
+_TRAIN_FLAGS = (
+    Flag("--family", "family name (shortcut without a config file)"),
+    Flag("--preset", "model size preset", choices=("tiny", "small", "base")),
+    Flag("--steps", argtype=int),
+    Flag("--tokens", argtype=int),
+    Flag("--seeds", argtype=int, nargs="+"),
+    Flag("--name"),
+    Flag("--output-dir"),
+    Flag("--device"),
+    Flag("--precision", "forward number format: auto = bf16 on CUDA and on CPUs with amx_bf16/avx512_bf16 "
+                        "(config key `precision`)", choices=("auto", "fp32", "bf16")),  # workbench.precision.PRECISIONS
+    Flag("--set", "override a config key", parse="set", metavar="KEY=VALUE"),
+)
+
 # name -> its registration; the subcommands `bertology finetune|distill|peft|prune` are built from
 # the commands here (app/cli.py), so a new driver with a command needs no CLI code of its own.
 DRIVERS: dict[str, Registration] = {
+    "train": Registration("workbench.drivers.train",
+                          "train a model family (bertology train CONFIG.yaml | --family F --preset P)",
+                          DriverCommand("training config YAML (experiments/train/*.yaml)", _TRAIN_FLAGS, "seeds",
+                                        config_optional=True, needs_without_config="--family",
+                                        needs_message="give a CONFIG.yaml or --family")),
     "finetune": Registration("workbench.drivers.finetune", "fine-tune a checkpoint on a classification task over seeds",
                              DriverCommand("fine-tuning YAML (e.g. experiments/finetune_polarity.yaml); flags override it",
                                            _FINETUNE_FLAGS, "seeds", config_optional=True,
@@ -237,11 +262,43 @@ DRIVERS: dict[str, Registration] = {
                                    key="finetune.device"),
                               Flag("--seeds", "comma-separated seeds (replaces finetune.seeds)", key="finetune.seeds"),
                           ), "fine-tunings (full models, IMP rounds, retrained points)")),
+    "shadows": Registration("workbench.drivers.shadows",
+                            "train a LiRA shadow set: models on balanced random halves of a pool (docs/membership.md)",
+                            DriverCommand("shadow-set YAML (e.g. experiments/shadows/membership_shadows_tiny.yaml)", (
+                                Flag("--out", "set folder (default: the config's shadows.out or "
+                                              "<runs root>/shadows/<config file name>)"),
+                            ), "models")),
 }
 
 
+def parse_set(items: list[str] | None, flag: str = "--set") -> dict[str, Any]:
+    """`--set KEY=VALUE` items as overrides by the one rule (`workbench.coerce.apply_overrides`): the
+    key as written (dotted into sections), the value read as YAML; a null in it (`null`, `~`,
+    nothing), also inside a mapping, sets its key to None (`workbench.coerce.explicit_nulls`), where
+    a None override would change nothing. A malformed item is one ConfigError, before any work."""
+    import yaml
+
+    from workbench.coerce import explicit_nulls
+    from workbench.errors import yaml_problem
+
+    overrides: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"{flag} expects KEY=VALUE, got {item!r}")
+        key, text = (x for x in item.split("=", 1))
+        key = key.strip()
+        try:
+            overrides[key] = explicit_nulls(yaml.safe_load(text))
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{flag} {key}={text}: not a YAML value ({yaml_problem(err)})") from None
+    return overrides
+
+
 def parse_flag(flag: Flag, text: Any) -> Any:
-    """The override a flag's value gives (None when the flag was not given)."""
+    """The override a flag's value gives (None when the flag was not given); a `set` flag's is a
+    mapping of overrides (`parse_set`)."""
+    if flag.parse == "set":
+        return parse_set(text, flag.name)
     if text is None or flag.parse in ("text",) or flag.argtype is not None:
         return text
     if flag.parse == "switch":
@@ -290,3 +347,60 @@ def command(name: str) -> DriverCommand:
 def commands() -> list[str]:
     """The drivers with a subcommand of their own, in registry order."""
     return [name for name, reg in DRIVERS.items() if reg.command is not None]
+
+
+# ------------------------------------------------------------------------------------- the command line
+
+def add_command_arguments(parser, name: str) -> None:
+    """A registered driver's arguments on an argparse parser: the config positional, its flags and
+    the executor's (`bertology <name>`, and `python -m workbench.drivers.train` under torchrun)."""
+    from workbench.drivers.executor import add_executor_arguments
+
+    cmd = command(name)
+    parser.add_argument("config", nargs="?" if cmd.config_optional else None, help=cmd.config_help)
+    for flag in cmd.flags:
+        if flag.parse == "switch":
+            parser.add_argument(flag.name, action="store_true", help=flag.help)
+        elif flag.parse == "set":
+            parser.add_argument(flag.name, action="append", default=[], metavar=flag.metavar, help=flag.help)
+        else:
+            extra = {k: v for k, v in (("nargs", flag.nargs), ("choices", flag.choices), ("metavar", flag.metavar))
+                     if v is not None}
+            parser.add_argument(flag.name, type=flag.argtype, help=flag.help, **extra)
+    add_executor_arguments(parser, cmd.units)
+
+
+def run_command(name: str, args) -> str:
+    """What `bertology <name> [CONFIG] [flags]` does with its parsed arguments, for every driver with
+    a command: each flag an override of the config (a `--set` flag's items each their own), the
+    driver's load (validation before any work), its run through the executor; returns its report."""
+    from pathlib import Path
+
+    from workbench.drivers.executor import options_from_args
+    from workbench.io import read_yaml
+
+    cmd = command(name)
+    flags = {f.dest: f for f in cmd.flags}
+    options = options_from_args(args)  # bad --jobs / --executor: one line, before any work
+    needed = cmd.needs_without_config
+    if args.config is None and needed and getattr(args, next(f.dest for f in cmd.flags if f.name == needed)) is None:
+        raise ConfigError(cmd.needs_message or f"give {needed} PATH_OR_HUB_NAME (or a config YAML)")
+    data = read_yaml(Path(args.config)) if cmd.variants and args.config is not None else None
+    for kind, variant, allowed in cmd.variants:  # another driver runs this kind of file
+        if isinstance(data, dict) and data.get("kind") == kind:
+            given = [f.name for f in cmd.flags if f.name not in allowed and getattr(args, f.dest) not in (None, False)]
+            if given:
+                raise ConfigError(f"{', '.join(given)} do not apply to a config of kind {kind!r}; set them in the YAML")
+            flags = {k: f for k, f in flags.items() if f.name in allowed}
+            name = variant
+            break
+    overrides: dict[str, Any] = {}
+    for dest, f in flags.items():
+        value = parse_flag(f, getattr(args, dest))
+        if f.parse == "set":
+            overrides.update(value)
+        else:
+            overrides[f.override_key] = value
+    spec = get_driver(name)
+    cfg = spec.load(args.config if args.config is not None else {}, overrides)
+    return spec.report(spec.run(cfg, executor=options))

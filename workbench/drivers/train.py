@@ -77,9 +77,10 @@ import transformers
 from workbench.store.checkpoints import STEP_PREFIX, list_steps, seed_dir, step_dir
 from workbench.config import TrainConfig, load_train_config
 from workbench.data_cache import TokenizedCorpus
-from workbench.drivers.executor import Unit, add_executor_arguments, options_from_args, resolve_options, run_units
+from workbench.drivers.executor import Unit, UnitPlan, resolve_options, run_plan
+from workbench.drivers.spec import DriverSpec
 from workbench.dropout import use_fast_attention_dropout, use_fast_dropout
-from workbench.errors import CheckpointError, ConfigError, yaml_problem
+from workbench.errors import CheckpointError, ConfigError
 from workbench.families import get_family
 from workbench.families.base import FamilySpec
 from workbench.store.identity import tokenizer_hash
@@ -865,27 +866,36 @@ def train_from_config(path_or_dict, overrides: dict | None = None, hooks: Traini
 
     By default the seeds run one after the other in this process and share the corpus, tokenizer and
     tokenised corpus; `hooks` as in `train_seed`. With `executor` (`ExecutorOptions` or its name:
-    local processes, submitit, Slurm) each seed is a unit of the one executor: the data is prepared
-    here first (its caches on disk), then every worker opens it and trains its seed (one torch thread
-    each, no bars). Under torchrun the ranks share one seed at a time, so the executor is refused there,
-    as are hooks (they run in this process only).
+    local processes, submitit, Slurm) each seed is a unit of the one executor (`train_units`): the
+    data is prepared here first (its caches on disk), then every worker opens it and trains its seed
+    (one torch thread each, no bars). Under torchrun the ranks share one seed at a time, so the
+    executor is refused there, as are hooks (they run in this process only).
     """
     cfg = load_train_config(path_or_dict, overrides)
-    options = None if executor is None else resolve_options(executor, folder=str(run_dir(cfg, 0).parent / "submitit"))
+    options = None if executor is None else resolve_options(executor)
+    return run_plan(train_units(cfg, hooks=hooks), options)
+
+
+def train_units(cfg: TrainConfig, store=None, hooks: TrainingHooks | None = None) -> UnitPlan:
+    """The driver's units (`DriverSpec.units`): the seeds. In this process they share the prepared
+    data (`train_seed`); in workers each opens what the parent prepared (`train_seed_unit`), after
+    the refusals of `train_from_config`, which come before any data is built."""
     family = get_family(cfg.family)
     check_seq_len_warmup(cfg, family)  # before the corpus is built
-    parallel = options is not None and not options.runs_in_process(len(cfg.seeds))
-    if parallel and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError("--executor/--jobs spread seeds over processes; under torchrun the ranks already share each seed")
-    if parallel and hooks is not None and hooks != NO_HOOKS:
-        raise ConfigError("training hooks run in this process only: train with hooks without --executor/--jobs")
-    d = init_distributed(cfg.device)
-    data = prepare_data(cfg, family, d)
-    if not parallel:
-        return [train_seed(cfg, seed, data, d, hooks) for seed in cfg.seeds]
-    worker_cfg = dataclasses.replace(cfg, progress=False)  # not in the run's identity: the same folders
-    return run_units([Unit(train_seed_unit, (worker_cfg, seed), name=f"seed {seed}") for seed in cfg.seeds],
-                     options, desc="train seeds")
+
+    def units(parallel: bool) -> list[Unit]:
+        if parallel and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ConfigError("--executor/--jobs spread seeds over processes; under torchrun the ranks already share each seed")
+        if parallel and hooks is not None and hooks != NO_HOOKS:
+            raise ConfigError("training hooks run in this process only: train with hooks without --executor/--jobs")
+        d = init_distributed(cfg.device)
+        data = prepare_data(cfg, family, d)
+        if not parallel:
+            return [Unit(train_seed, (cfg, seed, data, d, hooks), name=f"seed {seed}") for seed in cfg.seeds]
+        worker_cfg = dataclasses.replace(cfg, progress=False)  # not in the run's identity: the same folders
+        return [Unit(train_seed_unit, (worker_cfg, seed), name=f"seed {seed}") for seed in cfg.seeds]
+
+    return UnitPlan(units, len(cfg.seeds), run_dir(cfg, 0).parent, desc="train seeds")
 
 
 def train_seed_unit(cfg: TrainConfig, seed: int) -> Path:
@@ -903,75 +913,53 @@ def read_log(run_folder: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-# ---- CLI ------------------------------------------------------------------------------------------
+# ---- the driver ---------------------------------------------------------------------------------
 
 
-def _parse_value(text: str, key: str = "value"):
-    """A `--set` value read as YAML; a `null` in it (or `~`, or nothing), also inside a mapping, sets
-    its key to None (`workbench.coerce.explicit_nulls`), where a None override changes nothing."""
-    import yaml
+def load_driver_config(source, overrides: dict | None = None) -> TrainConfig:
+    """The registry's load for `bertology train`: a config file (or mapping) with the flags' overrides,
+    or, without one (`{}`), `--family F --preset P`: that family at the preset's measured recipe
+    (`PRESET_RECIPES`; `--steps`/`--tokens` replace its steps; BERT's small recipe without NSP).
+    `--precision` decides alone: an older `cpu_bf16: true` in the file yields to it."""
+    overrides = dict(overrides or {})
+    if overrides.get("precision") is not None:
+        overrides["cpu_bf16"] = False
+    if isinstance(source, dict) and not source and overrides.get("family") is not None:
+        family, preset = overrides["family"], overrides.get("preset") or "small"
+        source = {"family": family, "preset": preset, "name": f"{family}_{preset}"}
+        recipe = dict(PRESET_RECIPES[preset])
+        if overrides.get("steps") is not None or overrides.get("tokens") is not None:
+            recipe.pop("steps")
+        if preset == "small" and family == "bert":
+            recipe["objective"] = {"nsp": False}
+        source.update(recipe)
+    return load_train_config(source, overrides)
 
-    from workbench.coerce import explicit_nulls
 
-    try:
-        return explicit_nulls(yaml.safe_load(text))
-    except yaml.YAMLError as err:
-        raise ConfigError(f"--set {key}={text}: not a YAML value ({yaml_problem(err)})") from None
+def _run(cfg: TrainConfig, store=None, executor=None) -> list[Path]:
+    return train_from_config(cfg, None, executor=executor)
+
+
+def report(finals: list[Path]) -> str:
+    """What `bertology train` prints: each seed's final checkpoint, one a line."""
+    return "\n".join(str(path) for path in finals)
+
+
+DRIVER = DriverSpec("train", TrainConfig, load_driver_config, _run, report, identity=TrainConfig.training_hash,
+                    units=train_units, collect=lambda cfg, store, plan, results: results)
 
 
 def train_cli_main(argv: list[str] | None = None) -> int:
-    """`bertology train CONFIG.yaml [--set key=value ...]` or `bertology train --family F --preset P`.
+    """`bertology train CONFIG.yaml [--set key=value ...]` or `bertology train --family F --preset P`
+    (and `python -m workbench.drivers.train` under torchrun): the registry's command
+    (`workbench.drivers.spec.DRIVERS["train"]`: --family, --preset, --steps, --tokens, --seeds S [S ...],
+    --name, --output-dir, --device, --precision auto|fp32|bf16, --set KEY=VALUE by the one override
+    rule, the executor's flags: seeds as units). Prints each seed's final checkpoint."""
+    from workbench.drivers.spec import add_command_arguments, run_command
 
-    Flags: --family, --preset, --steps, --tokens, --seeds S [S ...], --name, --output-dir, --device,
-    --precision auto|fp32|bf16,
-    --set KEY=VALUE (dotted keys, YAML values; repeatable), and the executor's flags (--executor,
-    --jobs, --slurm-partition, --timeout-min, --slurm-param: seeds as units). Prints each seed's final
-    checkpoint.
-    """
     p = argparse.ArgumentParser(prog="bertology train", description="Pretrain a model family (one loop for all).")
-    p.add_argument("config", nargs="?", help="training config YAML (experiments/train/*.yaml)")
-    p.add_argument("--family", help="family name (shortcut without a config file)")
-    p.add_argument("--preset", choices=("tiny", "small", "base"), help="model size preset")
-    p.add_argument("--steps", type=int)
-    p.add_argument("--tokens", type=int)
-    p.add_argument("--seeds", type=int, nargs="+")
-    p.add_argument("--name")
-    p.add_argument("--output-dir")
-    p.add_argument("--device")
-    p.add_argument("--precision", choices=PRECISIONS,
-                   help="forward number format: auto = bf16 on CUDA and on CPUs with amx_bf16/avx512_bf16 (config key `precision`)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    add_executor_arguments(p, "seeds")
-    args = p.parse_args(argv)
-    if args.config is None and args.family is None:
-        p.error("give a CONFIG.yaml or --family")
-    options = options_from_args(args, progress=False)  # bad --executor/--jobs/--slurm-partition: before any work
-    overrides: dict = {}
-    for item in args.set:
-        if "=" not in item:
-            p.error(f"--set expects KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        overrides[k.strip()] = _parse_value(v, k.strip())
-    for key in ("family", "preset", "steps", "tokens", "seeds", "name", "device", "precision"):
-        if getattr(args, key) is not None:
-            overrides[key] = getattr(args, key)
-    if args.output_dir:
-        overrides["output_dir"] = args.output_dir
-    if args.precision is not None:  # the switch decides alone: an older `cpu_bf16: true` in the file yields to it
-        overrides["cpu_bf16"] = False
-    if args.config is not None:
-        source = args.config
-    else:
-        preset = args.preset or "small"
-        source = {"family": args.family, "preset": preset, "name": f"{args.family}_{preset}"}
-        recipe = dict(PRESET_RECIPES[preset])
-        if args.steps is not None or args.tokens is not None:
-            recipe.pop("steps")
-        if preset == "small" and args.family == "bert":
-            recipe["objective"] = {"nsp": False}
-        source.update(recipe)
-    for path in train_from_config(source, overrides, executor=options):
-        print(path)
+    add_command_arguments(p, "train")
+    print(run_command("train", p.parse_args(argv)))
     return 0
 
 
