@@ -72,6 +72,7 @@ def test_the_olmpics_row_decides_on_the_raw_rule_against_chance(monkeypatch):
     assert [a[2]["tasks"] for a in asked] == [["antonym"], ["always-never"], ["multihop"]]
     assert all(a[2]["scoring"] == ["raw", "contextual", "pmi_dc"] and a[2]["n_test"] == 200 for a in asked)
     assert m.components["antonym - chance"] == pytest.approx((0.2, 0.13, 0.26))
+    assert (m.value, m.low, m.high) == pytest.approx((0.70, 0.63, 0.76))
     assert m.run_ids == ("run-antonym", "run-always-never", "run-multihop")
     assert "pmi_dc 0.500" in m.detail
     assert rows_lm.olmpics_test().decide(CITED, m).status == REPRODUCED
