@@ -145,6 +145,8 @@ class FamilySpec:
       (None: a BERT-like encoder); `non_embedding_params(model_config, classifier)` Kaplan et al.'s N
       (None: a BERT-like encoder); an unknown classifier kind raises `workbench.families.flops.UnknownClassifier`;
     - `attention_patterns`: its blocks have attention patterns to hook (ELMo's LSTMs do not);
+      `padding_offset_positions`: its learned positions start at padding_idx + 1 (RoBERTa), so it
+      reads `max_position_embeddings - pad - 1` tokens (`workbench.running.word_alignment`);
     - `lm_head`: where LM scores come from, "own" (the checkpoint's LM head), "bilm" (ELMo's
       softmax) or "generator" (ELECTRA's generator: `workbench.running.lm_scores`);
     - distillation: `distill_student` the family of a pretraining-distillation student of this
@@ -185,6 +187,7 @@ class FamilySpec:
     classifier_flops: Callable[[dict, int, str | None], tuple[dict, int]] | None = None
     non_embedding_params: Callable[[dict, str | None], int] | None = None
     attention_patterns: bool = True
+    padding_offset_positions: bool = False
     lm_head: str = "own"
     distill_student: str | None = None
     distill_unsupported: str | None = None

@@ -130,6 +130,7 @@ FAMILY = FamilySpec(
     objective=OBJECTIVE,
     auto_class="AutoModelForMaskedLM",
     hf_model_types=("roberta",),
+    padding_offset_positions=True,  # positions from pad_token_id + 1 (create_position_ids)
     classifier_heads={"encoder_mean": EncoderMeanHead("RobertaEncoderMeanForSequenceClassification",
                                                         "transformers.models.roberta.modeling_roberta",
                                                         "RobertaPreTrainedModel", "RobertaModel", "roberta")},

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from workbench.errors import CheckpointError, WorkbenchError
+from workbench.families import ModelTypeTable
 
 
 def first_not_none(*values):
@@ -253,8 +254,10 @@ class WordTokenizer:
         return WordBatch(ids, mask, word_ids, batch.n_words), cut
 
 
-# Models whose learned positions are offset by padding_idx + 1 (RoBERTa's create_position_ids).
-_PADDING_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text"}
+# Models whose learned positions are offset by padding_idx + 1 (RoBERTa's create_position_ids): the
+# families' (`FamilySpec.padding_offset_positions`) and foreign ones
+_PADDING_OFFSET_POSITIONS = ModelTypeTable(dict.fromkeys(("xlm-roberta", "camembert", "longformer", "data2vec-text"), True),
+                                           lambda spec: True if spec.padding_offset_positions else None, primary=False)
 # No limit in config or tokenizer (T5's relative positions, ELMo's LSTMs): windows of this size.
 DEFAULT_MAX_LENGTH = 512
 # HF tokenizers without a real limit store a huge placeholder (1e30; the workbench's own: 1e6).
