@@ -42,16 +42,16 @@ pruned on through the step where "good" stopped, and their masks at that step ar
 (the earlier equal-size comparison, by order rather than by Prasanna et al.'s construction).
 
 The `bertology prune` sweep runs the same curves and subnetworks (methods heads_good / heads_random
-/ heads_bad, `workbench.drivers.head_pruning.classifier_curve`, every step a masked checkpoint); this
-script is kept for what the sweep does not do: Prasanna et al.'s re-fine-tuning of the good /
-random / bad subnetworks from the *pretrained* weights (`--refinetune`), and the three curves of
-one fine-tuning in one report (prune_heads.json).
+/ heads_bad, `workbench.drivers.head_pruning.classifier_curve`, every step a masked checkpoint) and,
+with `heads: {refinetune: true}`, the re-fine-tuning as a stage of its units (`--jobs`,
+`--executor slurm`); this script's `--refinetune` calls that stage's unit for each subnetwork
+(`workbench.drivers.prune_sweep.refinetune_unit`: the same weights), and the script is kept for the
+three curves of one fine-tuning in one report (prune_heads.json) and `--subnetworks threshold`.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -65,7 +65,6 @@ from workbench.errors import ConfigError
 from workbench.drivers.finetune import load_finetune_config, prepare, run_finetune
 from workbench.running.classifier_loading import load_classifier
 from workbench.io import atomic_write_json, read_yaml
-from workbench.loop import TrainingHooks
 from workbench.paths import runs_root
 
 
@@ -136,12 +135,14 @@ def refinetune(args, base_cfg: dict, curves: dict, seed: int) -> dict:
     """Re-fine-tune the pretrained model under each order's subnetwork of the size "good" reached
     (`--subnetworks equal_size`: Prasanna et al.'s random and bad subnetworks; `threshold`: the
     random and bad curves' masks at that step, `prune_seed` pruned them that far), with the base
-    recipe."""
-    from workbench.running.models import ModelHandle
+    recipe: each one the prune sweep's re-fine-tuning unit (`workbench.drivers.prune_sweep.
+    refinetune_unit`, what `bertology prune` with `heads: {refinetune: true}` runs as a stage of its
+    units), under `<runs root>/prune_heads/refinetuned/seed-S-ORDER/`."""
+    from workbench.drivers.prune_sweep import refinetune_unit
 
     step = curves["good"]["threshold_step"]
-    base = ModelHandle.load(args.checkpoint)
     res = {"step": step, "n_removed": curves["good"]["steps"][step]["n_removed"], "subnetworks": args.subnetworks}
+    ft = load_finetune_config({**base_cfg, "epochs": args.refinetune_epochs or args.epochs})
     for order in H.ORDERS:
         if args.subnetworks == "equal_size":  # Prasanna et al.'s subnetworks, all of the good one's size
             kept, mlps = np.asarray(curves[order]["subnetwork"]["heads_kept"], bool), _mlps(curves[order]["subnetwork"])
@@ -150,19 +151,9 @@ def refinetune(args, base_cfg: dict, curves: dict, seed: int) -> dict:
             kept, mlps = np.asarray(steps[min(step, len(steps) - 1)]["heads_kept"], bool), _mlps(steps[min(step, len(steps) - 1)])
             if min(step, len(steps) - 1) != step:  # the order stopped early: its mask at the nearest step
                 res[f"{order}_note"] = f"curve ended at step {len(steps) - 1}"
-        # the masked pretrained model, a derived checkpoint named by what it holds (parent and mask)
-        masks = [str(args.checkpoint), kept.tolist()] + ([] if mlps is None else [mlps.tolist()])
-        key = hashlib.sha256(json.dumps(masks).encode()).hexdigest()[:12]
-        folder = runs_root() / "prune_heads" / "masked" / f"seed-{seed}-{order}-{key}"
-        if not folder.is_dir():
-            H.masked_handle(base, kept, mlps, method="heads", order=order, seed=seed, step=step).save(folder)
-        cfg = load_finetune_config({**base_cfg, "checkpoint": str(folder), "seeds": [seed],
-                                    "epochs": args.refinetune_epochs or args.epochs,
-                                    "name": f"refinetune-{order}-seed-{seed}", "baselines": False})
-        r = run_finetune(cfg, hooks=TrainingHooks(after_step=H.mask_keeper(kept, mlps)))
-        res[order] = {"dev": r.seeds[0].dev["accuracy"], "test": r.seeds[0].test["accuracy"],
-                      "n_kept": int(kept.sum()), "checkpoint": str(folder),
-                      **({} if mlps is None else {"n_mlps_kept": int(mlps.sum())})}
+        r = refinetune_unit(ft, str(runs_root() / "prune_heads"), seed, order, step, kept.tolist(),
+                            None if mlps is None else mlps.tolist())
+        res[order] = {k: r[k] for k in ("dev", "test", "n_kept", "checkpoint", "n_mlps_kept") if k in r}
         print(f"seed {seed} re-fine-tuned {order:6s} ({int(kept.sum())} heads"
               f"{'' if mlps is None else f', {int(mlps.sum())} MLPs'}): dev {res[order]['dev']:.3f} "
               f"test {res[order]['test']:.3f}", flush=True)

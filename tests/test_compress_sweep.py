@@ -603,6 +603,7 @@ def test_equal_size_random_or_bad_without_good_is_one_line_and_exit_2(pretrained
     ({"remove": [[0, 1]], "importance_split": "test"}, "heads: importance_split: 'test' is not one of dev, train"),
     ({"remove": [[0, 1]], "importance_batch": 0}, "heads: importance_batch: '0' is not a positive integer or 'finetune'"),
     ({"remove": [[0, 1]], "both_schedule": "x"}, "heads: both_schedule: 'x' is not one of continue, joint"),
+    ({"remove": [[0, 1]], "refinetune": True}, "heads: refinetune re-fine-tunes the good, random and bad subnetworks"),
 ])
 def test_bad_head_settings_are_one_line_and_exit_2_before_any_work(pretrained, tmp_path, heads, message, capsys):
     from app.cli import main

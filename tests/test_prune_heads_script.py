@@ -82,7 +82,7 @@ def test_recipe_resumes_the_sweeps_full_model_and_refinetunes_equal_sized_subnet
     # each re-fine-tuned model kept its mask: the removed heads' output columns are exactly zero
     for order in ("good", "random", "bad"):
         kept = masks[order]
-        trained = load_classifier(runs / "finetune" / f"refinetune-{order}-seed-0" / "seed-0" / "best")
+        trained = load_classifier(runs / "prune_heads" / "refinetuned" / f"seed-0-{order}" / "finetune" / "seed-0" / "best")
         d = trained.config.hidden_size // trained.config.num_attention_heads
         for layer, heads in enumerate(kept):
             w = trained.bert.encoder.layer[layer].attention.output.dense.weight
@@ -90,3 +90,87 @@ def test_recipe_resumes_the_sweeps_full_model_and_refinetunes_equal_sized_subnet
                 assert (torch.count_nonzero(w[:, h * d:(h + 1) * d]) > 0) == bool(k)
     saved = json.loads((tmp_path / "out" / "prune_heads.json").read_text())
     assert saved["summary"]["refinetuned_test"]["good"]["values"] == [ref["good"]["test"]]
+
+
+REFINETUNE_SWEEP = {"methods": ["heads_good", "heads_random", "heads_bad"], "heads": {"refinetune": True,
+                                                                                     "importance_examples": 16}}
+
+
+@pytest.mark.slow
+def test_the_sweeps_refinetune_stage_gives_the_scripts_subnetworks_and_weights(tiny_checkpoint, tmp_path, monkeypatch):
+    """`bertology prune` with `heads: {refinetune: true}` (issue 51: the re-fine-tuning as a stage of
+    the sweep's units) re-fine-tunes the same good / random / bad subnetworks as
+    experiments/prune_heads.py --refinetune on the same fine-tuned model: the same masks, the same
+    accuracies, the same weights, and the script's rows (metric accuracy_refinetuned). (Before the
+    script called the stage's unit, this test held against its own loop too.)"""
+    from types import SimpleNamespace
+
+    from workbench.drivers import head_pruning as H
+    from workbench.running.model_loading import load_tensors
+
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("BERTOLOGY_RUNS", str(runs))
+    finetune = {"checkpoint": str(tiny_checkpoint), "task": "sentence_polarity", "seeds": [0], "epochs": 1,
+                "lr": 1e-3, "batch_size": 16, "max_len": 32, "max_train_examples": 64, "max_eval_examples": 48,
+                "baselines": False, "device": "cpu", "progress": False}
+    value = np.array([[0.05, 3.0], [0.1, 0.3]])  # planted, as above: good stops at step 2
+    monkeypatch.setattr(H, "masked_accuracy", lambda model, enc, kept, *a, **k: float((value * kept).sum() / value.sum()))
+    monkeypatch.setattr(H, "head_importance", lambda model, batches, heads_kept=None, mlps_kept=None, **_:
+                        SimpleNamespace(heads=value, mlps=None))
+    cfg_file = tmp_path / "sweep.yaml"
+    cfg_file.write_text(yaml.safe_dump({"finetune": finetune, **REFINETUNE_SWEEP}))
+    cfg, ft = load_prune_config(cfg_file, {"output_dir": str(tmp_path / "sweep"), "progress": False})
+    swept = run_prune(cfg, ft, store=ResultsStore(tmp_path / "store"))
+    base = runs / "finetune" / "prune-heads-base"
+    base.mkdir(parents=True)
+    shutil.copytree(tmp_path / "sweep" / "full" / "seed-0", base / "seed-0")
+    report = _script().main([str(tiny_checkpoint), "--recipe", str(cfg_file), "--seeds", "0", "--importance-examples",
+                             "16", "--refinetune", "--out", str(tmp_path / "out")])
+    ref = report["seeds"]["0"]["refinetuned"]
+    rows = swept.rows[swept.rows["metric"] == "accuracy_refinetuned"]
+    assert len(rows) == 6
+    for order in H.ORDERS:
+        point = json.loads((tmp_path / "sweep" / "refinetuned" / f"seed-0-{order}" / "point.json").read_text())
+        assert (point["dev"], point["test"], point["n_kept"]) == (ref[order]["dev"], ref[order]["test"], ref[order]["n_kept"])
+        got = {s: float(rows[(rows["split"] == s) & rows["extra"].map(lambda e: e["order"] == order)]["value"].iloc[0])
+               for s in ("dev", "test")}
+        assert got == {"dev": ref[order]["dev"], "test": ref[order]["test"]}
+        ours = tmp_path / "sweep" / "refinetuned" / f"seed-0-{order}" / "finetune" / "seed-0" / "best"
+        theirs = runs / "prune_heads" / "refinetuned" / f"seed-0-{order}" / "finetune" / "seed-0" / "best"
+        a, b = load_tensors(ours / "model.safetensors"), load_tensors(theirs / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_the_refinetune_stage_in_local_processes_writes_the_rows_of_the_in_process_sweep(tiny_checkpoint, tmp_path,
+                                                                                      monkeypatch):
+    """The re-fine-tunings as units in two local processes (`--jobs 2`): the rows of the same sweep run
+    in this process, value for value (one torch thread in both)."""
+    from app.cli import main
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
+        finetune = {"checkpoint": str(tiny_checkpoint), "task": "sentence_polarity", "seeds": [0], "epochs": 1,
+                    "lr": 1e-3, "batch_size": 16, "max_len": 32, "max_train_examples": 64, "max_eval_examples": 48,
+                    "baselines": False, "device": "cpu", "threads": 1}
+        config = {"finetune": finetune, **REFINETUNE_SWEEP, "name": "tiny-heads", "progress": False}
+        cfg, ft = load_prune_config({**config, "output_dir": str(tmp_path / "seq")})
+        seq = run_prune(cfg, ft, store=ResultsStore(tmp_path / "store-seq"))
+        path = tmp_path / "prune.yaml"
+        path.write_text(yaml.safe_dump(config))
+        assert main(["prune", str(path), "--output-dir", str(tmp_path / "par"), "--jobs", "2"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    store = ResultsStore(tmp_path / "runs")
+    par = store.read(store.runs(name="tiny-heads")["run_id"].iloc[-1])
+    seq_rows = ResultsStore(tmp_path / "store-seq").read(seq.run_id)
+
+    def refinetuned(df):
+        df = df[df["metric"] == "accuracy_refinetuned"]
+        return sorted((int(r.seed), r.split, json.loads(r.extra)["order"] if isinstance(r.extra, str) else r.extra["order"],
+                       r.value) for r in df.itertuples())
+
+    assert len(refinetuned(par)) == 6 and refinetuned(par) == refinetuned(seq_rows)
+    assert len(par) == len(seq_rows)

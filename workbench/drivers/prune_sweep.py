@@ -41,7 +41,12 @@ A heads point is the fine-tuned model with the removed heads' columns of the att
 projection zeroed (`workbench.drivers.head_pruning.apply_mask`: the same outputs as gating their context
 vectors), saved like every point; its manifest params hold `heads_kept` (layer x head bools), the
 order and the pruning step. The `heads:` mapping is `workbench.drivers.head_pruning.HeadPruningSettings`
-less `orders` (the methods say which) and `refinetune` (experiments/prune_heads.py re-fine-tunes).
+less `orders` (the methods say which). With `heads: {refinetune: true}` (methods heads_good,
+heads_random and heads_bad, `subnetworks: equal_size`) a last stage of units re-fine-tunes each
+seed's good, random and bad subnetwork from the *pretrained* weights with the mask kept through
+training (Prasanna et al. 2020; `refinetune_unit`: the masked pretrained model as a derived
+checkpoint under `refinetuned/`, the sweep's fine-tuning recipe, its result in `point.json`), rows
+`accuracy_refinetuned` per seed, order and split (what experiments/prune_heads.py --refinetune wrote).
 
 Layout (resumable: a point whose `point.json` exists is read back, not recomputed):
 ```
@@ -75,13 +80,15 @@ Concerns:
 - the grid and its points (names, the seed's shared state, counts): `point_name`, `amount_label`,
   `Seeded`, `Sweep`, `weight_counts`, `DerivedPoints`
 - the driver (stages of units, one results-store run) and its printout: `PruneResult`,
-  `unit_stages`, `run_unit`, `run_prune`, `report`
+  `unit_stages`, `run_unit`, `run_prune`, `report`; its last stage, the heads' re-fine-tuning:
+  `refinetune_stage`, `refinetune_unit`, `refinetune_rows`
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import math
 import shutil
@@ -91,6 +98,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from workbench.drivers import head_pruning as H
@@ -217,11 +225,14 @@ def load_prune_config(source: str | Path | dict, overrides: dict | None = None,
 
 def head_settings(cfg: PruneConfig, where: str = "prune config") -> H.HeadPruningSettings:
     """The `heads:` mapping as `HeadPruningSettings` (one ConfigError naming the file and key)."""
-    for key, why in (("orders", "list the methods heads_good / heads_random / heads_bad instead"),
-                     ("refinetune", "re-fine-tuning subnetworks is experiments/prune_heads.py --refinetune")):
-        if key in cfg.heads:
-            raise ConfigError(f"{where}: heads: {key}: not a sweep setting ({why})")
+    if "orders" in cfg.heads:
+        raise ConfigError(f"{where}: heads: orders: not a sweep setting (list the methods heads_good / "
+                          f"heads_random / heads_bad instead)")
     settings = H.load_settings(cfg.heads, f"{where}: heads")
+    orders = [m for m in ("heads_good", "heads_random", "heads_bad") if m in cfg.methods]
+    if settings.refinetune and (len(orders) < 3 or settings.subnetworks != "equal_size"):
+        raise ConfigError(f"{where}: heads: refinetune re-fine-tunes the good, random and bad subnetworks of equal "
+                          f"size: list heads_good, heads_random and heads_bad with subnetworks: equal_size")
     if "heads_remove" in cfg.methods and not settings.remove:
         raise ConfigError(f"{where}: heads: remove: method heads_remove needs (layer, head) pairs here")
     sized = [m for m in EQUAL_SIZE_POINTS if m in cfg.methods]
@@ -427,6 +438,7 @@ class Sweep:
         self.cfg, self.ft, self.run, self.folder = cfg, ft, run, folder
         self.points: list[dict] = []
         self.head_rows: list[dict] = []  # surviving-heads rows of the heads orders (module docstring)
+        self.subnetworks: dict[tuple[int, str], Any] = {}  # (seed, order) -> its subnetwork (a PruningStep)
         self.mlm = None  # imp_mlm: ({sparsity: masks of the pretraining module}, that module, settings)
         self.derived = DerivedPoints(self)  # the points that need no retraining
 
@@ -797,6 +809,7 @@ class DerivedPoints:
         sized = settings.subnetworks == "equal_size" and method in EQUAL_SIZE_POINTS
         chosen = H.order_subnetwork({order: curve, "good": self.head_curve(s, "good", settings)} if sized
                                     else {order: curve}, order, s.seed, "equal_size" if sized else "threshold")
+        self.sweep.subnetworks[(s.seed, order)] = chosen  # what `heads: refinetune` re-fine-tunes
         self.sweep.head_rows += [r for r in H.curve_rows(curve, model=H.METHOD, family=self.sweep.run.family,
                                                          seed=s.seed, task=self.sweep.ft.task, subnetwork=chosen,
                                                          subnetwork_kind="equal_size" if sized else "threshold")
@@ -882,6 +895,68 @@ def run_unit(cfg: PruneConfig, ft, folder: str, data, seed: int | None, method: 
         sweep.retrained_point(s, method, amount, imp_masks)
 
 
+def refinetune_stage(cfg: PruneConfig, ft, sweep: "Sweep", folder: Path, options) -> list[dict]:
+    """`heads: refinetune`: every seed's good, random and bad subnetwork re-fine-tuned (`refinetune_unit`),
+    the executor's units (a worker gets the masks as plain lists); their records in (seed, order) order."""
+    from workbench.drivers.executor import Unit, replace_threads, run_driver_units
+
+    todo = [(seed, order) for seed in ft.seeds for order in H.ORDERS]
+    good_step = {seed: sweep.subnetworks[(seed, "good")].step for seed in ft.seeds}
+
+    def units(parallel: bool) -> list:
+        unit_ft = replace_threads(ft) if parallel else ft
+        out = []
+        for seed, order in todo:
+            sub = sweep.subnetworks[(seed, order)]
+            mlps = None if sub.mlps_kept is None else np.asarray(sub.mlps_kept, bool).tolist()
+            out.append(Unit(refinetune_unit, (unit_ft, str(folder), seed, order, good_step[seed],
+                                              np.asarray(sub.heads_kept, bool).tolist(), mlps),
+                            name=f"refinetune {order} seed {seed}"))
+        return out
+
+    return run_driver_units(units, len(todo), options, folder, desc="re-fine-tunings")
+
+
+def refinetune_unit(ft, folder: str, seed: int, order: str, step: int, heads_kept: list, mlps_kept: list | None) -> dict:
+    """One subnetwork re-fine-tuned from the pretrained weights (Prasanna et al. 2020), an executor
+    unit: the masked pretrained model saved as a derived checkpoint named by its parent and mask
+    (`head_pruning.masked_handle`), fine-tuned by the sweep's recipe for this seed with the mask kept
+    through training (`head_pruning.mask_keeper`); its record in `refinetuned/seed-S-ORDER/point.json`
+    (found there on a rerun). As experiments/prune_heads.py --refinetune, the same weights."""
+    from workbench.drivers.finetune import load_finetune_config, run_finetune
+    from workbench.loop import TrainingHooks
+    from workbench.running.models import ModelHandle
+
+    out = Path(folder) / "refinetuned" / f"seed-{seed}-{order}"
+    done = out / "point.json"
+    if done.is_file():
+        return json.loads(done.read_text(encoding="utf-8"))
+    kept = np.asarray(heads_kept, bool)
+    mlps = None if mlps_kept is None else np.asarray(mlps_kept, bool)
+    masks = [str(ft.checkpoint), kept.tolist()] + ([] if mlps is None else [mlps.tolist()])
+    key = hashlib.sha256(json.dumps(masks).encode()).hexdigest()[:12]
+    masked = out / f"masked-{key}"
+    if not masked.is_dir():
+        H.masked_handle(ModelHandle.load(ft.checkpoint), kept, mlps, method="heads", order=order, seed=seed,
+                        step=step).save(masked)
+    cfg = load_finetune_config(ft, {"checkpoint": str(masked), "seeds": [seed], "baselines": False,
+                                    "name": f"refinetune-{order}-seed-{seed}", "output_dir": str(out / "finetune")})
+    r = run_finetune(cfg, hooks=TrainingHooks(after_step=H.mask_keeper(kept, mlps)))
+    record = {"seed": seed, "order": order, "dev": r.seeds[0].dev["accuracy"], "test": r.seeds[0].test["accuracy"],
+              "n_kept": int(kept.sum()), "checkpoint": str(masked),
+              **({} if mlps is None else {"n_mlps_kept": int(mlps.sum())})}
+    atomic_write_json(done, record)
+    return record
+
+
+def refinetune_rows(records: list[dict], ft) -> list[dict]:
+    """The re-fine-tuned accuracies as rows (metric accuracy_refinetuned; experiments/prune_heads.py's)."""
+    return [{"model": str(ft.checkpoint), "seed": int(r["seed"]), "probe": H.PROBE, "task": ft.task, "split": split,
+             "metric": "accuracy_refinetuned", "value": r[split],
+             "extra": {"method": H.METHOD, "order": r["order"], "n_kept": r["n_kept"], "checkpoint": r["checkpoint"]}}
+            for r in records for split in ("dev", "test")]
+
+
 def run_prune(cfg: PruneConfig, ft, store=None, data=None, executor=None) -> PruneResult:
     """Run every point of the sweep (resuming finished ones) and write one results-store run.
     `data` replaces the task's examples (tests plant a task, as `run_finetune` allows); `executor`
@@ -927,6 +1002,8 @@ def run_prune(cfg: PruneConfig, ft, store=None, data=None, executor=None) -> Pru
         sweep.run_seed(seed)
     rows = build_rows(sweep.points, ft.task, run.family, name)
     rows += [{**r, "extra": {**r["extra"], "sweep": name}} for r in sweep.head_rows]
+    if head_settings(cfg).refinetune:  # the last stage: the subnetworks re-fine-tuned, each a unit
+        rows += refinetune_rows(refinetune_stage(cfg, ft, sweep, folder, options), ft)
     frame = pd.DataFrame(rows)
     with atomic_path(folder / "rows.csv") as tmp:  # readable without the store (e.g. copied off a GPU machine)
         frame.assign(extra=frame["extra"].map(lambda e: json.dumps(e, sort_keys=True, default=str))).to_csv(tmp, index=False)
