@@ -142,11 +142,15 @@ def test_the_sweeps_refinetune_stage_gives_the_scripts_subnetworks_and_weights(t
 
 
 @pytest.mark.slow
-def test_the_refinetune_stage_in_local_processes_writes_the_rows_of_the_in_process_sweep(tiny_checkpoint, tmp_path,
+@pytest.mark.parametrize("executor", [pytest.param("local"), pytest.param("slurm", marks=pytest.mark.slurm)])
+def test_the_refinetune_stage_in_local_processes_writes_the_rows_of_the_in_process_sweep(executor, request,
+                                                                                      tiny_checkpoint, tmp_path,
                                                                                       monkeypatch):
-    """The re-fine-tunings as units in two local processes (`--jobs 2`): the rows of the same sweep run
-    in this process, value for value (one torch thread in both)."""
+    """The re-fine-tunings as units in two local processes (`--jobs 2`) or as Slurm jobs on the test
+    session's cluster: the rows of the same sweep run in this process, value for value (one torch
+    thread in both)."""
     from app.cli import main
+    from tests.slurm_cluster import executor_flags
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -160,7 +164,8 @@ def test_the_refinetune_stage_in_local_processes_writes_the_rows_of_the_in_proce
         seq = run_prune(cfg, ft, store=ResultsStore(tmp_path / "store-seq"))
         path = tmp_path / "prune.yaml"
         path.write_text(yaml.safe_dump(config))
-        assert main(["prune", str(path), "--output-dir", str(tmp_path / "par"), "--jobs", "2"]) == 0
+        flags = executor_flags(executor, request) if executor == "slurm" else []
+        assert main(["prune", str(path), "--output-dir", str(tmp_path / "par"), "--jobs", "2", *flags]) == 0
     finally:
         torch.set_num_threads(before)
     store = ResultsStore(tmp_path / "runs")

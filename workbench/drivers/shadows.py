@@ -270,6 +270,15 @@ def train_shadow_model(cfg: ShadowsConfig, m: int, ctx: _PretrainSet | None = No
 
 # ------------------------------------------------------------------------ classifiers
 
+def finetune_pool(data, max_examples: int | None, seed: int) -> list[int]:
+    """Indices of a seeded sample of `max_examples` examples of the task's train split (all when None)."""
+    train = list(data.splits["train"])
+    if max_examples is not None and max_examples < len(train):
+        pick = np.sort(np.random.default_rng(seed).permutation(len(train))[:max_examples])
+        train = [train[i] for i in pick]
+    return train
+
+
 @dataclass
 class _FinetuneSet:
     out: Path
