@@ -69,7 +69,7 @@ def test_probe_code_version_joins_the_run_key(tmp_path, two_checkpoints, monkeyp
     from probes import syntax
 
     path = _sweep_file(tmp_path, two_checkpoints)
-    assert syntax.PROBE.version == 5  # 2: the structural probe's learning-rate decay; 3: its factor 0.1; 4: issue 42's fit; 5: issue 49
+    assert syntax.PROBE.version == 6  # 2: the structural probe's learning-rate decay; 3: its factor 0.1; 4: issue 42's fit; 5, 6: issue 49
     current = [job["key"] for job in plan_runs(load_experiment(path))]
     monkeypatch.setattr(syntax.PROBE, "version", 1)
     plan = plan_runs(load_experiment(path))

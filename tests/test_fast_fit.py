@@ -46,9 +46,10 @@ def test_auto_picks_lbfgs_up_to_the_layer_size_limit_and_adam_above(monkeypatch)
     # the defaults that follow from the choice: the linear Adam fit's own, L-BFGS's and the MLP's as before
     big, small, mlp = (resolved_config(ProbeConfig(**kw), n, 768)
                        for kw, n in (({}, 10**5), ({}, 10), ({"kind": "mlp"}, 10)))
-    assert (big.optimizer, big.lr, big.batch_size, big.stop_on) == ("adam", 5e-3, 128, "loss")
-    assert (small.optimizer, small.stop_on) == ("lbfgs", "accuracy")
-    assert (mlp.lr, mlp.batch_size, mlp.stop_on) == (3e-3, 256, "accuracy")
+    assert (big.optimizer, big.lr, big.batch_size, big.stop_on, big.polish) == ("adam", 5e-3, 128, "loss", 100)
+    assert (small.optimizer, small.stop_on, small.polish) == ("lbfgs", "accuracy", 0)
+    assert (mlp.lr, mlp.batch_size, mlp.stop_on, mlp.polish) == (3e-3, 256, "accuracy", 0)
+    assert resolved_config(ProbeConfig(polish=0), 10**5, 768).polish == 0  # the fit before issue 49's polish
     assert resolved_config(ProbeConfig(stop_on="accuracy", batch_size=64, lr=0.1), 10**5, 768).stop_on == "accuracy"
     # a fit records the optimiser it used; the limit counts words x features of one layer, not layers
     monkeypatch.setattr(fitting, "AUTO_LBFGS_MAX_ENTRIES", 300 * 4)
@@ -83,7 +84,45 @@ def test_default_fit_is_within_0_3_points_of_the_converged_fit_on_every_layer():
     # Layer 0 is pure noise: the converged fit's accuracy there is chance plus what it fitted to the
     # noise, the early-stopped fit keeps the label prior (its dev loss never improves on it); both are
     # at chance, which is all a 0.3-point comparison could mean there.
-    assert abs(acc_conv[0] - 1 / c) < 0.01 and abs(acc_fast[0] - 1 / c) < 0.01 and fast.best_step[0] == 0
+    # (The polish may keep a checkpoint of its own there when the dev accuracy favours it by chance.)
+    assert abs(acc_conv[0] - 1 / c) < 0.01 and abs(acc_fast[0] - 1 / c) < 0.01
+
+
+def _memorisation(n: int, types: int, h: int, c: int, seed: int):
+    """A control-task-like problem (Hewitt & Liang 2019): words of Zipf-distributed types, each type a
+    fixed vector (anisotropic: its coordinates' scales fall as 1/sqrt(k), then rotated) plus a little
+    noise, and ONE random label per type. Accuracy comes from memorising types, as on a model's first
+    layers; seen types dominate every split, as they do in a corpus."""
+    rng0 = np.random.default_rng(99)  # the same types and labels in every split
+    emb = rng0.standard_normal((types, h)) * np.arange(1, h + 1) ** -0.5
+    emb = (emb @ np.linalg.qr(rng0.standard_normal((h, h)))[0]).astype(np.float32)
+    label = rng0.choice(c, types, p=np.r_[0.4, np.full(c - 1, 0.6 / (c - 1))])
+    p = 1 / np.arange(1, types + 1)
+    rng = np.random.default_rng(seed)
+    t = rng.choice(types, n, p=p / p.sum())
+    return (emb[t] + 0.01 * rng.standard_normal((n, h), dtype=np.float32))[None], label[t]
+
+
+@pytest.mark.slow
+def test_default_fit_memorises_a_control_task_as_the_converged_fit_does():
+    """Issue 49: six epochs of Adam memorise fewer per-type labels than the regularised optimum (on
+    SmolLM2's control task, layers 0 and 1, 3.3 and 2.4 points below the converged fit). Here the Adam
+    fit alone (`polish: 0`, the default before) is >1 point below L-BFGS run to its tolerance; the
+    default, Adam then up to 100 L-BFGS iterations from its weights kept by dev accuracy, is within 0.3."""
+    c, h, types = 10, 128, 2000
+    x_fit, y_fit = _memorisation(20_000, types, h, c, seed=1)
+    x_stop, y_stop = _memorisation(4_000, types, h, c, seed=2)
+    x_ev, y_ev = _memorisation(20_000, types, h, c, seed=3)
+    assert x_fit.shape[1] * h > AUTO_LBFGS_MAX_ENTRIES  # the default takes the Adam path
+    converged = fit_probe(x_fit, y_fit, num_classes=c, optimizer="lbfgs", early_stopping=False, max_iter=2000)
+    assert converged.steps < 2000
+    acc_conv = converged.accuracy(x_ev, y_ev)[0]
+    adam_only = fit_probe(x_fit, y_fit, x_stop, y_stop, num_classes=c, polish=0).accuracy(x_ev, y_ev)[0]
+    fast = fit_probe(x_fit, y_fit, x_stop, y_stop, num_classes=c)
+    assert fast.config.optimizer == "adam" and fast.config.polish == 100
+    acc_fast = fast.accuracy(x_ev, y_ev)[0]
+    assert (acc_conv - adam_only) * 100 > 1.0, (adam_only, acc_conv)
+    assert (acc_fast - acc_conv) * 100 >= -0.3, (acc_fast, acc_conv)
 
 
 # --------------------------------------------------------------------------- memory
@@ -236,7 +275,7 @@ def test_steps_count_the_dev_checks_made_with_or_without_a_dev_set(k, batches):
     x, y = _planted(batches * 32, 4, [1.0], 3, seed=7)
     xd, yd = _planted(60, 4, [1.0], 3, seed=8)
     common = dict(num_classes=3, optimizer="adam", epochs=4, min_steps=1, batch_size=32, checks_per_epoch=k,
-                  patience=1000)
+                  patience=1000, polish=0)
     with_dev = fit_probe(x, y, xd, yd, **common)
     without = fit_probe(x, y, **common)
     # an epoch has `batches` or `batches + 1` batches (its random offset may cut one short batch)

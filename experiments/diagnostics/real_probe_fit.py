@@ -91,6 +91,9 @@ def features(model: str, tag: str, out: Path) -> None:
 LABELS = os.environ.get("RPF_LABELS", "")  # "", "-xpos" or "-control": the label set `fits` reads
 # RPF_LAYERS=0,3,6 (environment): fit and score only these layers (`fits`, `mdl`; default all)
 LAYERS = [int(v) for v in os.environ["RPF_LAYERS"].split(",")] if os.environ.get("RPF_LAYERS") else None
+# RPF_SUFFIX=-L2_8 (environment): appended to the names `fits` saves (several runs of one fit on
+# different layers side by side; `fits` compares against every saved converged-* run, layer by layer)
+SUFFIX = os.environ.get("RPF_SUFFIX", "")
 
 
 def labels(tag: str, out: Path) -> None:
@@ -183,10 +186,12 @@ def fit_config(name: str) -> dict:
         return dict(optimizer="lbfgs")
     if name == "converged":
         return dict(optimizer="lbfgs", early_stopping=False, max_iter=1000)
+    if name.startswith("converged-") and name[10:].isdigit():  # a larger iteration cap
+        return dict(optimizer="lbfgs", early_stopping=False, max_iter=int(name[10:]))
     parts = name.split("-")
     if parts[0] != "adam" or len(parts) < 4:
         sys.exit(f"real_probe_fit: unknown fit {name!r} (default | lbfgs | converged | adam-EPOCHS-LR-BATCH[-cK][-loss][-noes])")
-    config = dict(optimizer="adam", epochs=int(parts[1]), lr=float(parts[2]), batch_size=int(parts[3]), min_steps=1)
+    config = dict(optimizer="adam", epochs=int(parts[1]), lr=float(parts[2]), batch_size=int(parts[3]), min_steps=1, polish=0)
     for part in parts[4:]:
         if part.startswith("c"):
             config["checks_per_epoch"] = int(part[1:])
@@ -194,6 +199,8 @@ def fit_config(name: str) -> dict:
             config["stop_on"] = "loss"
         elif part == "acc":
             config["stop_on"] = "accuracy"
+        elif part.startswith("p") and part[1:].isdigit():
+            config["polish"] = int(part[1:])
         elif part == "noes":
             config["early_stopping"] = False
         else:
@@ -209,16 +216,42 @@ def fits(tag: str, out: Path, names: list[str]) -> None:
         acc = correct.mean(1)
         print(f"{name}{LABELS}: {seconds:.1f}s steps={steps} mean={acc.mean():.4f} min={acc.min():.4f}\n"
               f"  per layer: {np.round(acc, 4).tolist()}", flush=True)
-        save_array(out / f"{tag}{LABELS}-acc-{name}.npy", acc)
-        save_array(out / f"{tag}{LABELS}-correct-{name}.npy", correct)
-        reference = out / f"{tag}{LABELS}-correct-converged.npy"
-        if name != "converged" and reference.exists():
-            diff = correct.astype(np.float64) - np.load(reference)
-            gap, se = diff.mean(1) * 100, diff.std(1) / np.sqrt(diff.shape[1]) * 100
-            worst = int(np.argmax(np.abs(gap)))
-            print(f"  minus converged (points): {np.round(gap, 2).tolist()}\n"
-                  f"  largest |gap| {abs(gap[worst]):.2f} at layer {worst} (paired s.e. {se[worst]:.2f}); "
-                  f"layers more than 0.3 below: {np.flatnonzero(gap < -0.3).tolist()}", flush=True)
+        layers = np.array(LAYERS if LAYERS is not None else range(len(acc)))
+        stem = f"{tag}{LABELS}-%s-{name}{SUFFIX}.npy"
+        save_array(out / (stem % "acc"), acc)
+        save_array(out / (stem % "correct"), correct)
+        save_array(out / (stem % "layers"), layers)
+        if name != "converged":
+            compare(out, tag, layers, correct)
+
+
+def reference_rows(out: Path, tag: str) -> dict[int, np.ndarray]:
+    """Layer -> per-word correctness of every saved `converged` fit of TAG (RPF_LABELS): the fit of
+    all layers, and any runs of some layers (TAG-correct-converged-L0_1.npy with its -layers- file)."""
+    rows: dict[int, np.ndarray] = {}
+    # a run with a larger cap (converged-N) replaces the 1,000-iteration one on its layers
+    paths = sorted(out.glob(f"{tag}{LABELS}-correct-converged*.npy"), key=lambda p: (p.name.startswith(f"{tag}{LABELS}-correct-converged-") and p.name[len(f"{tag}{LABELS}-correct-converged-"):][:1].isdigit(), p.name))
+    for path in paths:
+        lpath = path.with_name(path.name.replace("-correct-", "-layers-"))
+        correct = np.load(path)
+        layers = np.load(lpath) if lpath.exists() else np.arange(len(correct))
+        rows.update({int(layer): row for layer, row in zip(layers, correct)})
+    return rows
+
+
+def compare(out: Path, tag: str, layers: np.ndarray, correct: np.ndarray) -> None:
+    """Print a fit's per-layer gap to the converged reference (where one is saved) with its paired s.e."""
+    ref = reference_rows(out, tag)
+    have = [i for i, layer in enumerate(layers) if int(layer) in ref]
+    if not have:
+        return
+    diff = correct[have].astype(np.float64) - np.stack([ref[int(layers[i])] for i in have])
+    gap, se = diff.mean(1) * 100, diff.std(1) / np.sqrt(diff.shape[1]) * 100
+    worst = int(np.argmin(gap))
+    print(f"  layers {[int(layers[i]) for i in have]} minus converged (points): {np.round(gap, 2).tolist()}\n"
+          f"  paired s.e.: {np.round(se, 2).tolist()}\n"
+          f"  lowest {gap[worst]:+.2f} at layer {int(layers[have[worst]])} (paired s.e. {se[worst]:.2f}); "
+          f"layers more than 0.3 below: {[int(layers[have[i]]) for i in np.flatnonzero(gap < -0.3)]}", flush=True)
 
 
 def _status_mb() -> dict[str, float]:

@@ -78,5 +78,6 @@ PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prep
                          description="oLMpics cloze (Talmor et al. 2020): zero-shot with the model's own head, "
                                      "logit lens, blank probe, learning curves",
                          summary=summary, twin_once_per_run=True,
-                         version=3)  # 2: the blank probe's default fit of issue 42 (auto by words x features);
-                                     # 3: issue 49's scoring rules (pmi -> contextual, pmi_dc; no [MASK]-slot PLL)
+                         version=4)  # 2: the blank probe's default fit of issue 42 (auto by words x features);
+                                     # 3: issue 49's scoring rules (pmi -> contextual, pmi_dc; no [MASK]-slot PLL);
+                                     # 4: the linear Adam fit's L-BFGS polish (issue 49, `ProbeConfig.polish`)

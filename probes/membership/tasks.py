@@ -372,7 +372,7 @@ PROBE = runner.ProbeSpec(name=NAME, tasks=TASKS, settings=Settings, prepare=prep
                          description="membership inference from manifests: LOSS, zlib, reference, Min-K%, Min-K%++, "
                                      "LiRA; layer-wise membership probe",
                          summary=summary, twin_once_per_run=_twin_same_for_every_step,
-                         version=3,  # 2: the layer probe's default fit of issue 42 (auto by words x features); 3: L-BFGS to its tolerances (issue 49)
+                         version=4,  # 2: the layer probe's default fit of issue 42 (auto by words x features); 3: L-BFGS to its tolerances (issue 49); 4: the Adam fit's L-BFGS polish (issue 49)
                          roles={"reference": runner.Role("reference", used=lambda s: bool(set(s.attacks) & set(REFERENCE_ATTACKS))),
                                 "shadows": runner.Role("shadows", many=True, lazy=True, checkpoints=shadow_checkpoints,
                                                        used=lambda s: "lira" in s.attacks)})
