@@ -6,12 +6,16 @@ the half-precision cache on a real model's features.
       of them the stop set, 500 dev sentences, seed 0) and saves the UPOS fit / stop / eval feature
       arrays ([L, words, H] float32) and labels as OUT_DIR/TAG-*.npy|npz
   python experiments/diagnostics/real_probe_fit.py fits TAG OUT_DIR FIT[,FIT...]
-      FIT = default (today's) | lbfgs (the default before issue 42: L-BFGS, early stopping) |
-      converged (L-BFGS, no early stopping, to its tolerance or 1,000 iterations) |
-      adam-EPOCHS-LR-BATCH[-cK][-loss][-noes] (K dev checks per epoch, early stopping on the dev
-      loss, no early stopping); prints seconds and accuracy, saves the per-layer eval accuracy as
-      OUT_DIR/TAG-acc-FIT.npy and the per-word correctness as OUT_DIR/TAG-correct-FIT.npy; once
-      `converged` is saved, prints each fit's per-layer difference from it with its paired standard error
+      FIT = default (today's: Adam then the L-BFGS polish) | lbfgs (the default before issue 42:
+      L-BFGS, early stopping) | converged (L-BFGS, no early stopping, to its tolerance or 1,000
+      iterations; converged-N: N iterations at most) |
+      adam-EPOCHS-LR-BATCH[-cK][-loss][-acc][-noes][-pN] (K dev checks per epoch, early stopping on
+      the dev loss / accuracy, no early stopping, N polish iterations: without -pN no polish, so
+      adam-6-0.005-128-loss is the default before issue 49's polish); prints seconds and accuracy,
+      saves the per-layer eval accuracy as OUT_DIR/TAG-acc-FIT.npy, the per-word correctness as
+      OUT_DIR/TAG-correct-FIT.npy and the layers fitted as OUT_DIR/TAG-layers-FIT.npy; prints each
+      fit's per-layer difference from the saved converged fits (every run of `converged*`, matched
+      by layer; converged-N replaces converged) with its paired standard error
   python experiments/diagnostics/real_probe_fit.py memory TAG OUT_DIR [FIT [FITTING_PY]]
       peak memory of one fit (default: `default`) of the saved fit features read lazily from their
       memmap (as the syntax probe's FeatureView reads the activation cache): VmHWM, RssAnon, RssFile
@@ -24,6 +28,7 @@ the half-precision cache on a real model's features.
       per word type drawn from the UPOS train distribution, `baselines.control_labels`, seed 0;
       OUT_DIR/TAG-y-control.npz), in the format of TAG-y.npz
   RPF_LAYERS=0,3,6 (environment): `fits` and `mdl` fit only these layers (a busy machine)
+  RPF_SUFFIX=-L0_1 (environment): appended to the names `fits` saves (runs on different layers)
   RPF_LABELS=-xpos | -control (environment): `fits` reads TAG-y$RPF_LABELS.npz and writes its
       outputs as TAG$RPF_LABELS-acc-FIT.npy (default: UPOS)
   python experiments/diagnostics/real_probe_fit.py mdl TAG OUT_DIR [FITTING_PY]
