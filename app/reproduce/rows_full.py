@@ -32,7 +32,7 @@ from workbench.errors import ConfigError
 Z = 1.959963984540054
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 # expected wall time of the real row: (2 shared CPU cores, one thread; one GPU), minutes
-FULL_MINUTES = {"duan2024": (5, 2), "chen2020": (120, 10), "michel2019": (45, 5), "sanh2019": (40, 4), "houlsby2019": (60, 6),
+FULL_MINUTES = {"duan2024": (3, 1), "chen2020": (120, 10), "michel2019": (45, 5), "sanh2019": (10, 2), "houlsby2019": (60, 6),
                 "hewitt_manning2019_causal_protocol": (120, 10)}
 # the real rows' fine-tuning recipe (experiments/prune/minilm_polarity_cpu3.yaml's, one seed)
 FINETUNE = {"checkpoint": MINILM, "task": "sentence_polarity", "seeds": [0], "epochs": 2, "lr": 1.0e-4,
@@ -194,7 +194,8 @@ def measure_distillation(ctx) -> Measurement:
     t, s = acc[roles == "teacher"].iloc[0], acc[roles == "student"].iloc[0]
     t_acc, s_acc = (float(t["value"]), int(t["n"])), (float(s["value"]), int(s["n"]))
     kept = ratio(s_acc, t_acc)
-    return Measurement(value=kept[0], low=kept[1], high=kept[2], model=_base().model_name(seed.checkpoint),
+    start = _base().model_name(finetune_settings(ctx)["checkpoint"])
+    return Measurement(value=kept[0], low=kept[1], high=kept[2], model=f"{start} fine-tuned -> {depth}-layer student",
                        data="sentence polarity (test split)",
                        detail=f"teacher test {t_acc[0]:.3f}, {depth}-layer student {s_acc[0]:.3f}",
                        components={"accuracy kept": kept}, run_ids=(teacher.run_id, result.run_id))
