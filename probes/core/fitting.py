@@ -18,8 +18,8 @@ minimiser when C = 1 / (lambda * N_train) (`sklearn_C`).
 Optimiser (`ProbeConfig.optimizer`, "auto" by default, `resolved_config`): full-batch L-BFGS to
 convergence where one layer's training features are small (it reads them a few hundred times,
 which costs nothing there, and reaches the exact minimiser), minibatch Adam with early stopping
-above, which reads them ~8 times, then up to 150 full-batch L-BFGS iterations from its weights
-(`polish_heads`, issue 49; ~150-300 more reads) (issue 42: on a real model's 31 layers the L-BFGS fit took 2.7x
+above, which reads them ~8 times, then up to 300 full-batch L-BFGS iterations from its weights
+(`polish_heads`, issue 49; 125-300 more reads) (issue 42: on a real model's 31 layers the L-BFGS fit took 2.7x
 the forward pass; the jiant / structural-probes tradition fits probes by minibatch SGD too). The
 Adam fit of one label set (`fit_probe`) holds ONE float32 copy of the training features, shuffled
 and standardised in place (`training_copy`); `fit_probe_tasks` (several label sets and seeds on the
@@ -78,7 +78,7 @@ class ProbeConfig:
     stop_on: str = "auto"  # dev score for early stopping: "accuracy" | "loss" | "auto" (loss for linear Adam fits)
     patience: int = 5  # dev checks without improvement (all layers) before stopping
     eval_every: int = 25  # lbfgs: iterations between dev checks
-    polish: int | None = None  # linear adam: then up to this many full-batch L-BFGS iterations from its weights (None: 150; 0: none)
+    polish: int | None = None  # linear adam: then up to this many full-batch L-BFGS iterations from its weights (None: 300; 0: none)
     standardize: bool = True  # z-score each layer with train statistics (folded into the weights)
     layer_batch: int | None = None  # fit this many layers per batched program (None = all)
     seed: int = 0
@@ -107,7 +107,7 @@ class ProbeConfig:
 # many entries, minibatch Adam above (see resolved_config). 2**21 = e.g. 20,000 words x 104 dims, 2,730 x 768.
 AUTO_LBFGS_MAX_ENTRIES = 2**21
 # The linear Adam fit's full-batch L-BFGS polish (`ProbeConfig.polish`, `polish_heads`): iterations at most.
-DEFAULT_POLISH = 150
+DEFAULT_POLISH = 300
 
 
 def resolved_config(cfg: ProbeConfig, n_train: int, width: int) -> ProbeConfig:
@@ -130,10 +130,13 @@ def resolved_config(cfg: ProbeConfig, n_train: int, width: int) -> ProbeConfig:
     CONTROL task did not (SmolLM2 layers 0, 1, 3, 6, 7: up to 3.3 points below; six epochs memorise
     fewer random per-type labels than the converged fit). Longer or faster Adam schedules trade one
     for the other (20 epochs at lr 2e-2 reach the control fit but leave MPNet's UPOS 1.1 points below
-    converged). So the linear Adam fit now ends with `polish` (default 150, DEFAULT_POLISH) full-batch
+    converged). So the linear Adam fit now ends with `polish` (default 300, DEFAULT_POLISH) full-batch
     L-BFGS iterations from its weights, each layer keeping the Adam fit or a polish checkpoint by dev
-    accuracy (`polish_heads`): the control task reaches the converged fit (SmolLM2 layers 0-10 worst
-    -0.20), UPOS keeps its early-stopped fit; ~10x the Adam fit's time. `polish: 0` is the fit before.
+    accuracy (`polish_heads`): the control task reaches the converged fit (MPNet layer 0 needed 300:
+    -6.59 -> +0.02 points; 150 left it at -0.47), UPOS keeps its early-stopped fit on almost every layer.
+    It costs ~10x the Adam fit's time where the polish stops early (no layer's dev accuracy improves:
+    UPOS) and ~20-30x where it runs to 300 (control tasks); the L-BFGS fit from zero cost ~37x.
+    `polish: 0` is the fit before.
     """
     linear = cfg.kind == "linear"
     if cfg.optimizer == "auto":
@@ -627,7 +630,7 @@ def polish_heads(module: Heads, x, y, x_dev, y_dev, cfg: ProbeConfig, gen: torch
     epochs it memorises far fewer per-type labels than the regularised optimum does; on a control
     task (a random label per word type, Hewitt & Liang 2019) that left the fit 2.4-3.3 points below
     the converged fit on SmolLM2's first layers. L-BFGS from the Adam weights recovers most of that
-    in 100-150 iterations. The dev LOSS cannot choose here (confident per-type predictions cost loss on
+    in 100-300 iterations. The dev LOSS cannot choose here (confident per-type predictions cost loss on
     the dev words of unseen types, so it prefers the under-fitted weights); dev accuracy can, and on
     a task where the Adam fit is already the better one (UPOS, whose regularised optimum overfits)
     it keeps the Adam fit."""

@@ -84,6 +84,6 @@ PROBE = runner.ProbeSpec(
     # stopping on the dev loss); 4: GAP reported on validation stops on held-out development rows,
     # no longer on validation itself (issue 49)
     # 5: L-BFGS fits run to torch's tolerances, not to its evaluation budget (issue 49)
-    # 6: the linear Adam fit ends with up to 150 L-BFGS iterations kept by dev accuracy (`polish`, issue 49)
+    # 6: the linear Adam fit ends with up to 300 L-BFGS iterations kept by dev accuracy (`polish`, issue 49)
     version=6,
 )

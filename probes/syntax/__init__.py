@@ -138,7 +138,7 @@ PROBE = runner.ProbeSpec(
     # 3: structural lr_decay 0.1; 4: the default fit of issue 42 (optimizer auto: Adam above 2^21 words x
     # features, lr 5e-3, batch 128, early stopping on the dev loss), which moves large real-model fits;
     # 5: issue 49: L-BFGS runs to its tolerances (small fits, MDL blocks), the structural probe standardised;
-    # 6: issue 49: the linear Adam fit ends with up to 150 L-BFGS iterations kept by dev accuracy (`polish`)
+    # 6: issue 49: the linear Adam fit ends with up to 300 L-BFGS iterations kept by dev accuracy (`polish`)
     version=6,
 )
 
