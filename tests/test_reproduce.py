@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from app.reproduce import registry as reproduction_registry
 from app.reproduce import report, rows as reproduction_rows
 from app.reproduce.spec import (DIFFERS, FAILED, REPRODUCED, AllOf, Citation, InRange, IntervalsAbove, Measurement,
                                 PaperValue, Row, RowSpecError, Test, WithinTolerance, build_registry)
@@ -64,7 +65,7 @@ def test_every_citation_names_its_source_and_every_row_resolves():
                  verified=bool(entry.get("verified")))  # refuses an entry without paper, place or quote
         if not entry.get("verified"):
             assert entry.get("note"), f"{key}: an unverified number says why"
-    registry = reproduction_rows.registry()
+    registry = reproduction_registry.registry()
     assert {"tenney2019", "hewitt_manning2019", "strubell2019"} <= set(registry)
 
 
@@ -91,7 +92,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, monkeypatch,
     assert main(["reproduce", "--rows", "hewitt_manning2019"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs sentence-transformers/all-mpnet-base-v2 in the local Hugging Face cache" in err[0]
-    unverified = [k for k, r in reproduction_rows.registry().items() if not r.paper.verified]
+    unverified = [k for k, r in reproduction_registry.registry().items() if not r.paper.verified]
     if unverified:
         assert main(["reproduce", "--rows", unverified[0], "--strict"]) == 2
         assert "--strict: the paper numbers of" in capsys.readouterr().err
@@ -106,7 +107,7 @@ def test_a_failing_row_is_reported_and_the_others_still_run(tmp_path, monkeypatc
                   test=WithinTolerance(1.0), measure=broken)
     fine = Row("planted_fine", "a row that works", paper=CITED, paper_setting="", our_setting="",
                test=WithinTolerance(1.0), measure=lambda context: measured(10.5, 10.0, 11.0))
-    monkeypatch.setattr(reproduction_rows, "registry", lambda: {r.key: r for r in (planted, fine)})
+    monkeypatch.setattr(reproduction_registry, "registry", lambda: {r.key: r for r in (planted, fine)})
     outcomes = report.reproduce(["planted_failure", "planted_fine"], store=None, progress=False)
     assert [o.verdict.status for o in outcomes] == [FAILED, REPRODUCED]
     assert outcomes[0].verdict.reason == "ValueError: planted failure"
@@ -124,7 +125,7 @@ def test_quick_runs_every_default_row_on_tiny_models(tmp_path, monkeypatch, caps
     monkeypatch.setenv("BERTOLOGY_RUNS", str(tmp_path / "runs"))
     code = main(["reproduce", "--quick", "--threads", "1", "--quiet", "--out", str(tmp_path / "out")])
     printed = capsys.readouterr().out
-    default = [k for k, r in reproduction_rows.registry().items() if not r.full]
+    default = [k for k, r in reproduction_registry.registry().items() if not r.full]
     for key in default:
         line = next(l for l in printed.splitlines() if l.startswith(f"| {key} |"))
         assert "**failed**" not in line, line
@@ -151,7 +152,7 @@ def test_the_reproductions_page_shows_the_latest_table(tmp_path, monkeypatch):
 
     fine = Row("planted_fine", "a planted finding", paper=CITED, paper_setting="", our_setting="",
                test=WithinTolerance(1.0), measure=lambda context: measured(10.5, 10.0, 11.0))
-    monkeypatch.setattr(reproduction_rows, "registry", lambda: {fine.key: fine})
+    monkeypatch.setattr(reproduction_registry, "registry", lambda: {fine.key: fine})
     outcomes = report.reproduce(["planted_fine"], progress=False)
     report.write(outcomes, report.latest_folder(tmp_path / "runs", quick=False), "bertology reproduce", quick=False,
                  png=False)
@@ -168,7 +169,7 @@ def test_the_codelength_row_compares_compression_and_accuracy_ratios_on_planted_
     """Voita & Titov's comparison: compression ratio trained / twin against the accuracy ratio's
     paired-bootstrap CI; their own ELMo numbers (compression 58.8 vs 38.5, accuracy 97.8 vs 95.7)
     reproduce, a twin that compresses as well as the model does not."""
-    row = reproduction_rows.registry()["voita_titov2020"]
+    row = reproduction_registry.registry()["voita_titov2020"]
     assert row.paper.value == pytest.approx(294 / 192) and row.paper.verified
     boot_t, boot_r = np.array([0.977, 0.978, 0.979]), np.array([0.956, 0.957, 0.958])
     parts = reproduction_rows.codelength_components((58.8, 38.5), ((0.978, boot_t), (0.957, boot_r)))
@@ -185,7 +186,7 @@ def test_the_codelength_row_compares_compression_and_accuracy_ratios_on_planted_
 
 
 def test_the_coref_head_and_gap_rows_decide_on_planted_numbers():
-    head = reproduction_rows.registry()["clark2019"]
+    head = reproduction_registry.registry()["clark2019"]
     key = "best head - nearest mention (CI: head's low - rule's high)"
     middle = measured(0.6, 0.55, 0.65, **{key: (0.3, 0.2, 0.4), "relative depth of the best head": (5 / 12,) * 3})
     assert head.test.decide(head.paper, middle).status == REPRODUCED
@@ -193,7 +194,7 @@ def test_the_coref_head_and_gap_rows_decide_on_planted_numbers():
     assert head.test.decide(head.paper, late).status == DIFFERS
     weak = measured(0.3, 0.25, 0.35, **{key: (0.02, -0.05, 0.09), "relative depth of the best head": (0.5,) * 3})
     assert head.test.decide(head.paper, weak).status == DIFFERS
-    gap = reproduction_rows.registry()["webster2018"]
+    gap = reproduction_registry.registry()["webster2018"]
     assert gap.paper.value == pytest.approx(0.669) and gap.paper.verified
     margin = reproduction_rows.GAP_MARGIN
     at_level = measured(0.68, 0.65, 0.71, **{margin: (0.1, 0.02, 0.18)})
@@ -226,7 +227,7 @@ def test_the_cka_row_reads_a_monotone_layer_map_and_resamples_cka_by_sentence():
         for i in range(2):
             for j in range(2):
                 assert boot[b, i, j] == pytest.approx(linear_cka(xs[i][idx], ys[j][idx]), rel=1e-5)
-    row = reproduction_rows.registry()["kornblith2019"]
+    row = reproduction_registry.registry()["kornblith2019"]
     name = "Spearman(layer, best-matching layer)"
     assert row.test.decide(row.paper, measured(0.95, **{name: (0.95, 0.8, 1.0)})).status == REPRODUCED
     assert row.test.decide(row.paper, measured(0.6, **{name: (0.6, 0.2, 0.9)})).status == DIFFERS

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from app.reproduce import registry as reproduction_registry
 from app.reproduce import report, rows as reproduction_rows, rows_full
 from app.reproduce.spec import DIFFERS, REPRODUCED
 
@@ -18,7 +19,7 @@ FULL_KEYS = ["chen2020", "michel2019", "sanh2019", "houlsby2019", "hewitt_mannin
 
 
 def test_the_full_rows_are_registered_full_with_their_expected_times():
-    registry = reproduction_rows.registry()
+    registry = reproduction_registry.registry()
     for key in FULL_KEYS:
         row = registry[key]
         assert row.full and row.minutes == rows_full.FULL_MINUTES[key][0]
@@ -49,7 +50,7 @@ def test_the_ticket_row_reads_the_highest_matching_sparsity(monkeypatch, tmp_pat
     ctx = SimpleNamespace(quick=False, threads=1, models={}, store=SimpleNamespace(root=tmp_path))
     m = rows_full.measure_tickets(ctx)
     assert m.value == 0.4  # se of 0.8 at n 200 is 0.028: 0.78 and 0.79 match, 0.76 does not
-    row = reproduction_rows.registry()["chen2020"]
+    row = reproduction_registry.registry()["chen2020"]
     assert row.test.decide(row.paper, m).status == REPRODUCED
 
 
@@ -67,7 +68,7 @@ def test_the_head_row_reads_the_share_removable_and_the_three_subnetworks(monkey
     m = rows_full.measure_heads(ctx)
     assert m.value == pytest.approx(5 / 12)
     assert m.components["good - random"][0] == pytest.approx(0.09)
-    row = reproduction_rows.registry()["michel2019"]
+    row = reproduction_registry.registry()["michel2019"]
     assert row.test.decide(row.paper, m).status == REPRODUCED
     points[-1]["test"]["accuracy"] = 0.75
     assert row.test.decide(row.paper, rows_full.measure_heads(ctx)).status == DIFFERS
@@ -86,7 +87,7 @@ def test_the_peft_row_holds_each_method_to_the_full_model(monkeypatch, tmp_path)
     ctx = SimpleNamespace(quick=False, threads=1, models={}, store=SimpleNamespace(root=tmp_path))
     m = rows_full.measure_peft(ctx)
     assert m.value == pytest.approx(0.70 / 0.80) and "bitfit 0.780 (1.00% of the parameters)" in m.detail
-    row = reproduction_rows.registry()["houlsby2019"]
+    row = reproduction_registry.registry()["houlsby2019"]
     verdict = row.test.decide(row.paper, m)
     assert verdict.status == DIFFERS and "lora / full 0.875 outside" in verdict.reason
 

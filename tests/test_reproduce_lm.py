@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from app.reproduce import registry as reproduction_registry
 from app.reproduce import rows as reproduction_rows, rows_lm
 from app.reproduce.spec import (DIFFERS, REPRODUCED, Citation, IntervalsBelow, IntervalsContain, Measurement,
                                 PaperValue, RowSpecError)
@@ -40,7 +41,7 @@ def test_intervals_contain_and_below_decide_on_planted_numbers():
 
 
 def test_the_lm_rows_are_registered_with_citations_and_tests():
-    registry = reproduction_rows.registry()
+    registry = reproduction_registry.registry()
     for key in ("talmor2020", "carlini2019"):
         row = registry[key]
         assert row.paper.citation.paper and row.test.description and not row.full
@@ -119,13 +120,17 @@ def test_a_finished_run_with_the_same_settings_is_read_again_under_any_name(tmp_
     store = ResultsStore(tmp_path / "runs")
     monkeypatch.setattr(checkpoints, "expand_checkpoints", lambda items: [SimpleNamespace(path="/planted/ck", name="ck")])
 
-    def publish(settings):
+    def publish(settings, version=None):
+        from probes import get_probe
+
+        version = get_probe("cloze").version if version is None else version
         from probes import get_probe
         from probes.core.runner import resolve_settings
 
         config = {"probe": "cloze", "checkpoints": ["/planted/ck"],
                   **resolve_settings(get_probe("cloze"), settings, "planted").as_config()}
         with store.start_run("probe", config, name=settings.get("name")) as run:
+            run.note("probe_version", version)
             run.add([{"probe": "cloze", "task": settings["tasks"][0], "metric": "zero_shot_acc", "value": 0.5}])
             return run.finish()
 
@@ -138,3 +143,38 @@ def test_a_finished_run_with_the_same_settings_is_read_again_under_any_name(tmp_
     run_id, rows = rows_lm.probe_reusing(ctx, "cloze", "planted", wanted)
     assert run_id == same and list(rows["metric"]) == ["zero_shot_acc"] and not ran
     assert rows_lm.probe_reusing(ctx, "cloze", "planted", dict(wanted, n_test=50))[0] == "new" and ran
+    # a run of another version of the probe's code is not reused, whatever its settings
+    ran.clear()
+    from probes import get_probe
+
+    stale = publish(dict(wanted, n_test=77, name="older-code"), version=get_probe("cloze").version - 1)
+    assert stale and rows_lm.probe_reusing(ctx, "cloze", "planted", dict(wanted, n_test=77))[0] == "new" and ran
+
+
+def test_a_row_asking_again_re_reads_its_keyed_run_and_a_new_probe_version_recomputes(tmp_path, monkeypatch):
+    """`Context.probe` names each run by its key (probe, checkpoints, settings, code version): the second
+    call re-reads the first run; after the probe's version changes, the same call runs again."""
+    from probes import get_probe
+    from probes.core import runner
+    from workbench.store.results import ResultsStore
+
+    store = ResultsStore(tmp_path / "runs")
+    calls = []
+
+    def fake_run_probe(spec, checkpoints, settings, store):
+        calls.append(settings.name)
+        with store.start_run("probe", {"probe": spec.name}, name=settings.name) as run:
+            run.add([{"probe": spec.name, "task": "antonym", "metric": "zero_shot_acc", "value": 0.5 + len(calls)}])
+        return run.run_id, store.read(run.run_id)
+
+    monkeypatch.setattr(runner, "run_probe", fake_run_probe)
+    ctx = reproduction_rows.Context(store=store, quick=False, models={}, threads=1, progress=False)
+    settings = dict(rows_lm.CLOZE_SETTINGS, tasks=["antonym"])
+    first, _ = ctx.probe("cloze", "planted-model", settings)
+    again, rows = ctx.probe("cloze", "planted-model", dict(settings, threads=4))  # threads decide no row
+    assert again == first and len(calls) == 1 and rows["value"].tolist() == [1.5]
+    assert calls[0].startswith("reproduce-cloze:")
+    # the probe's code version goes up (what a probe's `version` bump does to every key)
+    monkeypatch.setattr(type(get_probe("cloze")), "key_material", lambda self: {"probe_version": self.version + 1})
+    newer, rows = ctx.probe("cloze", "planted-model", settings)
+    assert newer != first and len(calls) == 2 and calls[1] != calls[0] and rows["value"].tolist() == [2.5]

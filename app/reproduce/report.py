@@ -35,7 +35,7 @@ class Outcome:
 def select_rows(keys: list[str] | None, full: bool) -> list[Row]:
     """The rows asked for (default: every row that is not `full`-only, all with `full`); an unknown
     key is a ConfigError naming the known ones."""
-    from app.reproduce.rows import registry
+    from app.reproduce.registry import registry
 
     known = registry()
     if keys:
@@ -82,7 +82,8 @@ def row_unit(key: str, runs_root: str, quick: bool, models: dict[str, str], thre
              progress: bool) -> tuple[Measurement | None, Verdict, float]:
     """One row as a unit of the executor (module level, plain arguments and results: it pickles into
     a local process or a Slurm job, where the row is looked up again by its key)."""
-    from app.reproduce.rows import Context, registry
+    from app.reproduce.registry import registry
+    from app.reproduce.rows import Context
     from workbench.store.results import ResultsStore
 
     context = Context(store=ResultsStore(runs_root), quick=quick, models=models, threads=threads, progress=progress)
@@ -115,7 +116,7 @@ def reproduce(keys: list[str] | None = None, full: bool = False, quick: bool = F
 
 def table(outcomes: list[Outcome]) -> pd.DataFrame:
     """One row per reproduction, then the findings not comparable here."""
-    from app.reproduce.rows import NOT_COMPARABLE_HERE
+    from app.reproduce.registry import NOT_COMPARABLE_HERE
 
     records = []
     for o in outcomes:

@@ -75,12 +75,24 @@ class Context:
     progress: bool = True
 
     def probe(self, probe: str, checkpoint: str | list[str], settings: dict) -> tuple[str, pd.DataFrame]:
-        """One probe run through the runner over one checkpoint or several (cached in the store: a
-        second call re-reads it)."""
-        from probes.core.runner import run_probe
+        """One probe run through the runner over one checkpoint or several, named by its key
+        (`probes.core.runner.run_key`: the probe, the checkpoints, the settings that decide its rows and
+        the probe's code version), so that asking again re-reads the finished run instead of
+        recomputing it; a run of another probe version has another key and is never reused."""
+        import dataclasses
+
+        from probes import get_probe
+        from probes.core.runner import resolve_settings, run_key, run_probe
 
         checkpoints = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
-        return run_probe(probe, checkpoints, self.probe_settings(probe, settings), store=self.store)
+        spec = get_probe(probe)
+        resolved = resolve_settings(spec, self.probe_settings(probe, settings), f"probe {probe}")
+        name = f"reproduce-{probe}:{run_key(probe, checkpoints, resolved.resume_key())}"
+        found = self.store.runs(name=name, status="finished")
+        if not found.empty:
+            run_id = str(found["run_id"].iloc[-1])
+            return run_id, self.store.read(run_id)
+        return run_probe(spec, checkpoints, dataclasses.replace(resolved, name=name), store=self.store)
 
     def probe_settings(self, probe: str, settings: dict) -> dict:
         """A row's settings as `probe` runs them: progress and threads of this call, and in `--quick`
@@ -396,7 +408,9 @@ def measure_cka(ctx: Context, n_boot: int = 200) -> Measurement:
     """Linear CKA between every layer of a shallow encoder and every layer of a deep one on the same
     EWT dev words (the align probe's `model-pair` task); each shallow layer's best-matching deep layer,
     and the Spearman correlation of that map with depth, with a bootstrap CI over sentences."""
+    from probes.align import PROBE
     from probes.align.tasks import model_pair_vectors
+    from probes.core.runner import resolve_settings
     from probes.core.statistics import percentile_interval, resample_counts
     from workbench.geometry import cka_matrix_bootstrap
     from workbench.store.checkpoints import expand_checkpoints
@@ -415,7 +429,7 @@ def measure_cka(ctx: Context, n_boot: int = 200) -> Measurement:
     matrix = (pd.DataFrame({"i": sel["layer"].astype(int).to_numpy(), "j": other.to_numpy(), "v": sel["value"].to_numpy()})
               .pivot(index="i", columns="j", values="v").sort_index().sort_index(axis=1).to_numpy())
     point = best_match_spearman(matrix)
-    full = ctx.probe_settings("align", settings)
+    full = resolve_settings(PROBE, ctx.probe_settings("align", settings), "model-pair vectors")
     xs, sentences = model_pair_vectors(shallow, full)
     ys, _ = model_pair_vectors(deep, full)
     n_units = len(np.unique(sentences))
@@ -489,7 +503,8 @@ def rows() -> list[Row]:
         Row(key="hewitt_manning2019_protocol", finding="the structural probe under Hewitt & Manning's own data protocol",
             paper=cited("hewittmanning2019_bert_base7_uuas_dspr", "uuas", 0.01), paper_setting="BERT-base, PTB WSJ, all training trees, test",
             our_setting="bertology probe syntax --tasks structural-distance --protocol hewitt-manning (every EWT train tree, test)",
-            test=hewitt_manning_test(), measure=lambda ctx: measure_structural(ctx, "encoder", "hewitt-manning"),
+            test=hewitt_manning_test(),  # --quick: the tiny models on the workbench protocol (the preset refuses a cap)
+            measure=lambda ctx: measure_structural(ctx, "encoder", "workbench" if ctx.quick else "hewitt-manning"),
             models=(MPNET,), full=True, minutes=40, ratio=True),
         Row(key="hewitt_liang2019", finding="selectivity peaks later in depth than accuracy (ELMo: layer 1 more accurate, layer 2 more selective)",
             paper=cited("hewittliang2019_elmo1_vs_elmo2_finding"), paper_setting="ELMo, PTB POS, linear and MLP probes, control task",
@@ -525,32 +540,4 @@ def rows() -> list[Row]:
             paper=cited("strubell2019_bert_base_kwh"), paper_setting="Table 3 inputs, PUE 1.58, US average grid",
             our_setting="workbench.cost.own_cost on the paper's inputs",
             test=WithinTolerance(0.01, relative=True), measure=measure_strubell, minutes=0.01, ratio=True),
-        *extra_rows(),
     ]
-
-
-def extra_rows() -> list[Row]:
-    """The rows declared in their own modules (causal LMs: rows_lm; the long --full rows: rows_full)."""
-    from app.reproduce.rows_full import full_rows
-    from app.reproduce.rows_lm import lm_rows
-
-    return lm_rows() + full_rows()
-
-
-NOT_COMPARABLE_HERE = [
-    NotComparable("srl", "SRL is decoded late (Tenney et al. 2019)", "Tenney et al. 2019",
-                  "no semantic role labelling data in the data root"),
-    NotComparable("ner_en", "English NER edge probing (Tenney et al. 2019)", "Tenney et al. 2019",
-                  "no English NER corpus here (CoNLL-2002 is Spanish and Dutch)"),
-    NotComparable("ptb_full", "structural probe on the full PTB (Hewitt & Manning 2019)", "Hewitt & Manning 2019",
-                  "the Penn Treebank is licensed and not in the data root; EWT stands in"),
-    NotComparable("glue", "GLUE dev scores of the pruned and distilled models", "Michel et al. 2019; Sanh et al. 2019",
-                  "no GLUE data here; sentence polarity stands in for SST-2"),
-    NotComparable("muse_p1", "MUSE bilingual lexicon induction P@1 (Conneau et al. 2018)", "Conneau et al. 2018",
-                  "no multilingual pretrained model and no MUSE dictionary here"),
-]
-
-
-@lru_cache(maxsize=1)
-def registry() -> dict[str, Row]:
-    return build_registry(rows())

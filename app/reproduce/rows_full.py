@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from app.reproduce import rows as base
 from app.reproduce.spec import AllOf, Citation, InRange, IntervalsAbove, IntervalsBelow, Measurement, PaperValue, Row
 from workbench.errors import ConfigError
 
@@ -39,12 +40,6 @@ FINETUNE = {"checkpoint": MINILM, "task": "sentence_polarity", "seeds": [0], "ep
             "batch_size": 16, "max_len": 32, "patience": 2, "max_train_examples": 1000, "max_eval_examples": 500,
             "baselines": False, "device": "cpu", "progress": False}
 QUICK_FINETUNE = {"epochs": 1, "lr": 1.0e-3, "max_train_examples": 64, "max_eval_examples": 48, "patience": 1}
-
-
-def _base():
-    from app.reproduce import rows as base  # imported late: rows.py includes this module's rows
-
-    return base
 
 
 def finetune_settings(ctx, **changes) -> dict:
@@ -94,7 +89,7 @@ def model_layers(checkpoint: str) -> int:
 
 def cited_finding(key: str, label: str = "") -> PaperValue:
     """A citations.yaml entry as a finding (no single number for our table)."""
-    e = _base().citations()[key]
+    e = base.citations()[key]
     return PaperValue(Citation(paper=e["paper"], where=e["where"], quote=e.get("quote") or "",
                                verified=bool(e.get("verified")), source=e.get("source_url") or "",
                                note=e.get("note") or ""), None, label)
@@ -118,7 +113,7 @@ def measure_tickets(ctx) -> Measurement:
     imp = sorted((p for p in result.points if p["method"] == "imp"), key=lambda p: p["amount"])
     matching = [p["amount"] for p in imp if p["test"]["accuracy"] >= f_acc - se]
     best = max(matching, default=0.0)
-    return Measurement(value=best, model=_base().model_name(ft.checkpoint), data="sentence polarity (test split)",
+    return Measurement(value=best, model=base.model_name(ft.checkpoint), data="sentence polarity (test split)",
                        detail=f"full {f_acc:.3f} (n {f_n}, se {se:.3f}); IMP " + ", ".join(
                            f"{p['amount']:.0%} {p['test']['accuracy']:.3f}" for p in imp),
                        components={"highest matching sparsity": (best, best, best)}, run_ids=(result.run_id,))
@@ -157,7 +152,7 @@ def measure_heads(ctx) -> Measurement:
     kept = rnd["n_heads_kept"]
     good_sub = min((p for p in good if p["n_heads_kept"] >= kept), key=lambda p: p["n_heads_kept"])
     acc = {k: (p["test"]["accuracy"], p["test"]["n"]) for k, p in (("good", good_sub), ("random", rnd), ("bad", bad))}
-    return Measurement(value=share, model=_base().model_name(ft.checkpoint), data="sentence polarity (dev: pruning, test: subnetworks)",
+    return Measurement(value=share, model=base.model_name(ft.checkpoint), data="sentence polarity (dev: pruning, test: subnetworks)",
                        detail=f"full dev {full['dev']['accuracy']:.3f}; {max(within, default=0)} of {n_heads} heads removed "
                               f"within one point; subnetworks of {kept} heads, test: " +
                               ", ".join(f"{k} {a:.3f}" for k, (a, _) in acc.items()),
@@ -194,7 +189,7 @@ def measure_distillation(ctx) -> Measurement:
     t, s = acc[roles == "teacher"].iloc[0], acc[roles == "student"].iloc[0]
     t_acc, s_acc = (float(t["value"]), int(t["n"])), (float(s["value"]), int(s["n"]))
     kept = ratio(s_acc, t_acc)
-    start = _base().model_name(finetune_settings(ctx)["checkpoint"])
+    start = base.model_name(finetune_settings(ctx)["checkpoint"])
     return Measurement(value=kept[0], low=kept[1], high=kept[2], model=f"{start} fine-tuned -> {depth}-layer student",
                        data="sentence polarity (test split)",
                        detail=f"teacher test {t_acc[0]:.3f}, {depth}-layer student {s_acc[0]:.3f}",
@@ -228,7 +223,7 @@ def measure_peft(ctx) -> Measurement:
         share = float(trainable[t_method == m]["value"].iloc[0]) / total
         detail.append(f"{m} {get[m][0]:.3f} ({share:.2%} of the parameters)")
     low = min(parts.values(), key=lambda p: p[0])
-    return Measurement(value=low[0], low=low[1], high=low[2], model=_base().model_name(ft["checkpoint"]),
+    return Measurement(value=low[0], low=low[1], high=low[2], model=base.model_name(ft["checkpoint"]),
                        data="sentence polarity (test split)", detail="test accuracy: " + ", ".join(detail),
                        components=parts, run_ids=(run_id,))
 
@@ -288,7 +283,7 @@ def measure_membership(ctx) -> Measurement:
     lira_auc = rows_b[(rows_b["task"] == best["task"]) & (rows_b["metric"] == "auc")]["value"]
     non_members = int(best["n"]) // 2
     a = (float(auc["value"]), float(auc["ci_low"]), float(auc["ci_high"]))
-    return Measurement(value=a[0], low=a[1], high=a[2], model=f"{_base().model_name(target)}; shadow model 0 of {n_models}",
+    return Measurement(value=a[0], low=a[1], high=a[2], model=f"{base.model_name(target)}; shadow model 0 of {n_models}",
                        data="once-seen: inaugural + State of the Union passages (members: train split, non-members: "
                             f"held out); overfit: {docs} sentence-polarity sentences, each model on half",
                        detail=f"LOSS AUC {a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}] (once-seen); {best['task']} TPR at 1% FPR "
@@ -302,12 +297,11 @@ def measure_membership(ctx) -> Measurement:
 def measure_structural_protocol(ctx) -> Measurement:
     """The structural probe under Hewitt & Manning's protocol on the causal LM; `--quick` runs the
     workbench protocol on its capped sentences (the protocol sets the training trees itself)."""
-    return _base().measure_structural(ctx, "causal", "workbench" if ctx.quick else "hewitt-manning")
+    return base.measure_structural(ctx, "causal", "workbench" if ctx.quick else "hewitt-manning")
 
 
 # --------------------------------------------------------------------------- the rows
 def full_rows() -> list[Row]:
-    base = _base()
 
     def minutes(key):
         return FULL_MINUTES[key][0]

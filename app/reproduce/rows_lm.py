@@ -18,14 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from app.reproduce import rows as base
 from app.reproduce.spec import AllOf, IntervalsAbove, IntervalsBelow, IntervalsContain, Measurement, Row
 from workbench.errors import ConfigError
-
-
-def _rows_module():
-    from app.reproduce import rows as base  # imported late: rows.py includes this module's rows
-
-    return base
 
 
 # --------------------------------------------------------------------------- a finished run, re-read
@@ -33,7 +28,8 @@ def probe_reusing(ctx, probe: str, checkpoint: str, settings: dict) -> tuple[str
     """A finished run of `probe` on `checkpoint` whose settings decide the same rows (the settings'
     `resume_key`: execution-only fields such as the name, threads and progress left out), re-read
     from the store; otherwise a new run through `ctx.probe`. So a row finds the runs a documented
-    `bertology probe ... --name NAME` command made with the same options."""
+    `bertology probe ... --name NAME` command made with the same options, by the same version of the
+    probe's code (the run's notes record it)."""
     from probes import get_probe
     from probes.core.runner import resolve_settings
     from workbench.store.checkpoints import expand_checkpoints
@@ -41,15 +37,18 @@ def probe_reusing(ctx, probe: str, checkpoint: str, settings: dict) -> tuple[str
     spec = get_probe(probe)
     values = dict(settings, progress=ctx.progress, threads=ctx.threads)
     if ctx.quick:
-        values.update(_rows_module().QUICK_PROBE_SETTINGS.get(probe, {}))
+        values.update(base.QUICK_PROBE_SETTINGS.get(probe, {}))
     want = resolve_settings(spec, values, f"probe {probe}").resume_key()
     paths = [str(c.path) if c.path else c.name for c in expand_checkpoints([checkpoint])]
     fields = {f.name for f in dataclasses.fields(spec.settings)}
     runs = ctx.store.runs(kind="probe", status="finished", probe=probe)
     for run_id in reversed(list(runs["run_id"])):
-        config = ctx.store.manifest(run_id).get("config") or {}
+        manifest = ctx.store.manifest(run_id)
+        config = manifest.get("config") or {}
         if config.get("checkpoints") != paths:
             continue
+        if (manifest.get("notes") or {}).get("probe_version") != spec.version:
+            continue  # another version of the probe's code (or one from before runs recorded it): its rows may differ
         # the manifest's config is {"probe": name, "checkpoints": [...], **settings}: a setting named
         # `probe` (the cloze probe's linear probe switch) writes over the name, so keep the fields only
         config = {k: v for k, v in config.items() if k in fields}
@@ -87,7 +86,6 @@ def measure_olmpics(ctx) -> Measurement:
     """Zero-shot accuracy of the causal LM's own head on antonym negation, always-never and multi-hop
     composition (one cloze run per task), each minus chance (1/K: the splits are balanced) with its
     bootstrap CI over items, under the verdict's rule; the other rules in the detail."""
-    base = _rows_module()
     model = ctx.models["causal"]
     settings = dict(CLOZE_SETTINGS, **(QUICK_CLOZE if ctx.quick else {}))
     parts, details, run_ids, accuracy = {}, [], [], {}
@@ -170,7 +168,6 @@ def measure_secret_sharer(ctx) -> Measurement:
     from probes.core.statistics import ratio_bootstrap
     from workbench.store.results import decode_extra
 
-    base = _rows_module()
     checkpoint = train_canary_model(ctx)
     run_id, rows = probe_reusing(ctx, "extraction", checkpoint, {"tasks": ["exposure"], "baselines": []})
     exp = rows[(rows["task"] == "exposure") & (rows["metric"] == "exposure")]
@@ -201,7 +198,6 @@ def secret_sharer_test() -> AllOf:
 
 # --------------------------------------------------------------------------- the rows
 def lm_rows() -> list[Row]:
-    base = _rows_module()
     return [
         Row(key="talmor2020", finding="zero-shot, an LM negates antonyms above chance but sits at chance on always-never "
                                       "and multi-hop composition (oLMpics; the paper's per-task numbers unverified)",

@@ -498,17 +498,16 @@ def diachronic_task(unit, prepared, settings) -> list[pd.DataFrame]:
             unit.rows("diachronic", listed, split="all", layers=[shown], n=len(top), extra={**base, "top_moved": top})]
 
 
-def model_pair_vectors(checkpoint, settings) -> tuple[np.ndarray, np.ndarray]:
+def model_pair_vectors(checkpoint, s: Settings) -> tuple[np.ndarray, np.ndarray]:
     """(vectors [layers, words, width], the sentence index of each word [words]) of the `model-pair`
     words for one checkpoint (the last step of a training folder), read from the activation cache the
     task fills (extracted here when absent): what a caller needs to resample the task's CKA matrix
-    by sentence (`workbench.geometry.cka_matrix_bootstrap`)."""
-    from probes.align import PROBE
+    by sentence (`workbench.geometry.cka_matrix_bootstrap`). `s`: the probe's resolved settings
+    (`probes.core.runner.resolve_settings(probes.align.PROBE, ...)`), as the run that wrote the CKA rows had them."""
     from probes.align.prepare import prepare
     from workbench.running.models import ModelHandle
     from workbench.store.checkpoints import expand_checkpoints
 
-    s = runner.resolve_settings(PROBE, settings, "model-pair vectors")
     prepared = prepare(s)
     ck = expand_checkpoints([checkpoint])[-1]
     handle = ck.handle.with_dtype(s.dtype) if ck.handle is not None else ModelHandle.load(ck.path, dtype=s.dtype)

@@ -537,6 +537,7 @@ def _run(spec: ProbeSpec, ckpts: list[Checkpoint], settings: Settings, store,
     notes: dict[str, Any] = dict(prepared.notes)
     notes.setdefault("random_init_twins", [])
     notes["torch_threads"] = torch.get_num_threads()
+    notes["probe_version"] = spec.version  # what a reader reusing this run checks (app.reproduce.rows_lm)
     notes["compute_dtype"] = settings.dtype  # the forward's precision (settings' dtype, auto resolved)
     if role_handles:
         notes["roles"] = {role: [_role_record(ck, h) for ck, h in zip(roles[role], hs if isinstance(hs, list) else [hs])]
