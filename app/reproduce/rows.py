@@ -103,6 +103,9 @@ class Context:
         return settings
 
 
+# The EWT training sentences the encoder rows extract: one seeded sample, so that the Tenney, Hewitt &
+# Manning and Hewitt & Liang rows share one activation cache per model.
+TRAIN_SENTENCES = 4000
 QUICK_PROBE_SETTINGS = {
     "syntax": {"max_train_sentences": 200, "max_eval_sentences": 100, "structural_max_train_sentences": 200,
                "mdl_max_examples": 2000},
@@ -165,7 +168,7 @@ def measure_tenney(ctx: Context) -> Measurement:
     model = ctx.models["encoder"]
     run_s, syn = ctx.probe("syntax", model, {"tasks": ["upos", "deprel"], "treebank": "en_ewt",
                                              "baselines": [], "mdl_tasks": [], "scalar_mix_tasks": [],
-                                             "max_train_sentences": 4000})
+                                             "max_train_sentences": TRAIN_SENTENCES})
     run_c, cor = ctx.probe("coref", model, {"tasks": ["gum-pairs"], "baselines": []})
     curves = {"POS": curve(syn, "upos", "accuracy"), "Deps": curve(syn, "deprel", "accuracy"),
               "Coref": curve(cor, "gum-pairs", "antecedent_accuracy")}
@@ -196,6 +199,8 @@ def measure_structural(ctx: Context, role: str, protocol: str = "workbench") -> 
     model = ctx.models[role]
     settings = {"tasks": ["structural-distance"], "treebank": "en_ewt", "baselines": ["majority"], "mdl_tasks": [],
                 "scalar_mix_tasks": [], "protocol": protocol}
+    if protocol == "workbench":  # extract the Tenney and Hewitt & Liang rows' 4,000 sentences (one activation
+        settings["max_train_sentences"] = TRAIN_SENTENCES  # cache), not all 12,543; the probe fits 2,000 trees of them
     run_id, rows = ctx.probe("syntax", model, settings)
     uuas = model_rows(rows, "structural-distance", "uuas").sort_values("layer")
     chain = rows[(rows["task"] == "structural-distance") & (rows["metric"] == "right_branching_uuas")]["value"]
@@ -225,7 +230,7 @@ def measure_selectivity(ctx: Context) -> Measurement:
     layer where each peaks, and how much more selective the selectivity peak is than the accuracy peak."""
     model = ctx.models["encoder"]
     run_id, rows = ctx.probe("syntax", model, {"tasks": ["upos"], "treebank": "en_ewt", "baselines": ["control"],
-                                               "mdl_tasks": [], "scalar_mix_tasks": [], "max_train_sentences": 4000})
+                                               "mdl_tasks": [], "scalar_mix_tasks": [], "max_train_sentences": TRAIN_SENTENCES})
     acc = model_rows(rows, "upos", "accuracy").set_index("layer").sort_index()
     sel = model_rows(rows, "upos", "selectivity").set_index("layer").sort_index()
     acc_peak, sel_peak = int(acc["value"].idxmax()), int(sel["value"].idxmax())
@@ -492,12 +497,12 @@ def rows() -> list[Row]:
             measure=measure_tenney, models=(MPNET,), minutes=12),
         Row(key="hewitt_manning2019", finding="a linear structural probe recovers parse trees, best in the middle layers",
             paper=cited("hewittmanning2019_bert_base7_uuas_dspr", "uuas", 0.01), paper_setting="BERT-base, PTB WSJ, all training trees",
-            our_setting="bertology probe syntax --tasks structural-distance (EWT, 2,000 train trees, dev)",
+            our_setting="bertology probe syntax --tasks structural-distance --max-train-sentences 4000 (EWT, 2,000 train trees, dev)",
             test=hewitt_manning_test(), measure=lambda ctx: measure_structural(ctx, "encoder"),
             models=(MPNET,), minutes=6, ratio=True),
         Row(key="hewitt_manning2019_causal", finding="the same probe on a causal LM (SmolLM2) beats the chain in its middle layers",
             paper=cited("hewittmanning2019_bert_base7_uuas_dspr", "uuas", 0.01), paper_setting="BERT-base, PTB WSJ, all training trees",
-            our_setting="bertology probe syntax --tasks structural-distance on SmolLM2 (EWT, 2,000 train trees, dev)",
+            our_setting="bertology probe syntax --tasks structural-distance --max-train-sentences 4000 on SmolLM2 (EWT, 2,000 train trees, dev)",
             test=hewitt_manning_test(), measure=lambda ctx: measure_structural(ctx, "causal"),
             models=(SMOLLM,), minutes=10, ratio=True),
         Row(key="hewitt_manning2019_protocol", finding="the structural probe under Hewitt & Manning's own data protocol",
