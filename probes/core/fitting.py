@@ -30,7 +30,7 @@ fits differ only in float rounding.
 Concerns:
 - the probe config: `ProbeConfig`, `resolved_config`, `sklearn_C`, `merge_config`, `config_dict`
 - the batched heads and their training loop (also MDL's and the scalar mix's): `Heads`,
-  `evaluate_heads`, `lbfgs_block`, `train_heads`, `prior_bias`
+  `evaluate_heads`, `lbfgs_block`, `train_heads`, `polish_heads`, `prior_bias`
 - features in memory (standardised, layer by layer, pages released): `standardisation`,
   `release_file_pages`, `training_copy`, `LazyFeatures`, `layer_tensor`, `label_tensor`
 - fitting every layer at once, one task or several: `ProbeResult`, `fit_probe`, `fit_probe_tasks`,
