@@ -19,10 +19,7 @@ from workbench.store.rowschema import MARKERS, RowSchema, declared_keys, schemas
 APP = REPO_ROOT / "app"
 # calls whose key is not a constant: checked when they read (a figure spec's `series` keys)
 DYNAMIC_KEYS = {("app/data.py", "key")}
-# raw reads of `extra` left in app/: the reproduction rows (app/reproduce/, issue 50's work in progress
-# when this landed) read the baseline marker, `other_layer` and their experiments' settings by string;
-# to be converted to `row_field` (then this exception goes)
-RAW_READS_LEFT = ("app/reproduce/",)
+RAW_READS_LEFT: tuple[str, ...] = ()  # none: the reproduction rows read through row_field too
 
 
 def _rows(probe: str, extras: list) -> pd.DataFrame:

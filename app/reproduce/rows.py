@@ -142,10 +142,10 @@ def model_name(checkpoint: str) -> str:
 def model_rows(rows: pd.DataFrame, task: str, metric: str, baseline: str | None = None) -> pd.DataFrame:
     """Per-layer rows of one task and metric of the probed model itself (not a twin or a baseline
     unless `baseline` names it)."""
-    from workbench.store.results import decode_extra
+    from app.fields import row_field
 
     sel = rows[(rows["task"] == task) & (rows["metric"] == metric) & rows["layer"].notna()]
-    marks = sel["extra"].map(lambda e: decode_extra(e).get("baseline"))
+    marks = row_field(sel, "baseline")
     return sel[marks == baseline] if baseline else sel[marks.isna() | (marks == "")]
 
 
@@ -325,14 +325,13 @@ def measure_coref_head(ctx: Context) -> Measurement:
     model = ctx.models["encoder"]
     run_id, rows = ctx.probe("coref", model, {"tasks": ["attention-heads"], "baselines": ["rules"],
                                               "max_eval_documents": 10, "max_gap_examples": 100})
-    from workbench.store.results import decode_extra
+    from app.fields import row_field
 
     sel = rows[(rows["task"] == "attention-heads") & (rows["metric"] == "best_head_accuracy_overall")]
     if sel.empty:
         raise ConfigError("the coref probe wrote no best_head_accuracy_overall row")
     best = sel.iloc[0]
-    where = decode_extra(best["extra"])
-    layer, head = int(where["best_layer"]), int(where["best_head"])
+    layer, head = int(row_field(best, "best_layer", "coref")), int(row_field(best, "best_head", "coref"))
     near = model_rows(rows, "attention-heads", "nearest_mention", "nearest_mention")
     if near.empty:
         raise ConfigError("the coref probe wrote no nearest_mention baseline rows (its `rules` baseline)")
@@ -345,7 +344,7 @@ def measure_coref_head(ctx: Context) -> Measurement:
     return Measurement(value=v, low=lo, high=hi, model=model_name(model),
                        data="GUM (head chosen on the first 10 dev documents, scored on the first 10 test documents; Clark's head-word criterion)",
                        detail=(f"best head {layer}-{head} (layer {layer} of {n_layers}, head {head}, 0-based) chosen "
-                               f"on dev at {float(where.get('chosen_value', math.nan)):.3f}; nearest mention "
+                               f"on dev at {float(row_field(best, 'chosen_value', 'coref') or math.nan):.3f}; nearest mention "
                                f"{nv:.3f} [{nlo:.3f}, {nhi:.3f}] on the same test mentions"),
                        components={"best head - nearest mention (CI: head's low - rule's high)": (v - nv, lo - nhi, hi - nlo),
                                    "relative depth of the best head": (depth_rel,) * 3},
@@ -428,9 +427,9 @@ def measure_cka(ctx: Context, n_boot: int = 200) -> Measurement:
     sel = rows[(rows["task"] == "model-pair") & (rows["metric"] == "cka")]
     if sel.empty:
         raise ConfigError("the align probe wrote no model-pair cka rows")
-    from workbench.store.results import decode_extra
+    from app.fields import row_field
 
-    other = sel["extra"].map(lambda e: int(decode_extra(e)["other_layer"]))
+    other = row_field(sel, "other_layer", "align").astype(int)
     matrix = (pd.DataFrame({"i": sel["layer"].astype(int).to_numpy(), "j": other.to_numpy(), "v": sel["value"].to_numpy()})
               .pivot(index="i", columns="j", values="v").sort_index().sort_index(axis=1).to_numpy())
     point = best_match_spearman(matrix)
@@ -494,7 +493,7 @@ def rows() -> list[Row]:
             paper=cited("tenney2019_ordering_sentence"), paper_setting="BERT-large, edge probing, scalar mixes, OntoNotes",
             our_setting="bertology probe syntax --tasks upos,deprel + probe coref --tasks gum-pairs (per-layer probes)",
             test=IntervalsAbove(("E[Deps] - E[POS]", "E[Coref] - E[Deps]"), 0.0, "expected layers in the paper's order"),
-            measure=measure_tenney, models=(MPNET,), minutes=12),
+            measure=measure_tenney, models=(MPNET,), minutes=28),
         Row(key="hewitt_manning2019", finding="a linear structural probe recovers parse trees, best in the middle layers",
             paper=cited("hewittmanning2019_bert_base7_uuas_dspr", "uuas", 0.01), paper_setting="BERT-base, PTB WSJ, all training trees",
             our_setting="bertology probe syntax --tasks structural-distance --max-train-sentences 4000 (EWT, 2,000 train trees, dev)",

@@ -168,7 +168,7 @@ def measure_distillation(ctx) -> Measurement:
     teacher layer, T = 2, alpha 0.5): the student's test accuracy over the teacher's."""
     from workbench.drivers.distill import load_distill_config, run_distill
     from workbench.drivers.finetune import load_finetune_config, run_finetune
-    from workbench.store.results import decode_extra
+    from app.fields import row_field
 
     teacher = run_finetune(load_finetune_config(dict(finetune_settings(ctx), name="reproduce-teacher",
                                                      output_dir=folder(ctx, "finetune", "reproduce-teacher"))),
@@ -185,7 +185,7 @@ def measure_distillation(ctx) -> Measurement:
     result = run_distill(cfg, store=ctx.store, executor=None)
     rows = result.rows
     acc = rows[(rows["metric"] == "accuracy") & (rows["split"] == "test")]
-    roles = acc["extra"].map(lambda e: decode_extra(e).get("role"))
+    roles = row_field(acc, "role", "distill")
     t, s = acc[roles == "teacher"].iloc[0], acc[roles == "student"].iloc[0]
     t_acc, s_acc = (float(t["value"]), int(t["n"])), (float(s["value"]), int(s["n"]))
     kept = ratio(s_acc, t_acc)
@@ -203,6 +203,7 @@ PEFT_METHODS = ("bitfit", "adapter", "lora")
 def measure_peft(ctx) -> Measurement:
     """Full fine-tuning, BitFit, adapters and LoRA on the same task (the peft sweep, each method at its
     usual learning rate): each method's test accuracy over the full model's, and its trainable share."""
+    from app.fields import row_field
     from workbench.drivers.peft_sweep import load_sweep_config, run_sweep
 
     ft = finetune_settings(ctx, name="reproduce-peft", lora_r=8, lora_alpha=16, adapter_size=64 if not ctx.quick else 8)
@@ -212,9 +213,9 @@ def measure_peft(ctx) -> Measurement:
                              "name": "reproduce-peft" + ("-quick" if ctx.quick else "")})
     run_id, rows = run_sweep(cfg, store=ctx.store, progress=False)
     acc = rows[(rows["metric"] == "accuracy") & (rows["split"] == "test")]
-    method = acc["extra"].map(lambda e: e["method"] if isinstance(e, dict) else None)
+    method = row_field(acc, "method", "peft")
     trainable = rows[rows["metric"] == "trainable_parameters"]
-    t_method = trainable["extra"].map(lambda e: e["method"] if isinstance(e, dict) else None)
+    t_method = row_field(trainable, "method", "peft")
     get = {m: (float(acc[method == m]["value"].iloc[0]), int(acc[method == m]["n"].iloc[0])) for m in ("full", *PEFT_METHODS)}
     total = float(trainable[t_method == "full"]["value"].iloc[0])
     parts, detail = {}, [f"full {get['full'][0]:.3f}"]

@@ -166,24 +166,23 @@ def measure_secret_sharer(ctx) -> Measurement:
     over the inserted canaries, and the mean exposure of the never-inserted ones, each with a
     bootstrap CI over canaries."""
     from probes.core.statistics import ratio_bootstrap
-    from workbench.store.results import decode_extra
+    from app.fields import row_field
 
     checkpoint = train_canary_model(ctx)
     run_id, rows = probe_reusing(ctx, "extraction", checkpoint, {"tasks": ["exposure"], "baselines": []})
     exp = rows[(rows["task"] == "exposure") & (rows["metric"] == "exposure")]
     if exp.empty:
         raise ConfigError("extraction: no exposure rows to read")
-    extra = exp["extra"].map(decode_extra)
-    reps = extra.map(lambda e: int(e["repetitions"])).to_numpy()
+    reps = row_field(exp, "repetitions", "extraction").astype(int).to_numpy()
     values = exp["value"].to_numpy(float)
-    space = int(extra.iloc[0]["candidate_space"])
+    space = int(row_field(exp.iloc[0], "candidate_space", "extraction"))
     seen, unseen = reps > 0, reps == 0
     rho = spearman_bootstrap(reps[seen], values[seen])
     u, ulo, uhi = (float(a) for a in ratio_bootstrap(values[unseen]))
     by_count = pd.Series(values).groupby(reps).mean()
     return Measurement(value=rho[0], low=rho[1], high=rho[2], model=base.model_name(checkpoint),
                        data=f"{int(seen.sum())} canaries inserted 1-64 times, {int(unseen.sum())} never, "
-                            f"|R| = {space:,} ({extra.iloc[0].get('method')})",
+                            f"|R| = {space:,} ({row_field(exp.iloc[0], 'method', 'extraction')})",
                        detail="mean exposure by repetitions " + ", ".join(f"{r}: {v:.2f}" for r, v in by_count.items())
                               + f" bits (max {math.log2(space):.1f}); unseen {u:.2f} [{ulo:.2f}, {uhi:.2f}]",
                        components={"Spearman rho (exposure, repetitions)": rho, "unseen canaries' mean exposure": (u, ulo, uhi)},
