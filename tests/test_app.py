@@ -118,6 +118,27 @@ def test_runs_page_catalog_filters_and_manifest(app_env):
     assert shown_table(at, "runs-table")["name"].tolist() == ["over-steps"]
 
 
+def test_runs_page_opens_the_run_its_link_names(app_env):
+    """`runs?run=RUN_ID` (the Reproductions page's per-row links) opens that run's manifest, not the
+    newest; an unknown id warns and falls back to the newest."""
+    store = app_env
+    runs = store.runs()["run_id"].tolist()
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["page"] = "runs"
+    at.query_params["run"] = runs[0]
+    at.run()
+    no_errors(at)
+    assert at.selectbox(key="runs-manifest-run").value == runs[0] != runs[-1]
+    m = store.manifest(runs[0])
+    assert shown_table(at, "manifest-checkpoints")["sha256"].tolist() == [c["sha256"] for c in m["checkpoints"]]
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["page"] = "runs"
+    at.query_params["run"] = "20990101T000000.000000Z-nosuchrun"
+    at.run()
+    assert at.selectbox(key="runs-manifest-run").value == runs[-1]
+    assert any("nosuchrun" in w.value for w in at.warning)
+
+
 def test_runs_page_compares_two_runs(app_env):
     store = app_env
     a, b = store.runs()["run_id"].tolist()

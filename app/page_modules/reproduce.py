@@ -1,6 +1,6 @@
 """The Reproductions page: the latest `bertology reproduce` table and figure, read from the runs
 root (`reproduce/latest`, or `reproduce/quick` when only a --quick run exists), with each row's
-probe runs named for the Runs page."""
+probe runs linked to the Runs page (`runs?run=RUN_ID`)."""
 
 from __future__ import annotations
 
@@ -41,5 +41,5 @@ def render(store) -> None:
         st.subheader("The runs behind each row")
         for row, ids in runs.items():
             if ids:
-                st.markdown(f"- **{row}**: " + ", ".join(f"`{i}`" for i in ids)
-                            + " — on the [Runs](runs) page, or `bertology runs show RUN_ID`")
+                st.markdown(f"- **{row}**: " + ", ".join(f"[`{i}`](runs?run={i})" for i in ids)
+                            + " (each opens the run's manifest on the Runs page; `bertology runs show RUN_ID`)")

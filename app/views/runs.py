@@ -1,5 +1,6 @@
 """Runs: the catalog filtered by family, probe, task, model, seed and step; one run's manifest (what
-produced it); delete a run (with confirmation); compare two runs."""
+produced it); delete a run (with confirmation); compare two runs. `?run=RUN_ID` in the page's link
+opens that run's manifest (the Reproductions page links each row's runs so)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,11 @@ def render() -> None:
     labels = {r: f"{r}  {n or ''}" for r, n in zip(shown["run_id"], shown["name"])}
     tab_manifest, tab_compare, tab_delete = st.tabs(["Manifest", "Compare two runs", "Delete"])
     with tab_manifest:
-        run_id = st.selectbox("Run", ids, index=len(ids) - 1, format_func=labels.get, key="runs-manifest-run")
+        linked = st.query_params.get("run")  # a link to one run (`runs?run=RUN_ID`)
+        index = ids.index(linked) if linked in ids else len(ids) - 1
+        if linked and linked not in ids:
+            st.warning(f"run {linked} is not in this runs root (or not among the filtered runs)")
+        run_id = st.selectbox("Run", ids, index=index, format_func=labels.get, key="runs-manifest-run")
         show_manifest(s, run_id)
     with tab_compare:
         compare(s, ids, labels)
