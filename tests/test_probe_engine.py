@@ -180,8 +180,9 @@ def test_layer_groups_and_early_stopping(ewt, planted):
     assert list(sub.layers) == [K, 0] and sub.dev_accuracy[0] > 0.9
     # (on dev accuracy: the linear Adam fit's default criterion is the dev loss, which the planted
     # layer keeps lowering a little for all 40 epochs here)
+    # (polish: 0: the Adam loop's own stopping, without the L-BFGS polish's steps after it)
     es = fit_probe(xtr, ytr, xdv, ydv, num_classes=ewt["C"], optimizer="adam", patience=2, epochs=40, min_steps=0,
-                   stop_on="accuracy")
+                   stop_on="accuracy", polish=0)
     assert es.steps < 40  # stopped once no layer improved for 2 epochs
     assert es.dev_accuracy[K] > 0.9
 
@@ -308,7 +309,7 @@ def test_task_and_control_heads_of_all_seeds_in_one_program(ewt, planted):
     res = fit_probe_tasks(xtr, {"task": (ytr, ydv), "control": (ctr, cdv)}, xdv, seeds=[0, 1, 2], **common)
     assert sorted(res) == sorted((k, s) for k in ("task", "control") for s in (0, 1, 2))
     for name, (y, yd) in (("task", (ytr, ydv)), ("control", (ctr, cdv))):
-        ref = fit_probe(xtr, y, xdv, yd, seed=0, **common)
+        ref = fit_probe(xtr, y, xdv, yd, seed=0, polish=0, **common)  # fit_probe_tasks: the Adam fit, unpolished
         np.testing.assert_allclose(res[(name, 0)].weights["w"], ref.weights["w"], atol=2e-5)
         np.testing.assert_allclose(res[(name, 0)].dev_accuracy, ref.dev_accuracy, atol=1e-3)
     for s in (1, 2):  # another data order: not the same weights as seed 0, same optimum in accuracy
